@@ -1,0 +1,331 @@
+//! Parsing LOCK.* arguments: a typed cursor that refuses anything it did not consume.
+//!
+//! Arguments arrive as byte slices (keys and owners are binary-safe). Each `parse_*` function
+//! turns a whole command line into a typed request or a [`LockError`]; a request that parsed is
+//! one the state machine can act on without further checks.
+
+use crate::state::FENCE_FIELD;
+use crate::LockError;
+
+/// The longest `WAIT` the module accepts: 100 years, far past any real deadline, and small enough
+/// that `now + timeout` can never overflow.
+pub const MAX_WAIT_TIMEOUT_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// What a `LOCK.ACQUIRE` does when another owner holds the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Answer nil at once (no `WAIT` option).
+    No,
+    /// Block until the lock is granted (`WAIT 0`).
+    Forever,
+    /// Block at most this many milliseconds.
+    For(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireRequest<'a> {
+    pub key: &'a [u8],
+    pub owner: &'a [u8],
+    pub lease_ms: u64,
+    pub wait: Wait,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerRequest<'a> {
+    pub key: &'a [u8],
+    pub owner: &'a [u8],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewRequest<'a> {
+    pub key: &'a [u8],
+    pub owner: &'a [u8],
+    pub lease_ms: u64,
+}
+
+/// A cursor over one command line. `argv[0]` is the command name, kept for arity errors.
+pub struct ArgCursor<'a> {
+    name: &'a [u8],
+    rest: std::slice::Iter<'a, &'a [u8]>,
+}
+
+impl<'a> ArgCursor<'a> {
+    /// Checks the arity (`min..=max` arguments after the name) and positions after the name.
+    pub fn new(argv: &'a [&'a [u8]], min: usize, max: usize) -> Result<Self, LockError> {
+        let (name, rest) = argv
+            .split_first()
+            .ok_or_else(|| LockError::WrongArity(String::new()))?;
+        if rest.len() < min || rest.len() > max {
+            return Err(LockError::WrongArity(
+                String::from_utf8_lossy(name).to_lowercase(),
+            ));
+        }
+        Ok(ArgCursor {
+            name,
+            rest: rest.iter(),
+        })
+    }
+
+    pub fn command_name(&self) -> &'a [u8] {
+        self.name
+    }
+
+    /// The next argument; a missing one is an arity error (the caller's `min` guards this).
+    pub fn bytes(&mut self) -> Result<&'a [u8], LockError> {
+        self.rest
+            .next()
+            .copied()
+            .ok_or_else(|| LockError::WrongArity(String::from_utf8_lossy(self.name).to_lowercase()))
+    }
+
+    pub fn integer(&mut self) -> Result<i64, LockError> {
+        parse_i64(self.bytes()?).ok_or(LockError::NotAnInteger)
+    }
+
+    pub fn owner(&mut self) -> Result<&'a [u8], LockError> {
+        let owner = self.bytes()?;
+        if owner.is_empty() {
+            return Err(LockError::EmptyOwner);
+        }
+        if owner == FENCE_FIELD {
+            return Err(LockError::ReservedOwner);
+        }
+        Ok(owner)
+    }
+
+    pub fn lease(&mut self, max_lease_ms: u64) -> Result<u64, LockError> {
+        let lease = self.integer()?;
+        match u64::try_from(lease) {
+            Ok(ms) if ms >= 1 && ms <= max_lease_ms => Ok(ms),
+            _ => Err(LockError::LeaseOutOfRange {
+                max_ms: max_lease_ms,
+            }),
+        }
+    }
+
+    /// The next argument if there is one.
+    pub fn option(&mut self) -> Option<&'a [u8]> {
+        self.rest.next().copied()
+    }
+
+    /// Succeeds only when every argument was consumed.
+    pub fn finish(mut self) -> Result<(), LockError> {
+        match self.rest.next() {
+            None => Ok(()),
+            Some(_) => Err(LockError::Syntax),
+        }
+    }
+}
+
+/// `LOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms]`
+pub fn parse_acquire<'a>(
+    argv: &'a [&'a [u8]],
+    max_lease_ms: u64,
+) -> Result<AcquireRequest<'a>, LockError> {
+    // Like SET, extra words after the lease are options: unknown ones are a syntax error.
+    let mut args = ArgCursor::new(argv, 3, usize::MAX)?;
+    let key = args.bytes()?;
+    let owner = args.owner()?;
+    let lease_ms = args.lease(max_lease_ms)?;
+    let mut wait = Wait::No;
+    while let Some(option) = args.option() {
+        if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
+            let timeout = args.bytes().map_err(|_| LockError::Syntax)?;
+            let timeout = parse_i64(timeout).ok_or(LockError::NotAnInteger)?;
+            wait = match u64::try_from(timeout) {
+                Ok(0) => Wait::Forever,
+                Ok(ms) if ms <= MAX_WAIT_TIMEOUT_MS => Wait::For(ms),
+                _ => return Err(LockError::TimeoutOutOfRange),
+            };
+        } else {
+            return Err(LockError::Syntax);
+        }
+    }
+    args.finish()?;
+    Ok(AcquireRequest {
+        key,
+        owner,
+        lease_ms,
+        wait,
+    })
+}
+
+/// `LOCK.RELEASE key owner`
+pub fn parse_release<'a>(argv: &'a [&'a [u8]]) -> Result<OwnerRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 2, 2)?;
+    let key = args.bytes()?;
+    let owner = args.owner()?;
+    args.finish()?;
+    Ok(OwnerRequest { key, owner })
+}
+
+/// `LOCK.RENEW key owner lease-ms`
+pub fn parse_renew<'a>(
+    argv: &'a [&'a [u8]],
+    max_lease_ms: u64,
+) -> Result<RenewRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 3, 3)?;
+    let key = args.bytes()?;
+    let owner = args.owner()?;
+    let lease_ms = args.lease(max_lease_ms)?;
+    args.finish()?;
+    Ok(RenewRequest {
+        key,
+        owner,
+        lease_ms,
+    })
+}
+
+/// `LOCK.INFO key` and `LOCK.FORCERELEASE key`
+pub fn parse_key_only<'a>(argv: &'a [&'a [u8]]) -> Result<&'a [u8], LockError> {
+    let mut args = ArgCursor::new(argv, 1, 1)?;
+    let key = args.bytes()?;
+    args.finish()?;
+    Ok(key)
+}
+
+/// Parses an integer the way Redis's `string2ll` does: optional `-`, decimal digits, no sign
+/// `+`, no spaces, no leading zeros, and it must fit in an `i64`.
+pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
+    let (negative, digits) = match bytes.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, bytes),
+    };
+    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    if digits.len() > 1 && digits.first() == Some(&b'0') {
+        return None;
+    }
+    if negative && digits == b"0" {
+        return None;
+    }
+    let mut value: i128 = 0;
+    for d in digits {
+        value = value * 10 + i128::from(d - b'0');
+    }
+    if negative {
+        value = -value;
+    }
+    i64::try_from(value).ok()
+}
+
+/// Parses a stored positive count or token (as written by HINCRBY/HSET).
+pub fn parse_positive(bytes: &[u8]) -> Option<u64> {
+    parse_i64(bytes)
+        .and_then(|v| u64::try_from(v).ok())
+        .filter(|v| *v > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(line: &str) -> Vec<Vec<u8>> {
+        line.split(' ').map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    fn acquire(line: &str) -> Result<(Vec<u8>, Vec<u8>, u64, Wait), LockError> {
+        let owned = argv(line);
+        let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        parse_acquire(&refs, 10_000).map(|r| (r.key.to_vec(), r.owner.to_vec(), r.lease_ms, r.wait))
+    }
+
+    #[test]
+    fn acquire_parses_every_accepted_form() {
+        let cases = [
+            ("LOCK.ACQUIRE k o 100", Wait::No),
+            ("LOCK.ACQUIRE k o 100 WAIT 0", Wait::Forever),
+            ("LOCK.ACQUIRE k o 100 wait 250", Wait::For(250)),
+            ("lock.acquire k o 100 WaIt 1", Wait::For(1)),
+        ];
+        for (line, wait) in cases {
+            assert_eq!(
+                acquire(line),
+                Ok((b"k".to_vec(), b"o".to_vec(), 100, wait)),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn acquire_rejects_bad_input_with_the_right_error() {
+        let max = LockError::LeaseOutOfRange { max_ms: 10_000 };
+        let arity = LockError::WrongArity("lock.acquire".into());
+        let cases = [
+            ("LOCK.ACQUIRE k o", arity.clone()),
+            ("LOCK.ACQUIRE", arity.clone()),
+            ("LOCK.ACQUIRE k", arity),
+            ("LOCK.ACQUIRE k o 1 WAIT 1 x", LockError::Syntax),
+            ("LOCK.ACQUIRE k o abc", LockError::NotAnInteger),
+            ("LOCK.ACQUIRE k o 1.5", LockError::NotAnInteger),
+            ("LOCK.ACQUIRE k o +5", LockError::NotAnInteger),
+            ("LOCK.ACQUIRE k o 05", LockError::NotAnInteger),
+            (
+                "LOCK.ACQUIRE k o 99999999999999999999",
+                LockError::NotAnInteger,
+            ),
+            ("LOCK.ACQUIRE k o 0", max.clone()),
+            ("LOCK.ACQUIRE k o -1", max.clone()),
+            ("LOCK.ACQUIRE k o 10001", max),
+            ("LOCK.ACQUIRE k  100", LockError::EmptyOwner),
+            ("LOCK.ACQUIRE k o 100 WAIT", LockError::Syntax),
+            ("LOCK.ACQUIRE k o 100 NOWAIT 5", LockError::Syntax),
+            ("LOCK.ACQUIRE k o 100 WAIT 5 WAIT", LockError::Syntax),
+            ("LOCK.ACQUIRE k o 100 WAIT -1", LockError::TimeoutOutOfRange),
+            ("LOCK.ACQUIRE k o 100 WAIT x", LockError::NotAnInteger),
+            (
+                "LOCK.ACQUIRE k o 100 WAIT 3153600000000000",
+                LockError::TimeoutOutOfRange,
+            ),
+        ];
+        for (line, err) in cases {
+            assert_eq!(acquire(line), Err(err), "{line}");
+        }
+    }
+
+    #[test]
+    fn owner_equal_to_the_fence_field_is_refused() {
+        let refs: Vec<&[u8]> = vec![b"LOCK.RELEASE", b"k", FENCE_FIELD];
+        assert_eq!(parse_release(&refs), Err(LockError::ReservedOwner));
+    }
+
+    #[test]
+    fn release_renew_and_key_only_check_arity() {
+        let r: Vec<&[u8]> = vec![b"LOCK.RELEASE", b"k"];
+        assert!(matches!(parse_release(&r), Err(LockError::WrongArity(_))));
+        let r: Vec<&[u8]> = vec![b"LOCK.RENEW", b"k", b"o", b"5", b"x"];
+        assert!(matches!(parse_renew(&r, 10), Err(LockError::WrongArity(_))));
+        let r: Vec<&[u8]> = vec![b"LOCK.INFO"];
+        assert!(matches!(parse_key_only(&r), Err(LockError::WrongArity(_))));
+        let r: Vec<&[u8]> = vec![b"LOCK.INFO", b"\0binary\xff"];
+        assert_eq!(parse_key_only(&r), Ok(&b"\0binary\xff"[..]));
+    }
+
+    #[test]
+    fn integers_parse_like_redis() {
+        let cases: [(&[u8], Option<i64>); 10] = [
+            (b"0", Some(0)),
+            (b"-7", Some(-7)),
+            (b"9223372036854775807", Some(i64::MAX)),
+            (b"-9223372036854775808", Some(i64::MIN)),
+            (b"9223372036854775808", None),
+            (b"-0", None),
+            (b"007", None),
+            (b" 1", None),
+            (b"", None),
+            (b"-", None),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                parse_i64(input),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+        assert_eq!(parse_positive(b"3"), Some(3));
+        assert_eq!(parse_positive(b"0"), None);
+        assert_eq!(parse_positive(b"-3"), None);
+    }
+}

@@ -1,0 +1,114 @@
+//! One error type for everything a LOCK.* command can refuse, mapped in one place to the exact
+//! Redis reply. Redis groups `INFO errorstats` by the first word, so each reply starts with the
+//! code Redis itself would use for the same mistake.
+
+use std::fmt;
+
+/// Why a command was refused. A refused command never changes a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockError {
+    /// Too few or too many arguments; carries the command name as the client typed it.
+    WrongArity(String),
+    /// An unknown, repeated or misplaced option.
+    Syntax,
+    /// A number that does not parse as an integer.
+    NotAnInteger,
+    /// A lease outside `1..=max`.
+    LeaseOutOfRange { max_ms: u64 },
+    /// A negative or absurd `WAIT` timeout.
+    TimeoutOutOfRange,
+    /// The owner id is empty.
+    EmptyOwner,
+    /// The owner id collides with the field the module keeps the fencing token in.
+    ReservedOwner,
+    /// The key holds something that is not a hash.
+    WrongType,
+    /// The key holds a hash, but not one laid out as a lock.
+    NotALock,
+    /// `lock.max-waiters-per-key` waiters are queued already.
+    TooManyWaiters { max: u64 },
+    /// A bug: the command was stopped before it changed anything it should not have.
+    Internal,
+}
+
+impl LockError {
+    /// The error line sent to the client (without the leading `-`).
+    pub fn reply(&self) -> String {
+        match self {
+            LockError::WrongArity(cmd) => {
+                format!("ERR wrong number of arguments for '{cmd}' command")
+            }
+            LockError::Syntax => "ERR syntax error".into(),
+            LockError::NotAnInteger => "ERR value is not an integer or out of range".into(),
+            LockError::LeaseOutOfRange { max_ms } => {
+                format!("ERR lease must be between 1 and {max_ms} milliseconds")
+            }
+            LockError::TimeoutOutOfRange => "ERR timeout is negative or out of range".into(),
+            LockError::EmptyOwner => "ERR owner must not be empty".into(),
+            LockError::ReservedOwner => format!(
+                "ERR owner '{}' is reserved for the fencing token",
+                crate::state::FENCE_FIELD_DISPLAY
+            ),
+            LockError::WrongType => {
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into()
+            }
+            LockError::NotALock => "ERR the hash at this key is not a lock".into(),
+            LockError::TooManyWaiters { max } => {
+                format!("ERR too many waiters on this lock (lock.max-waiters-per-key is {max})")
+            }
+            LockError::Internal => "ERR internal error".into(),
+        }
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reply())
+    }
+}
+
+impl std::error::Error for LockError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reply_starts_with_a_redis_error_code() {
+        let all = [
+            LockError::WrongArity("lock.acquire".into()),
+            LockError::Syntax,
+            LockError::NotAnInteger,
+            LockError::LeaseOutOfRange { max_ms: 10 },
+            LockError::TimeoutOutOfRange,
+            LockError::EmptyOwner,
+            LockError::ReservedOwner,
+            LockError::WrongType,
+            LockError::NotALock,
+            LockError::TooManyWaiters { max: 3 },
+            LockError::Internal,
+        ];
+        for e in all {
+            let r = e.reply();
+            let code = r.split(' ').next().unwrap_or_default();
+            assert!(code == "ERR" || code == "WRONGTYPE", "{r}");
+            assert!(!r.contains('\n') && !r.contains('\r'), "{r}");
+        }
+    }
+
+    #[test]
+    fn messages_match_redis_wording() {
+        assert_eq!(
+            LockError::WrongArity("lock.release".into()).reply(),
+            "ERR wrong number of arguments for 'lock.release' command"
+        );
+        assert_eq!(
+            LockError::NotAnInteger.reply(),
+            "ERR value is not an integer or out of range"
+        );
+        assert_eq!(
+            LockError::WrongType.reply(),
+            "WRONGTYPE Operation against a key holding the wrong kind of value"
+        );
+    }
+}

@@ -1,0 +1,325 @@
+//! The waiters of every lock, in FIFO order per key.
+//!
+//! Lives in memory only (ownership is what replicates). Releasing pops the head in O(1); a waiter
+//! that leaves early (timeout, disconnect) is removed from the index at once and its slot in the
+//! key's order is skipped when it reaches the head, so no operation scans a queue. Orders that
+//! collect more dead slots than live ones are compacted, which keeps memory bounded.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+use crate::deadlines::DeadlineKey;
+use crate::{LockError, UnixMs};
+
+/// A lock key: the database it lives in and its name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LockKey {
+    pub db: i32,
+    pub name: Box<[u8]>,
+}
+
+impl LockKey {
+    pub fn new(db: i32, name: &[u8]) -> Self {
+        LockKey {
+            db,
+            name: name.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WaiterId(u64);
+
+/// One blocked `LOCK.ACQUIRE ... WAIT`. `H` is the server's handle for the blocked client.
+#[derive(Debug)]
+pub struct Waiter<H> {
+    pub id: WaiterId,
+    pub handle: H,
+    pub key: LockKey,
+    pub owner: Box<[u8]>,
+    pub lease_ms: u64,
+    pub enqueued_at: UnixMs,
+    /// The scheduled timeout, absent for `WAIT 0`.
+    pub timeout: Option<DeadlineKey>,
+}
+
+#[derive(Debug, Default)]
+struct KeyQueue {
+    order: VecDeque<WaiterId>,
+    live: usize,
+    /// The scheduled check of the holder's lease end, kept only while waiters are queued.
+    lease_check: Option<DeadlineKey>,
+}
+
+/// What a removal left behind for the caller to cancel.
+#[derive(Debug)]
+pub struct Removed<H> {
+    pub waiter: Waiter<H>,
+    /// The key's queue became empty; this was its lease check, now unneeded.
+    pub orphaned_lease_check: Option<DeadlineKey>,
+}
+
+#[derive(Debug)]
+pub struct WaitQueues<H> {
+    queues: HashMap<LockKey, KeyQueue>,
+    waiters: HashMap<WaiterId, Waiter<H>>,
+    by_handle: HashMap<H, WaiterId>,
+    next_id: u64,
+}
+
+impl<H> Default for WaitQueues<H> {
+    fn default() -> Self {
+        WaitQueues {
+            queues: HashMap::new(),
+            waiters: HashMap::new(),
+            by_handle: HashMap::new(),
+            next_id: 0,
+        }
+    }
+}
+
+pub struct NewWaiter<'a, H> {
+    pub handle: H,
+    pub key: &'a LockKey,
+    pub owner: &'a [u8],
+    pub lease_ms: u64,
+    pub now: UnixMs,
+}
+
+impl<H: Copy + Eq + Hash> WaitQueues<H> {
+    /// Queues a waiter at the tail of its key's queue.
+    pub fn push(&mut self, new: NewWaiter<'_, H>, max_per_key: u64) -> Result<WaiterId, LockError> {
+        let queue = self.queues.entry(new.key.clone()).or_default();
+        if queue.live as u64 >= max_per_key {
+            if queue.live == 0 {
+                self.queues.remove(new.key);
+            }
+            return Err(LockError::TooManyWaiters { max: max_per_key });
+        }
+        self.next_id += 1;
+        let id = WaiterId(self.next_id);
+        queue.order.push_back(id);
+        queue.live += 1;
+        self.by_handle.insert(new.handle, id);
+        self.waiters.insert(
+            id,
+            Waiter {
+                id,
+                handle: new.handle,
+                key: new.key.clone(),
+                owner: new.owner.into(),
+                lease_ms: new.lease_ms,
+                enqueued_at: new.now,
+                timeout: None,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Takes the longest-waiting live waiter of `key`.
+    pub fn pop_front(&mut self, key: &LockKey) -> Option<Removed<H>> {
+        let queue = self.queues.get_mut(key)?;
+        while let Some(id) = queue.order.pop_front() {
+            if let Some(waiter) = self.waiters.remove(&id) {
+                self.by_handle.remove(&waiter.handle);
+                queue.live -= 1;
+                let orphaned_lease_check = self.drop_queue_if_empty(key);
+                return Some(Removed {
+                    waiter,
+                    orphaned_lease_check,
+                });
+            }
+        }
+        // Unreachable in practice (an empty queue is dropped at once); a stale lease check that
+        // fires for a key without waiters does nothing.
+        self.queues.remove(key);
+        None
+    }
+
+    /// Removes a waiter wherever it is in its queue (timeout, disconnect, CLIENT UNBLOCK).
+    pub fn remove(&mut self, id: WaiterId) -> Option<Removed<H>> {
+        let waiter = self.waiters.remove(&id)?;
+        self.by_handle.remove(&waiter.handle);
+        let key = waiter.key.clone();
+        if let Some(queue) = self.queues.get_mut(&key) {
+            queue.live = queue.live.saturating_sub(1);
+            if queue.order.len() > 2 * queue.live + 32 {
+                let waiters = &self.waiters;
+                queue.order.retain(|id| waiters.contains_key(id));
+            }
+        }
+        let orphaned_lease_check = self.drop_queue_if_empty(&key);
+        Some(Removed {
+            waiter,
+            orphaned_lease_check,
+        })
+    }
+
+    pub fn remove_by_handle(&mut self, handle: H) -> Option<Removed<H>> {
+        let id = *self.by_handle.get(&handle)?;
+        self.remove(id)
+    }
+
+    fn drop_queue_if_empty(&mut self, key: &LockKey) -> Option<DeadlineKey> {
+        match self.queues.get(key) {
+            Some(q) if q.live == 0 => self.queues.remove(key).and_then(|q| q.lease_check),
+            _ => None,
+        }
+    }
+
+    pub fn get_mut(&mut self, id: WaiterId) -> Option<&mut Waiter<H>> {
+        self.waiters.get_mut(&id)
+    }
+
+    /// Live waiters on `key`.
+    pub fn len(&self, key: &LockKey) -> usize {
+        self.queues.get(key).map_or(0, |q| q.live)
+    }
+
+    pub fn has_waiters(&self, key: &LockKey) -> bool {
+        self.len(key) > 0
+    }
+
+    /// Live waiters on all keys.
+    pub fn total(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Keys with at least one live waiter.
+    pub fn keys(&self) -> impl Iterator<Item = &LockKey> {
+        self.queues.keys()
+    }
+
+    /// Replaces the key's lease check, returning the previous one to cancel. A key without
+    /// waiters keeps no lease check: the new one is returned to be cancelled at once.
+    pub fn set_lease_check(
+        &mut self,
+        key: &LockKey,
+        check: Option<DeadlineKey>,
+    ) -> Option<DeadlineKey> {
+        match self.queues.get_mut(key) {
+            Some(q) => std::mem::replace(&mut q.lease_check, check),
+            None => check,
+        }
+    }
+
+    pub fn lease_check(&self, key: &LockKey) -> Option<DeadlineKey> {
+        self.queues.get(key).and_then(|q| q.lease_check)
+    }
+
+    /// Every waiter, for shutdown.
+    pub fn drain(&mut self) -> Vec<Waiter<H>> {
+        self.queues.clear();
+        self.by_handle.clear();
+        self.waiters.drain().map(|(_, w)| w).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> LockKey {
+        LockKey::new(0, name.as_bytes())
+    }
+
+    fn push(q: &mut WaitQueues<u32>, handle: u32, k: &LockKey) -> WaiterId {
+        q.push(
+            NewWaiter {
+                handle,
+                key: k,
+                owner: format!("owner-{handle}").as_bytes(),
+                lease_ms: 100,
+                now: 0,
+            },
+            1_000,
+        )
+        .unwrap()
+    }
+
+    fn drain_order(q: &mut WaitQueues<u32>, k: &LockKey) -> Vec<u32> {
+        std::iter::from_fn(|| q.pop_front(k).map(|r| r.waiter.handle)).collect()
+    }
+
+    #[test]
+    fn waiters_leave_in_arrival_order() {
+        let mut q = WaitQueues::default();
+        let a = key("a");
+        for h in 1..=5 {
+            push(&mut q, h, &a);
+        }
+        assert_eq!(q.len(&a), 5);
+        assert_eq!(drain_order(&mut q, &a), [1, 2, 3, 4, 5]);
+        assert_eq!(q.total(), 0);
+        assert_eq!(q.keys().count(), 0);
+    }
+
+    #[test]
+    fn a_waiter_that_left_is_skipped_and_never_granted() {
+        let mut q = WaitQueues::default();
+        let a = key("a");
+        let ids: Vec<_> = (1..=4).map(|h| push(&mut q, h, &a)).collect();
+        assert!(q.remove(ids[1]).is_some());
+        assert!(q.remove_by_handle(3).is_some());
+        assert!(q.remove(ids[1]).is_none(), "removing twice is a no-op");
+        assert_eq!(q.len(&a), 2);
+        assert_eq!(drain_order(&mut q, &a), [1, 4]);
+    }
+
+    #[test]
+    fn keys_and_databases_are_separate_queues() {
+        let mut q = WaitQueues::default();
+        let a0 = key("a");
+        let a1 = LockKey::new(1, b"a");
+        push(&mut q, 1, &a0);
+        push(&mut q, 2, &a1);
+        push(&mut q, 3, &a0);
+        assert_eq!(drain_order(&mut q, &a1), [2]);
+        assert_eq!(drain_order(&mut q, &a0), [1, 3]);
+    }
+
+    #[test]
+    fn the_per_key_limit_refuses_with_a_clear_error() {
+        let mut q = WaitQueues::default();
+        let a = key("a");
+        let new = |h| NewWaiter {
+            handle: h,
+            key: &a,
+            owner: b"o",
+            lease_ms: 1,
+            now: 0,
+        };
+        q.push(new(1), 2).unwrap();
+        q.push(new(2), 2).unwrap();
+        assert_eq!(q.push(new(3), 2), Err(LockError::TooManyWaiters { max: 2 }));
+        assert_eq!(q.len(&a), 2);
+    }
+
+    #[test]
+    fn departed_slots_are_compacted() {
+        let mut q = WaitQueues::default();
+        let a = key("a");
+        let ids: Vec<_> = (0..1_000).map(|h| push(&mut q, h, &a)).collect();
+        for id in &ids[..999] {
+            q.remove(*id);
+        }
+        let order_len = q.queues.get(&a).map(|kq| kq.order.len()).unwrap();
+        assert!(order_len <= 2 * 1 + 32 + 1, "order kept {order_len} slots");
+        assert_eq!(drain_order(&mut q, &a), [999]);
+    }
+
+    #[test]
+    fn the_lease_check_goes_when_the_queue_empties() {
+        let mut deadlines = crate::deadlines::Deadlines::default();
+        let check = deadlines.insert(10, ());
+        let mut q = WaitQueues::default();
+        let a = key("a");
+        // No waiters: the check is handed straight back.
+        assert_eq!(q.set_lease_check(&a, Some(check)), Some(check));
+        push(&mut q, 1, &a);
+        assert_eq!(q.set_lease_check(&a, Some(check)), None);
+        assert_eq!(q.lease_check(&a), Some(check));
+        let removed = q.pop_front(&a).unwrap();
+        assert_eq!(removed.orphaned_lease_check, Some(check));
+    }
+}

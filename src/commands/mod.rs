@@ -1,0 +1,51 @@
+//! LOCK.* commands: thin adapters that parse, read the key, ask `lock_core` what to do, then
+//! write, replicate, notify and reply.
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use redis_module::raw;
+
+use crate::ffi::{api, Ctx, RawString};
+
+mod acquire;
+mod info;
+mod release;
+mod renew;
+
+type Handler = extern "C" fn(Ctx, *mut RawString, c_int) -> c_int;
+
+/// (name, handler, flags). Every command has its key at position 1.
+const COMMANDS: [(&CStr, Handler, &CStr); 5] = [
+    (c"lock.acquire", acquire::acquire, c"write deny-oom"),
+    (c"lock.release", release::release, c"write fast"),
+    (c"lock.renew", renew::renew, c"write deny-oom fast"),
+    (c"lock.info", info::info, c"readonly fast"),
+    (c"lock.forcerelease", release::force_release, c"write fast"),
+];
+
+pub fn register(ctx: Ctx) -> bool {
+    COMMANDS.iter().all(|(name, handler, flags)| {
+        // SAFETY: ctx is the load context; names and flags are static C strings.
+        unsafe {
+            api!(RedisModule_CreateCommand)(
+                ctx,
+                name.as_ptr(),
+                Some(*handler),
+                flags.as_ptr(),
+                1,
+                1,
+                1,
+            ) == raw::REDISMODULE_OK as c_int
+        }
+    })
+}
+
+/// Whether the calling context may block: not inside MULTI, Lua/functions, or a module call.
+fn can_block(ctx: Ctx) -> bool {
+    let flags = crate::ffi::context_flags(ctx);
+    let denied = raw::REDISMODULE_CTX_FLAGS_MULTI
+        | raw::REDISMODULE_CTX_FLAGS_LUA
+        | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING;
+    flags & denied == 0
+}

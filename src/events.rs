@@ -1,0 +1,78 @@
+//! Changes made outside the module (DEL, UNLINK, expiry, eviction, RENAME, FLUSHDB/FLUSHALL,
+//! SWAPDB, Redisson's unlock script) must hand a lock to its waiters. Keyspace and server events
+//! tell us; the callbacks only note the change (no writes are allowed inside them) and the
+//! runtime processes it from a 0 ms timer.
+
+use std::os::raw::{c_char, c_int, c_void};
+
+use lock_core::queue::LockKey;
+use redis_module::raw;
+
+use crate::ffi::{api, bytes, selected_db, Ctx, RawString};
+use crate::guard;
+use crate::runtime::{self, Inbox};
+
+pub fn subscribe(ctx: Ctx) -> bool {
+    let types = raw::REDISMODULE_NOTIFY_GENERIC
+        | raw::REDISMODULE_NOTIFY_EXPIRED
+        | raw::REDISMODULE_NOTIFY_EVICTED;
+    let flush = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_FLUSHDB,
+        dataver: 1,
+    };
+    let swap = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_SWAPDB,
+        dataver: 1,
+    };
+    // SAFETY: ctx is the load context; the callbacks are plain functions that live as long as
+    // the module does.
+    unsafe {
+        api!(RedisModule_SubscribeToKeyspaceEvents)(ctx, types, Some(on_keyspace_event))
+            == raw::REDISMODULE_OK as c_int
+            && api!(RedisModule_SubscribeToServerEvent)(ctx, flush, Some(on_server_event))
+                == raw::REDISMODULE_OK as c_int
+            && api!(RedisModule_SubscribeToServerEvent)(ctx, swap, Some(on_server_event))
+                == raw::REDISMODULE_OK as c_int
+    }
+}
+
+extern "C" fn on_keyspace_event(
+    ctx: Ctx,
+    _type: c_int,
+    _event: *const c_char,
+    key: RawString,
+) -> c_int {
+    guard::callback((), || {
+        // Every generic event in the server comes here: do nothing unless someone waits.
+        if runtime::anyone_waiting() {
+            let key = LockKey::new(selected_db(ctx), bytes(key));
+            runtime::notice(ctx, Inbox::Key(key));
+        }
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+extern "C" fn on_server_event(
+    ctx: Ctx,
+    event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    guard::callback((), || {
+        if event.id == raw::REDISMODULE_EVENT_FLUSHDB {
+            if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
+                return;
+            }
+            // SAFETY: for FLUSHDB events Redis passes a RedisModuleFlushInfo.
+            let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
+            let change = if info.dbnum < 0 {
+                Inbox::All
+            } else {
+                Inbox::Db(info.dbnum)
+            };
+            runtime::notice(ctx, change);
+        } else if event.id == raw::REDISMODULE_EVENT_SWAPDB {
+            runtime::notice(ctx, Inbox::All);
+        }
+    });
+}

@@ -1,0 +1,380 @@
+//! Thin, safe wrappers over the Redis module API used on the hot path: opening keys, reading and
+//! writing the lock hash, strings, replies and effect replication. The blocking API lives apart,
+//! in `wait/`.
+//!
+//! Every function here is called on Redis's main thread with a context Redis handed us for the
+//! duration of a command or callback; the wrappers never keep a pointer beyond that.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_void};
+use std::ptr;
+
+use redis_module::raw;
+
+pub type Ctx = *mut raw::RedisModuleCtx;
+pub type RawString = *mut raw::RedisModuleString;
+
+/// Calls a Redis API function pointer. They are all set by `RedisModule_Init` before any of our
+/// code runs; a missing one means the server is older than the module supports, which `init`
+/// checks once at load.
+macro_rules! api {
+    ($name:ident) => {
+        match redis_module::raw::$name {
+            Some(f) => f,
+            None => crate::ffi::unreachable_api(stringify!($name)),
+        }
+    };
+}
+pub(crate) use api;
+
+#[cold]
+pub fn unreachable_api(name: &str) -> ! {
+    // Caught by the entry-point guard: the client gets `ERR internal error`, the server lives.
+    std::panic::panic_any(format!("Redis API {name} is not available"))
+}
+
+/// Borrows the bytes of a Redis string. The slice lives as long as the string does, which for
+/// command arguments is the whole command.
+pub fn bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
+    if s.is_null() {
+        return &[];
+    }
+    let mut len: usize = 0;
+    // SAFETY: `s` is a live RedisModuleString handed to us by Redis (argv, HashGet, ScanKey);
+    // StringPtrLen returns a pointer to its `len` bytes, valid while the string is.
+    unsafe {
+        let p = api!(RedisModule_StringPtrLen)(s, &mut len);
+        if p.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts(p.cast::<u8>(), len)
+    }
+}
+
+/// The arguments of a command as byte slices.
+pub fn args<'a>(argv: *mut RawString, argc: c_int) -> Vec<&'a [u8]> {
+    let count = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() || count == 0 {
+        return Vec::new();
+    }
+    // SAFETY: Redis passes `argc` valid string pointers in `argv` for the command's duration.
+    let raw_args = unsafe { std::slice::from_raw_parts(argv, count) };
+    raw_args.iter().map(|&s| bytes(s)).collect()
+}
+
+/// The argument at `index`, as the Redis string itself (for keys and owners we pass back in).
+pub fn arg(argv: *mut RawString, argc: c_int, index: usize) -> RawString {
+    if argv.is_null() || index >= usize::try_from(argc).unwrap_or(0) {
+        return ptr::null_mut();
+    }
+    // SAFETY: bounds checked just above against the argc Redis gave us.
+    unsafe { *argv.add(index) }
+}
+
+/// A Redis string we created and must free.
+pub struct OwnedString(RawString);
+
+impl OwnedString {
+    pub fn new(data: &[u8]) -> Self {
+        // SAFETY: a NULL context creates a string outside automatic memory management, which we
+        // free in Drop. The buffer is copied.
+        OwnedString(unsafe {
+            api!(RedisModule_CreateString)(
+                ptr::null_mut(),
+                data.as_ptr().cast::<c_char>(),
+                data.len(),
+            )
+        })
+    }
+
+    pub fn from_i64(value: i64) -> Self {
+        // SAFETY: as in `new`.
+        OwnedString(unsafe { api!(RedisModule_CreateStringFromLongLong)(ptr::null_mut(), value) })
+    }
+
+    /// Takes ownership of a string Redis returned to us (HashGet) that we must free.
+    fn adopt(s: RawString) -> Option<Self> {
+        (!s.is_null()).then_some(OwnedString(s))
+    }
+
+    pub fn as_ptr(&self) -> RawString {
+        self.0
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        bytes(self.0)
+    }
+}
+
+impl Drop for OwnedString {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: we own one reference to this string (created or adopted above).
+            unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), self.0) }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    Missing,
+    Hash,
+    String,
+    Other,
+}
+
+/// A key opened for reading and writing; closed on drop.
+pub struct Key(*mut raw::RedisModuleKey);
+
+impl Key {
+    pub fn open(ctx: Ctx, name: RawString) -> Key {
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+        // SAFETY: ctx and name are live for this call; a write open lazily expires the key, as
+        // any write command would.
+        Key(unsafe { api!(RedisModule_OpenKey)(ctx, name, mode).cast::<raw::RedisModuleKey>() })
+    }
+
+    pub fn open_read(ctx: Ctx, name: RawString) -> Key {
+        // SAFETY: as in `open`.
+        Key(unsafe {
+            api!(RedisModule_OpenKey)(ctx, name, raw::REDISMODULE_READ as c_int)
+                .cast::<raw::RedisModuleKey>()
+        })
+    }
+
+    pub fn kind(&self) -> KeyKind {
+        if self.0.is_null() {
+            return KeyKind::Missing;
+        }
+        // SAFETY: self.0 is an open key.
+        let t = unsafe { api!(RedisModule_KeyType)(self.0) };
+        match t as isize {
+            raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Missing,
+            raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
+            raw::REDISMODULE_KEYTYPE_STRING => KeyKind::String,
+            _ => KeyKind::Other,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        if self.0.is_null() {
+            return 0;
+        }
+        // SAFETY: self.0 is an open key.
+        unsafe { api!(RedisModule_ValueLength)(self.0) }
+    }
+
+    /// Reads two hash fields at once.
+    pub fn hash_get2(
+        &self,
+        a: RawString,
+        b: RawString,
+    ) -> (Option<OwnedString>, Option<OwnedString>) {
+        let (mut va, mut vb): (RawString, RawString) = (ptr::null_mut(), ptr::null_mut());
+        if !self.0.is_null() {
+            // SAFETY: an open hash key; HashGet writes a new string (or NULL) into each out
+            // pointer and stops at the NULL terminator.
+            unsafe {
+                api!(RedisModule_HashGet)(
+                    self.0,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    a,
+                    &mut va as *mut RawString,
+                    b,
+                    &mut vb as *mut RawString,
+                    ptr::null_mut::<c_void>(),
+                );
+            }
+        }
+        (OwnedString::adopt(va), OwnedString::adopt(vb))
+    }
+
+    /// Writes `owner = count` and, when given, the fence field.
+    pub fn hash_set_hold(
+        &self,
+        owner: RawString,
+        count: &OwnedString,
+        fence: Option<(RawString, &OwnedString)>,
+    ) {
+        // SAFETY: an open writable key (created as a hash when empty); field/value pairs end
+        // with NULL.
+        unsafe {
+            match fence {
+                Some((field, token)) => api!(RedisModule_HashSet)(
+                    self.0,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    owner,
+                    count.as_ptr(),
+                    field,
+                    token.as_ptr(),
+                    ptr::null_mut::<c_void>(),
+                ),
+                None => api!(RedisModule_HashSet)(
+                    self.0,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    owner,
+                    count.as_ptr(),
+                    ptr::null_mut::<c_void>(),
+                ),
+            };
+        }
+    }
+
+    /// The absolute expiry in ms, or None when the key has none.
+    pub fn expires_at(&self) -> Option<u64> {
+        if self.0.is_null() {
+            return None;
+        }
+        // SAFETY: self.0 is an open key.
+        let at = unsafe { api!(RedisModule_GetAbsExpire)(self.0) };
+        u64::try_from(at).ok()
+    }
+
+    pub fn set_expires_at(&self, at: u64) {
+        let at = i64::try_from(at).unwrap_or(i64::MAX);
+        // SAFETY: self.0 is an open writable key holding a value.
+        unsafe {
+            api!(RedisModule_SetAbsExpire)(self.0, at);
+        }
+    }
+
+    pub fn delete(&self) {
+        // SAFETY: self.0 is an open writable key; deleting a missing key is a no-op.
+        unsafe {
+            api!(RedisModule_DeleteKey)(self.0);
+        }
+    }
+
+    /// The bytes of a string value.
+    pub fn string_bytes(&self) -> &[u8] {
+        let mut len: usize = 0;
+        // SAFETY: an open string key; DMA in read mode returns a pointer to its bytes, valid
+        // until the key is closed or modified (we copy or parse before either).
+        unsafe {
+            let p = api!(RedisModule_StringDMA)(self.0, &mut len, raw::REDISMODULE_READ as c_int);
+            if p.is_null() {
+                return &[];
+            }
+            std::slice::from_raw_parts(p.cast::<u8>(), len)
+        }
+    }
+
+    pub fn string_set(&self, value: &OwnedString) {
+        // SAFETY: an open writable key; StringSet takes its own reference to the value.
+        unsafe {
+            api!(RedisModule_StringSet)(self.0, value.as_ptr());
+        }
+    }
+
+    /// Every field and value of a hash (used by LOCK.INFO only; locks have two fields).
+    pub fn hash_fields(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        if self.0.is_null() {
+            return out;
+        }
+        extern "C" fn collect(
+            _key: *mut raw::RedisModuleKey,
+            field: RawString,
+            value: RawString,
+            privdata: *mut c_void,
+        ) {
+            let _ = std::panic::catch_unwind(|| {
+                // SAFETY: privdata is the &mut Vec passed below, alive for the ScanKey call.
+                let out = unsafe { &mut *privdata.cast::<Vec<(Vec<u8>, Vec<u8>)>>() };
+                out.push((bytes(field).to_vec(), bytes(value).to_vec()));
+            });
+        }
+        // SAFETY: the cursor is created and destroyed here; the callback only touches `out`.
+        unsafe {
+            let cursor = api!(RedisModule_ScanCursorCreate)();
+            while api!(RedisModule_ScanKey)(
+                self.0,
+                cursor,
+                Some(collect),
+                (&mut out as *mut Vec<(Vec<u8>, Vec<u8>)>).cast::<c_void>(),
+            ) != 0
+            {}
+            api!(RedisModule_ScanCursorDestroy)(cursor);
+        }
+        out
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: we opened this key and close it exactly once.
+            unsafe { api!(RedisModule_CloseKey)(self.0) }
+        }
+    }
+}
+
+pub fn now_ms() -> u64 {
+    // SAFETY: a plain clock read.
+    let ms = unsafe { api!(RedisModule_Milliseconds)() };
+    u64::try_from(ms).unwrap_or(0)
+}
+
+pub fn context_flags(ctx: Ctx) -> u32 {
+    // SAFETY: ctx is live for this call.
+    let f = unsafe { api!(RedisModule_GetContextFlags)(ctx) };
+    u32::try_from(f).unwrap_or(0)
+}
+
+pub fn selected_db(ctx: Ctx) -> i32 {
+    // SAFETY: ctx is live for this call.
+    unsafe { api!(RedisModule_GetSelectedDb)(ctx) }
+}
+
+/// Runs `f` with `db` selected on `ctx`, restoring the previous selection after. Needed when a
+/// timer or event works on a key in another database than the context's.
+pub fn with_db<R>(ctx: Ctx, db: i32, f: impl FnOnce() -> R) -> R {
+    let previous = selected_db(ctx);
+    if previous != db {
+        // SAFETY: ctx is live; SelectDb fails only for an out-of-range db, which came from Redis.
+        unsafe { api!(RedisModule_SelectDb)(ctx, db) };
+    }
+    let out = f();
+    if previous != db {
+        // SAFETY: as above.
+        unsafe { api!(RedisModule_SelectDb)(ctx, previous) };
+    }
+    out
+}
+
+pub mod reply {
+    use super::*;
+
+    pub fn integer(ctx: Ctx, v: i64) {
+        // SAFETY: ctx is a command or reply-callback context.
+        unsafe { api!(RedisModule_ReplyWithLongLong)(ctx, v) };
+    }
+
+    pub fn null(ctx: Ctx) {
+        // SAFETY: as above.
+        unsafe { api!(RedisModule_ReplyWithNull)(ctx) };
+    }
+
+    pub fn bulk(ctx: Ctx, data: &[u8]) {
+        // SAFETY: as above; the buffer is copied into the reply.
+        unsafe {
+            api!(RedisModule_ReplyWithStringBuffer)(ctx, data.as_ptr().cast::<c_char>(), data.len())
+        };
+    }
+
+    /// A map in RESP3, a flat array of name/value in RESP2 (Redis does the translation).
+    pub fn map(ctx: Ctx, pairs: i64) {
+        // SAFETY: as above.
+        unsafe { api!(RedisModule_ReplyWithMap)(ctx, pairs as std::os::raw::c_long) };
+    }
+
+    pub fn error(ctx: Ctx, message: &str) {
+        let mut text = message.replace(['\r', '\n'], " ");
+        text.push('\0');
+        let Ok(c) = CStr::from_bytes_with_nul(text.as_bytes()) else {
+            return error(ctx, "ERR internal error");
+        };
+        // SAFETY: as above; the message is copied.
+        unsafe { api!(RedisModule_ReplyWithError)(ctx, c.as_ptr()) };
+    }
+}

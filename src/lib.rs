@@ -1,0 +1,109 @@
+//! `lock`: native distributed locks for Redis.
+//!
+//! This file only registers: the module, its options, its INFO section, its commands and the
+//! events it listens to. The lock rules live in the `lock-core` crate; see `commands/` for the
+//! adapters, `runtime` for waiters and handoff, `wait/` for the blocking FFI.
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
+
+use redis_module::configuration::ConfigurationFlags;
+use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString, Status};
+
+mod commands;
+mod config;
+mod events;
+mod ffi;
+mod guard;
+mod log;
+mod notify;
+mod runtime;
+mod stats;
+mod store;
+mod wait;
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    guard::callback(Status::Err, || {
+        let raw = ctx.ctx;
+        if !required_api_present() {
+            log::warning(
+                "this Redis lacks module APIs the lock module needs (Redis >= 7.0 required)",
+            );
+            return Status::Err;
+        }
+        runtime::reset();
+        if !commands::register(raw) || !events::subscribe(raw) {
+            log::warning("could not register LOCK.* commands or events");
+            return Status::Err;
+        }
+        log::notice(&format!("lock module loaded: {}", config::describe()));
+        Status::Ok
+    })
+}
+
+fn required_api_present() -> bool {
+    use redis_module::raw;
+    // SAFETY: reading the API table RedisModule_Init filled in, on the main thread at load.
+    unsafe {
+        matches!(raw::RedisModule_BlockClient, Some(_))
+            && matches!(raw::RedisModule_UnblockClient, Some(_))
+            && matches!(raw::RedisModule_SetDisconnectCallback, Some(_))
+            && matches!(raw::RedisModule_GetBlockedClientHandle, Some(_))
+            && matches!(raw::RedisModule_SetAbsExpire, Some(_))
+            && matches!(raw::RedisModule_GetAbsExpire, Some(_))
+            && matches!(raw::RedisModule_PublishMessage, Some(_))
+            && matches!(raw::RedisModule_CreateTimer, Some(_))
+            && matches!(raw::RedisModule_SubscribeToServerEvent, Some(_))
+            && matches!(raw::RedisModule_ScanKey, Some(_))
+            && matches!(raw::RedisModule_ReplyWithMap, Some(_))
+    }
+}
+
+/// Refuses MODULE UNLOAD while clients wait or deadlines are pending: their callbacks point into
+/// this library.
+fn deinit(_ctx: &Context) -> Status {
+    guard::callback(Status::Err, || {
+        if !runtime::idle() {
+            log::warning("MODULE UNLOAD refused: clients are waiting for locks");
+            return Status::Err;
+        }
+        store::release_cached_names();
+        Status::Ok
+    })
+}
+
+fn lock_info(ctx: &InfoContext, _for_crash_report: bool) {
+    guard::callback((), || stats::write_info(ctx.ctx));
+}
+
+redis_module! {
+    name: "lock",
+    version: 1,
+    allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
+    data_types: [],
+    init: init,
+    deinit: deinit,
+    info: lock_info,
+    configurations: [
+        i64: [
+            ["max-lease-ms", &config::MAX_LEASE_MS, config::DEFAULT_MAX_LEASE_MS, 1, config::CEILING_MAX_LEASE_MS, ConfigurationFlags::DEFAULT, None],
+            ["max-waiters-per-key", &config::MAX_WAITERS_PER_KEY, config::DEFAULT_MAX_WAITERS_PER_KEY, 1, 100_000_000, ConfigurationFlags::DEFAULT, None],
+        ],
+        string: [
+            ["unlock-channel-prefix", &config::UNLOCK_CHANNEL_PREFIX, config::DEFAULT_UNLOCK_CHANNEL_PREFIX, ConfigurationFlags::DEFAULT, None],
+            ["unlock-message", &config::UNLOCK_MESSAGE, config::DEFAULT_UNLOCK_MESSAGE, ConfigurationFlags::DEFAULT, None],
+        ],
+        bool: [
+            ["keyspace-events", &config::KEYSPACE_EVENTS, true, ConfigurationFlags::DEFAULT, None],
+        ],
+        enum: [],
+        module_args_as_configuration: true,
+    ]
+}

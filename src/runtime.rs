@@ -1,0 +1,401 @@
+//! The module's in-memory state (wait queues and deadlines) and the handoff logic.
+//!
+//! Everything runs on Redis's main thread. The state is a thread-local `RefCell`; a borrow is
+//! never held across a Redis call that could call back into the module, except keyspace events
+//! (raised by lazy expiry inside `OpenKey`), which only touch the separate `INBOX`.
+
+use std::cell::{Cell, RefCell};
+
+use lock_core::args::Wait;
+use lock_core::deadlines::{DeadlineKey, Deadlines};
+use lock_core::queue::{LockKey, NewWaiter, Removed, WaitQueues, WaiterId};
+use lock_core::state::View;
+use lock_core::LockError;
+
+use crate::ffi::{self, now_ms, with_db, Ctx, Key, KeyKind, OwnedString, RawString};
+use crate::stats::{add, bump, STATS};
+use crate::wait::{self, Blocked, Outcome};
+use crate::{config, log, notify, store};
+
+/// What a deadline stands for.
+enum Due {
+    /// A waiter's `WAIT` timeout.
+    Timeout(WaiterId),
+    /// The lease end of a lock with waiters: if the lease ran out, hand off.
+    LeaseCheck(LockKey),
+    /// Look at a key again (it changed outside the module, or a grant was not delivered).
+    Recheck(LockKey),
+    /// A granted waiter vanished before its reply: free its hold if it still has it.
+    Undelivered {
+        key: LockKey,
+        owner: Box<[u8]>,
+        token: u64,
+    },
+}
+
+/// Changes noticed by keyspace/server events, processed from a 0 ms timer.
+pub enum Inbox {
+    Key(LockKey),
+    Db(i32),
+    All,
+}
+
+#[derive(Default)]
+struct Runtime {
+    queues: WaitQueues<Blocked>,
+    deadlines: Deadlines<Due>,
+    /// The armed module timer: (id, when it fires).
+    timer: Option<(u64, u64)>,
+    /// Last time a "lease expired with waiters" warning was logged.
+    last_expiry_warning: u64,
+}
+
+thread_local! {
+    static RUNTIME: RefCell<Runtime> = RefCell::new(Runtime::default());
+    static INBOX: RefCell<Vec<Inbox>> = const { RefCell::new(Vec::new()) };
+    static INBOX_ARMED: Cell<bool> = const { Cell::new(false) };
+    /// Mirrors the number of queued waiters, readable without borrowing RUNTIME.
+    static WAITING: Cell<usize> = const { Cell::new(0) };
+}
+
+fn with_runtime<R>(f: impl FnOnce(&mut Runtime) -> R) -> Option<R> {
+    RUNTIME.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut rt) => {
+            let out = f(&mut rt);
+            WAITING.with(|w| w.set(rt.queues.total()));
+            Some(out)
+        }
+        Err(_) => {
+            log::warning("lock state re-entered; change deferred");
+            None
+        }
+    })
+}
+
+/// Whether any client waits on any lock (cheap; used to skip all queue work on the hot path).
+pub fn anyone_waiting() -> bool {
+    WAITING.with(Cell::get) > 0
+}
+
+pub fn waiters_on(key: &LockKey) -> usize {
+    if !anyone_waiting() {
+        return 0;
+    }
+    with_runtime(|rt| rt.queues.len(key)).unwrap_or(0)
+}
+
+pub fn total_waiters() -> usize {
+    WAITING.with(Cell::get)
+}
+
+/// Queues the current client on `key` and blocks it.
+pub fn enqueue(
+    ctx: Ctx,
+    key: LockKey,
+    owner: &[u8],
+    lease_ms: u64,
+    wait: Wait,
+    lock_expires_at: Option<u64>,
+    lock_is_free: bool,
+) -> Result<(), LockError> {
+    let now = now_ms();
+    with_runtime(|rt| {
+        let max = config::max_waiters_per_key();
+        if rt.queues.len(&key) as u64 >= max {
+            return Err(LockError::TooManyWaiters { max });
+        }
+        let handle = wait::block(ctx).ok_or(LockError::Internal)?;
+        let new = NewWaiter {
+            handle,
+            key: &key,
+            owner,
+            lease_ms,
+            now,
+        };
+        let id = match rt.queues.push(new, max) {
+            Ok(id) => id,
+            Err(e) => {
+                wait::unblock(handle, Outcome::Refused(e.reply()));
+                return Ok(());
+            }
+        };
+        if let Wait::For(ms) = wait {
+            let deadline = rt
+                .deadlines
+                .insert(now.saturating_add(ms), Due::Timeout(id));
+            if let Some(w) = rt.queues.get_mut(id) {
+                w.timeout = Some(deadline);
+            }
+        }
+        if lock_is_free {
+            // Waiters are queued on a free lock only between an outside change and its recheck;
+            // make sure that recheck happens.
+            rt.deadlines.insert(now, Due::Recheck(key.clone()));
+        } else if rt.queues.lease_check(&key).is_none() {
+            schedule_lease_check(rt, &key, lock_expires_at, now);
+        }
+        bump(&STATS.waits_started);
+        arm(ctx, rt, now);
+        Ok(())
+    })
+    .unwrap_or(Err(LockError::Internal))
+}
+
+/// A lock became free inside a command (release, force-release): hand it to the head waiter, or
+/// publish the unlock message when nobody waits.
+pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
+    if anyone_waiting() {
+        let key = LockKey::new(ffi::selected_db(ctx), name);
+        let handed = with_runtime(|rt| {
+            let now = now_ms();
+            let handed = pump(ctx, rt, &key, now);
+            arm(ctx, rt, now);
+            handed
+        })
+        .unwrap_or(false);
+        if handed {
+            return;
+        }
+    }
+    notify::publish_unlock(ctx, key_name, name);
+}
+
+/// Gives the lock at `key` to the head waiter if it is free. Returns whether it did.
+fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64) -> bool {
+    if !rt.queues.has_waiters(key) {
+        return false;
+    }
+    with_db(ctx, key.db, || {
+        let name = OwnedString::new(&key.name);
+        let lock = Key::open(ctx, name.as_ptr());
+        if lock.kind() != KeyKind::Missing {
+            let expires_at = lock.expires_at();
+            drop(lock);
+            schedule_lease_check(rt, key, expires_at, now);
+            return false;
+        }
+        let Some(removed) = rt.queues.pop_front(key) else {
+            return false;
+        };
+        let waiter = forget(rt, removed);
+        let owner = OwnedString::new(&waiter.owner);
+        let token = store::next_token(ctx, &key.name);
+        let expires_at = now.saturating_add(waiter.lease_ms);
+        store::write_hold(
+            ctx,
+            store::Hold {
+                key_name: name.as_ptr(),
+                owner: owner.as_ptr(),
+                count: 1,
+                new_token: Some(token),
+                expires_at,
+                key: &lock,
+            },
+        );
+        drop(lock);
+        notify::event(ctx, c"lock.handoff", name.as_ptr());
+        bump(&STATS.handoffs);
+        add(&STATS.wait_time_ms, now.saturating_sub(waiter.enqueued_at));
+        wait::unblock(
+            waiter.handle,
+            Outcome::Granted {
+                token,
+                key: key.clone(),
+                owner: waiter.owner,
+            },
+        );
+        schedule_lease_check(rt, key, Some(expires_at), now);
+        true
+    })
+}
+
+/// Cancels what a removed waiter had scheduled and returns it.
+fn forget(rt: &mut Runtime, removed: Removed<Blocked>) -> lock_core::queue::Waiter<Blocked> {
+    if let Some(timeout) = removed.waiter.timeout {
+        rt.deadlines.remove(timeout);
+    }
+    if let Some(check) = removed.orphaned_lease_check {
+        rt.deadlines.remove(check);
+    }
+    removed.waiter
+}
+
+/// Keeps one lease check per key with waiters, at the holder's lease end.
+fn schedule_lease_check(rt: &mut Runtime, key: &LockKey, expires_at: Option<u64>, now: u64) {
+    if !rt.queues.has_waiters(key) {
+        return;
+    }
+    let check = expires_at.map(|at| {
+        // Redis expires a key once `now > at`; if that moment passed but the key is still
+        // there (clients paused, say), look again shortly rather than spin.
+        let when = if at < now { now + 10 } else { at + 1 };
+        rt.deadlines.insert(when, Due::LeaseCheck(key.clone()))
+    });
+    if let Some(old) = rt.queues.set_lease_check(key, check) {
+        rt.deadlines.remove(old);
+    }
+}
+
+/// Looks at a key with waiters: hand off if it is free, else watch its lease end.
+fn recheck(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64) {
+    if rt.queues.has_waiters(key) {
+        pump(ctx, rt, key, now);
+    }
+}
+
+/// A waiter left on its own (disconnect, CLIENT UNBLOCK). Returns true if it was still queued,
+/// in which case the caller releases its handle.
+pub fn waiter_left(handle: Blocked) -> bool {
+    with_runtime(|rt| match rt.queues.remove_by_handle(handle) {
+        Some(removed) => {
+            forget(rt, removed);
+            bump(&STATS.wait_cancelled);
+            true
+        }
+        None => false,
+    })
+    .unwrap_or(false)
+}
+
+/// A grant's reply could not be delivered (the client vanished first). Scheduled, not done
+/// here: Redis forbids writes from inside the free callback.
+pub fn grant_undelivered(ctx: Ctx, key: LockKey, owner: Box<[u8]>, token: u64) {
+    with_runtime(|rt| {
+        let now = now_ms();
+        rt.deadlines
+            .insert(now, Due::Undelivered { key, owner, token });
+        arm(ctx, rt, now);
+    });
+}
+
+pub fn on_timer(ctx: Ctx) {
+    with_runtime(|rt| {
+        rt.timer = None;
+        let now = now_ms();
+        while let Some((fired, due)) = rt.deadlines.pop_due(now) {
+            handle_due(ctx, rt, fired, due, now);
+        }
+        arm(ctx, rt, now);
+    });
+}
+
+fn handle_due(ctx: Ctx, rt: &mut Runtime, fired: DeadlineKey, due: Due, now: u64) {
+    match due {
+        Due::Timeout(id) => {
+            if let Some(removed) = rt.queues.remove(id) {
+                let waiter = forget(rt, removed);
+                bump(&STATS.wait_timeouts);
+                wait::unblock(waiter.handle, Outcome::TimedOut);
+            }
+        }
+        Due::LeaseCheck(key) => {
+            // This check fired: it is no longer the key's scheduled one.
+            if rt.queues.lease_check(&key) == Some(fired) {
+                rt.queues.set_lease_check(&key, None);
+            }
+            let handed = pump(ctx, rt, &key, now);
+            if handed {
+                bump(&STATS.expired_with_waiters);
+                if now.saturating_sub(rt.last_expiry_warning) >= 10_000 {
+                    rt.last_expiry_warning = now;
+                    log::warning(&format!(
+                        "a held lease on '{}' ran out with waiters queued; the lock was handed to the next waiter (further warnings suppressed for 10 s)",
+                        String::from_utf8_lossy(&key.name)
+                    ));
+                }
+            }
+        }
+        Due::Recheck(key) => recheck(ctx, rt, &key, now),
+        Due::Undelivered { key, owner, token } => {
+            bump(&STATS.abandoned_grants);
+            let freed = with_db(ctx, key.db, || {
+                let name = OwnedString::new(&key.name);
+                let owner_name = OwnedString::new(&owner);
+                let lock = Key::open(ctx, name.as_ptr());
+                match store::view_of(&lock, owner_name.as_ptr()) {
+                    Ok(View::HeldByRequester {
+                        count: 1,
+                        token: Some(t),
+                    }) if t == token => {
+                        store::delete(ctx, &lock, name.as_ptr());
+                        true
+                    }
+                    _ => false,
+                }
+            });
+            if freed && !pump(ctx, rt, &key, now) {
+                with_db(ctx, key.db, || {
+                    let name = OwnedString::new(&key.name);
+                    notify::publish_unlock(ctx, name.as_ptr(), &key.name);
+                });
+            }
+        }
+    }
+}
+
+/// Arms the single module timer for the earliest deadline (or stops it when none is left, so
+/// that MODULE UNLOAD is not held up by an idle timer).
+fn arm(ctx: Ctx, rt: &mut Runtime, now: u64) {
+    let next = rt.deadlines.next_at();
+    match (rt.timer, next) {
+        (Some((_, at)), Some(next)) if at <= next => {}
+        (armed, next) => {
+            if let Some((id, _)) = armed {
+                wait::stop_timer(ctx, id);
+                rt.timer = None;
+            }
+            if let Some(next) = next {
+                let id = wait::arm_timer(ctx, next.saturating_sub(now));
+                rt.timer = Some((id, next.max(now)));
+            }
+        }
+    }
+}
+
+/// Called from keyspace/server events: note the change, process it from a 0 ms timer.
+pub fn notice(ctx: Ctx, change: Inbox) {
+    if !anyone_waiting() {
+        return;
+    }
+    INBOX.with(|inbox| inbox.borrow_mut().push(change));
+    if !INBOX_ARMED.with(Cell::get) {
+        INBOX_ARMED.with(|a| a.set(true));
+        wait::arm_inbox_timer(ctx);
+    }
+}
+
+pub fn on_inbox(ctx: Ctx) {
+    INBOX_ARMED.with(|a| a.set(false));
+    let changes = INBOX.with(|inbox| std::mem::take(&mut *inbox.borrow_mut()));
+    with_runtime(|rt| {
+        let now = now_ms();
+        let mut keys: Vec<LockKey> = Vec::new();
+        for change in changes {
+            match change {
+                Inbox::Key(key) => keys.push(key),
+                Inbox::Db(db) => keys.extend(rt.queues.keys().filter(|k| k.db == db).cloned()),
+                Inbox::All => keys.extend(rt.queues.keys().cloned()),
+            }
+        }
+        keys.sort_by(|a, b| (a.db, &a.name).cmp(&(b.db, &b.name)));
+        keys.dedup();
+        for key in keys {
+            recheck(ctx, rt, &key, now);
+        }
+        arm(ctx, rt, now);
+    });
+}
+
+/// Whether the module can be unloaded: no waiters and nothing scheduled.
+pub fn idle() -> bool {
+    with_runtime(|rt| rt.queues.total() == 0 && rt.deadlines.is_empty() && rt.timer.is_none())
+        .unwrap_or(false)
+        && !INBOX_ARMED.with(Cell::get)
+}
+
+/// Clears all state (module load; a reloaded library keeps its statics).
+pub fn reset() {
+    with_runtime(|rt| *rt = Runtime::default());
+    INBOX.with(|inbox| inbox.borrow_mut().clear());
+    INBOX_ARMED.with(|a| a.set(false));
+}

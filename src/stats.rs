@@ -1,0 +1,58 @@
+//! Counters for `INFO lock`. Updated on Redis's main thread only; atomics keep them `Sync`
+//! without locks (a relaxed add costs a few cycles).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal,)*) => {
+        pub struct Stats { $(#[doc = $doc] pub $name: AtomicU64,)* }
+        pub static STATS: Stats = Stats { $($name: AtomicU64::new(0),)* };
+        impl Stats {
+            /// (field name, value) for every counter, in declaration order.
+            pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    acquired: "Locks taken while free (immediately, not through a wait).",
+    reentered: "Re-entrant acquires by the current holder.",
+    contended: "LOCK.ACQUIRE calls that found the lock held by another owner or waiters queued.",
+    acquire_nil: "Non-blocking LOCK.ACQUIRE calls answered nil.",
+    waits_started: "LOCK.ACQUIRE ... WAIT calls that blocked.",
+    handoffs: "Locks handed to the head waiter on release, expiry or removal.",
+    released: "Full releases (the last re-entry released).",
+    released_partial: "Releases that counted one re-entry down.",
+    release_not_owner: "LOCK.RELEASE calls answered nil (the caller did not hold the lock).",
+    renewed: "Successful LOCK.RENEW calls.",
+    force_released: "Locks removed by LOCK.FORCERELEASE.",
+    expired_with_waiters: "Held leases that ran out while waiters were queued.",
+    wait_timeouts: "Waiters answered nil because their WAIT timeout passed.",
+    wait_cancelled: "Waiters that left the queue by disconnect or CLIENT UNBLOCK.",
+    abandoned_grants: "Grants whose client vanished before the reply; the lock went on.",
+    wait_time_ms: "Total milliseconds waiters spent queued before being granted.",
+    errors: "LOCK.* calls refused with an error.",
+}
+
+pub fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+pub fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Writes the `lock` section of INFO.
+pub fn write_info(ctx: *mut redis_module::raw::RedisModuleInfoCtx) {
+    use redis_module::raw;
+    if raw::add_info_section(ctx, None) != raw::Status::Ok {
+        return;
+    }
+    let waiters = crate::runtime::total_waiters() as u64;
+    for (name, value) in STATS.snapshot() {
+        raw::add_info_field_unsigned_long_long(ctx, name, value);
+    }
+    raw::add_info_field_unsigned_long_long(ctx, "waiters", waiters);
+}

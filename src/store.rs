@@ -1,0 +1,204 @@
+//! How a lock is read from and written to its key, and how those writes reach replicas and the
+//! AOF: every write is replicated as the plain Redis command that reproduces its effect with
+//! absolute values (`HSET`, `PEXPIREAT`, `SET`, `DEL`), never the LOCK.* command itself.
+
+use std::cell::RefCell;
+use std::ffi::CStr;
+use std::os::raw::c_char;
+
+use lock_core::args::parse_positive;
+use lock_core::slot::{counter_key, key_slot, SLOTS};
+use lock_core::state::{classify, Stored, View, FENCE_FIELD};
+use lock_core::LockError;
+use redis_module::raw;
+
+use crate::ffi::{api, Ctx, Key, KeyKind, OwnedString, RawString};
+
+thread_local! {
+    /// The fence field name and the per-slot counter names, created once and reused so that the
+    /// hot path allocates no key names.
+    static NAMES: RefCell<Names> = RefCell::new(Names::default());
+}
+
+#[derive(Default)]
+struct Names {
+    fence_field: Option<OwnedString>,
+    counters: Vec<Option<OwnedString>>,
+}
+
+fn with_fence_field<R>(f: impl FnOnce(RawString) -> R) -> R {
+    NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        let field = names
+            .fence_field
+            .get_or_insert_with(|| OwnedString::new(FENCE_FIELD));
+        f(field.as_ptr())
+    })
+}
+
+fn with_counter_name<R>(lock_key: &[u8], f: impl FnOnce(RawString) -> R) -> R {
+    let slot = key_slot(lock_key);
+    NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        if names.counters.is_empty() {
+            names.counters.resize_with(SLOTS, || None);
+        }
+        match names.counters.get_mut(usize::from(slot)) {
+            Some(entry) => {
+                let name = entry.get_or_insert_with(|| OwnedString::new(&counter_key(slot)));
+                f(name.as_ptr())
+            }
+            None => f(OwnedString::new(&counter_key(slot)).as_ptr()),
+        }
+    })
+}
+
+/// Frees the cached names (module unload).
+pub fn release_cached_names() {
+    NAMES.with(|names| *names.borrow_mut() = Names::default());
+}
+
+/// An open lock key and how the requesting owner sees it.
+pub struct LockRead {
+    pub key: Key,
+    pub view: View,
+}
+
+/// Opens `name` for writing and classifies it for `owner`.
+pub fn read_for_owner(ctx: Ctx, name: RawString, owner: RawString) -> Result<LockRead, LockError> {
+    let key = Key::open(ctx, name);
+    let view = view_of(&key, owner)?;
+    Ok(LockRead { key, view })
+}
+
+pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
+    match key.kind() {
+        KeyKind::Missing => Ok(View::Free),
+        KeyKind::Hash => {
+            let (count, fence) = with_fence_field(|fence_field| key.hash_get2(owner, fence_field));
+            classify(Stored::Hash {
+                fields: key.len(),
+                requester_count: count.as_ref().map(OwnedString::bytes),
+                fence: fence.as_ref().map(OwnedString::bytes),
+            })
+        }
+        KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
+    }
+}
+
+/// Checks that whatever is at the key is a lock (or nothing), without caring who holds it.
+pub fn check_is_lock(key: &Key) -> Result<bool, LockError> {
+    match key.kind() {
+        KeyKind::Missing => Ok(false),
+        KeyKind::Hash => {
+            let fence = with_fence_field(|fence_field| key.hash_get2(fence_field, fence_field).0);
+            // Asking with the fence field as owner: a lock has exactly one other field.
+            classify(Stored::Hash {
+                fields: key.len(),
+                requester_count: None,
+                fence: fence.as_ref().map(OwnedString::bytes),
+            })
+            .map(|_| true)
+        }
+        KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
+    }
+}
+
+/// Takes the next token from the slot counter of `lock_key` (in the context's selected db) and
+/// replicates the counter's new absolute value.
+pub fn next_token(ctx: Ctx, lock_key: &[u8]) -> u64 {
+    with_counter_name(lock_key, |counter_name| {
+        let counter = Key::open(ctx, counter_name);
+        let current = match counter.kind() {
+            KeyKind::String => parse_positive(counter.string_bytes()),
+            _ => None,
+        };
+        let token = lock_core::state::next_token(current);
+        let value = OwnedString::from_i64(i64::try_from(token).unwrap_or(i64::MAX));
+        counter.string_set(&value);
+        drop(counter);
+        replicate(ctx, c"SET", c"ss", &[counter_name, value.as_ptr()]);
+        token
+    })
+}
+
+/// Writes a hold: `owner = count`, the fence (if it changes) and the absolute lease end.
+pub struct Hold<'a> {
+    pub key_name: RawString,
+    pub owner: RawString,
+    pub count: u64,
+    pub new_token: Option<u64>,
+    pub expires_at: u64,
+    pub key: &'a Key,
+}
+
+pub fn write_hold(ctx: Ctx, hold: Hold<'_>) {
+    let count = OwnedString::from_i64(i64::try_from(hold.count).unwrap_or(i64::MAX));
+    match hold.new_token {
+        Some(token) => {
+            let token = OwnedString::from_i64(i64::try_from(token).unwrap_or(i64::MAX));
+            with_fence_field(|fence_field| {
+                hold.key
+                    .hash_set_hold(hold.owner, &count, Some((fence_field, &token)));
+                replicate(
+                    ctx,
+                    c"HSET",
+                    c"sssss",
+                    &[
+                        hold.key_name,
+                        hold.owner,
+                        count.as_ptr(),
+                        fence_field,
+                        token.as_ptr(),
+                    ],
+                );
+            });
+        }
+        None => {
+            hold.key.hash_set_hold(hold.owner, &count, None);
+            replicate(
+                ctx,
+                c"HSET",
+                c"sss",
+                &[hold.key_name, hold.owner, count.as_ptr()],
+            );
+        }
+    }
+    set_lease_end(ctx, hold.key, hold.key_name, hold.expires_at);
+}
+
+pub fn set_lease_end(ctx: Ctx, key: &Key, key_name: RawString, expires_at: u64) {
+    key.set_expires_at(expires_at);
+    let at = OwnedString::from_i64(i64::try_from(expires_at).unwrap_or(i64::MAX));
+    replicate(ctx, c"PEXPIREAT", c"ss", &[key_name, at.as_ptr()]);
+}
+
+/// Writes a count-down (`owner = remaining`), leaving the lease as it is.
+pub fn write_count(ctx: Ctx, key: &Key, key_name: RawString, owner: RawString, remaining: u64) {
+    let count = OwnedString::from_i64(i64::try_from(remaining).unwrap_or(i64::MAX));
+    key.hash_set_hold(owner, &count, None);
+    replicate(ctx, c"HSET", c"sss", &[key_name, owner, count.as_ptr()]);
+}
+
+pub fn delete(ctx: Ctx, key: &Key, key_name: RawString) {
+    key.delete();
+    replicate(ctx, c"DEL", c"s", &[key_name]);
+}
+
+/// Replicates one command made of Redis strings. `fmt` is one `s` per argument.
+fn replicate(ctx: Ctx, command: &CStr, fmt: &CStr, args: &[RawString]) {
+    let c: *const c_char = command.as_ptr();
+    let f: *const c_char = fmt.as_ptr();
+    // SAFETY: RM_Replicate is variadic; `fmt` has exactly one `s` per pointer we pass, each a
+    // live RedisModuleString. Redis copies what it needs before returning.
+    unsafe {
+        let rep = api!(RedisModule_Replicate);
+        match *args {
+            [a] => rep(ctx, c, f, a),
+            [a, b] => rep(ctx, c, f, a, b),
+            [a, b, d] => rep(ctx, c, f, a, b, d),
+            [a, b, d, e, g] => rep(ctx, c, f, a, b, d, e, g),
+            _ => raw::REDISMODULE_ERR as i32,
+        };
+    }
+}

@@ -1,0 +1,173 @@
+//! All FFI to Redis's blocking and timer APIs, in one place.
+//!
+//! A waiter is a client blocked with `RedisModule_BlockClient` (no Redis-side timeout: deadlines
+//! are ours, kept precise by one module timer). The lock decisions live in `runtime`; this file
+//! only translates between Redis's callbacks and it:
+//!
+//! - `unblock(handle, Outcome)` answers a waiter; Redis then calls `on_reply` in the client's
+//!   context, which sends the reply, and `on_free`, which frees the outcome. If the client went
+//!   away in between (the reply was never delivered) and the outcome was a grant, `on_free`
+//!   tells the runtime, which passes the lock on from a timer (no writes inside `on_free`).
+//! - `on_disconnect` (client closed or killed, or `CLIENT UNBLOCK id ERROR`) and `on_timeout`
+//!   (`CLIENT UNBLOCK id`) take a still-queued waiter out of its queue and release the handle.
+//!   A handle is released (UnblockClient) exactly once: by a grant, a timeout, or one of these.
+
+use std::cell::Cell;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+
+use lock_core::queue::LockKey;
+use redis_module::raw;
+
+use crate::ffi::{api, reply, Ctx, RawString};
+use crate::guard;
+use crate::runtime;
+
+/// The server's handle for one blocked client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Blocked(*mut raw::RedisModuleBlockedClient);
+
+/// What a waiter is told when it leaves the queue.
+pub enum Outcome {
+    Granted {
+        token: u64,
+        key: LockKey,
+        owner: Box<[u8]>,
+    },
+    TimedOut,
+    Refused(String),
+}
+
+/// Carried through Redis from `unblock` to `on_reply` and `on_free`.
+struct Delivery {
+    outcome: Outcome,
+    delivered: Cell<bool>,
+}
+
+/// Blocks the client running the current command. The caller must queue it (or unblock it) before
+/// returning to Redis.
+pub fn block(ctx: Ctx) -> Option<Blocked> {
+    // SAFETY: ctx is the context of a command that may block (the caller checked the context
+    // flags); timeout 0 means Redis never times it out on its own.
+    let bc = unsafe {
+        api!(RedisModule_BlockClient)(ctx, Some(on_reply), Some(on_timeout), Some(on_free), 0)
+    };
+    if bc.is_null() {
+        return None;
+    }
+    // SAFETY: bc was just returned by BlockClient and is live until UnblockClient.
+    unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect)) };
+    Some(Blocked(bc))
+}
+
+/// Answers a queued waiter. Must be called at most once per handle, and never for one that
+/// `on_disconnect`/`on_timeout` already released.
+pub fn unblock(handle: Blocked, outcome: Outcome) {
+    let delivery = Box::new(Delivery {
+        outcome,
+        delivered: Cell::new(false),
+    });
+    // SAFETY: the handle is live (still queued, never released); Redis owns the privdata until
+    // it passes it to on_free.
+    unsafe {
+        api!(RedisModule_UnblockClient)(handle.0, Box::into_raw(delivery).cast::<c_void>());
+    }
+}
+
+/// Releases a handle whose client was already answered (or is gone), with no reply to send.
+fn release(handle: Blocked) {
+    // SAFETY: called once, from on_timeout/on_disconnect, for a handle still queued; a NULL
+    // privdata means on_free gets nothing to free.
+    unsafe {
+        api!(RedisModule_UnblockClient)(handle.0, ptr::null_mut());
+    }
+}
+
+extern "C" fn on_reply(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
+    guard::callback((), || {
+        // SAFETY: ctx is the reply context of a client we unblocked with a Delivery.
+        let data = unsafe { api!(RedisModule_GetBlockedClientPrivateData)(ctx) };
+        if data.is_null() {
+            reply::null(ctx);
+            return;
+        }
+        // SAFETY: the privdata is the Box<Delivery> leaked in `unblock`, still owned by Redis.
+        let delivery = unsafe { &*data.cast::<Delivery>() };
+        delivery.delivered.set(true);
+        match &delivery.outcome {
+            Outcome::Granted { token, .. } => {
+                reply::integer(ctx, i64::try_from(*token).unwrap_or(i64::MAX))
+            }
+            Outcome::TimedOut => reply::null(ctx),
+            Outcome::Refused(message) => reply::error(ctx, message),
+        }
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Only `CLIENT UNBLOCK id` (without ERROR) gets here: our blocks have no Redis-side timeout.
+extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
+    guard::callback((), || {
+        // SAFETY: ctx is the timeout context of a blocked client.
+        let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) };
+        reply::null(ctx);
+        if !bc.is_null() && runtime::waiter_left(Blocked(bc)) {
+            release(Blocked(bc));
+        }
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+extern "C" fn on_disconnect(_ctx: Ctx, bc: *mut raw::RedisModuleBlockedClient) {
+    guard::callback((), || {
+        // A waiter we already granted is no longer queued: its handle was released by the grant
+        // and `on_free` will see the undelivered reply.
+        if !bc.is_null() && runtime::waiter_left(Blocked(bc)) {
+            release(Blocked(bc));
+        }
+    });
+}
+
+extern "C" fn on_free(ctx: Ctx, privdata: *mut c_void) {
+    guard::callback((), || {
+        if privdata.is_null() {
+            return;
+        }
+        // SAFETY: privdata is the Box<Delivery> from `unblock`; Redis hands it back exactly once.
+        let delivery = unsafe { Box::from_raw(privdata.cast::<Delivery>()) };
+        if let Outcome::Granted { token, key, owner } = delivery.outcome {
+            if !delivery.delivered.get() {
+                runtime::grant_undelivered(ctx, key, owner, token);
+            }
+        }
+    });
+}
+
+/// The one module timer that serves every deadline. Returns its id.
+pub fn arm_timer(ctx: Ctx, delay_ms: u64) -> u64 {
+    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    // SAFETY: ctx is live; the callback takes no data.
+    unsafe { api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), ptr::null_mut()) }
+}
+
+pub fn stop_timer(ctx: Ctx, id: u64) {
+    let mut data: *mut c_void = ptr::null_mut();
+    // SAFETY: stopping an id that already fired is a harmless error return.
+    unsafe {
+        api!(RedisModule_StopTimer)(ctx, id, &mut data);
+    }
+}
+
+extern "C" fn on_timer(ctx: Ctx, _data: *mut c_void) {
+    guard::callback((), || runtime::on_timer(ctx));
+}
+
+/// A 0 ms timer that processes changes noticed by keyspace and server events.
+pub fn arm_inbox_timer(ctx: Ctx) -> u64 {
+    // SAFETY: as in arm_timer.
+    unsafe { api!(RedisModule_CreateTimer)(ctx, 0, Some(on_inbox_timer), ptr::null_mut()) }
+}
+
+extern "C" fn on_inbox_timer(ctx: Ctx, _data: *mut c_void) {
+    guard::callback((), || runtime::on_inbox(ctx));
+}
