@@ -1,0 +1,39 @@
+# The two commands: `make run` (build, start Redis with the module) and `make test` (build, run
+# every check and test). Each installs what it needs first (scripts/deps.sh).
+SHELL := /bin/bash
+PORT ?= 6379
+CARGO ?= cargo
+RELEASE_MODULE := target/release/libredis_lock.so
+DEBUG_MODULE := target/debug/libredis_lock.so
+
+.PHONY: deps build run test unit integration cli lint bench bench-quick clean
+
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	$(CARGO) build --release --lib
+
+# Redis in the foreground on 127.0.0.1:$(PORT), module loaded via redis.conf.example.
+run: build
+	redis-server redis.conf.example --port $(PORT)
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Integration tests load the debug build (overflow checks on); it is built fresh first so a
+# stale .so is never tested.
+test: deps lint
+	$(CARGO) build --lib
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
+
+bench: build
+	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE))
+
+bench-quick: build
+	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE)) --quick
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what building and testing need, only when missing: redis-server and redis-cli
+# (Debian's 7.0.x), libclang (bindgen, used by redis-module), a C toolchain, and clippy/rustfmt.
+set -euo pipefail
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+
+if ((${#need[@]})); then
+  echo "deps: installing ${need[*]}"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; then
+  echo "deps: adding clippy and rustfmt"
+  rustup component add clippy rustfmt
+fi
+
+# The service Debian's package may have started would hold port 6379 for `make run`.
+if command -v service >/dev/null 2>&1 && pgrep -x redis-server >/dev/null 2>&1 && [ -f /etc/init.d/redis-server ]; then
+  service redis-server stop >/dev/null 2>&1 || true
+fi

@@ -1,0 +1,322 @@
+//! Test harness: one real `redis-server` per test, on a free loopback port, in its own temporary
+//! directory, with the module freshly built and loaded. The guard kills and reaps the server on
+//! drop, so a failing test leaves nothing behind.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub use redis::{Commands, Connection, Value};
+
+static BUILD: Once = Once::new();
+
+/// The module under test: `$LOCK_MODULE`, or the debug build, rebuilt once per test binary so a
+/// stale `.so` is never what gets tested.
+pub fn module_path() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    BUILD.call_once(|| {
+        if std::env::var_os("LOCK_MODULE").is_none() {
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "--lib", "--quiet"])
+                .current_dir(root)
+                .status()
+                .expect("cargo build");
+            assert!(status.success(), "building the module failed");
+        }
+    });
+    match std::env::var_os("LOCK_MODULE") {
+        Some(p) => PathBuf::from(p),
+        None => root.join("target/debug/libredis_lock.so"),
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub struct Server {
+    pub port: u16,
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// A server with the module loaded and no persistence.
+    pub fn start() -> Server {
+        Server::start_with(&[])
+    }
+
+    /// Extra `redis-server` arguments, e.g. `["--appendonly", "yes"]`. Module arguments go in
+    /// `start_with_module_args`.
+    pub fn start_with(extra: &[&str]) -> Server {
+        Server::launch(
+            free_port(),
+            tempfile::tempdir().expect("tempdir"),
+            extra,
+            &[],
+        )
+    }
+
+    pub fn start_with_module_args(module_args: &[&str]) -> Server {
+        Server::launch(
+            free_port(),
+            tempfile::tempdir().expect("tempdir"),
+            &[],
+            module_args,
+        )
+    }
+
+    fn launch(port: u16, dir: tempfile::TempDir, extra: &[&str], module_args: &[&str]) -> Server {
+        let module = module_path();
+        let mut load = vec![module.to_string_lossy().into_owned()];
+        load.extend(module_args.iter().map(|s| s.to_string()));
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg(port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .arg("--logfile")
+            .arg(dir.path().join("redis.log"))
+            .arg("--loadmodule")
+            .args(&load)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd
+            .spawn()
+            .expect("spawn redis-server (is it installed? run make test)");
+        let server = Server {
+            port,
+            child: Some(child),
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = self.try_connect() {
+                let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
+                if pong.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer PING; log:\n{}",
+                self.log()
+            );
+            sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn try_connect(&self) -> redis::RedisResult<Connection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?
+            .get_connection_with_timeout(Duration::from_secs(2))
+    }
+
+    pub fn connect(&self) -> Connection {
+        self.try_connect().expect("connect")
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL, no goodbye: what a crash or OOM-kill looks like.
+    pub fn kill_hard(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port and directory (persistence files included).
+    pub fn restart(&mut self) {
+        self.kill_hard();
+        let extra: Vec<String> = self.extra.clone();
+        let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let module = module_path();
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .arg("--loadmodule")
+            .arg(&module)
+            .args(&extra_refs)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("respawn");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(None)) => self.try_connect().is_ok(),
+            _ => false,
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill_hard();
+    }
+}
+
+/// Runs a command and returns the raw reply (errors become `Err` with Redis's text).
+pub fn raw(con: &mut Connection, args: &[&[u8]]) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(con)
+}
+
+/// `LOCK.ACQUIRE key owner lease` → Some(token) or None.
+pub fn acquire(con: &mut Connection, key: &str, owner: &str, lease_ms: u64) -> Option<i64> {
+    redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg(owner)
+        .arg(lease_ms)
+        .query(con)
+        .expect("LOCK.ACQUIRE")
+}
+
+pub fn acquire_wait(
+    con: &mut Connection,
+    key: &str,
+    owner: &str,
+    lease_ms: u64,
+    wait_ms: u64,
+) -> Option<i64> {
+    redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg(owner)
+        .arg(lease_ms)
+        .arg("WAIT")
+        .arg(wait_ms)
+        .query(con)
+        .expect("LOCK.ACQUIRE WAIT")
+}
+
+pub fn release(con: &mut Connection, key: &str, owner: &str) -> Option<i64> {
+    redis::cmd("LOCK.RELEASE")
+        .arg(key)
+        .arg(owner)
+        .query(con)
+        .expect("LOCK.RELEASE")
+}
+
+/// The error text of a command that must fail.
+pub fn error_of(con: &mut Connection, args: &[&[u8]]) -> String {
+    match raw(con, args) {
+        Err(e) => {
+            let code = e.code().unwrap_or("").to_string();
+            let detail = e.detail().unwrap_or("").to_string();
+            if code.is_empty() {
+                e.to_string()
+            } else {
+                format!("{code} {detail}").trim_end().to_string()
+            }
+        }
+        Ok(v) => panic!(
+            "expected an error from {:?}, got {v:?}",
+            String::from_utf8_lossy(args[0])
+        ),
+    }
+}
+
+/// LOCK.INFO as (name, value) pairs; None when free.
+pub fn lock_info(
+    con: &mut Connection,
+    key: &str,
+) -> Option<std::collections::HashMap<String, Value>> {
+    let v: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query(con)
+        .expect("LOCK.INFO");
+    match v {
+        Value::Nil => None,
+        Value::Bulk(items) => {
+            let mut map = std::collections::HashMap::new();
+            for pair in items.chunks(2) {
+                let name: String = redis::from_redis_value(&pair[0]).unwrap();
+                map.insert(name, pair[1].clone());
+            }
+            Some(map)
+        }
+        other => panic!("unexpected LOCK.INFO reply {other:?}"),
+    }
+}
+
+pub fn info_int(info: &std::collections::HashMap<String, Value>, field: &str) -> i64 {
+    redis::from_redis_value(info.get(field).unwrap_or(&Value::Nil)).unwrap_or(-999)
+}
+
+/// An INFO field of the lock section (`lock_<name>`), or commandstats etc.
+pub fn info_field(con: &mut Connection, section: &str, field: &str) -> Option<String> {
+    let text: String = redis::cmd("INFO").arg(section).query(con).ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(&format!("{field}:"))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Waits until `f` is true or the timeout passes; returns whether it became true.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        sleep(Duration::from_millis(10));
+    }
+    f()
+}
+
+/// The blocked clients' ids, in the order `CLIENT LIST` shows them.
+pub fn blocked_client_ids(con: &mut Connection) -> Vec<i64> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(con).unwrap();
+    list.lines()
+        .filter(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
+        .filter_map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+pub fn waiters(con: &mut Connection) -> i64 {
+    info_field(con, "lock", "lock_waiters")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
