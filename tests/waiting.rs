@@ -1,0 +1,582 @@
+//! LOCK.ACQUIRE ... WAIT: server-side blocking with FIFO handoff, exactly one wake-up per
+//! release, precise deadlines, outside changes, clients that go away, contexts that cannot block.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A client blocked in `LOCK.ACQUIRE key owner lease WAIT timeout` on its own connection.
+struct Waiter {
+    id: i64,
+    done: mpsc::Receiver<(redis::RedisResult<Option<i64>>, Duration)>,
+}
+
+impl Waiter {
+    /// Starts the wait and returns once the server shows one more waiter, so that waiters
+    /// started one after another queue in that order.
+    fn start(server: &Server, key: &str, owner: &str, lease_ms: u64, timeout_ms: u64) -> Waiter {
+        let mut admin = server.connect();
+        let before = waiters(&mut admin);
+        let mut con = server.connect();
+        let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut con).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (key, owner) = (key.to_string(), owner.to_string());
+        thread::spawn(move || {
+            let started = Instant::now();
+            let reply = redis::cmd("LOCK.ACQUIRE")
+                .arg(&key)
+                .arg(&owner)
+                .arg(lease_ms)
+                .arg("WAIT")
+                .arg(timeout_ms)
+                .query::<Option<i64>>(&mut con);
+            let _ = tx.send((reply, started.elapsed()));
+        });
+        assert!(
+            eventually(Duration::from_secs(5), || waiters(&mut admin) == before + 1),
+            "the waiter did not block"
+        );
+        Waiter { id, done: rx }
+    }
+
+    fn answer(&self, within: Duration) -> Option<(redis::RedisResult<Option<i64>>, Duration)> {
+        self.done.recv_timeout(within).ok()
+    }
+
+    fn token(&self, within: Duration) -> Option<i64> {
+        match self.answer(within) {
+            Some((Ok(t), _)) => t,
+            other => panic!("waiter {} got {other:?}", self.id),
+        }
+    }
+
+    fn still_blocked(&self) -> bool {
+        matches!(self.done.try_recv(), Err(mpsc::TryRecvError::Empty))
+    }
+}
+
+const SOON: Duration = Duration::from_secs(3);
+
+#[test]
+fn waiters_get_the_lock_in_the_order_they_started_waiting() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let queue: Vec<Waiter> = (0..5)
+        .map(|i| Waiter::start(&server, "k", &format!("w{i}"), 60_000, 0))
+        .collect();
+    let mut previous_token = 0;
+    for (i, w) in queue.iter().enumerate() {
+        let owner = if i == 0 {
+            "holder".to_string()
+        } else {
+            format!("w{}", i - 1)
+        };
+        assert_eq!(release(&mut con, "k", &owner), Some(0));
+        let token = w.token(SOON).expect("granted");
+        assert!(token > previous_token, "tokens rise with each handoff");
+        previous_token = token;
+        let info = lock_info(&mut con, "k").unwrap();
+        let holder: String = redis::from_redis_value(&info["owner"]).unwrap();
+        assert_eq!(holder, format!("w{i}"));
+        assert_eq!(info_int(&info, "waiters"), (4 - i) as i64);
+    }
+}
+
+#[test]
+fn the_release_hands_over_in_the_same_command_and_newcomers_cannot_barge() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let w = Waiter::start(&server, "k", "w", 60_000, 0);
+    // Inside one transaction: after the release nobody could have run, yet the waiter owns it.
+    let (released, info): (i64, Vec<redis::Value>) = redis::pipe()
+        .atomic()
+        .cmd("LOCK.RELEASE")
+        .arg("k")
+        .arg("holder")
+        .cmd("LOCK.INFO")
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(released, 0);
+    let owner: String = redis::from_redis_value(&info[1]).unwrap();
+    assert_eq!(owner, "w");
+    let token = w.token(SOON).unwrap();
+    let ttl: i64 = con.pttl("k").unwrap();
+    assert!(
+        ttl > 59_000,
+        "the new holder's lease starts at the handoff: {ttl}"
+    );
+    let stored: i64 = con.hget("k", "__fence__").unwrap();
+    assert_eq!(stored, token);
+
+    // With waiters queued, a free-looking moment never lets a newcomer in.
+    let w2 = Waiter::start(&server, "k", "w2", 60_000, 0);
+    assert_eq!(acquire(&mut con, "k", "newcomer", 1_000), None);
+    release(&mut con, "k", "w").unwrap();
+    assert!(w2.token(SOON).is_some());
+    assert_eq!(acquire(&mut con, "k", "newcomer", 1_000), None);
+}
+
+#[test]
+fn exactly_one_waiter_wakes_per_release() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let queue: Vec<Waiter> = (0..4)
+        .map(|i| Waiter::start(&server, "k", &format!("w{i}"), 60_000, 0))
+        .collect();
+    release(&mut con, "k", "holder").unwrap();
+    assert!(queue[0].token(SOON).is_some());
+    thread::sleep(Duration::from_millis(200));
+    for w in &queue[1..] {
+        assert!(w.still_blocked(), "only the head may wake");
+    }
+    assert_eq!(blocked_client_ids(&mut con).len(), 3);
+    assert_eq!(
+        info_field(&mut con, "lock", "lock_handoffs").as_deref(),
+        Some("1")
+    );
+}
+
+#[test]
+fn lease_expiry_hands_over_at_the_lease_end_not_at_the_next_sweep() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let started = Instant::now();
+    acquire(&mut con, "k", "dead-holder", 300).unwrap();
+    let w = Waiter::start(&server, "k", "w", 10_000, 0);
+    let (reply, _) = w.answer(SOON).expect("answered");
+    let at = started.elapsed();
+    assert!(reply.unwrap().is_some());
+    // Generous bounds (a loaded CI machine); `make bench` measures the lateness precisely.
+    assert!(
+        at >= Duration::from_millis(290) && at < Duration::from_millis(900),
+        "granted after {at:?}"
+    );
+    assert_eq!(
+        info_field(&mut con, "lock", "lock_expired_with_waiters").as_deref(),
+        Some("1")
+    );
+}
+
+#[test]
+fn a_wait_timeout_answers_nil_at_its_deadline_and_leaves_the_queue() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let w = Waiter::start(&server, "k", "w", 1_000, 150);
+    let (reply, waited) = w.answer(SOON).unwrap();
+    assert_eq!(reply.unwrap(), None);
+    assert!(
+        waited >= Duration::from_millis(140) && waited < Duration::from_millis(900),
+        "{waited:?}"
+    );
+    assert_eq!(waiters(&mut con), 0);
+    assert_eq!(
+        info_field(&mut con, "lock", "lock_wait_timeouts").as_deref(),
+        Some("1")
+    );
+    // The timed-out waiter is never granted.
+    release(&mut con, "k", "holder").unwrap();
+    assert!(lock_info(&mut con, "k").is_none());
+}
+
+#[test]
+fn wait_on_a_free_lock_takes_it_at_once() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let t = acquire_wait(&mut con, "k", "a", 1_000, 5_000);
+    assert!(t.is_some());
+    assert_eq!(
+        acquire_wait(&mut con, "k", "a", 1_000, 5_000),
+        t,
+        "re-entry does not wait"
+    );
+}
+
+fn outside_change_hands_over(change: impl FnOnce(&mut Connection, &Server)) {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let w = Waiter::start(&server, "k", "w", 60_000, 0);
+    change(&mut con, &server);
+    assert!(w.token(SOON).is_some(), "the head waiter got the lock");
+    let info = lock_info(&mut con, "k").unwrap();
+    let owner: String = redis::from_redis_value(&info["owner"]).unwrap();
+    assert_eq!(owner, "w");
+}
+
+#[test]
+fn del_hands_the_lock_to_the_head_waiter() {
+    outside_change_hands_over(|con, _| {
+        let _: i64 = con.del("k").unwrap();
+    });
+}
+
+#[test]
+fn unlink_hands_the_lock_to_the_head_waiter() {
+    outside_change_hands_over(|con, _| {
+        let _: i64 = redis::cmd("UNLINK").arg("k").query(con).unwrap();
+    });
+}
+
+#[test]
+fn flushdb_and_flushall_hand_the_lock_to_the_head_waiter() {
+    outside_change_hands_over(|con, _| {
+        let _: () = redis::cmd("FLUSHDB").query(con).unwrap();
+    });
+    outside_change_hands_over(|con, _| {
+        let _: () = redis::cmd("FLUSHALL").query(con).unwrap();
+    });
+}
+
+#[test]
+fn redissons_unlock_script_hands_the_lock_to_the_head_waiter() {
+    outside_change_hands_over(|con, _| {
+        let unlock = redis::Script::new(REDISSON_UNLOCK);
+        let r: Option<i64> = unlock
+            .key("k")
+            .key("redisson_lock__channel:{k}")
+            .arg("0")
+            .arg(30_000)
+            .arg("holder")
+            .invoke(con)
+            .unwrap();
+        assert_eq!(r, Some(1));
+    });
+}
+
+#[test]
+fn eviction_hands_the_lock_to_the_head_waiter() {
+    outside_change_hands_over(|con, _| {
+        // Only keys with a TTL (the lock) are evictable; the limit is lifted again within the
+        // same pipeline, before the module's 0 ms handoff timer can run.
+        let _: () = redis::pipe()
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("volatile-random")
+            .ignore()
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(1)
+            .ignore()
+            .cmd("PING")
+            .ignore()
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(0)
+            .ignore()
+            .query(con)
+            .unwrap();
+        let evicted: i64 = info_field(con, "stats", "evicted_keys")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(evicted, 1);
+    });
+}
+
+#[test]
+fn a_waiter_that_disconnects_or_is_killed_leaves_the_queue_and_is_never_granted() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let killed = Waiter::start(&server, "k", "killed", 60_000, 0);
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(killed.id)
+        .query(&mut con)
+        .unwrap();
+    // A raw connection that sends the command and just closes.
+    {
+        use std::io::Write;
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        sock.write_all(b"*6\r\n$12\r\nLOCK.ACQUIRE\r\n$1\r\nk\r\n$6\r\ncloser\r\n$5\r\n60000\r\n$4\r\nWAIT\r\n$1\r\n0\r\n").unwrap();
+        assert!(eventually(SOON, || waiters(&mut con) == 1));
+    }
+    assert!(
+        eventually(SOON, || waiters(&mut con) == 0),
+        "closed connections leave the queue"
+    );
+    let last = Waiter::start(&server, "k", "last", 60_000, 0);
+    release(&mut con, "k", "holder").unwrap();
+    assert!(last.token(SOON).is_some());
+    let info = lock_info(&mut con, "k").unwrap();
+    let owner: String = redis::from_redis_value(&info["owner"]).unwrap();
+    assert_eq!(owner, "last");
+    assert!(killed
+        .answer(Duration::from_millis(100))
+        .map(|(r, _)| r.is_err())
+        .unwrap_or(true));
+}
+
+#[test]
+fn a_granted_waiter_that_vanishes_before_its_reply_passes_the_lock_on() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let doomed = Waiter::start(&server, "k", "doomed", 60_000, 0);
+    let next = Waiter::start(&server, "k", "next", 60_000, 0);
+    // The grant and the kill happen in one transaction: the reply can never be delivered.
+    let (released, _killed): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("LOCK.RELEASE")
+        .arg("k")
+        .arg("holder")
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(doomed.id)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(released, 0);
+    assert!(
+        next.token(SOON).is_some(),
+        "the lock went on to the next waiter"
+    );
+    let info = lock_info(&mut con, "k").unwrap();
+    let owner: String = redis::from_redis_value(&info["owner"]).unwrap();
+    assert_eq!(owner, "next");
+    assert_eq!(
+        info_field(&mut con, "lock", "lock_abandoned_grants").as_deref(),
+        Some("1")
+    );
+
+    // With nobody left to wait, an undelivered grant frees the lock.
+    let lonely = Waiter::start(&server, "k", "lonely", 60_000, 0);
+    let _: (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("LOCK.RELEASE")
+        .arg("k")
+        .arg("next")
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(lonely.id)
+        .query(&mut con)
+        .unwrap();
+    assert!(eventually(SOON, || lock_info(&mut con, "k").is_none()));
+}
+
+#[test]
+fn client_unblock_answers_nil_or_an_error_and_keeps_the_queue() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let a = Waiter::start(&server, "k", "a", 60_000, 0);
+    let b = Waiter::start(&server, "k", "b", 60_000, 0);
+    let c = Waiter::start(&server, "k", "c", 60_000, 0);
+    let unblocked: i64 = redis::cmd("CLIENT")
+        .arg("UNBLOCK")
+        .arg(a.id)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(unblocked, 1);
+    assert_eq!(a.answer(SOON).unwrap().0.unwrap(), None);
+    let unblocked: i64 = redis::cmd("CLIENT")
+        .arg("UNBLOCK")
+        .arg(b.id)
+        .arg("ERROR")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(unblocked, 1);
+    let err = b.answer(SOON).unwrap().0.unwrap_err();
+    assert_eq!(err.code(), Some("UNBLOCKED"));
+    assert_eq!(waiters(&mut con), 1);
+    release(&mut con, "k", "holder").unwrap();
+    assert!(c.token(SOON).is_some());
+}
+
+#[test]
+fn multi_and_scripts_never_block_and_leave_no_phantom_waiter() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let (in_multi,): (Option<i64>,) = redis::pipe()
+        .atomic()
+        .cmd("LOCK.ACQUIRE")
+        .arg("k")
+        .arg("b")
+        .arg(1000)
+        .arg("WAIT")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(in_multi, None);
+    let in_eval: Option<i64> = redis::cmd("EVAL")
+        .arg("return redis.call('LOCK.ACQUIRE', KEYS[1], 'b', 1000, 'WAIT', 0)")
+        .arg(1)
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(in_eval, None);
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("#!lua name=locklib\nredis.register_function('try_lock', function(keys, args) return redis.call('LOCK.ACQUIRE', keys[1], args[1], 1000, 'WAIT', 0) end)")
+        .query(&mut con)
+        .unwrap();
+    let in_fcall: Option<i64> = redis::cmd("FCALL")
+        .arg("try_lock")
+        .arg(1)
+        .arg("k")
+        .arg("b")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(in_fcall, None);
+    assert_eq!(waiters(&mut con), 0);
+    release(&mut con, "k", "holder").unwrap();
+    assert!(
+        lock_info(&mut con, "k").is_none(),
+        "no phantom waiter took the lock"
+    );
+    // A free lock is taken inside a transaction or script as usual.
+    let in_eval: Option<i64> = redis::cmd("EVAL")
+        .arg("return redis.call('LOCK.ACQUIRE', KEYS[1], 'b', 1000, 'WAIT', 0)")
+        .arg(1)
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    assert!(in_eval.is_some());
+}
+
+#[test]
+fn eight_clients_hundred_sections_each_use_exactly_two_commands_per_section() {
+    let server = Server::start();
+    let mut admin = server.connect();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut admin)
+        .unwrap();
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let nils = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..8)
+        .map(|c| {
+            let (url, inside, overlaps, nils) =
+                (server.url(), inside.clone(), overlaps.clone(), nils.clone());
+            thread::spawn(move || {
+                let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+                let owner = format!("client-{c}");
+                let mut last_token = 0;
+                for _ in 0..100 {
+                    let token: Option<i64> = redis::cmd("LOCK.ACQUIRE")
+                        .arg("counter")
+                        .arg(&owner)
+                        .arg(10_000)
+                        .arg("WAIT")
+                        .arg(0)
+                        .query(&mut con)
+                        .unwrap();
+                    let Some(token) = token else {
+                        nils.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    };
+                    assert!(token > last_token);
+                    last_token = token;
+                    if inside.swap(true, Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    thread::sleep(Duration::from_micros(50));
+                    inside.store(false, Ordering::SeqCst);
+                    let left: Option<i64> = redis::cmd("LOCK.RELEASE")
+                        .arg("counter")
+                        .arg(&owner)
+                        .query(&mut con)
+                        .unwrap();
+                    assert_eq!(left, Some(0));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(nils.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two clients were inside at once"
+    );
+    let calls = |cmd: &str, con: &mut Connection| -> String {
+        info_field(con, "commandstats", &format!("cmdstat_{cmd}")).unwrap_or_default()
+    };
+    assert!(
+        calls("lock.acquire", &mut admin).starts_with("calls=800,"),
+        "{}",
+        calls("lock.acquire", &mut admin)
+    );
+    assert!(
+        calls("lock.release", &mut admin).starts_with("calls=800,"),
+        "{}",
+        calls("lock.release", &mut admin)
+    );
+}
+
+#[test]
+fn ten_thousand_waiters_on_one_key_are_served_in_order() {
+    use std::io::{Read, Write};
+    const N: usize = 10_000;
+    let server = Server::start_with(&["--maxclients", "10100"]);
+    let mut con = server.connect();
+    let used_before: i64 = info_field(&mut con, "memory", "used_memory")
+        .unwrap()
+        .parse()
+        .unwrap();
+    acquire(&mut con, "k", "holder", 600_000).unwrap();
+    let mut socks = Vec::with_capacity(N);
+    for i in 0..N {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        let owner = format!("w{i:05}");
+        let cmd = format!("*6\r\n$12\r\nLOCK.ACQUIRE\r\n$1\r\nk\r\n${}\r\n{owner}\r\n$6\r\n600000\r\n$4\r\nWAIT\r\n$1\r\n0\r\n", owner.len());
+        s.write_all(cmd.as_bytes()).unwrap();
+        socks.push(s);
+        // Keep arrival order = send order.
+        if i % 500 == 499 {
+            assert!(eventually(Duration::from_secs(10), || waiters(&mut con)
+                == (i + 1) as i64));
+        }
+    }
+    assert!(eventually(Duration::from_secs(10), || waiters(&mut con) == N as i64));
+    let used_after: i64 = info_field(&mut con, "memory", "used_memory")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let per_waiter = (used_after - used_before) / N as i64;
+    eprintln!("memory per blocked waiter (connection included): {per_waiter} B");
+    // Hand over down the first 100 of the queue; each grant goes to the next in line.
+    let mut owner = "holder".to_string();
+    for i in 0..100 {
+        assert_eq!(release(&mut con, "k", &owner), Some(0));
+        let mut buf = [0u8; 64];
+        socks[i].set_read_timeout(Some(SOON)).unwrap();
+        let n = socks[i].read(&mut buf).unwrap();
+        assert!(
+            buf[..n].starts_with(b":"),
+            "waiter {i} got {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        owner = format!("w{i:05}");
+        let info = lock_info(&mut con, "k").unwrap();
+        let holder: String = redis::from_redis_value(&info["owner"]).unwrap();
+        assert_eq!(holder, owner);
+    }
+    assert_eq!(waiters(&mut con), (N - 100) as i64);
+    drop(socks);
+    assert!(eventually(Duration::from_secs(10), || waiters(&mut con) == 0));
+}
+
+pub const REDISSON_UNLOCK: &str = "if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; \
+local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); \
+if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); return 0; \
+else redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1; end; return nil;";
