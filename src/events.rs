@@ -10,7 +10,7 @@ use redis_module::raw;
 
 use crate::ffi::{api, bytes, selected_db, Ctx, RawString};
 use crate::guard;
-use crate::runtime::{self, Inbox};
+use crate::runtime::{self, Cause, Inbox};
 
 pub fn subscribe(ctx: Ctx) -> bool {
     let types = raw::REDISMODULE_NOTIFY_GENERIC
@@ -39,14 +39,22 @@ pub fn subscribe(ctx: Ctx) -> bool {
 extern "C" fn on_keyspace_event(
     ctx: Ctx,
     _type: c_int,
-    _event: *const c_char,
+    event: *const c_char,
     key: RawString,
 ) -> c_int {
     guard::callback((), || {
         // Every generic event in the server comes here: do nothing unless someone waits.
         if runtime::anyone_waiting() {
             let key = LockKey::new(selected_db(ctx), bytes(key));
-            runtime::notice(ctx, Inbox::Key(key));
+            // SAFETY: Redis passes the event name as a NUL-terminated C string.
+            let expired =
+                !event.is_null() && unsafe { std::ffi::CStr::from_ptr(event) } == c"expired";
+            let cause = if expired {
+                Cause::LeaseEnded
+            } else {
+                Cause::Freed
+            };
+            runtime::notice(ctx, Inbox::Key(key, cause));
         }
     });
     raw::REDISMODULE_OK as c_int

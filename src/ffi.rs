@@ -27,7 +27,11 @@ macro_rules! api {
 }
 pub(crate) use api;
 
+/// Unreachable after load: `init` refuses to load unless every API `api!` names is present.
+/// Should it ever be reached, the entry-point guard catches the unwind and the client gets
+/// `ERR internal error`; the server lives.
 #[cold]
+#[allow(clippy::panic)]
 pub fn unreachable_api(name: &str) -> ! {
     // Caught by the entry-point guard: the client gets `ERR internal error`, the server lives.
     std::panic::panic_any(format!("Redis API {name} is not available"))

@@ -50,19 +50,57 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
 
 fn required_api_present() -> bool {
     use redis_module::raw;
-    // SAFETY: reading the API table RedisModule_Init filled in, on the main thread at load.
+    // SAFETY: reading (copying) the API table RedisModule_Init filled in, on the main thread at
+    // load. Every function the module calls through `api!` is in this list, so after a
+    // successful load no call can find its pointer missing.
     unsafe {
-        matches!(raw::RedisModule_BlockClient, Some(_))
-            && matches!(raw::RedisModule_UnblockClient, Some(_))
-            && matches!(raw::RedisModule_SetDisconnectCallback, Some(_))
-            && matches!(raw::RedisModule_GetBlockedClientHandle, Some(_))
-            && matches!(raw::RedisModule_SetAbsExpire, Some(_))
-            && matches!(raw::RedisModule_GetAbsExpire, Some(_))
-            && matches!(raw::RedisModule_PublishMessage, Some(_))
-            && matches!(raw::RedisModule_CreateTimer, Some(_))
-            && matches!(raw::RedisModule_SubscribeToServerEvent, Some(_))
-            && matches!(raw::RedisModule_ScanKey, Some(_))
-            && matches!(raw::RedisModule_ReplyWithMap, Some(_))
+        [
+            { raw::RedisModule_BlockClient }.is_some(),
+            { raw::RedisModule_CloseKey }.is_some(),
+            { raw::RedisModule_CreateCommand }.is_some(),
+            { raw::RedisModule_CreateString }.is_some(),
+            { raw::RedisModule_CreateStringFromLongLong }.is_some(),
+            { raw::RedisModule_CreateTimer }.is_some(),
+            { raw::RedisModule_DeleteKey }.is_some(),
+            { raw::RedisModule_FreeString }.is_some(),
+            { raw::RedisModule_GetAbsExpire }.is_some(),
+            { raw::RedisModule_GetBlockedClientHandle }.is_some(),
+            { raw::RedisModule_GetBlockedClientPrivateData }.is_some(),
+            { raw::RedisModule_GetCommand }.is_some(),
+            { raw::RedisModule_GetContextFlags }.is_some(),
+            { raw::RedisModule_GetSelectedDb }.is_some(),
+            { raw::RedisModule_HashGet }.is_some(),
+            { raw::RedisModule_HashSet }.is_some(),
+            { raw::RedisModule_KeyType }.is_some(),
+            { raw::RedisModule_Log }.is_some(),
+            { raw::RedisModule_Milliseconds }.is_some(),
+            { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
+            { raw::RedisModule_OpenKey }.is_some(),
+            { raw::RedisModule_PublishMessage }.is_some(),
+            { raw::RedisModule_Replicate }.is_some(),
+            { raw::RedisModule_ReplyWithError }.is_some(),
+            { raw::RedisModule_ReplyWithLongLong }.is_some(),
+            { raw::RedisModule_ReplyWithMap }.is_some(),
+            { raw::RedisModule_ReplyWithNull }.is_some(),
+            { raw::RedisModule_ReplyWithStringBuffer }.is_some(),
+            { raw::RedisModule_ScanCursorCreate }.is_some(),
+            { raw::RedisModule_ScanCursorDestroy }.is_some(),
+            { raw::RedisModule_ScanKey }.is_some(),
+            { raw::RedisModule_SelectDb }.is_some(),
+            { raw::RedisModule_SetAbsExpire }.is_some(),
+            { raw::RedisModule_SetCommandInfo }.is_some(),
+            { raw::RedisModule_SetDisconnectCallback }.is_some(),
+            { raw::RedisModule_StopTimer }.is_some(),
+            { raw::RedisModule_StringDMA }.is_some(),
+            { raw::RedisModule_StringPtrLen }.is_some(),
+            { raw::RedisModule_StringSet }.is_some(),
+            { raw::RedisModule_SubscribeToKeyspaceEvents }.is_some(),
+            { raw::RedisModule_SubscribeToServerEvent }.is_some(),
+            { raw::RedisModule_UnblockClient }.is_some(),
+            { raw::RedisModule_ValueLength }.is_some(),
+        ]
+        .iter()
+        .all(|present| *present)
     }
 }
 

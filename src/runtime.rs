@@ -33,9 +33,18 @@ enum Due {
     },
 }
 
+/// Why the module looks at a lock to hand it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Released or removed by a client (LOCK.RELEASE, DEL, FLUSHALL, ...).
+    Freed,
+    /// The holder's lease ran out: the holder lost the lock.
+    LeaseEnded,
+}
+
 /// Changes noticed by keyspace/server events, processed from a 0 ms timer.
 pub enum Inbox {
-    Key(LockKey),
+    Key(LockKey, Cause),
     Db(i32),
     All,
 }
@@ -84,8 +93,9 @@ pub fn waiters_on(key: &LockKey) -> usize {
     with_runtime(|rt| rt.queues.len(key)).unwrap_or(0)
 }
 
-pub fn total_waiters() -> usize {
-    WAITING.with(Cell::get)
+/// (waiters, locks with waiters), for INFO.
+pub fn waiting_gauges() -> (usize, usize) {
+    with_runtime(|rt| (rt.queues.total(), rt.queues.keys().count())).unwrap_or((0, 0))
 }
 
 /// Queues the current client on `key` and blocks it.
@@ -148,7 +158,7 @@ pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
         let key = LockKey::new(ffi::selected_db(ctx), name);
         let handed = with_runtime(|rt| {
             let now = now_ms();
-            let handed = pump(ctx, rt, &key, now);
+            let handed = pump(ctx, rt, &key, now, Cause::Freed);
             arm(ctx, rt, now);
             handed
         })
@@ -161,7 +171,7 @@ pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
 }
 
 /// Gives the lock at `key` to the head waiter if it is free. Returns whether it did.
-fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64) -> bool {
+fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) -> bool {
     if !rt.queues.has_waiters(key) {
         return false;
     }
@@ -178,6 +188,9 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64) -> bool {
             return false;
         };
         let waiter = forget(rt, removed);
+        if cause == Cause::LeaseEnded {
+            lease_ended_with_waiters(ctx, rt, key, name.as_ptr(), now);
+        }
         let owner = OwnedString::new(&waiter.owner);
         let token = store::next_token(ctx, &key.name);
         let expires_at = now.saturating_add(waiter.lease_ms);
@@ -237,9 +250,28 @@ fn schedule_lease_check(rt: &mut Runtime, key: &LockKey, expires_at: Option<u64>
 }
 
 /// Looks at a key with waiters: hand off if it is free, else watch its lease end.
-fn recheck(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64) {
+fn recheck(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) {
     if rt.queues.has_waiters(key) {
-        pump(ctx, rt, key, now);
+        pump(ctx, rt, key, now, cause);
+    }
+}
+
+/// A holder lost its lock to its lease while others waited: the event operators most need.
+fn lease_ended_with_waiters(
+    ctx: Ctx,
+    rt: &mut Runtime,
+    key: &LockKey,
+    key_name: RawString,
+    now: u64,
+) {
+    bump(&STATS.expired_with_waiters);
+    notify::event(ctx, c"lock.expired", key_name);
+    if now.saturating_sub(rt.last_expiry_warning) >= 10_000 {
+        rt.last_expiry_warning = now;
+        log::warning(&format!(
+            "a held lease on '{}' ran out with waiters queued; the lock was handed to the next waiter (further warnings suppressed for 10 s)",
+            String::from_utf8_lossy(&key.name)
+        ));
     }
 }
 
@@ -293,19 +325,9 @@ fn handle_due(ctx: Ctx, rt: &mut Runtime, fired: DeadlineKey, due: Due, now: u64
             if rt.queues.lease_check(&key) == Some(fired) {
                 rt.queues.set_lease_check(&key, None);
             }
-            let handed = pump(ctx, rt, &key, now);
-            if handed {
-                bump(&STATS.expired_with_waiters);
-                if now.saturating_sub(rt.last_expiry_warning) >= 10_000 {
-                    rt.last_expiry_warning = now;
-                    log::warning(&format!(
-                        "a held lease on '{}' ran out with waiters queued; the lock was handed to the next waiter (further warnings suppressed for 10 s)",
-                        String::from_utf8_lossy(&key.name)
-                    ));
-                }
-            }
+            pump(ctx, rt, &key, now, Cause::LeaseEnded);
         }
-        Due::Recheck(key) => recheck(ctx, rt, &key, now),
+        Due::Recheck(key) => recheck(ctx, rt, &key, now, Cause::Freed),
         Due::Undelivered { key, owner, token } => {
             bump(&STATS.abandoned_grants);
             let freed = with_db(ctx, key.db, || {
@@ -323,7 +345,7 @@ fn handle_due(ctx: Ctx, rt: &mut Runtime, fired: DeadlineKey, due: Due, now: u64
                     _ => false,
                 }
             });
-            if freed && !pump(ctx, rt, &key, now) {
+            if freed && !pump(ctx, rt, &key, now, Cause::Freed) {
                 with_db(ctx, key.db, || {
                     let name = OwnedString::new(&key.name);
                     notify::publish_unlock(ctx, name.as_ptr(), &key.name);
@@ -369,18 +391,25 @@ pub fn on_inbox(ctx: Ctx) {
     let changes = INBOX.with(|inbox| std::mem::take(&mut *inbox.borrow_mut()));
     with_runtime(|rt| {
         let now = now_ms();
-        let mut keys: Vec<LockKey> = Vec::new();
+        let mut keys: Vec<(LockKey, Cause)> = Vec::new();
         for change in changes {
             match change {
-                Inbox::Key(key) => keys.push(key),
-                Inbox::Db(db) => keys.extend(rt.queues.keys().filter(|k| k.db == db).cloned()),
-                Inbox::All => keys.extend(rt.queues.keys().cloned()),
+                Inbox::Key(key, cause) => keys.push((key, cause)),
+                Inbox::Db(db) => keys.extend(
+                    rt.queues
+                        .keys()
+                        .filter(|k| k.db == db)
+                        .map(|k| (k.clone(), Cause::Freed)),
+                ),
+                Inbox::All => keys.extend(rt.queues.keys().map(|k| (k.clone(), Cause::Freed))),
             }
         }
-        keys.sort_by(|a, b| (a.db, &a.name).cmp(&(b.db, &b.name)));
-        keys.dedup();
-        for key in keys {
-            recheck(ctx, rt, &key, now);
+        // Once per key; the first cause noted for it wins.
+        let mut seen = std::collections::HashSet::new();
+        for (key, cause) in keys {
+            if seen.insert(key.clone()) {
+                recheck(ctx, rt, &key, now, cause);
+            }
         }
         arm(ctx, rt, now);
     });

@@ -27,8 +27,9 @@ counters! {
     released_partial: "Releases that counted one re-entry down.",
     release_not_owner: "LOCK.RELEASE calls answered nil (the caller did not hold the lock).",
     renewed: "Successful LOCK.RENEW calls.",
+    renew_not_owner: "LOCK.RENEW calls answered 0 (the caller did not hold the lock: often a lost lease).",
     force_released: "Locks removed by LOCK.FORCERELEASE.",
-    expired_with_waiters: "Held leases that ran out while waiters were queued.",
+    expired_with_waiters: "Held leases that ran out while waiters were queued (the holder lost the lock).",
     wait_timeouts: "Waiters answered nil because their WAIT timeout passed.",
     wait_cancelled: "Waiters that left the queue by disconnect or CLIENT UNBLOCK.",
     abandoned_grants: "Grants whose client vanished before the reply; the lock went on.",
@@ -50,9 +51,11 @@ pub fn write_info(ctx: *mut redis_module::raw::RedisModuleInfoCtx) {
     if raw::add_info_section(ctx, None) != raw::Status::Ok {
         return;
     }
-    let waiters = crate::runtime::total_waiters() as u64;
     for (name, value) in STATS.snapshot() {
         raw::add_info_field_unsigned_long_long(ctx, name, value);
     }
-    raw::add_info_field_unsigned_long_long(ctx, "waiters", waiters);
+    // Gauges: clients blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks.
+    let (waiters, keys) = crate::runtime::waiting_gauges();
+    raw::add_info_field_unsigned_long_long(ctx, "waiters", waiters as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "locks_with_waiters", keys as u64);
 }

@@ -10,7 +10,10 @@ use common::*;
 
 const LOCKS: usize = 20;
 
-fn snapshot(con: &mut Connection) -> Vec<(Vec<(Vec<u8>, Vec<u8>)>, i64)> {
+/// Every lock's fields (sorted) and absolute expiry.
+type Snapshot = Vec<(Vec<(Vec<u8>, Vec<u8>)>, i64)>;
+
+fn snapshot(con: &mut Connection) -> Snapshot {
     (0..LOCKS)
         .map(|i| {
             let key = format!("lock:{i}");
@@ -60,7 +63,7 @@ fn junk(rng: &mut StdRng) -> Vec<u8> {
 fn is_valid_wait(args: &[Vec<u8>]) -> bool {
     args.windows(2).any(|w| {
         w[0].eq_ignore_ascii_case(b"WAIT")
-            && lock_core::args::parse_i64(&w[1]).map_or(false, |t| t >= 0)
+            && lock_core::args::parse_i64(&w[1]).is_some_and(|t| t >= 0)
     })
 }
 
@@ -104,7 +107,7 @@ fn thousands_of_malformed_calls_leave_the_server_up_and_every_lock_unchanged() {
         let argc = rng.gen_range(0..8);
         let mut args: Vec<Vec<u8>> = (0..argc).map(|_| junk(&mut rng)).collect();
         let forcing_a_held_lock =
-            name == b"LOCK.FORCERELEASE" && args.first().map_or(false, |k| k.starts_with(b"lock:"));
+            name == b"LOCK.FORCERELEASE" && args.first().is_some_and(|k| k.starts_with(b"lock:"));
         if forcing_a_held_lock || is_valid_wait(&args) {
             // Legitimate calls that would change a lock or block this connection.
             args.push(b"extra-to-make-it-invalid".to_vec());

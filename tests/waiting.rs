@@ -556,11 +556,11 @@ fn ten_thousand_waiters_on_one_key_are_served_in_order() {
     eprintln!("memory per blocked waiter (connection included): {per_waiter} B");
     // Hand over down the first 100 of the queue; each grant goes to the next in line.
     let mut owner = "holder".to_string();
-    for i in 0..100 {
+    for (i, sock) in socks.iter_mut().take(100).enumerate() {
         assert_eq!(release(&mut con, "k", &owner), Some(0));
         let mut buf = [0u8; 64];
-        socks[i].set_read_timeout(Some(SOON)).unwrap();
-        let n = socks[i].read(&mut buf).unwrap();
+        sock.set_read_timeout(Some(SOON)).unwrap();
+        let n = sock.read(&mut buf).unwrap();
         assert!(
             buf[..n].starts_with(b":"),
             "waiter {i} got {:?}",

@@ -26,7 +26,8 @@ mod tests {
 
     #[test]
     fn channel_names_follow_redisson() {
-        let cases: [(&[u8], &[u8], Option<&[u8]>); 3] = [
+        type Case<'a> = (&'a [u8], &'a [u8], Option<&'a [u8]>);
+        let cases: [Case; 3] = [
             (
                 b"redisson_lock__channel",
                 b"orders:42",

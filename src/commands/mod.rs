@@ -9,6 +9,7 @@ use redis_module::raw;
 use crate::ffi::{api, Ctx, RawString};
 
 mod acquire;
+mod docs;
 mod info;
 mod release;
 mod renew;
@@ -25,7 +26,7 @@ const COMMANDS: [(&CStr, Handler, &CStr); 5] = [
 ];
 
 pub fn register(ctx: Ctx) -> bool {
-    COMMANDS.iter().all(|(name, handler, flags)| {
+    let registered = COMMANDS.iter().all(|(name, handler, flags)| {
         // SAFETY: ctx is the load context; names and flags are static C strings.
         unsafe {
             api!(RedisModule_CreateCommand)(
@@ -38,7 +39,11 @@ pub fn register(ctx: Ctx) -> bool {
                 1,
             ) == raw::REDISMODULE_OK as c_int
         }
-    })
+    });
+    if registered && !docs::attach(ctx) {
+        crate::log::warning("could not attach COMMAND DOCS to LOCK.* commands");
+    }
+    registered
 }
 
 /// Whether the calling context may block: not inside MULTI, Lua/functions, or a module call.

@@ -21,7 +21,10 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     let owner = ffi::arg(argv, argc, 2);
     let lock = store::read_for_owner(ctx, key_name, owner)?;
     match decide_renew(lock.view, request.lease_ms, now_ms()) {
-        RenewDecision::NotOwner => reply::integer(ctx, 0),
+        RenewDecision::NotOwner => {
+            bump(&STATS.renew_not_owner);
+            reply::integer(ctx, 0);
+        }
         RenewDecision::Extend { expires_at } => {
             // A later lease end needs no new lease check: the scheduled one fires early, sees
             // the lease still running, and re-arms itself for the new end.

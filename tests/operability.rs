@@ -1,0 +1,419 @@
+//! How the module fits Redis operations: INFO, keyspace events, ACL, CONFIG, COMMAND DOCS, logs.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn lock_stat(con: &mut Connection, name: &str) -> i64 {
+    info_field(con, "lock", &format!("lock_{name}"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
+
+#[test]
+fn info_lock_counts_every_kind_of_event_exactly() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "a", "o1", 60_000).unwrap(); // acquired
+    acquire(&mut con, "a", "o1", 60_000).unwrap(); // reentered
+    assert_eq!(acquire(&mut con, "a", "o2", 60_000), None); // contended, nil
+    release(&mut con, "a", "o1"); // partial
+    release(&mut con, "a", "o1"); // released
+    release(&mut con, "a", "o1"); // not owner
+    acquire(&mut con, "b", "o1", 60_000).unwrap(); // acquired
+    let _: i64 = redis::cmd("LOCK.RENEW")
+        .arg("b")
+        .arg("o1")
+        .arg(1000)
+        .query(&mut con)
+        .unwrap();
+    let _: i64 = redis::cmd("LOCK.RENEW")
+        .arg("b")
+        .arg("o2")
+        .arg(1000)
+        .query(&mut con)
+        .unwrap();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("b")
+        .query(&mut con)
+        .unwrap();
+    let _ = error_of(&mut con, &[b"LOCK.ACQUIRE", b"a", b"o", b"x"]);
+    // One timed-out waiter and one handoff through an expired lease.
+    acquire(&mut con, "c", "o1", 200).unwrap();
+    let mut other = server.connect();
+    assert_eq!(acquire_wait(&mut other, "c", "o2", 60_000, 50), None);
+    assert!(acquire_wait(&mut other, "c", "o3", 60_000, 5_000).is_some());
+    let expect = [
+        ("acquired", 3),
+        ("reentered", 1),
+        ("contended", 3),
+        ("acquire_nil", 1),
+        ("waits_started", 2),
+        ("handoffs", 1),
+        ("released", 1),
+        ("released_partial", 1),
+        ("release_not_owner", 1),
+        ("renewed", 1),
+        ("renew_not_owner", 1),
+        ("force_released", 1),
+        ("expired_with_waiters", 1),
+        ("wait_timeouts", 1),
+        ("wait_cancelled", 0),
+        ("errors", 1),
+        ("waiters", 0),
+        ("locks_with_waiters", 0),
+    ];
+    for (name, want) in expect {
+        assert_eq!(lock_stat(&mut con, name), want, "lock_{name}");
+    }
+    let waited = lock_stat(&mut con, "wait_time_ms");
+    assert!(waited >= 100, "wait_time_ms {waited}");
+    let everything: String = redis::cmd("INFO")
+        .arg("everything")
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        everything.contains("# lock\r\nlock_acquired:3"),
+        "INFO everything includes the section"
+    );
+}
+
+#[test]
+fn lock_events_reach_keyspace_subscribers() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kh")
+        .query(&mut con)
+        .unwrap();
+    let mut sub = server.connect();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.subscribe("__keyspace@0__:k").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    acquire(&mut con, "k", "a", 60_000).unwrap();
+    acquire(&mut con, "k", "a", 60_000).unwrap();
+    let _: i64 = redis::cmd("LOCK.RENEW")
+        .arg("k")
+        .arg("a")
+        .arg(300)
+        .query(&mut con)
+        .unwrap();
+    release(&mut con, "k", "a");
+    let mut waiter = server.connect();
+    assert!(acquire_wait(&mut waiter, "k", "b", 60_000, 5_000).is_some()); // a's lease ends
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    acquire(&mut con, "k", "c", 60_000).unwrap();
+    release(&mut con, "k", "c");
+    let mut seen = Vec::new();
+    while let Ok(msg) = pubsub.get_message() {
+        let event: String = msg.get_payload().unwrap();
+        seen.push(event);
+        if seen.last().map(String::as_str) == Some("lock.released") && seen.len() > 6 {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "lock.acquired",
+            "lock.reentered",
+            "lock.renewed",
+            "lock.expired",
+            "lock.handoff",
+            "lock.forcereleased",
+            "lock.acquired",
+            "lock.released"
+        ]
+    );
+}
+
+#[test]
+fn keyspace_events_can_be_switched_off() {
+    let server = Server::start_with_module_args(&["keyspace-events", "no"]);
+    let mut con = server.connect();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KA")
+        .query(&mut con)
+        .unwrap();
+    let mut sub = server.connect();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    acquire(&mut con, "k", "a", 60_000).unwrap();
+    assert!(pubsub.get_message().is_err(), "no event was expected");
+}
+
+#[test]
+fn acl_confines_applications_to_their_keys_and_can_deny_force_release() {
+    let server = Server::start();
+    let mut admin = server.connect();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("on")
+        .arg(">app-secret")
+        .arg("~app:*")
+        .arg("resetchannels")
+        .arg("+lock.acquire")
+        .arg("+lock.release")
+        .arg("+lock.renew")
+        .arg("+lock.info")
+        .query(&mut admin)
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("ops")
+        .arg("on")
+        .arg(">ops-secret")
+        .arg("~*")
+        .arg("+lock.info")
+        .arg("+lock.forcerelease")
+        .arg("+info")
+        .query(&mut admin)
+        .unwrap();
+    let mut app = redis::Client::open(format!("redis://app:app-secret@127.0.0.1:{}/", server.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert!(acquire(&mut app, "app:orders", "w1", 10_000).is_some());
+    let outside = error_of(&mut app, &[b"LOCK.ACQUIRE", b"billing:1", b"w1", b"100"]);
+    assert!(outside.starts_with("NOPERM"), "{outside}");
+    let force = error_of(&mut app, &[b"LOCK.FORCERELEASE", b"app:orders"]);
+    assert!(force.starts_with("NOPERM"), "{force}");
+    let mut ops = redis::Client::open(format!("redis://ops:ops-secret@127.0.0.1:{}/", server.port))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let denied = error_of(&mut ops, &[b"LOCK.ACQUIRE", b"app:orders", b"w1", b"100"]);
+    assert!(denied.starts_with("NOPERM"), "{denied}");
+    let removed: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("app:orders")
+        .query(&mut ops)
+        .unwrap();
+    assert_eq!(removed, 1);
+}
+
+#[test]
+fn config_is_validated_and_written_by_config_rewrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("redis.conf");
+    let port = free_port();
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\nsave \"\"\ndir {}\nloadmodule {}\nlock.max-lease-ms 60000\n",
+            dir.path().display(),
+            module_path().display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new("redis-server")
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut con = None;
+    for _ in 0..200 {
+        if let Ok(c) = client.get_connection() {
+            con = Some(c);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut con = con.expect("server up");
+    let lease: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("lock.max-lease-ms")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(lease[1], "60000", "read from redis.conf");
+    for (name, bad) in [
+        ("lock.max-lease-ms", "0"),
+        ("lock.max-waiters-per-key", "-1"),
+        ("lock.keyspace-events", "maybe"),
+        ("lock.max-lease-ms", "soon"),
+    ] {
+        let r = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(bad)
+            .query::<()>(&mut con);
+        assert!(r.is_err(), "{name} {bad} must be refused");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.max-waiters-per-key")
+        .arg(7)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.unlock-channel-prefix")
+        .arg("app-locks")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG").arg("REWRITE").query(&mut con).unwrap();
+    let written = std::fs::read_to_string(&conf).unwrap();
+    assert!(written.contains("lock.max-waiters-per-key 7"), "{written}");
+    assert!(
+        written.contains("lock.unlock-channel-prefix \"app-locks\"")
+            || written.contains("lock.unlock-channel-prefix app-locks"),
+        "{written}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn the_waiter_limit_per_key_refuses_with_a_clear_error() {
+    let server = Server::start_with_module_args(&["max-waiters-per-key", "2"]);
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let mut blocked = Vec::new();
+    for i in 0..2 {
+        let mut c = server.connect();
+        let owner = format!("w{i}");
+        blocked.push(std::thread::spawn(move || {
+            acquire_wait(&mut c, "k", &owner, 1000, 2_000)
+        }));
+        assert!(eventually(Duration::from_secs(3), || waiters(&mut con) == i + 1));
+    }
+    assert_eq!(
+        error_of(
+            &mut con,
+            &[b"LOCK.ACQUIRE", b"k", b"w3", b"1000", b"WAIT", b"0"]
+        ),
+        "ERR too many waiters on this lock (lock.max-waiters-per-key is 2)"
+    );
+    assert_eq!(waiters(&mut con), 2);
+    for b in blocked {
+        assert_eq!(b.join().unwrap(), None);
+    }
+}
+
+#[test]
+fn command_docs_and_key_specs_describe_every_command() {
+    let server = Server::start();
+    let mut con = server.connect();
+    for cmd in [
+        "lock.acquire",
+        "lock.release",
+        "lock.renew",
+        "lock.info",
+        "lock.forcerelease",
+    ] {
+        let out = Command::new("redis-cli")
+            .args(["-p", &server.port.to_string(), "COMMAND", "DOCS", cmd])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        for field in [
+            "summary",
+            "since",
+            "complexity",
+            "arguments",
+            "key_spec_index",
+        ] {
+            assert!(text.contains(field), "{cmd} docs lack {field}: {text}");
+        }
+        let keys: Vec<String> = redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg(cmd)
+            .arg("the-key")
+            .arg("o")
+            .arg(5)
+            .arg("WAIT")
+            .arg(1)
+            .query(&mut con)
+            .or_else(|_| {
+                redis::cmd("COMMAND")
+                    .arg("GETKEYS")
+                    .arg(cmd)
+                    .arg("the-key")
+                    .arg("o")
+                    .arg(5)
+                    .query(&mut con)
+            })
+            .or_else(|_| {
+                redis::cmd("COMMAND")
+                    .arg("GETKEYS")
+                    .arg(cmd)
+                    .arg("the-key")
+                    .arg("o")
+                    .query(&mut con)
+            })
+            .or_else(|_| {
+                redis::cmd("COMMAND")
+                    .arg("GETKEYS")
+                    .arg(cmd)
+                    .arg("the-key")
+                    .query(&mut con)
+            })
+            .unwrap();
+        assert_eq!(keys, ["the-key"], "{cmd}");
+    }
+    let info = Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port.to_string(),
+            "COMMAND",
+            "INFO",
+            "lock.info",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains("readonly") && text.contains("RO") && text.contains("access"),
+        "{text}"
+    );
+    let info = Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port.to_string(),
+            "COMMAND",
+            "INFO",
+            "lock.acquire",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains("write") && text.contains("RW") && text.contains("denyoom"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_log_shows_the_configuration_at_load_and_warns_on_lost_leases() {
+    let server = Server::start();
+    let mut con = server.connect();
+    assert!(
+        server
+            .log()
+            .contains("lock module loaded: max-lease-ms=2592000000 max-waiters-per-key=100000"),
+        "{}",
+        server.log()
+    );
+    acquire(&mut con, "k", "dying", 100).unwrap();
+    let mut w = server.connect();
+    assert!(acquire_wait(&mut w, "k", "next", 1000, 5_000).is_some());
+    assert!(eventually(Duration::from_secs(2), || server
+        .log()
+        .contains("a held lease on 'k' ran out with waiters queued")));
+}
