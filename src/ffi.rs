@@ -325,6 +325,10 @@ pub fn context_flags(ctx: Ctx) -> u32 {
     u32::try_from(f).unwrap_or(0)
 }
 
+pub fn is_replica(ctx: Ctx) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0
+}
+
 pub fn selected_db(ctx: Ctx) -> i32 {
     // SAFETY: ctx is live for this call.
     unsafe { api!(RedisModule_GetSelectedDb)(ctx) }

@@ -172,7 +172,9 @@ pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
 
 /// Gives the lock at `key` to the head waiter if it is free. Returns whether it did.
 fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) -> bool {
-    if !rt.queues.has_waiters(key) {
+    // A replica never writes on its own; its master's effects arrive through replication. (When
+    // a master becomes a replica, Redis unblocks every waiter with an error.)
+    if !rt.queues.has_waiters(key) || ffi::is_replica(ctx) {
         return false;
     }
     with_db(ctx, key.db, || {
@@ -192,7 +194,7 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) -> bo
             lease_ended_with_waiters(ctx, rt, key, name.as_ptr(), now);
         }
         let owner = OwnedString::new(&waiter.owner);
-        let token = store::next_token(ctx, &key.name);
+        let token = store::next_token(ctx, &key.name, now);
         let expires_at = now.saturating_add(waiter.lease_ms);
         store::write_hold(
             ctx,
@@ -330,6 +332,9 @@ fn handle_due(ctx: Ctx, rt: &mut Runtime, fired: DeadlineKey, due: Due, now: u64
         Due::Recheck(key) => recheck(ctx, rt, &key, now, Cause::Freed),
         Due::Undelivered { key, owner, token } => {
             bump(&STATS.abandoned_grants);
+            if ffi::is_replica(ctx) {
+                return;
+            }
             let freed = with_db(ctx, key.db, || {
                 let name = OwnedString::new(&key.name);
                 let owner_name = OwnedString::new(&owner);

@@ -106,14 +106,14 @@ pub fn check_is_lock(key: &Key) -> Result<bool, LockError> {
 
 /// Takes the next token from the slot counter of `lock_key` (in the context's selected db) and
 /// replicates the counter's new absolute value.
-pub fn next_token(ctx: Ctx, lock_key: &[u8]) -> u64 {
+pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> u64 {
     with_counter_name(lock_key, |counter_name| {
         let counter = Key::open(ctx, counter_name);
         let current = match counter.kind() {
             KeyKind::String => parse_positive(counter.string_bytes()),
             _ => None,
         };
-        let token = lock_core::state::next_token(current);
+        let token = lock_core::state::next_token(current, now);
         let value = OwnedString::from_i64(i64::try_from(token).unwrap_or(i64::MAX));
         counter.string_set(&value);
         drop(counter);

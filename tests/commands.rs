@@ -437,3 +437,28 @@ fn the_max_lease_is_configurable() {
         .query::<()>(&mut con);
     assert!(bad.is_err(), "0 is below the minimum");
 }
+
+#[test]
+fn tokens_keep_rising_after_flushall_or_a_deleted_counter() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut last = 0;
+    for _ in 0..50 {
+        last = acquire(&mut con, "k", "a", 5_000).unwrap();
+        release(&mut con, "k", "a").unwrap();
+    }
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    std::thread::sleep(Duration::from_millis(2));
+    let after_flush = acquire(&mut con, "k", "a", 5_000).unwrap();
+    assert!(after_flush > last, "{after_flush} after {last}");
+    release(&mut con, "k", "a").unwrap();
+    let counters: Vec<String> = con.keys("__lock_fence__*").unwrap();
+    let _: i64 = con.del(&counters).unwrap();
+    std::thread::sleep(Duration::from_millis(2));
+    let after_delete = acquire(&mut con, "k", "a", 5_000).unwrap();
+    assert!(
+        after_delete > after_flush,
+        "{after_delete} after {after_flush}"
+    );
+    assert!(after_delete < 1 << 53);
+}

@@ -141,9 +141,23 @@ pub fn decide_renew(view: View, lease_ms: u64, now: UnixMs) -> RenewDecision {
     }
 }
 
-/// The token for a new hold, given the slot's counter (`None` when the counter key is missing).
-pub fn next_token(counter: Option<u64>) -> u64 {
-    counter.unwrap_or(0).saturating_add(1)
+/// How far a fresh counter starts ahead of the clock: `now_ms * TOKENS_PER_MS`.
+pub const TOKENS_PER_MS: u64 = 1_000;
+
+/// The token for a new hold, given the slot's counter (`None` when the counter key is missing
+/// or unreadable) and the server clock.
+///
+/// A missing counter (a new server, FLUSHALL, a deleted counter key, a slot whose counter has
+/// not migrated yet) starts from the clock, `now_ms * 1000`, rather than from 1: tokens handed
+/// out before the counter was lost came from a counter that started from an earlier clock
+/// reading and grew by one per grant, so the new tokens are larger unless the clock went back
+/// or the slot averaged more than 1,000 grants per millisecond. The values stay below 2^53
+/// (exact in JavaScript and JSON) until the year 2255.
+pub fn next_token(counter: Option<u64>, now: UnixMs) -> u64 {
+    match counter {
+        Some(c) => c.saturating_add(1),
+        None => now.saturating_mul(TOKENS_PER_MS).max(1),
+    }
 }
 
 #[cfg(test)]
@@ -295,8 +309,20 @@ mod tests {
 
     #[test]
     fn tokens_count_up_from_the_slot_counter() {
-        assert_eq!(next_token(None), 1);
-        assert_eq!(next_token(Some(41)), 42);
-        assert_eq!(next_token(Some(u64::MAX)), u64::MAX);
+        assert_eq!(next_token(Some(41), NOW), 42);
+        assert_eq!(next_token(Some(u64::MAX), NOW), u64::MAX);
+    }
+
+    #[test]
+    fn a_lost_counter_restarts_above_every_earlier_token() {
+        // A counter created at NOW that then handed out a million tokens over ten seconds...
+        let first = next_token(None, NOW);
+        assert_eq!(first, NOW * TOKENS_PER_MS);
+        let last_before_flush = first + 1_000_000;
+        // ...is flushed; the next counter starts from the clock and is still ahead.
+        let after_flush = next_token(None, NOW + 10_000);
+        assert!(after_flush > last_before_flush);
+        assert!(after_flush < 1 << 53, "exact in JavaScript");
+        assert_eq!(next_token(None, 0), 1);
     }
 }

@@ -35,7 +35,7 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
 
     match decide_acquire(lock.view, queue, request.lease_ms, now)? {
         AcquireDecision::Take { expires_at } => {
-            let token = store::next_token(ctx, request.key);
+            let token = store::next_token(ctx, request.key, now);
             store::write_hold(
                 ctx,
                 store::Hold {
@@ -59,7 +59,7 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
             // A hold taken by Redisson's own script has no token yet: give it one now.
             let new_token = match token {
                 Some(_) => None,
-                None => Some(store::next_token(ctx, request.key)),
+                None => Some(store::next_token(ctx, request.key, now)),
             };
             store::write_hold(
                 ctx,
