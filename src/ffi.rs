@@ -55,15 +55,39 @@ pub fn bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
     }
 }
 
-/// The arguments of a command as byte slices.
-pub fn args<'a>(argv: *mut RawString, argc: c_int) -> Vec<&'a [u8]> {
+/// A command's arguments as byte slices; up to eight live on the stack (every valid LOCK.*
+/// call), so the hot path does not allocate for them.
+pub enum Args<'a> {
+    Inline([&'a [u8]; 8], usize),
+    Heap(Vec<&'a [u8]>),
+}
+
+impl<'a> std::ops::Deref for Args<'a> {
+    type Target = [&'a [u8]];
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Args::Inline(items, len) => items.get(..*len).unwrap_or_default(),
+            Args::Heap(items) => items,
+        }
+    }
+}
+
+pub fn args<'a>(argv: *mut RawString, argc: c_int) -> Args<'a> {
     let count = usize::try_from(argc).unwrap_or(0);
     if argv.is_null() || count == 0 {
-        return Vec::new();
+        return Args::Inline([&[]; 8], 0);
     }
     // SAFETY: Redis passes `argc` valid string pointers in `argv` for the command's duration.
     let raw_args = unsafe { std::slice::from_raw_parts(argv, count) };
-    raw_args.iter().map(|&s| bytes(s)).collect()
+    if count <= 8 {
+        let mut items: [&'a [u8]; 8] = [&[]; 8];
+        for (slot, &s) in items.iter_mut().zip(raw_args) {
+            *slot = bytes(s);
+        }
+        Args::Inline(items, count)
+    } else {
+        Args::Heap(raw_args.iter().map(|&s| bytes(s)).collect())
+    }
 }
 
 /// The argument at `index`, as the Redis string itself (for keys and owners we pass back in).
@@ -263,10 +287,21 @@ impl Key {
         }
     }
 
-    pub fn string_set(&self, value: &OwnedString) {
-        // SAFETY: an open writable key; StringSet takes its own reference to the value.
+    /// Overwrites a string value (or creates it) with `value`, in place: after the first
+    /// write the value is a plain buffer owned by this key, so no allocation is needed.
+    pub fn string_write(&self, value: &[u8]) {
+        // SAFETY: an open writable key. Truncate sizes (or creates) the string; DMA in write mode
+        // returns its buffer of exactly that many bytes, valid until the key is closed.
         unsafe {
-            api!(RedisModule_StringSet)(self.0, value.as_ptr());
+            if api!(RedisModule_StringTruncate)(self.0, value.len()) != raw::REDISMODULE_OK as c_int
+            {
+                return;
+            }
+            let mut len: usize = 0;
+            let p = api!(RedisModule_StringDMA)(self.0, &mut len, raw::REDISMODULE_WRITE as c_int);
+            if !p.is_null() && len == value.len() {
+                ptr::copy_nonoverlapping(value.as_ptr(), p.cast::<u8>(), len);
+            }
         }
     }
 

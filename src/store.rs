@@ -114,10 +114,11 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> u64 {
             _ => None,
         };
         let token = lock_core::state::next_token(current, now);
-        let value = OwnedString::from_i64(i64::try_from(token).unwrap_or(i64::MAX));
-        counter.string_set(&value);
+        let mut digits = itoa_buffer();
+        let text = format_u64(token, &mut digits);
+        counter.string_write(text);
         drop(counter);
-        replicate(ctx, c"SET", c"ss", &[counter_name, value.as_ptr()]);
+        replicate_with_buffer(ctx, c"SET", counter_name, text);
         token
     })
 }
@@ -183,6 +184,41 @@ pub fn write_count(ctx: Ctx, key: &Key, key_name: RawString, owner: RawString, r
 pub fn delete(ctx: Ctx, key: &Key, key_name: RawString) {
     key.delete();
     replicate(ctx, c"DEL", c"s", &[key_name]);
+}
+
+fn itoa_buffer() -> [u8; 20] {
+    [0; 20]
+}
+
+/// Formats `value` in decimal into `buf`, returning the digits (no allocation).
+fn format_u64(mut value: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        if let Some(slot) = buf.get_mut(at) {
+            *slot = b'0' + (value % 10) as u8;
+        }
+        value /= 10;
+        if value == 0 || at == 0 {
+            break;
+        }
+    }
+    buf.get(at..).unwrap_or_default()
+}
+
+/// Replicates `command name <bytes>`.
+fn replicate_with_buffer(ctx: Ctx, command: &CStr, name: RawString, value: &[u8]) {
+    // SAFETY: "sb" = one RedisModuleString and one (pointer, length) buffer; Redis copies both.
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx,
+            command.as_ptr(),
+            c"sb".as_ptr(),
+            name,
+            value.as_ptr().cast::<c_char>(),
+            value.len(),
+        );
+    }
 }
 
 /// Replicates one command made of Redis strings. `fmt` is one `s` per argument.

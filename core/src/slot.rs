@@ -9,20 +9,35 @@ use std::sync::OnceLock;
 
 pub const SLOTS: usize = 16_384;
 
-/// CRC16-CCITT (XMODEM), as Redis Cluster uses it.
-pub fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
+/// CRC16-CCITT (XMODEM) lookup table, computed at compile time (where an out-of-range index
+/// is a compile error, not a panic).
+#[allow(clippy::indexing_slicing)]
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[i] = crc;
+        i += 1;
     }
-    crc
+    table
+};
+
+/// CRC16-CCITT (XMODEM), as Redis Cluster uses it.
+pub fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |crc, &b| {
+        let index = usize::from(((crc >> 8) ^ u16::from(b)) & 0xff);
+        (crc << 8) ^ CRC16_TABLE.get(index).copied().unwrap_or(0)
+    })
 }
 
 /// The slot of a key, honouring `{hash tags}` exactly as Redis does.
