@@ -7,7 +7,9 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+# bindgen needs libclang itself (libclang.so / libclang-NN.so), not libclang-cpp, which other
+# packages install on their own.
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/*/libclang-[0-9]*.so*' >/dev/null || need+=(libclang-dev)
 
 if ((${#need[@]})); then
   echo "deps: installing ${need[*]}"
