@@ -279,11 +279,14 @@ fn lease_ended_with_waiters(
 
 /// A waiter left on its own (disconnect, CLIENT UNBLOCK). Returns true if it was still queued,
 /// in which case the caller releases its handle.
-pub fn waiter_left(handle: Blocked) -> bool {
+pub fn waiter_left(ctx: Ctx, handle: Blocked) -> bool {
     with_runtime(|rt| match rt.queues.remove_by_handle(handle) {
         Some(removed) => {
             forget(rt, removed);
             bump(&STATS.wait_cancelled);
+            // Its deadlines are gone: re-arm (or stop) the timer so that an idle module holds
+            // no timer (MODULE UNLOAD refuses while one is pending).
+            arm(ctx, rt, now_ms());
             true
         }
         None => false,

@@ -4,61 +4,11 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// A client blocked in `LOCK.ACQUIRE key owner lease WAIT timeout` on its own connection.
-struct Waiter {
-    id: i64,
-    done: mpsc::Receiver<(redis::RedisResult<Option<i64>>, Duration)>,
-}
-
-impl Waiter {
-    /// Starts the wait and returns once the server shows one more waiter, so that waiters
-    /// started one after another queue in that order.
-    fn start(server: &Server, key: &str, owner: &str, lease_ms: u64, timeout_ms: u64) -> Waiter {
-        let mut admin = server.connect();
-        let before = waiters(&mut admin);
-        let mut con = server.connect();
-        let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut con).unwrap();
-        let (tx, rx) = mpsc::channel();
-        let (key, owner) = (key.to_string(), owner.to_string());
-        thread::spawn(move || {
-            let started = Instant::now();
-            let reply = redis::cmd("LOCK.ACQUIRE")
-                .arg(&key)
-                .arg(&owner)
-                .arg(lease_ms)
-                .arg("WAIT")
-                .arg(timeout_ms)
-                .query::<Option<i64>>(&mut con);
-            let _ = tx.send((reply, started.elapsed()));
-        });
-        assert!(
-            eventually(Duration::from_secs(5), || waiters(&mut admin) == before + 1),
-            "the waiter did not block"
-        );
-        Waiter { id, done: rx }
-    }
-
-    fn answer(&self, within: Duration) -> Option<(redis::RedisResult<Option<i64>>, Duration)> {
-        self.done.recv_timeout(within).ok()
-    }
-
-    fn token(&self, within: Duration) -> Option<i64> {
-        match self.answer(within) {
-            Some((Ok(t), _)) => t,
-            other => panic!("waiter {} got {other:?}", self.id),
-        }
-    }
-
-    fn still_blocked(&self) -> bool {
-        matches!(self.done.try_recv(), Err(mpsc::TryRecvError::Empty))
-    }
-}
 
 const SOON: Duration = Duration::from_secs(3);
 

@@ -111,18 +111,18 @@ extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int
         // SAFETY: ctx is the timeout context of a blocked client.
         let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) };
         reply::null(ctx);
-        if !bc.is_null() && runtime::waiter_left(Blocked(bc)) {
+        if !bc.is_null() && runtime::waiter_left(ctx, Blocked(bc)) {
             release(Blocked(bc));
         }
     });
     raw::REDISMODULE_OK as c_int
 }
 
-extern "C" fn on_disconnect(_ctx: Ctx, bc: *mut raw::RedisModuleBlockedClient) {
+extern "C" fn on_disconnect(ctx: Ctx, bc: *mut raw::RedisModuleBlockedClient) {
     guard::callback((), || {
         // A waiter we already granted is no longer queued: its handle was released by the grant
         // and `on_free` will see the undelivered reply.
-        if !bc.is_null() && runtime::waiter_left(Blocked(bc)) {
+        if !bc.is_null() && runtime::waiter_left(ctx, Blocked(bc)) {
             release(Blocked(bc));
         }
     });

@@ -7,8 +7,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
-use std::thread::sleep;
+use std::sync::{mpsc, Once};
+use std::thread::{self, sleep};
 use std::time::{Duration, Instant};
 
 pub use redis::{Commands, Connection, Value};
@@ -319,4 +319,140 @@ pub fn waiters(con: &mut Connection) -> i64 {
     info_field(con, "lock", "lock_waiters")
         .and_then(|v| v.parse().ok())
         .unwrap_or(-1)
+}
+
+impl Server {
+    /// A replica of `master`, with the module loaded, once its link is up and the initial sync
+    /// is done.
+    pub fn replica_of(master: &Server) -> Server {
+        // Redis waits 5 s by default for more replicas before a diskless full sync.
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("repl-diskless-sync-delay")
+            .arg(0)
+            .query(&mut master.connect())
+            .expect("CONFIG SET");
+        let port = master.port.to_string();
+        let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut con = replica.connect();
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                info_field(&mut con, "replication", "master_link_status").as_deref() == Some("up")
+            }),
+            "the replica did not sync; log:\n{}",
+            replica.log()
+        );
+        replica
+    }
+
+    /// Sends SIGSTOP (true) or SIGCONT (false) to the server process.
+    pub fn pause(&self, stop: bool) {
+        let signal = if stop { "-STOP" } else { "-CONT" };
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill")
+                .arg(signal)
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+}
+
+/// `WAIT numreplicas timeout` on the master: how many replicas acknowledged every write so far.
+pub fn wait_replicas(con: &mut Connection, replicas: i64, timeout_ms: u64) -> i64 {
+    redis::cmd("WAIT")
+        .arg(replicas)
+        .arg(timeout_ms)
+        .query(con)
+        .expect("WAIT")
+}
+
+/// Everything that makes up a lock's stored state: its hash (sorted), its absolute lease end
+/// (`PEXPIRETIME`), and every token counter of the server with its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredLock {
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+    pub expires_at: i64,
+    pub counters: Vec<(String, String)>,
+}
+
+pub fn stored_lock(con: &mut Connection, key: &str) -> StoredLock {
+    let mut fields: Vec<(Vec<u8>, Vec<u8>)> = con.hgetall(key).expect("HGETALL");
+    fields.sort();
+    let expires_at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(con)
+        .expect("PEXPIRETIME");
+    let mut counters: Vec<(String, String)> = counter_names(con)
+        .into_iter()
+        .map(|name| {
+            let value: String = con.get(&name).expect("GET counter");
+            (name, value)
+        })
+        .collect();
+    counters.sort();
+    StoredLock {
+        fields,
+        expires_at,
+        counters,
+    }
+}
+
+pub fn counter_names(con: &mut Connection) -> Vec<String> {
+    con.keys("__lock_fence__*").expect("KEYS")
+}
+
+/// A client blocked in `LOCK.ACQUIRE key owner lease WAIT timeout` on its own connection.
+pub struct Waiter {
+    pub id: i64,
+    done: mpsc::Receiver<(redis::RedisResult<Option<i64>>, Duration)>,
+}
+
+impl Waiter {
+    /// Starts the wait and returns once the server shows one more waiter, so that waiters
+    /// started one after another queue in that order.
+    pub fn start(
+        server: &Server,
+        key: &str,
+        owner: &str,
+        lease_ms: u64,
+        timeout_ms: u64,
+    ) -> Waiter {
+        let mut admin = server.connect();
+        let before = waiters(&mut admin);
+        let mut con = server.connect();
+        let id: i64 = redis::cmd("CLIENT").arg("ID").query(&mut con).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (key, owner) = (key.to_string(), owner.to_string());
+        thread::spawn(move || {
+            let started = Instant::now();
+            let reply = redis::cmd("LOCK.ACQUIRE")
+                .arg(&key)
+                .arg(&owner)
+                .arg(lease_ms)
+                .arg("WAIT")
+                .arg(timeout_ms)
+                .query::<Option<i64>>(&mut con);
+            let _ = tx.send((reply, started.elapsed()));
+        });
+        assert!(
+            eventually(Duration::from_secs(5), || waiters(&mut admin) == before + 1),
+            "the waiter did not block"
+        );
+        Waiter { id, done: rx }
+    }
+
+    pub fn answer(&self, within: Duration) -> Option<(redis::RedisResult<Option<i64>>, Duration)> {
+        self.done.recv_timeout(within).ok()
+    }
+
+    pub fn token(&self, within: Duration) -> Option<i64> {
+        match self.answer(within) {
+            Some((Ok(t), _)) => t,
+            other => panic!("waiter {} got {other:?}", self.id),
+        }
+    }
+
+    pub fn still_blocked(&self) -> bool {
+        matches!(self.done.try_recv(), Err(mpsc::TryRecvError::Empty))
+    }
 }

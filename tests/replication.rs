@@ -1,0 +1,219 @@
+//! A master and a replica, both with the module loaded: every kind of lock change reaches the
+//! replica as its effect with absolute times, a failover keeps owners, tokens and lease ends,
+//! `WAIT numreplicas` confirms a grant, and a replica refuses LOCK.* writes.
+
+mod common;
+
+use std::collections::HashMap;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const SOON: Duration = Duration::from_secs(5);
+
+/// Waits until the replica acknowledged everything, then checks that `key` is stored on the
+/// replica exactly as on the master (hash, absolute lease end, token counters).
+fn assert_replica_matches(master: &mut Connection, replica: &mut Connection, key: &str) {
+    assert_eq!(
+        wait_replicas(master, 1, 5_000),
+        1,
+        "the replica did not ack"
+    );
+    let on_master = stored_lock(master, key);
+    let mut on_replica = stored_lock(replica, key);
+    // The ack covers what the replica received; give it a moment to have applied it.
+    let deadline = Instant::now() + SOON;
+    while on_replica != on_master && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+        on_replica = stored_lock(replica, key);
+    }
+    assert_eq!(
+        on_replica, on_master,
+        "replica differs from master for {key}"
+    );
+}
+
+fn holder(con: &mut Connection, key: &str) -> Option<(String, i64, i64)> {
+    lock_info(con, key).map(|info| {
+        let owner: String = redis::from_redis_value(&info["owner"]).unwrap();
+        (owner, info_int(&info, "count"), info_int(&info, "token"))
+    })
+}
+
+#[test]
+fn the_replica_matches_the_master_after_every_kind_of_change() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let (mut m, mut r) = (master.connect(), replica.connect());
+
+    // Acquire, re-entry, count-down, renew.
+    acquire(&mut m, "k", "a", 60_000).unwrap();
+    assert_replica_matches(&mut m, &mut r, "k");
+    assert!(stored_lock(&mut r, "k").expires_at > 0);
+    acquire(&mut m, "k", "a", 90_000).unwrap();
+    assert_replica_matches(&mut m, &mut r, "k");
+    assert_eq!(release(&mut m, "k", "a"), Some(1));
+    assert_replica_matches(&mut m, &mut r, "k");
+    let renewed: i64 = redis::cmd("LOCK.RENEW")
+        .arg("k")
+        .arg("a")
+        .arg(120_000)
+        .query(&mut m)
+        .unwrap();
+    assert_eq!(renewed, 1);
+    assert_replica_matches(&mut m, &mut r, "k");
+
+    // Handoff to a waiter inside the release.
+    let waiter = Waiter::start(&master, "k", "b", 45_000, 0);
+    assert_eq!(release(&mut m, "k", "a"), Some(0));
+    let token_b = waiter.token(SOON).expect("granted");
+    assert_replica_matches(&mut m, &mut r, "k");
+    assert_eq!(holder(&mut r, "k"), Some(("b".into(), 1, token_b)));
+
+    // A held lease runs out with a waiter queued: the grant made by the module's timer.
+    acquire(&mut m, "short", "x", 300).unwrap();
+    let waiter = Waiter::start(&master, "short", "y", 30_000, 0);
+    let token_y = waiter.token(SOON).expect("granted at the lease end");
+    assert_replica_matches(&mut m, &mut r, "short");
+    assert_eq!(holder(&mut r, "short"), Some(("y".into(), 1, token_y)));
+
+    // A lease runs out with nobody waiting: Redis's own expiry, propagated as a DEL.
+    acquire(&mut m, "gone", "z", 100).unwrap();
+    assert!(eventually(SOON, || {
+        let exists: i64 = m.exists("gone").unwrap();
+        exists == 0
+    }));
+    assert_replica_matches(&mut m, &mut r, "gone");
+    assert_eq!(stored_lock(&mut r, "gone").fields, vec![]);
+
+    // Force release, with and without a waiter.
+    let waiter = Waiter::start(&master, "k", "c", 30_000, 0);
+    let removed: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query(&mut m)
+        .unwrap();
+    assert_eq!(removed, 1);
+    let token_c = waiter.token(SOON).expect("granted after force release");
+    assert!(token_c > token_b);
+    assert_replica_matches(&mut m, &mut r, "k");
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query(&mut m)
+        .unwrap();
+    assert_replica_matches(&mut m, &mut r, "k");
+    assert!(lock_info(&mut r, "k").is_none());
+}
+
+#[test]
+fn after_failover_locks_keep_owner_token_and_lease_end_and_tokens_keep_rising() {
+    let mut master = Server::start();
+    let replica = Server::replica_of(&master);
+    let mut m = master.connect();
+    // The highest token handed out per key: tokens rise per key (counters are per slot).
+    let mut highest: HashMap<&str, i64> = HashMap::new();
+    let mut note = |key: &'static str, token: i64| {
+        let h = highest.entry(key).or_default();
+        *h = (*h).max(token);
+    };
+    for (i, key) in ["orders:1", "orders:2", "{user:7}:profile"]
+        .into_iter()
+        .enumerate()
+    {
+        note(
+            key,
+            acquire(&mut m, key, &format!("owner-{i}"), 120_000).unwrap(),
+        );
+    }
+    acquire(&mut m, "orders:1", "owner-0", 120_000).unwrap(); // count 2
+                                                              // A waiter's grant, then a release with nobody waiting, to move the counters along.
+    note(
+        "handoff",
+        acquire(&mut m, "handoff", "first", 60_000).unwrap(),
+    );
+    let waiter = Waiter::start(&master, "handoff", "second", 120_000, 0);
+    release(&mut m, "handoff", "first").unwrap();
+    note("handoff", waiter.token(SOON).unwrap());
+    note(
+        "released",
+        acquire(&mut m, "released", "r", 60_000).unwrap(),
+    );
+    release(&mut m, "released", "r").unwrap();
+
+    // The pattern the README documents: WAIT 1 after the acquire confirms the grant.
+    assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
+    let all_keys = ["orders:1", "orders:2", "{user:7}:profile", "handoff"];
+    let before: Vec<StoredLock> = all_keys.iter().map(|k| stored_lock(&mut m, k)).collect();
+
+    // The master dies; the replica is promoted and the clients move to it.
+    master.kill_hard();
+    let mut r = replica.connect();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut r)
+        .unwrap();
+    let after: Vec<StoredLock> = all_keys.iter().map(|k| stored_lock(&mut r, k)).collect();
+    assert_eq!(after, before, "locks changed across failover");
+    assert_eq!(
+        holder(&mut r, "orders:1").map(|(o, c, _)| (o, c)),
+        Some(("owner-0".to_string(), 2))
+    );
+
+    // The same owners keep working on the new master...
+    assert_eq!(release(&mut r, "orders:1", "owner-0"), Some(1));
+    assert_eq!(release(&mut r, "orders:1", "owner-0"), Some(0));
+    assert_eq!(acquire(&mut r, "orders:2", "someone-else", 1_000), None);
+    // ...and every new hold of a key gets a token above any handed out for it before.
+    for key in all_keys.into_iter().chain(["released"]) {
+        let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(key)
+            .query(&mut r)
+            .unwrap();
+        let token = acquire(&mut r, key, "new-owner", 10_000).unwrap();
+        assert!(token > highest[key], "{key}: {token} <= {}", highest[key]);
+    }
+}
+
+#[test]
+fn wait_numreplicas_confirms_a_grant_or_says_it_is_not_safe_yet() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let (mut m, mut r) = (master.connect(), replica.connect());
+    let token = acquire(&mut m, "k", "a", 60_000).unwrap();
+    assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
+    assert_eq!(holder(&mut r, "k"), Some(("a".into(), 1, token)));
+
+    // With the replica stalled, WAIT answers 0: the grant is not yet safe against failover.
+    replica.pause(true);
+    let token = acquire(&mut m, "k2", "b", 60_000).unwrap();
+    let acked = wait_replicas(&mut m, 1, 300);
+    replica.pause(false);
+    assert_eq!(acked, 0);
+    assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
+    let mut r = replica.connect();
+    assert_eq!(holder(&mut r, "k2"), Some(("b".into(), 1, token)));
+}
+
+#[test]
+fn a_replica_refuses_lock_writes_and_answers_lock_info() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let mut m = master.connect();
+    let token = acquire(&mut m, "k", "a", 60_000).unwrap();
+    assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
+    let mut r = replica.connect();
+    let readonly = "READONLY You can't write against a read only replica.";
+    let writes: [&[&[u8]]; 5] = [
+        &[b"LOCK.ACQUIRE", b"other", b"a", b"1000"],
+        &[b"LOCK.ACQUIRE", b"other", b"a", b"1000", b"WAIT", b"0"],
+        &[b"LOCK.RELEASE", b"k", b"a"],
+        &[b"LOCK.RENEW", b"k", b"a", b"1000"],
+        &[b"LOCK.FORCERELEASE", b"k"],
+    ];
+    for args in writes {
+        assert_eq!(error_of(&mut r, args), readonly);
+    }
+    assert_eq!(holder(&mut r, "k"), Some(("a".into(), 1, token)));
+    assert_eq!(waiters(&mut r), 0);
+}
