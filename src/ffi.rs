@@ -364,6 +364,31 @@ pub fn is_replica(ctx: Ctx) -> bool {
     context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0
 }
 
+pub fn is_cluster(ctx: Ctx) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0
+}
+
+/// The `CLUSTER NODES` text, through RM_Call. Only for rare paths (a handoff in cluster mode
+/// that no LOCK.* command caused), never for a LOCK.* command itself.
+pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
+    // SAFETY: ctx is live; "c" = one NUL-terminated C string argument. The reply is ours to
+    // free; its string pointer is valid until then, and we copy it first.
+    unsafe {
+        let reply =
+            api!(RedisModule_Call)(ctx, c"CLUSTER".as_ptr(), c"c".as_ptr(), c"NODES".as_ptr());
+        if reply.is_null() {
+            return None;
+        }
+        let mut len: usize = 0;
+        let p = api!(RedisModule_CallReplyStringPtr)(reply, &mut len);
+        let text = (!p.is_null()).then(|| {
+            String::from_utf8_lossy(std::slice::from_raw_parts(p.cast::<u8>(), len)).into_owned()
+        });
+        api!(RedisModule_FreeCallReply)(reply);
+        text
+    }
+}
+
 pub fn selected_db(ctx: Ctx) -> i32 {
     // SAFETY: ctx is live for this call.
     unsafe { api!(RedisModule_GetSelectedDb)(ctx) }

@@ -56,12 +56,15 @@ fn required_api_present() -> bool {
     unsafe {
         [
             { raw::RedisModule_BlockClient }.is_some(),
+            { raw::RedisModule_Call }.is_some(),
+            { raw::RedisModule_CallReplyStringPtr }.is_some(),
             { raw::RedisModule_CloseKey }.is_some(),
             { raw::RedisModule_CreateCommand }.is_some(),
             { raw::RedisModule_CreateString }.is_some(),
             { raw::RedisModule_CreateStringFromLongLong }.is_some(),
             { raw::RedisModule_CreateTimer }.is_some(),
             { raw::RedisModule_DeleteKey }.is_some(),
+            { raw::RedisModule_FreeCallReply }.is_some(),
             { raw::RedisModule_FreeString }.is_some(),
             { raw::RedisModule_GetAbsExpire }.is_some(),
             { raw::RedisModule_GetBlockedClientHandle }.is_some(),

@@ -33,6 +33,14 @@ enum Due {
     },
 }
 
+/// Who asks for a handoff: a LOCK.* command on this node (which Redis routed here, so the slot
+/// is served here), or a timer or event (the key may have left with its slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    Command,
+    Background,
+}
+
 /// Why the module looks at a lock to hand it over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cause {
@@ -158,7 +166,7 @@ pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
         let key = LockKey::new(ffi::selected_db(ctx), name);
         let handed = with_runtime(|rt| {
             let now = now_ms();
-            let handed = pump(ctx, rt, &key, now, Cause::Freed);
+            let handed = pump(ctx, rt, &key, now, Cause::Freed, Origin::Command);
             arm(ctx, rt, now);
             handed
         })
@@ -171,7 +179,7 @@ pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
 }
 
 /// Gives the lock at `key` to the head waiter if it is free. Returns whether it did.
-fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) -> bool {
+fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause, origin: Origin) -> bool {
     // A replica never writes on its own; its master's effects arrive through replication. (When
     // a master becomes a replica, Redis unblocks every waiter with an error.)
     if !rt.queues.has_waiters(key) || ffi::is_replica(ctx) {
@@ -184,6 +192,9 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) -> bo
             let expires_at = lock.expires_at();
             drop(lock);
             schedule_lease_check(rt, key, expires_at, now);
+            return false;
+        }
+        if origin == Origin::Background && redirect_if_slot_left(ctx, rt, key) {
             return false;
         }
         let Some(removed) = rt.queues.pop_front(key) else {
@@ -224,6 +235,27 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) -> bo
     })
 }
 
+/// In a cluster, a lock key that vanished may have moved to another node with its slot
+/// (MIGRATE deletes it here). Granting it here would make a second lock beside the moved one,
+/// so the waiters get the redirect Redis would give for the key (`ASK`/`MOVED`) and their
+/// cluster clients follow it. Returns whether the waiters were redirected.
+fn redirect_if_slot_left(ctx: Ctx, rt: &mut Runtime, key: &LockKey) -> bool {
+    if !ffi::is_cluster(ctx) {
+        return false;
+    }
+    let slot = lock_core::slot::key_slot(&key.name);
+    let route = ffi::cluster_nodes(ctx).map(|nodes| lock_core::cluster::route(&nodes, slot));
+    let Some(redirect) = route.and_then(|r| r.redirect(slot)) else {
+        return false;
+    };
+    while let Some(removed) = rt.queues.pop_front(key) {
+        let waiter = forget(rt, removed);
+        bump(&STATS.wait_redirected);
+        wait::unblock(waiter.handle, Outcome::Refused(redirect.clone()));
+    }
+    true
+}
+
 /// Cancels what a removed waiter had scheduled and returns it.
 fn forget(rt: &mut Runtime, removed: Removed<Blocked>) -> lock_core::queue::Waiter<Blocked> {
     if let Some(timeout) = removed.waiter.timeout {
@@ -254,7 +286,7 @@ fn schedule_lease_check(rt: &mut Runtime, key: &LockKey, expires_at: Option<u64>
 /// Looks at a key with waiters: hand off if it is free, else watch its lease end.
 fn recheck(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause) {
     if rt.queues.has_waiters(key) {
-        pump(ctx, rt, key, now, cause);
+        pump(ctx, rt, key, now, cause, Origin::Background);
     }
 }
 
@@ -330,7 +362,7 @@ fn handle_due(ctx: Ctx, rt: &mut Runtime, fired: DeadlineKey, due: Due, now: u64
             if rt.queues.lease_check(&key) == Some(fired) {
                 rt.queues.set_lease_check(&key, None);
             }
-            pump(ctx, rt, &key, now, Cause::LeaseEnded);
+            pump(ctx, rt, &key, now, Cause::LeaseEnded, Origin::Background);
         }
         Due::Recheck(key) => recheck(ctx, rt, &key, now, Cause::Freed),
         Due::Undelivered { key, owner, token } => {
@@ -353,7 +385,7 @@ fn handle_due(ctx: Ctx, rt: &mut Runtime, fired: DeadlineKey, due: Due, now: u64
                     _ => false,
                 }
             });
-            if freed && !pump(ctx, rt, &key, now, Cause::Freed) {
+            if freed && !pump(ctx, rt, &key, now, Cause::Freed, Origin::Background) {
                 with_db(ctx, key.db, || {
                     let name = OwnedString::new(&key.name);
                     notify::publish_unlock(ctx, name.as_ptr(), &key.name);

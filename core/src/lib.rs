@@ -17,6 +17,7 @@
 
 pub mod args;
 pub mod channel;
+pub mod cluster;
 pub mod deadlines;
 pub mod error;
 pub mod queue;
