@@ -6,7 +6,7 @@ CARGO ?= cargo
 RELEASE_MODULE := target/release/libredis_lock.so
 DEBUG_MODULE := target/debug/libredis_lock.so
 
-.PHONY: deps build run test unit integration cli lint bench bench-quick clean
+.PHONY: deps build run test unit integration cli lint faults bench bench-quick clean
 
 deps:
 	@bash scripts/deps.sh
@@ -28,6 +28,12 @@ test: deps lint
 	$(CARGO) build --lib
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
+
+# The fault test of `make test` (20 s), run longer: `make faults SECS=300`.
+SECS ?= 120
+faults: deps
+	$(CARGO) build --lib
+	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
 
 bench: build
 	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE))

@@ -217,3 +217,39 @@ fn a_replica_refuses_lock_writes_and_answers_lock_info() {
     assert_eq!(holder(&mut r, "k"), Some(("a".into(), 1, token)));
     assert_eq!(waiters(&mut r), 0);
 }
+
+#[test]
+fn tokens_rise_after_failover_even_past_grants_the_replica_never_received() {
+    let mut master = Server::start();
+    let replica = Server::replica_of(&master);
+    let mut m = master.connect();
+    acquire(&mut m, "k", "a", 60_000).unwrap();
+    release(&mut m, "k", "a").unwrap();
+    assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
+    // The replica loses its link (pointed at a master that is not there: it keeps its data);
+    // the master hands out more tokens, then dies before they ever reach the replica.
+    let mut r = replica.connect();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(free_port())
+        .query(&mut r)
+        .unwrap();
+    let mut unreplicated = 0;
+    for round in 0..50 {
+        let owner = format!("lost-{round}");
+        unreplicated = acquire(&mut m, "k", &owner, 60_000).unwrap();
+        release(&mut m, "k", &owner).unwrap();
+    }
+    master.kill_hard();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut r)
+        .unwrap();
+    assert!(lock_info(&mut r, "k").is_none());
+    let token = acquire(&mut r, "k", "after-failover", 60_000).unwrap();
+    assert!(
+        token > unreplicated,
+        "{token} <= {unreplicated}: a token was handed out twice"
+    );
+}

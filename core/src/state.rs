@@ -141,22 +141,25 @@ pub fn decide_renew(view: View, lease_ms: u64, now: UnixMs) -> RenewDecision {
     }
 }
 
-/// How far a fresh counter starts ahead of the clock: `now_ms * TOKENS_PER_MS`.
+/// Token values per millisecond of the server clock: a token is never below `now_ms * 1000`.
 pub const TOKENS_PER_MS: u64 = 1_000;
 
 /// The token for a new hold, given the slot's counter (`None` when the counter key is missing
-/// or unreadable) and the server clock.
+/// or unreadable) and the server clock: `max(counter + 1, now_ms * 1000)`.
 ///
-/// A missing counter (a new server, FLUSHALL, a deleted counter key, a slot whose counter has
-/// not migrated yet) starts from the clock, `now_ms * 1000`, rather than from 1: tokens handed
-/// out before the counter was lost came from a counter that started from an earlier clock
-/// reading and grew by one per grant, so the new tokens are larger unless the clock went back
-/// or the slot averaged more than 1,000 grants per millisecond. The values stay below 2^53
-/// (exact in JavaScript and JSON) until the year 2255.
+/// The counter alone makes tokens strictly increasing while it survives. The clock floor makes
+/// them rise even when the counter goes back or is lost: a restart from an RDB snapshot older
+/// than the last grants, a failover to a replica that missed the last grants, FLUSHALL, a
+/// deleted counter key, a lock key that migrated before its slot's counter. Tokens handed out
+/// before any of these were at most `now_ms * 1000` at their time plus the grants since, so a
+/// later clock reading is above them unless the clock went back or the slot sustained more than
+/// 1,000 grants per millisecond. Values stay below 2^53 (exact in JavaScript and JSON) until
+/// the year 2255.
 pub fn next_token(counter: Option<u64>, now: UnixMs) -> u64 {
+    let floor = now.saturating_mul(TOKENS_PER_MS).max(1);
     match counter {
-        Some(c) => c.saturating_add(1),
-        None => now.saturating_mul(TOKENS_PER_MS).max(1),
+        Some(c) => c.saturating_add(1).max(floor),
+        None => floor,
     }
 }
 
@@ -308,9 +311,27 @@ mod tests {
     }
 
     #[test]
-    fn tokens_count_up_from_the_slot_counter() {
-        assert_eq!(next_token(Some(41), NOW), 42);
-        assert_eq!(next_token(Some(u64::MAX), NOW), u64::MAX);
+    fn tokens_count_up_from_the_slot_counter_but_never_below_the_clock() {
+        let floor = NOW * TOKENS_PER_MS;
+        let cases = [
+            // A busy slot: the counter is ahead of the clock.
+            (Some(floor + 41), floor + 42),
+            // A counter behind the clock (restored from an old snapshot): the clock wins.
+            (Some(41), floor),
+            (Some(floor - 1), floor),
+            (Some(u64::MAX), u64::MAX),
+            (None, floor),
+        ];
+        for (counter, want) in cases {
+            assert_eq!(next_token(counter, NOW), want, "{counter:?}");
+        }
+    }
+
+    #[test]
+    fn tokens_stay_strictly_increasing_when_the_clock_goes_back() {
+        let first = next_token(None, NOW);
+        let after_clock_jump = next_token(Some(first), NOW - 60_000);
+        assert!(after_clock_jump > first);
     }
 
     #[test]
