@@ -26,7 +26,8 @@ lint: deps
 # stale .so is never tested.
 test: deps lint
 	$(CARGO) build --lib
-	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
 # The fault test of `make test` (20 s), run longer: `make faults SECS=300`.

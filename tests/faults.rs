@@ -428,7 +428,7 @@ fn violations(holds: &[Hold]) -> Vec<String> {
 }
 
 #[test]
-fn under_kills_stops_deletes_and_flushes_no_two_holders_overlap_unfenced() {
+fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
     let seconds: u64 = std::env::var("LOCK_FAULT_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
