@@ -1,0 +1,205 @@
+//! `make bench`: the lock module next to the two recipes it replaces — Redisson's RLock scripts
+//! (waiting by pub/sub) and `SET NX PX` with sleep-and-retry polling — with plain `SET`/`DEL` as
+//! the floor, all against one `redis-server` build in one run. The machine is shared, so the
+//! report gives ratios measured side by side and medians over repetitions with their min–max.
+//!
+//! `cargo run --release -p lock-bench -- --module <abs path to libredis_lock.so> [--quick]`
+
+mod chart;
+mod drivers;
+mod report;
+mod resp;
+mod scenarios;
+mod server;
+mod stats;
+mod system;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Sizes and repetitions of a run. `--quick` keeps every scenario but shrinks it to finish in
+/// under a minute; the report says which plan it ran.
+pub struct Plan {
+    pub quick: bool,
+    /// Repetitions of every measurement; the report shows their median and min–max.
+    pub reps: usize,
+    pub throughput_cell: Duration,
+    pub per_command_ops: usize,
+    pub contention_clients: Vec<usize>,
+    pub contention_cell: Duration,
+    pub deadline_samples: usize,
+    /// Leases and WAIT timeouts are spread over this range (ms) so deadlines do not coincide.
+    pub deadline_range_ms: (u64, u64),
+    pub waiter_counts: Vec<usize>,
+    pub handoff_samples: usize,
+    pub held_lock_counts: Vec<usize>,
+    pub pair_samples: usize,
+    pub memory_locks: usize,
+    pub memory_waiters: usize,
+    /// Whether to measure BLPOP's and a Redisson subscriber's memory as references; each
+    /// costs two more waits for Redis to trim idle buffers, too long for `--quick`.
+    pub reference_waiters: bool,
+}
+
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            quick: false,
+            reps: 5,
+            throughput_cell: Duration::from_millis(800),
+            per_command_ops: 20_000,
+            contention_clients: vec![2, 8, 32, 128],
+            contention_cell: Duration::from_millis(2000),
+            deadline_samples: 100,
+            deadline_range_ms: (150, 350),
+            waiter_counts: vec![1, 100, 10_000],
+            handoff_samples: 2_000,
+            held_lock_counts: vec![1_000, 1_000_000],
+            pair_samples: 20_000,
+            memory_locks: 100_000,
+            memory_waiters: 100_000,
+            reference_waiters: true,
+        }
+    }
+
+    fn quick() -> Plan {
+        Plan {
+            quick: true,
+            reps: 3,
+            throughput_cell: Duration::from_millis(120),
+            per_command_ops: 4_000,
+            contention_clients: vec![2, 8, 32],
+            contention_cell: Duration::from_millis(250),
+            deadline_samples: 40,
+            deadline_range_ms: (100, 200),
+            waiter_counts: vec![1, 100, 10_000],
+            handoff_samples: 300,
+            held_lock_counts: vec![1_000, 100_000],
+            pair_samples: 3_000,
+            memory_locks: 50_000,
+            memory_waiters: 10_000,
+            reference_waiters: false,
+        }
+    }
+}
+
+/// What every scenario needs: the module under test and the plan.
+pub struct Bench {
+    pub module: PathBuf,
+    pub plan: Plan,
+    started: Instant,
+}
+
+impl Bench {
+    /// A progress line on stderr (the report goes to stdout at the end).
+    pub fn progress(&self, message: &str) {
+        eprintln!("[{:>6.1}s] {message}", self.started.elapsed().as_secs_f64());
+    }
+}
+
+struct Args {
+    module: PathBuf,
+    quick: bool,
+    out: PathBuf,
+    only: Option<Vec<String>>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: lock-bench --module <abs path to libredis_lock.so> [--quick] [--out <dir>] \
+         [--only throughput,contention,deadlines,scaling,memory]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut module = None;
+    let mut quick = false;
+    let mut out = workspace_root().join("bench-out");
+    let mut only = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--module" => module = Some(PathBuf::from(args.next().unwrap_or_else(|| usage()))),
+            "--quick" => quick = true,
+            "--out" => out = PathBuf::from(args.next().unwrap_or_else(|| usage())),
+            "--only" => {
+                let list = args.next().unwrap_or_else(|| usage());
+                only = Some(list.split(',').map(str::to_string).collect());
+            }
+            _ => usage(),
+        }
+    }
+    let module = module.unwrap_or_else(|| usage());
+    if !module.is_file() {
+        eprintln!("no module at {} (build it: make build)", module.display());
+        std::process::exit(2);
+    }
+    Args {
+        module,
+        quick,
+        out,
+        only,
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("bench/ sits in the workspace")
+        .to_path_buf()
+}
+
+fn main() {
+    let args = parse_args();
+    let plan = if args.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    // Tens of thousands of connections on each side: the bench and the servers it starts
+    // (which inherit the limit) need far more descriptors than the default.
+    system::raise_open_files_limit(2 * plan.memory_waiters as u64 + 20_000);
+    let bench = Bench {
+        module: args.module.clone(),
+        plan,
+        started: Instant::now(),
+    };
+    let wanted = |name: &str| {
+        args.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| o == name))
+    };
+    let machine = system::Machine::describe(&bench.module);
+
+    let throughput = wanted("throughput").then(|| scenarios::throughput::run(&bench));
+    let contention = wanted("contention").then(|| scenarios::contention::run(&bench));
+    let deadlines = wanted("deadlines").then(|| scenarios::deadlines::run(&bench));
+    let scaling = wanted("scaling").then(|| scenarios::scaling::run(&bench));
+    let memory = wanted("memory").then(|| scenarios::memory::run(&bench));
+
+    let results = report::Results {
+        throughput,
+        contention,
+        deadlines,
+        scaling,
+        memory,
+    };
+    let wall = bench.started.elapsed();
+    let chart = results
+        .contention
+        .as_ref()
+        .map(|c| chart::contention_svg(&c.chart_series(), &bench.plan));
+    let markdown = report::render(&bench, &machine, &results, wall, chart.is_some());
+
+    std::fs::create_dir_all(&args.out).expect("create the output directory");
+    std::fs::write(args.out.join("report.md"), &markdown).expect("write report.md");
+    if let Some(svg) = chart {
+        std::fs::write(args.out.join("contention.svg"), svg).expect("write contention.svg");
+    }
+    println!("{markdown}");
+    bench.progress(&format!(
+        "report written to {}",
+        args.out.join("report.md").display()
+    ));
+}

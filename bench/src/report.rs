@@ -1,0 +1,311 @@
+//! The Markdown report: run facts, targets met or missed, a headline table, one section per
+//! scenario, and how each recipe was driven.
+
+use std::time::Duration;
+
+use crate::drivers::{
+    Approach, COMPARE_AND_DELETE, POLL_INTERVAL_MS, REDISSON_LOCK, REDISSON_UNLOCK,
+};
+use crate::scenarios::contention::Contention;
+use crate::scenarios::deadlines::{Deadlines, Kind};
+use crate::scenarios::memory::Memory;
+use crate::scenarios::scaling::Scaling;
+use crate::scenarios::throughput::Throughput;
+use crate::server::RedisServer;
+use crate::stats::Spread;
+use crate::system::Machine;
+use crate::Bench;
+
+/// One target of the issue, judged.
+pub struct Target {
+    pub scenario: &'static str,
+    pub goal: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+pub struct Results {
+    pub throughput: Option<Throughput>,
+    pub contention: Option<Contention>,
+    pub deadlines: Option<Deadlines>,
+    pub scaling: Option<Scaling>,
+    pub memory: Option<Memory>,
+}
+
+/// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
+pub fn fmt_num(value: f64, decimals: usize) -> String {
+    if !value.is_finite() {
+        return "–".to_string();
+    }
+    let text = format!("{:.*}", decimals, value.abs());
+    let (whole, fraction) = match text.split_once('.') {
+        Some((w, f)) => (w.to_string(), Some(f.to_string())),
+        None => (text, None),
+    };
+    let mut grouped = String::new();
+    for (i, digit) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    let sign = if value < 0.0 && text_is_nonzero(&grouped, &fraction) {
+        "-"
+    } else {
+        ""
+    };
+    match fraction {
+        Some(f) => format!("{sign}{grouped}.{f}"),
+        None => format!("{sign}{grouped}"),
+    }
+}
+
+fn text_is_nonzero(whole: &str, fraction: &Option<String>) -> bool {
+    whole.chars().any(|c| c.is_ascii_digit() && c != '0')
+        || fraction
+            .as_ref()
+            .is_some_and(|f| f.chars().any(|c| c != '0'))
+}
+
+/// `median (min–max)`, or just the median when the repetitions agree to the digits shown.
+pub fn fmt_spread(spread: Spread, decimals: usize) -> String {
+    let (median, min, max) = (
+        fmt_num(spread.median, decimals),
+        fmt_num(spread.min, decimals),
+        fmt_num(spread.max, decimals),
+    );
+    if min == max {
+        median
+    } else {
+        format!("{median} ({min}–{max})")
+    }
+}
+
+fn targets(results: &Results) -> Vec<Target> {
+    let mut all = Vec::new();
+    if let Some(t) = &results.throughput {
+        all.extend(t.targets());
+    }
+    if let Some(c) = &results.contention {
+        all.extend(c.targets());
+    }
+    if let Some(d) = &results.deadlines {
+        all.extend(d.targets());
+    }
+    if let Some(s) = &results.scaling {
+        all.extend(s.targets());
+    }
+    if let Some(m) = &results.memory {
+        all.extend(m.targets());
+    }
+    all
+}
+
+/// The table the README quotes: each approach's key figures side by side.
+fn headline(results: &Results) -> String {
+    let n = results.contention.as_ref().map_or(0, |c| c.headline_n());
+    let mut out = format!(
+        "| | pairs/s (50 conns × pipeline 16) | × SET/DEL | server CPU µs/pair | critical sections/s (N={n}) | server commands / acquisition | wake-ups / release | handoff gap p50 ms | Jain | lease-expiry handoff p99 ms | bytes / held lock |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    for approach in Approach::ALL {
+        let mut cells: Vec<String> = Vec::new();
+        match &results.throughput {
+            Some(t) => {
+                let (rate, ratio, cpu) = t.headline(approach);
+                cells.push(fmt_num(rate.median, 0));
+                cells.push(format!("{}×", fmt_num(ratio.median, 2)));
+                cells.push(fmt_num(cpu.median, 2));
+            }
+            None => cells.extend(["".into(), "".into(), "".into()]),
+        }
+        match (&results.contention, approach) {
+            (Some(c), Approach::Module | Approach::Redisson | Approach::Polling) => {
+                let row = c.headline(approach);
+                cells.push(fmt_num(row.sections_per_sec.median, 0));
+                cells.push(fmt_num(row.executed_per_acquisition.median, 1));
+                cells.push(
+                    row.wakeups
+                        .map_or("— (polls)".into(), |w| fmt_num(w.median, 2)),
+                );
+                cells.push(fmt_num(row.gap_p50_ms.median, 3));
+                cells.push(fmt_num(row.jain.median, 3));
+            }
+            _ => cells.extend(std::iter::repeat_n("—".to_string(), 5)),
+        }
+        let lease_kind = match approach {
+            Approach::Module => Some(Kind::ModuleLeaseExpiry),
+            Approach::Redisson => Some(Kind::RedissonLeaseExpiry),
+            Approach::Polling => Some(Kind::PollingLeaseExpiry),
+            Approach::SetDel => None,
+        };
+        cells.push(match (&results.deadlines, lease_kind) {
+            (Some(d), Some(kind)) => fmt_num(d.p99(kind).median, 2),
+            _ => "—".into(),
+        });
+        cells.push(match (&results.memory, approach) {
+            (Some(m), Approach::Module | Approach::Redisson | Approach::Polling) => {
+                fmt_num(m.bytes_per_lock(approach).median, 0)
+            }
+            _ => "—".into(),
+        });
+        out.push_str(&format!(
+            "| {} | {} |\n",
+            approach.label(),
+            cells.join(" | ")
+        ));
+    }
+    out
+}
+
+pub fn render(
+    bench: &Bench,
+    machine: &Machine,
+    results: &Results,
+    wall: Duration,
+    has_chart: bool,
+) -> String {
+    let plan = &bench.plan;
+    let mut out = String::new();
+    out.push_str(
+        "# lock-bench: the LOCK.* module against Redisson's RLock and SET NX PX polling\n\n",
+    );
+    let command: Vec<String> = std::env::args().skip(1).collect();
+    out.push_str(&format!(
+        "- Run: `{}` ({}), wall time **{:.0} s**\n\
+         - Exact command: `cargo run --release -p lock-bench -- {}`\n\
+         - Redis: {} — one server build for every approach; each scenario starts its own \
+         server: `{}`\n\
+         - Module: `{}` ({} bytes, commit {})\n\
+         - Machine: {} × {} logical CPUs, {:.1} GiB RAM, {}, kernel {}; load average at start {} \
+         (shared machine: compare ratios within a run, not absolute figures across runs)\n\
+         - Bench built with {}; figures are medians over {} repetitions, (min–max) shown when \
+         they differ. The clients run on the same cores as the server: server CPU per \
+         operation is the steadiest figure; rates and latencies include the clients' own \
+         scheduling\n\n",
+        if plan.quick {
+            "make bench-quick"
+        } else {
+            "make bench"
+        },
+        if plan.quick {
+            "quick: fewer repetitions, shorter runs, smaller N"
+        } else {
+            "full"
+        },
+        wall.as_secs_f64(),
+        command.join(" "),
+        machine.redis_server,
+        RedisServer::command_line(&bench.module),
+        bench.module.display(),
+        fmt_num(machine.module_size as f64, 0),
+        machine.module_commit,
+        machine.cpu,
+        machine.cores,
+        machine.memory_gib,
+        machine.os,
+        machine.kernel,
+        machine.load_average,
+        machine.rustc,
+        plan.reps,
+    ));
+
+    let targets = targets(results);
+    if !targets.is_empty() {
+        let met = targets.iter().filter(|t| t.met).count();
+        out.push_str(&format!(
+            "## Targets: {met} of {} met\n\nJudged on the median over repetitions, like every figure here; exact counts, \
+             wake-up bounds and exclusion must hold in every repetition.\n\n\
+             | scenario | target | measured (median (min–max)) | met |\n| --- | --- | --- | :---: |\n",
+            targets.len()
+        ));
+        for t in &targets {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} |\n",
+                t.scenario,
+                t.goal,
+                t.measured,
+                if t.met { "yes" } else { "**no**" }
+            ));
+        }
+        out.push('\n');
+    }
+
+    out.push_str("## Headline\n\n");
+    out.push_str(&headline(results));
+    out.push('\n');
+
+    if let Some(t) = &results.throughput {
+        out.push_str(&t.section());
+    }
+    if let Some(c) = &results.contention {
+        let mut section = c.section(plan);
+        if !has_chart {
+            section = section.replace("![contention](contention.svg)\n\n", "");
+        }
+        out.push_str(&section);
+    }
+    if let Some(d) = &results.deadlines {
+        out.push_str(&d.section(plan));
+    }
+    if let Some(s) = &results.scaling {
+        out.push_str(&s.section());
+    }
+    if let Some(m) = &results.memory {
+        out.push_str(&m.section());
+    }
+    out.push_str(&method());
+    out
+}
+
+fn method() -> String {
+    format!(
+        "## How each approach is driven\n\n\
+         Drivers are Rust threads, one connection per simulated client (`redis` crate; pub/sub \
+         and the many-connection scenarios use a minimal RESP client), on the same machine as \
+         the server.\n\n\
+         - **LOCK.* module**: `LOCK.ACQUIRE key owner 30000 WAIT 10000`, then \
+         `LOCK.RELEASE key owner`.\n\
+         - **Redisson RLock**: `EVALSHA <lock> 1 key 30000 owner`; on a ttl reply, SUBSCRIBE \
+         `redisson_lock__channel:{{key}}` on the client's subscription connection, retry the \
+         lock script, and after each failure wait for an unlock message (at most the ttl) and \
+         retry; UNSUBSCRIBE once acquired (Redisson's `RLock.lock()`). Release: `EVALSHA \
+         <unlock> 2 key channel 0 30000 owner`. Scripts verbatim:\n  - lock: `{REDISSON_LOCK}`\n  \
+         - unlock: `{REDISSON_UNLOCK}`\n\
+         - **SET NX PX polling**: `SET key token NX PX 30000`; on nil sleep a uniformly random \
+         {}–{} ms and retry. Release: `EVALSHA <cad> 1 key token` with `{COMPARE_AND_DELETE}`.\n\
+         - **SET/DEL floor**: `SET key value`, `DEL key`.\n\n",
+        POLL_INTERVAL_MS.0, POLL_INTERVAL_MS.1
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_grouped_and_rounded() {
+        assert_eq!(fmt_num(1234567.8, 0), "1,234,568");
+        assert_eq!(fmt_num(999.0, 0), "999");
+        assert_eq!(fmt_num(12.345, 2), "12.35");
+        assert_eq!(fmt_num(-1500.0, 0), "-1,500");
+        assert_eq!(fmt_num(-0.001, 2), "0.00");
+        assert_eq!(fmt_num(f64::NAN, 2), "–");
+    }
+
+    #[test]
+    fn spreads_collapse_when_repetitions_agree() {
+        let same = Spread {
+            median: 2.0,
+            min: 2.0,
+            max: 2.0,
+        };
+        assert_eq!(fmt_spread(same, 1), "2.0");
+        let varied = Spread {
+            median: 2.0,
+            min: 1.5,
+            max: 3.0,
+        };
+        assert_eq!(fmt_spread(varied, 1), "2.0 (1.5–3.0)");
+    }
+}
