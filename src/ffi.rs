@@ -289,19 +289,22 @@ impl Key {
 
     /// Overwrites a string value (or creates it) with `value`, in place: after the first
     /// write the value is a plain buffer owned by this key, so no allocation is needed.
-    pub fn string_write(&self, value: &[u8]) {
+    /// Returns false when the key holds another type (nothing is written then).
+    pub fn string_write(&self, value: &[u8]) -> bool {
         // SAFETY: an open writable key. Truncate sizes (or creates) the string; DMA in write mode
         // returns its buffer of exactly that many bytes, valid until the key is closed.
         unsafe {
             if api!(RedisModule_StringTruncate)(self.0, value.len()) != raw::REDISMODULE_OK as c_int
             {
-                return;
+                return false;
             }
             let mut len: usize = 0;
             let p = api!(RedisModule_StringDMA)(self.0, &mut len, raw::REDISMODULE_WRITE as c_int);
-            if !p.is_null() && len == value.len() {
-                ptr::copy_nonoverlapping(value.as_ptr(), p.cast::<u8>(), len);
+            if p.is_null() || len != value.len() {
+                return false;
             }
+            ptr::copy_nonoverlapping(value.as_ptr(), p.cast::<u8>(), len);
+            true
         }
     }
 

@@ -9,21 +9,29 @@ use std::os::raw::c_char;
 use lock_core::args::parse_positive;
 use lock_core::slot::{counter_key, key_slot, SLOTS};
 use lock_core::state::{classify, Stored, View, FENCE_FIELD};
+use lock_core::token::Reservation;
 use lock_core::LockError;
 use redis_module::raw;
 
 use crate::ffi::{api, Ctx, Key, KeyKind, OwnedString, RawString};
 
 thread_local! {
-    /// The fence field name and the per-slot counter names, created once and reused so that the
-    /// hot path allocates no key names.
+    /// The fence field name and, per slot, the counter key's name (created once and reused so
+    /// that the hot path allocates no key names) and this process's token reservation.
     static NAMES: RefCell<Names> = RefCell::new(Names::default());
 }
 
 #[derive(Default)]
 struct Names {
     fence_field: Option<OwnedString>,
-    counters: Vec<Option<OwnedString>>,
+    counters: Vec<SlotCounter>,
+}
+
+#[derive(Default)]
+struct SlotCounter {
+    name: Option<OwnedString>,
+    /// The window reserved in this slot's counter, and the database it was reserved in.
+    reserved: Option<(i32, Reservation)>,
 }
 
 fn with_fence_field<R>(f: impl FnOnce(RawString) -> R) -> R {
@@ -36,19 +44,26 @@ fn with_fence_field<R>(f: impl FnOnce(RawString) -> R) -> R {
     })
 }
 
-fn with_counter_name<R>(lock_key: &[u8], f: impl FnOnce(RawString) -> R) -> R {
+/// Runs `f` with the slot's counter name and its reservation slot (None: nothing cached).
+fn with_slot_counter<R>(
+    lock_key: &[u8],
+    f: impl FnOnce(RawString, Option<&mut Option<(i32, Reservation)>>) -> R,
+) -> R {
     let slot = key_slot(lock_key);
     NAMES.with(|names| {
         let mut names = names.borrow_mut();
         if names.counters.is_empty() {
-            names.counters.resize_with(SLOTS, || None);
+            names.counters.resize_with(SLOTS, SlotCounter::default);
         }
         match names.counters.get_mut(usize::from(slot)) {
             Some(entry) => {
-                let name = entry.get_or_insert_with(|| OwnedString::new(&counter_key(slot)));
-                f(name.as_ptr())
+                let name = entry
+                    .name
+                    .get_or_insert_with(|| OwnedString::new(&counter_key(slot)))
+                    .as_ptr();
+                f(name, Some(&mut entry.reserved))
             }
-            None => f(OwnedString::new(&counter_key(slot)).as_ptr()),
+            None => f(OwnedString::new(&counter_key(slot)).as_ptr(), None),
         }
     })
 }
@@ -104,22 +119,36 @@ pub fn check_is_lock(key: &Key) -> Result<bool, LockError> {
     }
 }
 
-/// Takes the next token from the slot counter of `lock_key` (in the context's selected db) and
-/// replicates the counter's new absolute value.
+/// Takes the next token for `lock_key` (in the context's selected db) from its slot's counter.
+/// The counter holds a bound reserved ahead (see `lock_core::token`); it is written, and
+/// replicated as its new absolute value, only when a new window is reserved.
 pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> u64 {
-    with_counter_name(lock_key, |counter_name| {
+    let db = crate::ffi::selected_db(ctx);
+    with_slot_counter(lock_key, |counter_name, cache| {
         let counter = Key::open(ctx, counter_name);
-        let current = match counter.kind() {
+        let stored = match counter.kind() {
             KeyKind::String => parse_positive(counter.string_bytes()),
             _ => None,
         };
-        let token = lock_core::state::next_token(current, now);
-        let mut digits = itoa_buffer();
-        let text = format_u64(token, &mut digits);
-        counter.string_write(text);
-        drop(counter);
-        replicate_with_buffer(ctx, c"SET", counter_name, text);
-        token
+        let reserved = cache
+            .as_ref()
+            .and_then(|c| c.filter(|(in_db, _)| *in_db == db))
+            .map(|(_, r)| r);
+        let grant = lock_core::token::next_token(stored, reserved, now);
+        if let Some(bound) = grant.store_bound {
+            let mut digits = itoa_buffer();
+            let text = format_u64(bound, &mut digits);
+            // A counter key overwritten with another type by a client is left alone (tokens
+            // then come from the clock floor): replicate only what was written.
+            if counter.string_write(text) {
+                drop(counter);
+                replicate_with_buffer(ctx, c"SET", counter_name, text);
+            }
+        }
+        if let Some(cache) = cache {
+            *cache = grant.reservation(reserved).map(|r| (db, r));
+        }
+        grant.token
     })
 }
 

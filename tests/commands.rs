@@ -462,3 +462,33 @@ fn tokens_keep_rising_after_flushall_or_a_deleted_counter() {
     );
     assert!(after_delete < 1 << 53);
 }
+
+#[test]
+fn the_token_counter_holds_a_reserved_bound_written_once_per_window() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let first = acquire(&mut con, "k", "a", 5_000).unwrap();
+    release(&mut con, "k", "a").unwrap();
+    let counter = counter_names(&mut con).pop().expect("a counter");
+    let bound: i64 = con.get(&counter).unwrap();
+    assert!(
+        bound > first,
+        "the stored bound is above the tokens handed out"
+    );
+    let mut last = first;
+    for _ in 0..50 {
+        let token = acquire(&mut con, "k", "a", 5_000).unwrap();
+        release(&mut con, "k", "a").unwrap();
+        assert!(
+            token > last && token <= bound,
+            "{token} after {last}, bound {bound}"
+        );
+        last = token;
+    }
+    let unchanged: i64 = con.get(&counter).unwrap();
+    assert_eq!(unchanged, bound, "grants inside the window write nothing");
+    // A bound moved by someone else is not trusted: the next token goes above it.
+    let _: () = con.set(&counter, bound + 5).unwrap();
+    let token = acquire(&mut con, "k", "b", 5_000).unwrap();
+    assert!(token > bound + 5, "{token} after a bound of {}", bound + 5);
+}

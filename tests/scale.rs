@@ -77,9 +77,9 @@ fn eighteen_thousand_waiters_spread_over_a_thousand_keys_work() {
     settle();
     let per_waiter = (used_memory(&mut con) - idle) / N as i64;
     eprintln!("memory per blocked waiter, its idle connection excluded: {per_waiter} B");
-    // Bounded, and most of it is Redis's: on 7.0 every RM_BlockClient creates a reply client
-    // with a 16 KB buffer (about 35 KB in all; 7.2 pools them). The module's queue entry is a
-    // few hundred bytes (see README, "Limits").
+    // Bounded, and most of it is Redis's: on 7.0 RM_BlockClient holds temporary clients with
+    // 16 KB reply buffers while a client is blocked (about 35 KB in all). The module's queue
+    // entry is a few hundred bytes (see README, "Limits").
     assert!(per_waiter < 64 * 1024, "{per_waiter} B per waiter");
 
     // Every key hands over to its first waiter at its release.

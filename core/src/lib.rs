@@ -23,6 +23,7 @@ pub mod error;
 pub mod queue;
 pub mod slot;
 pub mod state;
+pub mod token;
 
 pub use error::LockError;
 

@@ -141,28 +141,6 @@ pub fn decide_renew(view: View, lease_ms: u64, now: UnixMs) -> RenewDecision {
     }
 }
 
-/// Token values per millisecond of the server clock: a token is never below `now_ms * 1000`.
-pub const TOKENS_PER_MS: u64 = 1_000;
-
-/// The token for a new hold, given the slot's counter (`None` when the counter key is missing
-/// or unreadable) and the server clock: `max(counter + 1, now_ms * 1000)`.
-///
-/// The counter alone makes tokens strictly increasing while it survives. The clock floor makes
-/// them rise even when the counter goes back or is lost: a restart from an RDB snapshot older
-/// than the last grants, a failover to a replica that missed the last grants, FLUSHALL, a
-/// deleted counter key, a lock key that migrated before its slot's counter. Tokens handed out
-/// before any of these were at most `now_ms * 1000` at their time plus the grants since, so a
-/// later clock reading is above them unless the clock went back or the slot sustained more than
-/// 1,000 grants per millisecond. Values stay below 2^53 (exact in JavaScript and JSON) until
-/// the year 2255.
-pub fn next_token(counter: Option<u64>, now: UnixMs) -> u64 {
-    let floor = now.saturating_mul(TOKENS_PER_MS).max(1);
-    match counter {
-        Some(c) => c.saturating_add(1).max(floor),
-        None => floor,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,42 +286,5 @@ mod tests {
             decide_renew(View::HeldByOther { token: None }, 500, NOW),
             RenewDecision::NotOwner
         );
-    }
-
-    #[test]
-    fn tokens_count_up_from_the_slot_counter_but_never_below_the_clock() {
-        let floor = NOW * TOKENS_PER_MS;
-        let cases = [
-            // A busy slot: the counter is ahead of the clock.
-            (Some(floor + 41), floor + 42),
-            // A counter behind the clock (restored from an old snapshot): the clock wins.
-            (Some(41), floor),
-            (Some(floor - 1), floor),
-            (Some(u64::MAX), u64::MAX),
-            (None, floor),
-        ];
-        for (counter, want) in cases {
-            assert_eq!(next_token(counter, NOW), want, "{counter:?}");
-        }
-    }
-
-    #[test]
-    fn tokens_stay_strictly_increasing_when_the_clock_goes_back() {
-        let first = next_token(None, NOW);
-        let after_clock_jump = next_token(Some(first), NOW - 60_000);
-        assert!(after_clock_jump > first);
-    }
-
-    #[test]
-    fn a_lost_counter_restarts_above_every_earlier_token() {
-        // A counter created at NOW that then handed out a million tokens over ten seconds...
-        let first = next_token(None, NOW);
-        assert_eq!(first, NOW * TOKENS_PER_MS);
-        let last_before_flush = first + 1_000_000;
-        // ...is flushed; the next counter starts from the clock and is still ahead.
-        let after_flush = next_token(None, NOW + 10_000);
-        assert!(after_flush > last_before_flush);
-        assert!(after_flush < 1 << 53, "exact in JavaScript");
-        assert_eq!(next_token(None, 0), 1);
     }
 }
