@@ -23,10 +23,11 @@ use crate::UnixMs;
 /// Token values per millisecond of the server clock: a token is never below `now_ms * 1000`.
 pub const TOKENS_PER_MS: u64 = 1_000;
 
-/// How far ahead of a token its stored bound is reserved: one second of clock. A slot's bound
-/// is then written at most about once a second (or once per million grants), and tokens after
-/// a restart may start up to a second's worth ahead of the clock.
-pub const WINDOW: u64 = 1_000 * TOKENS_PER_MS;
+/// How far ahead of a token its stored bound is reserved: one minute of clock. A slot's bound
+/// is then written at most about once a minute (or once per 60 million grants), so even with
+/// locks spread over all 16,384 slots most grants write nothing; tokens after a restart or
+/// failover may start up to a minute's worth ahead of the clock, which is harmless.
+pub const WINDOW: u64 = 60_000 * TOKENS_PER_MS;
 
 /// A window reserved by this process for one slot of one database: the last token handed out
 /// from it and the bound stored for it.
