@@ -39,8 +39,10 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             return Status::Err;
         }
         runtime::reset();
+        log::attach(raw);
         if !commands::register(raw) || !events::subscribe(raw) {
             log::warning("could not register LOCK.* commands or events");
+            log::detach();
             return Status::Err;
         }
         log::notice(&format!("lock module loaded: {}", config::describe()));
@@ -66,11 +68,13 @@ fn required_api_present() -> bool {
             { raw::RedisModule_DeleteKey }.is_some(),
             { raw::RedisModule_FreeCallReply }.is_some(),
             { raw::RedisModule_FreeString }.is_some(),
+            { raw::RedisModule_FreeThreadSafeContext }.is_some(),
             { raw::RedisModule_GetAbsExpire }.is_some(),
             { raw::RedisModule_GetBlockedClientHandle }.is_some(),
             { raw::RedisModule_GetBlockedClientPrivateData }.is_some(),
             { raw::RedisModule_GetCommand }.is_some(),
             { raw::RedisModule_GetContextFlags }.is_some(),
+            { raw::RedisModule_GetDetachedThreadSafeContext }.is_some(),
             { raw::RedisModule_GetSelectedDb }.is_some(),
             { raw::RedisModule_HashGet }.is_some(),
             { raw::RedisModule_HashSet }.is_some(),
@@ -116,6 +120,7 @@ fn deinit(_ctx: &Context) -> Status {
             return Status::Err;
         }
         store::release_cached_names();
+        log::detach();
         Status::Ok
     })
 }
