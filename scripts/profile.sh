@@ -1,0 +1,40 @@
+#!/bin/bash
+# Instruction counts of the hot path, repeatable on a noisy machine: runs redis-server under
+# callgrind (counting only inside Redis's call(), i.e. command execution) while N fresh-key
+# LOCK.ACQUIRE+LOCK.RELEASE pairs and then N SET+DEL pairs arrive through redis-cli --pipe.
+#   make build && N=100000 bash scripts/profile.sh
+#   callgrind_annotate --inclusive=yes <dir printed at the end>/cg.out | less
+# (apt-get install valgrind if missing.)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+mod=${MOD:-$here/target/release/libredis_lock.so}
+d=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+N=${N:-20000}
+python3 - $N > $d/lock.txt <<'PY'
+import sys
+n=int(sys.argv[1])
+out=[]
+for i in range(n):
+    k="lk:%d"%i
+    out.append("*4\r\n$12\r\nLOCK.ACQUIRE\r\n$%d\r\n%s\r\n$5\r\nowner\r\n$5\r\n60000\r\n*3\r\n$12\r\nLOCK.RELEASE\r\n$%d\r\n%s\r\n$5\r\nowner\r\n"%(len(k),k,len(k),k))
+sys.stdout.write("".join(out))
+PY
+python3 - $N > $d/set.txt <<'PY'
+import sys
+n=int(sys.argv[1])
+out=[]
+for i in range(n):
+    k="sk:%d"%i
+    out.append("*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$1\r\nv\r\n*2\r\n$3\r\nDEL\r\n$%d\r\n%s\r\n"%(len(k),k,len(k),k))
+sys.stdout.write("".join(out))
+PY
+valgrind --tool=callgrind --callgrind-out-file=$d/cg.out --toggle-collect='call' redis-server --port $port --save "" --dir $d --loadmodule $mod >/dev/null 2>$d/vg.log &
+vp=$!
+for i in $(seq 100); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.2; done
+redis-cli -p $port --pipe < $d/lock.txt >/dev/null
+redis-cli -p $port --pipe < $d/set.txt >/dev/null
+redis-cli -p $port info commandstats | grep -E "lock|cmdstat_set|cmdstat_del"
+redis-cli -p $port shutdown nosave >/dev/null 2>&1 || true
+wait $vp || true
+echo "callgrind output: $d/cg.out"
