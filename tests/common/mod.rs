@@ -562,11 +562,19 @@ impl Cluster {
     }
 }
 
-/// A free port whose cluster bus port (port + 10000) is free too.
+/// A free port whose cluster bus port (port + 10000) is free too. Both are taken below Linux's
+/// ephemeral range (32768+), so no client connection of a concurrent test can grab the bus
+/// port between this check and the server's bind.
 fn cluster_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread the start per process; then walk, so two tests in one process never pick the same.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 2_000) as u16;
     loop {
-        let port = free_port();
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+        let port = 20_000 + (start - 20_000 + NEXT.fetch_add(1, Ordering::Relaxed)) % 2_700;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
             return port;
         }
     }
