@@ -11,23 +11,17 @@ mod=${MOD:-$here/target/release/libredis_lock.so}
 d=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 N=${N:-20000}
-python3 - $N > $d/lock.txt <<'PY'
+# The two workloads as RESP, one file each: N fresh-key lock pairs, N fresh-key SET+DEL pairs.
+python3 - "$N" "$d" <<'PY'
 import sys
-n=int(sys.argv[1])
-out=[]
-for i in range(n):
-    k="lk:%d"%i
-    out.append("*4\r\n$12\r\nLOCK.ACQUIRE\r\n$%d\r\n%s\r\n$5\r\nowner\r\n$5\r\n60000\r\n*3\r\n$12\r\nLOCK.RELEASE\r\n$%d\r\n%s\r\n$5\r\nowner\r\n"%(len(k),k,len(k),k))
-sys.stdout.write("".join(out))
-PY
-python3 - $N > $d/set.txt <<'PY'
-import sys
-n=int(sys.argv[1])
-out=[]
-for i in range(n):
-    k="sk:%d"%i
-    out.append("*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$1\r\nv\r\n*2\r\n$3\r\nDEL\r\n$%d\r\n%s\r\n"%(len(k),k,len(k),k))
-sys.stdout.write("".join(out))
+n, out = int(sys.argv[1]), sys.argv[2]
+def resp(*args):
+    return "*%d\r\n" % len(args) + "".join("$%d\r\n%s\r\n" % (len(a), a) for a in args)
+with open(out + "/lock.txt", "w") as f:
+    f.write("".join(resp("LOCK.ACQUIRE", "lk:%d" % i, "owner", "60000")
+                    + resp("LOCK.RELEASE", "lk:%d" % i, "owner") for i in range(n)))
+with open(out + "/set.txt", "w") as f:
+    f.write("".join(resp("SET", "sk:%d" % i, "v") + resp("DEL", "sk:%d" % i) for i in range(n)))
 PY
 valgrind --tool=callgrind --callgrind-out-file=$d/cg.out --toggle-collect='call' redis-server --port $port --save "" --dir $d --loadmodule $mod >/dev/null 2>$d/vg.log &
 vp=$!

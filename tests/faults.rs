@@ -160,45 +160,37 @@ fn worker(shared: Arc<Shared>, seed: u64) {
         bump(&shared.counts.grants);
         let mut fenced_out = !shared.resource.write(key, token);
         let behaviour = rng.gen_range(0..100);
-        if behaviour < 8 {
+        let (ended, confirmed) = if behaviour < 8 {
             // Vanish without releasing: the connection closes, the lease runs out.
             bump(&shared.counts.vanished);
-            shared.holds.lock().unwrap().push(Hold {
-                key,
-                owner,
-                token,
-                granted,
-                ended: Instant::now(),
-                confirmed: false,
-                fenced_out,
-            });
             con = connect(&shared.url);
-            continue;
-        }
-        let hold_for = if behaviour < 20 {
-            bump(&shared.counts.overstays);
-            lease + rng.gen_range(20..150)
+            (Instant::now(), false)
         } else {
-            rng.gen_range(0..lease / 3)
-        };
-        if behaviour >= 90 {
-            let _: redis::RedisResult<i64> = redis::cmd("LOCK.RENEW")
+            let hold_for = if behaviour < 20 {
+                bump(&shared.counts.overstays);
+                lease + rng.gen_range(20..150)
+            } else {
+                rng.gen_range(0..lease / 3)
+            };
+            if behaviour >= 90 {
+                let _: redis::RedisResult<i64> = redis::cmd("LOCK.RENEW")
+                    .arg(key)
+                    .arg(&owner)
+                    .arg(lease)
+                    .query(&mut con);
+            }
+            thread::sleep(Duration::from_millis(hold_for));
+            fenced_out |= !shared.resource.write(key, token);
+            let ended = Instant::now();
+            let released: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.RELEASE")
                 .arg(key)
                 .arg(&owner)
-                .arg(lease)
                 .query(&mut con);
-        }
-        thread::sleep(Duration::from_millis(hold_for));
-        fenced_out |= !shared.resource.write(key, token);
-        let ended = Instant::now();
-        let released: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.RELEASE")
-            .arg(key)
-            .arg(&owner)
-            .query(&mut con);
-        let confirmed = matches!(released, Ok(Some(0)));
-        if released.is_err() {
-            con = connect(&shared.url);
-        }
+            if released.is_err() {
+                con = connect(&shared.url);
+            }
+            (ended, matches!(released, Ok(Some(0))))
+        };
         shared.holds.lock().unwrap().push(Hold {
             key,
             owner,

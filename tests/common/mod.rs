@@ -47,6 +47,7 @@ pub struct Server {
     child: Option<Child>,
     pub dir: tempfile::TempDir,
     extra: Vec<String>,
+    module_args: Vec<String>,
 }
 
 impl Server {
@@ -76,33 +77,37 @@ impl Server {
     }
 
     fn launch(port: u16, dir: tempfile::TempDir, extra: &[&str], module_args: &[&str]) -> Server {
-        let module = module_path();
-        let mut load = vec![module.to_string_lossy().into_owned()];
-        load.extend(module_args.iter().map(|s| s.to_string()));
-        let mut cmd = Command::new("redis-server");
-        cmd.arg("--port")
-            .arg(port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .arg("--logfile")
-            .arg(dir.path().join("redis.log"))
-            .arg("--loadmodule")
-            .args(&load)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = cmd
-            .spawn()
-            .expect("spawn redis-server (is it installed? run make test)");
-        let server = Server {
+        let mut server = Server {
             port,
-            child: Some(child),
+            child: None,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            module_args: module_args.iter().map(|s| s.to_string()).collect(),
         };
-        server.wait_ready();
+        server.spawn();
         server
+    }
+
+    /// Starts `redis-server` with this server's port, directory and arguments, and waits for it.
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.dir.path().join("redis.log"))
+            .arg("--loadmodule")
+            .arg(module_path())
+            .args(&self.module_args)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server (is it installed? run make test)");
+        self.child = Some(child);
+        self.wait_ready();
     }
 
     fn wait_ready(&self) {
@@ -151,26 +156,7 @@ impl Server {
     /// Starts again on the same port and directory (persistence files included).
     pub fn restart(&mut self) {
         self.kill_hard();
-        let extra: Vec<String> = self.extra.clone();
-        let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let module = module_path();
-        let child = Command::new("redis-server")
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .arg("--logfile")
-            .arg(self.dir.path().join("redis.log"))
-            .arg("--loadmodule")
-            .arg(&module)
-            .args(&extra_refs)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("respawn");
-        self.child = Some(child);
-        self.wait_ready();
+        self.spawn();
     }
 
     pub fn is_alive(&mut self) -> bool {
