@@ -6,7 +6,7 @@ CARGO ?= cargo
 RELEASE_MODULE := target/release/libredis_lock.so
 DEBUG_MODULE := target/debug/libredis_lock.so
 
-.PHONY: deps build run test unit integration cli lint faults bench bench-quick clean
+.PHONY: deps build run test lint faults bench bench-quick clean
 
 deps:
 	@bash scripts/deps.sh

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing: redis-server and redis-cli
-# (Debian's 7.0.x), libclang (bindgen, used by redis-module), a C toolchain, and clippy/rustfmt.
+# (Debian's 7.0.x), libclang (bindgen, used by redis-module), a C toolchain, python3, and
+# clippy/rustfmt.
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
+# The CLI transcript tests and scripts/profile.sh use python3.
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 # bindgen needs libclang itself (libclang.so / libclang-NN.so), not libclang-cpp, which other
 # packages install on their own.
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/*/libclang-[0-9]*.so*' >/dev/null || need+=(libclang-dev)

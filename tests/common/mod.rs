@@ -110,18 +110,48 @@ impl Server {
         self.wait_ready();
     }
 
-    fn wait_ready(&self) {
+    /// Waits until *this* server answers: its own child must still be running, and the process
+    /// answering on the port must be that child (another test's server could hold the port).
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
+            let exited = match self.child.as_mut().map(Child::try_wait) {
+                Some(Ok(None)) => None,
+                Some(Ok(Some(status))) => Some(status.to_string()),
+                Some(Err(e)) => Some(e.to_string()),
+                None => Some("never started".to_string()),
+            };
+            if let Some(why) = exited {
+                panic!(
+                    "redis-server on port {} exited before answering ({why}); log:\n{}",
+                    self.port,
+                    self.log()
+                );
+            }
             if let Ok(mut c) = self.try_connect() {
-                let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
-                if pong.is_ok() {
-                    return;
+                let info: redis::RedisResult<String> =
+                    redis::cmd("INFO").arg("server").query(&mut c);
+                if let Ok(info) = info {
+                    let answering = info.lines().find_map(|l| {
+                        l.strip_prefix("process_id:")
+                            .and_then(|v| v.trim().parse::<u32>().ok())
+                    });
+                    assert_eq!(
+                        answering,
+                        self.pid(),
+                        "port {} is answered by another redis-server than this test's",
+                        self.port
+                    );
+                    // INFO answers while a restart still loads its data; PING does not.
+                    let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
+                    if pong.is_ok() {
+                        return;
+                    }
                 }
             }
             assert!(
                 Instant::now() < deadline,
-                "redis-server did not answer PING; log:\n{}",
+                "redis-server did not answer; log:\n{}",
                 self.log()
             );
             sleep(Duration::from_millis(20));
