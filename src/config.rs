@@ -1,8 +1,14 @@
 //! Module options, registered through Redis's module config API: settable as `loadmodule`
 //! arguments, read and changed with `CONFIG GET/SET lock.<name>`, written by `CONFIG REWRITE`.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, Ordering};
 use std::sync::Mutex;
+
+use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
+use redis_module::{raw, RedisError, RedisString};
+
+use crate::ffi::OwnedString;
 
 /// `lock.max-lease-ms`: the longest lease a client may ask for (default 30 days).
 pub static MAX_LEASE_MS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_LEASE_MS);
@@ -16,11 +22,11 @@ pub const DEFAULT_MAX_WAITERS_PER_KEY: i64 = 100_000;
 
 /// `lock.unlock-channel-prefix`: the unlock channel is `<prefix>:{<key>}` (Redisson's naming);
 /// empty disables publishing.
-pub static UNLOCK_CHANNEL_PREFIX: Mutex<String> = Mutex::new(String::new());
+pub static UNLOCK_CHANNEL_PREFIX: StringOption = StringOption::new();
 pub const DEFAULT_UNLOCK_CHANNEL_PREFIX: &str = "redisson_lock__channel";
 
 /// `lock.unlock-message`: the message published when a lock becomes free (Redisson's is `0`).
-pub static UNLOCK_MESSAGE: Mutex<String> = Mutex::new(String::new());
+pub static UNLOCK_MESSAGE: StringOption = StringOption::new();
 pub const DEFAULT_UNLOCK_MESSAGE: &str = "0";
 
 /// `lock.keyspace-events`: emit `lock.*` keyspace events (delivered when
@@ -39,17 +45,69 @@ pub fn keyspace_events() -> bool {
     KEYSPACE_EVENTS.load(Ordering::Relaxed)
 }
 
+/// A string option. Redis 7.0 copies the string a getter returns and never frees it, so the
+/// option keeps one Redis string of its value and hands out that same string on every
+/// `CONFIG GET` (a new string per call leaked its size each time). The text is kept beside it
+/// for the module's own use.
+pub struct StringOption {
+    text: Mutex<String>,
+    /// Owned by this option; replaced (and the old one freed) on set, freed at unload.
+    shown: AtomicPtr<raw::RedisModuleString>,
+}
+
+impl StringOption {
+    pub const fn new() -> Self {
+        StringOption {
+            text: Mutex::new(String::new()),
+            shown: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        self.text
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_else(|t| t.into_inner().clone())
+    }
+
+    fn replace_shown(&self, new: Option<OwnedString>) {
+        let new = new.map_or(ptr::null_mut(), OwnedString::into_raw);
+        // Dropping the adopted old string frees it.
+        drop(OwnedString::adopt(self.shown.swap(new, Ordering::Relaxed)));
+    }
+}
+
+impl ConfigurationValue<RedisString> for StringOption {
+    fn get(&self, _ctx: &ConfigurationContext) -> RedisString {
+        let mut shown = self.shown.load(Ordering::Relaxed);
+        if shown.is_null() {
+            self.replace_shown(Some(OwnedString::new(self.text().as_bytes())));
+            shown = self.shown.load(Ordering::Relaxed);
+        }
+        // Not retained: Redis copies the value and the option keeps its one reference.
+        RedisString::from_redis_module_string(ptr::null_mut(), shown)
+    }
+
+    fn set(&self, _ctx: &ConfigurationContext, value: RedisString) -> Result<(), RedisError> {
+        let text = value.try_as_str()?.to_string();
+        self.replace_shown(Some(OwnedString::new(text.as_bytes())));
+        match self.text.lock() {
+            Ok(mut t) => *t = text,
+            Err(poisoned) => *poisoned.into_inner() = text,
+        }
+        Ok(())
+    }
+}
+
+/// Frees the strings the options keep for Redis (module unload).
+pub fn release_strings() {
+    UNLOCK_CHANNEL_PREFIX.replace_shown(None);
+    UNLOCK_MESSAGE.replace_shown(None);
+}
+
 /// The prefix and message, copied out (only on a full release).
 pub fn unlock_publication() -> (String, String) {
-    let prefix = UNLOCK_CHANNEL_PREFIX
-        .lock()
-        .map(|p| p.clone())
-        .unwrap_or_else(|p| p.into_inner().clone());
-    let message = UNLOCK_MESSAGE
-        .lock()
-        .map(|m| m.clone())
-        .unwrap_or_else(|m| m.into_inner().clone());
-    (prefix, message)
+    (UNLOCK_CHANNEL_PREFIX.text(), UNLOCK_MESSAGE.text())
 }
 
 pub fn describe() -> String {

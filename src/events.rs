@@ -43,9 +43,11 @@ extern "C" fn on_keyspace_event(
     key: RawString,
 ) -> c_int {
     guard::callback((), || {
-        // Every generic event in the server comes here: do nothing unless someone waits.
-        if runtime::anyone_waiting() {
-            let key = LockKey::new(selected_db(ctx), bytes(key));
+        // Every generic event in the server comes here: do nothing unless someone waits on a
+        // key of this name.
+        let name = bytes(key);
+        if runtime::may_concern_waiters(name) {
+            let key = LockKey::new(selected_db(ctx), name);
             // SAFETY: Redis passes the event name as a NUL-terminated C string.
             let expired =
                 !event.is_null() && unsafe { std::ffi::CStr::from_ptr(event) } == c"expired";

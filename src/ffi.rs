@@ -120,9 +120,18 @@ impl OwnedString {
         OwnedString(unsafe { api!(RedisModule_CreateStringFromLongLong)(ptr::null_mut(), value) })
     }
 
-    /// Takes ownership of a string Redis returned to us (HashGet) that we must free.
-    fn adopt(s: RawString) -> Option<Self> {
+    /// Takes ownership of a string Redis returned to us (HashGet), or one given up with
+    /// `into_raw`, that we must free.
+    pub fn adopt(s: RawString) -> Option<Self> {
         (!s.is_null()).then_some(OwnedString(s))
+    }
+
+    /// Gives up ownership without freeing: the caller keeps the pointer and must `adopt` it
+    /// back to free it.
+    pub fn into_raw(self) -> RawString {
+        let s = self.0;
+        std::mem::forget(self);
+        s
     }
 
     pub fn as_ptr(&self) -> RawString {
@@ -258,8 +267,7 @@ impl Key {
         u64::try_from(at).ok()
     }
 
-    pub fn set_expires_at(&self, at: u64) {
-        let at = i64::try_from(at).unwrap_or(i64::MAX);
+    pub fn set_expires_at(&self, at: i64) {
         // SAFETY: self.0 is an open writable key holding a value.
         unsafe {
             api!(RedisModule_SetAbsExpire)(self.0, at);
@@ -308,7 +316,8 @@ impl Key {
         }
     }
 
-    /// Every field and value of a hash (used by LOCK.INFO only; locks have two fields).
+    /// Every field and value of a hash. Only for hashes already known to have at most
+    /// `MAX_LOCK_FIELDS` fields: this walks the whole hash.
     pub fn hash_fields(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         if self.0.is_null() {
@@ -361,6 +370,21 @@ pub fn context_flags(ctx: Ctx) -> u32 {
     // SAFETY: ctx is live for this call.
     let f = unsafe { api!(RedisModule_GetContextFlags)(ctx) };
     u32::try_from(f).unwrap_or(0)
+}
+
+/// Whether Redis pauses writes now (`CLIENT PAUSE WRITE|ALL`, `FAILOVER`, a cluster manual
+/// failover). While it does, Redis neither deletes expired keys nor lets write commands run, and
+/// a module must not write either: a key that expired during the pause still exists though
+/// lookups report it missing, so writing it creates a second entry and Redis asserts
+/// (`db.c: de != NULL`). Redis 7.0 exposes the pause state only through this call.
+pub fn writes_paused() -> bool {
+    // SAFETY: a plain read of server state, on the main thread.
+    unsafe { api!(RedisModule_AvoidReplicaTraffic)() != 0 }
+}
+
+/// Whether the server is over `maxmemory` with nothing left to evict (what `deny-oom` checks).
+pub fn out_of_memory(ctx: Ctx) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
 }
 
 pub fn is_replica(ctx: Ctx) -> bool {

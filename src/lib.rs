@@ -39,6 +39,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             return Status::Err;
         }
         runtime::reset();
+        stats::reset();
         log::attach(raw);
         if !commands::register(raw) || !events::subscribe(raw) {
             log::warning("could not register LOCK.* commands or events");
@@ -57,6 +58,7 @@ fn required_api_present() -> bool {
     // successful load no call can find its pointer missing.
     unsafe {
         [
+            { raw::RedisModule_AvoidReplicaTraffic }.is_some(),
             { raw::RedisModule_BlockClient }.is_some(),
             { raw::RedisModule_Call }.is_some(),
             { raw::RedisModule_CallReplyStringPtr }.is_some(),
@@ -121,6 +123,7 @@ fn deinit(_ctx: &Context) -> Status {
             return Status::Err;
         }
         store::release_cached_names();
+        config::release_strings();
         log::detach();
         Status::Ok
     })

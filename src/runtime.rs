@@ -31,7 +31,17 @@ enum Due {
         owner: Box<[u8]>,
         token: u64,
     },
+    /// Writes were paused: look whether the pause ended, and if so do the deferred handoffs.
+    PauseCheck,
 }
+
+/// How often the module looks again while Redis pauses writes: no event says when a pause
+/// ends, so deferred handoffs happen within this many ms of its end.
+const PAUSE_POLL_MS: u64 = 5;
+
+/// Changes noted by keyspace events before the inbox is processed. A storm of events (a script
+/// deleting a million keys while someone waits) collapses into one look at every waited key.
+const INBOX_LIMIT: usize = 1_024;
 
 /// Who asks for a handoff: a LOCK.* command on this node (which Redis routed here, so the slot
 /// is served here), or a timer or event (the key may have left with its slot).
@@ -65,6 +75,10 @@ struct Runtime {
     timer: Option<(u64, u64)>,
     /// Last time a "lease expired with waiters" warning was logged.
     last_expiry_warning: u64,
+    /// Handoffs deferred while Redis paused writes, with their cause; done when it resumes.
+    paused: std::collections::HashMap<LockKey, Cause>,
+    /// The scheduled `PauseCheck`, while any handoff is deferred.
+    pause_check: Option<DeadlineKey>,
 }
 
 thread_local! {
@@ -185,6 +199,12 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause, origi
     if !rt.queues.has_waiters(key) || ffi::is_replica(ctx) {
         return false;
     }
+    // While writes are paused nothing may be written (nor even looked up for writing: an
+    // expired key is still there). Hand off once the pause ends.
+    if ffi::writes_paused() {
+        defer_while_paused(rt, key, cause, now);
+        return false;
+    }
     with_db(ctx, key.db, || {
         let name = OwnedString::new(&key.name);
         let lock = Key::open(ctx, name.as_ptr());
@@ -197,6 +217,16 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause, origi
         if origin == Origin::Background && redirect_if_slot_left(ctx, rt, key) {
             return false;
         }
+        // The token comes first: if the slot's tokens are exhausted, nobody can be granted the
+        // key, and every waiter is told so rather than left waiting.
+        let token = match store::next_token(ctx, &key.name, now) {
+            Ok(token) => token,
+            Err(e) => {
+                drop(lock);
+                refuse_all(rt, key, &e);
+                return false;
+            }
+        };
         let Some(removed) = rt.queues.pop_front(key) else {
             return false;
         };
@@ -205,9 +235,8 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause, origi
             lease_ended_with_waiters(ctx, rt, key, name.as_ptr(), now);
         }
         let owner = OwnedString::new(&waiter.owner);
-        let token = store::next_token(ctx, &key.name, now);
         let expires_at = now.saturating_add(waiter.lease_ms);
-        store::write_hold(
+        let written = store::write_hold(
             ctx,
             store::Hold {
                 key_name: name.as_ptr(),
@@ -219,6 +248,10 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause, origi
             },
         );
         drop(lock);
+        if let Err(e) = written {
+            wait::unblock(waiter.handle, Outcome::Refused(e.reply()));
+            return false;
+        }
         notify::event(ctx, c"lock.handoff", name.as_ptr());
         bump(&STATS.handoffs);
         add(&STATS.wait_time_ms, now.saturating_sub(waiter.enqueued_at));
@@ -233,6 +266,28 @@ fn pump(ctx: Ctx, rt: &mut Runtime, key: &LockKey, now: u64, cause: Cause, origi
         schedule_lease_check(rt, key, Some(expires_at), now);
         true
     })
+}
+
+/// Notes a handoff to do once Redis stops pausing writes, and makes sure someone looks.
+fn defer_while_paused(rt: &mut Runtime, key: &LockKey, cause: Cause, now: u64) {
+    let noted = rt.paused.entry(key.clone()).or_insert(cause);
+    if cause == Cause::LeaseEnded {
+        *noted = cause;
+    }
+    if rt.pause_check.is_none() {
+        rt.pause_check = Some(
+            rt.deadlines
+                .insert(now.saturating_add(PAUSE_POLL_MS), Due::PauseCheck),
+        );
+    }
+}
+
+/// Answers every waiter of `key` with `error` (nobody can be granted it).
+fn refuse_all(rt: &mut Runtime, key: &LockKey, error: &LockError) {
+    while let Some(removed) = rt.queues.pop_front(key) {
+        let waiter = forget(rt, removed);
+        wait::unblock(waiter.handle, Outcome::Refused(error.reply()));
+    }
 }
 
 /// In a cluster, a lock key that vanished may have moved to another node with its slot
@@ -309,6 +364,22 @@ fn lease_ended_with_waiters(
     }
 }
 
+/// The holder's lease end changed inside a command (renew, re-entry): when clients wait, their
+/// lease check moves with it — a shorter lease must hand off at its own end, not the old one.
+pub fn lease_changed(ctx: Ctx, name: &[u8], expires_at: u64) {
+    if !anyone_waiting() {
+        return;
+    }
+    let key = LockKey::new(ffi::selected_db(ctx), name);
+    with_runtime(|rt| {
+        if rt.queues.has_waiters(&key) {
+            let now = now_ms();
+            schedule_lease_check(rt, &key, Some(expires_at), now);
+            arm(ctx, rt, now);
+        }
+    });
+}
+
 /// A waiter left on its own (disconnect, CLIENT UNBLOCK). Returns true if it was still queued,
 /// in which case the caller releases its handle.
 pub fn waiter_left(ctx: Ctx, handle: Blocked) -> bool {
@@ -365,11 +436,33 @@ fn handle_due(ctx: Ctx, rt: &mut Runtime, fired: DeadlineKey, due: Due, now: u64
             pump(ctx, rt, &key, now, Cause::LeaseEnded, Origin::Background);
         }
         Due::Recheck(key) => recheck(ctx, rt, &key, now, Cause::Freed),
-        Due::Undelivered { key, owner, token } => {
-            bump(&STATS.abandoned_grants);
-            if ffi::is_replica(ctx) {
+        Due::PauseCheck => {
+            rt.pause_check = None;
+            if ffi::writes_paused() {
+                rt.pause_check = Some(
+                    rt.deadlines
+                        .insert(now.saturating_add(PAUSE_POLL_MS), Due::PauseCheck),
+                );
                 return;
             }
+            for (key, cause) in std::mem::take(&mut rt.paused) {
+                pump(ctx, rt, &key, now, cause, Origin::Background);
+            }
+        }
+        Due::Undelivered { key, owner, token } => {
+            if ffi::is_replica(ctx) {
+                bump(&STATS.abandoned_grants);
+                return;
+            }
+            if ffi::writes_paused() {
+                // Freeing it is a write: try again after the pause.
+                rt.deadlines.insert(
+                    now.saturating_add(PAUSE_POLL_MS),
+                    Due::Undelivered { key, owner, token },
+                );
+                return;
+            }
+            bump(&STATS.abandoned_grants);
             let freed = with_db(ctx, key.db, || {
                 let name = OwnedString::new(&key.name);
                 let owner_name = OwnedString::new(&owner);
@@ -414,16 +507,41 @@ fn arm(ctx: Ctx, rt: &mut Runtime, now: u64) {
     }
 }
 
-/// Called from keyspace/server events: note the change, process it from a 0 ms timer.
+/// Called from keyspace/server events: note the change, process it from a 0 ms timer. The
+/// inbox is bounded (the event callback notes only keys somebody waits on, see
+/// `may_concern_waiters`).
 pub fn notice(ctx: Ctx, change: Inbox) {
     if !anyone_waiting() {
         return;
     }
-    INBOX.with(|inbox| inbox.borrow_mut().push(change));
+    INBOX.with(|inbox| {
+        let mut inbox = inbox.borrow_mut();
+        if matches!(inbox.first(), Some(Inbox::All)) {
+            return;
+        }
+        if inbox.len() >= INBOX_LIMIT || matches!(change, Inbox::All) {
+            inbox.clear();
+            inbox.push(Inbox::All);
+        } else {
+            inbox.push(change);
+        }
+    });
     if !INBOX_ARMED.with(Cell::get) {
         INBOX_ARMED.with(|a| a.set(true));
         wait::arm_inbox_timer(ctx);
     }
+}
+
+/// Whether a keyspace event about `name` may concern a waiter (cheap; for the event callback,
+/// so that it builds and notes nothing for the other keys of the server). Inside the module's
+/// own work (a lazy expiry during a handoff) the queues are borrowed: the change is noted then,
+/// it most likely concerns the key being handed off.
+pub fn may_concern_waiters(name: &[u8]) -> bool {
+    anyone_waiting()
+        && RUNTIME.with(|cell| match cell.try_borrow() {
+            Ok(rt) => rt.queues.is_waited_name(name),
+            Err(_) => true,
+        })
 }
 
 pub fn on_inbox(ctx: Ctx) {

@@ -12,6 +12,10 @@ macro_rules! counters {
             pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($name), self.$name.load(Ordering::Relaxed)),)*]
             }
+
+            fn zero(&self) {
+                $(self.$name.store(0, Ordering::Relaxed);)*
+            }
         }
     };
 }
@@ -36,6 +40,12 @@ counters! {
     abandoned_grants: "Grants whose client vanished before the reply; the lock went on.",
     wait_time_ms: "Total milliseconds waiters spent queued before being granted.",
     errors: "LOCK.* calls refused with an error.",
+}
+
+/// Zeroes every counter at load: a library reloaded by MODULE UNLOAD/LOAD may keep its statics,
+/// and INFO's counters are "since the module was loaded".
+pub fn reset() {
+    STATS.zero();
 }
 
 pub fn bump(counter: &AtomicU64) {

@@ -6,9 +6,9 @@ use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::c_char;
 
-use lock_core::args::parse_positive;
+use lock_core::layout::parse_positive;
 use lock_core::slot::{counter_key, key_slot, SLOTS};
-use lock_core::state::{classify, Stored, View, FENCE_FIELD};
+use lock_core::state::{classify, may_be_a_lock, Stored, StoredHolder, View, FENCE_FIELD};
 use lock_core::token::Reservation;
 use lock_core::LockError;
 use redis_module::raw;
@@ -86,34 +86,84 @@ pub fn read_for_owner(ctx: Ctx, name: RawString, owner: RawString) -> Result<Loc
     Ok(LockRead { key, view })
 }
 
+/// How `owner` sees the lock at `key`. O(1): a hash with more fields than a lock has is refused
+/// before any field is read; the holder's own field is read only when it is not the requester.
 pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
     match key.kind() {
         KeyKind::Missing => Ok(View::Free),
         KeyKind::Hash => {
+            let fields = key.len();
+            if !may_be_a_lock(fields) {
+                return Err(LockError::NotALock);
+            }
             let (count, fence) = with_fence_field(|fence_field| key.hash_get2(owner, fence_field));
-            classify(Stored::Hash {
-                fields: key.len(),
-                requester_count: count.as_ref().map(OwnedString::bytes),
-                fence: fence.as_ref().map(OwnedString::bytes),
-            })
+            match count {
+                Some(count) => classify(Stored::Hash {
+                    fields,
+                    fence: fence.as_ref().map(OwnedString::bytes),
+                    holder: Some(StoredHolder {
+                        count: count.bytes(),
+                        is_requester: true,
+                    }),
+                }),
+                None => holder_of(key).map(|h| match h {
+                    Some(h) => View::HeldByOther {
+                        count: h.count,
+                        token: h.token,
+                    },
+                    None => View::Free,
+                }),
+            }
         }
         KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
     }
 }
 
-/// Checks that whatever is at the key is a lock (or nothing), without caring who holds it.
-pub fn check_is_lock(key: &Key) -> Result<bool, LockError> {
+/// Who holds the lock at a key, whoever asks.
+pub struct Holder {
+    pub owner: Vec<u8>,
+    pub count: u64,
+    pub token: Option<u64>,
+}
+
+/// Reads the holder of the lock at `key` (None: no key). Anything that is not a lock is an
+/// error, found in O(1) whatever the key holds.
+pub fn holder_of(key: &Key) -> Result<Option<Holder>, LockError> {
     match key.kind() {
-        KeyKind::Missing => Ok(false),
+        KeyKind::Missing => Ok(None),
         KeyKind::Hash => {
-            let fence = with_fence_field(|fence_field| key.hash_get2(fence_field, fence_field).0);
-            // Asking with the fence field as owner: a lock has exactly one other field.
-            classify(Stored::Hash {
-                fields: key.len(),
-                requester_count: None,
-                fence: fence.as_ref().map(OwnedString::bytes),
-            })
-            .map(|_| true)
+            let fields = key.len();
+            if !may_be_a_lock(fields) {
+                return Err(LockError::NotALock);
+            }
+            let entries = key.hash_fields();
+            let mut fence = None;
+            let mut holder = None;
+            for (field, value) in &entries {
+                if field.as_slice() == FENCE_FIELD {
+                    fence = Some(value.as_slice());
+                } else if holder.is_none() {
+                    holder = Some((field, value.as_slice()));
+                } else {
+                    return Err(LockError::NotALock);
+                }
+            }
+            let view = classify(Stored::Hash {
+                fields,
+                fence,
+                holder: holder.map(|(_, count)| StoredHolder {
+                    count,
+                    is_requester: false,
+                }),
+            })?;
+            match (view, holder) {
+                (View::HeldByOther { count, token }, Some((owner, _))) => Ok(Some(Holder {
+                    owner: owner.clone(),
+                    count,
+                    token,
+                })),
+                _ => Err(LockError::NotALock),
+            }
         }
         KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
     }
@@ -122,7 +172,14 @@ pub fn check_is_lock(key: &Key) -> Result<bool, LockError> {
 /// Takes the next token for `lock_key` (in the context's selected db) from its slot's counter.
 /// The counter holds a bound reserved ahead (see `lock_core::token`); it is written, and
 /// replicated as its new absolute value, only when a new window is reserved.
-pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> u64 {
+///
+/// The caller may hold the lock key open: the counter is another key, since no LOCK.* command
+/// accepts a key in the counter namespace (checked again here, so a missed check is an error,
+/// never a write through a stale handle).
+pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError> {
+    if lock_core::layout::is_reserved_key(lock_key) {
+        return Err(LockError::ReservedKey);
+    }
     let db = crate::ffi::selected_db(ctx);
     with_slot_counter(lock_key, |counter_name, cache| {
         let counter = Key::open(ctx, counter_name);
@@ -134,7 +191,7 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> u64 {
             .as_ref()
             .and_then(|c| c.filter(|(in_db, _)| *in_db == db))
             .map(|(_, r)| r);
-        let grant = lock_core::token::next_token(stored, reserved, now);
+        let grant = lock_core::token::next_token(stored, reserved, now)?;
         if let Some(bound) = grant.store_bound {
             let mut digits = itoa_buffer();
             let text = format_u64(bound, &mut digits);
@@ -148,7 +205,7 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> u64 {
         if let Some(cache) = cache {
             *cache = grant.reservation(reserved).map(|r| (db, r));
         }
-        grant.token
+        Ok(grant.token)
     })
 }
 
@@ -162,11 +219,20 @@ pub struct Hold<'a> {
     pub key: &'a Key,
 }
 
-pub fn write_hold(ctx: Ctx, hold: Hold<'_>) {
-    let count = OwnedString::from_i64(i64::try_from(hold.count).unwrap_or(i64::MAX));
-    match hold.new_token {
+/// A count, token or time as the signed 64-bit integer Redis stores. The core never produces a
+/// larger one (counts and tokens stop at `i64::MAX` with an error); should one get here, the
+/// command fails before writing rather than store a saturated value.
+pub fn stored_integer(value: u64) -> Result<i64, LockError> {
+    i64::try_from(value).map_err(|_| LockError::Internal)
+}
+
+pub fn write_hold(ctx: Ctx, hold: Hold<'_>) -> Result<(), LockError> {
+    let count = OwnedString::from_i64(stored_integer(hold.count)?);
+    let token = hold.new_token.map(stored_integer).transpose()?;
+    stored_integer(hold.expires_at)?;
+    match token {
         Some(token) => {
-            let token = OwnedString::from_i64(i64::try_from(token).unwrap_or(i64::MAX));
+            let token = OwnedString::from_i64(token);
             with_fence_field(|fence_field| {
                 hold.key
                     .hash_set_hold(hold.owner, &count, Some((fence_field, &token)));
@@ -194,20 +260,34 @@ pub fn write_hold(ctx: Ctx, hold: Hold<'_>) {
             );
         }
     }
-    set_lease_end(ctx, hold.key, hold.key_name, hold.expires_at);
+    set_lease_end(ctx, hold.key, hold.key_name, hold.expires_at)
 }
 
-pub fn set_lease_end(ctx: Ctx, key: &Key, key_name: RawString, expires_at: u64) {
-    key.set_expires_at(expires_at);
-    let at = OwnedString::from_i64(i64::try_from(expires_at).unwrap_or(i64::MAX));
+pub fn set_lease_end(
+    ctx: Ctx,
+    key: &Key,
+    key_name: RawString,
+    expires_at: u64,
+) -> Result<(), LockError> {
+    let at = stored_integer(expires_at)?;
+    key.set_expires_at(at);
+    let at = OwnedString::from_i64(at);
     replicate(ctx, c"PEXPIREAT", c"ss", &[key_name, at.as_ptr()]);
+    Ok(())
 }
 
 /// Writes a count-down (`owner = remaining`), leaving the lease as it is.
-pub fn write_count(ctx: Ctx, key: &Key, key_name: RawString, owner: RawString, remaining: u64) {
-    let count = OwnedString::from_i64(i64::try_from(remaining).unwrap_or(i64::MAX));
+pub fn write_count(
+    ctx: Ctx,
+    key: &Key,
+    key_name: RawString,
+    owner: RawString,
+    remaining: u64,
+) -> Result<(), LockError> {
+    let count = OwnedString::from_i64(stored_integer(remaining)?);
     key.hash_set_hold(owner, &count, None);
     replicate(ctx, c"HSET", c"sss", &[key_name, owner, count.as_ptr()]);
+    Ok(())
 }
 
 pub fn delete(ctx: Ctx, key: &Key, key_name: RawString) {

@@ -378,23 +378,23 @@ fn bad_input_gets_redis_style_errors_and_changes_nothing() {
         ),
         (
             vec![b"LOCK.ACQUIRE", b"notalock", b"a", b"10"],
-            "ERR the hash at this key is not a lock",
+            NOT_A_LOCK,
         ),
         (
             vec![b"LOCK.RELEASE", b"notalock", b"a"],
-            "ERR the hash at this key is not a lock",
+            NOT_A_LOCK,
         ),
         (
             vec![b"LOCK.FORCERELEASE", b"notalock"],
-            "ERR the hash at this key is not a lock",
+            NOT_A_LOCK,
         ),
         (
             vec![b"LOCK.INFO", b"notalock"],
-            "ERR the hash at this key is not a lock",
+            NOT_A_LOCK,
         ),
         (
             vec![b"LOCK.RELEASE", b"badcount", b"a"],
-            "ERR the hash at this key is not a lock",
+            NOT_A_LOCK,
         ),
     ];
     for (args, want) in &cases {

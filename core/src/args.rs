@@ -4,7 +4,8 @@
 //! turns a whole command line into a typed request or a [`LockError`]; a request that parsed is
 //! one the state machine can act on without further checks.
 
-use crate::state::FENCE_FIELD;
+use crate::layout::{is_reserved_key, FENCE_FIELD};
+pub use crate::layout::{parse_i64, parse_positive};
 use crate::LockError;
 
 /// The longest `WAIT` the module accepts: 100 years, far past any real deadline, and small enough
@@ -78,6 +79,15 @@ impl<'a> ArgCursor<'a> {
             .ok_or_else(|| LockError::WrongArity(String::from_utf8_lossy(self.name).to_lowercase()))
     }
 
+    /// A lock key: any bytes except the module's reserved namespace.
+    pub fn key(&mut self) -> Result<&'a [u8], LockError> {
+        let key = self.bytes()?;
+        if is_reserved_key(key) {
+            return Err(LockError::ReservedKey);
+        }
+        Ok(key)
+    }
+
     pub fn integer(&mut self) -> Result<i64, LockError> {
         parse_i64(self.bytes()?).ok_or(LockError::NotAnInteger)
     }
@@ -124,7 +134,7 @@ pub fn parse_acquire<'a>(
 ) -> Result<AcquireRequest<'a>, LockError> {
     // Like SET, extra words after the lease are options: unknown ones are a syntax error.
     let mut args = ArgCursor::new(argv, 3, usize::MAX)?;
-    let key = args.bytes()?;
+    let key = args.key()?;
     let owner = args.owner()?;
     let lease_ms = args.lease(max_lease_ms)?;
     let mut wait = Wait::No;
@@ -153,7 +163,7 @@ pub fn parse_acquire<'a>(
 /// `LOCK.RELEASE key owner`
 pub fn parse_release<'a>(argv: &'a [&'a [u8]]) -> Result<OwnerRequest<'a>, LockError> {
     let mut args = ArgCursor::new(argv, 2, 2)?;
-    let key = args.bytes()?;
+    let key = args.key()?;
     let owner = args.owner()?;
     args.finish()?;
     Ok(OwnerRequest { key, owner })
@@ -165,7 +175,7 @@ pub fn parse_renew<'a>(
     max_lease_ms: u64,
 ) -> Result<RenewRequest<'a>, LockError> {
     let mut args = ArgCursor::new(argv, 3, 3)?;
-    let key = args.bytes()?;
+    let key = args.key()?;
     let owner = args.owner()?;
     let lease_ms = args.lease(max_lease_ms)?;
     args.finish()?;
@@ -179,42 +189,9 @@ pub fn parse_renew<'a>(
 /// `LOCK.INFO key` and `LOCK.FORCERELEASE key`
 pub fn parse_key_only<'a>(argv: &'a [&'a [u8]]) -> Result<&'a [u8], LockError> {
     let mut args = ArgCursor::new(argv, 1, 1)?;
-    let key = args.bytes()?;
+    let key = args.key()?;
     args.finish()?;
     Ok(key)
-}
-
-/// Parses an integer the way Redis's `string2ll` does: optional `-`, decimal digits, no sign
-/// `+`, no spaces, no leading zeros, and it must fit in an `i64`.
-pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
-    let (negative, digits) = match bytes.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, bytes),
-    };
-    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    if digits.len() > 1 && digits.first() == Some(&b'0') {
-        return None;
-    }
-    if negative && digits == b"0" {
-        return None;
-    }
-    let mut value: i128 = 0;
-    for d in digits {
-        value = value * 10 + i128::from(d - b'0');
-    }
-    if negative {
-        value = -value;
-    }
-    i64::try_from(value).ok()
-}
-
-/// Parses a stored positive count or token (as written by HINCRBY/HSET).
-pub fn parse_positive(bytes: &[u8]) -> Option<u64> {
-    parse_i64(bytes)
-        .and_then(|v| u64::try_from(v).ok())
-        .filter(|v| *v > 0)
 }
 
 #[cfg(test)]
@@ -285,6 +262,19 @@ mod tests {
     }
 
     #[test]
+    fn every_command_refuses_a_key_in_the_counter_namespace() {
+        let key: &[u8] = b"__lock_fence__{foo}";
+        let acquire: Vec<&[u8]> = vec![b"LOCK.ACQUIRE", key, b"o", b"5"];
+        assert_eq!(parse_acquire(&acquire, 10), Err(LockError::ReservedKey));
+        let release: Vec<&[u8]> = vec![b"LOCK.RELEASE", key, b"o"];
+        assert_eq!(parse_release(&release), Err(LockError::ReservedKey));
+        let renew: Vec<&[u8]> = vec![b"LOCK.RENEW", key, b"o", b"5"];
+        assert_eq!(parse_renew(&renew, 10), Err(LockError::ReservedKey));
+        let info: Vec<&[u8]> = vec![b"LOCK.INFO", key];
+        assert_eq!(parse_key_only(&info), Err(LockError::ReservedKey));
+    }
+
+    #[test]
     fn owner_equal_to_the_fence_field_is_refused() {
         let refs: Vec<&[u8]> = vec![b"LOCK.RELEASE", b"k", FENCE_FIELD];
         assert_eq!(parse_release(&refs), Err(LockError::ReservedOwner));
@@ -300,32 +290,5 @@ mod tests {
         assert!(matches!(parse_key_only(&r), Err(LockError::WrongArity(_))));
         let r: Vec<&[u8]> = vec![b"LOCK.INFO", b"\0binary\xff"];
         assert_eq!(parse_key_only(&r), Ok(&b"\0binary\xff"[..]));
-    }
-
-    #[test]
-    fn integers_parse_like_redis() {
-        let cases: [(&[u8], Option<i64>); 10] = [
-            (b"0", Some(0)),
-            (b"-7", Some(-7)),
-            (b"9223372036854775807", Some(i64::MAX)),
-            (b"-9223372036854775808", Some(i64::MIN)),
-            (b"9223372036854775808", None),
-            (b"-0", None),
-            (b"007", None),
-            (b" 1", None),
-            (b"", None),
-            (b"-", None),
-        ];
-        for (input, want) in cases {
-            assert_eq!(
-                parse_i64(input),
-                want,
-                "{:?}",
-                String::from_utf8_lossy(input)
-            );
-        }
-        assert_eq!(parse_positive(b"3"), Some(3));
-        assert_eq!(parse_positive(b"0"), None);
-        assert_eq!(parse_positive(b"-3"), None);
     }
 }

@@ -21,12 +21,26 @@ pub enum LockError {
     EmptyOwner,
     /// The owner id collides with the field the module keeps the fencing token in.
     ReservedOwner,
+    /// The key is in the module's reserved namespace (`__lock_fence__*`, the token counters).
+    ReservedKey,
     /// The key holds something that is not a hash.
     WrongType,
     /// The key holds a hash, but not one laid out as a lock.
     NotALock,
     /// `lock.max-waiters-per-key` waiters are queued already.
     TooManyWaiters { max: u64 },
+    /// A re-entry would take the count past the largest integer Redis stores.
+    CountOverflow,
+    /// The slot's token counter is at the largest integer: a new token would repeat one.
+    TokensExhausted,
+    /// A new lock would take memory while the server is over `maxmemory` (noeviction, or
+    /// nothing left to evict).
+    OutOfMemory,
+    /// `WAIT` sent to a replica, which never grants locks (its master does).
+    WaitOnReplica,
+    /// Writes are paused (`CLIENT PAUSE WRITE|ALL`, `FAILOVER`): reached only by a LOCK.* write
+    /// queued in a transaction behind the `CLIENT PAUSE` itself.
+    WritesPaused,
     /// A bug: the command was stopped before it changed anything it should not have.
     Internal,
 }
@@ -49,12 +63,32 @@ impl LockError {
                 "ERR owner '{}' is reserved for the fencing token",
                 crate::state::FENCE_FIELD_DISPLAY
             ),
+            LockError::ReservedKey => format!(
+                "ERR keys starting with '{}' are reserved for the lock module's fencing-token counters",
+                crate::layout::RESERVED_KEY_PREFIX_DISPLAY
+            ),
             LockError::WrongType => {
                 "WRONGTYPE Operation against a key holding the wrong kind of value".into()
             }
-            LockError::NotALock => "ERR the hash at this key is not a lock".into(),
+            LockError::NotALock => {
+                "ERR the hash at this key is not a lock; LOCK.* commands leave it as it is (DEL removes a damaged lock)".into()
+            }
             LockError::TooManyWaiters { max } => {
                 format!("ERR too many waiters on this lock (lock.max-waiters-per-key is {max})")
+            }
+            LockError::CountOverflow => "ERR re-entry count would overflow".into(),
+            LockError::TokensExhausted => format!(
+                "ERR fencing tokens exhausted: this key's '{}{{...}}' counter is at the largest integer; see the README (fencing-token counters)",
+                crate::layout::RESERVED_KEY_PREFIX_DISPLAY
+            ),
+            LockError::OutOfMemory => {
+                "OOM command not allowed when used memory > 'maxmemory'.".into()
+            }
+            LockError::WaitOnReplica => {
+                "ERR a replica does not serve LOCK.ACQUIRE ... WAIT: only the master grants locks".into()
+            }
+            LockError::WritesPaused => {
+                "ERR writes are paused on this server (CLIENT PAUSE or failover); retry after the pause".into()
             }
             LockError::Internal => "ERR internal error".into(),
         }
@@ -86,12 +120,18 @@ mod tests {
             LockError::WrongType,
             LockError::NotALock,
             LockError::TooManyWaiters { max: 3 },
+            LockError::ReservedKey,
+            LockError::CountOverflow,
+            LockError::TokensExhausted,
+            LockError::OutOfMemory,
+            LockError::WaitOnReplica,
+            LockError::WritesPaused,
             LockError::Internal,
         ];
         for e in all {
             let r = e.reply();
             let code = r.split(' ').next().unwrap_or_default();
-            assert!(code == "ERR" || code == "WRONGTYPE", "{r}");
+            assert!(["ERR", "WRONGTYPE", "OOM"].contains(&code), "{r}");
             assert!(!r.contains('\n') && !r.contains('\r'), "{r}");
         }
     }
@@ -105,6 +145,10 @@ mod tests {
         assert_eq!(
             LockError::NotAnInteger.reply(),
             "ERR value is not an integer or out of range"
+        );
+        assert_eq!(
+            LockError::OutOfMemory.reply(),
+            "OOM command not allowed when used memory > 'maxmemory'."
         );
         assert_eq!(
             LockError::WrongType.reply(),

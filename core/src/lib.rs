@@ -20,6 +20,7 @@ pub mod channel;
 pub mod cluster;
 pub mod deadlines;
 pub mod error;
+pub mod layout;
 pub mod queue;
 pub mod slot;
 pub mod state;

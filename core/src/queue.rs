@@ -64,6 +64,9 @@ pub struct WaitQueues<H> {
     queues: HashMap<LockKey, KeyQueue>,
     waiters: HashMap<WaiterId, Waiter<H>>,
     by_handle: HashMap<H, WaiterId>,
+    /// Key names with a queue, and in how many databases: lets a keyspace event be checked
+    /// against the waited keys by name alone, without building a key.
+    names: HashMap<Box<[u8]>, usize>,
     next_id: u64,
 }
 
@@ -73,6 +76,7 @@ impl<H> Default for WaitQueues<H> {
             queues: HashMap::new(),
             waiters: HashMap::new(),
             by_handle: HashMap::new(),
+            names: HashMap::new(),
             next_id: 0,
         }
     }
@@ -89,13 +93,13 @@ pub struct NewWaiter<'a, H> {
 impl<H: Copy + Eq + Hash> WaitQueues<H> {
     /// Queues a waiter at the tail of its key's queue.
     pub fn push(&mut self, new: NewWaiter<'_, H>, max_per_key: u64) -> Result<WaiterId, LockError> {
-        let queue = self.queues.entry(new.key.clone()).or_default();
-        if queue.live as u64 >= max_per_key {
-            if queue.live == 0 {
-                self.queues.remove(new.key);
-            }
+        if self.len(new.key) as u64 >= max_per_key {
             return Err(LockError::TooManyWaiters { max: max_per_key });
         }
+        if !self.queues.contains_key(new.key) {
+            *self.names.entry(new.key.name.clone()).or_default() += 1;
+        }
+        let queue = self.queues.entry(new.key.clone()).or_default();
         self.next_id += 1;
         let id = WaiterId(self.next_id);
         queue.order.push_back(id);
@@ -132,7 +136,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         }
         // Unreachable in practice (an empty queue is dropped at once); a stale lease check that
         // fires for a key without waiters does nothing.
-        self.queues.remove(key);
+        self.remove_queue(key);
         None
     }
 
@@ -162,9 +166,25 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
 
     fn drop_queue_if_empty(&mut self, key: &LockKey) -> Option<DeadlineKey> {
         match self.queues.get(key) {
-            Some(q) if q.live == 0 => self.queues.remove(key).and_then(|q| q.lease_check),
+            Some(q) if q.live == 0 => self.remove_queue(key).and_then(|q| q.lease_check),
             _ => None,
         }
+    }
+
+    fn remove_queue(&mut self, key: &LockKey) -> Option<KeyQueue> {
+        let queue = self.queues.remove(key)?;
+        if let Some(count) = self.names.get_mut(&key.name) {
+            *count -= 1;
+            if *count == 0 {
+                self.names.remove(&key.name);
+            }
+        }
+        Some(queue)
+    }
+
+    /// Whether some database has waiters on a key of this name.
+    pub fn is_waited_name(&self, name: &[u8]) -> bool {
+        self.names.contains_key(name)
     }
 
     pub fn get_mut(&mut self, id: WaiterId) -> Option<&mut Waiter<H>> {
@@ -210,6 +230,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
     /// Every waiter, for shutdown.
     pub fn drain(&mut self) -> Vec<Waiter<H>> {
         self.queues.clear();
+        self.names.clear();
         self.by_handle.clear();
         self.waiters.drain().map(|(_, w)| w).collect()
     }
@@ -264,6 +285,34 @@ mod tests {
         assert!(q.remove(ids[1]).is_none(), "removing twice is a no-op");
         assert_eq!(q.len(&a), 2);
         assert_eq!(drain_order(&mut q, &a), [1, 4]);
+    }
+
+    #[test]
+    fn waited_names_follow_the_queues_across_databases() {
+        let mut q = WaitQueues::default();
+        let a0 = key("a");
+        let a1 = LockKey::new(1, b"a");
+        assert!(!q.is_waited_name(b"a"));
+        let first = push(&mut q, 1, &a0);
+        push(&mut q, 2, &a1);
+        assert!(q.is_waited_name(b"a"));
+        assert!(!q.is_waited_name(b"b"));
+        q.remove(first);
+        assert!(q.is_waited_name(b"a"), "db 1 still waits on a");
+        q.pop_front(&a1);
+        assert!(!q.is_waited_name(b"a"));
+        let over = NewWaiter {
+            handle: 3,
+            key: &a0,
+            owner: b"o",
+            lease_ms: 1,
+            now: 0,
+        };
+        assert!(q.push(over, 0).is_err());
+        assert!(
+            !q.is_waited_name(b"a"),
+            "a refused push leaves no name behind"
+        );
     }
 
     #[test]

@@ -8,24 +8,39 @@
 //! The adapter reads what is stored ([`Stored`]), asks [`classify`] what it means for the
 //! requesting owner ([`View`]), and the `decide_*` functions say what to write.
 
-use crate::args::parse_positive;
+use crate::layout::{parse_positive, MAX_STORED_INTEGER};
+pub use crate::layout::{FENCE_FIELD, FENCE_FIELD_DISPLAY};
 use crate::{LockError, UnixMs};
 
-/// The hash field that carries the fencing token of the current hold.
-pub const FENCE_FIELD: &[u8] = b"__fence__";
-pub const FENCE_FIELD_DISPLAY: &str = "__fence__";
+/// The most fields a lock's hash has: its holder and the fence.
+pub const MAX_LOCK_FIELDS: usize = 2;
 
-/// What the adapter found at the key, as cheaply as it could read it: the key's kind, the number
-/// of fields, and the values of the requester's field and of the fence field.
+/// Whether a hash with `fields` fields can be a lock at all. Adapters check this before reading
+/// any field, so classifying a key costs O(1) whatever the hash holds.
+pub fn may_be_a_lock(fields: usize) -> bool {
+    (1..=MAX_LOCK_FIELDS).contains(&fields)
+}
+
+/// What the adapter found at the key, as cheaply as it could read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stored<'a> {
     Missing,
     NotAHash,
     Hash {
+        /// The number of fields in the hash.
         fields: usize,
-        requester_count: Option<&'a [u8]>,
+        /// The fence field's value.
         fence: Option<&'a [u8]>,
+        /// The holder's field value: the requester's own field when it has one, else the one
+        /// other non-fence field (None: the hash has no such field).
+        holder: Option<StoredHolder<'a>>,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredHolder<'a> {
+    pub count: &'a [u8],
+    pub is_requester: bool,
 }
 
 /// The lock as the requesting owner sees it.
@@ -33,37 +48,41 @@ pub enum Stored<'a> {
 pub enum View {
     Free,
     HeldByRequester { count: u64, token: Option<u64> },
-    HeldByOther { token: Option<u64> },
+    HeldByOther { count: u64, token: Option<u64> },
 }
 
-/// Checks the stored layout and says who holds the lock. A hash with more than one owner field,
-/// a count that is not a positive integer, or a fence that is not one, is not a lock: commands
-/// refuse it rather than guess.
+/// The one classification every command uses. A hash is a lock only if it has the layout:
+/// exactly one holder field whose value is a positive integer (the re-entry count), plus
+/// optionally the fence field holding a positive integer. Anything else is not a lock, and
+/// commands refuse it (never modify it) rather than guess.
 pub fn classify(stored: Stored<'_>) -> Result<View, LockError> {
-    let (fields, requester_count, fence) = match stored {
+    let (fields, fence, holder) = match stored {
         Stored::Missing => return Ok(View::Free),
         Stored::NotAHash => return Err(LockError::WrongType),
         Stored::Hash {
             fields,
-            requester_count,
             fence,
-        } => (fields, requester_count, fence),
+            holder,
+        } => (fields, fence, holder),
     };
+    if !may_be_a_lock(fields) {
+        return Err(LockError::NotALock);
+    }
     let token = match fence {
         None => None,
         Some(raw) => Some(parse_positive(raw).ok_or(LockError::NotALock)?),
     };
-    let owner_fields = fields.saturating_sub(usize::from(token.is_some()));
-    if owner_fields != 1 {
+    let holder_fields = fields - usize::from(token.is_some());
+    let holder = holder.ok_or(LockError::NotALock)?;
+    if holder_fields != 1 {
         return Err(LockError::NotALock);
     }
-    match requester_count {
-        Some(raw) => {
-            let count = parse_positive(raw).ok_or(LockError::NotALock)?;
-            Ok(View::HeldByRequester { count, token })
-        }
-        None => Ok(View::HeldByOther { token }),
-    }
+    let count = parse_positive(holder.count).ok_or(LockError::NotALock)?;
+    Ok(if holder.is_requester {
+        View::HeldByRequester { count, token }
+    } else {
+        View::HeldByOther { count, token }
+    })
 }
 
 /// Whether waiters are queued on the key; they come before any newcomer.
@@ -99,7 +118,10 @@ pub fn decide_acquire(
         View::Free if queue == Queue::Empty => AcquireDecision::Take { expires_at },
         View::Free | View::HeldByOther { .. } => AcquireDecision::Busy,
         View::HeldByRequester { count, token } => AcquireDecision::Reenter {
-            count: count.checked_add(1).ok_or(LockError::NotAnInteger)?,
+            count: count
+                .checked_add(1)
+                .filter(|c| *c <= MAX_STORED_INTEGER)
+                .ok_or(LockError::CountOverflow)?,
             token,
             expires_at,
         },
@@ -147,21 +169,40 @@ mod tests {
 
     const NOW: UnixMs = 1_700_000_000_000;
 
-    fn hash<'a>(fields: usize, mine: Option<&'a [u8]>, fence: Option<&'a [u8]>) -> Stored<'a> {
+    fn mine<'a>(fields: usize, count: &'a [u8], fence: Option<&'a [u8]>) -> Stored<'a> {
         Stored::Hash {
             fields,
-            requester_count: mine,
             fence,
+            holder: Some(StoredHolder {
+                count,
+                is_requester: true,
+            }),
+        }
+    }
+
+    fn theirs<'a>(fields: usize, count: &'a [u8], fence: Option<&'a [u8]>) -> Stored<'a> {
+        Stored::Hash {
+            fields,
+            fence,
+            holder: Some(StoredHolder {
+                count,
+                is_requester: false,
+            }),
         }
     }
 
     #[test]
     fn classify_reads_every_layout() {
+        let no_holder = |fields, fence| Stored::Hash {
+            fields,
+            fence,
+            holder: None,
+        };
         let cases: Vec<(Stored, Result<View, LockError>)> = vec![
             (Stored::Missing, Ok(View::Free)),
             (Stored::NotAHash, Err(LockError::WrongType)),
             (
-                hash(2, Some(b"3"), Some(b"17")),
+                mine(2, b"3", Some(b"17")),
                 Ok(View::HeldByRequester {
                     count: 3,
                     token: Some(17),
@@ -169,28 +210,62 @@ mod tests {
             ),
             // Taken by Redisson's own script: no fence field.
             (
-                hash(1, Some(b"1"), None),
+                mine(1, b"1", None),
                 Ok(View::HeldByRequester {
                     count: 1,
                     token: None,
                 }),
             ),
             (
-                hash(2, None, Some(b"9")),
-                Ok(View::HeldByOther { token: Some(9) }),
+                theirs(2, b"4", Some(b"9")),
+                Ok(View::HeldByOther {
+                    count: 4,
+                    token: Some(9),
+                }),
             ),
-            (hash(1, None, None), Ok(View::HeldByOther { token: None })),
-            // Not locks: two owners, a bad count, a bad fence, only a fence.
-            (hash(3, Some(b"1"), Some(b"2")), Err(LockError::NotALock)),
-            (hash(2, None, None), Err(LockError::NotALock)),
-            (hash(1, Some(b"x"), None), Err(LockError::NotALock)),
-            (hash(1, Some(b"0"), None), Err(LockError::NotALock)),
-            (hash(2, Some(b"1"), Some(b"-4")), Err(LockError::NotALock)),
-            (hash(1, None, Some(b"4")), Err(LockError::NotALock)),
+            (
+                theirs(1, b"1", None),
+                Ok(View::HeldByOther {
+                    count: 1,
+                    token: None,
+                }),
+            ),
+            (
+                theirs(1, b"9223372036854775807", None),
+                Ok(View::HeldByOther {
+                    count: i64::MAX as u64,
+                    token: None,
+                }),
+            ),
+            // Not locks: two holders, a bad count, a bad fence, only a fence, too many fields,
+            // and a plain one-field hash of user data (`HSET user:1 name ada`), whoever asks.
+            (mine(3, b"1", Some(b"2")), Err(LockError::NotALock)),
+            (mine(2, b"1", None), Err(LockError::NotALock)),
+            (mine(1, b"x", None), Err(LockError::NotALock)),
+            (mine(1, b"0", None), Err(LockError::NotALock)),
+            (mine(2, b"1", Some(b"-4")), Err(LockError::NotALock)),
+            (no_holder(1, Some(b"4")), Err(LockError::NotALock)),
+            (theirs(1, b"ada", None), Err(LockError::NotALock)),
+            (theirs(2, b"1", Some(b"abc")), Err(LockError::NotALock)),
+            (
+                theirs(1, b"9223372036854775808", None),
+                Err(LockError::NotALock),
+            ),
+            (theirs(1_000_000, b"1", None), Err(LockError::NotALock)),
+            (no_holder(0, None), Err(LockError::NotALock)),
         ];
         for (stored, want) in cases {
             assert_eq!(classify(stored), want, "{stored:?}");
         }
+    }
+
+    #[test]
+    fn only_one_or_two_fields_can_be_a_lock() {
+        assert!(!may_be_a_lock(0));
+        assert!(may_be_a_lock(1));
+        assert!(may_be_a_lock(2));
+        assert!(!may_be_a_lock(3));
+        assert!(!may_be_a_lock(usize::MAX));
     }
 
     #[test]
@@ -199,7 +274,10 @@ mod tests {
             count: 2,
             token: Some(5),
         };
-        let theirs = View::HeldByOther { token: Some(5) };
+        let theirs = View::HeldByOther {
+            count: 1,
+            token: Some(5),
+        };
         let cases = [
             (
                 View::Free,
@@ -234,21 +312,34 @@ mod tests {
 
     #[test]
     fn reentry_count_overflow_is_refused() {
-        let at_max = View::HeldByRequester {
-            count: u64::MAX,
+        for count in [i64::MAX as u64, u64::MAX] {
+            let at_max = View::HeldByRequester {
+                count,
+                token: Some(1),
+            };
+            assert_eq!(
+                decide_acquire(at_max, Queue::Empty, 1, NOW),
+                Err(LockError::CountOverflow)
+            );
+        }
+        let below = View::HeldByRequester {
+            count: i64::MAX as u64 - 1,
             token: Some(1),
         };
-        assert_eq!(
-            decide_acquire(at_max, Queue::Empty, 1, NOW),
-            Err(LockError::NotAnInteger)
-        );
+        assert!(decide_acquire(below, Queue::Empty, 1, NOW).is_ok());
     }
 
     #[test]
     fn release_decisions() {
         let cases = [
             (View::Free, ReleaseDecision::NotOwner),
-            (View::HeldByOther { token: None }, ReleaseDecision::NotOwner),
+            (
+                View::HeldByOther {
+                    count: 1,
+                    token: None,
+                },
+                ReleaseDecision::NotOwner,
+            ),
             (
                 View::HeldByRequester {
                     count: 1,
@@ -283,7 +374,14 @@ mod tests {
         );
         assert_eq!(decide_renew(View::Free, 500, NOW), RenewDecision::NotOwner);
         assert_eq!(
-            decide_renew(View::HeldByOther { token: None }, 500, NOW),
+            decide_renew(
+                View::HeldByOther {
+                    count: 1,
+                    token: None
+                },
+                500,
+                NOW
+            ),
             RenewDecision::NotOwner
         );
     }

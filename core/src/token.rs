@@ -18,7 +18,8 @@
 //! replica that missed it), a later clock reading is above every earlier token unless the clock
 //! went back or a slot sustained more than 1,000 grants per millisecond.
 
-use crate::UnixMs;
+use crate::layout::MAX_STORED_INTEGER;
+use crate::{LockError, UnixMs};
 
 /// Token values per millisecond of the server clock: a token is never below `now_ms * 1000`.
 pub const TOKENS_PER_MS: u64 = 1_000;
@@ -63,27 +64,39 @@ impl Grant {
 
 /// Decides the next token from the stored bound (`None`: missing or unreadable), this
 /// process's reservation for the slot, and the server clock.
-pub fn next_token(stored: Option<u64>, reserved: Option<Reservation>, now: UnixMs) -> Grant {
+///
+/// Tokens are signed 64-bit integers on the wire. A token above `i64::MAX` cannot be given, and
+/// saturating would repeat one, so past the limit every grant in the slot is refused: only a
+/// counter written by hand near the limit can get there (the clock floor is about 2^60 in the
+/// year 2200). The stored bound is capped at the limit instead: a window may just end early.
+pub fn next_token(
+    stored: Option<u64>,
+    reserved: Option<Reservation>,
+    now: UnixMs,
+) -> Result<Grant, LockError> {
     let floor = now.saturating_mul(TOKENS_PER_MS).max(1);
     if let Some(r) = reserved.filter(|r| stored == Some(r.bound)) {
-        let token = r.last.saturating_add(1).max(floor);
-        if token <= r.bound {
-            return Grant {
-                token,
-                store_bound: None,
-            };
+        if let Some(token) = r.last.checked_add(1).map(|t| t.max(floor)) {
+            if token <= r.bound {
+                return Ok(Grant {
+                    token,
+                    store_bound: None,
+                });
+            }
         }
     }
     // No usable reservation: go above everything known — the stored bound, what this process
     // handed out itself, and the clock — and reserve a new window.
-    let token = stored
-        .map_or(0, |b| b.saturating_add(1))
-        .max(reserved.map_or(0, |r| r.last.saturating_add(1)))
-        .max(floor);
-    Grant {
+    let above = |known: Option<u64>| known.map_or(Some(0), |v| v.checked_add(1));
+    let token = above(stored)
+        .zip(above(reserved.map(|r| r.last)))
+        .map(|(a, b)| a.max(b).max(floor))
+        .filter(|t| *t <= MAX_STORED_INTEGER)
+        .ok_or(LockError::TokensExhausted)?;
+    Ok(Grant {
         token,
-        store_bound: Some(token.saturating_add(WINDOW)),
-    }
+        store_bound: Some(token.saturating_add(WINDOW).min(MAX_STORED_INTEGER)),
+    })
 }
 
 #[cfg(test)]
@@ -150,15 +163,62 @@ mod tests {
                 None,
                 grant(FLOOR + 501, Some(FLOOR + 501 + WINDOW)),
             ),
-            (Some(u64::MAX), None, grant(u64::MAX, Some(u64::MAX))),
+            // Near the integer limit the window ends at the limit.
+            (
+                Some(MAX_STORED_INTEGER - 10),
+                None,
+                grant(MAX_STORED_INTEGER - 9, Some(MAX_STORED_INTEGER)),
+            ),
         ];
         for (stored, reservation, want) in cases {
             assert_eq!(
                 next_token(stored, reservation, NOW),
-                want,
+                Ok(want),
                 "{stored:?} {reservation:?}"
             );
         }
+    }
+
+    /// A counter written near `i64::MAX`: tokens rise to the limit, each once, and then every
+    /// grant is refused — even after the counter is flushed, since this process handed the
+    /// limit out itself. Nothing ever repeats or saturates.
+    #[test]
+    fn tokens_never_repeat_at_the_integer_limit() {
+        let mut stored = Some(MAX_STORED_INTEGER - 7);
+        let mut reservation = None;
+        let mut seen = Vec::new();
+        loop {
+            match next_token(stored, reservation, NOW) {
+                Ok(g) => {
+                    assert!(seen.last().is_none_or(|last| g.token > *last));
+                    seen.push(g.token);
+                    if let Some(bound) = g.store_bound {
+                        stored = Some(bound);
+                    }
+                    reservation = g.reservation(reservation);
+                }
+                Err(e) => {
+                    assert_eq!(e, LockError::TokensExhausted);
+                    break;
+                }
+            }
+        }
+        assert_eq!(seen.len(), 7);
+        assert_eq!(seen.last(), Some(&MAX_STORED_INTEGER));
+        assert_eq!(
+            next_token(None, reservation, NOW),
+            Err(LockError::TokensExhausted)
+        );
+        assert_eq!(
+            next_token(Some(MAX_STORED_INTEGER), None, NOW),
+            Err(LockError::TokensExhausted)
+        );
+        // A stored value past i64::MAX cannot be read (parse_positive refuses it), but the
+        // decision refuses it too.
+        assert_eq!(
+            next_token(Some(u64::MAX), None, NOW),
+            Err(LockError::TokensExhausted)
+        );
     }
 
     /// Replays grants through a store that can lose or roll back its bound, and checks that
@@ -186,7 +246,7 @@ mod tests {
                 900 => now -= 20,
                 _ => {}
             }
-            let grant = next_token(stored, reservation, now);
+            let grant = next_token(stored, reservation, now).unwrap();
             assert!(grant.token > highest, "step {step}: {grant:?} <= {highest}");
             highest = grant.token;
             if let Some(bound) = grant.store_bound {
@@ -209,6 +269,6 @@ mod tests {
     #[test]
     fn tokens_stay_exact_in_javascript_for_centuries() {
         let year_2200 = 7_258_118_400_000;
-        assert!(next_token(None, None, year_2200).token + WINDOW < 1 << 53);
+        assert!(next_token(None, None, year_2200).unwrap().token + WINDOW < 1 << 53);
     }
 }

@@ -22,6 +22,8 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     let owner = ffi::arg(argv, argc, 2);
     let now = now_ms();
 
+    super::refuse_while_paused()?;
+
     let lock = store::read_for_owner(ctx, key_name, owner)?;
     // Only build the queue key when somebody waits somewhere: the common case skips it.
     let waiting_key = runtime::anyone_waiting()
@@ -35,7 +37,14 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
 
     match decide_acquire(lock.view, queue, request.lease_ms, now)? {
         AcquireDecision::Take { expires_at } => {
-            let token = store::next_token(ctx, request.key, now);
+            // A new lock takes memory: refused over maxmemory like any deny-oom command. A
+            // re-entry, renew or release must keep working then (the command is not flagged
+            // deny-oom for their sake).
+            if ffi::out_of_memory(ctx) {
+                return Err(LockError::OutOfMemory);
+            }
+            let token = store::next_token(ctx, request.key, now)?;
+            let reply_token = store::stored_integer(token)?;
             store::write_hold(
                 ctx,
                 store::Hold {
@@ -46,10 +55,11 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
                     expires_at,
                     key: &lock.key,
                 },
-            );
+            )?;
+            drop(lock);
             notify::event(ctx, c"lock.acquired", key_name);
             bump(&STATS.acquired);
-            reply::integer(ctx, i64::try_from(token).unwrap_or(i64::MAX));
+            reply::integer(ctx, reply_token);
         }
         AcquireDecision::Reenter {
             count,
@@ -59,8 +69,9 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
             // A hold taken by Redisson's own script has no token yet: give it one now.
             let new_token = match token {
                 Some(_) => None,
-                None => Some(store::next_token(ctx, request.key, now)),
+                None => Some(store::next_token(ctx, request.key, now)?),
             };
+            let reply_token = store::stored_integer(token.or(new_token).unwrap_or_default())?;
             store::write_hold(
                 ctx,
                 store::Hold {
@@ -71,11 +82,13 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
                     expires_at,
                     key: &lock.key,
                 },
-            );
+            )?;
+            drop(lock);
+            // The lease may now end earlier than the waiters' lease check.
+            runtime::lease_changed(ctx, request.key, expires_at);
             notify::event(ctx, c"lock.reentered", key_name);
             bump(&STATS.reentered);
-            let token = token.or(new_token).unwrap_or_default();
-            reply::integer(ctx, i64::try_from(token).unwrap_or(i64::MAX));
+            reply::integer(ctx, reply_token);
         }
         AcquireDecision::Busy => {
             bump(&STATS.contended);
@@ -85,6 +98,9 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
             if request.wait == Wait::No || !super::can_block(ctx) {
                 bump(&STATS.acquire_nil);
                 reply::null(ctx);
+            } else if ffi::is_replica(ctx) {
+                // A writable replica would queue a waiter that nothing there can ever grant.
+                return Err(LockError::WaitOnReplica);
             } else {
                 let key =
                     waiting_key.unwrap_or_else(|| LockKey::new(ffi::selected_db(ctx), request.key));

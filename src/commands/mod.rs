@@ -4,6 +4,7 @@
 use std::ffi::CStr;
 use std::os::raw::c_int;
 
+use lock_core::LockError;
 use redis_module::raw;
 
 use crate::ffi::{api, Ctx, RawString};
@@ -18,9 +19,11 @@ type Handler = extern "C" fn(Ctx, *mut RawString, c_int) -> c_int;
 
 /// (name, handler, flags). Every command has its key at position 1.
 const COMMANDS: [(&CStr, Handler, &CStr); 5] = [
-    (c"lock.acquire", acquire::acquire, c"write deny-oom"),
+    // Not deny-oom: under maxmemory a holder must still re-enter, renew and release. A new
+    // lock is refused with Redis's own OOM error inside LOCK.ACQUIRE.
+    (c"lock.acquire", acquire::acquire, c"write"),
     (c"lock.release", release::release, c"write fast"),
-    (c"lock.renew", renew::renew, c"write deny-oom fast"),
+    (c"lock.renew", renew::renew, c"write fast"),
     (c"lock.info", info::info, c"readonly fast"),
     (c"lock.forcerelease", release::force_release, c"write fast"),
 ];
@@ -44,6 +47,16 @@ pub fn register(ctx: Ctx) -> bool {
         crate::log::warning("could not attach COMMAND DOCS to LOCK.* commands");
     }
     registered
+}
+
+/// Redis postpones write commands while it pauses writes, so a LOCK.* write runs during a pause
+/// only when a transaction queued it behind the `CLIENT PAUSE` itself. Writing then could hit a
+/// key that expired during the pause (Redis keeps it until the pause ends): refuse instead.
+fn refuse_while_paused() -> Result<(), LockError> {
+    if crate::ffi::writes_paused() {
+        return Err(LockError::WritesPaused);
+    }
+    Ok(())
 }
 
 /// Whether the calling context may block: not inside MULTI, Lua/functions, or a module call.

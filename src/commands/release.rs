@@ -23,6 +23,7 @@ fn run_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockEr
     let request = parse_release(&args)?;
     let key_name = ffi::arg(argv, argc, 1);
     let owner = ffi::arg(argv, argc, 2);
+    super::refuse_while_paused()?;
 
     let lock = store::read_for_owner(ctx, key_name, owner)?;
     match decide_release(lock.view) {
@@ -31,9 +32,10 @@ fn run_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockEr
             reply::null(ctx);
         }
         ReleaseDecision::CountDown { remaining } => {
-            store::write_count(ctx, &lock.key, key_name, owner, remaining);
+            let reply_count = store::stored_integer(remaining)?;
+            store::write_count(ctx, &lock.key, key_name, owner, remaining)?;
             bump(&STATS.released_partial);
-            reply::integer(ctx, i64::try_from(remaining).unwrap_or(i64::MAX));
+            reply::integer(ctx, reply_count);
         }
         ReleaseDecision::Free => {
             store::delete(ctx, &lock.key, key_name);
@@ -51,8 +53,10 @@ fn run_force_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), 
     let args = ffi::args(argv, argc);
     let name = parse_key_only(&args)?;
     let key_name = ffi::arg(argv, argc, 1);
+    super::refuse_while_paused()?;
     let key = Key::open(ctx, key_name);
-    if !store::check_is_lock(&key)? {
+    // Only a lock is removed: any other hash is an error and stays as it is.
+    if store::holder_of(&key)?.is_none() {
         reply::integer(ctx, 0);
         return Ok(());
     }

@@ -8,7 +8,7 @@ use lock_core::LockError;
 
 use crate::ffi::{self, now_ms, reply, Ctx, RawString};
 use crate::stats::{bump, STATS};
-use crate::{config, guard, notify, store};
+use crate::{config, guard, notify, runtime, store};
 
 pub extern "C" fn renew(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
     guard::command(ctx, || run(ctx, argv, argc))
@@ -19,6 +19,7 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     let request = parse_renew(&args, config::max_lease_ms())?;
     let key_name = ffi::arg(argv, argc, 1);
     let owner = ffi::arg(argv, argc, 2);
+    super::refuse_while_paused()?;
     let lock = store::read_for_owner(ctx, key_name, owner)?;
     match decide_renew(lock.view, request.lease_ms, now_ms()) {
         RenewDecision::NotOwner => {
@@ -26,9 +27,10 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
             reply::integer(ctx, 0);
         }
         RenewDecision::Extend { expires_at } => {
-            // A later lease end needs no new lease check: the scheduled one fires early, sees
-            // the lease still running, and re-arms itself for the new end.
-            store::set_lease_end(ctx, &lock.key, key_name, expires_at);
+            store::set_lease_end(ctx, &lock.key, key_name, expires_at)?;
+            drop(lock);
+            // A shorter lease must move the waiters' lease check earlier.
+            runtime::lease_changed(ctx, request.key, expires_at);
             notify::event(ctx, c"lock.renewed", key_name);
             bump(&STATS.renewed);
             reply::integer(ctx, 1);

@@ -15,6 +15,9 @@ pub use redis::{Commands, Connection, Value};
 
 static BUILD: Once = Once::new();
 
+/// The reply to any LOCK.* call on a hash that is not laid out as a lock.
+pub const NOT_A_LOCK: &str = "ERR the hash at this key is not a lock; LOCK.* commands leave it as it is (DEL removes a damaged lock)";
+
 /// The module under test: `$LOCK_MODULE`, or the debug build, rebuilt once per test binary so a
 /// stale `.so` is never what gets tested.
 pub fn module_path() -> PathBuf {
