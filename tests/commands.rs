@@ -376,26 +376,11 @@ fn bad_input_gets_redis_style_errors_and_changes_nothing() {
             vec![b"LOCK.FORCERELEASE", b"str"],
             "WRONGTYPE Operation against a key holding the wrong kind of value",
         ),
-        (
-            vec![b"LOCK.ACQUIRE", b"notalock", b"a", b"10"],
-            NOT_A_LOCK,
-        ),
-        (
-            vec![b"LOCK.RELEASE", b"notalock", b"a"],
-            NOT_A_LOCK,
-        ),
-        (
-            vec![b"LOCK.FORCERELEASE", b"notalock"],
-            NOT_A_LOCK,
-        ),
-        (
-            vec![b"LOCK.INFO", b"notalock"],
-            NOT_A_LOCK,
-        ),
-        (
-            vec![b"LOCK.RELEASE", b"badcount", b"a"],
-            NOT_A_LOCK,
-        ),
+        (vec![b"LOCK.ACQUIRE", b"notalock", b"a", b"10"], NOT_A_LOCK),
+        (vec![b"LOCK.RELEASE", b"notalock", b"a"], NOT_A_LOCK),
+        (vec![b"LOCK.FORCERELEASE", b"notalock"], NOT_A_LOCK),
+        (vec![b"LOCK.INFO", b"notalock"], NOT_A_LOCK),
+        (vec![b"LOCK.RELEASE", b"badcount", b"a"], NOT_A_LOCK),
     ];
     for (args, want) in &cases {
         assert_eq!(

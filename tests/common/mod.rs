@@ -70,6 +70,11 @@ impl Server {
         )
     }
 
+    /// A server on a given port (to test the harness itself).
+    pub fn start_on_port(port: u16) -> Server {
+        Server::launch(port, tempfile::tempdir().expect("tempdir"), &[], &[])
+    }
+
     pub fn start_with_module_args(module_args: &[&str]) -> Server {
         Server::launch(
             free_port(),
