@@ -75,7 +75,11 @@ fn positive_text() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
-fn stored() -> impl Strategy<Value = (usize, Option<Vec<u8>>, Option<(Vec<u8>, bool)>)> {
+/// A stored hash: its field count, the fence value, and the holder's count (and whether the
+/// holder is the requester).
+type StoredHash = (usize, Option<Vec<u8>>, Option<(Vec<u8>, bool)>);
+
+fn stored() -> impl Strategy<Value = StoredHash> {
     (
         prop_oneof![Just(0usize), Just(1), Just(2), Just(3), any::<usize>()],
         proptest::option::of(positive_text()),
