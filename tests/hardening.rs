@@ -553,3 +553,36 @@ fn the_test_kit_never_mistakes_another_server_for_its_own() {
     let second = std::panic::catch_unwind(|| Server::start_on_port(first.port));
     assert!(second.is_err(), "a server on a taken port looked ready");
 }
+
+/// Defect 1 through `FAILOVER`, which pauses writes while it waits for the replica to catch
+/// up: with the replica stopped, the pause lasts until the failover times out, and a lease ends
+/// in it. The old module wrote from its lease-check timer and crashed the master.
+#[test]
+fn a_lease_that_ends_during_a_failover_pause_is_handed_off_after_it() {
+    let mut master = Server::start();
+    let replica = Server::replica_of(&master);
+    let mut con = master.connect();
+    acquire(&mut con, "k", "a", 300).unwrap();
+    let waiter = Waiter::start(&master, "k", "b", 5_000, 10_000);
+    replica.pause(true);
+    let started = Instant::now();
+    let _: () = redis::cmd("FAILOVER")
+        .arg("TIMEOUT")
+        .arg(1_500)
+        .query(&mut con)
+        .unwrap();
+    let answer = waiter.answer(Duration::from_secs(8));
+    replica.pause(false);
+    assert_no_crash(&mut master);
+    let (reply, _) = answer.expect("the waiter was answered");
+    assert!(
+        reply.expect("no error").is_some(),
+        "granted after the failover gave up"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_400),
+        "granted during the failover's pause"
+    );
+    let role: String = info_field(&mut con, "replication", "role").unwrap();
+    assert_eq!(role, "master");
+}
