@@ -10,7 +10,8 @@ use redis_module::raw;
 
 use crate::ffi::{api, bytes, selected_db, Ctx, RawString};
 use crate::guard;
-use crate::runtime::{self, Cause, Inbox};
+use crate::runtime;
+use lock_core::scheduler::{Cause, Change};
 
 pub fn subscribe(ctx: Ctx) -> bool {
     let types = raw::REDISMODULE_NOTIFY_GENERIC
@@ -56,7 +57,7 @@ extern "C" fn on_keyspace_event(
             } else {
                 Cause::Freed
             };
-            runtime::notice(ctx, Inbox::Key(key, cause));
+            runtime::notice(ctx, Change::Key(key, cause));
         }
     });
     raw::REDISMODULE_OK as c_int
@@ -76,13 +77,13 @@ extern "C" fn on_server_event(
             // SAFETY: for FLUSHDB events Redis passes a RedisModuleFlushInfo.
             let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
             let change = if info.dbnum < 0 {
-                Inbox::All
+                Change::All
             } else {
-                Inbox::Db(info.dbnum)
+                Change::Db(info.dbnum)
             };
             runtime::notice(ctx, change);
         } else if event.id == raw::REDISMODULE_EVENT_SWAPDB {
-            runtime::notice(ctx, Inbox::All);
+            runtime::notice(ctx, Change::All);
         }
     });
 }

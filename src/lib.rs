@@ -130,7 +130,7 @@ fn deinit(_ctx: &Context) -> Status {
 }
 
 fn lock_info(ctx: &InfoContext, _for_crash_report: bool) {
-    guard::callback((), || stats::write_info(ctx.ctx));
+    guard::callback((), || stats::write_info(ctx.ctx, runtime::waiting_gauges()));
 }
 
 redis_module! {

@@ -56,8 +56,9 @@ pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Writes the `lock` section of INFO.
-pub fn write_info(ctx: *mut redis_module::raw::RedisModuleInfoCtx) {
+/// Writes the `lock` section of INFO: the counters, then the gauges the caller read (clients
+/// blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks).
+pub fn write_info(ctx: *mut redis_module::raw::RedisModuleInfoCtx, gauges: (usize, usize)) {
     use redis_module::raw;
     if raw::add_info_section(ctx, None) != raw::Status::Ok {
         return;
@@ -65,8 +66,7 @@ pub fn write_info(ctx: *mut redis_module::raw::RedisModuleInfoCtx) {
     for (name, value) in STATS.snapshot() {
         raw::add_info_field_unsigned_long_long(ctx, name, value);
     }
-    // Gauges: clients blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks.
-    let (waiters, keys) = crate::runtime::waiting_gauges();
+    let (waiters, keys) = gauges;
     raw::add_info_field_unsigned_long_long(ctx, "waiters", waiters as u64);
     raw::add_info_field_unsigned_long_long(ctx, "locks_with_waiters", keys as u64);
 }

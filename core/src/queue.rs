@@ -140,6 +140,12 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         None
     }
 
+    /// The longest-waiting live waiter of `key`, left in place.
+    pub fn front(&self, key: &LockKey) -> Option<&Waiter<H>> {
+        let queue = self.queues.get(key)?;
+        queue.order.iter().find_map(|id| self.waiters.get(id))
+    }
+
     /// Removes a waiter wherever it is in its queue (timeout, disconnect, CLIENT UNBLOCK).
     pub fn remove(&mut self, id: WaiterId) -> Option<Removed<H>> {
         let waiter = self.waiters.remove(&id)?;

@@ -4,6 +4,7 @@ use std::os::raw::c_int;
 
 use lock_core::args::{parse_acquire, Wait};
 use lock_core::queue::LockKey;
+use lock_core::scheduler::Seen;
 use lock_core::state::{decide_acquire, AcquireDecision, Queue, View};
 use lock_core::LockError;
 
@@ -92,8 +93,13 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
         }
         AcquireDecision::Busy => {
             bump(&STATS.contended);
-            let lock_is_free = lock.view == View::Free;
-            let expires_at = lock.key.expires_at();
+            let seen = if lock.view == View::Free {
+                Seen::Free
+            } else {
+                Seen::Held {
+                    expires_at: lock.key.expires_at(),
+                }
+            };
             drop(lock);
             if request.wait == Wait::No || !super::can_block(ctx) {
                 bump(&STATS.acquire_nil);
@@ -110,8 +116,7 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
                     request.owner,
                     request.lease_ms,
                     request.wait,
-                    expires_at,
-                    lock_is_free,
+                    seen,
                 )?;
             }
         }

@@ -1,0 +1,1280 @@
+//! The waiting scheduler: who gets a lock key when it frees, when to look at a key again, what
+//! a grant nobody received turns into, when waiters are sent to another node. No I/O and no
+//! clock of its own: the adapter calls it with events and the server's time, and it acts only
+//! through the [`Port`] the adapter implements (keys, tokens, clients, notifications).
+//!
+//! Events in: a waiter queued ([`Scheduler::enqueue`]), a key freed by a command
+//! ([`Scheduler::freed`]), a lease moved ([`Scheduler::lease_changed`]), a waiter that left
+//! ([`Scheduler::waiter_left`]), a grant that was not delivered
+//! ([`Scheduler::grant_undelivered`]), the timer ([`Scheduler::timer_fired`]) and changes made
+//! outside the module ([`Scheduler::keys_changed`]). Effects out, through the port: write a
+//! hold and get its token, answer a waiter, redirect, free an undelivered hold, publish, note
+//! what happened. After every event the adapter arms one timer for [`Scheduler::next_deadline`].
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+
+use crate::args::Wait;
+use crate::deadlines::{DeadlineKey, Deadlines};
+use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
+use crate::{LockError, UnixMs};
+
+/// How often the scheduler looks again while the server pauses writes: no event says when a
+/// pause ends, so deferred handoffs happen within this many ms of its end.
+pub const PAUSE_POLL_MS: u64 = 5;
+
+/// How long after a lease end that already passed (the key is still there: clients paused,
+/// say) the scheduler looks again, rather than spin.
+pub const OVERDUE_RECHECK_MS: u64 = 10;
+
+/// Why the scheduler looks at a key to hand it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Released or removed by a client (LOCK.RELEASE, DEL, FLUSHALL, ...).
+    Freed,
+    /// The holder's lease ran out: the holder lost the lock.
+    LeaseEnded,
+}
+
+/// Who asks for a handoff: a LOCK.* command on this node (which the server routed here, so the
+/// key's slot is served here), or a timer or event (the key may have left with its slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Command,
+    Background,
+}
+
+/// Whether the server lets the module write now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writes {
+    Allowed,
+    /// `CLIENT PAUSE`, `FAILOVER`: nothing may be written until the pause ends.
+    Paused,
+    /// A replica never writes on its own; its master's effects arrive by replication.
+    Replica,
+}
+
+/// How a handoff is to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handoff {
+    pub now: UnixMs,
+    pub expires_at: UnixMs,
+    pub cause: Cause,
+    pub check_route: bool,
+}
+
+/// What [`Port::grant_if_free`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// The key is held (by anyone): nothing written. Its lease end, if it has one.
+    Held { expires_at: Option<UnixMs> },
+    /// The key left this node with its slot: the server's redirect for it (`ASK ...`/`MOVED ...`).
+    Moved(String),
+    /// The hold was written with this token.
+    Granted { token: u64 },
+    /// Nobody can be granted the key (tokens exhausted): every waiter gets this error.
+    Refused(LockError),
+}
+
+/// How a waiter leaves the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Granted {
+        token: u64,
+        key: LockKey,
+        owner: Box<[u8]>,
+    },
+    TimedOut,
+    /// An error reply (a redirect, or why nobody can be granted the key).
+    Refused(String),
+}
+
+/// What happened, for counters, logs and keyspace events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// A waiter got the key, after queuing this long.
+    HandedOff {
+        key: LockKey,
+        waited_ms: u64,
+    },
+    /// A held lease ran out while others waited (the holder lost the lock).
+    ExpiredWithWaiters {
+        key: LockKey,
+    },
+    TimedOut,
+    /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`).
+    Cancelled,
+    Redirected,
+    /// A waiter was answered with an error: nobody can be granted its key.
+    Refused,
+    /// A granted waiter vanished before its reply; the hold was passed on.
+    AbandonedGrant,
+}
+
+/// What the scheduler needs from the server. Every call is about one key, in its database.
+pub trait Port<H> {
+    fn writes(&self) -> Writes;
+    /// If `key` is free (missing, or expired and now removed), writes a hold for `owner` with a
+    /// new token (taken at `handoff.now`) and the lease end `handoff.expires_at`, and tells
+    /// subscribers (`lock.expired` first when the cause is a lease end, then `lock.handoff`).
+    /// With `handoff.check_route` the key may have left this node with its slot (a background
+    /// handoff in a cluster); if so, nothing is written.
+    fn grant_if_free(&mut self, key: &LockKey, owner: &[u8], handoff: Handoff) -> Attempt;
+    /// Deletes the hold of `owner` if it is still exactly the undelivered grant (count 1 with
+    /// `token`). Returns whether it did.
+    fn release_undelivered(&mut self, key: &LockKey, owner: &[u8], token: u64) -> bool;
+    /// Tells the lock's channel it is free (nobody was waiting for it).
+    fn publish_unlock(&mut self, key: &LockKey);
+    fn answer(&mut self, handle: H, answer: Answer);
+    fn note(&mut self, note: Note);
+}
+
+/// What a deadline stands for.
+#[derive(Debug)]
+enum Due {
+    /// A waiter's `WAIT` timeout.
+    Timeout(WaiterId),
+    /// The lease end of a lock with waiters: if the lease ran out, hand off.
+    LeaseCheck(LockKey),
+    /// Look at a key again (it changed outside the module).
+    Recheck(LockKey),
+    /// A granted waiter vanished before its reply: free its hold if it still has it.
+    Undelivered {
+        key: LockKey,
+        owner: Box<[u8]>,
+        token: u64,
+    },
+    /// Writes were paused: if the pause ended, do the deferred handoffs.
+    PauseCheck,
+}
+
+/// A change noticed outside the module (keyspace and server events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Key(LockKey, Cause),
+    Db(i32),
+    All,
+}
+
+/// One blocked acquire, as the adapter hands it in.
+pub struct NewWait<'a, H> {
+    pub handle: H,
+    pub key: &'a LockKey,
+    pub owner: &'a [u8],
+    pub lease_ms: u64,
+    pub wait: Wait,
+    /// What the acquire saw: the lock's lease end, or that it was free (waiters are queued on
+    /// a free key only between an outside change and its recheck).
+    pub seen: Seen,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    Free,
+    Held { expires_at: Option<UnixMs> },
+}
+
+#[derive(Debug)]
+pub struct Scheduler<H> {
+    queues: WaitQueues<H>,
+    deadlines: Deadlines<Due>,
+    /// Handoffs deferred while writes were paused, with their cause.
+    paused: HashMap<LockKey, Cause>,
+    pause_check: Option<DeadlineKey>,
+}
+
+impl<H> Default for Scheduler<H> {
+    fn default() -> Self {
+        Scheduler {
+            queues: WaitQueues::default(),
+            deadlines: Deadlines::default(),
+            paused: HashMap::new(),
+            pause_check: None,
+        }
+    }
+}
+
+impl<H: Copy + Eq + Hash> Scheduler<H> {
+    /// Whether a waiter may be queued on `key` (checked before the client is blocked).
+    pub fn has_room(&self, key: &LockKey, max_per_key: u64) -> Result<(), LockError> {
+        if self.queues.len(key) as u64 >= max_per_key {
+            return Err(LockError::TooManyWaiters { max: max_per_key });
+        }
+        Ok(())
+    }
+
+    /// Queues a blocked client at the tail of its key's queue.
+    pub fn enqueue(
+        &mut self,
+        new: NewWait<'_, H>,
+        max_per_key: u64,
+        now: UnixMs,
+    ) -> Result<WaiterId, LockError> {
+        let id = self.queues.push(
+            NewWaiter {
+                handle: new.handle,
+                key: new.key,
+                owner: new.owner,
+                lease_ms: new.lease_ms,
+                now,
+            },
+            max_per_key,
+        )?;
+        if let Wait::For(ms) = new.wait {
+            let deadline = self
+                .deadlines
+                .insert(now.saturating_add(ms), Due::Timeout(id));
+            if let Some(w) = self.queues.get_mut(id) {
+                w.timeout = Some(deadline);
+            }
+        }
+        match new.seen {
+            Seen::Free => {
+                self.deadlines.insert(now, Due::Recheck(new.key.clone()));
+            }
+            Seen::Held { expires_at } => {
+                if self.queues.lease_check(new.key).is_none() {
+                    self.schedule_lease_check(new.key, expires_at, now);
+                }
+            }
+        }
+        Ok(id)
+    }
+
+    /// A command freed `key` (release, force release): hand it to the head waiter. Returns
+    /// whether it did; if not, the caller publishes the unlock.
+    pub fn freed(&mut self, port: &mut impl Port<H>, key: &LockKey, now: UnixMs) -> bool {
+        self.pump(port, key, now, Cause::Freed, Origin::Command)
+    }
+
+    /// The holder's lease end changed inside a command (renew, re-entry): the lease check moves
+    /// with it, so a shorter lease hands off at its own end.
+    pub fn lease_changed(&mut self, key: &LockKey, expires_at: UnixMs, now: UnixMs) {
+        if self.queues.has_waiters(key) {
+            self.schedule_lease_check(key, Some(expires_at), now);
+        }
+    }
+
+    /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`). Returns true if it was still
+    /// queued; then the adapter releases its handle.
+    pub fn waiter_left(&mut self, port: &mut impl Port<H>, handle: H) -> bool {
+        match self.queues.remove_by_handle(handle) {
+            Some(removed) => {
+                self.forget(removed);
+                port.note(Note::Cancelled);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A grant's reply could not be delivered (the client vanished first). Handled from the
+    /// timer: the server forbids writes where this is learnt.
+    pub fn grant_undelivered(&mut self, key: LockKey, owner: Box<[u8]>, token: u64, now: UnixMs) {
+        self.deadlines
+            .insert(now, Due::Undelivered { key, owner, token });
+    }
+
+    /// The timer fired: everything due at `now`.
+    pub fn timer_fired(&mut self, port: &mut impl Port<H>, now: UnixMs) {
+        while let Some((fired, due)) = self.deadlines.pop_due(now) {
+            self.handle_due(port, fired, due, now);
+        }
+    }
+
+    /// Changes noticed outside the module: look at each affected key with waiters once (the
+    /// first cause noted for a key wins).
+    pub fn keys_changed(&mut self, port: &mut impl Port<H>, changes: Vec<Change>, now: UnixMs) {
+        let mut keys: Vec<(LockKey, Cause)> = Vec::new();
+        for change in changes {
+            match change {
+                Change::Key(key, cause) => keys.push((key, cause)),
+                Change::Db(db) => keys.extend(
+                    self.queues
+                        .keys()
+                        .filter(|k| k.db == db)
+                        .map(|k| (k.clone(), Cause::Freed)),
+                ),
+                Change::All => {
+                    keys.extend(self.queues.keys().map(|k| (k.clone(), Cause::Freed)));
+                }
+            }
+        }
+        let mut seen = HashSet::new();
+        for (key, cause) in keys {
+            if seen.insert(key.clone()) {
+                self.pump(port, &key, now, cause, Origin::Background);
+            }
+        }
+    }
+
+    /// When the adapter's one timer must fire next.
+    pub fn next_deadline(&self) -> Option<UnixMs> {
+        self.deadlines.next_at()
+    }
+
+    /// No waiters and nothing scheduled (the module may be unloaded).
+    pub fn is_idle(&self) -> bool {
+        self.queues.total() == 0 && self.deadlines.is_empty()
+    }
+
+    pub fn waiters_on(&self, key: &LockKey) -> usize {
+        self.queues.len(key)
+    }
+
+    /// (waiters, keys with waiters).
+    pub fn gauges(&self) -> (usize, usize) {
+        (self.queues.total(), self.queues.keys().count())
+    }
+
+    /// Whether some database has waiters on a key of this name.
+    pub fn is_waited_name(&self, name: &[u8]) -> bool {
+        self.queues.is_waited_name(name)
+    }
+
+    /// Gives the key to its head waiter if it is free. Returns whether it did.
+    fn pump(
+        &mut self,
+        port: &mut impl Port<H>,
+        key: &LockKey,
+        now: UnixMs,
+        cause: Cause,
+        origin: Origin,
+    ) -> bool {
+        if !self.queues.has_waiters(key) {
+            return false;
+        }
+        match port.writes() {
+            Writes::Allowed => {}
+            Writes::Replica => return false,
+            Writes::Paused => {
+                self.defer_while_paused(key, cause, now);
+                return false;
+            }
+        }
+        let Some(head) = self.queues.front(key) else {
+            return false;
+        };
+        let expires_at = now.saturating_add(head.lease_ms);
+        let handoff = Handoff {
+            now,
+            expires_at,
+            cause,
+            check_route: origin == Origin::Background,
+        };
+        let attempt = port.grant_if_free(key, &head.owner, handoff);
+        match attempt {
+            Attempt::Held { expires_at } => {
+                self.schedule_lease_check(key, expires_at, now);
+                false
+            }
+            Attempt::Moved(redirect) => {
+                self.refuse_all(port, key, &redirect, Note::Redirected);
+                false
+            }
+            Attempt::Refused(error) => {
+                self.refuse_all(port, key, &error.reply(), Note::Refused);
+                false
+            }
+            Attempt::Granted { token } => {
+                let Some(removed) = self.queues.pop_front(key) else {
+                    return false;
+                };
+                let waiter = self.forget(removed);
+                if cause == Cause::LeaseEnded {
+                    port.note(Note::ExpiredWithWaiters { key: key.clone() });
+                }
+                port.note(Note::HandedOff {
+                    key: key.clone(),
+                    waited_ms: now.saturating_sub(waiter.enqueued_at),
+                });
+                port.answer(
+                    waiter.handle,
+                    Answer::Granted {
+                        token,
+                        key: key.clone(),
+                        owner: waiter.owner,
+                    },
+                );
+                self.schedule_lease_check(key, Some(expires_at), now);
+                true
+            }
+        }
+    }
+
+    fn handle_due(&mut self, port: &mut impl Port<H>, fired: DeadlineKey, due: Due, now: UnixMs) {
+        match due {
+            Due::Timeout(id) => {
+                if let Some(removed) = self.queues.remove(id) {
+                    let waiter = self.forget(removed);
+                    port.note(Note::TimedOut);
+                    port.answer(waiter.handle, Answer::TimedOut);
+                }
+            }
+            Due::LeaseCheck(key) => {
+                // This check fired: it is no longer the key's scheduled one.
+                if self.queues.lease_check(&key) == Some(fired) {
+                    self.queues.set_lease_check(&key, None);
+                }
+                self.pump(port, &key, now, Cause::LeaseEnded, Origin::Background);
+            }
+            Due::Recheck(key) => {
+                self.pump(port, &key, now, Cause::Freed, Origin::Background);
+            }
+            Due::PauseCheck => {
+                self.pause_check = None;
+                match port.writes() {
+                    Writes::Paused => self.arm_pause_check(now),
+                    // Promoted to replica during the pause: its master decides now.
+                    Writes::Replica => self.paused.clear(),
+                    Writes::Allowed => {
+                        for (key, cause) in std::mem::take(&mut self.paused) {
+                            self.pump(port, &key, now, cause, Origin::Background);
+                        }
+                    }
+                }
+            }
+            Due::Undelivered { key, owner, token } => match port.writes() {
+                Writes::Paused => {
+                    // Freeing it is a write: try again after the pause.
+                    self.deadlines.insert(
+                        now.saturating_add(PAUSE_POLL_MS),
+                        Due::Undelivered { key, owner, token },
+                    );
+                }
+                Writes::Replica => port.note(Note::AbandonedGrant),
+                Writes::Allowed => {
+                    port.note(Note::AbandonedGrant);
+                    if port.release_undelivered(&key, &owner, token)
+                        && !self.pump(port, &key, now, Cause::Freed, Origin::Background)
+                    {
+                        port.publish_unlock(&key);
+                    }
+                }
+            },
+        }
+    }
+
+    fn defer_while_paused(&mut self, key: &LockKey, cause: Cause, now: UnixMs) {
+        let noted = self.paused.entry(key.clone()).or_insert(cause);
+        if cause == Cause::LeaseEnded {
+            *noted = cause;
+        }
+        if self.pause_check.is_none() {
+            self.arm_pause_check(now);
+        }
+    }
+
+    fn arm_pause_check(&mut self, now: UnixMs) {
+        self.pause_check = Some(
+            self.deadlines
+                .insert(now.saturating_add(PAUSE_POLL_MS), Due::PauseCheck),
+        );
+    }
+
+    /// Answers every waiter of `key` with an error (a redirect, or nobody can be granted it).
+    fn refuse_all(&mut self, port: &mut impl Port<H>, key: &LockKey, reply: &str, note: Note) {
+        while let Some(removed) = self.queues.pop_front(key) {
+            let waiter = self.forget(removed);
+            port.note(note.clone());
+            port.answer(waiter.handle, Answer::Refused(reply.to_string()));
+        }
+    }
+
+    /// Cancels what a removed waiter had scheduled and returns it.
+    fn forget(&mut self, removed: Removed<H>) -> Waiter<H> {
+        if let Some(timeout) = removed.waiter.timeout {
+            self.deadlines.remove(timeout);
+        }
+        if let Some(check) = removed.orphaned_lease_check {
+            self.deadlines.remove(check);
+        }
+        removed.waiter
+    }
+
+    /// Keeps one lease check per key with waiters, just after the holder's lease end (the
+    /// server expires a key once `now > at`). A lease end that already passed while the key is
+    /// still there (clients paused, say) is looked at again shortly.
+    fn schedule_lease_check(&mut self, key: &LockKey, expires_at: Option<UnixMs>, now: UnixMs) {
+        if !self.queues.has_waiters(key) {
+            return;
+        }
+        let check = expires_at.map(|at| {
+            let when = if at < now {
+                now.saturating_add(OVERDUE_RECHECK_MS)
+            } else {
+                at.saturating_add(1)
+            };
+            self.deadlines.insert(when, Due::LeaseCheck(key.clone()))
+        });
+        if let Some(old) = self.queues.set_lease_check(key, check) {
+            self.deadlines.remove(old);
+        }
+    }
+}
+
+/// An in-memory server for the scheduler's tests (unit and model-based): keys with one holder
+/// and a lease end, a clock the test moves, and every effect recorded in order.
+#[cfg(test)]
+mod testing {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct FakeLock {
+        pub owner: Vec<u8>,
+        pub token: u64,
+        pub expires_at: Option<UnixMs>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Effect {
+        Wrote {
+            key: LockKey,
+            owner: Vec<u8>,
+            token: u64,
+            expires_at: UnixMs,
+        },
+        ReleasedUndelivered {
+            key: LockKey,
+        },
+        Published {
+            key: LockKey,
+        },
+        Answered {
+            handle: u32,
+            answer: Answer,
+            at: UnixMs,
+        },
+        Noted(Note),
+    }
+
+    pub struct FakePort {
+        pub now: UnixMs,
+        pub writes: Writes,
+        pub keys: HashMap<LockKey, FakeLock>,
+        /// Keys whose slot left this node, with the redirect.
+        pub moved: HashMap<LockKey, String>,
+        pub tokens_exhausted: bool,
+        pub last_token: u64,
+        pub effects: Vec<Effect>,
+    }
+
+    impl Default for FakePort {
+        fn default() -> Self {
+            FakePort {
+                now: 1_000,
+                writes: Writes::Allowed,
+                keys: HashMap::new(),
+                moved: HashMap::new(),
+                tokens_exhausted: false,
+                last_token: 0,
+                effects: Vec::new(),
+            }
+        }
+    }
+
+    impl FakePort {
+        /// The key's holder, if its lease still runs (the server expires a key once
+        /// `now > expires_at`, and a write lookup removes it). While writes are paused an
+        /// expired key stays, as in Redis.
+        pub fn holder(&mut self, key: &LockKey) -> Option<&FakeLock> {
+            let expired = self
+                .keys
+                .get(key)
+                .is_some_and(|l| l.expires_at.is_some_and(|at| self.now > at));
+            if expired {
+                if self.writes == Writes::Paused {
+                    return self.keys.get(key);
+                }
+                self.keys.remove(key);
+            }
+            self.keys.get(key)
+        }
+
+        pub fn answers(&self) -> Vec<(u32, Answer)> {
+            self.answers_at()
+                .into_iter()
+                .map(|(h, a, _)| (h, a))
+                .collect()
+        }
+
+        /// Every answer with the time it was given.
+        pub fn answers_at(&self) -> Vec<(u32, Answer, UnixMs)> {
+            self.effects
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Answered { handle, answer, at } => Some((*handle, answer.clone(), *at)),
+                    _ => None,
+                })
+                .collect()
+        }
+    }
+
+    impl Port<u32> for FakePort {
+        fn writes(&self) -> Writes {
+            self.writes
+        }
+
+        fn grant_if_free(&mut self, key: &LockKey, owner: &[u8], handoff: Handoff) -> Attempt {
+            let Handoff {
+                expires_at,
+                check_route,
+                ..
+            } = handoff;
+            assert_eq!(
+                self.writes,
+                Writes::Allowed,
+                "a write while writes are not allowed"
+            );
+            if let Some(held) = self.holder(key) {
+                return Attempt::Held {
+                    expires_at: held.expires_at,
+                };
+            }
+            if check_route {
+                if let Some(redirect) = self.moved.get(key) {
+                    return Attempt::Moved(redirect.clone());
+                }
+            }
+            if self.tokens_exhausted {
+                return Attempt::Refused(LockError::TokensExhausted);
+            }
+            self.last_token += 1;
+            let token = self.last_token;
+            self.keys.insert(
+                key.clone(),
+                FakeLock {
+                    owner: owner.to_vec(),
+                    token,
+                    expires_at: Some(expires_at),
+                },
+            );
+            self.effects.push(Effect::Wrote {
+                key: key.clone(),
+                owner: owner.to_vec(),
+                token,
+                expires_at,
+            });
+            Attempt::Granted { token }
+        }
+
+        fn release_undelivered(&mut self, key: &LockKey, owner: &[u8], token: u64) -> bool {
+            assert_eq!(
+                self.writes,
+                Writes::Allowed,
+                "a write while writes are not allowed"
+            );
+            let ours = self
+                .holder(key)
+                .is_some_and(|l| l.owner == owner && l.token == token);
+            if ours {
+                self.keys.remove(key);
+                self.effects
+                    .push(Effect::ReleasedUndelivered { key: key.clone() });
+            }
+            ours
+        }
+
+        fn publish_unlock(&mut self, key: &LockKey) {
+            self.effects.push(Effect::Published { key: key.clone() });
+        }
+
+        fn answer(&mut self, handle: u32, answer: Answer) {
+            let at = self.now;
+            self.effects.push(Effect::Answered { handle, answer, at });
+        }
+
+        fn note(&mut self, note: Note) {
+            self.effects.push(Effect::Noted(note));
+        }
+    }
+
+    /// The adapter's side of the loop, for tests: queue a blocked acquire as the command would.
+    pub fn wait(
+        s: &mut Scheduler<u32>,
+        port: &mut FakePort,
+        handle: u32,
+        key: &LockKey,
+        owner: &str,
+        lease_ms: u64,
+        wait: Wait,
+    ) -> Result<WaiterId, LockError> {
+        let now = port.now;
+        let seen = match port.holder(key) {
+            None => Seen::Free,
+            Some(l) => Seen::Held {
+                expires_at: l.expires_at,
+            },
+        };
+        s.enqueue(
+            NewWait {
+                handle,
+                key,
+                owner: owner.as_bytes(),
+                lease_ms,
+                wait,
+                seen,
+            },
+            100_000,
+            now,
+        )
+    }
+
+    /// Moves the clock to `to`, firing the one timer at each deadline on the way, as the
+    /// adapter's precise module timer does.
+    pub fn advance_to(s: &mut Scheduler<u32>, port: &mut FakePort, to: UnixMs) {
+        while let Some(at) = s.next_deadline().filter(|at| *at <= to) {
+            port.now = port.now.max(at);
+            s.timer_fired(port, port.now);
+        }
+        port.now = port.now.max(to);
+    }
+
+    /// A release by the holder inside a command: delete, then hand off or publish.
+    pub fn release(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey) {
+        port.keys.remove(key);
+        let now = port.now;
+        if !s.freed(port, key, now) {
+            port.publish_unlock(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    fn key(name: &str) -> LockKey {
+        LockKey::new(0, name.as_bytes())
+    }
+
+    fn granted(token: u64, k: &LockKey, owner: &str) -> Answer {
+        Answer::Granted {
+            token,
+            key: k.clone(),
+            owner: owner.as_bytes().into(),
+        }
+    }
+
+    /// A lock held by `owner` until `expires_at`, as a client's acquire leaves it.
+    fn hold(port: &mut FakePort, k: &LockKey, owner: &str, expires_at: UnixMs) {
+        port.last_token += 1;
+        port.keys.insert(
+            k.clone(),
+            FakeLock {
+                owner: owner.as_bytes().to_vec(),
+                token: port.last_token,
+                expires_at: Some(expires_at),
+            },
+        );
+    }
+
+    fn setup() -> (Scheduler<u32>, FakePort, LockKey) {
+        let mut port = FakePort::default();
+        let k = key("k");
+        hold(&mut port, &k, "holder", 61_000);
+        (Scheduler::default(), port, k)
+    }
+
+    #[test]
+    fn a_release_hands_over_to_the_head_waiter_in_arrival_order() {
+        let (mut s, mut port, k) = setup();
+        for h in 1..=3 {
+            wait(
+                &mut s,
+                &mut port,
+                h,
+                &k,
+                &format!("w{h}"),
+                5_000,
+                Wait::Forever,
+            )
+            .unwrap();
+        }
+        release(&mut s, &mut port, &k);
+        release(&mut s, &mut port, &k);
+        release(&mut s, &mut port, &k);
+        release(&mut s, &mut port, &k);
+        assert_eq!(
+            port.answers(),
+            [
+                (1, granted(2, &k, "w1")),
+                (2, granted(3, &k, "w2")),
+                (3, granted(4, &k, "w3")),
+            ]
+        );
+        // Exactly one wake-up per release, and the last release (nobody waits) publishes.
+        assert_eq!(
+            port.effects.last(),
+            Some(&Effect::Published { key: k.clone() })
+        );
+    }
+
+    #[test]
+    fn a_lease_end_hands_off_just_after_it_and_is_noted_as_lost() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "w", 5_000, Wait::Forever).unwrap();
+        assert_eq!(
+            s.next_deadline(),
+            Some(61_001),
+            "checked at lease end + 1 ms"
+        );
+        advance_to(&mut s, &mut port, 61_000);
+        assert!(port.answers().is_empty(), "not before the lease ends");
+        advance_to(&mut s, &mut port, 61_001);
+        assert_eq!(port.answers(), [(1, granted(2, &k, "w"))]);
+        assert!(port
+            .effects
+            .contains(&Effect::Noted(Note::ExpiredWithWaiters { key: k.clone() })));
+        // The new holder's lease starts at the handoff.
+        assert_eq!(port.keys[&k].expires_at, Some(66_001));
+    }
+
+    #[test]
+    fn a_renewed_lease_moves_the_check_later_and_a_shortened_one_earlier() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "w", 5_000, Wait::Forever).unwrap();
+        // Renewed further: the early check finds the key held and re-arms for the new end.
+        port.keys.get_mut(&k).unwrap().expires_at = Some(90_000);
+        advance_to(&mut s, &mut port, 61_001);
+        assert!(port.answers().is_empty());
+        assert_eq!(s.next_deadline(), Some(90_001));
+        // Shortened: the check moves to the new end at once.
+        port.keys.get_mut(&k).unwrap().expires_at = Some(62_000);
+        s.lease_changed(&k, 62_000, port.now);
+        assert_eq!(s.next_deadline(), Some(62_001));
+        advance_to(&mut s, &mut port, 62_001);
+        assert_eq!(port.answers(), [(1, granted(2, &k, "w"))]);
+    }
+
+    #[test]
+    fn wait_timeouts_answer_nil_on_time_and_leave_the_rest_of_the_queue() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::For(100)).unwrap();
+        wait(&mut s, &mut port, 2, &k, "b", 5_000, Wait::For(50_000)).unwrap();
+        advance_to(&mut s, &mut port, 1_099);
+        assert!(port.answers().is_empty());
+        advance_to(&mut s, &mut port, 1_100);
+        assert_eq!(port.answers(), [(1, Answer::TimedOut)]);
+        release(&mut s, &mut port, &k);
+        assert_eq!(port.answers()[1], (2, granted(2, &k, "b")));
+        // Its timeout was cancelled with the grant.
+        advance_to(&mut s, &mut port, 60_000);
+        assert_eq!(port.answers().len(), 2);
+    }
+
+    #[test]
+    fn a_waiter_that_left_is_skipped_and_its_deadlines_cancelled() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::For(100)).unwrap();
+        wait(&mut s, &mut port, 2, &k, "b", 5_000, Wait::Forever).unwrap();
+        assert!(s.waiter_left(&mut port, 1));
+        assert!(!s.waiter_left(&mut port, 1), "only once");
+        release(&mut s, &mut port, &k);
+        assert_eq!(port.answers(), [(2, granted(2, &k, "b"))]);
+        // Once the last waiter is gone, nothing is left scheduled: the module can unload.
+        assert!(!s.waiter_left(&mut port, 99));
+        release(&mut s, &mut port, &k);
+        advance_to(&mut s, &mut port, 1_000_000);
+        assert!(s.is_idle());
+    }
+
+    #[test]
+    fn an_undelivered_grant_goes_to_the_next_waiter_or_frees_the_key() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        wait(&mut s, &mut port, 2, &k, "b", 5_000, Wait::Forever).unwrap();
+        release(&mut s, &mut port, &k);
+        assert_eq!(port.answers(), [(1, granted(2, &k, "a"))]);
+        // Client 1 vanished before its reply: the server says so from its free callback.
+        s.grant_undelivered(k.clone(), b"a".as_slice().into(), 2, port.now);
+        let now = port.now;
+        advance_to(&mut s, &mut port, now);
+        assert!(port
+            .effects
+            .contains(&Effect::ReleasedUndelivered { key: k.clone() }));
+        assert_eq!(port.answers()[1], (2, granted(3, &k, "b")));
+        // The same for b: nobody waits now, so the key is freed and the unlock published.
+        s.grant_undelivered(k.clone(), b"b".as_slice().into(), 3, port.now);
+        advance_to(&mut s, &mut port, now);
+        assert!(!port.keys.contains_key(&k));
+        assert_eq!(
+            port.effects.last(),
+            Some(&Effect::Published { key: k.clone() })
+        );
+        // A grant the holder already released (or re-entered) is left alone.
+        hold(&mut port, &k, "c", 99_000);
+        s.grant_undelivered(k.clone(), b"b".as_slice().into(), 3, port.now);
+        advance_to(&mut s, &mut port, now);
+        assert_eq!(port.keys[&k].owner, b"c");
+    }
+
+    #[test]
+    fn outside_changes_hand_off_once_per_key() {
+        let (mut s, mut port, k) = setup();
+        let other = LockKey::new(1, b"k");
+        hold(&mut port, &other, "x", 61_000);
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        wait(&mut s, &mut port, 2, &other, "b", 5_000, Wait::Forever).unwrap();
+        // DEL k in db 0, noticed twice.
+        port.keys.remove(&k);
+        let now = port.now;
+        s.keys_changed(
+            &mut port,
+            vec![
+                Change::Key(k.clone(), Cause::Freed),
+                Change::Key(k.clone(), Cause::Freed),
+            ],
+            now,
+        );
+        assert_eq!(port.answers(), [(1, granted(3, &k, "a"))]);
+        // FLUSHDB 1.
+        port.keys.remove(&other);
+        s.keys_changed(&mut port, vec![Change::Db(1)], now);
+        assert_eq!(port.answers()[1], (2, granted(4, &other, "b")));
+    }
+
+    #[test]
+    fn nothing_is_written_while_writes_are_paused_and_handoffs_follow_the_pause() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "w", 5_000, Wait::Forever).unwrap();
+        wait(&mut s, &mut port, 2, &k, "t", 5_000, Wait::For(61_500)).unwrap();
+        port.writes = Writes::Paused;
+        // The lease ends during the pause: the key stays (Redis keeps it) and nothing is
+        // written (the fake port panics on any write while paused).
+        advance_to(&mut s, &mut port, 62_000);
+        assert!(port.answers().is_empty());
+        // A timeout is still answered during the pause: it writes nothing.
+        advance_to(&mut s, &mut port, 62_500);
+        assert_eq!(port.answers(), [(2, Answer::TimedOut)]);
+        advance_to(&mut s, &mut port, 63_000);
+        port.writes = Writes::Allowed;
+        advance_to(&mut s, &mut port, 63_000 + PAUSE_POLL_MS);
+        assert_eq!(port.answers()[1], (1, granted(2, &k, "w")));
+        assert!(port
+            .effects
+            .contains(&Effect::Noted(Note::ExpiredWithWaiters { key: k.clone() })));
+    }
+
+    #[test]
+    fn an_undelivered_grant_waits_for_the_pause_to_end() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        release(&mut s, &mut port, &k);
+        port.writes = Writes::Paused;
+        s.grant_undelivered(k.clone(), b"a".as_slice().into(), 2, port.now);
+        let now = port.now;
+        advance_to(&mut s, &mut port, now + 100);
+        assert!(port.keys.contains_key(&k));
+        port.writes = Writes::Allowed;
+        advance_to(&mut s, &mut port, now + 100 + PAUSE_POLL_MS);
+        assert!(!port.keys.contains_key(&k));
+    }
+
+    #[test]
+    fn a_replica_never_grants() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        port.writes = Writes::Replica;
+        release(&mut s, &mut port, &k);
+        advance_to(&mut s, &mut port, 100_000);
+        assert!(port.answers().is_empty());
+    }
+
+    #[test]
+    fn waiters_of_a_key_that_left_with_its_slot_are_redirected_but_not_on_a_command() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        wait(&mut s, &mut port, 2, &k, "b", 5_000, Wait::Forever).unwrap();
+        port.moved
+            .insert(k.clone(), "ASK 1 127.0.0.1:7001".to_string());
+        // MIGRATE deleted the key here; the event reaches the scheduler.
+        port.keys.remove(&k);
+        let now = port.now;
+        s.keys_changed(&mut port, vec![Change::Key(k.clone(), Cause::Freed)], now);
+        let ask = Answer::Refused("ASK 1 127.0.0.1:7001".to_string());
+        assert_eq!(port.answers(), [(1, ask.clone()), (2, ask)]);
+        // A command on this node means the slot is served here: no route check then.
+        wait(&mut s, &mut port, 3, &k, "c", 5_000, Wait::Forever).unwrap();
+        let now = port.now;
+        assert!(s.freed(&mut port, &k, now));
+    }
+
+    #[test]
+    fn when_tokens_run_out_every_waiter_is_told_instead_of_left_waiting() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        wait(&mut s, &mut port, 2, &k, "b", 5_000, Wait::Forever).unwrap();
+        port.tokens_exhausted = true;
+        release(&mut s, &mut port, &k);
+        let refused = Answer::Refused(LockError::TokensExhausted.reply());
+        assert_eq!(port.answers(), [(1, refused.clone()), (2, refused)]);
+        assert_eq!(s.gauges(), (0, 0));
+    }
+
+    #[test]
+    fn a_waiter_queued_on_a_free_key_is_looked_at_at_once() {
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        // Between an outside DEL and its recheck, an acquire may find the key free but queue
+        // behind the waiters; the scheduler looks again on the next timer.
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        assert_eq!(s.next_deadline(), Some(port.now));
+        let now = port.now;
+        advance_to(&mut s, &mut port, now);
+        assert_eq!(port.answers(), [(1, granted(1, &k, "a"))]);
+    }
+
+    #[test]
+    fn an_overdue_lease_is_looked_at_again_shortly_not_in_a_loop() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        // The key outlives its lease end (as while clients are paused by CLIENT PAUSE in
+        // another form): the check comes back after OVERDUE_RECHECK_MS, not at once.
+        port.keys.get_mut(&k).unwrap().expires_at = None;
+        advance_to(&mut s, &mut port, 61_001);
+        assert_eq!(s.next_deadline(), None, "no lease: nothing to check");
+        port.keys.get_mut(&k).unwrap().expires_at = Some(50_000);
+        s.lease_changed(&k, 50_000, port.now);
+        assert_eq!(s.next_deadline(), Some(61_001 + OVERDUE_RECHECK_MS));
+    }
+
+    #[test]
+    fn a_full_queue_refuses_before_the_client_is_blocked() {
+        let (mut s, mut port, k) = setup();
+        assert_eq!(s.has_room(&k, 1), Ok(()));
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
+        assert_eq!(s.has_room(&k, 1), Err(LockError::TooManyWaiters { max: 1 }));
+    }
+}
+
+/// Model-based: random sequences of what clients, the clock and the server do, checked against
+/// a plain reference model (one FIFO list per key). Properties: a grant goes only to the
+/// longest-waiting waiter still queued, only when the key is free, never while writes are
+/// paused; every waiter is answered exactly once, never after it left, never timed out early;
+/// tokens only rise; once everyone is done nothing stays scheduled.
+#[cfg(test)]
+mod model {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::testing::*;
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Acquire {
+            key: u8,
+            wait: Option<u64>,
+            lease: u64,
+        },
+        Release {
+            key: u8,
+        },
+        Leave {
+            pick: usize,
+        },
+        Advance {
+            ms: u64,
+        },
+        Pause(bool),
+        DeleteOutside {
+            key: u8,
+        },
+        Undelivered {
+            key: u8,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..2, proptest::option::of(prop_oneof![Just(0u64), 1u64..400]), 1u64..300)
+                .prop_map(|(key, wait, lease)| Op::Acquire { key, wait, lease }),
+            3 => (0u8..2).prop_map(|key| Op::Release { key }),
+            1 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
+            3 => (0u64..200).prop_map(|ms| Op::Advance { ms }),
+            1 => any::<bool>().prop_map(Op::Pause),
+            1 => (0u8..2).prop_map(|key| Op::DeleteOutside { key }),
+            1 => (0u8..2).prop_map(|key| Op::Undelivered { key }),
+        ]
+    }
+
+    struct Model {
+        queues: HashMap<LockKey, Vec<u32>>,
+        deadline: HashMap<u32, UnixMs>,
+        owner: HashMap<u32, String>,
+        answered: HashMap<u32, Answer>,
+        last_grant_token: u64,
+        checked: usize,
+    }
+
+    impl Model {
+        /// Checks every answer the scheduler gave since the last call.
+        fn check_answers(&mut self, port: &FakePort) -> Result<(), TestCaseError> {
+            let answers = port.answers_at();
+            for (handle, answer, at) in answers.iter().skip(self.checked) {
+                prop_assert!(
+                    !self.answered.contains_key(handle),
+                    "{handle} answered twice"
+                );
+                let (key, queue) = self
+                    .queues
+                    .iter_mut()
+                    .find(|(_, q)| q.contains(handle))
+                    .ok_or_else(|| {
+                        TestCaseError::fail(format!("{handle} answered but not queued"))
+                    })?;
+                match answer {
+                    Answer::Granted {
+                        token,
+                        key: granted_key,
+                        owner,
+                    } => {
+                        prop_assert_eq!(granted_key, key);
+                        prop_assert_eq!(queue.first(), Some(handle), "not FIFO");
+                        prop_assert!(*token > self.last_grant_token, "token did not rise");
+                        self.last_grant_token = *token;
+                        prop_assert_eq!(owner.as_ref(), self.owner[handle].as_bytes());
+                    }
+                    Answer::TimedOut => {
+                        // The one timer fires exactly at each deadline: never early, never late.
+                        prop_assert_eq!(*at, self.deadline[handle], "timed out at the wrong time");
+                    }
+                    Answer::Refused(reply) => prop_assert!(false, "refused: {}", reply),
+                }
+                queue.retain(|h| h != handle);
+                self.answered.insert(*handle, answer.clone());
+            }
+            self.checked = answers.len();
+            Ok(())
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_scheduler_matches_a_fifo_model(ops in proptest::collection::vec(op(), 1..120)) {
+            let mut s: Scheduler<u32> = Scheduler::default();
+            let mut port = FakePort::default();
+            let keys = [LockKey::new(0, b"a"), LockKey::new(0, b"b")];
+            let mut model = Model {
+                queues: HashMap::new(),
+                deadline: HashMap::new(),
+                owner: HashMap::new(),
+                answered: HashMap::new(),
+                last_grant_token: 0,
+                checked: 0,
+            };
+            let mut next_handle = 0u32;
+            for op in ops {
+                let paused = port.writes == Writes::Paused;
+                match op {
+                    // Client commands are writes: Redis postpones them during a pause.
+                    Op::Acquire { key, wait: w, lease } if !paused => {
+                        let k = &keys[usize::from(key)];
+                        let free = port.holder(k).is_none() && s.waiters_on(k) == 0;
+                        if free {
+                            port.last_token += 1;
+                            let token = port.last_token;
+                            port.keys.insert(k.clone(), FakeLock {
+                                owner: b"direct".to_vec(),
+                                token,
+                                expires_at: Some(port.now + lease),
+                            });
+                            // Direct grants are tokens too: later grants must be above them.
+                            model.last_grant_token = token;
+                        } else if let Some(ms) = w {
+                            next_handle += 1;
+                            let h = next_handle;
+                            let wait = if ms == 0 { Wait::Forever } else { Wait::For(ms) };
+                            let owner = format!("o{h}");
+                            wait_for(&mut s, &mut port, h, k, &owner, lease, wait)?;
+                            model.queues.entry(k.clone()).or_default().push(h);
+                            model.deadline.insert(h, if ms == 0 { UnixMs::MAX } else { port.now + ms });
+                            model.owner.insert(h, owner);
+                        }
+                    }
+                    Op::Release { key } if !paused => {
+                        let k = &keys[usize::from(key)];
+                        if port.holder(k).is_some() {
+                            release(&mut s, &mut port, k);
+                        }
+                    }
+                    Op::DeleteOutside { key } if !paused => {
+                        let k = &keys[usize::from(key)];
+                        port.keys.remove(k);
+                        let now = port.now;
+                        s.keys_changed(&mut port, vec![Change::Key(k.clone(), Cause::Freed)], now);
+                    }
+                    Op::Undelivered { key } => {
+                        let k = &keys[usize::from(key)];
+                        if let Some(l) = port.holder(k).cloned() {
+                            if l.owner != b"direct" {
+                                let now = port.now;
+                                s.grant_undelivered(k.clone(), l.owner.into(), l.token, now);
+                            }
+                        }
+                    }
+                    Op::Leave { pick } => {
+                        let queued: Vec<u32> = model.queues.values().flatten().copied().collect();
+                        if !queued.is_empty() {
+                            let h = queued[pick % queued.len()];
+                            prop_assert!(s.waiter_left(&mut port, h));
+                            for q in model.queues.values_mut() {
+                                q.retain(|x| *x != h);
+                            }
+                        }
+                    }
+                    Op::Advance { ms } => {
+                        let to = port.now + ms;
+                        advance_to(&mut s, &mut port, to);
+                    }
+                    Op::Pause(on) => {
+                        port.writes = if on { Writes::Paused } else { Writes::Allowed };
+                    }
+                    _ => {}
+                }
+                model.check_answers(&port)?;
+                // The one-holder invariant is the fake's; the scheduler must never grant a held
+                // key: every grant wrote a key that was free (the fake returns Held otherwise).
+            }
+            // Everyone finishes: no pause, holders release, time runs out.
+            port.writes = Writes::Allowed;
+            for _ in 0..1_000 {
+                let to = port.now + 500;
+                advance_to(&mut s, &mut port, to);
+                for k in &keys {
+                    if port.holder(k).is_some() {
+                        release(&mut s, &mut port, k);
+                    }
+                }
+                model.check_answers(&port)?;
+                if model.queues.values().all(Vec::is_empty) {
+                    break;
+                }
+            }
+            prop_assert!(model.queues.values().all(Vec::is_empty), "waiters never answered");
+            let to = port.now + 1_000;
+            advance_to(&mut s, &mut port, to);
+            prop_assert!(s.is_idle(), "something stays scheduled with nobody waiting");
+        }
+    }
+
+    fn wait_for(
+        s: &mut Scheduler<u32>,
+        port: &mut FakePort,
+        handle: u32,
+        key: &LockKey,
+        owner: &str,
+        lease_ms: u64,
+        wait_kind: Wait,
+    ) -> Result<(), TestCaseError> {
+        wait(s, port, handle, key, owner, lease_ms, wait_kind)
+            .map(|_| ())
+            .map_err(|e| TestCaseError::fail(e.reply()))
+    }
+}
