@@ -394,9 +394,12 @@ fn command_docs_and_key_specs_describe_every_command() {
         .unwrap();
     let text = String::from_utf8_lossy(&info.stdout);
     // Not denyoom: under maxmemory a holder still re-enters (LOCK.ACQUIRE refuses only a new
-    // lock, with Redis's OOM error).
+    // lock, with Redis's OOM error). Blocking: it may block (with WAIT).
     assert!(
-        text.contains("write") && text.contains("RW") && !text.contains("denyoom"),
+        text.contains("write")
+            && text.contains("RW")
+            && text.contains("blocking")
+            && !text.contains("denyoom"),
         "{text}"
     );
 }

@@ -21,7 +21,7 @@ type Handler = extern "C" fn(Ctx, *mut RawString, c_int) -> c_int;
 const COMMANDS: [(&CStr, Handler, &CStr); 5] = [
     // Not deny-oom: under maxmemory a holder must still re-enter, renew and release. A new
     // lock is refused with Redis's own OOM error inside LOCK.ACQUIRE.
-    (c"lock.acquire", acquire::acquire, c"write"),
+    (c"lock.acquire", acquire::acquire, c"write blocking"),
     (c"lock.release", release::release, c"write fast"),
     (c"lock.renew", renew::renew, c"write fast"),
     (c"lock.info", info::info, c"readonly fast"),
