@@ -1,12 +1,13 @@
 # The two commands: `make run` (build, start Redis with the module) and `make test` (build, run
-# every check and test). Each installs what it needs first (scripts/deps.sh).
+# every check and test). Each installs what it needs first (scripts/deps.sh). `make test-clients`
+# runs the client libraries of docs/clients.md that need more runtimes (scripts/client-deps.sh).
 SHELL := /bin/bash
 PORT ?= 6379
 CARGO ?= cargo
 RELEASE_MODULE := target/release/libredis_lock.so
 DEBUG_MODULE := target/debug/libredis_lock.so
 
-.PHONY: deps build run test lint faults bench bench-quick clean
+.PHONY: deps build run test test-clients lint faults bench bench-quick clean
 
 deps:
 	@bash scripts/deps.sh
@@ -29,6 +30,14 @@ test: deps lint
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh default
+
+# docs/clients.md's other libraries (glide, redigo, go-redis v5, redis-rb, predis, phpredis,
+# Perl): a few of their cases wait out a 60 s default timeout, so they are not in `make test`.
+test-clients: deps
+	@bash scripts/client-deps.sh
+	$(CARGO) build --lib
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh extra
 
 # The fault test of `make test` (20 s), run longer: `make faults SECS=300`.
 SECS ?= 120

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing need, only when missing: redis-server and redis-cli
-# (Debian's 7.0.x), libclang (bindgen, used by redis-module), a C toolchain, python3, and
-# clippy/rustfmt.
+# (Debian's 7.0.x), libclang (bindgen, used by redis-module), a C toolchain, python3 (with venv),
+# Node.js and npm, and clippy/rustfmt.
 set -euo pipefail
 
 need=()
@@ -10,6 +10,11 @@ command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 # The CLI transcript tests and scripts/profile.sh use python3.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# The client tests (tests/clients/run.sh) put redis-py in a venv and the Node libraries in
+# tests/clients/node/node_modules (they need Node 20 or newer).
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 # bindgen needs libclang itself (libclang.so / libclang-NN.so), not libclang-cpp, which other
 # packages install on their own.
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/*/libclang-[0-9]*.so*' >/dev/null || need+=(libclang-dev)

@@ -1,0 +1,184 @@
+// ioredis 6 against LOCK.*: what docs/clients.md says about it.
+//
+// Defaults: RESP3 with replyMapping "legacy" (maps as flat arrays), no commandTimeout, and a
+// command that was pending when the connection dropped is sent again after the reconnect
+// (autoResendUnfulfilledCommands). The safe setting on the connection that sends WAIT: no
+// commandTimeout (or one above the WAIT) and retryStrategy: () => null (no reconnect, so a
+// dropped connection fails the WAIT instead of sending it again).
+'use strict';
+
+const Redis = require('ioredis');
+const { HOST, PORT, CLUSTER, test, run, check, sleep, unique, parseInfo } = require('./harness');
+
+const admin = new Redis({ host: HOST, port: PORT });
+const lockStats = async () => parseInfo(await admin.info('lock'));
+
+// LOCK.INFO's flat [name, value, ...] reply as an object.
+const fields = (flat) => Object.fromEntries(flat.map((v, i) => (i % 2 ? null : [v, flat[i + 1]])).filter(Boolean));
+
+test('acquire, renew, LOCK.INFO (flat array by default), release', async () => {
+  const redis = new Redis({ host: HOST, port: PORT });
+  const key = unique('ioredis:basic');
+  const token = await redis.call('LOCK.ACQUIRE', key, 'worker-1', 30000); // number, or null if busy
+  check(typeof token === 'number' && token > 0, `token ${token}`);
+  check((await redis.call('LOCK.ACQUIRE', key, 'worker-2', 30000)) === null, 'busy: null');
+  check((await redis.call('LOCK.RENEW', key, 'worker-1', 30000)) === 1, 'renew: 1');
+  const info = await redis.call('LOCK.INFO', key);
+  check(Array.isArray(info) && info.length === 10, `shape ${JSON.stringify(info)}`);
+  const f = fields(info);
+  check(f.owner === 'worker-1' && f.count === 1 && f.token === token && f.waiters === 0, JSON.stringify(f));
+  check(f.ttl > 0 && f.ttl <= 30000, JSON.stringify(f));
+  check((await redis.call('LOCK.RELEASE', key, 'worker-1')) === 0, 'release: 0');
+  check((await redis.call('LOCK.INFO', key)) === null, 'free: null');
+  redis.disconnect();
+});
+
+test('replyMapping "resp3": LOCK.INFO is an object', async () => {
+  const redis = new Redis({ host: HOST, port: PORT, replyMapping: 'resp3' });
+  const key = unique('ioredis:resp3');
+  const token = await redis.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+  const info = await redis.call('LOCK.INFO', key);
+  check(!Array.isArray(info) && info.owner === 'worker-1' && info.token === token, JSON.stringify(info));
+  await redis.call('LOCK.RELEASE', key, 'worker-1');
+  redis.disconnect();
+});
+
+test('WAIT (no commandTimeout, retryStrategy: () => null): granted returns the token, timeout null', async () => {
+  const key = unique('ioredis:wait');
+  const first = await admin.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+  const waiter = new Redis({ host: HOST, port: PORT, retryStrategy: () => null });
+  setTimeout(() => admin.call('LOCK.RELEASE', key, 'worker-1'), 300);
+  const token = await waiter.call('LOCK.ACQUIRE', key, 'worker-2', 30000, 'WAIT', 10000);
+  check(typeof token === 'number' && token > first, `token ${token} after ${first}`);
+  try {
+    check(fields(await waiter.call('LOCK.INFO', key)).owner === 'worker-2', 'worker-2 holds it');
+  } finally {
+    check((await waiter.call('LOCK.RELEASE', key, 'worker-2')) === 0, 'release');
+  }
+  const t = Date.now();
+  await admin.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+  check((await waiter.call('LOCK.ACQUIRE', key, 'worker-2', 30000, 'WAIT', 300)) === null, 'timeout: null');
+  check(Date.now() - t < 2000, 'on time');
+  await admin.call('LOCK.RELEASE', key, 'worker-1');
+  waiter.disconnect();
+});
+
+test('commandTimeout below the WAIT keeps the connection: the abandoned waiter is granted later', async () => {
+  const key = unique('ioredis:abandoned');
+  await admin.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+  const redis = new Redis({ host: HOST, port: PORT, commandTimeout: 300 });
+  const t = Date.now();
+  let error = null;
+  await redis.call('LOCK.ACQUIRE', key, 'worker-2', 1500, 'WAIT', 10000).catch((e) => (error = e));
+  check(error && /timed out/i.test(error.message), `rejected: ${error}`);
+  check(Date.now() - t < 1500, 'rejected at the client timeout');
+  check(fields(await admin.call('LOCK.INFO', key)).waiters === 1, 'still queued on the server');
+  await admin.call('LOCK.RELEASE', key, 'worker-1');
+  const f = fields(await admin.call('LOCK.INFO', key));
+  check(f.owner === 'worker-2', `granted to the caller that gave up: ${JSON.stringify(f)}`);
+  await sleep(1700);
+  check((await admin.call('LOCK.INFO', key)) === null, 'held until its 1500 ms lease ended');
+  redis.disconnect();
+});
+
+test('on a client-side timeout, disconnect: the waiter leaves the queue', async () => {
+  const key = unique('ioredis:disconnect');
+  await admin.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+  const redis = new Redis({ host: HOST, port: PORT, commandTimeout: 300 });
+  try {
+    await redis.call('LOCK.ACQUIRE', key, 'worker-2', 30000, 'WAIT', 10000);
+    throw new Error('expected a timeout');
+  } catch (e) {
+    check(/timed out/i.test(e.message), e.message);
+    redis.disconnect(); // the waiter goes with its connection
+  }
+  await sleep(100);
+  check(fields(await admin.call('LOCK.INFO', key)).waiters === 0, 'no waiter left');
+  check((await admin.call('LOCK.RELEASE', key, 'worker-1')) === 0, 'free after release');
+  check((await admin.call('LOCK.INFO', key)) === null, 'nobody was granted');
+});
+
+async function killDuringWait(options) {
+  const key = unique('ioredis:kill');
+  await admin.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+  const redis = new Redis({ host: HOST, port: PORT, ...options });
+  redis.on('error', () => {});
+  const id = await redis.client('ID');
+  const before = await lockStats();
+  const reply = redis.call('LOCK.ACQUIRE', key, 'worker-2', 30000, 'WAIT', 1000).then(
+    (v) => ({ v }),
+    (e) => ({ e: e.message })
+  );
+  await sleep(200);
+  await admin.client('KILL', 'ID', id);
+  const result = await Promise.race([reply, sleep(3000).then(() => 'still pending after 3 s')]);
+  const after = await lockStats();
+  await admin.call('LOCK.FORCERELEASE', key);
+  redis.disconnect();
+  return { result, waits: after.lock_waits_started - before.lock_waits_started };
+}
+
+test('a dropped connection re-sends the WAIT by default; retryStrategy: () => null fails it instead', async () => {
+  const byDefault = await killDuringWait({});
+  check(byDefault.waits === 2 && byDefault.result.v === null, `default: ${JSON.stringify(byDefault)}`);
+  const noRetry = await killDuringWait({ retryStrategy: () => null });
+  check(noRetry.waits === 1 && /closed/.test(noRetry.result.e), `no retry: ${JSON.stringify(noRetry)}`);
+  // autoResendUnfulfilledCommands: false drops the pending call: it never settles.
+  const noResend = await killDuringWait({ autoResendUnfulfilledCommands: false });
+  check(noResend.waits === 1 && noResend.result === 'still pending after 3 s', `no resend: ${JSON.stringify(noResend)}`);
+});
+
+// --- cluster ---------------------------------------------------------------------------------
+
+async function nodeStats() {
+  const out = {};
+  for (const port of CLUSTER) {
+    const r = new Redis({ host: HOST, port });
+    const errors = parseInfo(await r.info('errorstats'));
+    out[port] = Number((/count=(\d+)/.exec(errors.errorstat_MOVED || '') || [0, 0])[1]);
+    r.disconnect();
+  }
+  return out;
+}
+
+async function keysOnEveryNode(prefix) {
+  const r = new Redis({ host: HOST, port: CLUSTER[0] });
+  const ranges = (await r.cluster('SLOTS')).map(([low, high, master]) => [low, high, master[1]]);
+  const keys = {};
+  for (let i = 0; Object.keys(keys).length < CLUSTER.length; i++) {
+    const slot = await r.cluster('KEYSLOT', `${prefix}:${i}`);
+    const port = ranges.find(([low, high]) => low <= slot && slot <= high)[2];
+    keys[port] ??= `${prefix}:${i}`;
+  }
+  r.disconnect();
+  return keys;
+}
+
+test('cluster: LOCK.* goes to an arbitrary node and follows MOVED; results are right', async () => {
+  const cluster = new Redis.Cluster([{ host: HOST, port: CLUSTER[0] }]);
+  const keys = Object.values(await keysOnEveryNode(unique('ioredis:cluster')));
+  const before = await nodeStats();
+  for (let round = 0; round < 5; round++) {
+    for (const key of keys) {
+      const token = await cluster.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+      check(typeof token === 'number', `token ${token}`);
+      check(fields(await cluster.call('LOCK.INFO', key)).token === token, 'info');
+      check((await cluster.call('LOCK.RELEASE', key, 'worker-1')) === 0, 'release');
+    }
+  }
+  const after = await nodeStats();
+  const moved = CLUSTER.reduce((sum, p) => sum + after[p] - before[p], 0);
+  check(moved > 0, `some of the 45 commands were redirected: ${moved}`);
+  // WAIT through the cluster client.
+  const key = keys[1];
+  const first = await cluster.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+  setTimeout(() => cluster.call('LOCK.RELEASE', key, 'worker-1'), 300);
+  const waiter = new Redis.Cluster([{ host: HOST, port: CLUSTER[0] }]);
+  const token = await waiter.call('LOCK.ACQUIRE', key, 'worker-2', 30000, 'WAIT', 10000);
+  check(token > first, `granted ${token} after ${first}`);
+  check((await waiter.call('LOCK.RELEASE', key, 'worker-2')) === 0, 'release');
+  cluster.disconnect();
+  waiter.disconnect();
+});
+
+run().finally(() => admin.disconnect());

@@ -1,0 +1,166 @@
+// node-redis 6 against LOCK.*: what docs/clients.md says about it.
+//
+// Defaults: RESP3 (LOCK.INFO is an object), no socket timeout; arguments must be strings; a
+// command pending when the connection drops is rejected, not sent again. In a cluster, pass the
+// lock key as sendCommand's firstKey so the command goes straight to the key's node.
+'use strict';
+
+const { createClient, createCluster } = require('redis');
+const { HOST, PORT, CLUSTER, test, run, check, sleep, unique, parseInfo } = require('./harness');
+
+const url = `redis://${HOST}:${PORT}`;
+let admin;
+const lockStats = async () => parseInfo(await admin.sendCommand(['INFO', 'lock']));
+
+test('acquire, renew, LOCK.INFO (object under RESP3, the default), release', async () => {
+  const client = await createClient({ url }).connect();
+  const key = unique('node-redis:basic');
+  const token = await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']); // number or null
+  check(typeof token === 'number' && token > 0, `token ${token}`);
+  check((await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000'])) === null, 'busy: null');
+  check((await client.sendCommand(['LOCK.RENEW', key, 'worker-1', '30000'])) === 1, 'renew: 1');
+  const info = await client.sendCommand(['LOCK.INFO', key]);
+  check(!Array.isArray(info) && info.owner === 'worker-1' && info.count === 1, JSON.stringify(info));
+  check(info.token === token && info.waiters === 0 && info.ttl > 0 && info.ttl <= 30000, JSON.stringify(info));
+  check((await client.sendCommand(['LOCK.RELEASE', key, 'worker-1'])) === 0, 'release: 0');
+  check((await client.sendCommand(['LOCK.INFO', key])) === null, 'free: null');
+  let error = null;
+  try {
+    await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', 30000]);
+  } catch (e) {
+    error = e;
+  }
+  check(error instanceof TypeError, `a number argument is refused: ${error}`);
+  await client.close();
+});
+
+test('RESP: 2: LOCK.INFO is a flat array', async () => {
+  const client = await createClient({ url, RESP: 2 }).connect();
+  const key = unique('node-redis:resp2');
+  const token = await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+  const info = await client.sendCommand(['LOCK.INFO', key]);
+  check(Array.isArray(info) && info.length === 10 && info[0] === 'owner' && info[1] === 'worker-1', JSON.stringify(info));
+  check(info[6] === 'token' && info[7] === token, JSON.stringify(info));
+  await client.sendCommand(['LOCK.RELEASE', key, 'worker-1']);
+  await client.close();
+});
+
+test('WAIT with defaults: granted returns the token, timeout returns null', async () => {
+  const key = unique('node-redis:wait');
+  const first = await admin.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+  const waiter = await createClient({ url }).connect();
+  setTimeout(() => admin.sendCommand(['LOCK.RELEASE', key, 'worker-1']), 300);
+  const token = await waiter.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '10000']);
+  check(typeof token === 'number' && token > first, `token ${token} after ${first}`);
+  try {
+    check((await waiter.sendCommand(['LOCK.INFO', key])).owner === 'worker-2', 'worker-2 holds it');
+  } finally {
+    check((await waiter.sendCommand(['LOCK.RELEASE', key, 'worker-2'])) === 0, 'release');
+  }
+  await admin.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+  const t = Date.now();
+  check((await waiter.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '300'])) === null, 'null');
+  check(Date.now() - t < 2000, 'on time');
+  await admin.sendCommand(['LOCK.RELEASE', key, 'worker-1']);
+  await waiter.close();
+});
+
+test('socketTimeout below the WAIT closes the client for good; the waiter leaves the queue', async () => {
+  const key = unique('node-redis:socket-timeout');
+  await admin.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+  const client = createClient({ url, socket: { socketTimeout: 300 } });
+  client.on('error', () => {});
+  await client.connect();
+  let error = null;
+  await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '10000']).catch((e) => (error = e));
+  check(error && /timeout/i.test(error.message), `rejected: ${error}`);
+  await sleep(200);
+  check(!client.isOpen, 'the client is closed');
+  const later = await client.ping().then(() => null, (e) => e);
+  check(later && later.constructor.name === 'ClientClosedError', `for good: ${later}`);
+  check((await admin.sendCommand(['LOCK.INFO', key])).waiters === 0, 'no waiter left');
+  check((await admin.sendCommand(['LOCK.RELEASE', key, 'worker-1'])) === 0, 'release');
+  check((await admin.sendCommand(['LOCK.INFO', key])) === null, 'nobody was granted');
+});
+
+test('a dropped connection fails the pending WAIT; it is not sent again', async () => {
+  const key = unique('node-redis:kill');
+  await admin.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+  const client = createClient({ url });
+  client.on('error', () => {});
+  await client.connect();
+  const id = await client.sendCommand(['CLIENT', 'ID']);
+  const before = await lockStats();
+  const reply = client.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '1000']).then(
+    (v) => ({ v }),
+    (e) => ({ e: e.message })
+  );
+  await sleep(200);
+  await admin.sendCommand(['CLIENT', 'KILL', 'ID', String(id)]);
+  const result = await Promise.race([reply, sleep(3000).then(() => 'pending')]);
+  const after = await lockStats();
+  check(result.e, `rejected: ${JSON.stringify(result)}`);
+  check(after.lock_waits_started - before.lock_waits_started === 1, 'sent once');
+  await admin.sendCommand(['LOCK.FORCERELEASE', key]);
+  await client.close().catch(() => {});
+});
+
+// --- cluster ---------------------------------------------------------------------------------
+
+async function movedPerNode() {
+  const out = {};
+  for (const port of CLUSTER) {
+    const c = await createClient({ url: `redis://${HOST}:${port}` }).connect();
+    const errors = parseInfo(await c.sendCommand(['INFO', 'errorstats']));
+    out[port] = Number((/count=(\d+)/.exec(errors.errorstat_MOVED || '') || [0, 0])[1]);
+    await c.close();
+  }
+  return out;
+}
+
+async function keysOnEveryNode(prefix) {
+  const c = await createClient({ url: `redis://${HOST}:${CLUSTER[0]}`, RESP: 2 }).connect();
+  const ranges = (await c.sendCommand(['CLUSTER', 'SLOTS'])).map(([low, high, master]) => [low, high, master[1]]);
+  const keys = [];
+  const seen = new Set();
+  for (let i = 0; seen.size < CLUSTER.length; i++) {
+    const slot = await c.sendCommand(['CLUSTER', 'KEYSLOT', `${prefix}:${i}`]);
+    const port = ranges.find(([low, high]) => low <= slot && slot <= high)[2];
+    if (!seen.has(port)) {
+      seen.add(port);
+      keys.push(`${prefix}:${i}`);
+    }
+  }
+  await c.close();
+  return keys;
+}
+
+test('cluster: sendCommand(key, false, [...]) goes straight to the key\'s node, WAIT included', async () => {
+  const keys = await keysOnEveryNode(unique('node-redis:cluster'));
+  const before = await movedPerNode();
+  const cluster = createCluster({ rootNodes: [{ url: `redis://${HOST}:${CLUSTER[0]}` }] });
+  await cluster.connect();
+  for (const key of keys) {
+    const token = await cluster.sendCommand(key, false, ['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+    check(typeof token === 'number', `token ${token}`);
+    check((await cluster.sendCommand(key, true, ['LOCK.INFO', key])).token === token, 'info');
+    check((await cluster.sendCommand(key, false, ['LOCK.RENEW', key, 'worker-1', '30000'])) === 1, 'renew');
+    check((await cluster.sendCommand(key, false, ['LOCK.RELEASE', key, 'worker-1'])) === 0, 'release');
+  }
+  const key = keys[1];
+  const first = await cluster.sendCommand(key, false, ['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+  setTimeout(() => cluster.sendCommand(key, false, ['LOCK.RELEASE', key, 'worker-1']), 300);
+  const waiter = await createCluster({ rootNodes: [{ url: `redis://${HOST}:${CLUSTER[0]}` }] }).connect();
+  const token = await waiter.sendCommand(key, false, ['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '10000']);
+  check(token > first, `granted ${token} after ${first}`);
+  check((await waiter.sendCommand(key, false, ['LOCK.RELEASE', key, 'worker-2'])) === 0, 'release');
+  const after = await movedPerNode();
+  for (const port of CLUSTER) check(after[port] === before[port], `no MOVED on ${port}`);
+  await cluster.close();
+  await waiter.close();
+});
+
+(async () => {
+  admin = await createClient({ url }).connect();
+  await run();
+})();

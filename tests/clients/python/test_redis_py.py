@@ -1,0 +1,382 @@
+"""redis-py 8 (sync and asyncio) against LOCK.*: what docs/clients.md says about it.
+
+redis-py 8.1 defaults: RESP3, socket_timeout 5 s, and 10 retries of a command whose read timed
+out (the connection is closed and the command sent again). The safe setting on the connection
+that sends WAIT: socket_timeout above the WAIT (or None) and retry=Retry(NoBackoff(), 0).
+"""
+
+import asyncio
+import threading
+import time
+import uuid
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.retry
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from harness import CLUSTER, HOST, PORT, Clock, case, check, run, unique
+
+
+def admin():
+    return redis.Redis(host=HOST, port=PORT)
+
+
+def lock_stats(r):
+    return {k: v for k, v in r.info("lock").items() if isinstance(v, int)}
+
+
+def delta(before, after):
+    return {k: after[k] - before[k] for k in after}
+
+
+def release_later(key, owner, seconds):
+    def go():
+        time.sleep(seconds)
+        admin().execute_command("LOCK.RELEASE", key, owner)
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+# --- the snippets of docs/clients.md -------------------------------------------------------
+
+
+def waiting_client():
+    # The connection that sends WAIT: no read timeout below the WAIT, no retries.
+    return redis.Redis(host=HOST, port=PORT, socket_timeout=None, retry=Retry(NoBackoff(), 0))
+
+
+@case
+def sync_acquire_renew_info_release_RESP3_default():
+    r = redis.Redis(host=HOST, port=PORT)
+    key = unique("py:basic")
+    token = r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)  # int, or None if busy
+    check(isinstance(token, int) and token > 0, f"token {token!r}")
+    check(r.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000) is None, "busy lock: None")
+    check(r.execute_command("LOCK.RENEW", key, "worker-1", 30000) == 1, "renew: 1")
+    info = r.execute_command("LOCK.INFO", key)
+    # RESP3 (redis-py 8's default): a dict with bytes keys.
+    check(isinstance(info, dict), f"LOCK.INFO shape {info!r}")
+    check(info[b"owner"] == b"worker-1" and info[b"count"] == 1, f"{info!r}")
+    check(info[b"token"] == token and info[b"waiters"] == 0, f"{info!r}")
+    check(0 < info[b"ttl"] <= 30000, f"{info!r}")
+    check(r.execute_command("LOCK.RELEASE", key, "worker-1") == 0, "release: 0 = free")
+    check(r.execute_command("LOCK.RELEASE", key, "worker-1") is None, "not held: None")
+    check(r.execute_command("LOCK.RENEW", key, "worker-1", 30000) == 0, "not held: renew 0")
+    check(r.execute_command("LOCK.INFO", key) is None, "free: None")
+
+
+@case
+def sync_LOCK_INFO_under_RESP2_is_a_flat_list():
+    r = redis.Redis(host=HOST, port=PORT, protocol=2)
+    key = unique("py:resp2")
+    token = r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+    info = r.execute_command("LOCK.INFO", key)
+    check(isinstance(info, list) and len(info) == 10, f"LOCK.INFO shape {info!r}")
+    fields = dict(zip(info[0::2], info[1::2]))
+    check(info[0::2] == [b"owner", b"count", b"ttl", b"token", b"waiters"], f"{info!r}")
+    check(fields[b"owner"] == b"worker-1" and fields[b"token"] == token, f"{info!r}")
+    r.execute_command("LOCK.RELEASE", key, "worker-1")
+
+
+@case
+def sync_WAIT_granted_returns_the_token():
+    key = unique("py:wait")
+    holder = admin()
+    first = holder.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+    t = release_later(key, "worker-1", 0.3)
+    r = waiting_client()
+    token = r.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 10000)
+    t.join()
+    check(isinstance(token, int) and token > first, f"granted token {token!r} after {first}")
+    try:
+        check(r.execute_command("LOCK.INFO", key)[b"owner"] == b"worker-2", "worker-2 holds it")
+    finally:
+        check(r.execute_command("LOCK.RELEASE", key, "worker-2") == 0, "release: 0")
+
+
+@case
+def sync_WAIT_timeout_is_None():
+    key = unique("py:timeout")
+    admin().execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+    clock = Clock()
+    reply = waiting_client().execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 300)
+    check(reply is None, f"reply {reply!r}")
+    check(0.25 < clock.elapsed() < 2, f"elapsed {clock.elapsed():.2f}s")
+    admin().execute_command("LOCK.FORCERELEASE", key)
+
+
+@case
+def sync_defaults_cut_a_WAIT_over_5s_and_send_it_again():
+    # Defaults: socket_timeout 5 s, 10 retries. The lock's lease ends at 6 s; a WAIT 5500 is
+    # answered nil by the server at 5.5 s, but redis-py gives up at 5 s, closes the connection
+    # and sends the WAIT again: the second wait is granted at 6 s, past what the caller asked.
+    key = unique("py:defaults")
+    defaults = redis.Redis(host=HOST, port=PORT)
+    check(defaults.connection_pool.connection_kwargs["socket_timeout"] == 5, "default socket_timeout 5 s")
+    check(defaults.get_retry().get_retries() == 10, "default retries: 10")
+    a = admin()
+    first = a.execute_command("LOCK.ACQUIRE", key, "worker-1", 6000)
+    before = lock_stats(a)
+    clock = Clock()
+    reply = defaults.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 5500)
+    elapsed = clock.elapsed()
+    d = delta(before, lock_stats(a))
+    check(isinstance(reply, int) and reply > first, f"reply {reply!r}")
+    check(elapsed > 5.8, f"returned after {elapsed:.2f}s, later than the 5.5 s asked")
+    check(d["lock_waits_started"] == 2, f"the server saw 2 waits: {d}")
+    check(d["lock_wait_cancelled"] == 1, f"the first left at the reconnect: {d}")
+    a.execute_command("LOCK.RELEASE", key, "worker-2")
+
+
+@case
+def sync_timeout_above_the_WAIT_and_no_retries_keep_the_WAIT_as_asked():
+    # Same scene with the setting: one wait, answered nil at 5.5 s.
+    key = unique("py:setting")
+    a = admin()
+    a.execute_command("LOCK.ACQUIRE", key, "worker-1", 6000)
+    before = lock_stats(a)
+    clock = Clock()
+    r = redis.Redis(host=HOST, port=PORT, socket_timeout=7, retry=Retry(NoBackoff(), 0))
+    reply = r.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 5500)
+    elapsed = clock.elapsed()
+    d = delta(before, lock_stats(a))
+    check(reply is None, f"reply {reply!r}")
+    check(5.4 < elapsed < 6.5, f"elapsed {elapsed:.2f}s")
+    check(d["lock_waits_started"] == 1 and d["lock_wait_timeouts"] == 1, f"{d}")
+
+
+@case
+def sync_a_read_timeout_closes_the_connection_so_the_waiter_leaves_the_queue():
+    key = unique("py:close")
+    a = admin()
+    a.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+    r = redis.Redis(host=HOST, port=PORT, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    try:
+        r.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 3000)
+        raise AssertionError("expected a TimeoutError")
+    except redis.exceptions.TimeoutError:
+        pass
+    time.sleep(0.1)
+    check(a.execute_command("LOCK.INFO", key)[b"waiters"] == 0, "no waiter left queued")
+    check(r.ping(), "the client reconnects for the next command")
+    a.execute_command("LOCK.FORCERELEASE", key)
+
+
+@case
+def asyncio_acquire_wait_renew_info_release():
+    async def main():
+        r = redis.asyncio.Redis(host=HOST, port=PORT)
+        waiter = redis.asyncio.Redis(
+            host=HOST, port=PORT, socket_timeout=None,
+            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+        )
+        key = unique("py:async")
+        first = await r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+        check(await r.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000) is None, "busy")
+
+        async def release_soon():
+            await asyncio.sleep(0.3)
+            await r.execute_command("LOCK.RELEASE", key, "worker-1")
+
+        task = asyncio.create_task(release_soon())
+        token = await waiter.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 10000)
+        await task
+        check(isinstance(token, int) and token > first, f"token {token!r}")
+        check(await waiter.execute_command("LOCK.RENEW", key, "worker-2", 30000) == 1, "renew")
+        info = await r.execute_command("LOCK.INFO", key)
+        check(isinstance(info, dict) and info[b"owner"] == b"worker-2", f"{info!r}")
+        check(info[b"token"] == token, f"{info!r}")
+        check(await waiter.execute_command("LOCK.RELEASE", key, "worker-2") == 0, "release")
+        clock = Clock()
+        await r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+        reply = await waiter.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 300)
+        check(reply is None and clock.elapsed() < 2, f"timeout: {reply!r}")
+        await r.execute_command("LOCK.RELEASE", key, "worker-1")
+        await r.aclose()
+        await waiter.aclose()
+
+    asyncio.run(main())
+
+
+# --- the recommended pattern of docs/clients.md ----------------------------------------------
+
+WAIT_MS = 10_000
+# One connection for blocking acquires: its read timeout above the WAIT, no retries.
+waiting = redis.Redis(host=HOST, port=PORT, socket_timeout=WAIT_MS / 1000 + 5, retry=Retry(NoBackoff(), 0))
+commands = redis.Redis(host=HOST, port=PORT)  # renew, release: ordinary commands
+
+
+def with_lock(key, lease_ms, work):
+    """Runs work(token) while holding `key`; returns (True, its result), or (False, None) when
+    the lock was not granted within WAIT_MS."""
+    owner = str(uuid.uuid4())
+    token = waiting.execute_command("LOCK.ACQUIRE", key, owner, lease_ms, "WAIT", WAIT_MS)
+    if token is None:
+        return False, None
+    stop = threading.Event()
+
+    def renew():  # at a third of the lease; 0 means the lease ran out: the lock is lost
+        while not stop.wait(lease_ms / 3000):
+            if commands.execute_command("LOCK.RENEW", key, owner, lease_ms) != 1:
+                return
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        return True, work(token)  # pass the token with every write to the protected resource
+    finally:
+        stop.set()
+        renewer.join()
+        commands.execute_command("LOCK.RELEASE", key, owner)
+
+
+class FencedStore:
+    """A protected resource: refuses a write whose token is below the highest it has seen."""
+
+    def __init__(self):
+        self.highest = 0
+        self.value = 0
+        self.refused = 0
+        self.mutex = threading.Lock()
+
+    def write(self, token, value):
+        with self.mutex:
+            if token < self.highest:
+                self.refused += 1
+                return False
+            self.highest = token
+            self.value = value
+            return True
+
+
+@case
+def pattern_with_lock_renews_fences_and_releases():
+    key = unique("py:pattern")
+    store = FencedStore()
+    done = []
+
+    def increment(token):
+        value = store.value
+        time.sleep(0.01)
+        check(store.write(token, value + 1), "the holder's write is accepted")
+        return token
+
+    def worker():
+        for _ in range(5):
+            acquired, token = with_lock(key, 30000, increment)
+            check(acquired, "granted within the WAIT")
+            done.append(token)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(store.value == 15 and store.refused == 0, f"15 increments, none lost: {store.value}")
+    check(sorted(done) == sorted(set(done)), "every hold had its own token")
+    check(admin().execute_command("LOCK.INFO", key) is None, "released")
+
+    # Work longer than the lease: the renewals keep the lock; the next holder's token is higher,
+    # so the store refuses a write made with the old one.
+    def slow(token):
+        time.sleep(1.5)
+        info = admin().execute_command("LOCK.INFO", key)
+        check(info is not None and info[b"token"] == token, f"still held after 1.5 s of a 600 ms lease: {info!r}")
+        return token
+
+    _, old = with_lock(key, 600, slow)
+    _, new = with_lock(key, 600, lambda token: token)
+    check(new > old and store.write(new, 1) and not store.write(old, 2), "the stale token is refused")
+
+
+# --- cluster ---------------------------------------------------------------------------------
+
+
+def node_stats():
+    """Per node: (MOVED errors so far, LOCK.ACQUIRE calls executed so far)."""
+    out = {}
+    for port in CLUSTER:
+        n = redis.Redis(host=HOST, port=port)
+        errors = n.info("errorstats")
+        commands = n.info("commandstats")
+        out[port] = (
+            errors.get("errorstat_MOVED", {}).get("count", 0),
+            commands.get("cmdstat_lock.acquire", {}).get("calls", 0),
+        )
+    return out
+
+
+def keys_on_every_node(prefix):
+    """One key per master (by the slot each master serves)."""
+    r = redis.Redis(host=HOST, port=CLUSTER[0], protocol=2)
+    owners = {}
+    for low, high, master, *_ in r.execute_command("CLUSTER", "SLOTS"):
+        owners[(low, high)] = master[1]
+    keys = {}
+    i = 0
+    while len(keys) < len(CLUSTER):
+        key = f"{prefix}:{i}"
+        slot = r.execute_command("CLUSTER", "KEYSLOT", key)
+        port = next(p for (low, high), p in owners.items() if low <= slot <= high)
+        keys.setdefault(port, key)
+        i += 1
+    return keys
+
+
+@case
+def cluster_sync_commands_go_straight_to_the_key_s_node():
+    rc = RedisCluster(host=HOST, port=CLUSTER[0], socket_timeout=None, retry=Retry(NoBackoff(), 0))
+    keys = keys_on_every_node(unique("py:cluster"))
+    before = node_stats()
+    for port, key in keys.items():
+        token = rc.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+        check(isinstance(token, int), f"token {token!r}")
+        info = rc.execute_command("LOCK.INFO", key)
+        check(info[b"owner"] == b"worker-1", f"{info!r}")
+        check(rc.execute_command("LOCK.RENEW", key, "worker-1", 30000) == 1, "renew")
+        check(rc.execute_command("LOCK.RELEASE", key, "worker-1") == 0, "release")
+    after = node_stats()
+    for port in CLUSTER:
+        check(after[port][0] == before[port][0], f"no MOVED on {port}: {before} -> {after}")
+        check(after[port][1] - before[port][1] == 1, f"one acquire on {port}: {before} -> {after}")
+    # WAIT through the cluster client.
+    key = keys[CLUSTER[1]]
+    first = rc.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+    t = threading.Thread(target=lambda: (time.sleep(0.3), rc.execute_command("LOCK.RELEASE", key, "worker-1")))
+    waiter = RedisCluster(host=HOST, port=CLUSTER[0], socket_timeout=None, retry=Retry(NoBackoff(), 0))
+    t.start()
+    token = waiter.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 10000)
+    t.join()
+    check(isinstance(token, int) and token > first, f"granted {token!r}")
+    check(waiter.execute_command("LOCK.RELEASE", key, "worker-2") == 0, "release")
+
+
+@case
+def cluster_asyncio_commands_go_straight_to_the_key_s_node():
+    async def main():
+        rc = redis.asyncio.cluster.RedisCluster(host=HOST, port=CLUSTER[0])
+        # Load the slot map and command table before the first command.
+        await rc.initialize()
+        keys = keys_on_every_node(unique("py:acluster"))
+        before = node_stats()
+        for key in keys.values():
+            check(isinstance(await rc.execute_command("LOCK.ACQUIRE", key, "w", 30000), int), "token")
+            check((await rc.execute_command("LOCK.INFO", key))[b"owner"] == b"w", "info")
+            check(await rc.execute_command("LOCK.RELEASE", key, "w") == 0, "release")
+        after = node_stats()
+        for port in CLUSTER:
+            check(after[port][0] == before[port][0], f"no MOVED on {port}")
+            check(after[port][1] - before[port][1] == 1, f"one acquire on {port}")
+        await rc.aclose()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    run()
