@@ -88,9 +88,9 @@ pub fn enqueue(
     seen: Seen,
 ) -> Result<(), LockError> {
     let now = now_ms();
-    with_scheduler(ctx, |scheduler, _| {
+    with_scheduler(ctx, |scheduler, mut port| {
         let max = config::max_waiters_per_key();
-        scheduler.has_room(&key, max)?;
+        scheduler.has_room(&key, owner, max)?;
         let handle = wait::block(ctx).ok_or(LockError::Internal)?;
         let new = NewWait {
             handle,
@@ -100,7 +100,7 @@ pub fn enqueue(
             wait,
             seen,
         };
-        match scheduler.enqueue(new, max, now) {
+        match scheduler.enqueue(&mut port, new, max, now) {
             Ok(_) => bump(&STATS.waits_started),
             Err(e) => wait::unblock(handle, Outcome::Refused(e.reply())),
         }
@@ -343,6 +343,7 @@ impl Port<Blocked> for RedisPort {
             Note::Redirected => bump(&STATS.wait_redirected),
             Note::Refused => bump(&STATS.errors),
             Note::AbandonedGrant => bump(&STATS.abandoned_grants),
+            Note::Replaced => bump(&STATS.wait_replaced),
         }
     }
 }

@@ -530,3 +530,47 @@ pub const REDISSON_UNLOCK: &str = "if (redis.call('hexists', KEYS[1], ARGV[3]) =
 local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); \
 if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); return 0; \
 else redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1; end; return nil;";
+
+/// A client that gives up on its WAIT after its own timeout but keeps the connection (glide,
+/// ioredis with commandTimeout, phpredis), then asks again: the retry takes the stale request's
+/// place, and the stale request is answered at once instead of being granted the lock later on
+/// behalf of a caller that has gone.
+#[test]
+fn an_owner_asking_again_takes_its_own_place_and_its_stale_wait_is_answered() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let stale = Waiter::start(&server, "k", "app", 60_000, 0);
+    let other = Waiter::start(&server, "k", "other", 60_000, 0);
+    let mut retry_con = server.connect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let reply: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.ACQUIRE")
+            .arg("k")
+            .arg("app")
+            .arg(30_000)
+            .arg("WAIT")
+            .arg(0)
+            .query(&mut retry_con);
+        let _ = tx.send(reply);
+    });
+    let (reply, _) = stale.answer(SOON).expect("the stale request was answered");
+    let error = reply.expect_err("answered with an error").to_string();
+    assert!(error.contains("replaced by a newer"), "{error}");
+    assert_eq!(waiters(&mut con), 2);
+    assert_eq!(
+        info_field(&mut con, "lock", "lock_wait_replaced").as_deref(),
+        Some("1")
+    );
+    // The retry kept the stale request's place, ahead of "other".
+    release(&mut con, "k", "holder");
+    let token = rx.recv_timeout(SOON).expect("granted").unwrap();
+    assert!(token.is_some());
+    let info = lock_info(&mut con, "k").unwrap();
+    let owner: String = redis::from_redis_value(&info["owner"]).unwrap();
+    assert_eq!(owner, "app");
+    assert_eq!(info_int(&info, "count"), 1);
+    assert!(other.still_blocked());
+    release(&mut con, "k", "app");
+    assert!(other.token(SOON).is_some());
+}

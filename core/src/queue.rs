@@ -47,6 +47,8 @@ pub struct Waiter<H> {
 struct KeyQueue {
     order: VecDeque<WaiterId>,
     live: usize,
+    /// The queued waiter of each owner (an owner waits at most once per key).
+    owners: HashMap<Box<[u8]>, WaiterId>,
     /// The scheduled check of the holder's lease end, kept only while waiters are queued.
     lease_check: Option<DeadlineKey>,
 }
@@ -104,6 +106,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         let id = WaiterId(self.next_id);
         queue.order.push_back(id);
         queue.live += 1;
+        queue.owners.insert(new.owner.into(), id);
         self.by_handle.insert(new.handle, id);
         self.waiters.insert(
             id,
@@ -127,6 +130,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
             if let Some(waiter) = self.waiters.remove(&id) {
                 self.by_handle.remove(&waiter.handle);
                 queue.live -= 1;
+                queue.owners.remove(&waiter.owner);
                 let orphaned_lease_check = self.drop_queue_if_empty(key);
                 return Some(Removed {
                     waiter,
@@ -138,6 +142,29 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         // fires for a key without waiters does nothing.
         self.remove_queue(key);
         None
+    }
+
+    /// The waiter `owner` has queued on `key`, if any.
+    pub fn queued_owner(&self, key: &LockKey, owner: &[u8]) -> Option<WaiterId> {
+        self.queues.get(key)?.owners.get(owner).copied()
+    }
+
+    /// Gives a queued waiter's place to a new blocked client of the same owner (a client that
+    /// gave up on its wait and asked again): same position, the new handle and lease. Returns
+    /// the old handle, and the old timeout for the caller to cancel.
+    pub fn replace(
+        &mut self,
+        id: WaiterId,
+        handle: H,
+        lease_ms: u64,
+    ) -> Option<(H, Option<DeadlineKey>)> {
+        let waiter = self.waiters.get_mut(&id)?;
+        let old = std::mem::replace(&mut waiter.handle, handle);
+        waiter.lease_ms = lease_ms;
+        let timeout = waiter.timeout.take();
+        self.by_handle.remove(&old);
+        self.by_handle.insert(handle, id);
+        Some((old, timeout))
     }
 
     /// The longest-waiting live waiter of `key`, left in place.
@@ -153,6 +180,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         let key = waiter.key.clone();
         if let Some(queue) = self.queues.get_mut(&key) {
             queue.live = queue.live.saturating_sub(1);
+            queue.owners.remove(&waiter.owner);
             if queue.order.len() > 2 * queue.live + 32 {
                 let waiters = &self.waiters;
                 queue.order.retain(|id| waiters.contains_key(id));
@@ -291,6 +319,24 @@ mod tests {
         assert!(q.remove(ids[1]).is_none(), "removing twice is a no-op");
         assert_eq!(q.len(&a), 2);
         assert_eq!(drain_order(&mut q, &a), [1, 4]);
+    }
+
+    #[test]
+    fn a_replacement_keeps_the_place_and_the_owner_index_follows_removals() {
+        let mut q = WaitQueues::default();
+        let a = key("a");
+        push(&mut q, 1, &a);
+        let second = push(&mut q, 2, &a);
+        push(&mut q, 3, &a);
+        assert_eq!(q.queued_owner(&a, b"owner-2"), Some(second));
+        assert_eq!(q.replace(second, 20, 7), Some((2, None)));
+        assert!(q.remove_by_handle(2).is_none(), "the old handle is gone");
+        assert_eq!(q.get_mut(second).map(|w| w.lease_ms), Some(7));
+        assert_eq!(drain_order(&mut q, &a), [1, 20, 3]);
+        assert_eq!(q.queued_owner(&a, b"owner-2"), None);
+        let w = push(&mut q, 4, &a);
+        q.remove(w);
+        assert_eq!(q.queued_owner(&a, b"owner-4"), None);
     }
 
     #[test]

@@ -23,6 +23,10 @@ use crate::{LockError, UnixMs};
 /// pause ends, so deferred handoffs happen within this many ms of its end.
 pub const PAUSE_POLL_MS: u64 = 5;
 
+/// The answer to a waiter whose owner asked again for the same key while it still waited.
+pub const REPLACED: &str =
+    "ERR this WAIT was replaced by a newer LOCK.ACQUIRE ... WAIT of the same owner for this lock";
+
 /// How long after a lease end that already passed (the key is still there: clients paused,
 /// say) the scheduler looks again, rather than spin.
 pub const OVERDUE_RECHECK_MS: u64 = 10;
@@ -109,6 +113,8 @@ pub enum Note {
     Refused,
     /// A granted waiter vanished before its reply; the hold was passed on.
     AbandonedGrant,
+    /// A waiter gave its place to a newer wait of the same owner.
+    Replaced,
 }
 
 /// What the scheduler needs from the server. Every call is about one key, in its database.
@@ -195,31 +201,54 @@ impl<H> Default for Scheduler<H> {
 }
 
 impl<H: Copy + Eq + Hash> Scheduler<H> {
-    /// Whether a waiter may be queued on `key` (checked before the client is blocked).
-    pub fn has_room(&self, key: &LockKey, max_per_key: u64) -> Result<(), LockError> {
-        if self.queues.len(key) as u64 >= max_per_key {
+    /// Whether `owner` may wait on `key` (checked before the client is blocked). An owner that
+    /// already waits there only changes places with itself.
+    pub fn has_room(&self, key: &LockKey, owner: &[u8], max_per_key: u64) -> Result<(), LockError> {
+        if self.queues.len(key) as u64 >= max_per_key
+            && self.queues.queued_owner(key, owner).is_none()
+        {
             return Err(LockError::TooManyWaiters { max: max_per_key });
         }
         Ok(())
     }
 
     /// Queues a blocked client at the tail of its key's queue.
+    ///
+    /// An owner waits at most once per key. If it already waits (a client that gave up on its
+    /// `WAIT` without closing the connection, and asked again), the new request takes the
+    /// earlier one's place in the queue, and the earlier one is answered with an error at once,
+    /// instead of being granted the lock later on behalf of a caller that has gone.
     pub fn enqueue(
         &mut self,
+        port: &mut impl Port<H>,
         new: NewWait<'_, H>,
         max_per_key: u64,
         now: UnixMs,
     ) -> Result<WaiterId, LockError> {
-        let id = self.queues.push(
-            NewWaiter {
-                handle: new.handle,
-                key: new.key,
-                owner: new.owner,
-                lease_ms: new.lease_ms,
-                now,
-            },
-            max_per_key,
-        )?;
+        let id = match self.queues.queued_owner(new.key, new.owner) {
+            Some(id) => {
+                let (old, old_timeout) = self
+                    .queues
+                    .replace(id, new.handle, new.lease_ms)
+                    .ok_or(LockError::Internal)?;
+                if let Some(timeout) = old_timeout {
+                    self.deadlines.remove(timeout);
+                }
+                port.note(Note::Replaced);
+                port.answer(old, Answer::Refused(REPLACED.to_string()));
+                id
+            }
+            None => self.queues.push(
+                NewWaiter {
+                    handle: new.handle,
+                    key: new.key,
+                    owner: new.owner,
+                    lease_ms: new.lease_ms,
+                    now,
+                },
+                max_per_key,
+            )?,
+        };
         if let Wait::For(ms) = new.wait {
             let deadline = self
                 .deadlines
@@ -707,6 +736,7 @@ mod testing {
             },
         };
         s.enqueue(
+            port,
             NewWait {
                 handle,
                 key,
@@ -1044,9 +1074,36 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_before_the_client_is_blocked() {
         let (mut s, mut port, k) = setup();
-        assert_eq!(s.has_room(&k, 1), Ok(()));
+        assert_eq!(s.has_room(&k, b"a", 1), Ok(()));
         wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
-        assert_eq!(s.has_room(&k, 1), Err(LockError::TooManyWaiters { max: 1 }));
+        assert_eq!(
+            s.has_room(&k, b"b", 1),
+            Err(LockError::TooManyWaiters { max: 1 })
+        );
+        // The owner already waiting may still ask again: it only changes places with itself.
+        assert_eq!(s.has_room(&k, b"a", 1), Ok(()));
+    }
+
+    #[test]
+    fn an_owner_asking_again_takes_its_own_place_and_the_stale_wait_is_answered() {
+        let (mut s, mut port, k) = setup();
+        wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::For(100)).unwrap();
+        wait(&mut s, &mut port, 2, &k, "b", 5_000, Wait::Forever).unwrap();
+        // Client 1 gave up (its own timeout) but kept its connection; it asks again as 3.
+        wait(&mut s, &mut port, 3, &k, "a", 7_000, Wait::Forever).unwrap();
+        assert_eq!(port.answers(), [(1, Answer::Refused(REPLACED.to_string()))]);
+        assert_eq!(s.waiters_on(&k), 2);
+        // The old timeout went with the old request: no nil for 3 at 1,100.
+        advance_to(&mut s, &mut port, 2_000);
+        assert_eq!(port.answers().len(), 1);
+        // Same place in the queue (ahead of b), the new request's lease.
+        release(&mut s, &mut port, &k);
+        assert_eq!(port.answers()[1], (3, granted(2, &k, "a")));
+        assert_eq!(port.keys[&k].expires_at, Some(2_000 + 7_000));
+        assert!(
+            !s.waiter_left(&mut port, 1),
+            "the old handle is not queued any more"
+        );
     }
 }
 
@@ -1057,7 +1114,7 @@ mod tests {
 /// tokens only rise; once everyone is done nothing stays scheduled.
 #[cfg(test)]
 mod model {
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
 
     use proptest::prelude::*;
 
@@ -1077,6 +1134,11 @@ mod model {
         Leave {
             pick: usize,
         },
+        /// A queued owner asks again (its client gave up but kept the connection).
+        Retry {
+            pick: usize,
+            wait: u64,
+        },
         Advance {
             ms: u64,
         },
@@ -1095,6 +1157,7 @@ mod model {
                 .prop_map(|(key, wait, lease)| Op::Acquire { key, wait, lease }),
             3 => (0u8..2).prop_map(|key| Op::Release { key }),
             1 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
+            1 => (any::<usize>(), 0u64..400).prop_map(|(pick, wait)| Op::Retry { pick, wait }),
             3 => (0u64..200).prop_map(|ms| Op::Advance { ms }),
             1 => any::<bool>().prop_map(Op::Pause),
             1 => (0u8..2).prop_map(|key| Op::DeleteOutside { key }),
@@ -1107,6 +1170,8 @@ mod model {
         deadline: HashMap<u32, UnixMs>,
         owner: HashMap<u32, String>,
         answered: HashMap<u32, Answer>,
+        /// Waits replaced by a newer wait of their owner: answered with an error.
+        replaced: HashSet<u32>,
         last_grant_token: u64,
         checked: usize,
     }
@@ -1120,6 +1185,11 @@ mod model {
                     !self.answered.contains_key(handle),
                     "{handle} answered twice"
                 );
+                if self.replaced.contains(handle) {
+                    prop_assert_eq!(answer, &Answer::Refused(REPLACED.to_string()));
+                    self.answered.insert(*handle, answer.clone());
+                    continue;
+                }
                 let (key, queue) = self
                     .queues
                     .iter_mut()
@@ -1166,6 +1236,7 @@ mod model {
                 deadline: HashMap::new(),
                 owner: HashMap::new(),
                 answered: HashMap::new(),
+                replaced: HashSet::new(),
                 last_grant_token: 0,
                 checked: 0,
             };
@@ -1227,6 +1298,26 @@ mod model {
                             for q in model.queues.values_mut() {
                                 q.retain(|x| *x != h);
                             }
+                        }
+                    }
+                    Op::Retry { pick, wait: ms } => {
+                        let queued: Vec<(LockKey, usize, u32)> = model
+                            .queues
+                            .iter()
+                            .flat_map(|(k, q)| q.iter().enumerate().map(|(i, h)| (k.clone(), i, *h)))
+                            .collect();
+                        if !queued.is_empty() {
+                            let (k, at, old) = queued[pick % queued.len()].clone();
+                            next_handle += 1;
+                            let h = next_handle;
+                            let owner = model.owner[&old].clone();
+                            let wait = if ms == 0 { Wait::Forever } else { Wait::For(ms) };
+                            wait_for(&mut s, &mut port, h, &k, &owner, 100, wait)?;
+                            // Same place in the queue; the old request is answered at once.
+                            model.queues.get_mut(&k).unwrap()[at] = h;
+                            model.replaced.insert(old);
+                            model.deadline.insert(h, if ms == 0 { UnixMs::MAX } else { port.now + ms });
+                            model.owner.insert(h, owner);
                         }
                     }
                     Op::Advance { ms } => {
