@@ -83,6 +83,11 @@ extern "C" fn on_server_event(
             };
             runtime::notice(ctx, change);
         } else if event.id == raw::REDISMODULE_EVENT_SWAPDB {
+            if !data.is_null() {
+                // SAFETY: for SWAPDB events Redis passes a RedisModuleSwapDbInfo.
+                let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+                crate::store::swap_databases(info.dbnum_first, info.dbnum_second);
+            }
             runtime::notice(ctx, Change::All);
         }
     });

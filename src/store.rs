@@ -9,7 +9,7 @@ use std::os::raw::c_char;
 use lock_core::layout::parse_positive;
 use lock_core::slot::{counter_key, key_slot, SLOTS};
 use lock_core::state::{classify, may_be_a_lock, Stored, StoredHolder, View, FENCE_FIELD};
-use lock_core::token::Reservation;
+use lock_core::token::SlotMemory;
 use lock_core::LockError;
 use redis_module::raw;
 
@@ -17,7 +17,8 @@ use crate::ffi::{api, Ctx, Key, KeyKind, OwnedString, RawString};
 
 thread_local! {
     /// The fence field name and, per slot, the counter key's name (created once and reused so
-    /// that the hot path allocates no key names) and this process's token reservation.
+    /// that the hot path allocates no key names) and what this process remembers of the slot's
+    /// tokens (see `lock_core::token::SlotMemory`).
     static NAMES: RefCell<Names> = RefCell::new(Names::default());
 }
 
@@ -30,8 +31,7 @@ struct Names {
 #[derive(Default)]
 struct SlotCounter {
     name: Option<OwnedString>,
-    /// The window reserved in this slot's counter, and the database it was reserved in.
-    reserved: Option<(i32, Reservation)>,
+    memory: SlotMemory,
 }
 
 fn with_fence_field<R>(f: impl FnOnce(RawString) -> R) -> R {
@@ -44,11 +44,8 @@ fn with_fence_field<R>(f: impl FnOnce(RawString) -> R) -> R {
     })
 }
 
-/// Runs `f` with the slot's counter name and its reservation slot (None: nothing cached).
-fn with_slot_counter<R>(
-    lock_key: &[u8],
-    f: impl FnOnce(RawString, Option<&mut Option<(i32, Reservation)>>) -> R,
-) -> R {
+/// Runs `f` with the slot's counter name and the slot's token memory.
+fn with_slot_counter<R>(lock_key: &[u8], f: impl FnOnce(RawString, &mut SlotMemory) -> R) -> R {
     let slot = key_slot(lock_key);
     NAMES.with(|names| {
         let mut names = names.borrow_mut();
@@ -61,11 +58,25 @@ fn with_slot_counter<R>(
                     .name
                     .get_or_insert_with(|| OwnedString::new(&counter_key(slot)))
                     .as_ptr();
-                f(name, Some(&mut entry.reserved))
+                f(name, &mut entry.memory)
             }
-            None => f(OwnedString::new(&counter_key(slot)).as_ptr(), None),
+            // Unreachable (a slot is below SLOTS): a fresh memory is still correct, only slower.
+            None => f(
+                OwnedString::new(&counter_key(slot)).as_ptr(),
+                &mut SlotMemory::default(),
+            ),
         }
     })
+}
+
+/// `SWAPDB a b`: the counters swapped with the data, and the bounds this process reserved in
+/// them follow.
+pub fn swap_databases(a: i32, b: i32) {
+    NAMES.with(|names| {
+        for counter in &mut names.borrow_mut().counters {
+            counter.memory.swap_databases(a, b);
+        }
+    });
 }
 
 /// Frees the cached names (module unload).
@@ -181,17 +192,13 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
         return Err(LockError::ReservedKey);
     }
     let db = crate::ffi::selected_db(ctx);
-    with_slot_counter(lock_key, |counter_name, cache| {
+    with_slot_counter(lock_key, |counter_name, memory| {
         let counter = Key::open(ctx, counter_name);
         let stored = match counter.kind() {
             KeyKind::String => parse_positive(counter.string_bytes()),
             _ => None,
         };
-        let reserved = cache
-            .as_ref()
-            .and_then(|c| c.filter(|(in_db, _)| *in_db == db))
-            .map(|(_, r)| r);
-        let grant = lock_core::token::next_token(stored, reserved, now)?;
+        let grant = memory.next_token(db, stored, now)?;
         if let Some(bound) = grant.store_bound {
             let mut digits = itoa_buffer();
             let text = format_u64(bound, &mut digits);
@@ -201,9 +208,6 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
                 drop(counter);
                 replicate_with_buffer(ctx, c"SET", counter_name, text);
             }
-        }
-        if let Some(cache) = cache {
-            *cache = grant.reservation(reserved).map(|r| (db, r));
         }
         Ok(grant.token)
     })

@@ -586,3 +586,39 @@ fn a_lease_that_ends_during_a_failover_pause_is_handed_off_after_it() {
     let role: String = info_field(&mut con, "replication", "role").unwrap();
     assert_eq!(role, "master");
 }
+
+/// Found by the adversarial test: grants alternating between two databases in one slot, then
+/// `SWAPDB` (the token counters swap with the data). The next token in db 0 came from db 1's
+/// old, lower counter and repeated one handed out in db 0 before the swap.
+#[test]
+fn tokens_of_a_key_keep_rising_across_swapdb() {
+    let server = Server::start();
+    let mut con = server.connect();
+    // The first grant builds the counter-name table: done before, so that the grants below
+    // share a millisecond of clock, which is when db 1's counter is as low as db 0's tokens.
+    acquire(&mut con, "warm-up", "x", 1_000).unwrap();
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    let mut grant = |pipe: &mut redis::Pipeline, db: i64, owner: &str| {
+        pipe.cmd("SELECT").arg(db).ignore();
+        pipe.cmd("LOCK.ACQUIRE").arg("k").arg(owner).arg(60_000);
+        pipe.cmd("LOCK.FORCERELEASE").arg("k").ignore();
+    };
+    grant(&mut pipe, 0, "a");
+    grant(&mut pipe, 1, "b");
+    grant(&mut pipe, 0, "c");
+    pipe.cmd("SWAPDB").arg(0).arg(1).ignore();
+    grant(&mut pipe, 1, "e");
+    grant(&mut pipe, 0, "d");
+    let tokens: Vec<i64> = pipe.query(&mut con).unwrap();
+    let [a, b, c, e, d] = tokens[..] else {
+        panic!("{tokens:?}")
+    };
+    assert!(a < c && c < d, "db 0: {a} {c} {d}");
+    assert!(b < e, "db 1: {b} {e}");
+    // No repeat at all within the slot, whatever database.
+    let mut sorted = tokens.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), tokens.len(), "{tokens:?}");
+}

@@ -30,14 +30,6 @@ pub const TOKENS_PER_MS: u64 = 1_000;
 /// failover may start up to a minute's worth ahead of the clock, which is harmless.
 pub const WINDOW: u64 = 60_000 * TOKENS_PER_MS;
 
-/// A window reserved by this process for one slot of one database: the last token handed out
-/// from it and the bound stored for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
-    pub last: u64,
-    pub bound: u64,
-}
-
 /// The token for a new hold, and the new bound to store (and replicate) when one is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
@@ -45,25 +37,57 @@ pub struct Grant {
     pub store_bound: Option<u64>,
 }
 
-impl Grant {
-    /// The reservation this process holds after the grant.
-    pub fn reservation(&self, before: Option<Reservation>) -> Option<Reservation> {
-        match (self.store_bound, before) {
-            (Some(bound), _) => Some(Reservation {
-                last: self.token,
-                bound,
-            }),
-            (None, Some(r)) => Some(Reservation {
-                last: self.token,
-                ..r
-            }),
-            (None, None) => None,
+/// What this process remembers of one slot: the last token it handed out there, in *any*
+/// database, and per database the bound it reserved in that database's counter.
+///
+/// The last token is kept across databases because `SWAPDB` and `MOVE` carry lock keys (and
+/// counters) from one database to another: a key's next token must be above every token this
+/// process handed out for that name, wherever the counter it now reads came from. The bounds
+/// are kept per database so that a slot used in several databases keeps a window in each,
+/// instead of reserving a new one (60 s of clock ahead) at every switch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlotMemory {
+    last: Option<u64>,
+    bounds: Vec<(i32, u64)>,
+}
+
+impl SlotMemory {
+    /// The next token for a key of this slot in `db`, whose counter holds `stored`; remembers
+    /// it (and the new bound, which the caller stores and replicates).
+    pub fn next_token(
+        &mut self,
+        db: i32,
+        stored: Option<u64>,
+        now: UnixMs,
+    ) -> Result<Grant, LockError> {
+        let bound = self.bounds.iter().find(|(d, _)| *d == db).map(|(_, b)| *b);
+        let grant = next_token(stored, self.last, bound, now)?;
+        self.last = Some(grant.token);
+        if let Some(new) = grant.store_bound {
+            match self.bounds.iter_mut().find(|(d, _)| *d == db) {
+                Some(entry) => entry.1 = new,
+                None => self.bounds.push((db, new)),
+            }
+        }
+        Ok(grant)
+    }
+
+    /// `SWAPDB a b` swapped the two databases' counters with their data: the reserved bounds
+    /// follow them (the last token stays: it is the slot's, whatever the database).
+    pub fn swap_databases(&mut self, a: i32, b: i32) {
+        for (db, _) in &mut self.bounds {
+            if *db == a {
+                *db = b;
+            } else if *db == b {
+                *db = a;
+            }
         }
     }
 }
 
-/// Decides the next token from the stored bound (`None`: missing or unreadable), this
-/// process's reservation for the slot, and the server clock.
+/// Decides the next token from the stored bound (`None`: missing or unreadable), the last token
+/// this process handed out in the slot, the bound it reserved in this database's counter, and
+/// the server clock.
 ///
 /// Tokens are signed 64-bit integers on the wire. A token above `i64::MAX` cannot be given, and
 /// saturating would repeat one, so past the limit every grant in the slot is refused: only a
@@ -71,26 +95,30 @@ impl Grant {
 /// year 2200). The stored bound is capped at the limit instead: a window may just end early.
 pub fn next_token(
     stored: Option<u64>,
-    reserved: Option<Reservation>,
+    last: Option<u64>,
+    reserved_bound: Option<u64>,
     now: UnixMs,
 ) -> Result<Grant, LockError> {
     let floor = now.saturating_mul(TOKENS_PER_MS).max(1);
-    if let Some(r) = reserved.filter(|r| stored == Some(r.bound)) {
-        if let Some(token) = r.last.checked_add(1).map(|t| t.max(floor)) {
-            if token <= r.bound {
-                return Ok(Grant {
-                    token,
-                    store_bound: None,
-                });
-            }
+    let above = |known: Option<u64>| known.map_or(Some(0), |v| v.checked_add(1));
+    // Above what this process handed out, and the clock.
+    let next = above(last)
+        .map(|t| t.max(floor))
+        .filter(|t| *t <= MAX_STORED_INTEGER)
+        .ok_or(LockError::TokensExhausted)?;
+    // Inside the window this process reserved, while nobody else changed the counter: nothing
+    // to write.
+    if let Some(bound) = reserved_bound.filter(|b| stored == Some(*b)) {
+        if next <= bound {
+            return Ok(Grant {
+                token: next,
+                store_bound: None,
+            });
         }
     }
-    // No usable reservation: go above everything known — the stored bound, what this process
-    // handed out itself, and the clock — and reserve a new window.
-    let above = |known: Option<u64>| known.map_or(Some(0), |v| v.checked_add(1));
+    // Otherwise go above the stored bound too, and reserve a new window.
     let token = above(stored)
-        .zip(above(reserved.map(|r| r.last)))
-        .map(|(a, b)| a.max(b).max(floor))
+        .map(|t| t.max(next))
         .filter(|t| *t <= MAX_STORED_INTEGER)
         .ok_or(LockError::TokensExhausted)?;
     Ok(Grant {
@@ -106,60 +134,71 @@ mod tests {
     const NOW: UnixMs = 1_700_000_000_000;
     const FLOOR: u64 = NOW * TOKENS_PER_MS;
 
-    fn reserved(last: u64, bound: u64) -> Option<Reservation> {
-        Some(Reservation { last, bound })
-    }
-
     fn grant(token: u64, store_bound: Option<u64>) -> Grant {
         Grant { token, store_bound }
     }
 
     #[test]
     fn next_token_in_every_situation() {
+        // (stored bound, last token of the slot, bound reserved in this db, want)
         let cases = [
             // A new slot: from the clock, reserving a window.
-            (None, None, grant(FLOOR, Some(FLOOR + WINDOW))),
+            (None, None, None, grant(FLOOR, Some(FLOOR + WINDOW))),
             // Inside our window: from memory, nothing to write.
             (
                 Some(FLOOR + 10),
-                reserved(FLOOR + 3, FLOOR + 10),
+                Some(FLOOR + 3),
+                Some(FLOOR + 10),
                 grant(FLOOR + 4, None),
             ),
             // The clock moved past the last token but is still inside the window.
             (
                 Some(FLOOR + WINDOW),
-                reserved(FLOOR - 5_000, FLOOR + WINDOW),
+                Some(FLOOR - 5_000),
+                Some(FLOOR + WINDOW),
                 grant(FLOOR, None),
             ),
             // The window is used up: a new one.
             (
                 Some(FLOOR + 10),
-                reserved(FLOOR + 10, FLOOR + 10),
+                Some(FLOOR + 10),
+                Some(FLOOR + 10),
                 grant(FLOOR + 11, Some(FLOOR + 11 + WINDOW)),
             ),
             // The clock ran past the window.
             (
                 Some(FLOOR - 1),
-                reserved(FLOOR - 9, FLOOR - 1),
+                Some(FLOOR - 9),
+                Some(FLOOR - 1),
                 grant(FLOOR, Some(FLOOR + WINDOW)),
             ),
-            // Someone else moved the bound (another node, a reload): above it, new window.
+            // Someone else moved the bound (another node, a reload, SWAPDB): above it.
             (
                 Some(FLOOR + 50),
-                reserved(FLOOR + 3, FLOOR + 10),
+                Some(FLOOR + 3),
+                Some(FLOOR + 10),
                 grant(FLOOR + 51, Some(FLOOR + 51 + WINDOW)),
             ),
             // The bound was flushed: above what we handed out ourselves, and the clock.
             (
                 None,
-                reserved(FLOOR + 7, FLOOR + 10),
+                Some(FLOOR + 7),
+                Some(FLOOR + 10),
                 grant(FLOOR + 8, Some(FLOOR + 8 + WINDOW)),
             ),
+            // Another database's tokens in the same slot count too (no bound reserved here).
+            (
+                Some(FLOOR + 5),
+                Some(FLOOR + 90),
+                None,
+                grant(FLOOR + 91, Some(FLOOR + 91 + WINDOW)),
+            ),
             // An old counter that held the last token (or a bound behind the clock).
-            (Some(41), None, grant(FLOOR, Some(FLOOR + WINDOW))),
+            (Some(41), None, None, grant(FLOOR, Some(FLOOR + WINDOW))),
             // A bound ahead of the clock (a busy slot, or a restart): above it.
             (
                 Some(FLOOR + 500),
+                None,
                 None,
                 grant(FLOOR + 501, Some(FLOOR + 501 + WINDOW)),
             ),
@@ -167,14 +206,15 @@ mod tests {
             (
                 Some(MAX_STORED_INTEGER - 10),
                 None,
+                None,
                 grant(MAX_STORED_INTEGER - 9, Some(MAX_STORED_INTEGER)),
             ),
         ];
-        for (stored, reservation, want) in cases {
+        for (stored, last, bound, want) in cases {
             assert_eq!(
-                next_token(stored, reservation, NOW),
+                next_token(stored, last, bound, NOW),
                 Ok(want),
-                "{stored:?} {reservation:?}"
+                "{stored:?} {last:?} {bound:?}"
             );
         }
     }
@@ -184,18 +224,17 @@ mod tests {
     /// limit out itself. Nothing ever repeats or saturates.
     #[test]
     fn tokens_never_repeat_at_the_integer_limit() {
+        let mut memory = SlotMemory::default();
         let mut stored = Some(MAX_STORED_INTEGER - 7);
-        let mut reservation = None;
         let mut seen = Vec::new();
         loop {
-            match next_token(stored, reservation, NOW) {
+            match memory.next_token(0, stored, NOW) {
                 Ok(g) => {
                     assert!(seen.last().is_none_or(|last| g.token > *last));
                     seen.push(g.token);
                     if let Some(bound) = g.store_bound {
                         stored = Some(bound);
                     }
-                    reservation = g.reservation(reservation);
                 }
                 Err(e) => {
                     assert_eq!(e, LockError::TokensExhausted);
@@ -206,18 +245,65 @@ mod tests {
         assert_eq!(seen.len(), 7);
         assert_eq!(seen.last(), Some(&MAX_STORED_INTEGER));
         assert_eq!(
-            next_token(None, reservation, NOW),
+            memory.next_token(0, None, NOW),
             Err(LockError::TokensExhausted)
         );
         assert_eq!(
-            next_token(Some(MAX_STORED_INTEGER), None, NOW),
+            next_token(Some(MAX_STORED_INTEGER), None, None, NOW),
             Err(LockError::TokensExhausted)
         );
         // A stored value past i64::MAX cannot be read (parse_positive refuses it), but the
         // decision refuses it too.
         assert_eq!(
-            next_token(Some(u64::MAX), None, NOW),
+            next_token(Some(u64::MAX), None, None, NOW),
             Err(LockError::TokensExhausted)
+        );
+    }
+
+    /// The adversarial test's find: grants alternating between db 0 and db 1 in one slot, then
+    /// SWAPDB 0 1 (the counters swap with the data). Db 0's next token used to come from db 1's
+    /// old, lower bound and repeat one handed out in db 0 before the swap; and every switch of
+    /// database reserved a new window, running tokens a minute of clock ahead each time.
+    #[test]
+    fn swapdb_and_alternating_databases_neither_repeat_nor_run_ahead() {
+        let mut memory = SlotMemory::default();
+        let mut counters = [None, None];
+        let mut take = |memory: &mut SlotMemory, counters: &mut [Option<u64>; 2], db: usize| {
+            let g = memory
+                .next_token(db as i32, counters[db], NOW)
+                .expect("a token");
+            if let Some(bound) = g.store_bound {
+                counters[db] = Some(bound);
+            }
+            g.token
+        };
+        let a = take(&mut memory, &mut counters, 0);
+        let b = take(&mut memory, &mut counters, 1);
+        let c = take(&mut memory, &mut counters, 0);
+        counters.swap(0, 1);
+        // Even without knowing of the swap, nothing repeats: the last token is the slot's.
+        let mut unaware = memory.clone();
+        let mut unaware_counters = counters;
+        let e = take(&mut unaware, &mut unaware_counters, 1);
+        let d = take(&mut unaware, &mut unaware_counters, 0);
+        let tokens = [a, b, c, e, d];
+        assert!(tokens.windows(2).all(|w| w[1] > w[0]), "{tokens:?}");
+        // Told of the swap (the module is, by the SWAPDB event), no window is lost either.
+        memory.swap_databases(0, 1);
+        let e = take(&mut memory, &mut counters, 1);
+        let d = take(&mut memory, &mut counters, 0);
+        let tokens = [a, b, c, e, d];
+        assert!(tokens.windows(2).all(|w| w[1] > w[0]), "{tokens:?}");
+        // Alternating databases reserves one window per database, not one per switch.
+        for _ in 0..100 {
+            take(&mut memory, &mut counters, 0);
+            take(&mut memory, &mut counters, 1);
+        }
+        let last = take(&mut memory, &mut counters, 0);
+        assert!(
+            last < FLOOR + 1_000,
+            "tokens ran ahead of the clock: {}",
+            last - FLOOR
         );
     }
 
@@ -226,7 +312,7 @@ mod tests {
     #[test]
     fn tokens_rise_through_restarts_rollbacks_and_clock_jumps() {
         let mut stored: Option<u64> = None;
-        let mut reservation: Option<Reservation> = None;
+        let mut memory = SlotMemory::default();
         let mut snapshot: Option<u64> = None;
         let mut highest = 0;
         let mut now = NOW;
@@ -237,7 +323,7 @@ mod tests {
                 100 => snapshot = stored,
                 700 => {
                     stored = snapshot;
-                    reservation = None;
+                    memory = SlotMemory::default();
                     now += 50;
                 }
                 // FLUSHALL.
@@ -246,29 +332,20 @@ mod tests {
                 900 => now -= 20,
                 _ => {}
             }
-            let grant = next_token(stored, reservation, now).unwrap();
+            let grant = memory.next_token(0, stored, now).unwrap();
             assert!(grant.token > highest, "step {step}: {grant:?} <= {highest}");
             highest = grant.token;
             if let Some(bound) = grant.store_bound {
                 assert!(bound >= grant.token);
                 stored = Some(bound);
             }
-            reservation = grant.reservation(reservation);
             assert!(stored.is_some_and(|b| b >= highest));
         }
     }
 
     #[test]
-    fn a_reservation_follows_the_grant() {
-        let r = reserved(5, 10);
-        assert_eq!(grant(6, None).reservation(r), reserved(6, 10));
-        assert_eq!(grant(11, Some(20)).reservation(r), reserved(11, 20));
-        assert_eq!(grant(11, Some(20)).reservation(None), reserved(11, 20));
-    }
-
-    #[test]
     fn tokens_stay_exact_in_javascript_for_centuries() {
         let year_2200 = 7_258_118_400_000;
-        assert!(next_token(None, None, year_2200).unwrap().token + WINDOW < 1 << 53);
+        assert!(next_token(None, None, None, year_2200).unwrap().token + WINDOW < 1 << 53);
     }
 }

@@ -10,7 +10,7 @@ use lock_core::state::{
     classify, decide_acquire, decide_release, decide_renew, may_be_a_lock, AcquireDecision, Queue,
     ReleaseDecision, RenewDecision, Stored, StoredHolder, View,
 };
-use lock_core::token::{next_token, Reservation};
+use lock_core::token::SlotMemory;
 use lock_core::LockError;
 use proptest::prelude::*;
 
@@ -195,29 +195,36 @@ proptest! {
         }
     }
 
-    /// Model: a counter that anyone may overwrite, flush or roll back, a process that may
-    /// restart, a clock that may step back. Tokens handed out by one process only ever rise,
-    /// never pass the integer limit, and are refused rather than repeated.
+    /// Model: one slot's counters in two databases, which anyone may overwrite, flush, roll
+    /// back or swap (SWAPDB, told to the memory or not), a process that may restart, a clock
+    /// that may step back. Tokens handed out by one process only ever rise — across both
+    /// databases, so a key's tokens rise whatever moved it — never pass the integer limit, and
+    /// are refused rather than repeated.
     #[test]
-    fn tokens_rise_until_refused_whatever_happens_to_the_counter(
-        steps in proptest::collection::vec((0u8..10, 0u64..3_000), 1..300),
+    fn tokens_rise_until_refused_whatever_happens_to_the_counters(
+        steps in proptest::collection::vec((0u8..12, 0u64..3_000, 0usize..2), 1..300),
         start in prop_oneof![Just(None), Just(Some(MAX_STORED_INTEGER - 50)), (1u64..1u64 << 62).prop_map(Some)],
     ) {
-        let mut stored: Option<u64> = start;
-        let mut reservation: Option<Reservation> = None;
+        let mut stored: [Option<u64>; 2] = [start, None];
+        let mut memory = SlotMemory::default();
         let mut snapshot = stored;
         let mut highest: Option<u64> = None;
         let mut now: u64 = 1_700_000_000_000;
-        for (op, arg) in steps {
+        for (op, arg, db) in steps {
             match op {
-                0 => stored = None,                          // FLUSHALL / DEL of the counter
-                1 => snapshot = stored,                      // an RDB snapshot
-                2 => stored = snapshot,                      // a rollback (old snapshot loaded)
-                3 => stored = Some(arg.max(1)),              // a client SET the counter low
-                4 => now = now.saturating_sub(arg % 50),     // the clock steps back a little
+                0 => stored[db] = None,                       // FLUSHALL / DEL of the counter
+                1 => snapshot = stored,                       // an RDB snapshot
+                2 => stored = snapshot,                       // a rollback (old snapshot loaded)
+                3 => stored[db] = Some(arg.max(1)),           // a client SET the counter low
+                4 => now = now.saturating_sub(arg % 50),      // the clock steps back a little
+                5 => {                                        // SWAPDB, seen by the module
+                    stored.swap(0, 1);
+                    memory.swap_databases(0, 1);
+                }
+                6 => stored.swap(0, 1),                       // SWAPDB, event missed
                 _ => now += arg % 7,
             }
-            match next_token(stored, reservation, now) {
+            match memory.next_token(db as i32, stored[db], now) {
                 Ok(grant) => {
                     prop_assert!(grant.token <= MAX_STORED_INTEGER);
                     prop_assert!(highest.is_none_or(|h| grant.token > h),
@@ -225,15 +232,14 @@ proptest! {
                     highest = Some(grant.token);
                     if let Some(bound) = grant.store_bound {
                         prop_assert!(bound >= grant.token && bound <= MAX_STORED_INTEGER);
-                        stored = Some(bound);
+                        stored[db] = Some(bound);
                     }
-                    reservation = grant.reservation(reservation);
                 }
                 Err(e) => {
                     prop_assert_eq!(e, LockError::TokensExhausted);
                     // Only reachable once the process itself (or the counter) is at the limit.
                     prop_assert!(highest == Some(MAX_STORED_INTEGER)
-                        || stored.is_some_and(|s| s >= MAX_STORED_INTEGER));
+                        || stored[db].is_some_and(|s| s >= MAX_STORED_INTEGER));
                 }
             }
         }
