@@ -268,7 +268,7 @@ mod tests {
     fn swapdb_and_alternating_databases_neither_repeat_nor_run_ahead() {
         let mut memory = SlotMemory::default();
         let mut counters = [None, None];
-        let mut take = |memory: &mut SlotMemory, counters: &mut [Option<u64>; 2], db: usize| {
+        let take = |memory: &mut SlotMemory, counters: &mut [Option<u64>; 2], db: usize| {
             let g = memory
                 .next_token(db as i32, counters[db], NOW)
                 .expect("a token");
