@@ -152,6 +152,41 @@ def sync_timeout_above_the_WAIT_and_no_retries_keep_the_WAIT_as_asked():
 
 
 @case
+def sync_a_retry_racing_its_grant_never_counts_twice():
+    # redis-py's retry race: a WAIT granted just as the client's own socket timeout fires. The
+    # client closes with the grant unread and sends the WAIT again; the server takes that as the
+    # retry of the same request (same token, no re-entry), so one release frees the lock. The
+    # release is timed around the client's timeout to hit the race now and then; whatever
+    # happens, every trial must end with the caller holding the lock exactly once.
+    import random
+    a = admin()
+    before = lock_stats(a)
+    timeout = 0.2
+    for trial in range(20):
+        key = unique("py:race")
+        a.execute_command("LOCK.ACQUIRE", key, "holder", 30000)
+        r = redis.Redis(host=HOST, port=PORT, socket_timeout=timeout, retry=Retry(NoBackoff(), 3))
+        threading.Thread(
+            target=lambda k=key: (time.sleep(timeout + random.uniform(-0.0005, 0.0015)),
+                                  admin().execute_command("LOCK.RELEASE", k, "holder")),
+        ).start()
+        try:
+            token = r.execute_command("LOCK.ACQUIRE", key, "app", 30000, "WAIT", 2000)
+        except redis.exceptions.TimeoutError:
+            token = None
+        held = a.execute_command("LOCK.INFO", key)
+        if token is not None:
+            check(held[b"owner"] == b"app" and held[b"count"] == 1,
+                  f"trial {trial}: holds {held} after one acquire")
+            check(held[b"token"] == token, f"trial {trial}: token {token} vs {held}")
+            check(r.execute_command("LOCK.RELEASE", key, "app") == 0, f"trial {trial}: one release frees it")
+        a.execute_command("LOCK.FORCERELEASE", key)
+        r.close()
+    d = delta(before, lock_stats(a))
+    print(f"# retry race: {d['lock_wait_retried']} of 20 trials hit it (retries recognised)")
+
+
+@case
 def sync_a_read_timeout_closes_the_connection_so_the_waiter_leaves_the_queue():
     key = unique("py:close")
     a = admin()
