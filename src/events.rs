@@ -4,16 +4,72 @@
 //! runtime processes it from a 0 ms timer.
 
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use lock_core::queue::LockKey;
 use redis_module::raw;
 
-use crate::ffi::{api, bytes, selected_db, Ctx, RawString};
+use crate::ffi::{api, bytes, selected_db, with_db, Ctx, Key, RawString};
 use crate::guard;
 use crate::runtime;
+use crate::stats::{bump, STATS};
 use lock_core::scheduler::{Cause, Change};
 
+/// Whether this server tells the module about every key that expires (the key server event,
+/// Redis >= 7.2 and Valkey): then every held lease that runs out is counted and announced.
+static KEY_EVENTS: AtomicBool = AtomicBool::new(false);
+
+pub fn counts_expiries() -> bool {
+    KEY_EVENTS.load(Ordering::Relaxed)
+}
+
+/// Subscribes to the key server event where the server has it (not an error on Redis 7.0).
+fn subscribe_key_events(ctx: Ctx) {
+    let key = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_KEY,
+        dataver: 1,
+    };
+    // SAFETY: ctx is the load context; an unknown event is refused with an error code.
+    let subscribed = unsafe {
+        { raw::RedisModule_GetKeyNameFromModuleKey }.is_some()
+            && { raw::RedisModule_GetDbIdFromModuleKey }.is_some()
+            && api!(RedisModule_SubscribeToServerEvent)(ctx, key, Some(on_key_event))
+                == raw::REDISMODULE_OK as c_int
+    };
+    KEY_EVENTS.store(subscribed, Ordering::Relaxed);
+}
+
+/// A key expired (Redis >= 7.2, Valkey): if it held a lock, a holder's lease ran out. Counted
+/// and announced here, while Redis still has the key open; nothing is written.
+extern "C" fn on_key_event(
+    ctx: Ctx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    guard::callback((), || {
+        if subevent != raw::REDISMODULE_SUBEVENT_KEY_EXPIRED || data.is_null() {
+            return;
+        }
+        // SAFETY: for key events Redis passes a RedisModuleKeyInfo whose key is open for the
+        // callback's duration.
+        let info = unsafe { &*data.cast::<raw::RedisModuleKeyInfo>() };
+        Key::with_borrowed(info.key, |key| {
+            if !matches!(crate::store::holder_of(key), Ok(Some(_))) {
+                return;
+            }
+            bump(&STATS.expired);
+            if let Some((name, db)) = key.name_and_db() {
+                with_db(ctx, db, || {
+                    crate::notify::event(ctx, c"lock.expired", name.as_ptr());
+                });
+            }
+        });
+    });
+}
+
 pub fn subscribe(ctx: Ctx) -> bool {
+    subscribe_key_events(ctx);
     let types = raw::REDISMODULE_NOTIFY_GENERIC
         | raw::REDISMODULE_NOTIFY_EXPIRED
         | raw::REDISMODULE_NOTIFY_EVICTED;

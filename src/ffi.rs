@@ -171,6 +171,30 @@ impl Key {
         Key(unsafe { api!(RedisModule_OpenKey)(ctx, name, mode).cast::<raw::RedisModuleKey>() })
     }
 
+    /// Runs `f` on a key Redis opened and owns (a server event's key): it is not closed here.
+    pub fn with_borrowed<R>(key: *mut raw::RedisModuleKey, f: impl FnOnce(&Key) -> R) -> R {
+        let borrowed = std::mem::ManuallyDrop::new(Key(key));
+        f(&borrowed)
+    }
+
+    /// The key's name and database (for a borrowed key; Redis ≥ 7.0).
+    pub fn name_and_db(&self) -> Option<(OwnedString, i32)> {
+        if self.0.is_null() {
+            return None;
+        }
+        // SAFETY: an open key; the name is Redis's, so it is copied into a string of ours
+        // before the key goes away.
+        unsafe {
+            let get_name = raw::RedisModule_GetKeyNameFromModuleKey?;
+            let get_db = raw::RedisModule_GetDbIdFromModuleKey?;
+            let name = get_name(self.0);
+            if name.is_null() {
+                return None;
+            }
+            Some((OwnedString::new(bytes(name)), get_db(self.0)))
+        }
+    }
+
     pub fn open_read(ctx: Ctx, name: RawString) -> Key {
         // SAFETY: as in `open`.
         Key(unsafe {

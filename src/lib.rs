@@ -131,7 +131,13 @@ fn deinit(_ctx: &Context) -> Status {
 }
 
 fn lock_info(ctx: &InfoContext, _for_crash_report: bool) {
-    guard::callback((), || stats::write_info(ctx.ctx, runtime::waiting_gauges()));
+    guard::callback((), || {
+        stats::write_info(
+            ctx.ctx,
+            runtime::waiting_gauges(),
+            events::counts_expiries(),
+        )
+    });
 }
 
 redis_module! {

@@ -347,7 +347,9 @@ impl Port<Blocked> for RedisPort {
             if let Err(e) = written {
                 return Attempt::Refused(e);
             }
-            if handoff.cause == Cause::LeaseEnded {
+            // Where the server reports every expiry (Redis >= 7.2, Valkey) `lock.expired` was
+            // announced then, whether anyone waited or not.
+            if handoff.cause == Cause::LeaseEnded && !crate::events::counts_expiries() {
                 notify::event(ctx, c"lock.expired", name.as_ptr());
             }
             notify::event(ctx, c"lock.handoff", name.as_ptr());

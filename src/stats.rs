@@ -33,6 +33,7 @@ counters! {
     renewed: "Successful LOCK.RENEW calls.",
     renew_not_owner: "LOCK.RENEW calls answered 0 (the caller did not hold the lock: often a lost lease).",
     force_released: "Locks removed by LOCK.FORCERELEASE.",
+    expired: "Held leases that ran out (only on servers with the key server event: Redis >= 7.2, Valkey).",
     expired_with_waiters: "Held leases that ran out while waiters were queued (the holder lost the lock).",
     wait_timeouts: "Waiters answered nil because their WAIT timeout passed.",
     wait_cancelled: "Waiters that left the queue by disconnect or CLIENT UNBLOCK.",
@@ -60,12 +61,21 @@ pub fn add(counter: &AtomicU64, n: u64) {
 
 /// Writes the `lock` section of INFO: the counters, then the gauges the caller read (clients
 /// blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks).
-pub fn write_info(ctx: *mut redis_module::raw::RedisModuleInfoCtx, gauges: (usize, usize)) {
+pub fn write_info(
+    ctx: *mut redis_module::raw::RedisModuleInfoCtx,
+    gauges: (usize, usize),
+    counts_expiries: bool,
+) {
     use redis_module::raw;
     if raw::add_info_section(ctx, None) != raw::Status::Ok {
         return;
     }
     for (name, value) in STATS.snapshot() {
+        // Without the key server event (Redis 7.0) expiries are not seen: no field, rather
+        // than a 0 that would look like a count.
+        if name == "expired" && !counts_expiries {
+            continue;
+        }
         raw::add_info_field_unsigned_long_long(ctx, name, value);
     }
     let (waiters, keys) = gauges;
