@@ -81,10 +81,6 @@ pub fn subscribe(ctx: Ctx) -> bool {
         id: raw::REDISMODULE_EVENT_SWAPDB,
         dataver: 1,
     };
-    let client = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_CLIENT_CHANGE,
-        dataver: 1,
-    };
     // SAFETY: ctx is the load context; the callbacks are plain functions that live as long as
     // the module does.
     unsafe {
@@ -93,8 +89,6 @@ pub fn subscribe(ctx: Ctx) -> bool {
             && api!(RedisModule_SubscribeToServerEvent)(ctx, flush, Some(on_server_event))
                 == raw::REDISMODULE_OK as c_int
             && api!(RedisModule_SubscribeToServerEvent)(ctx, swap, Some(on_server_event))
-                == raw::REDISMODULE_OK as c_int
-            && api!(RedisModule_SubscribeToServerEvent)(ctx, client, Some(on_server_event))
                 == raw::REDISMODULE_OK as c_int
     }
 }
@@ -144,12 +138,6 @@ extern "C" fn on_server_event(
                 Change::Db(info.dbnum)
             };
             runtime::notice(ctx, change);
-        } else if event.id == raw::REDISMODULE_EVENT_CLIENT_CHANGE {
-            if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED && !data.is_null() {
-                // SAFETY: for client-change events Redis passes a RedisModuleClientInfo (V1).
-                let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
-                runtime::client_disconnected(info.id);
-            }
         } else if event.id == raw::REDISMODULE_EVENT_SWAPDB {
             if !data.is_null() {
                 // SAFETY: for SWAPDB events Redis passes a RedisModuleSwapDbInfo.

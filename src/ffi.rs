@@ -396,12 +396,6 @@ pub fn context_flags(ctx: Ctx) -> u32 {
     u32::try_from(f).unwrap_or(0)
 }
 
-/// The id of the client a command, reply or callback context belongs to (0 for none).
-pub fn client_id(ctx: Ctx) -> u64 {
-    // SAFETY: ctx is live for this call; a context without a client yields 0.
-    unsafe { api!(RedisModule_GetClientId)(ctx) }
-}
-
 /// Whether Redis pauses writes now (`CLIENT PAUSE WRITE|ALL`, `FAILOVER`, a cluster manual
 /// failover). While it does, Redis neither deletes expired keys nor lets write commands run, and
 /// a module must not write either: a key that expired during the pause still exists though

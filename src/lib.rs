@@ -73,7 +73,6 @@ fn required_api_present() -> bool {
             { raw::RedisModule_FreeThreadSafeContext }.is_some(),
             { raw::RedisModule_GetAbsExpire }.is_some(),
             { raw::RedisModule_GetBlockedClientHandle }.is_some(),
-            { raw::RedisModule_GetClientId }.is_some(),
             { raw::RedisModule_GetBlockedClientPrivateData }.is_some(),
             { raw::RedisModule_GetCommand }.is_some(),
             { raw::RedisModule_GetContextFlags }.is_some(),

@@ -11,7 +11,6 @@ use std::cell::{Cell, RefCell};
 
 use lock_core::args::Wait;
 use lock_core::queue::LockKey;
-use lock_core::retry::{Held, Retries};
 use lock_core::scheduler::{
     Answer, Attempt, Cause, Change, Handoff, NewWait, Note, Port, Scheduler, Seen, Writes,
 };
@@ -37,62 +36,6 @@ thread_local! {
     static WAITING: Cell<usize> = const { Cell::new(0) };
     /// Last time a "lease expired with waiters" warning was logged.
     static LAST_EXPIRY_WARNING: Cell<u64> = const { Cell::new(0) };
-    /// Recent WAIT grants by client, and grants that may be unread (see lock_core::retry).
-    static RETRIES: RefCell<Retries<u64>> = RefCell::new(Retries::default());
-    /// Mirrors `RETRIES.is_empty()`: every LOCK.* command reads it, almost always true.
-    static RETRIES_IDLE: Cell<bool> = const { Cell::new(true) };
-}
-
-fn with_retries<R>(f: impl FnOnce(&mut Retries<u64>) -> R) -> Option<R> {
-    RETRIES.with(|cell| {
-        let mut retries = cell.try_borrow_mut().ok()?;
-        let out = f(&mut retries);
-        RETRIES_IDLE.with(|idle| idle.set(retries.is_empty()));
-        Some(out)
-    })
-}
-
-/// A WAIT grant's reply was handed to `client`.
-pub fn grant_delivered(client: u64, key: &LockKey, owner: &[u8], token: u64) {
-    with_retries(|r| r.delivered(client, key.clone(), owner, token, now_ms()));
-}
-
-/// A client's connection closed.
-pub fn client_disconnected(client: u64) {
-    if !RETRIES_IDLE.with(Cell::get) {
-        with_retries(|r| r.disconnected(client, now_ms()));
-    }
-}
-
-/// A LOCK.* command (other than a recognised retry) on `name` by the client of `ctx`: the
-/// client reads its replies, and an earlier grant of the key is no longer one to retry.
-pub fn lock_command(ctx: Ctx, name: &[u8]) {
-    if RETRIES_IDLE.with(Cell::get) {
-        return;
-    }
-    let key = LockKey::new(ffi::selected_db(ctx), name);
-    let client = ffi::client_id(ctx);
-    with_retries(|r| {
-        r.active(client);
-        r.touched(&key);
-    });
-}
-
-/// Whether a LOCK.ACQUIRE ... WAIT by `owner`, which finds it holds `held`, is the retry of a
-/// grant its client may never have read (then the caller answers the same token and counts no
-/// re-entry). Counts as the client's LOCK.* command either way.
-pub fn take_retry(ctx: Ctx, name: &[u8], owner: &[u8], held: Held) -> bool {
-    if RETRIES_IDLE.with(Cell::get) {
-        return false;
-    }
-    let key = LockKey::new(ffi::selected_db(ctx), name);
-    let client = ffi::client_id(ctx);
-    with_retries(|r| {
-        let retry = r.take_retry(&key, owner, held, now_ms());
-        r.active(client);
-        retry
-    })
-    .unwrap_or(false)
 }
 
 /// Runs `f` on the scheduler, then arms the timer for its next deadline.
@@ -285,12 +228,6 @@ pub fn reset() {
     });
     TIMER.with(|t| t.set(None));
     WAITING.with(|w| w.set(0));
-    RETRIES.with(|cell| {
-        if let Ok(mut r) = cell.try_borrow_mut() {
-            *r = Retries::default();
-        }
-    });
-    RETRIES_IDLE.with(|idle| idle.set(true));
     INBOX.with(|inbox| inbox.borrow_mut().clear());
     INBOX_ARMED.with(|a| a.set(false));
 }

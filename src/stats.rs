@@ -37,7 +37,6 @@ counters! {
     expired_with_waiters: "Held leases that ran out while waiters were queued (the holder lost the lock).",
     wait_timeouts: "Waiters answered nil because their WAIT timeout passed.",
     wait_cancelled: "Waiters that left the queue by disconnect or CLIENT UNBLOCK.",
-    wait_retried: "LOCK.ACQUIRE ... WAIT calls taken as the retry of a grant whose connection closed unread: the same token, no re-entry counted.",
     wait_replaced: "Waiters whose owner asked again for the same lock while they waited (a client that gave up and retried): the newer request took their place.",
     wait_redirected: "Waiters answered ASK/MOVED because their lock key left this node with its cluster slot.",
     abandoned_grants: "Grants whose client vanished before the reply; the lock went on.",

@@ -23,12 +23,25 @@ pub enum Wait {
     For(u64),
 }
 
+/// What a `LOCK.ACQUIRE` by the key's current holder does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reentry {
+    /// Re-enter: the count goes up, one `LOCK.RELEASE` per acquire (Redisson's semantics).
+    Counted,
+    /// `ONCE`: the owner holds the key at most once. Asking again while holding it returns the
+    /// token and resets the lease without counting, so a client library that re-sends the
+    /// command after its own timeout (its first try may have been granted) cannot take the
+    /// lock twice.
+    Once,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcquireRequest<'a> {
     pub key: &'a [u8],
     pub owner: &'a [u8],
     pub lease_ms: u64,
     pub wait: Wait,
+    pub reentry: Reentry,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +140,7 @@ impl<'a> ArgCursor<'a> {
     }
 }
 
-/// `LOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms]`
+/// `LOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms] [ONCE]` (options in any order)
 pub fn parse_acquire<'a>(
     argv: &'a [&'a [u8]],
     max_lease_ms: u64,
@@ -138,8 +151,11 @@ pub fn parse_acquire<'a>(
     let owner = args.owner()?;
     let lease_ms = args.lease(max_lease_ms)?;
     let mut wait = Wait::No;
+    let mut reentry = Reentry::Counted;
     while let Some(option) = args.option() {
-        if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
+        if option.eq_ignore_ascii_case(b"ONCE") && reentry == Reentry::Counted {
+            reentry = Reentry::Once;
+        } else if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
             let timeout = args.bytes().map_err(|_| LockError::Syntax)?;
             let timeout = parse_i64(timeout).ok_or(LockError::NotAnInteger)?;
             wait = match u64::try_from(timeout) {
@@ -157,6 +173,7 @@ pub fn parse_acquire<'a>(
         owner,
         lease_ms,
         wait,
+        reentry,
     })
 }
 
@@ -202,10 +219,58 @@ mod tests {
         line.split(' ').map(|s| s.as_bytes().to_vec()).collect()
     }
 
+    /// (key, owner, lease, wait, re-entry) of a parsed acquire.
+    type Parsed = (Vec<u8>, Vec<u8>, u64, Wait, Reentry);
+
     fn acquire(line: &str) -> Result<(Vec<u8>, Vec<u8>, u64, Wait), LockError> {
+        acquire_full(line).map(|r| (r.0, r.1, r.2, r.3))
+    }
+
+    fn acquire_full(line: &str) -> Result<Parsed, LockError> {
         let owned = argv(line);
         let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-        parse_acquire(&refs, 10_000).map(|r| (r.key.to_vec(), r.owner.to_vec(), r.lease_ms, r.wait))
+        parse_acquire(&refs, 10_000).map(|r| {
+            (
+                r.key.to_vec(),
+                r.owner.to_vec(),
+                r.lease_ms,
+                r.wait,
+                r.reentry,
+            )
+        })
+    }
+
+    #[test]
+    fn once_is_an_option_in_any_order_and_only_once() {
+        let cases = [
+            ("LOCK.ACQUIRE k o 100", Wait::No, Reentry::Counted),
+            ("LOCK.ACQUIRE k o 100 ONCE", Wait::No, Reentry::Once),
+            (
+                "LOCK.ACQUIRE k o 100 once WAIT 5",
+                Wait::For(5),
+                Reentry::Once,
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 WAIT 0 Once",
+                Wait::Forever,
+                Reentry::Once,
+            ),
+        ];
+        for (line, wait, reentry) in cases {
+            assert_eq!(
+                acquire_full(line).map(|r| (r.3, r.4)),
+                Ok((wait, reentry)),
+                "{line}"
+            );
+        }
+        assert_eq!(
+            acquire_full("LOCK.ACQUIRE k o 100 ONCE ONCE"),
+            Err(LockError::Syntax)
+        );
+        assert_eq!(
+            acquire_full("LOCK.ACQUIRE k o 100 ONCE WAIT"),
+            Err(LockError::Syntax)
+        );
     }
 
     #[test]

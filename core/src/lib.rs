@@ -22,7 +22,6 @@ pub mod deadlines;
 pub mod error;
 pub mod layout;
 pub mod queue;
-pub mod retry;
 pub mod scheduler;
 pub mod slot;
 pub mod state;

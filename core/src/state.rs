@@ -8,6 +8,7 @@
 //! The adapter reads what is stored ([`Stored`]), asks [`classify`] what it means for the
 //! requesting owner ([`View`]), and the `decide_*` functions say what to write.
 
+use crate::args::Reentry;
 use crate::layout::{parse_positive, MAX_STORED_INTEGER};
 pub use crate::layout::{FENCE_FIELD, FENCE_FIELD_DISPLAY};
 use crate::{LockError, UnixMs};
@@ -111,6 +112,7 @@ pub fn decide_acquire(
     view: View,
     queue: Queue,
     lease_ms: u64,
+    reentry: Reentry,
     now: UnixMs,
 ) -> Result<AcquireDecision, LockError> {
     let expires_at = now.saturating_add(lease_ms);
@@ -118,10 +120,14 @@ pub fn decide_acquire(
         View::Free if queue == Queue::Empty => AcquireDecision::Take { expires_at },
         View::Free | View::HeldByOther { .. } => AcquireDecision::Busy,
         View::HeldByRequester { count, token } => AcquireDecision::Reenter {
-            count: count
-                .checked_add(1)
-                .filter(|c| *c <= MAX_STORED_INTEGER)
-                .ok_or(LockError::CountOverflow)?,
+            count: match reentry {
+                Reentry::Counted => count
+                    .checked_add(1)
+                    .filter(|c| *c <= MAX_STORED_INTEGER)
+                    .ok_or(LockError::CountOverflow)?,
+                // Held already: the same count, a new lease.
+                Reentry::Once => count,
+            },
             token,
             expires_at,
         },
@@ -303,11 +309,34 @@ mod tests {
         ];
         for (view, queue, want) in cases {
             assert_eq!(
-                decide_acquire(view, queue, 100, NOW),
+                decide_acquire(view, queue, 100, Reentry::Counted, NOW),
                 Ok(want),
                 "{view:?} {queue:?}"
             );
         }
+    }
+
+    #[test]
+    fn once_re_takes_a_held_lock_without_counting_and_resets_the_lease() {
+        let mine = View::HeldByRequester {
+            count: 2,
+            token: Some(5),
+        };
+        assert_eq!(
+            decide_acquire(mine, Queue::Waiting, 700, Reentry::Once, NOW),
+            Ok(AcquireDecision::Reenter {
+                count: 2,
+                token: Some(5),
+                expires_at: NOW + 700,
+            })
+        );
+        // Otherwise ONCE acquires like any acquire.
+        assert_eq!(
+            decide_acquire(View::Free, Queue::Empty, 700, Reentry::Once, NOW),
+            Ok(AcquireDecision::Take {
+                expires_at: NOW + 700
+            })
+        );
     }
 
     #[test]
@@ -318,7 +347,7 @@ mod tests {
                 token: Some(1),
             };
             assert_eq!(
-                decide_acquire(at_max, Queue::Empty, 1, NOW),
+                decide_acquire(at_max, Queue::Empty, 1, Reentry::Counted, NOW),
                 Err(LockError::CountOverflow)
             );
         }
@@ -326,7 +355,13 @@ mod tests {
             count: i64::MAX as u64 - 1,
             token: Some(1),
         };
-        assert!(decide_acquire(below, Queue::Empty, 1, NOW).is_ok());
+        assert!(decide_acquire(below, Queue::Empty, 1, Reentry::Counted, NOW).is_ok());
+        // ONCE never counts, so it never overflows either.
+        let at_max = View::HeldByRequester {
+            count: i64::MAX as u64,
+            token: Some(1),
+        };
+        assert!(decide_acquire(at_max, Queue::Empty, 1, Reentry::Once, NOW).is_ok());
     }
 
     #[test]

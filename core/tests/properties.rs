@@ -170,7 +170,7 @@ proptest! {
             View::HeldByOther { count, token }
         };
         let queue = if waiting { Queue::Waiting } else { Queue::Empty };
-        match decide_acquire(view, queue, lease, now) {
+        match decide_acquire(view, queue, lease, lock_core::args::Reentry::Counted, now) {
             Ok(AcquireDecision::Reenter { count: next, expires_at, .. }) => {
                 prop_assert!(mine);
                 prop_assert_eq!(next, count + 1);

@@ -4,7 +4,6 @@ use std::os::raw::c_int;
 
 use lock_core::args::{parse_acquire, Wait};
 use lock_core::queue::LockKey;
-use lock_core::retry::Held;
 use lock_core::scheduler::Seen;
 use lock_core::state::{decide_acquire, AcquireDecision, Queue, View};
 use lock_core::LockError;
@@ -27,21 +26,6 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     super::refuse_while_paused()?;
 
     let lock = store::read_for_owner(ctx, key_name, owner)?;
-    if let (Wait::For(_) | Wait::Forever, View::HeldByRequester { count, token }) =
-        (request.wait, lock.view)
-    {
-        // The client's retry of a WAIT whose grant it never read (lock_core::retry): the same
-        // token, and no re-entry counted.
-        if runtime::take_retry(ctx, request.key, request.owner, Held { count, token }) {
-            if let Some(token) = token {
-                bump(&STATS.wait_retried);
-                reply::integer(ctx, store::stored_integer(token)?);
-                return Ok(());
-            }
-        }
-    } else {
-        runtime::lock_command(ctx, request.key);
-    }
     // Only build the queue key when somebody waits somewhere: the common case skips it.
     let waiting_key = runtime::anyone_waiting()
         .then(|| LockKey::new(ffi::selected_db(ctx), request.key))
@@ -52,7 +36,7 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
         Queue::Empty
     };
 
-    match decide_acquire(lock.view, queue, request.lease_ms, now)? {
+    match decide_acquire(lock.view, queue, request.lease_ms, request.reentry, now)? {
         AcquireDecision::Take { expires_at } => {
             // A new lock takes memory: refused over maxmemory like any deny-oom command. A
             // re-entry, renew or release must keep working then (the command is not flagged

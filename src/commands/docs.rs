@@ -16,6 +16,8 @@ enum Kind {
     Integer,
     /// `WAIT timeout-ms`: a token followed by its value.
     Tokened(&'static CStr),
+    /// `ONCE`: a token alone.
+    Flag(&'static CStr),
 }
 
 #[derive(Clone, Copy)]
@@ -75,6 +77,12 @@ const DOCS: [Doc; 5] = [
                 kind: Kind::Tokened(c"WAIT"),
                 optional: true,
                 summary: c"Block up to this many milliseconds for the lock (0 = forever).",
+            },
+            Arg {
+                name: c"once",
+                kind: Kind::Flag(c"ONCE"),
+                optional: true,
+                summary: c"If the owner holds the lock already, return its token and reset the lease without counting a re-entry (safe to retry).",
             },
         ],
     },
@@ -144,6 +152,10 @@ fn c_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
                 Kind::Tokened(token) => {
                     c_arg.token = c(token);
                     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER
+                }
+                Kind::Flag(token) => {
+                    c_arg.token = c(token);
+                    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN
                 }
             };
             c_arg

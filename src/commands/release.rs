@@ -24,7 +24,6 @@ fn run_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockEr
     let key_name = ffi::arg(argv, argc, 1);
     let owner = ffi::arg(argv, argc, 2);
     super::refuse_while_paused()?;
-    runtime::lock_command(ctx, request.key);
 
     let lock = store::read_for_owner(ctx, key_name, owner)?;
     match decide_release(lock.view) {
@@ -55,7 +54,6 @@ fn run_force_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), 
     let name = parse_key_only(&args)?;
     let key_name = ffi::arg(argv, argc, 1);
     super::refuse_while_paused()?;
-    runtime::lock_command(ctx, name);
     let key = Key::open(ctx, key_name);
     // Only a lock is removed: any other hash is an error and stays as it is.
     if store::holder_of(&key)?.is_none() {

@@ -20,7 +20,6 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     let key_name = ffi::arg(argv, argc, 1);
     let owner = ffi::arg(argv, argc, 2);
     super::refuse_while_paused()?;
-    runtime::lock_command(ctx, request.key);
     let lock = store::read_for_owner(ctx, key_name, owner)?;
     match decide_renew(lock.view, request.lease_ms, now_ms()) {
         RenewDecision::NotOwner => {

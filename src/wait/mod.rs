@@ -95,15 +95,10 @@ extern "C" fn on_reply(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
         let delivery = unsafe { &*data.cast::<Delivery>() };
         delivery.delivered.set(true);
         match &delivery.outcome {
-            Outcome::Granted { token, key, owner } => {
-                match i64::try_from(*token) {
-                    Ok(token) => reply::integer(ctx, token),
-                    Err(_) => reply::error(ctx, &lock_core::LockError::Internal.reply()),
-                }
-                // Remembered briefly, in case the client closes with the grant unread and
-                // retries (see lock_core::retry).
-                runtime::grant_delivered(crate::ffi::client_id(ctx), key, owner, *token);
-            }
+            Outcome::Granted { token, .. } => match i64::try_from(*token) {
+                Ok(token) => reply::integer(ctx, token),
+                Err(_) => reply::error(ctx, &lock_core::LockError::Internal.reply()),
+            },
             Outcome::TimedOut => reply::null(ctx),
             Outcome::Refused(message) => reply::error(ctx, message),
         }
