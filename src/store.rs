@@ -206,7 +206,7 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
             // then come from the clock floor): replicate only what was written.
             if counter.string_write(text) {
                 drop(counter);
-                replicate_with_buffer(ctx, c"SET", counter_name, text);
+                replicate_counter(ctx, counter_name, text);
             }
         }
         Ok(grant.token)
@@ -320,16 +320,21 @@ fn format_u64(mut value: u64, buf: &mut [u8; 20]) -> &[u8] {
 }
 
 /// Replicates `command name <bytes>`.
-fn replicate_with_buffer(ctx: Ctx, command: &CStr, name: RawString, value: &[u8]) {
-    // SAFETY: "sb" = one RedisModuleString and one (pointer, length) buffer; Redis copies both.
+/// Replicates a counter write as `SET name value KEEPTTL`: the write is done in place, which
+/// keeps whatever TTL the key has (someone may have set one), so the replica and the AOF must
+/// keep it too.
+fn replicate_counter(ctx: Ctx, name: RawString, value: &[u8]) {
+    // SAFETY: "sbc" = one RedisModuleString, one (pointer, length) buffer and one C string;
+    // Redis copies all three.
     unsafe {
         api!(RedisModule_Replicate)(
             ctx,
-            command.as_ptr(),
-            c"sb".as_ptr(),
+            c"SET".as_ptr(),
+            c"sbc".as_ptr(),
             name,
             value.as_ptr().cast::<c_char>(),
             value.len(),
+            c"KEEPTTL".as_ptr(),
         );
     }
 }

@@ -253,3 +253,37 @@ fn tokens_rise_after_failover_even_past_grants_the_replica_never_received() {
         "{token} <= {unreplicated}: a token was handed out twice"
     );
 }
+
+/// Found by an adversarial review: a token counter given a TTL by hand kept it on the master
+/// (the module writes the counter in place) but lost it on the replica and in the AOF, which
+/// got a plain SET. The write is replicated with KEEPTTL now.
+#[test]
+fn a_counter_with_a_ttl_keeps_it_on_the_replica() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    acquire(&mut m, "k", "a", 60_000).unwrap();
+    release(&mut m, "k", "a");
+    let counter = counter_names(&mut m).pop().expect("a counter");
+    let _: () = redis::cmd("SET")
+        .arg(&counter)
+        .arg(5)
+        .arg("PX")
+        .arg(100_000)
+        .query(&mut m)
+        .unwrap();
+    // The bound it holds is not this process's: the next grant writes a new one.
+    acquire(&mut m, "k", "b", 60_000).unwrap();
+    assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
+    let on_master: i64 = m.pttl(&counter).unwrap();
+    let on_replica: i64 = r.pttl(&counter).unwrap();
+    assert!(on_master > 90_000, "{on_master}");
+    assert!(
+        on_replica > 90_000,
+        "the replica lost the TTL: {on_replica}"
+    );
+    let value_m: String = m.get(&counter).unwrap();
+    let value_r: String = r.get(&counter).unwrap();
+    assert_eq!(value_m, value_r);
+}
