@@ -422,11 +422,21 @@ pub fn is_cluster(ctx: Ctx) -> bool {
 /// The `CLUSTER NODES` text, through RM_Call. Only for rare paths (a handoff in cluster mode
 /// that no LOCK.* command caused), never for a LOCK.* command itself.
 pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
+    call_text(ctx, c"CLUSTER", c"NODES")
+}
+
+/// The `CLIENT LIST` text, through RM_Call (module unload only).
+pub fn client_list(ctx: Ctx) -> Option<String> {
+    call_text(ctx, c"CLIENT", c"LIST")
+}
+
+/// Runs `command subcommand` and returns its bulk-string reply.
+fn call_text(ctx: Ctx, command: &CStr, subcommand: &CStr) -> Option<String> {
     // SAFETY: ctx is live; "c" = one NUL-terminated C string argument. The reply is ours to
     // free; its string pointer is valid until then, and we copy it first.
     unsafe {
         let reply =
-            api!(RedisModule_Call)(ctx, c"CLUSTER".as_ptr(), c"c".as_ptr(), c"NODES".as_ptr());
+            api!(RedisModule_Call)(ctx, command.as_ptr(), c"c".as_ptr(), subcommand.as_ptr());
         if reply.is_null() {
             return None;
         }

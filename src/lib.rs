@@ -116,10 +116,17 @@ fn required_api_present() -> bool {
 
 /// Refuses MODULE UNLOAD while clients wait or deadlines are pending: their callbacks point into
 /// this library.
-fn deinit(_ctx: &Context) -> Status {
+fn deinit(ctx: &Context) -> Status {
     guard::callback(Status::Err, || {
         if !runtime::idle() {
             log::warning("MODULE UNLOAD refused: clients are waiting for locks");
+            return Status::Err;
+        }
+        if let Some(why) = ffi::client_list(ctx.ctx)
+            .as_deref()
+            .and_then(lock_core::unload::blocker)
+        {
+            log::warning(&format!("MODULE UNLOAD refused: {why}"));
             return Status::Err;
         }
         store::release_cached_names();

@@ -201,3 +201,32 @@ fn module_unload_is_refused_while_clients_wait_and_works_once_they_are_gone() {
     assert_eq!(release(&mut con, "k2", "x"), Some(0));
     waiter.token(SOON).expect("waiting works after a reload");
 }
+
+/// Redis 7.0 and Valkey 8 keep a pointer to every client's last command, and a transaction
+/// keeps its queued commands: after an unload those point at freed memory (`CLIENT LIST`
+/// crashed Redis in the adversarial test; `EXEC` ran a freed LOCK.INFO). The module refuses
+/// to be unloaded until no client can reach its commands that way.
+#[test]
+fn module_unload_waits_until_no_client_points_at_a_lock_command() {
+    let server = Server::start_with(&["--enable-module-command", "yes"]);
+    let mut admin = server.connect();
+    let mut user = server.connect();
+    let _: Value = redis::cmd("LOCK.INFO").arg("k").query(&mut user).unwrap();
+    let refused = error_of(&mut admin, &[b"MODULE", b"UNLOAD", b"lock"]);
+    assert!(refused.starts_with("ERR"), "{refused}");
+    assert!(server.log().contains("last command was a LOCK.* command"));
+    // Once that client has moved on, a transaction in progress holds the unload too.
+    let _: () = redis::cmd("PING").query(&mut user).unwrap();
+    let _: () = redis::cmd("MULTI").query(&mut user).unwrap();
+    let refused = error_of(&mut admin, &[b"MODULE", b"UNLOAD", b"lock"]);
+    assert!(refused.starts_with("ERR"), "{refused}");
+    let _: () = redis::cmd("DISCARD").query(&mut user).unwrap();
+    let _: () = redis::cmd("MODULE")
+        .arg("UNLOAD")
+        .arg("lock")
+        .query(&mut admin)
+        .unwrap();
+    // The server is sound: every client can be listed.
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
+    assert!(!list.contains("cmd=lock."), "{list}");
+}

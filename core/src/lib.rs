@@ -26,6 +26,7 @@ pub mod scheduler;
 pub mod slot;
 pub mod state;
 pub mod token;
+pub mod unload;
 
 pub use error::LockError;
 
