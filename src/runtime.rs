@@ -19,7 +19,7 @@ use lock_core::LockError;
 
 use crate::ffi::{self, now_ms, with_db, Ctx, Key, KeyKind, OwnedString, RawString};
 use crate::stats::{add, bump, STATS};
-use crate::wait::{self, Blocked, Outcome};
+use crate::wait::{self, Blocked};
 use crate::{config, log, notify, store};
 
 /// Changes noted by keyspace events before the inbox is processed. A storm of events (a script
@@ -102,7 +102,7 @@ pub fn enqueue(
         };
         match scheduler.enqueue(&mut port, new, max, now) {
             Ok(_) => bump(&STATS.waits_started),
-            Err(e) => wait::unblock(handle, Outcome::Refused(e.reply())),
+            Err(e) => wait::unblock(handle, Answer::Refused(e.reply())),
         }
         Ok(())
     })
@@ -322,12 +322,7 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn answer(&mut self, handle: Blocked, answer: Answer) {
-        let outcome = match answer {
-            Answer::Granted { token, key, owner } => Outcome::Granted { token, key, owner },
-            Answer::TimedOut => Outcome::TimedOut,
-            Answer::Refused(reply) => Outcome::Refused(reply),
-        };
-        wait::unblock(handle, outcome);
+        wait::unblock(handle, answer);
     }
 
     fn note(&mut self, note: Note) {

@@ -4,7 +4,7 @@
 //! are ours, kept precise by one module timer). The lock decisions live in `runtime`; this file
 //! only translates between Redis's callbacks and it:
 //!
-//! - `unblock(handle, Outcome)` answers a waiter; Redis then calls `on_reply` in the client's
+//! - `unblock(handle, Answer)` answers a waiter; Redis then calls `on_reply` in the client's
 //!   context, which sends the reply, and `on_free`, which frees the outcome. If the client went
 //!   away in between (the reply was never delivered) and the outcome was a grant, `on_free`
 //!   tells the runtime, which passes the lock on from a timer (no writes inside `on_free`).
@@ -16,7 +16,7 @@ use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
-use lock_core::queue::LockKey;
+use lock_core::scheduler::Answer;
 use redis_module::raw;
 
 use crate::ffi::{api, reply, Ctx, RawString};
@@ -27,20 +27,9 @@ use crate::runtime;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Blocked(*mut raw::RedisModuleBlockedClient);
 
-/// What a waiter is told when it leaves the queue.
-pub enum Outcome {
-    Granted {
-        token: u64,
-        key: LockKey,
-        owner: Box<[u8]>,
-    },
-    TimedOut,
-    Refused(String),
-}
-
 /// Carried through Redis from `unblock` to `on_reply` and `on_free`.
 struct Delivery {
-    outcome: Outcome,
+    outcome: Answer,
     delivered: Cell<bool>,
 }
 
@@ -62,7 +51,7 @@ pub fn block(ctx: Ctx) -> Option<Blocked> {
 
 /// Answers a queued waiter. Must be called at most once per handle, and never for one that
 /// `on_disconnect`/`on_timeout` already released.
-pub fn unblock(handle: Blocked, outcome: Outcome) {
+pub fn unblock(handle: Blocked, outcome: Answer) {
     let delivery = Box::new(Delivery {
         outcome,
         delivered: Cell::new(false),
@@ -95,12 +84,12 @@ extern "C" fn on_reply(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
         let delivery = unsafe { &*data.cast::<Delivery>() };
         delivery.delivered.set(true);
         match &delivery.outcome {
-            Outcome::Granted { token, .. } => match i64::try_from(*token) {
+            Answer::Granted { token, .. } => match i64::try_from(*token) {
                 Ok(token) => reply::integer(ctx, token),
                 Err(_) => reply::error(ctx, &lock_core::LockError::Internal.reply()),
             },
-            Outcome::TimedOut => reply::null(ctx),
-            Outcome::Refused(message) => reply::error(ctx, message),
+            Answer::TimedOut => reply::null(ctx),
+            Answer::Refused(message) => reply::error(ctx, message),
         }
     });
     raw::REDISMODULE_OK as c_int
@@ -136,7 +125,7 @@ extern "C" fn on_free(ctx: Ctx, privdata: *mut c_void) {
         }
         // SAFETY: privdata is the Box<Delivery> from `unblock`; Redis hands it back exactly once.
         let delivery = unsafe { Box::from_raw(privdata.cast::<Delivery>()) };
-        if let Outcome::Granted { token, key, owner } = delivery.outcome {
+        if let Answer::Granted { token, key, owner } = delivery.outcome {
             if !delivery.delivered.get() {
                 runtime::grant_undelivered(ctx, key, owner, token);
             }
