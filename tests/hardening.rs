@@ -27,11 +27,7 @@ fn used_memory(con: &mut Connection) -> i64 {
 }
 
 fn assert_no_crash(server: &mut Server) {
-    assert!(
-        server.is_alive(),
-        "the server died; log:\n{}",
-        server.log()
-    );
+    assert!(server.is_alive(), "the server died; log:\n{}", server.log());
     let log = server.log();
     for bad in ["ASSERTION", "crashed by signal", "panic", "internal error"] {
         assert!(!log.contains(bad), "the log has {bad:?}:\n{log}");
@@ -446,7 +442,7 @@ fn a_grant_racing_client_unblock_is_passed_on() {
         let token = waiter.token(SOON).expect("the waiter got its grant");
         let held = lock_info(&mut con, "k").expect("the waiter holds the lock");
         assert_eq!(held.get("owner"), Some(&Value::Data(b"w".to_vec())));
-        assert_eq!(info_int(&held, "token"), token as i64);
+        assert_eq!(info_int(&held, "token"), token);
         assert_eq!(
             info_field(&mut con, "lock", "lock_abandoned_grants").as_deref(),
             Some("0")

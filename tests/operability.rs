@@ -221,7 +221,7 @@ fn config_is_validated_and_written_by_config_rewrite() {
         ),
     )
     .unwrap();
-    let mut child = Command::new("redis-server")
+    let mut child = Command::new(server_bin())
         .arg(&conf)
         .stdout(Stdio::null())
         .spawn()
@@ -317,7 +317,7 @@ fn command_docs_and_key_specs_describe_every_command() {
         "lock.info",
         "lock.forcerelease",
     ] {
-        let out = Command::new("redis-cli")
+        let out = Command::new(cli_bin())
             .args(["-p", &server.port.to_string(), "COMMAND", "DOCS", cmd])
             .output()
             .unwrap();
@@ -367,7 +367,7 @@ fn command_docs_and_key_specs_describe_every_command() {
             .unwrap();
         assert_eq!(keys, ["the-key"], "{cmd}");
     }
-    let info = Command::new("redis-cli")
+    let info = Command::new(cli_bin())
         .args([
             "-p",
             &server.port.to_string(),
@@ -382,7 +382,7 @@ fn command_docs_and_key_specs_describe_every_command() {
         text.contains("readonly") && text.contains("RO") && text.contains("access"),
         "{text}"
     );
-    let info = Command::new("redis-cli")
+    let info = Command::new(cli_bin())
         .args([
             "-p",
             &server.port.to_string(),
@@ -421,4 +421,66 @@ fn the_log_shows_the_configuration_at_load_and_warns_on_lost_leases() {
     assert!(eventually(Duration::from_secs(2), || server
         .log()
         .contains("a held lease on 'k' ran out with waiters queued")));
+}
+
+/// Where the server reports every key that expires (the key server event: Redis >= 7.2,
+/// Valkey), every held lease that runs out is counted (`lock_expired`) and announced
+/// (`lock.expired`), waiters or not. Redis 7.0 has no such event: there the field is absent
+/// and a lease that runs out with nobody waiting is only Redis's own `expired`.
+#[test]
+fn held_leases_that_run_out_are_counted_where_the_server_reports_expiries() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let about: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+    let version = |field: &str| {
+        about.lines().find_map(|l| l.strip_prefix(field)).map(|v| {
+            v.trim()
+                .split('.')
+                .map(|n| n.parse::<u32>().unwrap_or(0))
+                .collect::<Vec<_>>()
+        })
+    };
+    let reports_expiries = version("valkey_version:").is_some()
+        || version("redis_version:").is_some_and(|v| v >= vec![7, 2]);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KEh")
+        .query(&mut con)
+        .unwrap();
+    let mut listener = server.connect();
+    let mut events = listener.as_pubsub();
+    events.subscribe("__keyevent@0__:lock.expired").unwrap();
+    events
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    acquire(&mut con, "a", "o", 100).unwrap();
+    acquire(&mut con, "b", "o", 100).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("not-a-lock")
+        .arg("x")
+        .arg("PX")
+        .arg(100)
+        .query(&mut con)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // Touching the keys expires them now, whatever the server's active expiry did.
+    let _: i64 = redis::cmd("EXISTS")
+        .arg("a")
+        .arg("b")
+        .arg("not-a-lock")
+        .query(&mut con)
+        .unwrap();
+    let mut announced: Vec<String> = std::iter::from_fn(|| events.get_message().ok())
+        .filter_map(|m| m.get_payload::<String>().ok())
+        .collect();
+    announced.sort();
+    let counted = info_field(&mut con, "lock", "lock_expired");
+    if reports_expiries {
+        assert_eq!(counted.as_deref(), Some("2"));
+        assert_eq!(announced, ["a", "b"]);
+    } else {
+        assert_eq!(counted, None, "no count where expiries are not seen");
+        assert!(announced.is_empty(), "{announced:?}");
+    }
 }

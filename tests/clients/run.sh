@@ -16,6 +16,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 module=${LOCK_MODULE:-$here/../../target/debug/libredis_lock.so}
+# The server and CLI: $LOCK_SERVER and $LOCK_CLI (default redis-server and redis-cli).
+server=${LOCK_SERVER:-redis-server}
+cli=${LOCK_CLI:-redis-cli}
 [ -f "$module" ] || { echo "clients: module $module not found (build it first)" >&2; exit 1; }
 
 default_set=(redis-py ioredis node-redis)
@@ -132,16 +135,16 @@ start_server() {
   local port=$1 dir=$work/$1
   shift
   mkdir -p "$dir"
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+  "$server" --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --loadmodule "$module" "$@" >/dev/null
   for _ in $(seq 200); do
-    if [ -f "$dir/redis.pid" ] && redis-cli -p "$port" info server 2>/dev/null | tr -d '\r' |
+    if [ -f "$dir/redis.pid" ] && "$cli" -p "$port" info server 2>/dev/null | tr -d '\r' |
       grep -qx "process_id:$(cat "$dir/redis.pid")"; then
       return 0
     fi
     sleep 0.05
   done
-  echo "clients: redis-server on port $port did not start"
+  echo "clients: $server on port $port did not start"
   cat "$dir/redis.log"
   return 1
 }
@@ -154,12 +157,12 @@ start_cluster() {
   for p in "$@"; do
     start_server "$p" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 5000 || return 1
   done
-  redis-cli --cluster create "${@/#/127.0.0.1:}" --cluster-yes >"$work/create-$1.log" 2>&1 ||
+  "$cli" --cluster create "${@/#/127.0.0.1:}" --cluster-yes >"$work/create-$1.log" 2>&1 ||
     { cat "$work/create-$1.log"; return 1; }
   local info
   for p in "$@"; do
     for _ in $(seq 401); do
-      info=$(redis-cli -p "$p" cluster info | tr -d '\r')
+      info=$("$cli" -p "$p" cluster info | tr -d '\r')
       grep -qx 'cluster_state:ok' <<<"$info" && grep -qx 'cluster_slots_ok:16384' <<<"$info" && break
       sleep 0.05
     done

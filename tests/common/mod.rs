@@ -1,13 +1,19 @@
 //! Test harness: one real `redis-server` per test, on a free loopback port, in its own temporary
 //! directory, with the module freshly built and loaded. The guard kills and reaps the server on
 //! drop, so a failing test leaves nothing behind.
+//!
+//! The server binary is `$LOCK_SERVER` (default `redis-server`) and the CLI `$LOCK_CLI` (default
+//! `redis-cli`): `make test-valkey` points them at Valkey 8's `valkey-server` and `valkey-cli`.
+//! `server_kind()` tells a test which server it runs on, for the few expectations that
+//! legitimately differ.
 
 #![allow(dead_code)]
 
+use std::ffi::OsString;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Once};
+use std::sync::{mpsc, Once, OnceLock};
 use std::thread::{self, sleep};
 use std::time::{Duration, Instant};
 
@@ -36,6 +42,95 @@ pub fn module_path() -> PathBuf {
         Some(p) => PathBuf::from(p),
         None => root.join("target/debug/libredis_lock.so"),
     }
+}
+
+/// The server binary the tests start: `$LOCK_SERVER`, or `redis-server` from the `PATH`.
+pub fn server_bin() -> OsString {
+    std::env::var_os("LOCK_SERVER")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
+/// The CLI the tests run (`--cluster create`, transcripts, child processes): `$LOCK_CLI`, or
+/// `redis-cli` from the `PATH`.
+pub fn cli_bin() -> OsString {
+    std::env::var_os("LOCK_CLI")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "redis-cli".into())
+}
+
+/// Which server the tests run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    Redis,
+    Valkey,
+}
+
+/// The server kind and version, from `INFO server`: Valkey reports `server_name:valkey` and
+/// `valkey_version:8.x.y` (its `redis_version` is a fixed `7.2.4`, for compatibility); Redis
+/// has no `server_name` and reports `redis_version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    pub kind: ServerKind,
+    /// (major, minor, patch) of the server itself (`valkey_version` on Valkey).
+    pub version: (u32, u32, u32),
+}
+
+fn parse_server_info(info: &str) -> ServerInfo {
+    let field = |name: &str| {
+        info.lines().find_map(|l| {
+            l.strip_prefix(&format!("{name}:"))
+                .map(|v| v.trim().to_string())
+        })
+    };
+    let kind = match field("server_name").as_deref() {
+        Some("valkey") => ServerKind::Valkey,
+        _ if field("valkey_version").is_some() => ServerKind::Valkey,
+        _ => ServerKind::Redis,
+    };
+    let version_text = match kind {
+        ServerKind::Valkey => field("valkey_version"),
+        ServerKind::Redis => field("redis_version"),
+    }
+    .unwrap_or_default();
+    let mut parts = version_text
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let version = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
+    ServerInfo { kind, version }
+}
+
+static SERVER_INFO: OnceLock<ServerInfo> = OnceLock::new();
+
+/// What the tests' server is (the first server a test binary starts answers it; if none has
+/// started yet, one is started to ask).
+pub fn server_info() -> ServerInfo {
+    if let Some(info) = SERVER_INFO.get() {
+        return info.clone();
+    }
+    let server = Server::start();
+    drop(server);
+    SERVER_INFO
+        .get()
+        .expect("set by the server's start")
+        .clone()
+}
+
+/// `ServerKind::Redis` or `ServerKind::Valkey`: see `server_info`.
+pub fn server_kind() -> ServerKind {
+    server_info().kind
+}
+
+/// The server binary's name, for messages.
+fn server_name() -> String {
+    Path::new(&server_bin())
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "redis-server".to_string())
 }
 
 pub fn free_port() -> u16 {
@@ -96,9 +191,10 @@ impl Server {
         server
     }
 
-    /// Starts `redis-server` with this server's port, directory and arguments, and waits for it.
+    /// Starts `redis-server` (`$LOCK_SERVER`) with this server's port, directory and arguments,
+    /// and waits for it.
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(server_bin())
             .arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -113,7 +209,12 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("spawn redis-server (is it installed? run make test)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "spawn {:?} ({e}; is it installed? run make test, or make test-valkey)",
+                    server_bin()
+                )
+            });
         self.child = Some(child);
         self.wait_ready();
     }
@@ -131,7 +232,8 @@ impl Server {
             };
             if let Some(why) = exited {
                 panic!(
-                    "redis-server on port {} exited before answering ({why}); log:\n{}",
+                    "{} on port {} exited before answering ({why}); log:\n{}",
+                    server_name(),
                     self.port,
                     self.log()
                 );
@@ -147,9 +249,10 @@ impl Server {
                     assert_eq!(
                         answering,
                         self.pid(),
-                        "port {} is answered by another redis-server than this test's",
+                        "port {} is answered by another server than this test's",
                         self.port
                     );
+                    let _ = SERVER_INFO.set(parse_server_info(&info));
                     // INFO answers while a restart still loads its data; PING does not.
                     let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
                     if pong.is_ok() {
@@ -159,7 +262,8 @@ impl Server {
             }
             assert!(
                 Instant::now() < deadline,
-                "redis-server did not answer; log:\n{}",
+                "{} did not answer; log:\n{}",
+                server_name(),
                 self.log()
             );
             sleep(Duration::from_millis(20));
@@ -482,7 +586,8 @@ impl Waiter {
 }
 
 /// A Redis Cluster of masters on loopback, each with the module loaded, created the way a user
-/// does it (`redis-server --cluster-enabled yes`, then `redis-cli --cluster create`).
+/// does it (`redis-server --cluster-enabled yes`, then `redis-cli --cluster create`; `$LOCK_SERVER`
+/// and `$LOCK_CLI` when set).
 pub struct Cluster {
     pub nodes: Vec<Server>,
 }
@@ -510,13 +615,13 @@ impl Cluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
+        let out = Command::new(cli_bin())
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .arg("--cluster-yes")
             .output()
-            .expect("redis-cli --cluster create");
+            .expect("redis-cli --cluster create ($LOCK_CLI)");
         assert!(
             out.status.success(),
             "cluster create failed: {}",
