@@ -230,9 +230,10 @@ fn waiter_memory(bench: &Bench, count: usize, wait: Wait) -> WaiterMemory {
     let idle = settled_memory(&mut probe);
     let lease = LEASE_MS.to_string();
     let channel = unlock_channel(QUEUE_KEY);
-    for burst in conns.chunks_mut(CONNECT_BURST) {
+    for (b, burst) in conns.chunks_mut(CONNECT_BURST).enumerate() {
         for (i, conn) in burst.iter_mut().enumerate() {
-            let owner = owner_id(i + 1);
+            // One owner per waiter: an owner waits at most once per lock.
+            let owner = owner_id(b * CONNECT_BURST + i + 1);
             let args: Vec<&[u8]> = match wait {
                 Wait::Module => vec![
                     b"LOCK.ACQUIRE",
