@@ -1747,14 +1747,7 @@ impl Disrupter {
             return Vec::new();
         };
         let list: String = redis::from_redis_value(&v).unwrap_or_default();
-        list.lines()
-            .filter(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
-            .filter_map(|l| {
-                l.split(' ')
-                    .find_map(|f| f.strip_prefix("id="))
-                    .and_then(|v| v.parse().ok())
-            })
-            .collect()
+        lock_waiters_in(&list)
     }
 }
 

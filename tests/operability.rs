@@ -431,17 +431,8 @@ fn the_log_shows_the_configuration_at_load_and_warns_on_lost_leases() {
 fn held_leases_that_run_out_are_counted_where_the_server_reports_expiries() {
     let server = Server::start();
     let mut con = server.connect();
-    let about: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
-    let version = |field: &str| {
-        about.lines().find_map(|l| l.strip_prefix(field)).map(|v| {
-            v.trim()
-                .split('.')
-                .map(|n| n.parse::<u32>().unwrap_or(0))
-                .collect::<Vec<_>>()
-        })
-    };
-    let reports_expiries = version("valkey_version:").is_some()
-        || version("redis_version:").is_some_and(|v| v >= vec![7, 2]);
+    let about = server_info();
+    let reports_expiries = about.kind == ServerKind::Valkey || about.version >= (7, 2, 0);
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("notify-keyspace-events")

@@ -433,6 +433,11 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// The blocked clients' ids, in the order `CLIENT LIST` shows them.
 pub fn blocked_client_ids(con: &mut Connection) -> Vec<i64> {
     let list: String = redis::cmd("CLIENT").arg("LIST").query(con).unwrap();
+    lock_waiters_in(&list)
+}
+
+/// The ids of the clients blocked in LOCK.ACQUIRE in a `CLIENT LIST` text.
+pub fn lock_waiters_in(list: &str) -> Vec<i64> {
     list.lines()
         .filter(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
         .filter_map(|l| {
