@@ -46,7 +46,7 @@ fn with_scheduler<R>(
     SCHEDULER.with(|cell| match cell.try_borrow_mut() {
         Ok(mut scheduler) => {
             let out = f(&mut scheduler, RedisPort { ctx });
-            WAITING.with(|w| w.set(scheduler.gauges().0));
+            WAITING.with(|w| w.set(scheduler.waiting()));
             arm(ctx, scheduler.next_deadline());
             Some(out)
         }

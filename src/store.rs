@@ -117,12 +117,9 @@ pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
                         is_requester: true,
                     }),
                 }),
-                None => holder_of(key).map(|h| match h {
-                    Some(h) => View::HeldByOther {
-                        count: h.count,
-                        token: h.token,
-                    },
-                    None => View::Free,
+                None => holder_in_hash(key, fields).map(|h| View::HeldByOther {
+                    count: h.count,
+                    token: h.token,
                 }),
             }
         }
@@ -147,36 +144,41 @@ pub fn holder_of(key: &Key) -> Result<Option<Holder>, LockError> {
             if !may_be_a_lock(fields) {
                 return Err(LockError::NotALock);
             }
-            let entries = key.hash_fields();
-            let mut fence = None;
-            let mut holder = None;
-            for (field, value) in &entries {
-                if field.as_slice() == FENCE_FIELD {
-                    fence = Some(value.as_slice());
-                } else if holder.is_none() {
-                    holder = Some((field, value.as_slice()));
-                } else {
-                    return Err(LockError::NotALock);
-                }
-            }
-            let view = classify(Stored::Hash {
-                fields,
-                fence,
-                holder: holder.map(|(_, count)| StoredHolder {
-                    count,
-                    is_requester: false,
-                }),
-            })?;
-            match (view, holder) {
-                (View::HeldByOther { count, token }, Some((owner, _))) => Ok(Some(Holder {
-                    owner: owner.clone(),
-                    count,
-                    token,
-                })),
-                _ => Err(LockError::NotALock),
-            }
+            holder_in_hash(key, fields).map(Some)
         }
         KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
+    }
+}
+
+/// Reads the holder of a hash already known to have `fields` fields, few enough for a lock.
+fn holder_in_hash(key: &Key, fields: usize) -> Result<Holder, LockError> {
+    let entries = key.hash_fields();
+    let mut fence = None;
+    let mut holder = None;
+    for (field, value) in &entries {
+        if field.as_slice() == FENCE_FIELD {
+            fence = Some(value.as_slice());
+        } else if holder.is_none() {
+            holder = Some((field, value.as_slice()));
+        } else {
+            return Err(LockError::NotALock);
+        }
+    }
+    let view = classify(Stored::Hash {
+        fields,
+        fence,
+        holder: holder.map(|(_, count)| StoredHolder {
+            count,
+            is_requester: false,
+        }),
+    })?;
+    match (view, holder) {
+        (View::HeldByOther { count, token }, Some((owner, _))) => Ok(Holder {
+            owner: owner.clone(),
+            count,
+            token,
+        }),
+        _ => Err(LockError::NotALock),
     }
 }
 

@@ -239,6 +239,11 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         self.waiters.len()
     }
 
+    /// How many keys have at least one live waiter (O(1)).
+    pub fn key_count(&self) -> usize {
+        self.queues.len()
+    }
+
     /// Keys with at least one live waiter.
     pub fn keys(&self) -> impl Iterator<Item = &LockKey> {
         self.queues.keys()

@@ -353,7 +353,12 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 
     /// (waiters, keys with waiters).
     pub fn gauges(&self) -> (usize, usize) {
-        (self.queues.total(), self.queues.keys().count())
+        (self.waiting(), self.queues.key_count())
+    }
+
+    /// Waiters on all keys (O(1): the adapter mirrors it after every event).
+    pub fn waiting(&self) -> usize {
+        self.queues.total()
     }
 
     /// Whether some database has waiters on a key of this name.

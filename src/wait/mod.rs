@@ -84,9 +84,9 @@ extern "C" fn on_reply(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
         let delivery = unsafe { &*data.cast::<Delivery>() };
         delivery.delivered.set(true);
         match &delivery.outcome {
-            Answer::Granted { token, .. } => match i64::try_from(*token) {
+            Answer::Granted { token, .. } => match crate::store::stored_integer(*token) {
                 Ok(token) => reply::integer(ctx, token),
-                Err(_) => reply::error(ctx, &lock_core::LockError::Internal.reply()),
+                Err(e) => reply::error(ctx, &e.reply()),
             },
             Answer::TimedOut => reply::null(ctx),
             Answer::Refused(message) => reply::error(ctx, message),
