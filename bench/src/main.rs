@@ -39,6 +39,14 @@ pub struct Plan {
     /// Whether to measure BLPOP's and a Redisson subscriber's memory as references; each
     /// costs two more waits for Redis to trim idle buffers, too long for `--quick`.
     pub reference_waiters: bool,
+    /// Clients of the read-write lock and semaphore scenarios, and how long each cell runs.
+    pub family_clients: Vec<usize>,
+    pub family_cell: Duration,
+    /// Holder-crash samples: with an EPHEMERAL hold (sequential, fast) and with a lease of
+    /// `crash_lease_ms` (in parallel, each waits the lease out).
+    pub crash_ephemeral_samples: usize,
+    pub crash_lease_samples: usize,
+    pub crash_lease_ms: u64,
 }
 
 impl Plan {
@@ -59,6 +67,11 @@ impl Plan {
             memory_locks: 100_000,
             memory_waiters: 100_000,
             reference_waiters: true,
+            family_clients: vec![8, 32],
+            family_cell: Duration::from_millis(2000),
+            crash_ephemeral_samples: 20,
+            crash_lease_samples: 3,
+            crash_lease_ms: 5000,
         }
     }
 
@@ -79,6 +92,11 @@ impl Plan {
             memory_locks: 50_000,
             memory_waiters: 10_000,
             reference_waiters: false,
+            family_clients: vec![8, 32],
+            family_cell: Duration::from_millis(250),
+            crash_ephemeral_samples: 20,
+            crash_lease_samples: 3,
+            crash_lease_ms: 2000,
         }
     }
 }
@@ -104,10 +122,23 @@ struct Args {
     only: Option<Vec<String>>,
 }
 
+/// The names `--only` takes, in the order the scenarios run.
+const SCENARIOS: [&str; 8] = [
+    "throughput",
+    "contention",
+    "deadlines",
+    "scaling",
+    "memory",
+    "rw",
+    "semaphore",
+    "crash",
+];
+
 fn usage() -> ! {
     eprintln!(
         "usage: lock-bench --module <abs path to libredis_lock.so> [--quick] [--out <dir>] \
-         [--only throughput,contention,deadlines,scaling,memory]"
+         [--only {}]",
+        SCENARIOS.join(",")
     );
     std::process::exit(2)
 }
@@ -125,7 +156,12 @@ fn parse_args() -> Args {
             "--out" => out = PathBuf::from(args.next().unwrap_or_else(|| usage())),
             "--only" => {
                 let list = args.next().unwrap_or_else(|| usage());
-                only = Some(list.split(',').map(str::to_string).collect());
+                let names: Vec<String> = list.split(',').map(str::to_string).collect();
+                if let Some(unknown) = names.iter().find(|n| !SCENARIOS.contains(&n.as_str())) {
+                    eprintln!("unknown scenario {unknown:?}");
+                    usage();
+                }
+                only = Some(names);
             }
             _ => usage(),
         }
@@ -177,6 +213,11 @@ fn main() {
     let deadlines = wanted("deadlines").then(|| scenarios::deadlines::run(&bench));
     let scaling = wanted("scaling").then(|| scenarios::scaling::run(&bench));
     let memory = wanted("memory").then(|| scenarios::memory::run(&bench));
+    let rw = wanted("rw")
+        .then(|| scenarios::family::run(&bench, scenarios::family::Workload::ReadWrite));
+    let semaphore = wanted("semaphore")
+        .then(|| scenarios::family::run(&bench, scenarios::family::Workload::Semaphore));
+    let crash = wanted("crash").then(|| scenarios::crash::run(&bench));
 
     let results = report::Results {
         throughput,
@@ -184,6 +225,9 @@ fn main() {
         deadlines,
         scaling,
         memory,
+        rw,
+        semaphore,
+        crash,
     };
     let wall = bench.started.elapsed();
     let chart = results

@@ -7,7 +7,9 @@ use crate::drivers::{
     Approach, COMPARE_AND_DELETE, POLL_INTERVAL_MS, REDISSON_LOCK, REDISSON_UNLOCK,
 };
 use crate::scenarios::contention::Contention;
+use crate::scenarios::crash::Crash;
 use crate::scenarios::deadlines::{Deadlines, Kind};
+use crate::scenarios::family::Family;
 use crate::scenarios::memory::Memory;
 use crate::scenarios::scaling::Scaling;
 use crate::scenarios::throughput::Throughput;
@@ -30,6 +32,9 @@ pub struct Results {
     pub deadlines: Option<Deadlines>,
     pub scaling: Option<Scaling>,
     pub memory: Option<Memory>,
+    pub rw: Option<Family>,
+    pub semaphore: Option<Family>,
+    pub crash: Option<Crash>,
 }
 
 /// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
@@ -97,6 +102,9 @@ fn targets(results: &Results) -> Vec<Target> {
     }
     if let Some(m) = &results.memory {
         all.extend(m.targets());
+    }
+    for family in [&results.rw, &results.semaphore].into_iter().flatten() {
+        all.extend(family.targets());
     }
     all
 }
@@ -231,9 +239,16 @@ pub fn render(
         out.push('\n');
     }
 
-    out.push_str("## Headline\n\n");
-    out.push_str(&headline(results));
-    out.push('\n');
+    // The headline quotes scenarios 1–5: without any of them it would be an empty table.
+    if results.throughput.is_some()
+        || results.contention.is_some()
+        || results.deadlines.is_some()
+        || results.memory.is_some()
+    {
+        out.push_str("## Headline\n\n");
+        out.push_str(&headline(results));
+        out.push('\n');
+    }
 
     if let Some(t) = &results.throughput {
         out.push_str(&t.section());
@@ -253,6 +268,15 @@ pub fn render(
     }
     if let Some(m) = &results.memory {
         out.push_str(&m.section());
+    }
+    if let Some(rw) = &results.rw {
+        out.push_str(&rw.section());
+    }
+    if let Some(semaphore) = &results.semaphore {
+        out.push_str(&semaphore.section());
+    }
+    if let Some(crash) = &results.crash {
+        out.push_str(&crash.section(plan));
     }
     out.push_str(&method());
     out

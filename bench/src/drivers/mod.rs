@@ -3,6 +3,7 @@
 //! Each driver does what its real client does, command for command, so that "commands sent per
 //! acquisition" and the server's work are the recipe's own and not an artefact of the bench.
 
+pub mod family;
 mod module;
 mod polling;
 mod redisson;
