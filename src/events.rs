@@ -55,7 +55,7 @@ extern "C" fn on_key_event(
         // callback's duration.
         let info = unsafe { &*data.cast::<raw::RedisModuleKeyInfo>() };
         Key::with_borrowed(info.key, |key| {
-            if !matches!(crate::store::holder_of(key), Ok(Some(_))) {
+            if !matches!(crate::store::read_lock(key), Ok(Some(_))) {
                 return;
             }
             bump(&STATS.expired);
@@ -81,6 +81,10 @@ pub fn subscribe(ctx: Ctx) -> bool {
         id: raw::REDISMODULE_EVENT_SWAPDB,
         dataver: 1,
     };
+    let client = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+        dataver: 1,
+    };
     // SAFETY: ctx is the load context; the callbacks are plain functions that live as long as
     // the module does.
     unsafe {
@@ -89,6 +93,8 @@ pub fn subscribe(ctx: Ctx) -> bool {
             && api!(RedisModule_SubscribeToServerEvent)(ctx, flush, Some(on_server_event))
                 == raw::REDISMODULE_OK as c_int
             && api!(RedisModule_SubscribeToServerEvent)(ctx, swap, Some(on_server_event))
+                == raw::REDISMODULE_OK as c_int
+            && api!(RedisModule_SubscribeToServerEvent)(ctx, client, Some(on_client_change))
                 == raw::REDISMODULE_OK as c_int
     }
 }
@@ -117,6 +123,25 @@ extern "C" fn on_keyspace_event(
         }
     });
     raw::REDISMODULE_OK as c_int
+}
+
+/// A connection closed: its EPHEMERAL holds end (from the inbox timer, see
+/// `runtime::connection_closed`).
+extern "C" fn on_client_change(
+    ctx: Ctx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    guard::callback((), || {
+        if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || data.is_null() {
+            return;
+        }
+        // SAFETY: for a client-change event Redis passes a RedisModuleClientInfo (version 1),
+        // valid for the duration of the callback.
+        let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
+        runtime::connection_closed(ctx, info.id);
+    });
 }
 
 extern "C" fn on_server_event(

@@ -281,6 +281,39 @@ impl Key {
         }
     }
 
+    /// Sets one hash field (bytes in, copied).
+    pub fn hash_set(&self, field: &[u8], value: &[u8]) {
+        let field = OwnedString::new(field);
+        let value = OwnedString::new(value);
+        // SAFETY: an open writable key (created as a hash when empty); one field/value pair,
+        // NULL-terminated; Redis copies (retains) what it keeps.
+        unsafe {
+            api!(RedisModule_HashSet)(
+                self.0,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.as_ptr(),
+                value.as_ptr(),
+                ptr::null_mut::<c_void>(),
+            );
+        }
+    }
+
+    /// Deletes one hash field.
+    pub fn hash_delete(&self, field: &[u8]) {
+        let field = OwnedString::new(field);
+        // SAFETY: an open writable hash key; REDISMODULE_HASH_DELETE as the value deletes the
+        // field; NULL-terminated.
+        unsafe {
+            api!(RedisModule_HashSet)(
+                self.0,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                field.as_ptr(),
+                raw::REDISMODULE_HASH_DELETE as *mut raw::RedisModuleString,
+                ptr::null_mut::<c_void>(),
+            );
+        }
+    }
+
     /// The absolute expiry in ms, or None when the key has none.
     pub fn expires_at(&self) -> Option<u64> {
         if self.0.is_null() {
@@ -340,8 +373,8 @@ impl Key {
         }
     }
 
-    /// Every field and value of a hash. Only for hashes already known to have at most
-    /// `MAX_LOCK_FIELDS` fields: this walks the whole hash.
+    /// Every field and value of a hash. Only for hashes already known to be small enough
+    /// for a lock (`hold::MAX_MULTI_FIELDS`): this walks the whole hash.
     pub fn hash_fields(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         if self.0.is_null() {
@@ -409,6 +442,17 @@ pub fn writes_paused() -> bool {
 /// Whether the server is over `maxmemory` with nothing left to evict (what `deny-oom` checks).
 pub fn out_of_memory(ctx: Ctx) -> bool {
     context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
+}
+
+/// Whether the command runs inside a script or function (its client is not a connection).
+pub fn in_script(ctx: Ctx) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_LUA != 0
+}
+
+/// The id of the client running the command.
+pub fn client_id(ctx: Ctx) -> u64 {
+    // SAFETY: ctx is a command context.
+    unsafe { api!(RedisModule_GetClientId)(ctx) }
 }
 
 pub fn is_replica(ctx: Ctx) -> bool {
@@ -489,6 +533,11 @@ pub mod reply {
         unsafe {
             api!(RedisModule_ReplyWithStringBuffer)(ctx, data.as_ptr().cast::<c_char>(), data.len())
         };
+    }
+
+    pub fn array(ctx: Ctx, len: i64) {
+        // SAFETY: as above.
+        unsafe { api!(RedisModule_ReplyWithArray)(ctx, len as std::os::raw::c_long) };
     }
 
     /// A map in RESP3, a flat array of name/value in RESP2 (Redis does the translation).

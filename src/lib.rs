@@ -90,6 +90,8 @@ fn required_api_present() -> bool {
             { raw::RedisModule_ReplyWithError }.is_some(),
             { raw::RedisModule_ReplyWithLongLong }.is_some(),
             { raw::RedisModule_ReplyWithMap }.is_some(),
+            { raw::RedisModule_ReplyWithArray }.is_some(),
+            { raw::RedisModule_GetClientId }.is_some(),
             { raw::RedisModule_ReplyWithNull }.is_some(),
             { raw::RedisModule_ReplyWithStringBuffer }.is_some(),
             { raw::RedisModule_ScanCursorCreate }.is_some(),

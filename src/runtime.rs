@@ -9,12 +9,15 @@
 
 use std::cell::{Cell, RefCell};
 
-use lock_core::args::Wait;
+use lock_core::args::{Reentry, Wait};
+use lock_core::binding::{Bound, ClientId};
+use lock_core::hold::{self, Decision, HoldKind, Lock, Mode};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
-    Answer, Attempt, Cause, Change, Handoff, NewWait, Note, Port, Scheduler, Seen, Writes,
+    Answer, Attempt, Cause, Change, Ended, Ending, GrantRef, Handoff, NewWait, Note, Port,
+    Scheduler, Seen, Want, Writes,
 };
-use lock_core::state::View;
+use lock_core::state::Queue;
 use lock_core::LockError;
 
 use crate::ffi::{self, now_ms, with_db, Ctx, Key, KeyKind, OwnedString, RawString};
@@ -32,6 +35,10 @@ thread_local! {
     static TIMER: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
     static INBOX: RefCell<Vec<Change>> = const { RefCell::new(Vec::new()) };
     static INBOX_ARMED: Cell<bool> = const { Cell::new(false) };
+    /// Connections that closed since the inbox was last processed, while holds were bound.
+    static GONE: RefCell<Vec<ClientId>> = const { RefCell::new(Vec::new()) };
+    /// Mirrors the number of holds bound to connections (EPHEMERAL), readable without a borrow.
+    static BOUND: Cell<usize> = const { Cell::new(0) };
     /// Mirrors the number of queued waiters, readable without borrowing the scheduler.
     static WAITING: Cell<usize> = const { Cell::new(0) };
     /// Last time a "lease expired with waiters" warning was logged.
@@ -47,6 +54,7 @@ fn with_scheduler<R>(
         Ok(mut scheduler) => {
             let out = f(&mut scheduler, RedisPort { ctx });
             WAITING.with(|w| w.set(scheduler.waiting()));
+            BOUND.with(|b| b.set(scheduler.bound_holds()));
             arm(ctx, scheduler.next_deadline());
             Some(out)
         }
@@ -74,19 +82,31 @@ pub fn waiters_on(key: &LockKey) -> usize {
 }
 
 /// (waiters, locks with waiters), for INFO.
-pub fn waiting_gauges() -> (usize, usize) {
-    read_scheduler(Scheduler::gauges).unwrap_or((0, 0))
+/// (waiters, locks with waiters, holds bound to connections), for INFO.
+pub fn waiting_gauges() -> (usize, usize, usize) {
+    let (waiters, keys) = read_scheduler(Scheduler::gauges).unwrap_or((0, 0));
+    (waiters, keys, bound_holds())
+}
+
+/// What a blocked acquire asks for.
+pub struct Request<'a> {
+    pub owner: &'a [u8],
+    pub lease_ms: u64,
+    pub wait: Wait,
+    pub mode: Mode,
+    /// `EPHEMERAL`: the connection its grant is bound to.
+    pub bind: Option<ClientId>,
 }
 
 /// Queues the current client on `key` and blocks it.
-pub fn enqueue(
-    ctx: Ctx,
-    key: LockKey,
-    owner: &[u8],
-    lease_ms: u64,
-    wait: Wait,
-    seen: Seen,
-) -> Result<(), LockError> {
+pub fn enqueue(ctx: Ctx, key: LockKey, request: Request<'_>, seen: Seen) -> Result<(), LockError> {
+    let Request {
+        owner,
+        lease_ms,
+        wait,
+        mode,
+        bind,
+    } = request;
     let now = now_ms();
     with_scheduler(ctx, |scheduler, mut port| {
         let max = config::max_waiters_per_key();
@@ -98,6 +118,8 @@ pub fn enqueue(
             owner,
             lease_ms,
             wait,
+            mode,
+            bind,
             seen,
         };
         match scheduler.enqueue(&mut port, new, max, now) {
@@ -109,9 +131,18 @@ pub fn enqueue(
     .unwrap_or(Err(LockError::Internal))
 }
 
-/// A lock became free inside a command (release, force-release): hand it to the head waiter, or
-/// publish the unlock message when nobody waits.
-pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
+/// What a command left of a lock it freed a hold of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// The key is gone (the last hold ended).
+    Nothing,
+    /// Other holds remain (a shared key, a semaphore).
+    OtherHolds,
+}
+
+/// A hold ended inside a command (release, force-release, a lease end it noticed): hand the room
+/// to the head waiter(s), or publish the unlock message when the key is free and nobody took it.
+pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8], left: Left) {
     if anyone_waiting() {
         let key = LockKey::new(ffi::selected_db(ctx), name);
         let handed =
@@ -120,30 +151,96 @@ pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8]) {
             return;
         }
     }
-    notify::publish_unlock(ctx, key_name, name);
+    if left == Left::Nothing {
+        notify::publish_unlock(ctx, key_name, name);
+    }
 }
 
-/// The holder's lease end changed inside a command (renew, re-entry): when clients wait, their
-/// lease check moves with it — a shorter lease must hand off at its own end, not the old one.
-pub fn lease_changed(ctx: Ctx, name: &[u8], expires_at: u64) {
+/// A lease end changed inside a command (renew, re-entry, a new hold): when clients wait, their
+/// lease check moves to the key's earliest lease end — a shorter lease must hand off at its own
+/// end, not the old one.
+pub fn lease_changed(ctx: Ctx, name: &[u8], next_lease_end: Option<u64>) {
     if !anyone_waiting() {
         return;
     }
     let key = LockKey::new(ffi::selected_db(ctx), name);
-    with_scheduler(ctx, |s, _| s.lease_changed(&key, expires_at, now_ms()));
+    with_scheduler(ctx, |s, _| s.lease_changed(&key, next_lease_end, now_ms()));
+}
+
+/// Whether any hold is bound to a connection (cheap; skips all binding work otherwise).
+pub fn any_bound() -> bool {
+    BOUND.with(Cell::get) > 0
+}
+
+/// Binds a hold a command just granted to the calling connection (`EPHEMERAL`).
+pub fn bind(ctx: Ctx, name: &[u8], kind: HoldKind, token: u64) {
+    let key = LockKey::new(ffi::selected_db(ctx), name);
+    let client = ffi::client_id(ctx);
+    with_scheduler(ctx, |s, _| {
+        s.bind(client, &key, kind, token, |bound| hold_exists(ctx, bound));
+    });
+}
+
+/// The hold (named by its token) ended by its owner's command: forget its binding.
+pub fn unbind(ctx: Ctx, name: &[u8], token: u64) {
+    if !any_bound() {
+        return;
+    }
+    let key = LockKey::new(ffi::selected_db(ctx), name);
+    with_scheduler(ctx, |s, _| s.unbind(&key, token));
+}
+
+/// The connection a hold is bound to, if any.
+pub fn bound_client(ctx: Ctx, name: &[u8], token: u64) -> Option<ClientId> {
+    if !any_bound() {
+        return None;
+    }
+    let key = LockKey::new(ffi::selected_db(ctx), name);
+    read_scheduler(|s| s.bound_client(&key, token)).flatten()
+}
+
+/// Holds bound to connections now (INFO).
+pub fn bound_holds() -> usize {
+    BOUND.with(Cell::get)
+}
+
+/// A connection closed (server event). Its holds end from the inbox timer: the server may be
+/// in the middle of anything when it frees a client.
+pub fn connection_closed(ctx: Ctx, client: ClientId) {
+    if !any_bound() {
+        return;
+    }
+    GONE.with(|gone| gone.borrow_mut().push(client));
+    if !INBOX_ARMED.with(Cell::get) {
+        INBOX_ARMED.with(|a| a.set(true));
+        wait::arm_inbox_timer(ctx);
+    }
+}
+
+/// Whether a bound hold still exists (pruning a connection's list of bound holds).
+fn hold_exists(ctx: Ctx, bound: &Bound) -> bool {
+    with_db(ctx, bound.key.db, || {
+        let name = OwnedString::new(&bound.key.name);
+        let key = Key::open_read(ctx, name.as_ptr());
+        matches!(store::read_lock(&key), Ok(Some(stored))
+            if stored.lock.holds.iter().any(|h| h.kind == bound.kind && h.token == Some(bound.token)))
+    })
 }
 
 /// A waiter left on its own (disconnect, CLIENT UNBLOCK). Returns true if it was still queued,
 /// in which case the caller releases its handle. Its deadlines go with it, and the timer is
 /// re-armed (or stopped) so that an idle module holds no timer (MODULE UNLOAD refuses then).
 pub fn waiter_left(ctx: Ctx, handle: Blocked) -> bool {
-    with_scheduler(ctx, |s, mut port| s.waiter_left(&mut port, handle)).unwrap_or(false)
+    with_scheduler(ctx, |s, mut port| {
+        s.waiter_left(&mut port, handle, now_ms())
+    })
+    .unwrap_or(false)
 }
 
 /// A grant's reply could not be delivered (the client vanished first). Scheduled, not done
 /// here: Redis forbids writes from inside the free callback.
-pub fn grant_undelivered(ctx: Ctx, key: LockKey, owner: Box<[u8]>, token: u64) {
-    with_scheduler(ctx, |s, _| s.grant_undelivered(key, owner, token, now_ms()));
+pub fn grant_undelivered(ctx: Ctx, grant: GrantRef) {
+    with_scheduler(ctx, |s, _| s.grant_undelivered(grant, now_ms()));
 }
 
 pub fn on_timer(ctx: Ctx) {
@@ -207,8 +304,15 @@ pub fn may_concern_waiters(name: &[u8]) -> bool {
 pub fn on_inbox(ctx: Ctx) {
     INBOX_ARMED.with(|a| a.set(false));
     let changes = INBOX.with(|inbox| std::mem::take(&mut *inbox.borrow_mut()));
+    let gone = GONE.with(|gone| std::mem::take(&mut *gone.borrow_mut()));
     with_scheduler(ctx, |s, mut port| {
-        s.keys_changed(&mut port, changes, now_ms())
+        let now = now_ms();
+        for client in gone {
+            s.client_gone(&mut port, client, now);
+        }
+        if !changes.is_empty() {
+            s.keys_changed(&mut port, changes, now);
+        }
     });
 }
 
@@ -230,6 +334,8 @@ pub fn reset() {
     WAITING.with(|w| w.set(0));
     INBOX.with(|inbox| inbox.borrow_mut().clear());
     INBOX_ARMED.with(|a| a.set(false));
+    GONE.with(|gone| gone.borrow_mut().clear());
+    BOUND.with(|b| b.set(0));
 }
 
 /// The scheduler's effects, carried out on the server through the context of the command,
@@ -249,66 +355,65 @@ impl Port<Blocked> for RedisPort {
         }
     }
 
-    fn grant_if_free(&mut self, key: &LockKey, owner: &[u8], handoff: Handoff) -> Attempt {
+    fn try_grant(&mut self, key: &LockKey, want: Want<'_>, handoff: Handoff) -> Attempt {
         let ctx = self.ctx;
         with_db(ctx, key.db, || {
             let name = OwnedString::new(&key.name);
             let lock = Key::open(ctx, name.as_ptr());
-            if lock.kind() != KeyKind::Missing {
-                return Attempt::Held {
-                    expires_at: lock.expires_at(),
-                };
-            }
-            if handoff.check_route {
+            let missing = lock.kind() == KeyKind::Missing;
+            if missing && handoff.check_route {
                 if let Some(redirect) = slot_left(ctx, key) {
                     return Attempt::Moved(redirect);
                 }
             }
-            let token = match store::next_token(ctx, &key.name, handoff.now) {
-                Ok(token) => token,
-                Err(e) => return Attempt::Refused(e),
+            let (attempt, ended) = if missing && want.mode == Mode::Exclusive {
+                let attempt = grant_exclusive(ctx, &lock, name.as_ptr(), key, want.owner, handoff);
+                (attempt, 0)
+            } else {
+                grant_general(ctx, &lock, name.as_ptr(), key, want, handoff)
             };
-            let owner = OwnedString::new(owner);
-            let written = store::write_hold(
-                ctx,
-                store::Hold {
-                    key_name: name.as_ptr(),
-                    owner: owner.as_ptr(),
-                    count: 1,
-                    new_token: Some(token),
-                    expires_at: handoff.expires_at,
-                    key: &lock,
-                },
-            );
             drop(lock);
-            if let Err(e) = written {
-                return Attempt::Refused(e);
-            }
-            // Where the server reports every expiry (Redis >= 7.2, Valkey) `lock.expired` was
-            // announced then, whether anyone waited or not.
-            if handoff.cause == Cause::LeaseEnded && !crate::events::counts_expiries() {
+            let granted = matches!(attempt, Attempt::Granted { .. });
+            // Where the server reports every key expiry (Redis >= 7.2, Valkey) `lock.expired`
+            // was announced then, whether anyone waited or not. The end of one hold of several
+            // only the module sees.
+            let key_expired =
+                granted && handoff.cause == Cause::LeaseEnded && !crate::events::counts_expiries();
+            if ended > 0 || key_expired {
                 notify::event(ctx, c"lock.expired", name.as_ptr());
             }
-            notify::event(ctx, c"lock.handoff", name.as_ptr());
-            Attempt::Granted { token }
+            if granted {
+                notify::event(ctx, c"lock.handoff", name.as_ptr());
+            }
+            attempt
         })
     }
 
-    fn release_undelivered(&mut self, key: &LockKey, owner: &[u8], token: u64) -> bool {
+    fn end_hold(&mut self, grant: &GrantRef, ending: Ending) -> Ended {
         let ctx = self.ctx;
-        with_db(ctx, key.db, || {
-            let name = OwnedString::new(&key.name);
-            let owner = OwnedString::new(owner);
-            let lock = Key::open(ctx, name.as_ptr());
-            match store::view_of(&lock, owner.as_ptr()) {
-                Ok(View::HeldByRequester {
-                    count: 1,
-                    token: Some(t),
-                }) if t == token => {
-                    store::delete(ctx, &lock, name.as_ptr());
-                    true
-                }
-                _ => false,
+        with_db(ctx, grant.key.db, || {
+            let name = OwnedString::new(&grant.key.name);
+            let key = Key::open(ctx, name.as_ptr());
+            let Ok(Some(stored)) = store::read_lock(&key) else {
+                return Ended::NotThere;
+            };
+            let mut lock = stored.lock.clone();
+            lock.drop_ended(now_ms());
+            let any_count = ending == Ending::ConnectionClosed;
+            let Some(new) = hold::remove_hold(&lock, grant.kind, grant.token, any_count) else {
+                return Ended::NotThere;
+            };
+            if store::write_lock(ctx, &key, name.as_ptr(), Some(&stored), &new).is_err() {
+                return Ended::NotThere;
+            }
+            drop(key);
+            if ending == Ending::ConnectionClosed {
+                notify::event(ctx, c"lock.disconnected", name.as_ptr());
+            }
+            if new.holds.is_empty() {
+                Ended::KeyFree
+            } else {
+                Ended::KeyStillHeld
             }
         })
     }
@@ -341,6 +446,8 @@ impl Port<Blocked> for RedisPort {
             Note::Refused => bump(&STATS.errors),
             Note::AbandonedGrant => bump(&STATS.abandoned_grants),
             Note::Replaced => bump(&STATS.wait_replaced),
+            Note::Mismatched => bump(&STATS.errors),
+            Note::Disconnected { .. } => bump(&STATS.disconnected),
         }
     }
 }
@@ -368,5 +475,130 @@ fn warn_lease_lost(key: &LockKey) {
             "a held lease on '{}' ran out with waiters queued; the lock was handed to the next waiter (further warnings suppressed for 10 s)",
             String::from_utf8_lossy(&key.name)
         ));
+    }
+}
+
+/// A free key handed to an exclusive waiter: the `RLock` layout, written as a command would.
+fn grant_exclusive(
+    ctx: Ctx,
+    lock: &Key,
+    name: RawString,
+    key: &LockKey,
+    owner: &[u8],
+    handoff: Handoff,
+) -> Attempt {
+    let token = match store::next_token(ctx, &key.name, handoff.now) {
+        Ok(token) => token,
+        Err(e) => return Attempt::Refused(e),
+    };
+    let owner = OwnedString::new(owner);
+    let written = store::write_hold(
+        ctx,
+        store::Hold {
+            key_name: name,
+            owner: owner.as_ptr(),
+            count: 1,
+            new_token: Some(token),
+            expires_at: handoff.expires_at,
+            key: lock,
+        },
+    );
+    match written {
+        Ok(()) => Attempt::Granted {
+            token,
+            next_lease_end: Some(handoff.expires_at),
+        },
+        Err(e) => Attempt::Refused(e),
+    }
+}
+
+/// Any other handoff: the key's ended holds go first, then the waiter gets a hold if the rules
+/// give it one (`hold::decide`, as the head of the queue). Also returns how many ended holds
+/// were removed.
+fn grant_general(
+    ctx: Ctx,
+    lock: &Key,
+    name: RawString,
+    key: &LockKey,
+    want: Want<'_>,
+    handoff: Handoff,
+) -> (Attempt, usize) {
+    let stored = match store::read_lock(lock) {
+        Ok(stored) => stored,
+        // Not a lock (a client replaced it): held until it changes or goes.
+        Err(_) => {
+            let held = Attempt::Held {
+                next_lease_end: lock.expires_at(),
+            };
+            return (held, 0);
+        }
+    };
+    let mut current = stored
+        .as_ref()
+        .map(|s| s.lock.clone())
+        .unwrap_or_else(Lock::free);
+    let ended = current.drop_ended(handoff.now);
+    let lease_ms = handoff.expires_at.saturating_sub(handoff.now);
+    let decision = hold::decide(
+        &current,
+        want.owner,
+        want.mode,
+        lease_ms,
+        Reentry::Counted,
+        Queue::Empty,
+        handoff.now,
+    );
+    let granted = match decision {
+        Ok(Decision::Grant(granted)) => granted,
+        other => {
+            let removed = if ended > 0 {
+                remove_ended(ctx, lock, name, stored.as_ref(), &current, ended)
+            } else {
+                0
+            };
+            let attempt = match other {
+                Err(e) => Attempt::Mismatch(e),
+                _ => Attempt::Held {
+                    next_lease_end: current.next_lease_end(),
+                },
+            };
+            return (attempt, removed);
+        }
+    };
+    let token = match granted.token {
+        Some(token) => token,
+        None => match store::next_token(ctx, &key.name, handoff.now) {
+            Ok(token) => token,
+            Err(e) => return (Attempt::Refused(e), 0),
+        },
+    };
+    let new = hold::apply(&current, want.owner, want.mode, &granted, token);
+    if let Err(e) = store::write_lock(ctx, lock, name, stored.as_ref(), &new) {
+        return (Attempt::Refused(e), 0);
+    }
+    add(&STATS.holds_expired, ended as u64);
+    let attempt = Attempt::Granted {
+        token: granted.token.unwrap_or(token),
+        next_lease_end: new.next_lease_end(),
+    };
+    (attempt, ended)
+}
+
+/// Removes holds whose lease ended (nobody was granted in their place), replicated like any
+/// write, and counts them. Returns how many it removed.
+pub fn remove_ended(
+    ctx: Ctx,
+    lock: &Key,
+    name: RawString,
+    stored: Option<&store::StoredLock>,
+    current: &Lock,
+    ended: usize,
+) -> usize {
+    match store::write_lock(ctx, lock, name, stored, current) {
+        Ok(()) => {
+            add(&STATS.holds_expired, ended as u64);
+            ended
+        }
+        Err(_) => 0,
     }
 }

@@ -21,7 +21,10 @@ macro_rules! counters {
 }
 
 counters! {
-    acquired: "Locks taken while free (immediately, not through a wait).",
+    acquired: "Holds taken at once (not through a wait), of every kind.",
+    acquired_shared: "Of those, shared holds (SHARED).",
+    acquired_permits: "Of those, semaphore permits (LIMIT n).",
+    downgraded: "Exclusive holders that also took their key SHARED.",
     reentered: "Re-entrant acquires by the current holder.",
     contended: "LOCK.ACQUIRE calls that found the lock held by another owner or waiters queued.",
     acquire_nil: "Non-blocking LOCK.ACQUIRE calls answered nil.",
@@ -35,6 +38,8 @@ counters! {
     force_released: "Locks removed by LOCK.FORCERELEASE.",
     expired: "Held leases that ran out (only on servers with the key server event: Redis >= 7.2, Valkey).",
     expired_with_waiters: "Held leases that ran out while waiters were queued (the holder lost the lock).",
+    holds_expired: "Holds of shared or semaphore keys whose own lease ran out (removed by the module; the other holds stay).",
+    disconnected: "EPHEMERAL holds ended because their connection closed.",
     wait_timeouts: "Waiters answered nil because their WAIT timeout passed.",
     wait_cancelled: "Waiters that left the queue by disconnect or CLIENT UNBLOCK.",
     wait_replaced: "Waiters whose owner asked again for the same lock while they waited (a client that gave up and retried): the newer request took their place.",
@@ -62,7 +67,7 @@ pub fn add(counter: &AtomicU64, n: u64) {
 /// blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks).
 pub fn write_info(
     ctx: *mut redis_module::raw::RedisModuleInfoCtx,
-    gauges: (usize, usize),
+    gauges: (usize, usize, usize),
     counts_expiries: bool,
 ) {
     use redis_module::raw;
@@ -77,7 +82,8 @@ pub fn write_info(
         }
         raw::add_info_field_unsigned_long_long(ctx, name, value);
     }
-    let (waiters, keys) = gauges;
+    let (waiters, keys, bound) = gauges;
     raw::add_info_field_unsigned_long_long(ctx, "waiters", waiters as u64);
     raw::add_info_field_unsigned_long_long(ctx, "locks_with_waiters", keys as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "ephemeral_holds", bound as u64);
 }

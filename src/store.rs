@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::c_char;
 
+use lock_core::hold::{self, Lock, Write, MAX_MULTI_FIELDS, MODE_FIELD};
 use lock_core::layout::parse_positive;
 use lock_core::slot::{counter_key, key_slot, SLOTS};
 use lock_core::state::{classify, may_be_a_lock, Stored, StoredHolder, View, FENCE_FIELD};
@@ -127,27 +128,83 @@ pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
     }
 }
 
-/// Who holds the lock at a key, whoever asks.
-pub struct Holder {
-    pub owner: Vec<u8>,
-    pub count: u64,
-    pub token: Option<u64>,
+/// A lock of any kind as read from its key, with the key's expiry.
+#[derive(Debug, Clone)]
+pub struct StoredLock {
+    pub lock: Lock,
+    pub expires_at: Option<u64>,
 }
 
-/// Reads the holder of the lock at `key` (None: no key). Anything that is not a lock is an
-/// error, found in O(1) whatever the key holds.
-pub fn holder_of(key: &Key) -> Result<Option<Holder>, LockError> {
+/// Reads the lock at `key` in either layout (None: no key). Anything that is not a lock is an
+/// error. Costs O(fields) for a multi-hold key, whose size is bounded before any field is read;
+/// a hash bigger than an exclusive lock without the mode field is refused in O(1).
+pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
     match key.kind() {
         KeyKind::Missing => Ok(None),
         KeyKind::Hash => {
             let fields = key.len();
-            if !may_be_a_lock(fields) {
+            if fields == 0 || fields > MAX_MULTI_FIELDS {
                 return Err(LockError::NotALock);
             }
-            holder_in_hash(key, fields).map(Some)
+            if fields > lock_core::state::MAX_LOCK_FIELDS {
+                let mode = OwnedString::new(MODE_FIELD);
+                let (found, _) = key.hash_get2(mode.as_ptr(), mode.as_ptr());
+                if found.is_none() {
+                    return Err(LockError::NotALock);
+                }
+            }
+            // A hash scan may report a field twice (a rehash between calls): keep one.
+            let mut all = key.hash_fields();
+            all.sort();
+            all.dedup_by(|a, b| a.0 == b.0);
+            let expires_at = key.expires_at();
+            let lock = hold::decode(&all, expires_at)?;
+            Ok(Some(StoredLock { lock, expires_at }))
         }
         KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
     }
+}
+
+/// Turns the stored lock `old` into `new`: only the fields that change are written, each write
+/// replicated as the plain command with absolute values (`HSET`, `HDEL`, `PEXPIREAT`, `DEL`).
+pub fn write_lock(
+    ctx: Ctx,
+    key: &Key,
+    key_name: RawString,
+    old: Option<&StoredLock>,
+    new: &Lock,
+) -> Result<(), LockError> {
+    let writes = hold::writes(old.map(|o| &o.lock), old.and_then(|o| o.expires_at), new);
+    for write in writes {
+        match write {
+            Write::Delete => delete(ctx, key, key_name),
+            Write::Set(pairs) => {
+                let mut args = Vec::with_capacity(1 + 2 * pairs.len());
+                for (field, value) in &pairs {
+                    key.hash_set(field, value);
+                    args.push(OwnedString::new(field));
+                    args.push(OwnedString::new(value));
+                }
+                replicate_vec(ctx, c"HSET", key_name, &args);
+            }
+            Write::Remove(fields) => {
+                let mut args = Vec::with_capacity(fields.len());
+                for field in &fields {
+                    key.hash_delete(field);
+                    args.push(OwnedString::new(field));
+                }
+                replicate_vec(ctx, c"HDEL", key_name, &args);
+            }
+            Write::ExpireAt(at) => set_lease_end(ctx, key, key_name, at)?,
+        }
+    }
+    Ok(())
+}
+
+/// Another owner's hold of an `RLock`-layout key.
+struct Holder {
+    count: u64,
+    token: Option<u64>,
 }
 
 /// Reads the holder of a hash already known to have `fields` fields, few enough for a lock.
@@ -173,11 +230,7 @@ fn holder_in_hash(key: &Key, fields: usize) -> Result<Holder, LockError> {
         }),
     })?;
     match (view, holder) {
-        (View::HeldByOther { count, token }, Some((owner, _))) => Ok(Holder {
-            owner: owner.clone(),
-            count,
-            token,
-        }),
+        (View::HeldByOther { count, token }, Some(_)) => Ok(Holder { count, token }),
         _ => Err(LockError::NotALock),
     }
 }
@@ -337,6 +390,24 @@ fn replicate_counter(ctx: Ctx, name: RawString, value: &[u8]) {
             value.as_ptr().cast::<c_char>(),
             value.len(),
             c"KEEPTTL".as_ptr(),
+        );
+    }
+}
+
+/// Replicates `command key args...` with any number of arguments.
+fn replicate_vec(ctx: Ctx, command: &CStr, key_name: RawString, args: &[OwnedString]) {
+    let mut argv: Vec<RawString> = Vec::with_capacity(1 + args.len());
+    argv.push(key_name);
+    argv.extend(args.iter().map(OwnedString::as_ptr));
+    // SAFETY: "v" = an array of RedisModuleString pointers and its length; every pointer is a
+    // live string (the key name, and `args` outlive the call). Redis copies what it needs.
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx,
+            command.as_ptr(),
+            c"v".as_ptr(),
+            argv.as_mut_ptr(),
+            argv.len(),
         );
     }
 }

@@ -329,7 +329,7 @@ fn bad_input_gets_redis_style_errors_and_changes_nothing() {
         ),
         (
             vec![b"LOCK.ACQUIRE", b"held", b"__fence__", b"10"],
-            "ERR owner '__fence__' is reserved for the fencing token",
+            "ERR owners '__fence__' and '__mode__' are reserved for the lock's own fields",
         ),
         (
             vec![b"LOCK.ACQUIRE", b"held", b"b", b"10", b"NOWAIT"],

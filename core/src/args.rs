@@ -4,6 +4,7 @@
 //! turns a whole command line into a typed request or a [`LockError`]; a request that parsed is
 //! one the state machine can act on without further checks.
 
+use crate::hold::{Mode, MAX_LIMIT, MODE_FIELD};
 use crate::layout::{is_reserved_key, FENCE_FIELD};
 pub use crate::layout::{parse_i64, parse_positive};
 use crate::LockError;
@@ -42,6 +43,16 @@ pub struct AcquireRequest<'a> {
     pub lease_ms: u64,
     pub wait: Wait,
     pub reentry: Reentry,
+    /// No option, `SHARED` or `LIMIT n`.
+    pub mode: Mode,
+    pub binding: Binding,
+}
+
+/// Whether a hold ends with the connection that took it (`EPHEMERAL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    Lease,
+    Connection,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,7 +121,7 @@ impl<'a> ArgCursor<'a> {
         if owner.is_empty() {
             return Err(LockError::EmptyOwner);
         }
-        if owner == FENCE_FIELD {
+        if owner == FENCE_FIELD || owner == MODE_FIELD {
             return Err(LockError::ReservedOwner);
         }
         Ok(owner)
@@ -140,7 +151,8 @@ impl<'a> ArgCursor<'a> {
     }
 }
 
-/// `LOCK.ACQUIRE key owner lease-ms [WAIT timeout-ms] [ONCE]` (options in any order)
+/// `LOCK.ACQUIRE key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT timeout-ms]`
+/// (options in any order, each at most once)
 pub fn parse_acquire<'a>(
     argv: &'a [&'a [u8]],
     max_lease_ms: u64,
@@ -152,9 +164,22 @@ pub fn parse_acquire<'a>(
     let lease_ms = args.lease(max_lease_ms)?;
     let mut wait = Wait::No;
     let mut reentry = Reentry::Counted;
+    let mut mode = Mode::Exclusive;
+    let mut binding = Binding::Lease;
     while let Some(option) = args.option() {
         if option.eq_ignore_ascii_case(b"ONCE") && reentry == Reentry::Counted {
             reentry = Reentry::Once;
+        } else if option.eq_ignore_ascii_case(b"SHARED") && mode == Mode::Exclusive {
+            mode = Mode::Shared;
+        } else if option.eq_ignore_ascii_case(b"EPHEMERAL") && binding == Binding::Lease {
+            binding = Binding::Connection;
+        } else if option.eq_ignore_ascii_case(b"LIMIT") && mode == Mode::Exclusive {
+            let limit = args.bytes().map_err(|_| LockError::Syntax)?;
+            let limit = parse_i64(limit).ok_or(LockError::NotAnInteger)?;
+            mode = match u64::try_from(limit) {
+                Ok(n) if (1..=MAX_LIMIT).contains(&n) => Mode::Limit(n),
+                _ => return Err(LockError::LimitOutOfRange),
+            };
         } else if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
             let timeout = args.bytes().map_err(|_| LockError::Syntax)?;
             let timeout = parse_i64(timeout).ok_or(LockError::NotAnInteger)?;
@@ -174,6 +199,8 @@ pub fn parse_acquire<'a>(
         lease_ms,
         wait,
         reentry,
+        mode,
+        binding,
     })
 }
 
@@ -271,6 +298,72 @@ mod tests {
             acquire_full("LOCK.ACQUIRE k o 100 ONCE WAIT"),
             Err(LockError::Syntax)
         );
+    }
+
+    #[test]
+    fn shared_limit_and_ephemeral_are_options_in_any_order() {
+        let parse = |line: &str| {
+            let owned = argv(line);
+            let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+            parse_acquire(&refs, 10_000).map(|r| (r.mode, r.binding, r.wait))
+        };
+        let cases = [
+            (
+                "LOCK.ACQUIRE k o 100",
+                Ok((Mode::Exclusive, Binding::Lease, Wait::No)),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 SHARED",
+                Ok((Mode::Shared, Binding::Lease, Wait::No)),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 wait 5 shared ephemeral",
+                Ok((Mode::Shared, Binding::Connection, Wait::For(5))),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 LIMIT 3",
+                Ok((Mode::Limit(3), Binding::Lease, Wait::No)),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 EPHEMERAL LIMIT 10000 WAIT 0",
+                Ok((Mode::Limit(10_000), Binding::Connection, Wait::Forever)),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 LIMIT 0",
+                Err(LockError::LimitOutOfRange),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 LIMIT 10001",
+                Err(LockError::LimitOutOfRange),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 LIMIT -1",
+                Err(LockError::LimitOutOfRange),
+            ),
+            ("LOCK.ACQUIRE k o 100 LIMIT x", Err(LockError::NotAnInteger)),
+            ("LOCK.ACQUIRE k o 100 LIMIT", Err(LockError::Syntax)),
+            (
+                "LOCK.ACQUIRE k o 100 SHARED LIMIT 2",
+                Err(LockError::Syntax),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 LIMIT 2 SHARED",
+                Err(LockError::Syntax),
+            ),
+            ("LOCK.ACQUIRE k o 100 SHARED SHARED", Err(LockError::Syntax)),
+            (
+                "LOCK.ACQUIRE k o 100 LIMIT 2 LIMIT 2",
+                Err(LockError::Syntax),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 EPHEMERAL EPHEMERAL",
+                Err(LockError::Syntax),
+            ),
+            ("LOCK.ACQUIRE k __mode__ 100", Err(LockError::ReservedOwner)),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse(line), want, "{line}");
+        }
     }
 
     #[test]

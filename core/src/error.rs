@@ -41,6 +41,22 @@ pub enum LockError {
     /// Writes are paused (`CLIENT PAUSE WRITE|ALL`, `FAILOVER`): reached only by a LOCK.* write
     /// queued in a transaction behind the `CLIENT PAUSE` itself.
     WritesPaused,
+    /// `LIMIT n` outside `1..=MAX_LIMIT`.
+    LimitOutOfRange,
+    /// The key is a semaphore: only `LIMIT <its limit>` may acquire it.
+    IsSemaphore { limit: u64 },
+    /// The key is a read-write lock (held exclusively or shared): `LIMIT` may not acquire it.
+    IsReadWrite,
+    /// A shared holder asked for the exclusive hold: waiting would deadlock against itself.
+    UpgradeRefused,
+    /// A shared key has the most holders a lock may have.
+    TooManyHolders { max: u64 },
+    /// `EPHEMERAL` inside a script or function: it has no connection to bind the hold to.
+    EphemeralInScript,
+    /// A plain re-entry of a hold bound to its connection.
+    HoldIsEphemeral,
+    /// An `EPHEMERAL` re-entry of a plain hold.
+    HoldIsNotEphemeral,
     /// A bug: the command was stopped before it changed anything it should not have.
     Internal,
 }
@@ -60,8 +76,9 @@ impl LockError {
             LockError::TimeoutOutOfRange => "ERR timeout is negative or out of range".into(),
             LockError::EmptyOwner => "ERR owner must not be empty".into(),
             LockError::ReservedOwner => format!(
-                "ERR owner '{}' is reserved for the fencing token",
-                crate::state::FENCE_FIELD_DISPLAY
+                "ERR owners '{}' and '{}' are reserved for the lock's own fields",
+                crate::state::FENCE_FIELD_DISPLAY,
+                crate::hold::MODE_FIELD_DISPLAY
             ),
             LockError::ReservedKey => format!(
                 "ERR keys starting with '{}' are reserved for the lock module's fencing-token counters",
@@ -89,6 +106,31 @@ impl LockError {
             }
             LockError::WritesPaused => {
                 "ERR writes are paused on this server (CLIENT PAUSE or failover); retry after the pause".into()
+            }
+            LockError::LimitOutOfRange => format!(
+                "ERR LIMIT must be between 1 and {}",
+                crate::hold::MAX_LIMIT
+            ),
+            LockError::IsSemaphore { limit } => {
+                format!("ERR the key is a semaphore with LIMIT {limit}; acquire it with LIMIT {limit}")
+            }
+            LockError::IsReadWrite => {
+                "ERR the key is a read-write lock; acquire it without LIMIT".into()
+            }
+            LockError::UpgradeRefused => {
+                "ERR the owner holds this key SHARED; release it before asking for it exclusively (no upgrade)".into()
+            }
+            LockError::TooManyHolders { max } => {
+                format!("ERR the key has the most holders a lock may have ({max})")
+            }
+            LockError::EphemeralInScript => {
+                "ERR EPHEMERAL cannot be used from a script or function: it has no connection to bind the hold to".into()
+            }
+            LockError::HoldIsEphemeral => {
+                "ERR the owner's hold is EPHEMERAL; re-enter it with EPHEMERAL".into()
+            }
+            LockError::HoldIsNotEphemeral => {
+                "ERR the owner's hold is not EPHEMERAL; re-enter it without EPHEMERAL".into()
             }
             LockError::Internal => "ERR internal error".into(),
         }
@@ -126,6 +168,14 @@ mod tests {
             LockError::OutOfMemory,
             LockError::WaitOnReplica,
             LockError::WritesPaused,
+            LockError::LimitOutOfRange,
+            LockError::IsSemaphore { limit: 3 },
+            LockError::IsReadWrite,
+            LockError::UpgradeRefused,
+            LockError::TooManyHolders { max: 3 },
+            LockError::EphemeralInScript,
+            LockError::HoldIsEphemeral,
+            LockError::HoldIsNotEphemeral,
             LockError::Internal,
         ];
         for e in all {

@@ -16,10 +16,12 @@
 )]
 
 pub mod args;
+pub mod binding;
 pub mod channel;
 pub mod cluster;
 pub mod deadlines;
 pub mod error;
+pub mod hold;
 pub mod layout;
 pub mod queue;
 pub mod scheduler;

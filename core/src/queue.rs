@@ -8,7 +8,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
+use crate::binding::ClientId;
 use crate::deadlines::DeadlineKey;
+use crate::hold::Mode;
 use crate::{LockError, UnixMs};
 
 /// A lock key: the database it lives in and its name.
@@ -38,6 +40,10 @@ pub struct Waiter<H> {
     pub key: LockKey,
     pub owner: Box<[u8]>,
     pub lease_ms: u64,
+    /// What it asks for: exclusive, shared or a permit.
+    pub mode: Mode,
+    /// `EPHEMERAL`: the connection its grant will be bound to.
+    pub bind: Option<ClientId>,
     pub enqueued_at: UnixMs,
     /// The scheduled timeout, absent for `WAIT 0`.
     pub timeout: Option<DeadlineKey>,
@@ -89,6 +95,8 @@ pub struct NewWaiter<'a, H> {
     pub key: &'a LockKey,
     pub owner: &'a [u8],
     pub lease_ms: u64,
+    pub mode: Mode,
+    pub bind: Option<ClientId>,
     pub now: UnixMs,
 }
 
@@ -116,6 +124,8 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
                 key: new.key.clone(),
                 owner: new.owner.into(),
                 lease_ms: new.lease_ms,
+                mode: new.mode,
+                bind: new.bind,
                 enqueued_at: new.now,
                 timeout: None,
             },
@@ -157,10 +167,14 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         id: WaiterId,
         handle: H,
         lease_ms: u64,
+        mode: Mode,
+        bind: Option<ClientId>,
     ) -> Option<(H, Option<DeadlineKey>)> {
         let waiter = self.waiters.get_mut(&id)?;
         let old = std::mem::replace(&mut waiter.handle, handle);
         waiter.lease_ms = lease_ms;
+        waiter.mode = mode;
+        waiter.bind = bind;
         let timeout = waiter.timeout.take();
         self.by_handle.remove(&old);
         self.by_handle.insert(handle, id);
@@ -191,6 +205,15 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
             waiter,
             orphaned_lease_check,
         })
+    }
+
+    /// The waiter with this client handle.
+    pub fn id_of(&self, handle: H) -> Option<WaiterId> {
+        self.by_handle.get(&handle).copied()
+    }
+
+    pub fn get(&self, id: WaiterId) -> Option<&Waiter<H>> {
+        self.waiters.get(&id)
     }
 
     pub fn remove_by_handle(&mut self, handle: H) -> Option<Removed<H>> {
@@ -290,6 +313,8 @@ mod tests {
                 key: k,
                 owner: format!("owner-{handle}").as_bytes(),
                 lease_ms: 100,
+                mode: Mode::Exclusive,
+                bind: None,
                 now: 0,
             },
             100_000,
@@ -334,7 +359,10 @@ mod tests {
         let second = push(&mut q, 2, &a);
         push(&mut q, 3, &a);
         assert_eq!(q.queued_owner(&a, b"owner-2"), Some(second));
-        assert_eq!(q.replace(second, 20, 7), Some((2, None)));
+        assert_eq!(
+            q.replace(second, 20, 7, Mode::Exclusive, None),
+            Some((2, None))
+        );
         assert!(q.remove_by_handle(2).is_none(), "the old handle is gone");
         assert_eq!(q.get_mut(second).map(|w| w.lease_ms), Some(7));
         assert_eq!(drain_order(&mut q, &a), [1, 20, 3]);
@@ -363,6 +391,8 @@ mod tests {
             key: &a0,
             owner: b"o",
             lease_ms: 1,
+            mode: Mode::Exclusive,
+            bind: None,
             now: 0,
         };
         assert!(q.push(over, 0).is_err());
@@ -393,6 +423,8 @@ mod tests {
             key: &a,
             owner: b"o",
             lease_ms: 1,
+            mode: Mode::Exclusive,
+            bind: None,
             now: 0,
         };
         q.push(new(1), 2).unwrap();

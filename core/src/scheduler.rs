@@ -15,8 +15,11 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
 use crate::args::Wait;
+use crate::binding::{Bindings, Bound, ClientId};
 use crate::deadlines::{DeadlineKey, Deadlines};
+use crate::hold::{HoldKind, Mode};
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
+use crate::slot::key_slot;
 use crate::{LockError, UnixMs};
 
 /// How often the scheduler looks again while the server pauses writes: no event says when a
@@ -67,17 +70,62 @@ pub struct Handoff {
     pub check_route: bool,
 }
 
-/// What [`Port::grant_if_free`] found and did.
+/// What a waiter asks for, as [`Port::try_grant`] is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Want<'a> {
+    pub owner: &'a [u8],
+    pub mode: Mode,
+}
+
+/// What [`Port::try_grant`] found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
-    /// The key is held (by anyone): nothing written. Its lease end, if it has one.
-    Held { expires_at: Option<UnixMs> },
+    /// Other holds are in the way: nothing granted. The earliest lease end among the key's
+    /// holds (when it may next have room), if any has one.
+    Held { next_lease_end: Option<UnixMs> },
     /// The key left this node with its slot: the server's redirect for it (`ASK ...`/`MOVED ...`).
     Moved(String),
-    /// The hold was written with this token.
-    Granted { token: u64 },
+    /// The hold was written with this token; the key's earliest lease end after it.
+    Granted {
+        token: u64,
+        next_lease_end: Option<UnixMs>,
+    },
+    /// This waiter's request does not fit what the key is (a semaphore asked for exclusively,
+    /// an upgrade): it alone is answered with the error.
+    Mismatch(LockError),
     /// Nobody can be granted the key (tokens exhausted): every waiter gets this error.
     Refused(LockError),
+}
+
+/// One grant, named well enough to end it later: an undelivered grant, or an ephemeral hold
+/// whose connection closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRef {
+    pub key: LockKey,
+    pub kind: HoldKind,
+    /// Tokens never repeat on a key: the token names the grant.
+    pub token: u64,
+}
+
+/// Why [`Port::end_hold`] ends a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// A grant whose reply was not delivered: ended only while it is still exactly that grant
+    /// (count 1); a re-entered hold is somebody's.
+    Undelivered,
+    /// Its connection closed: every re-entry ends at once.
+    ConnectionClosed,
+}
+
+/// What [`Port::end_hold`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Nothing: the hold was not there any more (released, expired, replaced).
+    NotThere,
+    /// Removed; other holds remain on the key.
+    KeyStillHeld,
+    /// Removed; the key is free.
+    KeyFree,
 }
 
 /// How a waiter leaves the queue.
@@ -87,6 +135,7 @@ pub enum Answer {
         token: u64,
         key: LockKey,
         owner: Box<[u8]>,
+        kind: HoldKind,
     },
     TimedOut,
     /// An error reply (a redirect, or why nobody can be granted the key).
@@ -115,20 +164,25 @@ pub enum Note {
     AbandonedGrant,
     /// A waiter gave its place to a newer wait of the same owner.
     Replaced,
+    /// A waiter's request did not fit what the key is when its turn came.
+    Mismatched,
+    /// An ephemeral hold ended because its connection closed.
+    Disconnected {
+        key: LockKey,
+    },
 }
 
 /// What the scheduler needs from the server. Every call is about one key, in its database.
 pub trait Port<H> {
     fn writes(&self) -> Writes;
-    /// If `key` is free (missing, or expired and now removed), writes a hold for `owner` with a
-    /// new token (taken at `handoff.now`) and the lease end `handoff.expires_at`, and tells
-    /// subscribers (`lock.expired` first when the cause is a lease end, then `lock.handoff`).
-    /// With `handoff.check_route` the key may have left this node with its slot (a background
-    /// handoff in a cluster); if so, nothing is written.
-    fn grant_if_free(&mut self, key: &LockKey, owner: &[u8], handoff: Handoff) -> Attempt;
-    /// Deletes the hold of `owner` if it is still exactly the undelivered grant (count 1 with
-    /// `token`). Returns whether it did.
-    fn release_undelivered(&mut self, key: &LockKey, owner: &[u8], token: u64) -> bool;
+    /// If the key has room for `want` (its holds whose lease ended are removed first), writes
+    /// the hold with a new token (taken at `handoff.now`) and the lease end
+    /// `handoff.expires_at`, and tells subscribers (`lock.expired` first when the cause is a
+    /// lease end, then `lock.handoff`). With `handoff.check_route` the key may have left this
+    /// node with its slot (a background handoff in a cluster); if so, nothing is written.
+    fn try_grant(&mut self, key: &LockKey, want: Want<'_>, handoff: Handoff) -> Attempt;
+    /// Ends one hold if it is still the one named (see [`Ending`]).
+    fn end_hold(&mut self, grant: &GrantRef, ending: Ending) -> Ended;
     /// Tells the lock's channel it is free (nobody was waiting for it).
     fn publish_unlock(&mut self, key: &LockKey);
     fn answer(&mut self, handle: H, answer: Answer);
@@ -145,11 +199,7 @@ enum Due {
     /// Look at a key again (it changed outside the module).
     Recheck(LockKey),
     /// A granted waiter vanished before its reply: free its hold if it still has it.
-    Undelivered {
-        key: LockKey,
-        owner: Box<[u8]>,
-        token: u64,
-    },
+    Undelivered(GrantRef),
     /// Writes were paused: if the pause ended, do the deferred handoffs.
     PauseCheck,
 }
@@ -169,6 +219,9 @@ pub struct NewWait<'a, H> {
     pub owner: &'a [u8],
     pub lease_ms: u64,
     pub wait: Wait,
+    pub mode: Mode,
+    /// `EPHEMERAL`: the connection a grant is bound to.
+    pub bind: Option<ClientId>,
     /// What the acquire saw: the lock's lease end, or that it was free (waiters are queued on
     /// a free key only between an outside change and its recheck).
     pub seen: Seen,
@@ -177,7 +230,10 @@ pub struct NewWait<'a, H> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Seen {
     Free,
-    Held { expires_at: Option<UnixMs> },
+    /// Held; the earliest lease end among its holds.
+    Held {
+        next_lease_end: Option<UnixMs>,
+    },
 }
 
 #[derive(Debug)]
@@ -186,8 +242,16 @@ pub struct Scheduler<H> {
     deadlines: Deadlines<Due>,
     /// Handoffs deferred while writes were paused, with their cause.
     paused: HashMap<LockKey, Cause>,
+    /// Connections that closed while writes were paused: their holds end after the pause.
+    gone_while_paused: Vec<ClientId>,
     pause_check: Option<DeadlineKey>,
+    bindings: Bindings,
+    /// A connection's list of bound holds is pruned when it reaches this length (then doubled).
+    prune_at: HashMap<ClientId, usize>,
 }
+
+/// A connection's bound holds are first checked for holds gone by other means at this many.
+const FIRST_PRUNE_AT: usize = 64;
 
 impl<H> Default for Scheduler<H> {
     fn default() -> Self {
@@ -195,7 +259,10 @@ impl<H> Default for Scheduler<H> {
             queues: WaitQueues::default(),
             deadlines: Deadlines::default(),
             paused: HashMap::new(),
+            gone_while_paused: Vec::new(),
             pause_check: None,
+            bindings: Bindings::default(),
+            prune_at: HashMap::new(),
         }
     }
 }
@@ -229,7 +296,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             Some(id) => {
                 let (old, old_timeout) = self
                     .queues
-                    .replace(id, new.handle, new.lease_ms)
+                    .replace(id, new.handle, new.lease_ms, new.mode, new.bind)
                     .ok_or(LockError::Internal)?;
                 if let Some(timeout) = old_timeout {
                     self.deadlines.remove(timeout);
@@ -244,6 +311,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     key: new.key,
                     owner: new.owner,
                     lease_ms: new.lease_ms,
+                    mode: new.mode,
+                    bind: new.bind,
                     now,
                 },
                 max_per_key,
@@ -261,47 +330,153 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             Seen::Free => {
                 self.deadlines.insert(now, Due::Recheck(new.key.clone()));
             }
-            Seen::Held { expires_at } => {
+            Seen::Held { next_lease_end } => {
                 if self.queues.lease_check(new.key).is_none() {
-                    self.schedule_lease_check(new.key, expires_at, now);
+                    self.schedule_lease_check(new.key, next_lease_end, now);
                 }
             }
         }
         Ok(id)
     }
 
-    /// A command freed `key` (release, force release): hand it to the head waiter. Returns
-    /// whether it did; if not, the caller publishes the unlock.
+    /// A command freed `key` or part of it (release, force release, a lease end it noticed):
+    /// hand it to the head waiter(s). Returns whether it did; if not, and the key is free, the
+    /// caller publishes the unlock.
     pub fn freed(&mut self, port: &mut impl Port<H>, key: &LockKey, now: UnixMs) -> bool {
         self.pump(port, key, now, Cause::Freed, Origin::Command)
     }
 
-    /// The holder's lease end changed inside a command (renew, re-entry): the lease check moves
-    /// with it, so a shorter lease hands off at its own end.
-    pub fn lease_changed(&mut self, key: &LockKey, expires_at: UnixMs, now: UnixMs) {
+    /// A lease end changed inside a command (renew, re-entry, a new shared hold): the lease
+    /// check moves to the key's earliest lease end, so a shorter lease hands off at its own end.
+    pub fn lease_changed(&mut self, key: &LockKey, next_lease_end: Option<UnixMs>, now: UnixMs) {
         if self.queues.has_waiters(key) {
-            self.schedule_lease_check(key, Some(expires_at), now);
+            self.schedule_lease_check(key, next_lease_end, now);
+        }
+    }
+
+    /// A command granted an `EPHEMERAL` hold to `client`: it ends when that connection closes.
+    /// `still_there` is asked, when the connection's list has grown, which of its holds still
+    /// exist (holds also end by DEL, lease ends, FORCERELEASE).
+    pub fn bind(
+        &mut self,
+        client: ClientId,
+        key: &LockKey,
+        kind: HoldKind,
+        token: u64,
+        still_there: impl FnMut(&Bound) -> bool,
+    ) {
+        self.bindings.bind(
+            client,
+            key_slot(&key.name),
+            Bound {
+                key: key.clone(),
+                kind,
+                token,
+            },
+        );
+        let threshold = *self.prune_at.entry(client).or_insert(FIRST_PRUNE_AT);
+        if self.bindings.holds_of(client) >= threshold {
+            self.bindings
+                .prune(client, |k| key_slot(&k.name), still_there);
+            let left = self.bindings.holds_of(client);
+            self.prune_at.insert(client, (2 * left).max(FIRST_PRUNE_AT));
+        }
+    }
+
+    /// The owner ended a hold itself (its last release, a FORCERELEASE): forget its binding.
+    pub fn unbind(&mut self, key: &LockKey, token: u64) {
+        if !self.bindings.is_empty() {
+            self.bindings.unbind(key_slot(&key.name), token);
+        }
+    }
+
+    /// The connection a hold (named by its key and token) is bound to, if any.
+    pub fn bound_client(&self, key: &LockKey, token: u64) -> Option<ClientId> {
+        if self.bindings.is_empty() {
+            return None;
+        }
+        self.bindings.client_of(key_slot(&key.name), token)
+    }
+
+    /// Holds bound to connections (INFO).
+    pub fn bound_holds(&self) -> usize {
+        self.bindings.len()
+    }
+
+    /// A connection closed: every hold bound to it ends now (all re-entries), and each key goes
+    /// to its waiters as after a release. While writes are paused this happens after the pause.
+    pub fn client_gone(&mut self, port: &mut impl Port<H>, client: ClientId, now: UnixMs) {
+        self.prune_at.remove(&client);
+        if self.bindings.holds_of(client) == 0 {
+            return;
+        }
+        match port.writes() {
+            Writes::Allowed => {}
+            // A replica's holds end with its master's effects; nothing is bound here anyway.
+            Writes::Replica => {
+                self.bindings.take_client(client, |k| key_slot(&k.name));
+                return;
+            }
+            Writes::Paused => {
+                self.gone_while_paused.push(client);
+                if self.pause_check.is_none() {
+                    self.arm_pause_check(now);
+                }
+                return;
+            }
+        }
+        for bound in self.bindings.take_client(client, |k| key_slot(&k.name)) {
+            let grant = GrantRef {
+                key: bound.key,
+                kind: bound.kind,
+                token: bound.token,
+            };
+            match port.end_hold(&grant, Ending::ConnectionClosed) {
+                Ended::NotThere => {}
+                ended => {
+                    port.note(Note::Disconnected {
+                        key: grant.key.clone(),
+                    });
+                    if !self.pump(port, &grant.key, now, Cause::Freed, Origin::Background)
+                        && ended == Ended::KeyFree
+                    {
+                        port.publish_unlock(&grant.key);
+                    }
+                }
+            }
         }
     }
 
     /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`). Returns true if it was still
     /// queued; then the adapter releases its handle.
-    pub fn waiter_left(&mut self, port: &mut impl Port<H>, handle: H) -> bool {
-        match self.queues.remove_by_handle(handle) {
-            Some(removed) => {
-                self.forget(removed);
-                port.note(Note::Cancelled);
-                true
-            }
-            None => false,
+    pub fn waiter_left(&mut self, port: &mut impl Port<H>, handle: H, now: UnixMs) -> bool {
+        let Some(id) = self.queues.id_of(handle) else {
+            return false;
+        };
+        self.remove_waiter(id, now).is_some_and(|_| {
+            port.note(Note::Cancelled);
+            true
+        })
+    }
+
+    /// Removes a waiter from anywhere in its queue. When it was the head, the key is looked at
+    /// again (from the timer: this may run where the server forbids writes): shared requests
+    /// queued behind a departed exclusive one may fit now.
+    fn remove_waiter(&mut self, id: WaiterId, now: UnixMs) -> Option<Waiter<H>> {
+        let key = self.queues.get(id)?.key.clone();
+        let was_head = self.queues.front(&key).map(|w| w.id) == Some(id);
+        let removed = self.queues.remove(id)?;
+        let waiter = self.forget(removed);
+        if was_head && self.queues.has_waiters(&key) {
+            self.deadlines.insert(now, Due::Recheck(key));
         }
+        Some(waiter)
     }
 
     /// A grant's reply could not be delivered (the client vanished first). Handled from the
     /// timer: the server forbids writes where this is learnt.
-    pub fn grant_undelivered(&mut self, key: LockKey, owner: Box<[u8]>, token: u64, now: UnixMs) {
-        self.deadlines
-            .insert(now, Due::Undelivered { key, owner, token });
+    pub fn grant_undelivered(&mut self, grant: GrantRef, now: UnixMs) {
+        self.deadlines.insert(now, Due::Undelivered(grant));
     }
 
     /// The timer fired: everything due at `now`.
@@ -342,9 +517,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.deadlines.next_at()
     }
 
-    /// No waiters and nothing scheduled (the module may be unloaded).
+    /// No waiters, nothing scheduled and no hold bound to a connection (the module may be
+    /// unloaded).
     pub fn is_idle(&self) -> bool {
-        self.queues.total() == 0 && self.deadlines.is_empty()
+        self.queues.total() == 0 && self.deadlines.is_empty() && self.bindings.is_empty()
     }
 
     pub fn waiters_on(&self, key: &LockKey) -> usize {
@@ -366,7 +542,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.queues.is_waited_name(name)
     }
 
-    /// Gives the key to its head waiter if it is free. Returns whether it did.
+    /// Gives the key to its head waiter if it has room; after a shared grant, to every shared
+    /// waiter behind it up to the next exclusive one, and after a permit, to the next waiters
+    /// while permits are free (each grant is checked by the port against the key as it is now).
+    /// Returns whether anyone was granted.
     fn pump(
         &mut self,
         port: &mut impl Port<H>,
@@ -386,61 +565,97 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return false;
             }
         }
-        let Some(head) = self.queues.front(key) else {
-            return false;
-        };
-        let expires_at = now.saturating_add(head.lease_ms);
-        let handoff = Handoff {
-            now,
-            expires_at,
-            cause,
-            check_route: origin == Origin::Background,
-        };
-        let attempt = port.grant_if_free(key, &head.owner, handoff);
-        match attempt {
-            Attempt::Held { expires_at } => {
-                self.schedule_lease_check(key, expires_at, now);
-                false
-            }
-            Attempt::Moved(redirect) => {
-                self.refuse_all(port, key, &redirect, Note::Redirected);
-                false
-            }
-            Attempt::Refused(error) => {
-                self.refuse_all(port, key, &error.reply(), Note::Refused);
-                false
-            }
-            Attempt::Granted { token } => {
-                let Some(removed) = self.queues.pop_front(key) else {
-                    return false;
-                };
-                let waiter = self.forget(removed);
-                if cause == Cause::LeaseEnded {
-                    port.note(Note::ExpiredWithWaiters { key: key.clone() });
+        let mut granted_any = false;
+        let mut cause = cause;
+        while let Some(head) = self.queues.front(key) {
+            let mode = head.mode;
+            let expires_at = now.saturating_add(head.lease_ms);
+            let handoff = Handoff {
+                now,
+                expires_at,
+                cause,
+                check_route: origin == Origin::Background,
+            };
+            let want = Want {
+                owner: &head.owner,
+                mode,
+            };
+            match port.try_grant(key, want, handoff) {
+                Attempt::Held { next_lease_end } => {
+                    self.schedule_lease_check(key, next_lease_end, now);
+                    break;
                 }
-                port.note(Note::HandedOff {
-                    key: key.clone(),
-                    waited_ms: now.saturating_sub(waiter.enqueued_at),
-                });
-                port.answer(
-                    waiter.handle,
-                    Answer::Granted {
-                        token,
+                Attempt::Moved(redirect) => {
+                    self.refuse_all(port, key, &redirect, Note::Redirected);
+                    break;
+                }
+                Attempt::Refused(error) => {
+                    self.refuse_all(port, key, &error.reply(), Note::Refused);
+                    break;
+                }
+                Attempt::Mismatch(error) => {
+                    if let Some(removed) = self.queues.pop_front(key) {
+                        let waiter = self.forget(removed);
+                        port.note(Note::Mismatched);
+                        port.answer(waiter.handle, Answer::Refused(error.reply()));
+                    }
+                }
+                Attempt::Granted {
+                    token,
+                    next_lease_end,
+                } => {
+                    let Some(removed) = self.queues.pop_front(key) else {
+                        break;
+                    };
+                    let waiter = self.forget(removed);
+                    if cause == Cause::LeaseEnded {
+                        port.note(Note::ExpiredWithWaiters { key: key.clone() });
+                        // One lease end, noted once however many it lets in.
+                        cause = Cause::Freed;
+                    }
+                    port.note(Note::HandedOff {
                         key: key.clone(),
-                        owner: waiter.owner,
-                    },
-                );
-                self.schedule_lease_check(key, Some(expires_at), now);
-                true
+                        waited_ms: now.saturating_sub(waiter.enqueued_at),
+                    });
+                    if let Some(client) = waiter.bind {
+                        self.bindings.bind(
+                            client,
+                            key_slot(&key.name),
+                            Bound {
+                                key: key.clone(),
+                                kind: mode.kind(),
+                                token,
+                            },
+                        );
+                    }
+                    port.answer(
+                        waiter.handle,
+                        Answer::Granted {
+                            token,
+                            key: key.clone(),
+                            owner: waiter.owner,
+                            kind: mode.kind(),
+                        },
+                    );
+                    granted_any = true;
+                    let next_may_follow = matches!(
+                        (mode, self.queues.front(key).map(|w| w.mode)),
+                        (Mode::Shared, Some(Mode::Shared)) | (Mode::Limit(_), Some(Mode::Limit(_)))
+                    );
+                    if !next_may_follow {
+                        self.schedule_lease_check(key, next_lease_end, now);
+                        break;
+                    }
+                }
             }
         }
+        granted_any
     }
 
     fn handle_due(&mut self, port: &mut impl Port<H>, fired: DeadlineKey, due: Due, now: UnixMs) {
         match due {
             Due::Timeout(id) => {
-                if let Some(removed) = self.queues.remove(id) {
-                    let waiter = self.forget(removed);
+                if let Some(waiter) = self.remove_waiter(id, now) {
                     port.note(Note::TimedOut);
                     port.answer(waiter.handle, Answer::TimedOut);
                 }
@@ -460,29 +675,38 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 match port.writes() {
                     Writes::Paused => self.arm_pause_check(now),
                     // Promoted to replica during the pause: its master decides now.
-                    Writes::Replica => self.paused.clear(),
+                    Writes::Replica => {
+                        self.paused.clear();
+                        for client in std::mem::take(&mut self.gone_while_paused) {
+                            self.client_gone(port, client, now);
+                        }
+                    }
                     Writes::Allowed => {
+                        for client in std::mem::take(&mut self.gone_while_paused) {
+                            self.client_gone(port, client, now);
+                        }
                         for (key, cause) in std::mem::take(&mut self.paused) {
                             self.pump(port, &key, now, cause, Origin::Background);
                         }
                     }
                 }
             }
-            Due::Undelivered { key, owner, token } => match port.writes() {
+            Due::Undelivered(grant) => match port.writes() {
                 Writes::Paused => {
                     // Freeing it is a write: try again after the pause.
-                    self.deadlines.insert(
-                        now.saturating_add(PAUSE_POLL_MS),
-                        Due::Undelivered { key, owner, token },
-                    );
+                    self.deadlines
+                        .insert(now.saturating_add(PAUSE_POLL_MS), Due::Undelivered(grant));
                 }
                 Writes::Replica => port.note(Note::AbandonedGrant),
                 Writes::Allowed => {
                     port.note(Note::AbandonedGrant);
-                    if port.release_undelivered(&key, &owner, token)
-                        && !self.pump(port, &key, now, Cause::Freed, Origin::Background)
+                    self.unbind(&grant.key, grant.token);
+                    let ended = port.end_hold(&grant, Ending::Undelivered);
+                    if ended != Ended::NotThere
+                        && !self.pump(port, &grant.key, now, Cause::Freed, Origin::Background)
+                        && ended == Ended::KeyFree
                     {
-                        port.publish_unlock(&key);
+                        port.publish_unlock(&grant.key);
                     }
                 }
             },
@@ -547,18 +771,15 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     }
 }
 
-/// An in-memory server for the scheduler's tests (unit and model-based): keys with one holder
-/// and a lease end, a clock the test moves, and every effect recorded in order.
+/// An in-memory server for the scheduler's tests (unit and model-based): keys holding a
+/// [`Lock`](crate::hold::Lock) decided by the real rules (`hold::decide`), a clock the test
+/// moves, and every effect recorded in order.
 #[cfg(test)]
 mod testing {
     use super::*;
-
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub struct FakeLock {
-        pub owner: Vec<u8>,
-        pub token: u64,
-        pub expires_at: Option<UnixMs>,
-    }
+    use crate::args::Reentry;
+    use crate::hold::{self, Decision, Lock};
+    use crate::state::Queue;
 
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub enum Effect {
@@ -568,8 +789,9 @@ mod testing {
             token: u64,
             expires_at: UnixMs,
         },
-        ReleasedUndelivered {
+        Ended {
             key: LockKey,
+            ending: Ending,
         },
         Published {
             key: LockKey,
@@ -585,7 +807,7 @@ mod testing {
     pub struct FakePort {
         pub now: UnixMs,
         pub writes: Writes,
-        pub keys: HashMap<LockKey, FakeLock>,
+        pub keys: HashMap<LockKey, Lock>,
         /// Keys whose slot left this node, with the redirect.
         pub moved: HashMap<LockKey, String>,
         pub tokens_exhausted: bool,
@@ -608,19 +830,18 @@ mod testing {
     }
 
     impl FakePort {
-        /// The key's holder, if its lease still runs (the server expires a key once
-        /// `now > expires_at`, and a write lookup removes it). While writes are paused an
-        /// expired key stays, as in Redis.
-        pub fn holder(&mut self, key: &LockKey) -> Option<&FakeLock> {
-            let expired = self
-                .keys
-                .get(key)
-                .is_some_and(|l| l.expires_at.is_some_and(|at| self.now > at));
-            if expired {
-                if self.writes == Writes::Paused {
-                    return self.keys.get(key);
+        /// The key's lock with its ended holds gone (as a write lookup leaves it; while writes
+        /// are paused nothing is removed, as in Redis). None when nothing is held.
+        pub fn lock(&mut self, key: &LockKey) -> Option<&Lock> {
+            if self.writes != Writes::Paused {
+                let now = self.now;
+                let empty = self.keys.get_mut(key).is_some_and(|l| {
+                    l.drop_ended(now);
+                    l.holds.is_empty()
+                });
+                if empty {
+                    self.keys.remove(key);
                 }
-                self.keys.remove(key);
             }
             self.keys.get(key)
         }
@@ -642,6 +863,42 @@ mod testing {
                 })
                 .collect()
         }
+
+        /// A client's own acquire (no wait), with the real rules: no barging past `waiting`.
+        pub fn acquire(
+            &mut self,
+            key: &LockKey,
+            owner: &str,
+            mode: Mode,
+            lease_ms: u64,
+            waiting: bool,
+        ) -> Result<Option<u64>, LockError> {
+            let now = self.now;
+            let lock = self.lock(key).cloned().unwrap_or_else(Lock::free);
+            let queue = if waiting {
+                Queue::Waiting
+            } else {
+                Queue::Empty
+            };
+            match hold::decide(
+                &lock,
+                owner.as_bytes(),
+                mode,
+                lease_ms,
+                Reentry::Counted,
+                queue,
+                now,
+            )? {
+                Decision::Busy => Ok(None),
+                Decision::Grant(g) => {
+                    self.last_token += 1;
+                    let token = g.token.unwrap_or(self.last_token);
+                    let new = hold::apply(&lock, owner.as_bytes(), mode, &g, self.last_token);
+                    self.keys.insert(key.clone(), new);
+                    Ok(Some(token))
+                }
+            }
+        }
     }
 
     impl Port<u32> for FakePort {
@@ -649,64 +906,81 @@ mod testing {
             self.writes
         }
 
-        fn grant_if_free(&mut self, key: &LockKey, owner: &[u8], handoff: Handoff) -> Attempt {
-            let Handoff {
-                expires_at,
-                check_route,
-                ..
-            } = handoff;
+        fn try_grant(&mut self, key: &LockKey, want: Want<'_>, handoff: Handoff) -> Attempt {
             assert_eq!(
                 self.writes,
                 Writes::Allowed,
                 "a write while writes are not allowed"
             );
-            if let Some(held) = self.holder(key) {
-                return Attempt::Held {
-                    expires_at: held.expires_at,
-                };
-            }
-            if check_route {
+            let now = self.now;
+            let lock = self.lock(key).cloned();
+            if lock.is_none() && handoff.check_route {
                 if let Some(redirect) = self.moved.get(key) {
                     return Attempt::Moved(redirect.clone());
                 }
             }
-            if self.tokens_exhausted {
-                return Attempt::Refused(LockError::TokensExhausted);
-            }
-            self.last_token += 1;
-            let token = self.last_token;
-            self.keys.insert(
-                key.clone(),
-                FakeLock {
-                    owner: owner.to_vec(),
-                    token,
-                    expires_at: Some(expires_at),
+            let lock = lock.unwrap_or_else(Lock::free);
+            let lease = handoff.expires_at.saturating_sub(now);
+            match hold::decide(
+                &lock,
+                want.owner,
+                want.mode,
+                lease,
+                Reentry::Counted,
+                Queue::Empty,
+                now,
+            ) {
+                Err(e) => Attempt::Mismatch(e),
+                Ok(Decision::Busy) => Attempt::Held {
+                    next_lease_end: lock.next_lease_end(),
                 },
-            );
-            self.effects.push(Effect::Wrote {
-                key: key.clone(),
-                owner: owner.to_vec(),
-                token,
-                expires_at,
-            });
-            Attempt::Granted { token }
+                Ok(Decision::Grant(g)) => {
+                    if self.tokens_exhausted {
+                        return Attempt::Refused(LockError::TokensExhausted);
+                    }
+                    self.last_token += 1;
+                    let token = g.token.unwrap_or(self.last_token);
+                    let new = hold::apply(&lock, want.owner, want.mode, &g, self.last_token);
+                    let next_lease_end = new.next_lease_end();
+                    self.keys.insert(key.clone(), new);
+                    self.effects.push(Effect::Wrote {
+                        key: key.clone(),
+                        owner: want.owner.to_vec(),
+                        token,
+                        expires_at: handoff.expires_at,
+                    });
+                    Attempt::Granted {
+                        token,
+                        next_lease_end,
+                    }
+                }
+            }
         }
 
-        fn release_undelivered(&mut self, key: &LockKey, owner: &[u8], token: u64) -> bool {
+        fn end_hold(&mut self, grant: &GrantRef, ending: Ending) -> Ended {
             assert_eq!(
                 self.writes,
                 Writes::Allowed,
                 "a write while writes are not allowed"
             );
-            let ours = self
-                .holder(key)
-                .is_some_and(|l| l.owner == owner && l.token == token);
-            if ours {
-                self.keys.remove(key);
-                self.effects
-                    .push(Effect::ReleasedUndelivered { key: key.clone() });
+            let Some(lock) = self.lock(&grant.key).cloned() else {
+                return Ended::NotThere;
+            };
+            let any_count = ending == Ending::ConnectionClosed;
+            let Some(new) = hold::remove_hold(&lock, grant.kind, grant.token, any_count) else {
+                return Ended::NotThere;
+            };
+            self.effects.push(Effect::Ended {
+                key: grant.key.clone(),
+                ending,
+            });
+            if new.holds.is_empty() {
+                self.keys.remove(&grant.key);
+                Ended::KeyFree
+            } else {
+                self.keys.insert(grant.key.clone(), new);
+                Ended::KeyStillHeld
             }
-            ours
         }
 
         fn publish_unlock(&mut self, key: &LockKey) {
@@ -723,7 +997,8 @@ mod testing {
         }
     }
 
-    /// The adapter's side of the loop, for tests: queue a blocked acquire as the command would.
+    /// The adapter's side of the loop, for tests: queue a blocked exclusive acquire as the
+    /// command would.
     pub fn wait(
         s: &mut Scheduler<u32>,
         port: &mut FakePort,
@@ -733,11 +1008,37 @@ mod testing {
         lease_ms: u64,
         wait: Wait,
     ) -> Result<WaiterId, LockError> {
+        wait_as(
+            s,
+            port,
+            handle,
+            key,
+            owner,
+            Mode::Exclusive,
+            lease_ms,
+            wait,
+            None,
+        )
+    }
+
+    /// As [`wait`], for any mode, optionally bound to a connection.
+    #[allow(clippy::too_many_arguments)]
+    pub fn wait_as(
+        s: &mut Scheduler<u32>,
+        port: &mut FakePort,
+        handle: u32,
+        key: &LockKey,
+        owner: &str,
+        mode: Mode,
+        lease_ms: u64,
+        wait: Wait,
+        bind: Option<ClientId>,
+    ) -> Result<WaiterId, LockError> {
         let now = port.now;
-        let seen = match port.holder(key) {
+        let seen = match port.lock(key) {
             None => Seen::Free,
             Some(l) => Seen::Held {
-                expires_at: l.expires_at,
+                next_lease_end: l.next_lease_end(),
             },
         };
         s.enqueue(
@@ -748,6 +1049,8 @@ mod testing {
                 owner: owner.as_bytes(),
                 lease_ms,
                 wait,
+                mode,
+                bind,
                 seen,
             },
             100_000,
@@ -765,11 +1068,31 @@ mod testing {
         port.now = port.now.max(to);
     }
 
-    /// A release by the holder inside a command: delete, then hand off or publish.
+    /// A release of the whole key inside a command: delete, then hand off or publish.
     pub fn release(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey) {
         port.keys.remove(key);
         let now = port.now;
         if !s.freed(port, key, now) {
+            port.publish_unlock(key);
+        }
+    }
+
+    /// One owner's release inside a command, with the real rule (`hold::release`).
+    pub fn release_owner(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey, owner: &[u8]) {
+        let Some(lock) = port.lock(key).cloned() else {
+            return;
+        };
+        let Some((new, _)) = hold::release(&lock, owner) else {
+            return;
+        };
+        let free = new.holds.is_empty();
+        if free {
+            port.keys.remove(key);
+        } else {
+            port.keys.insert(key.clone(), new);
+        }
+        let now = port.now;
+        if !s.freed(port, key, now) && free {
             port.publish_unlock(key);
         }
     }
@@ -779,17 +1102,40 @@ mod testing {
 mod tests {
     use super::testing::*;
     use super::*;
+    use crate::hold::{Family, Hold, Lock};
 
     fn key(name: &str) -> LockKey {
         LockKey::new(0, name.as_bytes())
     }
 
     fn granted(token: u64, k: &LockKey, owner: &str) -> Answer {
+        granted_as(token, k, owner, HoldKind::Exclusive)
+    }
+
+    fn granted_as(token: u64, k: &LockKey, owner: &str, kind: HoldKind) -> Answer {
         Answer::Granted {
             token,
             key: k.clone(),
             owner: owner.as_bytes().into(),
+            kind,
         }
+    }
+
+    fn undelivered(k: &LockKey, token: u64) -> GrantRef {
+        GrantRef {
+            key: k.clone(),
+            kind: HoldKind::Exclusive,
+            token,
+        }
+    }
+
+    /// The lease end of the key's only hold.
+    fn lease_end(port: &FakePort, k: &LockKey) -> Option<UnixMs> {
+        port.keys[k].holds[0].expires_at
+    }
+
+    fn set_lease_end(port: &mut FakePort, k: &LockKey, at: Option<UnixMs>) {
+        port.keys.get_mut(k).unwrap().holds[0].expires_at = at;
     }
 
     /// A lock held by `owner` until `expires_at`, as a client's acquire leaves it.
@@ -797,10 +1143,15 @@ mod tests {
         port.last_token += 1;
         port.keys.insert(
             k.clone(),
-            FakeLock {
-                owner: owner.as_bytes().to_vec(),
-                token: port.last_token,
-                expires_at: Some(expires_at),
+            Lock {
+                family: Family::ReadWrite,
+                holds: vec![Hold {
+                    owner: owner.as_bytes().to_vec(),
+                    kind: HoldKind::Exclusive,
+                    count: 1,
+                    expires_at: Some(expires_at),
+                    token: Some(port.last_token),
+                }],
             },
         );
     }
@@ -863,7 +1214,7 @@ mod tests {
             .effects
             .contains(&Effect::Noted(Note::ExpiredWithWaiters { key: k.clone() })));
         // The new holder's lease starts at the handoff.
-        assert_eq!(port.keys[&k].expires_at, Some(66_001));
+        assert_eq!(lease_end(&port, &k), Some(66_001));
     }
 
     #[test]
@@ -871,13 +1222,13 @@ mod tests {
         let (mut s, mut port, k) = setup();
         wait(&mut s, &mut port, 1, &k, "w", 5_000, Wait::Forever).unwrap();
         // Renewed further: the early check finds the key held and re-arms for the new end.
-        port.keys.get_mut(&k).unwrap().expires_at = Some(90_000);
+        set_lease_end(&mut port, &k, Some(90_000));
         advance_to(&mut s, &mut port, 61_001);
         assert!(port.answers().is_empty());
         assert_eq!(s.next_deadline(), Some(90_001));
         // Shortened: the check moves to the new end at once.
-        port.keys.get_mut(&k).unwrap().expires_at = Some(62_000);
-        s.lease_changed(&k, 62_000, port.now);
+        set_lease_end(&mut port, &k, Some(62_000));
+        s.lease_changed(&k, Some(62_000), port.now);
         assert_eq!(s.next_deadline(), Some(62_001));
         advance_to(&mut s, &mut port, 62_001);
         assert_eq!(port.answers(), [(1, granted(2, &k, "w"))]);
@@ -904,12 +1255,12 @@ mod tests {
         let (mut s, mut port, k) = setup();
         wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::For(100)).unwrap();
         wait(&mut s, &mut port, 2, &k, "b", 5_000, Wait::Forever).unwrap();
-        assert!(s.waiter_left(&mut port, 1));
-        assert!(!s.waiter_left(&mut port, 1), "only once");
+        assert!(s.waiter_left(&mut port, 1, 1_000));
+        assert!(!s.waiter_left(&mut port, 1, 1_000), "only once");
         release(&mut s, &mut port, &k);
         assert_eq!(port.answers(), [(2, granted(2, &k, "b"))]);
         // Once the last waiter is gone, nothing is left scheduled: the module can unload.
-        assert!(!s.waiter_left(&mut port, 99));
+        assert!(!s.waiter_left(&mut port, 99, 1_000));
         release(&mut s, &mut port, &k);
         advance_to(&mut s, &mut port, 1_000_000);
         assert!(s.is_idle());
@@ -923,15 +1274,16 @@ mod tests {
         release(&mut s, &mut port, &k);
         assert_eq!(port.answers(), [(1, granted(2, &k, "a"))]);
         // Client 1 vanished before its reply: the server says so from its free callback.
-        s.grant_undelivered(k.clone(), b"a".as_slice().into(), 2, port.now);
+        s.grant_undelivered(undelivered(&k, 2), port.now);
         let now = port.now;
         advance_to(&mut s, &mut port, now);
-        assert!(port
-            .effects
-            .contains(&Effect::ReleasedUndelivered { key: k.clone() }));
+        assert!(port.effects.contains(&Effect::Ended {
+            key: k.clone(),
+            ending: Ending::Undelivered
+        }));
         assert_eq!(port.answers()[1], (2, granted(3, &k, "b")));
         // The same for b: nobody waits now, so the key is freed and the unlock published.
-        s.grant_undelivered(k.clone(), b"b".as_slice().into(), 3, port.now);
+        s.grant_undelivered(undelivered(&k, 3), port.now);
         advance_to(&mut s, &mut port, now);
         assert!(!port.keys.contains_key(&k));
         assert_eq!(
@@ -940,9 +1292,9 @@ mod tests {
         );
         // A grant the holder already released (or re-entered) is left alone.
         hold(&mut port, &k, "c", 99_000);
-        s.grant_undelivered(k.clone(), b"b".as_slice().into(), 3, port.now);
+        s.grant_undelivered(undelivered(&k, 3), port.now);
         advance_to(&mut s, &mut port, now);
-        assert_eq!(port.keys[&k].owner, b"c");
+        assert_eq!(port.keys[&k].holds[0].owner, b"c");
     }
 
     #[test]
@@ -998,7 +1350,7 @@ mod tests {
         wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
         release(&mut s, &mut port, &k);
         port.writes = Writes::Paused;
-        s.grant_undelivered(k.clone(), b"a".as_slice().into(), 2, port.now);
+        s.grant_undelivered(undelivered(&k, 2), port.now);
         let now = port.now;
         advance_to(&mut s, &mut port, now + 100);
         assert!(port.keys.contains_key(&k));
@@ -1068,11 +1420,11 @@ mod tests {
         wait(&mut s, &mut port, 1, &k, "a", 5_000, Wait::Forever).unwrap();
         // The key outlives its lease end (as while clients are paused by CLIENT PAUSE in
         // another form): the check comes back after OVERDUE_RECHECK_MS, not at once.
-        port.keys.get_mut(&k).unwrap().expires_at = None;
+        set_lease_end(&mut port, &k, None);
         advance_to(&mut s, &mut port, 61_001);
         assert_eq!(s.next_deadline(), None, "no lease: nothing to check");
-        port.keys.get_mut(&k).unwrap().expires_at = Some(50_000);
-        s.lease_changed(&k, 50_000, port.now);
+        set_lease_end(&mut port, &k, Some(50_000));
+        s.lease_changed(&k, Some(50_000), port.now);
         assert_eq!(s.next_deadline(), Some(61_001 + OVERDUE_RECHECK_MS));
     }
 
@@ -1104,19 +1456,23 @@ mod tests {
         // Same place in the queue (ahead of b), the new request's lease.
         release(&mut s, &mut port, &k);
         assert_eq!(port.answers()[1], (3, granted(2, &k, "a")));
-        assert_eq!(port.keys[&k].expires_at, Some(2_000 + 7_000));
+        assert_eq!(lease_end(&port, &k), Some(2_000 + 7_000));
         assert!(
-            !s.waiter_left(&mut port, 1),
+            !s.waiter_left(&mut port, 1, 1_000),
             "the old handle is not queued any more"
         );
     }
 }
 
 /// Model-based: random sequences of what clients, the clock and the server do, checked against
-/// a plain reference model (one FIFO list per key). Properties: a grant goes only to the
-/// longest-waiting waiter still queued, only when the key is free, never while writes are
-/// paused; every waiter is answered exactly once, never after it left, never timed out early;
-/// tokens only rise; once everyone is done nothing stays scheduled.
+/// a plain reference model (one FIFO list per key, the holds of each key). Key `a` is a
+/// read-write lock (exclusive and shared requests), key `b` a semaphore of 2 permits; some
+/// holds are bound to connections that close. Properties: a grant goes only to the
+/// longest-waiting waiter still queued; never a writer beside another holder, never more than
+/// 2 permits; no waiter is left waiting while the key has room for it (phase-fair runs, no
+/// lost wake-up); nothing is written while writes are paused; every waiter is answered exactly
+/// once, never after it left, never timed out early; tokens only rise; a closed connection's
+/// holds are gone; once everyone is done nothing stays scheduled.
 #[cfg(test)]
 mod model {
     use std::collections::{HashMap, HashSet};
@@ -1125,16 +1481,24 @@ mod model {
 
     use super::testing::*;
     use super::*;
+    use crate::args::Reentry;
+    use crate::hold::{self, Decision, Family, Lock};
+    use crate::state::Queue;
+
+    const LIMIT: u64 = 2;
 
     #[derive(Debug, Clone)]
     enum Op {
         Acquire {
             key: u8,
+            shared: bool,
             wait: Option<u64>,
             lease: u64,
+            client: Option<u8>,
         },
         Release {
             key: u8,
+            pick: usize,
         },
         Leave {
             pick: usize,
@@ -1153,30 +1517,48 @@ mod model {
         },
         Undelivered {
             key: u8,
+            pick: usize,
+        },
+        Disconnect {
+            client: u8,
         },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => (0u8..2, proptest::option::of(prop_oneof![Just(0u64), 1u64..400]), 1u64..300)
-                .prop_map(|(key, wait, lease)| Op::Acquire { key, wait, lease }),
-            3 => (0u8..2).prop_map(|key| Op::Release { key }),
+            5 => (0u8..2, any::<bool>(), proptest::option::of(prop_oneof![Just(0u64), 1u64..400]), 1u64..300, proptest::option::of(0u8..3))
+                .prop_map(|(key, shared, wait, lease, client)| Op::Acquire { key, shared, wait, lease, client }),
+            3 => (0u8..2, any::<usize>()).prop_map(|(key, pick)| Op::Release { key, pick }),
             1 => any::<usize>().prop_map(|pick| Op::Leave { pick }),
             1 => (any::<usize>(), 0u64..400).prop_map(|(pick, wait)| Op::Retry { pick, wait }),
             3 => (0u64..200).prop_map(|ms| Op::Advance { ms }),
             1 => any::<bool>().prop_map(Op::Pause),
             1 => (0u8..2).prop_map(|key| Op::DeleteOutside { key }),
-            1 => (0u8..2).prop_map(|key| Op::Undelivered { key }),
+            1 => (0u8..2, any::<usize>()).prop_map(|(key, pick)| Op::Undelivered { key, pick }),
+            1 => (0u8..3).prop_map(|client| Op::Disconnect { client }),
         ]
     }
 
+    fn mode_for(key: usize, shared: bool) -> Mode {
+        match (key, shared) {
+            (1, _) => Mode::Limit(LIMIT),
+            (_, true) => Mode::Shared,
+            _ => Mode::Exclusive,
+        }
+    }
+
+    #[derive(Default)]
     struct Model {
         queues: HashMap<LockKey, Vec<u32>>,
         deadline: HashMap<u32, UnixMs>,
         owner: HashMap<u32, String>,
+        mode: HashMap<u32, Mode>,
+        client: HashMap<u32, ClientId>,
         answered: HashMap<u32, Answer>,
         /// Waits replaced by a newer wait of their owner: answered with an error.
         replaced: HashSet<u32>,
+        /// Holds bound to each connection: (key, token).
+        bound: HashMap<ClientId, Vec<(LockKey, u64)>>,
         last_grant_token: u64,
         checked: usize,
     }
@@ -1207,12 +1589,20 @@ mod model {
                         token,
                         key: granted_key,
                         owner,
+                        kind,
                     } => {
                         prop_assert_eq!(granted_key, key);
                         prop_assert_eq!(queue.first(), Some(handle), "not FIFO");
                         prop_assert!(*token > self.last_grant_token, "token did not rise");
                         self.last_grant_token = *token;
                         prop_assert_eq!(owner.as_ref(), self.owner[handle].as_bytes());
+                        prop_assert_eq!(*kind, self.mode[handle].kind());
+                        if let Some(c) = self.client.get(handle) {
+                            self.bound
+                                .entry(*c)
+                                .or_default()
+                                .push((key.clone(), *token));
+                        }
                     }
                     Answer::TimedOut => {
                         // The one timer fires exactly at each deadline: never early, never late.
@@ -1226,6 +1616,58 @@ mod model {
             self.checked = answers.len();
             Ok(())
         }
+
+        /// The reference rules on the fake server's state.
+        fn check_holds(&self, port: &mut FakePort, keys: &[LockKey]) -> Result<(), TestCaseError> {
+            for (i, k) in keys.iter().enumerate() {
+                let Some(lock) = port.lock(k).cloned() else {
+                    continue;
+                };
+                if i == 1 {
+                    prop_assert_eq!(lock.family, Family::Semaphore { limit: LIMIT });
+                    prop_assert!(
+                        lock.holds.len() as u64 <= LIMIT,
+                        "more permits than the limit"
+                    );
+                } else if let Some(x) = lock.exclusive() {
+                    prop_assert!(
+                        lock.holds.iter().all(|h| h.owner == x.owner),
+                        "a writer beside another owner's hold: {:?}",
+                        lock.holds
+                    );
+                }
+            }
+            Ok(())
+        }
+
+        /// Nobody waits while the key has room for the head of its queue.
+        fn check_no_idle_room(&self, port: &mut FakePort) -> Result<(), TestCaseError> {
+            if port.writes != Writes::Allowed {
+                return Ok(());
+            }
+            let now = port.now;
+            for (k, queue) in &self.queues {
+                let Some(head) = queue.first() else { continue };
+                let lock = port.lock(k).cloned().unwrap_or_else(Lock::free);
+                let d = hold::decide(
+                    &lock,
+                    self.owner[head].as_bytes(),
+                    self.mode[head],
+                    1,
+                    Reentry::Counted,
+                    Queue::Empty,
+                    now,
+                );
+                prop_assert!(
+                    !matches!(d, Ok(Decision::Grant(_))),
+                    "waiter {} left waiting on {:?} with room: {:?}",
+                    head,
+                    k,
+                    lock
+                );
+            }
+            Ok(())
+        }
     }
 
     proptest! {
@@ -1236,48 +1678,55 @@ mod model {
             let mut s: Scheduler<u32> = Scheduler::default();
             let mut port = FakePort::default();
             let keys = [LockKey::new(0, b"a"), LockKey::new(0, b"b")];
-            let mut model = Model {
-                queues: HashMap::new(),
-                deadline: HashMap::new(),
-                owner: HashMap::new(),
-                answered: HashMap::new(),
-                replaced: HashSet::new(),
-                last_grant_token: 0,
-                checked: 0,
-            };
+            let mut model = Model::default();
             let mut next_handle = 0u32;
+            let mut direct = 0u32;
             for op in ops {
                 let paused = port.writes == Writes::Paused;
                 match op {
                     // Client commands are writes: Redis postpones them during a pause.
-                    Op::Acquire { key, wait: w, lease } if !paused => {
+                    Op::Acquire { key, shared, wait: w, lease, client } if !paused => {
                         let k = &keys[usize::from(key)];
-                        let free = port.holder(k).is_none() && s.waiters_on(k) == 0;
-                        if free {
-                            port.last_token += 1;
-                            let token = port.last_token;
-                            port.keys.insert(k.clone(), FakeLock {
-                                owner: b"direct".to_vec(),
-                                token,
-                                expires_at: Some(port.now + lease),
-                            });
-                            // Direct grants are tokens too: later grants must be above them.
-                            model.last_grant_token = token;
-                        } else if let Some(ms) = w {
-                            next_handle += 1;
-                            let h = next_handle;
-                            let wait = if ms == 0 { Wait::Forever } else { Wait::For(ms) };
-                            let owner = format!("o{h}");
-                            wait_for(&mut s, &mut port, h, k, &owner, lease, wait)?;
-                            model.queues.entry(k.clone()).or_default().push(h);
-                            model.deadline.insert(h, if ms == 0 { UnixMs::MAX } else { port.now + ms });
-                            model.owner.insert(h, owner);
+                        let mode = mode_for(usize::from(key), shared);
+                        direct += 1;
+                        let owner = format!("d{direct}");
+                        let waiting = s.waiters_on(k) > 0;
+                        let granted = port.acquire(k, &owner, mode, lease, waiting);
+                        match granted {
+                            Ok(Some(token)) => {
+                                // Direct grants are tokens too: later grants must be above them.
+                                model.last_grant_token = token;
+                                if let Some(c) = client {
+                                    let c = ClientId::from(c);
+                                    s.bind(c, k, mode.kind(), token, |_| true);
+                                    model.bound.entry(c).or_default().push((k.clone(), token));
+                                }
+                            }
+                            Ok(None) => {
+                                if let Some(ms) = w {
+                                    next_handle += 1;
+                                    let h = next_handle;
+                                    let wait = if ms == 0 { Wait::Forever } else { Wait::For(ms) };
+                                    let bind = client.map(ClientId::from);
+                                    wait_as(&mut s, &mut port, h, k, &owner, mode, lease, wait, bind)
+                                        .map_err(|e| TestCaseError::fail(e.reply()))?;
+                                    model.queues.entry(k.clone()).or_default().push(h);
+                                    model.deadline.insert(h, if ms == 0 { UnixMs::MAX } else { port.now + ms });
+                                    model.owner.insert(h, owner);
+                                    model.mode.insert(h, mode);
+                                    if let Some(c) = bind {
+                                        model.client.insert(h, c);
+                                    }
+                                }
+                            }
+                            Err(e) => prop_assert!(false, "direct acquire refused: {}", e.reply()),
                         }
                     }
-                    Op::Release { key } if !paused => {
+                    Op::Release { key, pick } if !paused => {
                         let k = &keys[usize::from(key)];
-                        if port.holder(k).is_some() {
-                            release(&mut s, &mut port, k);
+                        if let Some(lock) = port.lock(k).cloned() {
+                            let h = &lock.holds[pick % lock.holds.len()];
+                            release_owner(&mut s, &mut port, k, &h.owner);
                         }
                     }
                     Op::DeleteOutside { key } if !paused => {
@@ -1286,12 +1735,33 @@ mod model {
                         let now = port.now;
                         s.keys_changed(&mut port, vec![Change::Key(k.clone(), Cause::Freed)], now);
                     }
-                    Op::Undelivered { key } => {
+                    Op::Undelivered { key, pick } => {
                         let k = &keys[usize::from(key)];
-                        if let Some(l) = port.holder(k).cloned() {
-                            if l.owner != b"direct" {
-                                let now = port.now;
-                                s.grant_undelivered(k.clone(), l.owner.into(), l.token, now);
+                        if let Some(lock) = port.lock(k).cloned() {
+                            let h = &lock.holds[pick % lock.holds.len()];
+                            let now = port.now;
+                            let grant = GrantRef { key: k.clone(), kind: h.kind, token: h.token.unwrap() };
+                            s.grant_undelivered(grant, now);
+                        }
+                    }
+                    Op::Disconnect { client } => {
+                        let c = ClientId::from(client);
+                        // Its queued waiters leave with it (the server's disconnect callback).
+                        let mine: Vec<u32> = model.queues.values().flatten().copied()
+                            .filter(|h| model.client.get(h) == Some(&c)).collect();
+                        let now = port.now;
+                        for h in mine {
+                            prop_assert!(s.waiter_left(&mut port, h, now));
+                            for q in model.queues.values_mut() {
+                                q.retain(|x| *x != h);
+                            }
+                        }
+                        s.client_gone(&mut port, c, now);
+                        advance_to(&mut s, &mut port, now);
+                        if port.writes == Writes::Allowed {
+                            for (k, token) in model.bound.remove(&c).unwrap_or_default() {
+                                let still = port.lock(&k).is_some_and(|l| l.holds.iter().any(|h| h.token == Some(token)));
+                                prop_assert!(!still, "a closed connection's hold survived");
                             }
                         }
                     }
@@ -1299,10 +1769,13 @@ mod model {
                         let queued: Vec<u32> = model.queues.values().flatten().copied().collect();
                         if !queued.is_empty() {
                             let h = queued[pick % queued.len()];
-                            prop_assert!(s.waiter_left(&mut port, h));
+                            let now = port.now;
+                            prop_assert!(s.waiter_left(&mut port, h, now));
                             for q in model.queues.values_mut() {
                                 q.retain(|x| *x != h);
                             }
+                            // The adapter's 0 ms timer.
+                            advance_to(&mut s, &mut port, now);
                         }
                     }
                     Op::Retry { pick, wait: ms } => {
@@ -1316,13 +1789,20 @@ mod model {
                             next_handle += 1;
                             let h = next_handle;
                             let owner = model.owner[&old].clone();
+                            let mode = model.mode[&old];
+                            let bind = model.client.get(&old).copied();
                             let wait = if ms == 0 { Wait::Forever } else { Wait::For(ms) };
-                            wait_for(&mut s, &mut port, h, &k, &owner, 100, wait)?;
+                            wait_as(&mut s, &mut port, h, &k, &owner, mode, 100, wait, bind)
+                                .map_err(|e| TestCaseError::fail(e.reply()))?;
                             // Same place in the queue; the old request is answered at once.
                             model.queues.get_mut(&k).unwrap()[at] = h;
                             model.replaced.insert(old);
                             model.deadline.insert(h, if ms == 0 { UnixMs::MAX } else { port.now + ms });
                             model.owner.insert(h, owner);
+                            model.mode.insert(h, mode);
+                            if let Some(c) = bind {
+                                model.client.insert(h, c);
+                            }
                         }
                     }
                     Op::Advance { ms } => {
@@ -1330,21 +1810,32 @@ mod model {
                         advance_to(&mut s, &mut port, to);
                     }
                     Op::Pause(on) => {
-                        port.writes = if on { Writes::Paused } else { Writes::Allowed };
+                        if on {
+                            port.writes = Writes::Paused;
+                        } else if port.writes == Writes::Paused {
+                            port.writes = Writes::Allowed;
+                            // Deferred work happens at the next pause check.
+                            let to = port.now + PAUSE_POLL_MS;
+                            advance_to(&mut s, &mut port, to);
+                        }
                     }
                     _ => {}
                 }
                 model.check_answers(&port)?;
-                // The one-holder invariant is the fake's; the scheduler must never grant a held
-                // key: every grant wrote a key that was free (the fake returns Held otherwise).
+                model.check_holds(&mut port, &keys)?;
+                model.check_no_idle_room(&mut port)?;
             }
             // Everyone finishes: no pause, holders release, time runs out.
-            port.writes = Writes::Allowed;
+            if port.writes == Writes::Paused {
+                port.writes = Writes::Allowed;
+                let to = port.now + PAUSE_POLL_MS;
+                advance_to(&mut s, &mut port, to);
+            }
             for _ in 0..1_000 {
                 let to = port.now + 500;
                 advance_to(&mut s, &mut port, to);
                 for k in &keys {
-                    if port.holder(k).is_some() {
+                    if port.lock(k).is_some() {
                         release(&mut s, &mut port, k);
                     }
                 }
@@ -1354,23 +1845,13 @@ mod model {
                 }
             }
             prop_assert!(model.queues.values().all(Vec::is_empty), "waiters never answered");
+            for c in 0..3 {
+                let now = port.now;
+                s.client_gone(&mut port, c, now);
+            }
             let to = port.now + 1_000;
             advance_to(&mut s, &mut port, to);
             prop_assert!(s.is_idle(), "something stays scheduled with nobody waiting");
         }
-    }
-
-    fn wait_for(
-        s: &mut Scheduler<u32>,
-        port: &mut FakePort,
-        handle: u32,
-        key: &LockKey,
-        owner: &str,
-        lease_ms: u64,
-        wait_kind: Wait,
-    ) -> Result<(), TestCaseError> {
-        wait(s, port, handle, key, owner, lease_ms, wait_kind)
-            .map(|_| ())
-            .map_err(|e| TestCaseError::fail(e.reply()))
     }
 }

@@ -3,12 +3,14 @@
 use std::os::raw::c_int;
 
 use lock_core::args::{parse_key_only, parse_release};
-use lock_core::state::{decide_release, ReleaseDecision};
+use lock_core::hold;
+use lock_core::state::{decide_release, ReleaseDecision, View};
 use lock_core::LockError;
 
-use crate::ffi::{self, reply, Ctx, Key, RawString};
-use crate::stats::{bump, STATS};
-use crate::{guard, notify, runtime, store};
+use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
+use crate::runtime::{self, Left};
+use crate::stats::{add, bump, STATS};
+use crate::{guard, notify, store};
 
 pub extern "C" fn release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
     guard::command(ctx, || run_release(ctx, argv, argc))
@@ -25,7 +27,14 @@ fn run_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockEr
     let owner = ffi::arg(argv, argc, 2);
     super::refuse_while_paused()?;
 
-    let lock = store::read_for_owner(ctx, key_name, owner)?;
+    let lock = match store::read_for_owner(ctx, key_name, owner) {
+        Ok(lock) => lock,
+        // Maybe a key with several holds.
+        Err(LockError::NotALock) => {
+            return release_general(ctx, key_name, request.owner, request.key)
+        }
+        Err(e) => return Err(e),
+    };
     match decide_release(lock.view) {
         ReleaseDecision::NotOwner => {
             bump(&STATS.release_not_owner);
@@ -38,14 +47,82 @@ fn run_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockEr
             reply::integer(ctx, reply_count);
         }
         ReleaseDecision::Free => {
+            let token = match lock.view {
+                View::HeldByRequester { token, .. } => token,
+                _ => None,
+            };
             store::delete(ctx, &lock.key, key_name);
             drop(lock);
+            if let Some(token) = token {
+                runtime::unbind(ctx, request.key, token);
+            }
             notify::event(ctx, c"lock.released", key_name);
             bump(&STATS.released);
-            runtime::lock_freed(ctx, key_name, request.key);
+            runtime::lock_freed(ctx, key_name, request.key, Left::Nothing);
             reply::integer(ctx, 0);
         }
     }
+    Ok(())
+}
+
+/// Release on a key holding several holds: the owner's exclusive hold counts down first, then
+/// its shared hold or permit. Replies with the owner's remaining re-entries on the key.
+fn release_general(
+    ctx: Ctx,
+    key_name: RawString,
+    owner: &[u8],
+    name: &[u8],
+) -> Result<(), LockError> {
+    let key = Key::open(ctx, key_name);
+    let Some(stored) = store::read_lock(&key)? else {
+        bump(&STATS.release_not_owner);
+        reply::null(ctx);
+        return Ok(());
+    };
+    let mut lock = stored.lock.clone();
+    let ended = lock.drop_ended(now_ms());
+    let Some((new, remaining)) = hold::release(&lock, owner) else {
+        drop(key);
+        bump(&STATS.release_not_owner);
+        reply::null(ctx);
+        return Ok(());
+    };
+    let reply_count = store::stored_integer(remaining)?;
+    // The holds that ended with this release (count down to zero).
+    let gone: Vec<u64> = lock
+        .holds
+        .iter()
+        .filter(|h| {
+            !new.holds
+                .iter()
+                .any(|n| n.kind == h.kind && n.owner == h.owner)
+        })
+        .filter_map(|h| h.token)
+        .collect();
+    store::write_lock(ctx, &key, key_name, Some(&stored), &new)?;
+    drop(key);
+    for token in &gone {
+        runtime::unbind(ctx, name, *token);
+    }
+    if ended > 0 {
+        add(&STATS.holds_expired, ended as u64);
+        notify::event(ctx, c"lock.expired", key_name);
+    }
+    if gone.is_empty() {
+        bump(&STATS.released_partial);
+    } else {
+        notify::event(ctx, c"lock.released", key_name);
+        bump(&STATS.released);
+    }
+    if !gone.is_empty() || ended > 0 {
+        let left = if new.holds.is_empty() {
+            Left::Nothing
+        } else {
+            Left::OtherHolds
+        };
+        runtime::lock_freed(ctx, key_name, name, left);
+    }
+    reply::integer(ctx, reply_count);
     Ok(())
 }
 
@@ -56,15 +133,18 @@ fn run_force_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), 
     super::refuse_while_paused()?;
     let key = Key::open(ctx, key_name);
     // Only a lock is removed: any other hash is an error and stays as it is.
-    if store::holder_of(&key)?.is_none() {
+    let Some(stored) = store::read_lock(&key)? else {
         reply::integer(ctx, 0);
         return Ok(());
-    }
+    };
     store::delete(ctx, &key, key_name);
     drop(key);
+    for token in stored.lock.holds.iter().filter_map(|h| h.token) {
+        runtime::unbind(ctx, name, token);
+    }
     notify::event(ctx, c"lock.forcereleased", key_name);
     bump(&STATS.force_released);
-    runtime::lock_freed(ctx, key_name, name);
+    runtime::lock_freed(ctx, key_name, name, Left::Nothing);
     reply::integer(ctx, 1);
     Ok(())
 }

@@ -16,7 +16,7 @@ use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
-use lock_core::scheduler::Answer;
+use lock_core::scheduler::{Answer, GrantRef};
 use redis_module::raw;
 
 use crate::ffi::{api, reply, Ctx, RawString};
@@ -125,9 +125,12 @@ extern "C" fn on_free(ctx: Ctx, privdata: *mut c_void) {
         }
         // SAFETY: privdata is the Box<Delivery> from `unblock`; Redis hands it back exactly once.
         let delivery = unsafe { Box::from_raw(privdata.cast::<Delivery>()) };
-        if let Answer::Granted { token, key, owner } = delivery.outcome {
+        if let Answer::Granted {
+            token, key, kind, ..
+        } = delivery.outcome
+        {
             if !delivery.delivered.get() {
-                runtime::grant_undelivered(ctx, key, owner, token);
+                runtime::grant_undelivered(ctx, GrantRef { key, kind, token });
             }
         }
     });

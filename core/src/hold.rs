@@ -1,0 +1,612 @@
+//! The lock family: one hold, three kinds.
+//!
+//! A key held by one owner exclusively keeps Redisson's `RLock` layout (see [`crate::state`],
+//! whose O(1) path serves the exclusive lock). Every other lock — shared holds, a semaphore, an
+//! exclusive holder that also took the key `SHARED` — is stored as a hash with a mode field and
+//! one field per hold:
+//!
+//! ```text
+//! __mode__    rw | semaphore:<n>
+//! x:<owner>   <count>:<lease-end-ms>:<token>     the exclusive hold (a downgrade)
+//! s:<owner>   <count>:<lease-end-ms>:<token>     a shared hold
+//! p:<owner>   <count>:<lease-end-ms>:<token>     a permit
+//! ```
+//!
+//! and the key's own expiry is the latest lease end. This module decodes either layout into a
+//! [`Lock`], decides what a request does to it, and says which fields to write ([`writes`]).
+//! Everything is plain data: the adapter reads, asks, writes.
+
+use std::collections::BTreeMap;
+
+use crate::args::Reentry;
+use crate::layout::{parse_positive, FENCE_FIELD, MAX_STORED_INTEGER};
+use crate::state::Queue;
+use crate::{LockError, UnixMs};
+
+/// The hash field naming what a multi-hold key is.
+pub const MODE_FIELD: &[u8] = b"__mode__";
+pub const MODE_FIELD_DISPLAY: &str = "__mode__";
+
+/// The largest `LIMIT`, and the most holders a shared key may have: every command on such a
+/// key reads all of its holds, so the bound keeps that cost small.
+pub const MAX_LIMIT: u64 = 10_000;
+pub const MAX_HOLDERS: usize = 10_000;
+
+/// The most fields a multi-hold key has (the mode field, one per hold, and the exclusive hold
+/// of a downgrade); a hash with more is refused before any field is read.
+pub const MAX_MULTI_FIELDS: usize = MAX_HOLDERS + 2;
+
+/// The kind of one hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HoldKind {
+    Exclusive,
+    Shared,
+    Permit,
+}
+
+impl HoldKind {
+    fn prefix(self) -> &'static [u8] {
+        match self {
+            HoldKind::Exclusive => b"x:",
+            HoldKind::Shared => b"s:",
+            HoldKind::Permit => b"p:",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HoldKind::Exclusive => "exclusive",
+            HoldKind::Shared => "shared",
+            HoldKind::Permit => "permit",
+        }
+    }
+}
+
+/// What an acquire asks for: no option, `SHARED`, or `LIMIT n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Exclusive,
+    Shared,
+    Limit(u64),
+}
+
+impl Mode {
+    pub fn kind(self) -> HoldKind {
+        match self {
+            Mode::Exclusive => HoldKind::Exclusive,
+            Mode::Shared => HoldKind::Shared,
+            Mode::Limit(_) => HoldKind::Permit,
+        }
+    }
+
+    fn family(self) -> Family {
+        match self {
+            Mode::Exclusive | Mode::Shared => Family::ReadWrite,
+            Mode::Limit(limit) => Family::Semaphore { limit },
+        }
+    }
+}
+
+/// What a held key is: a read-write lock (exclusive and shared holds) or a semaphore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    ReadWrite,
+    Semaphore { limit: u64 },
+}
+
+/// One owner's hold of one kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold {
+    pub owner: Vec<u8>,
+    pub kind: HoldKind,
+    pub count: u64,
+    /// None only for an `RLock`-layout key without an expiry (made so outside the module).
+    pub expires_at: Option<UnixMs>,
+    /// None only for an `RLock`-layout hold taken by Redisson's own script.
+    pub token: Option<u64>,
+}
+
+impl Hold {
+    fn ended(&self, now: UnixMs) -> bool {
+        // The server's rule for keys: expired once the clock is past the deadline.
+        self.expires_at.is_some_and(|at| now > at)
+    }
+}
+
+/// A lock as stored at a key: what it is and its holds (none once every hold ended).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lock {
+    pub family: Family,
+    pub holds: Vec<Hold>,
+}
+
+/// How a stored lock's key looks in INFO's `mode` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeName {
+    Exclusive,
+    Shared,
+    Semaphore,
+}
+
+impl ModeName {
+    pub fn name(self) -> &'static str {
+        match self {
+            ModeName::Exclusive => "exclusive",
+            ModeName::Shared => "shared",
+            ModeName::Semaphore => "semaphore",
+        }
+    }
+}
+
+impl Lock {
+    fn empty(family: Family) -> Lock {
+        Lock {
+            family,
+            holds: Vec::new(),
+        }
+    }
+
+    /// Whether the key keeps Redisson's `RLock` layout: one exclusive hold and nothing else.
+    pub fn is_rlock_layout(&self) -> bool {
+        self.family == Family::ReadWrite
+            && matches!(self.holds.as_slice(), [hold] if hold.kind == HoldKind::Exclusive)
+    }
+
+    pub fn mode_name(&self) -> ModeName {
+        match self.family {
+            Family::Semaphore { .. } => ModeName::Semaphore,
+            Family::ReadWrite if self.exclusive().is_some() => ModeName::Exclusive,
+            Family::ReadWrite => ModeName::Shared,
+        }
+    }
+
+    pub fn exclusive(&self) -> Option<&Hold> {
+        self.holds.iter().find(|h| h.kind == HoldKind::Exclusive)
+    }
+
+    fn find(&self, owner: &[u8], kind: HoldKind) -> Option<usize> {
+        self.holds
+            .iter()
+            .position(|h| h.kind == kind && h.owner == owner)
+    }
+
+    /// The earliest lease end among the holds: when the key may next have room.
+    pub fn next_lease_end(&self) -> Option<UnixMs> {
+        self.holds.iter().filter_map(|h| h.expires_at).min()
+    }
+
+    /// The key's expiry: the latest lease end (None if a hold has no lease).
+    pub fn last_lease_end(&self) -> Option<UnixMs> {
+        let mut last = None;
+        for hold in &self.holds {
+            let at = hold.expires_at?;
+            last = Some(last.map_or(at, |l: UnixMs| l.max(at)));
+        }
+        last
+    }
+
+    /// Removes the holds whose lease ended by `now`; returns how many.
+    pub fn drop_ended(&mut self, now: UnixMs) -> usize {
+        let before = self.holds.len();
+        self.holds.retain(|h| !h.ended(now));
+        before - self.holds.len()
+    }
+
+    /// The sum of `owner`'s re-entries over its holds.
+    pub fn count_of(&self, owner: &[u8]) -> u64 {
+        self.holds
+            .iter()
+            .filter(|h| h.owner == owner)
+            .fold(0u64, |sum, h| sum.saturating_add(h.count))
+    }
+}
+
+/// Field names and values of a stored lock, as the adapter read them.
+pub type Fields = [(Vec<u8>, Vec<u8>)];
+
+/// Decodes any lock layout. `expires_at` is the key's expiry (it is the lease of an `RLock`
+/// layout hold). Anything that is not exactly a lock is [`LockError::NotALock`].
+pub fn decode(fields: &Fields, expires_at: Option<UnixMs>) -> Result<Lock, LockError> {
+    match fields.iter().find(|(f, _)| f.as_slice() == MODE_FIELD) {
+        Some((_, mode)) => decode_multi(fields, mode),
+        None => decode_rlock(fields, expires_at),
+    }
+}
+
+fn decode_rlock(fields: &Fields, expires_at: Option<UnixMs>) -> Result<Lock, LockError> {
+    let mut token = None;
+    let mut holder = None;
+    for (field, value) in fields {
+        if field.as_slice() == FENCE_FIELD {
+            token = Some(parse_positive(value).ok_or(LockError::NotALock)?);
+        } else if holder.is_none() {
+            holder = Some((field, parse_positive(value).ok_or(LockError::NotALock)?));
+        } else {
+            return Err(LockError::NotALock);
+        }
+    }
+    let (owner, count) = holder.ok_or(LockError::NotALock)?;
+    Ok(Lock {
+        family: Family::ReadWrite,
+        holds: vec![Hold {
+            owner: owner.clone(),
+            kind: HoldKind::Exclusive,
+            count,
+            expires_at,
+            token,
+        }],
+    })
+}
+
+fn decode_family(mode: &[u8]) -> Option<Family> {
+    if mode == b"rw" {
+        return Some(Family::ReadWrite);
+    }
+    let limit = parse_positive(mode.strip_prefix(b"semaphore:")?)?;
+    (limit <= MAX_LIMIT).then_some(Family::Semaphore { limit })
+}
+
+fn decode_multi(fields: &Fields, mode: &[u8]) -> Result<Lock, LockError> {
+    let family = decode_family(mode).ok_or(LockError::NotALock)?;
+    let mut lock = Lock::empty(family);
+    for (field, value) in fields {
+        if field.as_slice() == MODE_FIELD {
+            continue;
+        }
+        let hold = decode_hold(field, value).ok_or(LockError::NotALock)?;
+        lock.holds.push(hold);
+    }
+    if !is_consistent(&lock) {
+        return Err(LockError::NotALock);
+    }
+    // The exclusive hold first, then the others by owner: the order INFO lists them in.
+    lock.holds
+        .sort_by(|a, b| (a.kind, &a.owner).cmp(&(b.kind, &b.owner)));
+    Ok(lock)
+}
+
+fn decode_hold(field: &[u8], value: &[u8]) -> Option<Hold> {
+    let kind = [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit]
+        .into_iter()
+        .find(|k| field.starts_with(k.prefix()))?;
+    let owner = field.get(2..)?;
+    if owner.is_empty() {
+        return None;
+    }
+    let mut parts = value.split(|b| *b == b':');
+    let count = parse_positive(parts.next()?)?;
+    let expires_at = parse_positive(parts.next()?)?;
+    let token = parse_positive(parts.next()?)?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(Hold {
+        owner: owner.to_vec(),
+        kind,
+        count,
+        expires_at: Some(expires_at),
+        token: Some(token),
+    })
+}
+
+/// The rules every stored lock obeys: a semaphore has only permits, at most `limit`; a
+/// read-write lock has no permits, at most one exclusive hold, and if it has one, the only
+/// shared hold is its owner's.
+fn is_consistent(lock: &Lock) -> bool {
+    let holds = &lock.holds;
+    if holds.len() > MAX_HOLDERS {
+        return false;
+    }
+    match lock.family {
+        Family::Semaphore { limit } => {
+            holds.iter().all(|h| h.kind == HoldKind::Permit) && holds.len() as u64 <= limit
+        }
+        Family::ReadWrite => {
+            if holds.iter().any(|h| h.kind == HoldKind::Permit) {
+                return false;
+            }
+            let mut exclusive = holds.iter().filter(|h| h.kind == HoldKind::Exclusive);
+            match (exclusive.next(), exclusive.next()) {
+                (None, _) => true,
+                (Some(_), Some(_)) => false,
+                (Some(x), None) => holds.iter().all(|h| h.owner == x.owner),
+            }
+        }
+    }
+}
+
+/// The fields a lock is stored as (field → value), without the key's expiry.
+pub fn encode(lock: &Lock) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut fields = BTreeMap::new();
+    if lock.holds.is_empty() {
+        return fields;
+    }
+    if lock.is_rlock_layout() {
+        for hold in &lock.holds {
+            fields.insert(hold.owner.clone(), hold.count.to_string().into_bytes());
+            if let Some(token) = hold.token {
+                fields.insert(FENCE_FIELD.to_vec(), token.to_string().into_bytes());
+            }
+        }
+        return fields;
+    }
+    fields.insert(MODE_FIELD.to_vec(), mode_value(lock.family));
+    for hold in &lock.holds {
+        let mut name = hold.kind.prefix().to_vec();
+        name.extend_from_slice(&hold.owner);
+        // A multi-hold key only ever holds module-written holds, which have both.
+        let value = format!(
+            "{}:{}:{}",
+            hold.count,
+            hold.expires_at.unwrap_or_default(),
+            hold.token.unwrap_or_default()
+        );
+        fields.insert(name, value.into_bytes());
+    }
+    fields
+}
+
+/// The value of the mode field of a multi-hold key of this family.
+fn mode_value(family: Family) -> Vec<u8> {
+    match family {
+        Family::ReadWrite => b"rw".to_vec(),
+        Family::Semaphore { limit } => format!("semaphore:{limit}").into_bytes(),
+    }
+}
+
+/// One write to a lock's key, in the order given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// The lock is gone: delete the key.
+    Delete,
+    /// Set these fields (HSET).
+    Set(Vec<(Vec<u8>, Vec<u8>)>),
+    /// Remove these fields (HDEL).
+    Remove(Vec<Vec<u8>>),
+    /// The key's new expiry (PEXPIREAT).
+    ExpireAt(UnixMs),
+}
+
+/// The writes that turn the stored lock `old` (None: no key) into `new`: only the fields that
+/// change, and the expiry when it moves.
+pub fn writes(old: Option<&Lock>, old_expires_at: Option<UnixMs>, new: &Lock) -> Vec<Write> {
+    if new.holds.is_empty() {
+        return if old.is_some() {
+            vec![Write::Delete]
+        } else {
+            Vec::new()
+        };
+    }
+    let mut before = old.map(encode).unwrap_or_default();
+    if let Some(old) = old.filter(|o| o.holds.is_empty()) {
+        // Only a multi-hold key decodes to a lock without holds: its mode field is stored.
+        before.insert(MODE_FIELD.to_vec(), mode_value(old.family));
+    }
+    let after = encode(new);
+    let mut out = Vec::new();
+    let set: Vec<(Vec<u8>, Vec<u8>)> = after
+        .iter()
+        .filter(|(f, v)| before.get(*f) != Some(*v))
+        .map(|(f, v)| (f.clone(), v.clone()))
+        .collect();
+    if !set.is_empty() {
+        out.push(Write::Set(set));
+    }
+    let removed: Vec<Vec<u8>> = before
+        .keys()
+        .filter(|f| !after.contains_key(*f))
+        .cloned()
+        .collect();
+    if !removed.is_empty() {
+        out.push(Write::Remove(removed));
+    }
+    if let Some(at) = new.last_lease_end() {
+        if old.is_none() || old_expires_at != Some(at) {
+            out.push(Write::ExpireAt(at));
+        }
+    }
+    out
+}
+
+/// What an acquire does to a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Grant: the lock becomes `lock` once the adapter fills in a new token where
+    /// [`Granted::token`] is None.
+    Grant(Granted),
+    /// Somebody else's hold, or the queue ahead, is in the way.
+    Busy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    pub how: How,
+    pub kind: HoldKind,
+    pub count: u64,
+    pub expires_at: UnixMs,
+    /// The hold's token when it keeps one (a re-entry); None: a new token is needed.
+    pub token: Option<u64>,
+}
+
+/// How a grant came about (for counters and keyspace events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    New,
+    Reentered,
+    /// The exclusive holder also took the key `SHARED`.
+    Downgraded,
+}
+
+/// The one acquire rule for every kind, on a lock whose ended holds were dropped.
+pub fn decide(
+    lock: &Lock,
+    owner: &[u8],
+    mode: Mode,
+    lease_ms: u64,
+    reentry: Reentry,
+    queue: Queue,
+    now: UnixMs,
+) -> Result<Decision, LockError> {
+    let expires_at = now.saturating_add(lease_ms);
+    let family = if lock.holds.is_empty() {
+        mode.family()
+    } else {
+        lock.family
+    };
+    match (family, mode) {
+        (Family::Semaphore { limit }, Mode::Limit(asked)) if limit != asked => {
+            return Err(LockError::IsSemaphore { limit })
+        }
+        (Family::Semaphore { limit }, Mode::Exclusive | Mode::Shared) => {
+            return Err(LockError::IsSemaphore { limit })
+        }
+        (Family::ReadWrite, Mode::Limit(_)) => return Err(LockError::IsReadWrite),
+        _ => {}
+    }
+    let kind = mode.kind();
+    if let Some(i) = lock.find(owner, kind) {
+        let held = lock.holds.get(i).ok_or(LockError::Internal)?;
+        let count = match reentry {
+            Reentry::Counted => held
+                .count
+                .checked_add(1)
+                .filter(|c| *c <= MAX_STORED_INTEGER)
+                .ok_or(LockError::CountOverflow)?,
+            Reentry::Once => held.count,
+        };
+        return Ok(Decision::Grant(Granted {
+            how: How::Reentered,
+            kind,
+            count,
+            expires_at,
+            token: held.token,
+        }));
+    }
+    let new = |how| {
+        Ok(Decision::Grant(Granted {
+            how,
+            kind,
+            count: 1,
+            expires_at,
+            token: None,
+        }))
+    };
+    let others = lock.holds.iter().filter(|h| h.owner != owner).count();
+    match kind {
+        HoldKind::Exclusive => {
+            if lock.find(owner, HoldKind::Shared).is_some() {
+                return Err(LockError::UpgradeRefused);
+            }
+            if others > 0 || queue == Queue::Waiting {
+                return Ok(Decision::Busy);
+            }
+            new(How::New)
+        }
+        HoldKind::Shared => {
+            if lock.find(owner, HoldKind::Exclusive).is_some() {
+                // Holding it exclusively already excludes everyone else: nobody to wait for.
+                return new(How::Downgraded);
+            }
+            if lock.exclusive().is_some() || queue == Queue::Waiting {
+                return Ok(Decision::Busy);
+            }
+            if lock.holds.len() >= MAX_HOLDERS {
+                return Err(LockError::TooManyHolders {
+                    max: MAX_HOLDERS as u64,
+                });
+            }
+            new(How::New)
+        }
+        HoldKind::Permit => {
+            let limit = match family {
+                Family::Semaphore { limit } => limit,
+                Family::ReadWrite => return Err(LockError::IsReadWrite),
+            };
+            if lock.holds.len() as u64 >= limit || queue == Queue::Waiting {
+                return Ok(Decision::Busy);
+            }
+            new(How::New)
+        }
+    }
+}
+
+/// The lock after a grant, with `token` the new token when the grant needed one.
+pub fn apply(lock: &Lock, owner: &[u8], mode: Mode, granted: &Granted, token: u64) -> Lock {
+    let mut out = if lock.holds.is_empty() {
+        Lock::empty(mode.family())
+    } else {
+        lock.clone()
+    };
+    let hold = Hold {
+        owner: owner.to_vec(),
+        kind: granted.kind,
+        count: granted.count,
+        expires_at: Some(granted.expires_at),
+        token: Some(granted.token.unwrap_or(token)),
+    };
+    match out
+        .find(owner, granted.kind)
+        .and_then(|i| out.holds.get_mut(i))
+    {
+        Some(slot) => *slot = hold,
+        None => out.holds.push(hold),
+    }
+    out
+}
+
+/// What a release does: the lock after it, and the owner's remaining re-entries; None when the
+/// owner holds nothing. The exclusive hold counts down first (write → read downgrade order).
+pub fn release(lock: &Lock, owner: &[u8]) -> Option<(Lock, u64)> {
+    let i = [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit]
+        .into_iter()
+        .find_map(|kind| lock.find(owner, kind))?;
+    let mut out = lock.clone();
+    let hold = out.holds.get_mut(i)?;
+    if hold.count > 1 {
+        hold.count -= 1;
+    } else {
+        out.holds.remove(i);
+    }
+    let remaining = out.count_of(owner);
+    Some((out, remaining))
+}
+
+/// A renew: every hold of the owner gets the lease end `now + lease_ms`. None when the owner
+/// holds nothing.
+pub fn renew(lock: &Lock, owner: &[u8], lease_ms: u64, now: UnixMs) -> Option<Lock> {
+    let mut out = lock.clone();
+    let mut any = false;
+    for hold in out.holds.iter_mut().filter(|h| h.owner == owner) {
+        hold.expires_at = Some(now.saturating_add(lease_ms));
+        any = true;
+    }
+    any.then_some(out)
+}
+
+/// Removes the hold of `kind` granted with `token` (tokens never repeat on a key), whatever its
+/// count (an ephemeral hold whose connection closed) or only at count 1 (an undelivered grant:
+/// a re-entered hold is in use). None when there is no such hold.
+pub fn remove_hold(lock: &Lock, kind: HoldKind, token: u64, any_count: bool) -> Option<Lock> {
+    let i = lock
+        .holds
+        .iter()
+        .position(|h| h.kind == kind && h.token == Some(token))?;
+    let hold = lock.holds.get(i)?;
+    if !(any_count || hold.count == 1) {
+        return None;
+    }
+    let mut out = lock.clone();
+    out.holds.remove(i);
+    Some(out)
+}
+
+/// Parts of the lock tests share with the scheduler's.
+impl Lock {
+    /// A free read-write lock (nothing stored yet).
+    pub fn free() -> Lock {
+        Lock::empty(Family::ReadWrite)
+    }
+}
+
+#[cfg(test)]
+mod tests;
