@@ -61,8 +61,8 @@ const LEASE: Arg = arg(
 const DOCS: [Doc; 5] = [
     Doc {
         name: c"lock.acquire",
-        summary: c"Takes or re-enters a lock and returns its fencing token; with WAIT, blocks in FIFO order until granted or timed out.",
-        complexity: c"O(1)",
+        summary: c"Takes or re-enters a hold (exclusive, SHARED or a LIMIT n permit) and returns its fencing token; with WAIT, blocks in FIFO order until granted or timed out.",
+        complexity: c"O(1) for an exclusive lock; O(N) in the key's holders for shared and semaphore keys.",
         arity: -4,
         // Redis allows one of INSERT/UPDATE/DELETE; an acquire updates (or creates) the hold.
         key_flags: raw::REDISMODULE_CMD_KEY_RW
@@ -77,6 +77,24 @@ const DOCS: [Doc; 5] = [
                 kind: Kind::Tokened(c"WAIT"),
                 optional: true,
                 summary: c"Block up to this many milliseconds for the lock (0 = forever).",
+            },
+            Arg {
+                name: c"shared",
+                kind: Kind::Flag(c"SHARED"),
+                optional: true,
+                summary: c"A shared (read) hold: any number of owners hold the key SHARED together; not with LIMIT.",
+            },
+            Arg {
+                name: c"limit",
+                kind: Kind::Tokened(c"LIMIT"),
+                optional: true,
+                summary: c"A semaphore permit: at most this many owners (1 to 10000) hold the key at once; not with SHARED.",
+            },
+            Arg {
+                name: c"ephemeral",
+                kind: Kind::Flag(c"EPHEMERAL"),
+                optional: true,
+                summary: c"Bind the hold to this connection: it ends when the connection closes, or at its lease end.",
             },
             Arg {
                 name: c"once",
