@@ -1462,6 +1462,610 @@ mod tests {
             "the old handle is not queued any more"
         );
     }
+    // ---- the lock family: shared holds, permits, mismatches, bound holds ----
+
+    /// Who was answered what, without the tokens (checked on their own: they only rise).
+    fn who(port: &FakePort) -> Vec<(u32, String, HoldKind, UnixMs)> {
+        port.answers_at()
+            .into_iter()
+            .filter_map(|(h, a, at)| match a {
+                Answer::Granted { owner, kind, .. } => {
+                    Some((h, String::from_utf8_lossy(&owner).into_owned(), kind, at))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn granted_tokens(port: &FakePort) -> Vec<u64> {
+        port.answers()
+            .into_iter()
+            .filter_map(|(_, a)| match a {
+                Answer::Granted { token, .. } => Some(token),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn assert_tokens_rise(port: &FakePort) {
+        let tokens = granted_tokens(port);
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    }
+
+    fn notes(port: &FakePort) -> Vec<Note> {
+        port.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Noted(n) => Some(n.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn count_notes(port: &FakePort, note: &Note) -> usize {
+        notes(port).iter().filter(|n| *n == note).count()
+    }
+
+    /// The key's holders as (owner, kind), ended holds dropped.
+    fn holders(port: &mut FakePort, k: &LockKey) -> Vec<(String, HoldKind)> {
+        port.lock(k).map_or_else(Vec::new, |l| {
+            l.holds
+                .iter()
+                .map(|h| (String::from_utf8_lossy(&h.owner).into_owned(), h.kind))
+                .collect()
+        })
+    }
+
+    fn take(port: &mut FakePort, k: &LockKey, owner: &str, mode: Mode, lease_ms: u64) -> u64 {
+        port.acquire(k, owner, mode, lease_ms, false)
+            .unwrap()
+            .expect("granted")
+    }
+
+    fn queue(
+        s: &mut Scheduler<u32>,
+        port: &mut FakePort,
+        k: &LockKey,
+        waiters: &[(u32, &str, Mode)],
+    ) {
+        for (h, owner, mode) in waiters {
+            wait_as(s, port, *h, k, owner, *mode, 60_000, Wait::Forever, None).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_released_writer_lets_in_the_shared_waiters_up_to_the_next_writer_at_once() {
+        use HoldKind::{Exclusive as X, Shared as S};
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        take(&mut port, &k, "writer", Mode::Exclusive, 60_000);
+        queue(
+            &mut s,
+            &mut port,
+            &k,
+            &[
+                (1, "r1", Mode::Shared),
+                (2, "r2", Mode::Shared),
+                (3, "r3", Mode::Shared),
+                (4, "w2", Mode::Exclusive),
+                (5, "r4", Mode::Shared),
+            ],
+        );
+        advance_to(&mut s, &mut port, 2_000);
+        release_owner(&mut s, &mut port, &k, b"writer");
+        assert_eq!(
+            who(&port),
+            [
+                (1, "r1".into(), S, 2_000),
+                (2, "r2".into(), S, 2_000),
+                (3, "r3".into(), S, 2_000),
+            ]
+        );
+        assert_eq!(s.waiters_on(&k), 2, "the run stops at the next writer");
+        // The writer waits for every reader; the reader behind it waits for the writer.
+        release_owner(&mut s, &mut port, &k, b"r1");
+        release_owner(&mut s, &mut port, &k, b"r2");
+        assert_eq!(port.answers().len(), 3);
+        advance_to(&mut s, &mut port, 3_000);
+        release_owner(&mut s, &mut port, &k, b"r3");
+        assert_eq!(who(&port)[3], (4, "w2".into(), X, 3_000));
+        advance_to(&mut s, &mut port, 4_000);
+        release_owner(&mut s, &mut port, &k, b"w2");
+        assert_eq!(who(&port)[4], (5, "r4".into(), S, 4_000));
+        let handles: Vec<u32> = port.answers().iter().map(|(h, _)| *h).collect();
+        assert_eq!(handles, [1, 2, 3, 4, 5], "one answer per waiter, in order");
+        assert_tokens_rise(&port);
+        assert_eq!(
+            count_notes(
+                &port,
+                &Note::HandedOff {
+                    key: k.clone(),
+                    waited_ms: 1_000
+                }
+            ),
+            3
+        );
+    }
+
+    #[test]
+    fn a_shared_newcomer_queues_behind_a_waiting_writer_instead_of_barging() {
+        use HoldKind::{Exclusive as X, Shared as S};
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        take(&mut port, &k, "r1", Mode::Shared, 60_000);
+        queue(&mut s, &mut port, &k, &[(1, "w", Mode::Exclusive)]);
+        let waiting = s.waiters_on(&k) > 0;
+        assert_eq!(
+            port.acquire(&k, "r2", Mode::Shared, 60_000, waiting),
+            Ok(None),
+            "no barging past the writer"
+        );
+        assert!(
+            port.acquire(&k, "r1", Mode::Shared, 60_000, waiting)
+                .unwrap()
+                .is_some(),
+            "a re-entry is granted"
+        );
+        queue(&mut s, &mut port, &k, &[(2, "r2", Mode::Shared)]);
+        release_owner(&mut s, &mut port, &k, b"r1");
+        assert!(port.answers().is_empty(), "r1 still holds it once");
+        release_owner(&mut s, &mut port, &k, b"r1");
+        assert_eq!(who(&port), [(1, "w".into(), X, 1_000)]);
+        assert_eq!(holders(&mut port, &k), [("w".into(), X)]);
+        release_owner(&mut s, &mut port, &k, b"w");
+        assert_eq!(who(&port)[1], (2, "r2".into(), S, 1_000));
+        assert_tokens_rise(&port);
+    }
+
+    #[test]
+    fn when_the_writer_at_the_head_leaves_the_shared_waiters_behind_it_join_the_readers_at_once() {
+        use HoldKind::Shared as S;
+        enum Departure {
+            TimesOut,
+            Leaves,
+        }
+        for departure in [Departure::TimesOut, Departure::Leaves] {
+            let mut s = Scheduler::default();
+            let mut port = FakePort::default();
+            let k = key("k");
+            take(&mut port, &k, "r1", Mode::Shared, 60_000);
+            wait_as(
+                &mut s,
+                &mut port,
+                1,
+                &k,
+                "w",
+                Mode::Exclusive,
+                5_000,
+                Wait::For(100),
+                None,
+            )
+            .unwrap();
+            queue(
+                &mut s,
+                &mut port,
+                &k,
+                &[
+                    (2, "r2", Mode::Shared),
+                    (3, "r3", Mode::Shared),
+                    (4, "w2", Mode::Exclusive),
+                    (5, "r4", Mode::Shared),
+                ],
+            );
+            let (at, first) = match departure {
+                Departure::TimesOut => {
+                    // The timeout and the 0 ms recheck it arms fire at the same moment.
+                    advance_to(&mut s, &mut port, 1_100);
+                    (1_100, vec![(1, Answer::TimedOut, 1_100)])
+                }
+                Departure::Leaves => {
+                    advance_to(&mut s, &mut port, 1_050);
+                    assert!(s.waiter_left(&mut port, 1, 1_050));
+                    assert!(port.answers().is_empty(), "nothing written where it left");
+                    // The adapter's 0 ms timer.
+                    advance_to(&mut s, &mut port, 1_050);
+                    (1_050, vec![])
+                }
+            };
+            let answers = port.answers_at();
+            assert_eq!(answers[..first.len()], first[..]);
+            assert_eq!(
+                who(&port),
+                [(2, "r2".into(), S, at), (3, "r3".into(), S, at)],
+                "granted right away, not at r1's lease end"
+            );
+            assert_eq!(s.waiters_on(&k), 2, "the run stops at the next writer");
+            assert_eq!(
+                holders(&mut port, &k),
+                [("r1".into(), S), ("r2".into(), S), ("r3".into(), S)]
+            );
+        }
+    }
+
+    #[test]
+    fn permits_go_strictly_in_arrival_order_and_never_past_the_limit() {
+        use HoldKind::Permit as P;
+        let limit = Mode::Limit(2);
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        let within_limit = |port: &mut FakePort| {
+            let n = holders(port, &k).len();
+            assert!(n <= 2, "{n} permits held");
+        };
+        take(&mut port, &k, "a", limit, 10_000);
+        take(&mut port, &k, "b", limit, 60_000);
+        queue(
+            &mut s,
+            &mut port,
+            &k,
+            &[
+                (1, "w1", limit),
+                (2, "w2", limit),
+                (3, "w3", limit),
+                (4, "w4", limit),
+                (5, "w5", limit),
+            ],
+        );
+        // A release frees one permit: the head takes it, the rest wait.
+        advance_to(&mut s, &mut port, 2_000);
+        release_owner(&mut s, &mut port, &k, b"b");
+        within_limit(&mut port);
+        assert_eq!(who(&port), [(1, "w1".into(), P, 2_000)]);
+        // A's lease ends at 11,000: its permit goes on at 11,001.
+        assert_eq!(s.next_deadline(), Some(11_001));
+        advance_to(&mut s, &mut port, 11_000);
+        assert_eq!(port.answers().len(), 1);
+        advance_to(&mut s, &mut port, 11_001);
+        within_limit(&mut port);
+        assert_eq!(who(&port)[1], (2, "w2".into(), P, 11_001));
+        assert_eq!(
+            count_notes(&port, &Note::ExpiredWithWaiters { key: k.clone() }),
+            1
+        );
+        // An outside DEL frees both permits: the next two get them in the same moment.
+        advance_to(&mut s, &mut port, 12_000);
+        port.keys.remove(&k);
+        s.keys_changed(
+            &mut port,
+            vec![Change::Key(k.clone(), Cause::Freed)],
+            12_000,
+        );
+        within_limit(&mut port);
+        assert_eq!(
+            who(&port)[2..],
+            [(3, "w3".into(), P, 12_000), (4, "w4".into(), P, 12_000)]
+        );
+        assert_eq!(s.waiters_on(&k), 1);
+        release_owner(&mut s, &mut port, &k, b"w3");
+        within_limit(&mut port);
+        assert_eq!(who(&port)[4], (5, "w5".into(), P, 12_000));
+        let handles: Vec<u32> = port.answers().iter().map(|(h, _)| *h).collect();
+        assert_eq!(handles, [1, 2, 3, 4, 5]);
+        assert_tokens_rise(&port);
+    }
+
+    #[test]
+    fn a_writer_behind_readers_is_granted_just_after_the_last_of_their_lease_ends() {
+        use HoldKind::{Exclusive as X, Shared as S};
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        take(&mut port, &k, "r1", Mode::Shared, 1_000); // ends at 2,000
+        take(&mut port, &k, "r2", Mode::Shared, 3_000); // ends at 4,000
+        take(&mut port, &k, "r3", Mode::Shared, 2_000); // ends at 3,000
+        queue(&mut s, &mut port, &k, &[(1, "w", Mode::Exclusive)]);
+        // The lease check follows the earliest lease end among the holds that are left.
+        let steps = [
+            (2_001, vec![("r2", S), ("r3", S)], Some(3_001)),
+            (3_001, vec![("r2", S)], Some(4_001)),
+        ];
+        assert_eq!(s.next_deadline(), Some(2_001));
+        for (at, left, next) in steps {
+            advance_to(&mut s, &mut port, at - 1);
+            assert!(port.answers().is_empty(), "nothing before {at}");
+            advance_to(&mut s, &mut port, at);
+            assert!(port.answers().is_empty(), "still held at {at}");
+            let left: Vec<(String, HoldKind)> = left
+                .into_iter()
+                .map(|(o, kind)| (o.to_string(), kind))
+                .collect();
+            assert_eq!(holders(&mut port, &k), left, "at {at}");
+            assert_eq!(s.next_deadline(), next, "at {at}");
+        }
+        advance_to(&mut s, &mut port, 4_000);
+        assert!(port.answers().is_empty(), "not before the last lease ends");
+        advance_to(&mut s, &mut port, 4_001);
+        assert_eq!(who(&port), [(1, "w".into(), X, 4_001)]);
+        assert_eq!(
+            count_notes(&port, &Note::ExpiredWithWaiters { key: k.clone() }),
+            1
+        );
+        assert_eq!(holders(&mut port, &k), [("w".into(), X)]);
+    }
+
+    #[test]
+    fn a_permit_whose_lease_ends_goes_to_the_next_waiter_just_after_its_own_end() {
+        use HoldKind::Permit as P;
+        let limit = Mode::Limit(2);
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        take(&mut port, &k, "a", limit, 1_000); // ends at 2,000
+        take(&mut port, &k, "b", limit, 4_000); // ends at 5,000
+        queue(&mut s, &mut port, &k, &[(1, "w1", limit), (2, "w2", limit)]);
+        assert_eq!(s.next_deadline(), Some(2_001));
+        advance_to(&mut s, &mut port, 2_000);
+        assert!(port.answers().is_empty());
+        advance_to(&mut s, &mut port, 2_001);
+        assert_eq!(who(&port), [(1, "w1".into(), P, 2_001)]);
+        assert_eq!(s.next_deadline(), Some(5_001), "b's lease end, before w1's");
+        advance_to(&mut s, &mut port, 5_000);
+        assert_eq!(port.answers().len(), 1);
+        advance_to(&mut s, &mut port, 5_001);
+        assert_eq!(who(&port)[1], (2, "w2".into(), P, 5_001));
+        assert_eq!(
+            count_notes(&port, &Note::ExpiredWithWaiters { key: k.clone() }),
+            2
+        );
+        assert_tokens_rise(&port);
+    }
+
+    #[test]
+    fn a_waiter_whose_request_no_longer_fits_the_key_is_refused_and_the_next_one_served() {
+        let cases = [
+            (
+                "exclusive waiter, the key became a semaphore",
+                Mode::Exclusive,
+                Mode::Limit(2),
+                Mode::Limit(2),
+                LockError::IsSemaphore { limit: 2 },
+            ),
+            (
+                "shared waiter, the key became a semaphore",
+                Mode::Shared,
+                Mode::Limit(2),
+                Mode::Limit(2),
+                LockError::IsSemaphore { limit: 2 },
+            ),
+            (
+                "permit waiter, the key became a semaphore of another limit",
+                Mode::Limit(3),
+                Mode::Limit(2),
+                Mode::Limit(2),
+                LockError::IsSemaphore { limit: 2 },
+            ),
+            (
+                "permit waiter, the key became a read-write lock",
+                Mode::Limit(2),
+                Mode::Shared,
+                Mode::Shared,
+                LockError::IsReadWrite,
+            ),
+        ];
+        for (case, first, taken_as, next, error) in cases {
+            let mut s = Scheduler::default();
+            let mut port = FakePort::default();
+            let k = key("k");
+            // Queued while the key was free (between an outside DEL and its recheck), then the
+            // key was taken as the other kind before the recheck ran.
+            wait_as(
+                &mut s,
+                &mut port,
+                1,
+                &k,
+                "x",
+                first,
+                5_000,
+                Wait::Forever,
+                None,
+            )
+            .unwrap();
+            take(&mut port, &k, "holder", taken_as, 60_000);
+            wait_as(
+                &mut s,
+                &mut port,
+                2,
+                &k,
+                "y",
+                next,
+                5_000,
+                Wait::Forever,
+                None,
+            )
+            .unwrap();
+            let now = port.now;
+            advance_to(&mut s, &mut port, now);
+            assert_eq!(
+                port.answers(),
+                [
+                    (1, Answer::Refused(error.reply())),
+                    (2, granted_as(2, &k, "y", next.kind())),
+                ],
+                "{case}"
+            );
+            assert_eq!(count_notes(&port, &Note::Mismatched), 1, "{case}");
+            assert_eq!(s.waiters_on(&k), 0, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_closed_connection_ends_its_bound_holds_whatever_their_count_and_hands_each_key_on() {
+        use HoldKind::{Exclusive as X, Permit as P, Shared as S};
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let [k1, k2, k3, k4, k5] = ["k1", "k2", "k3", "k4", "k5"].map(key);
+        // k1: held three times by a, two writers waiting.
+        let t1 = take(&mut port, &k1, "a", Mode::Exclusive, 60_000);
+        take(&mut port, &k1, "a", Mode::Exclusive, 60_000);
+        take(&mut port, &k1, "a", Mode::Exclusive, 60_000);
+        s.bind(7, &k1, X, t1, |_| true);
+        queue(
+            &mut s,
+            &mut port,
+            &k1,
+            &[(1, "w1", Mode::Exclusive), (2, "w2", Mode::Exclusive)],
+        );
+        // k2: a reads beside b; a writer waits for both.
+        let t2 = take(&mut port, &k2, "a", Mode::Shared, 60_000);
+        take(&mut port, &k2, "b", Mode::Shared, 60_000);
+        s.bind(7, &k2, S, t2, |_| true);
+        queue(&mut s, &mut port, &k2, &[(3, "w3", Mode::Exclusive)]);
+        // k3: a permit nobody waits for.
+        let t3 = take(&mut port, &k3, "a", Mode::Limit(2), 60_000);
+        s.bind(7, &k3, P, t3, |_| true);
+        // k4: bound when a waiter with the connection's binding was granted.
+        take(&mut port, &k4, "h", Mode::Exclusive, 60_000);
+        wait_as(
+            &mut s,
+            &mut port,
+            4,
+            &k4,
+            "e",
+            Mode::Exclusive,
+            60_000,
+            Wait::Forever,
+            Some(7),
+        )
+        .unwrap();
+        release_owner(&mut s, &mut port, &k4, b"h");
+        let Some((4, Answer::Granted { token: t4, .. })) = port.answers().last().cloned() else {
+            panic!("e was not granted k4: {:?}", port.answers());
+        };
+        // k5: another connection's hold.
+        let t5 = take(&mut port, &k5, "z", Mode::Exclusive, 60_000);
+        s.bind(8, &k5, X, t5, |_| true);
+        for (k, t) in [(&k1, t1), (&k2, t2), (&k3, t3), (&k4, t4)] {
+            assert_eq!(s.bound_client(k, t), Some(7), "{k:?}");
+        }
+        assert_eq!(s.bound_client(&k5, t5), Some(8));
+        assert_eq!(s.bound_client(&k1, t5), None, "the key is part of the name");
+        assert_eq!(s.bound_holds(), 5);
+
+        let before = port.effects.len();
+        let now = port.now;
+        s.client_gone(&mut port, 7, now);
+        let effects = port.effects[before..].to_vec();
+
+        let ended: HashSet<LockKey> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Ended {
+                    key,
+                    ending: Ending::ConnectionClosed,
+                } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        let expected: HashSet<LockKey> = [&k1, &k2, &k3, &k4].into_iter().cloned().collect();
+        assert_eq!(ended, expected);
+        let disconnected: Vec<LockKey> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Noted(Note::Disconnected { key }) => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(disconnected.len(), 4, "one note per hold");
+        assert_eq!(disconnected.into_iter().collect::<HashSet<_>>(), expected);
+        let published: HashSet<LockKey> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Published { key } => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            published,
+            [k3.clone(), k4.clone()].into_iter().collect(),
+            "only the keys that became free with nobody waiting"
+        );
+        // k1 goes to its head waiter, all three re-entries gone at once; k2 stays b's.
+        assert_eq!(holders(&mut port, &k1), [("w1".into(), X)]);
+        assert_eq!(s.waiters_on(&k1), 1);
+        assert_eq!(holders(&mut port, &k2), [("b".into(), S)]);
+        assert_eq!(s.waiters_on(&k2), 1);
+        assert!(port.lock(&k3).is_none() && port.lock(&k4).is_none());
+        assert_eq!(holders(&mut port, &k5), [("z".into(), X)]);
+        for (k, t) in [(&k1, t1), (&k2, t2), (&k3, t3), (&k4, t4)] {
+            assert_eq!(s.bound_client(k, t), None, "{k:?}");
+        }
+        assert_eq!(s.bound_holds(), 1);
+        // Nothing more happens when the connection's close is reported twice.
+        let before = port.effects.len();
+        s.client_gone(&mut port, 7, now);
+        assert_eq!(port.effects.len(), before);
+    }
+
+    #[test]
+    fn a_connection_closed_while_writes_are_paused_ends_its_holds_after_the_pause() {
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        let t = take(&mut port, &k, "a", Mode::Exclusive, 60_000);
+        take(&mut port, &k, "a", Mode::Exclusive, 60_000);
+        s.bind(7, &k, HoldKind::Exclusive, t, |_| true);
+        queue(&mut s, &mut port, &k, &[(1, "w", Mode::Exclusive)]);
+        port.writes = Writes::Paused;
+        let before = port.effects.len();
+        // The fake port panics on any write while paused.
+        s.client_gone(&mut port, 7, 1_000);
+        assert_eq!(
+            port.effects.len(),
+            before,
+            "nothing written during the pause"
+        );
+        assert_eq!(s.next_deadline(), Some(1_000 + PAUSE_POLL_MS));
+        advance_to(&mut s, &mut port, 1_000 + PAUSE_POLL_MS);
+        assert_eq!(port.effects.len(), before, "still paused");
+        assert_eq!(holders(&mut port, &k), [("a".into(), HoldKind::Exclusive)]);
+        port.writes = Writes::Allowed;
+        advance_to(&mut s, &mut port, 1_000 + 2 * PAUSE_POLL_MS);
+        let effects = &port.effects[before..];
+        assert_eq!(
+            effects.first(),
+            Some(&Effect::Ended {
+                key: k.clone(),
+                ending: Ending::ConnectionClosed
+            })
+        );
+        assert!(effects.contains(&Effect::Noted(Note::Disconnected { key: k.clone() })));
+        assert_eq!(
+            who(&port),
+            [(
+                1,
+                "w".into(),
+                HoldKind::Exclusive,
+                1_000 + 2 * PAUSE_POLL_MS
+            )],
+            "handed on after the pause"
+        );
+        assert_eq!(s.bound_client(&k, t), None);
+    }
+
+    #[test]
+    fn a_hold_unbound_after_its_release_is_left_alone_when_its_connection_closes() {
+        let mut s = Scheduler::default();
+        let mut port = FakePort::default();
+        let k = key("k");
+        let t = take(&mut port, &k, "a", Mode::Exclusive, 60_000);
+        s.bind(7, &k, HoldKind::Exclusive, t, |_| true);
+        assert_eq!(s.bound_client(&k, t), Some(7));
+        // The owner's last release ends the hold; the adapter unbinds it.
+        release_owner(&mut s, &mut port, &k, b"a");
+        s.unbind(&k, t);
+        assert_eq!(s.bound_client(&k, t), None);
+        assert_eq!(s.bound_holds(), 0);
+        assert!(s.is_idle(), "nothing kept for a hold that is gone");
+        take(&mut port, &k, "b", Mode::Exclusive, 60_000);
+        let before = port.effects.len();
+        let now = port.now;
+        s.client_gone(&mut port, 7, now);
+        assert_eq!(port.effects.len(), before);
+        assert_eq!(holders(&mut port, &k), [("b".into(), HoldKind::Exclusive)]);
+    }
 }
 
 /// Model-based: random sequences of what clients, the clock and the server do, checked against

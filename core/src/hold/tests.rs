@@ -33,7 +33,21 @@ fn fields(pairs: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-fn fence(owner: &str, count: &str, token: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+/// Field names and values as stored.
+type Stored = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A case of `decide`: name, lock, owner, request, re-entry rule, queue, what it decides.
+type DecideCase = (
+    &'static str,
+    Lock,
+    &'static str,
+    Mode,
+    Reentry,
+    Queue,
+    Result<Decision, LockError>,
+);
+
+fn fence(owner: &str, count: &str, token: &str) -> Stored {
     fields(&[(owner, count), ("__fence__", token)])
 }
 
@@ -225,7 +239,7 @@ fn decode_reads_a_multi_key_with_only_its_mode_as_a_lock_with_no_holds() {
 #[test]
 fn decode_refuses_every_malformed_lock_as_not_a_lock() {
     let ok = value(1, END, 5);
-    let cases: Vec<(&str, Vec<(Vec<u8>, Vec<u8>)>)> = vec![
+    let cases: Vec<(&str, Stored)> = vec![
         // The mode field.
         ("unknown mode", fields(&[("__mode__", "ro"), ("s:a", &ok)])),
         (
@@ -650,15 +664,7 @@ fn decide_applies_the_one_acquire_rule_to_every_kind() {
     use Queue::{Empty, Waiting};
     use Reentry::{Counted, Once};
     let busy = Ok(Decision::Busy);
-    let cases: Vec<(
-        &str,
-        Lock,
-        &str,
-        Mode,
-        Reentry,
-        Queue,
-        Result<Decision, LockError>,
-    )> = vec![
+    let cases: Vec<DecideCase> = vec![
         // A free key takes whatever is asked.
         (
             "free: exclusive",
