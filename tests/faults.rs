@@ -1,22 +1,34 @@
 //! Under faults, nothing breaks mutual exclusion.
 //!
 //! For a bounded time (20 s by default; `LOCK_FAULT_SECS=300 cargo test --test faults` for a
-//! longer run), worker threads take locks with `WAIT`, sometimes hold past their lease, renew,
-//! or vanish without releasing, while a disrupter DELs lock keys, FLUSHes, `CLIENT KILL`s
-//! waiters, and runs `redis-cli` processes that it SIGKILLs while they wait or hold, or
-//! SIGSTOPs past their lease. Every holder writes to a fenced resource (it refuses a token
-//! lower than the highest it has seen), as the README tells users to do.
+//! longer run), worker threads take locks with `WAIT` — exclusive locks, a read-write lock
+//! (`SHARED` most of the time, exclusive otherwise) and a semaphore (`LIMIT 3`), some of them
+//! `EPHEMERAL` (bound to their connection) — sometimes hold past their lease, renew, or vanish
+//! without releasing, while a disrupter DELs lock keys, FLUSHes, `CLIENT KILL`s waiters and
+//! holders' connections, and runs `redis-cli` processes that it SIGKILLs while they wait or
+//! hold, or SIGSTOPs past their lease. Every holder of the exclusive and read-write keys uses a
+//! fenced resource, as the README tells users to do: a writer (exclusive holder) is refused
+//! when its token is lower than the highest the resource has seen, a reader (shared holder)
+//! when its token is lower than the last writer's.
 //!
 //! The checker then verifies, per key, with the client-side times of each hold (from the grant
 //! reply to the release request, which lie inside the server's own hold):
 //! - no token was handed out twice;
-//! - two holds whose release succeeded (the server confirmed they held to the end) never
-//!   overlapped;
-//! - a hold that started before a confirmed hold has a lower token: a stale holder's token is
-//!   always lower than the current one;
+//! - two holds that exclude each other (on the exclusive keys any two, on the read-write key a
+//!   writer and any other) whose release succeeded (the server confirmed they held to the end)
+//!   never overlapped;
+//! - never more than 3 confirmed permits of the semaphore at once;
+//! - a hold that started before a confirmed hold it excludes has a lower token: a stale
+//!   holder's token is always lower than the current one; and one with a higher token was not
+//!   granted (its reply read) before that confirmed hold's release was sent;
+//! - tokens rise with the grants, whatever the kind: a hold whose grant reply arrived before
+//!   another's request was sent has the lower token;
 //! - the fenced resource never refused a confirmed holder;
+//! - an `EPHEMERAL` hold (with a lease long enough to outlive the check) whose connection
+//!   closed is gone within a second;
 //! - every `WAIT` was answered within its timeout plus the holders' leases (no hanging waiter);
-//! - the server is alive and logged no internal error.
+//! - the server is alive, logged no internal error, and keeps no connection binding once every
+//!   client is gone.
 
 mod common;
 
@@ -32,16 +44,74 @@ use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Exclusive locks only.
 const KEYS: [&str; 3] = ["fault:0", "fault:1", "{fault}:2"];
-const WORKERS: usize = 10;
+/// A read-write lock: `SHARED` holds (readers) and exclusive ones (writers).
+const RW_KEY: &str = "fault:rw";
+/// A semaphore of `SEM_LIMIT` permits.
+const SEM_KEY: &str = "fault:sem";
+const SEM_LIMIT: usize = 3;
+const ALL_KEYS: [&str; 5] = [KEYS[0], KEYS[1], KEYS[2], RW_KEY, SEM_KEY];
+const WORKERS: usize = 16;
 const MAX_LEASE_MS: u64 = 400;
 const MAX_WAIT_MS: u64 = 3_000;
+/// The lease of an `EPHEMERAL` holder about to vanish: long enough that only the closing of its
+/// connection can end its hold within `CLOSE_NOTICED_MS`.
+const EPHEMERAL_LEASE_MS: std::ops::RangeInclusive<u64> = 2_000..=3_000;
+const CLOSE_NOTICED_MS: u64 = 1_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Shared,
+    Permit,
+}
+
+impl Kind {
+    /// The options of `LOCK.ACQUIRE` that ask for this kind.
+    fn options(self) -> &'static [&'static str] {
+        match self {
+            Kind::Exclusive => &[],
+            Kind::Shared => &["SHARED"],
+            Kind::Permit => &["LIMIT", "3"],
+        }
+    }
+
+    /// Whether two holds of these kinds (of different owners, on one key) may not overlap.
+    fn excludes(self, other: Kind) -> bool {
+        self == Kind::Exclusive || other == Kind::Exclusive
+    }
+}
+
+/// What a client asks for: one of the exclusive keys (half the time), the read-write key
+/// (`SHARED` 4 times in 5) or the semaphore.
+fn pick(rng: &mut StdRng) -> (&'static str, Kind) {
+    match rng.gen_range(0..100) {
+        0..=49 => (KEYS[rng.gen_range(0..KEYS.len())], Kind::Exclusive),
+        50..=74 if rng.gen_range(0..5) == 0 => (RW_KEY, Kind::Exclusive),
+        50..=74 => (RW_KEY, Kind::Shared),
+        _ => (SEM_KEY, Kind::Permit),
+    }
+}
+
+fn acquire_args(key: &str, owner: &str, lease: u64, kind: Kind, ephemeral: bool) -> Vec<String> {
+    let mut args = vec![key.to_string(), owner.to_string(), lease.to_string()];
+    args.extend(kind.options().iter().map(|o| o.to_string()));
+    if ephemeral {
+        args.push("EPHEMERAL".to_string());
+    }
+    args
+}
 
 #[derive(Debug, Clone)]
 struct Hold {
     key: &'static str,
     owner: String,
+    kind: Kind,
+    ephemeral: bool,
     token: i64,
+    /// When the acquire request was sent (the server granted it after this).
+    requested: Instant,
     /// When the grant reply was read.
     granted: Instant,
     /// When the holder sent its release (or gave up / died).
@@ -52,23 +122,44 @@ struct Hold {
     fenced_out: bool,
 }
 
-/// The protected resource: it remembers the highest token per key and refuses lower ones.
+/// The highest tokens a fenced resource has seen on a key.
+#[derive(Default)]
+struct Seen {
+    any: i64,
+    writer: i64,
+}
+
+/// The protected resource. A writer (exclusive holder) is refused when its token is lower than
+/// the highest seen; a reader (shared holder) when its token is lower than the last writer's,
+/// and readers share. Permits are not fenced.
 #[derive(Default)]
 struct FencedResource {
-    highest: Mutex<HashMap<&'static str, i64>>,
+    seen: Mutex<HashMap<&'static str, Seen>>,
     refused: AtomicU64,
 }
 
 impl FencedResource {
-    fn write(&self, key: &'static str, token: i64) -> bool {
-        let mut highest = self.highest.lock().unwrap();
-        let seen = highest.entry(key).or_insert(0);
-        if token < *seen {
+    fn access(&self, key: &'static str, kind: Kind, token: i64) -> bool {
+        let mut seen = self.seen.lock().unwrap();
+        let seen = seen.entry(key).or_default();
+        let allowed = match kind {
+            Kind::Exclusive if token < seen.any => false,
+            Kind::Exclusive => {
+                seen.any = token;
+                seen.writer = token;
+                true
+            }
+            Kind::Shared if token < seen.writer => false,
+            Kind::Shared => {
+                seen.any = seen.any.max(token);
+                true
+            }
+            Kind::Permit => true,
+        };
+        if !allowed {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            return false;
         }
-        *seen = token;
-        true
+        allowed
     }
 }
 
@@ -76,16 +167,39 @@ impl FencedResource {
 struct Counts {
     operations: AtomicU64,
     grants: AtomicU64,
+    exclusive_grants: AtomicU64,
+    shared_grants: AtomicU64,
+    permit_grants: AtomicU64,
+    ephemeral_grants: AtomicU64,
     timeouts: AtomicU64,
     overstays: AtomicU64,
     vanished: AtomicU64,
     client_kills: AtomicU64,
+    holder_kills: AtomicU64,
     process_kills: AtomicU64,
     process_stops: AtomicU64,
     dels: AtomicU64,
     flushes: AtomicU64,
+    /// EPHEMERAL holds seen gone within `CLOSE_NOTICED_MS` of their connection's close.
+    ephemeral_ends: AtomicU64,
+    /// EPHEMERAL holds still there `CLOSE_NOTICED_MS` after their connection closed.
+    ephemeral_outlived: AtomicU64,
     unanswered: AtomicU64,
     unexpected_errors: AtomicU64,
+}
+
+impl Counts {
+    fn granted(&self, kind: Kind, ephemeral: bool) {
+        bump(&self.grants);
+        bump(match kind {
+            Kind::Exclusive => &self.exclusive_grants,
+            Kind::Shared => &self.shared_grants,
+            Kind::Permit => &self.permit_grants,
+        });
+        if ephemeral {
+            bump(&self.ephemeral_grants);
+        }
+    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -109,7 +223,36 @@ impl Shared {
             self.next_owner.fetch_add(1, Ordering::Relaxed)
         )
     }
+
+    /// After the connection of `owner`'s EPHEMERAL hold on `key` closed: the hold must be gone
+    /// within `CLOSE_NOTICED_MS` (its lease, from `EPHEMERAL_LEASE_MS`, runs longer).
+    fn check_ephemeral_end(&self, key: &str, owner: &str) {
+        let mut con = connect(&self.url);
+        let holds = |con: &mut Connection| {
+            let info: Value = redis::cmd("LOCK.INFO").arg(key).query(con).unwrap();
+            mentions(&info, owner)
+        };
+        if eventually(Duration::from_millis(CLOSE_NOTICED_MS), || !holds(&mut con)) {
+            bump(&self.counts.ephemeral_ends);
+        } else {
+            eprintln!(
+                "{key}: EPHEMERAL hold of {owner} outlived its connection by {CLOSE_NOTICED_MS} ms"
+            );
+            bump(&self.counts.ephemeral_outlived);
+        }
+    }
 }
+
+/// Whether a reply names `owner` anywhere.
+fn mentions(value: &Value, owner: &str) -> bool {
+    match value {
+        Value::Data(bytes) => bytes == owner.as_bytes(),
+        Value::Bulk(items) => items.iter().any(|v| mentions(v, owner)),
+        _ => false,
+    }
+}
+
+const WORKER_NAME: &str = "fault-worker";
 
 fn connect(url: &str) -> Connection {
     let con = redis::Client::open(url).unwrap().get_connection().unwrap();
@@ -121,19 +264,35 @@ fn connect(url: &str) -> Connection {
     con
 }
 
+/// A worker's connection, named so that the disrupter can kill it while it holds.
+fn connect_worker(url: &str) -> Connection {
+    let mut con = connect(url);
+    let _: () = redis::cmd("CLIENT")
+        .arg("SETNAME")
+        .arg(WORKER_NAME)
+        .query(&mut con)
+        .unwrap();
+    con
+}
+
 fn worker(shared: Arc<Shared>, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut con = connect(&shared.url);
+    let mut con = connect_worker(&shared.url);
     while !shared.stop.load(Ordering::Relaxed) {
-        let key = KEYS[rng.gen_range(0..KEYS.len())];
+        let (key, kind) = pick(&mut rng);
         let owner = shared.owner("w");
-        let lease = rng.gen_range(50..=MAX_LEASE_MS);
+        let ephemeral = rng.gen_range(0..100) < 30;
+        let behaviour = rng.gen_range(0..100);
+        let lease = if ephemeral && behaviour < 8 {
+            rng.gen_range(EPHEMERAL_LEASE_MS)
+        } else {
+            rng.gen_range(50..=MAX_LEASE_MS)
+        };
         let wait = rng.gen_range(0..=MAX_WAIT_MS);
         bump(&shared.counts.operations);
+        let requested = Instant::now();
         let reply: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.ACQUIRE")
-            .arg(key)
-            .arg(&owner)
-            .arg(lease)
+            .arg(acquire_args(key, &owner, lease, kind, ephemeral))
             .arg("WAIT")
             .arg(wait)
             .query(&mut con);
@@ -153,18 +312,22 @@ fn worker(shared: Arc<Shared>, seed: u64) {
                     bump(&shared.counts.unexpected_errors);
                 }
                 // Killed by the disrupter: a new connection.
-                con = connect(&shared.url);
+                con = connect_worker(&shared.url);
                 continue;
             }
         };
-        bump(&shared.counts.grants);
-        let mut fenced_out = !shared.resource.write(key, token);
-        let behaviour = rng.gen_range(0..100);
+        shared.counts.granted(kind, ephemeral);
+        let mut fenced_out = !shared.resource.access(key, kind, token);
         let (ended, confirmed) = if behaviour < 8 {
-            // Vanish without releasing: the connection closes, the lease runs out.
+            // Vanish without releasing: the connection closes, which ends an EPHEMERAL hold at
+            // once; the lease runs out on another.
             bump(&shared.counts.vanished);
-            con = connect(&shared.url);
-            (Instant::now(), false)
+            con = connect_worker(&shared.url);
+            let ended = Instant::now();
+            if ephemeral {
+                shared.check_ephemeral_end(key, &owner);
+            }
+            (ended, false)
         } else {
             let hold_for = if behaviour < 20 {
                 bump(&shared.counts.overstays);
@@ -180,21 +343,24 @@ fn worker(shared: Arc<Shared>, seed: u64) {
                     .query(&mut con);
             }
             thread::sleep(Duration::from_millis(hold_for));
-            fenced_out |= !shared.resource.write(key, token);
+            fenced_out |= !shared.resource.access(key, kind, token);
             let ended = Instant::now();
             let released: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.RELEASE")
                 .arg(key)
                 .arg(&owner)
                 .query(&mut con);
             if released.is_err() {
-                con = connect(&shared.url);
+                con = connect_worker(&shared.url);
             }
             (ended, matches!(released, Ok(Some(0))))
         };
         shared.holds.lock().unwrap().push(Hold {
             key,
             owner,
+            kind,
+            ephemeral,
             token,
+            requested,
             granted,
             ended,
             confirmed,
@@ -257,22 +423,30 @@ impl CliProcess {
 
 /// What the disrupter does to the processes it runs.
 fn process_fault(shared: &Shared, rng: &mut StdRng) {
-    let key = KEYS[rng.gen_range(0..KEYS.len())];
+    let (key, kind) = pick(rng);
     let owner = shared.owner("p");
-    let lease = rng.gen_range(50..=MAX_LEASE_MS);
+    let ephemeral = rng.gen_range(0..2) == 0;
+    let fate = rng.gen_range(0..3);
+    let lease = if ephemeral && fate == 1 {
+        rng.gen_range(EPHEMERAL_LEASE_MS)
+    } else {
+        rng.gen_range(50..=MAX_LEASE_MS)
+    };
     let mut cli = CliProcess::start(shared.port);
+    let requested = Instant::now();
     cli.send(&format!(
-        "LOCK.ACQUIRE {key} {owner} {lease} WAIT {MAX_WAIT_MS}"
+        "LOCK.ACQUIRE {} WAIT {MAX_WAIT_MS}",
+        acquire_args(key, &owner, lease, kind, ephemeral).join(" ")
     ));
     bump(&shared.counts.operations);
-    match rng.gen_range(0..3) {
+    match fate {
         0 => {
             // Killed while waiting (or just after its grant).
             thread::sleep(Duration::from_millis(rng.gen_range(0..100)));
             cli.kill();
             bump(&shared.counts.process_kills);
         }
-        kind => {
+        fate => {
             let reply = cli.replies.recv_timeout(Duration::from_millis(
                 MAX_WAIT_MS + 4 * MAX_LEASE_MS + 5_000,
             ));
@@ -304,20 +478,25 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
                     return;
                 }
             };
-            bump(&shared.counts.grants);
-            let mut fenced_out = !shared.resource.write(key, token);
-            let (ended, confirmed) = if kind == 1 {
-                // The holder process dies: its lease runs out, the next waiter gets the lock.
+            shared.counts.granted(kind, ephemeral);
+            let mut fenced_out = !shared.resource.access(key, kind, token);
+            let (ended, confirmed) = if fate == 1 {
+                // The holder process dies: an EPHEMERAL hold ends with its connection, another
+                // when its lease runs out; then the next waiter gets the lock.
                 cli.kill();
                 bump(&shared.counts.process_kills);
-                (Instant::now(), false)
+                let ended = Instant::now();
+                if ephemeral {
+                    shared.check_ephemeral_end(key, &owner);
+                }
+                (ended, false)
             } else {
                 // Stopped (a GC pause, a frozen VM) past its lease, then it carries on.
                 cli.signal("-STOP");
                 bump(&shared.counts.process_stops);
                 thread::sleep(Duration::from_millis(lease + rng.gen_range(20..200)));
                 cli.signal("-CONT");
-                fenced_out |= !shared.resource.write(key, token);
+                fenced_out |= !shared.resource.access(key, kind, token);
                 let ended = Instant::now();
                 cli.send(&format!("LOCK.RELEASE {key} {owner}"));
                 let confirmed = cli
@@ -330,7 +509,10 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
             shared.holds.lock().unwrap().push(Hold {
                 key,
                 owner,
+                kind,
+                ephemeral,
                 token,
+                requested,
                 granted,
                 ended,
                 confirmed,
@@ -338,6 +520,34 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
             });
         }
     }
+}
+
+/// The ids of the workers' connections that are not blocked (holding, or between requests).
+fn idle_worker_ids(con: &mut Connection) -> Vec<i64> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(con).unwrap();
+    list.lines()
+        .filter(|l| l.split(' ').any(|f| f == format!("name={WORKER_NAME}")))
+        .filter(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("flags="))
+                .is_some_and(|flags| !flags.contains('b'))
+        })
+        .filter_map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
+}
+
+fn client_kill(admin: &mut Connection, id: i64) -> bool {
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(admin)
+        .unwrap();
+    killed == 1
 }
 
 fn disrupter(shared: Arc<Shared>, seed: u64) {
@@ -348,7 +558,7 @@ fn disrupter(shared: Arc<Shared>, seed: u64) {
         thread::sleep(Duration::from_millis(rng.gen_range(50..250)));
         match rng.gen_range(0..100) {
             0..=24 => {
-                let key = KEYS[rng.gen_range(0..KEYS.len())];
+                let key = ALL_KEYS[rng.gen_range(0..ALL_KEYS.len())];
                 let _: i64 = admin.del(key).unwrap();
                 bump(&shared.counts.dels);
             }
@@ -356,18 +566,23 @@ fn disrupter(shared: Arc<Shared>, seed: u64) {
                 let _: () = redis::cmd("FLUSHALL").query(&mut admin).unwrap();
                 bump(&shared.counts.flushes);
             }
-            30..=54 => {
+            30..=51 => {
                 let blocked = blocked_client_ids(&mut admin);
                 if !blocked.is_empty() {
                     let id = blocked[rng.gen_range(0..blocked.len())];
-                    let killed: i64 = redis::cmd("CLIENT")
-                        .arg("KILL")
-                        .arg("ID")
-                        .arg(id)
-                        .query(&mut admin)
-                        .unwrap();
-                    if killed == 1 {
+                    if client_kill(&mut admin, id) {
                         bump(&shared.counts.client_kills);
+                    }
+                }
+            }
+            52..=61 => {
+                // A worker's connection while it holds (or between two requests): its
+                // EPHEMERAL hold ends, another one runs to its lease.
+                let idle = idle_worker_ids(&mut admin);
+                if !idle.is_empty() {
+                    let id = idle[rng.gen_range(0..idle.len())];
+                    if client_kill(&mut admin, id) {
+                        bump(&shared.counts.holder_kills);
                     }
                 }
             }
@@ -388,7 +603,7 @@ fn disrupter(shared: Arc<Shared>, seed: u64) {
 /// Every way two holds could contradict the lock's promises; returns the violations found.
 fn violations(holds: &[Hold]) -> Vec<String> {
     let mut found = Vec::new();
-    for key in KEYS {
+    for key in ALL_KEYS {
         let mut on_key: Vec<&Hold> = holds.iter().filter(|h| h.key == key).collect();
         on_key.sort_by_key(|h| h.granted);
         let mut tokens: Vec<i64> = on_key.iter().map(|h| h.token).collect();
@@ -403,11 +618,15 @@ fn violations(holds: &[Hold]) -> Vec<String> {
                     a.owner
                 ));
             }
-            for b in on_key.iter().filter(|b| b.owner != a.owner) {
+            // Only holds that exclude each other: on the exclusive keys, every pair.
+            for b in on_key
+                .iter()
+                .filter(|b| b.owner != a.owner && a.kind.excludes(b.kind))
+            {
                 if b.confirmed && b.granted < a.ended && a.granted < b.ended {
                     found.push(format!(
-                        "{key}: confirmed holds {} and {} overlapped",
-                        a.owner, b.owner
+                        "{key}: confirmed holds {} ({:?}) and {} ({:?}) overlapped",
+                        a.owner, a.kind, b.owner, b.kind
                     ));
                 }
                 if b.granted < a.granted && b.token >= a.token {
@@ -416,7 +635,74 @@ fn violations(holds: &[Hold]) -> Vec<String> {
                         b.owner, b.token, a.owner, a.token
                     ));
                 }
+                // A higher token was granted after `a`'s grant: if its reply came before `a`'s
+                // release was sent, the server granted it while `a` held.
+                if b.token > a.token && a.granted <= b.granted && b.granted < a.ended {
+                    found.push(format!(
+                        "{key}: {} (token {}) was granted while confirmed {} (token {}) held",
+                        b.owner, b.token, a.owner, a.token
+                    ));
+                }
             }
+        }
+        if key == SEM_KEY {
+            found.extend(permits_over_limit(&on_key, SEM_LIMIT).1);
+        }
+        found.extend(tokens_against_grant_order(&on_key));
+    }
+    found
+}
+
+/// The most confirmed holds at once on a key, and a violation for every moment they went over
+/// `limit`. A hold counts from its grant reply to its release request (ends first on a tie).
+fn permits_over_limit(on_key: &[&Hold], limit: usize) -> (usize, Vec<String>) {
+    let mut events: Vec<(Instant, bool, &Hold)> = on_key
+        .iter()
+        .filter(|h| h.confirmed)
+        .flat_map(|h| [(h.granted, true, *h), (h.ended, false, *h)])
+        .collect();
+    events.sort_by_key(|&(at, starts, _)| (at, starts));
+    let mut inside: Vec<&Hold> = Vec::new();
+    let mut peak = 0;
+    let mut found = Vec::new();
+    for (_, starts, hold) in events {
+        if starts {
+            inside.push(hold);
+            peak = peak.max(inside.len());
+            if inside.len() == limit + 1 {
+                let owners: Vec<&str> = inside.iter().map(|h| h.owner.as_str()).collect();
+                found.push(format!(
+                    "{}: {} confirmed permits at once (limit {limit}): {owners:?}",
+                    hold.key,
+                    inside.len()
+                ));
+            }
+        } else {
+            inside.retain(|h| h.owner != hold.owner);
+        }
+    }
+    (peak, found)
+}
+
+/// A hold whose grant reply arrived before another's request was sent was granted first: its
+/// token must be the lower one, whatever the kinds. Finds the pairs in O(n log n).
+fn tokens_against_grant_order(on_key: &[&Hold]) -> Vec<String> {
+    let mut by_token: Vec<&Hold> = on_key.to_vec();
+    by_token.sort_by_key(|h| std::cmp::Reverse(h.token));
+    let mut found = Vec::new();
+    // Among the holds with a higher token, the one whose grant reply came first.
+    let mut earliest: Option<&Hold> = None;
+    for a in by_token {
+        if let Some(b) = earliest {
+            if b.token > a.token && b.granted < a.requested {
+                found.push(format!(
+                    "{}: {} (token {}) was granted before {} (token {}) asked",
+                    a.key, b.owner, b.token, a.owner, a.token
+                ));
+            }
+        }
+        if earliest.is_none_or(|b| a.granted < b.granted) {
+            earliest = Some(a);
         }
     }
     found
@@ -470,22 +756,53 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
     let found = violations(&holds);
     let c = &shared.counts;
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let confirmed = |kind: Kind| {
+        holds
+            .iter()
+            .filter(|h| h.confirmed && h.kind == kind)
+            .count()
+    };
+    let on_sem: Vec<&Hold> = holds.iter().filter(|h| h.key == SEM_KEY).collect();
+    let writers: Vec<&Hold> = holds
+        .iter()
+        .filter(|h| h.key == RW_KEY && h.kind == Kind::Exclusive)
+        .collect();
+    let peak_permits = permits_over_limit(&on_sem, SEM_LIMIT).0;
     eprintln!(
-        "fault test: {} operations, {} grants ({} confirmed), {} WAIT timeouts, {} overstays, \
-         {} vanished holders, {} CLIENT KILLs, {} process kills, {} process stops, {} DELs, \
-         {} FLUSHALLs, {} expiries with waiters, {} keys expired, {} handoffs, {} abandoned \
-         grants, {} fenced-out writes, {} unanswered, {} unexpected errors, {} violations",
+        "fault test: {} operations, {} grants ({} confirmed): {} exclusive ({} confirmed), \
+         of which {} writers on the read-write key ({} confirmed), {} shared ({} confirmed), \
+         {} permits ({} confirmed, at most {peak_permits} confirmed \
+         at once), {} EPHEMERAL ({} confirmed); {} WAIT timeouts, {} overstays, {} vanished \
+         holders, {} CLIENT KILLs of waiters, {} of holders, {} process kills, {} process \
+         stops, {} DELs, {} FLUSHALLs, {} EPHEMERAL holds ended by their connection's close \
+         ({} checked gone within {CLOSE_NOTICED_MS} ms, {} outlived it), {} expiries with \
+         waiters, {} keys expired, {} handoffs, {} abandoned grants, {} fenced-out writes, {} \
+         unanswered, {} unexpected errors, {} violations",
         n(&c.operations),
         n(&c.grants),
         holds.iter().filter(|h| h.confirmed).count(),
+        n(&c.exclusive_grants),
+        confirmed(Kind::Exclusive),
+        writers.len(),
+        writers.iter().filter(|h| h.confirmed).count(),
+        n(&c.shared_grants),
+        confirmed(Kind::Shared),
+        n(&c.permit_grants),
+        confirmed(Kind::Permit),
+        n(&c.ephemeral_grants),
+        holds.iter().filter(|h| h.confirmed && h.ephemeral).count(),
         n(&c.timeouts),
         n(&c.overstays),
         n(&c.vanished),
         n(&c.client_kills),
+        n(&c.holder_kills),
         n(&c.process_kills),
         n(&c.process_stops),
         n(&c.dels),
         n(&c.flushes),
+        stat(&mut admin, "lock", "lock_disconnected"),
+        n(&c.ephemeral_ends),
+        n(&c.ephemeral_outlived),
         stat(&mut admin, "lock", "lock_expired_with_waiters"),
         stat(&mut admin, "stats", "expired_keys"),
         stat(&mut admin, "lock", "lock_handoffs"),
@@ -498,12 +815,33 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
     assert!(found.is_empty(), "violations:\n{}", found.join("\n"));
     assert_eq!(n(&c.unanswered), 0, "a waiter was left without an answer");
     assert_eq!(n(&c.unexpected_errors), 0);
+    assert_eq!(
+        n(&c.ephemeral_outlived),
+        0,
+        "an EPHEMERAL hold outlived its connection"
+    );
     assert!(
         n(&c.grants) > 50 && holds.iter().any(|h| h.confirmed),
         "too little happened"
     );
+    assert!(
+        [Kind::Exclusive, Kind::Shared, Kind::Permit]
+            .into_iter()
+            .all(|kind| confirmed(kind) > 0),
+        "a kind of hold was never confirmed"
+    );
     assert!(server.is_alive(), "the server died");
     assert!(eventually(Duration::from_secs(5), || waiters(&mut admin) == 0));
+    // Every client that took an EPHEMERAL hold is gone: no binding is left.
+    assert!(
+        eventually(Duration::from_secs(5), || stat(
+            &mut admin,
+            "lock",
+            "lock_ephemeral_holds"
+        ) == 0),
+        "lock_ephemeral_holds stays at {}",
+        stat(&mut admin, "lock", "lock_ephemeral_holds")
+    );
     let log = server.log();
     assert!(
         !log.contains("internal error") && !log.contains("panic"),
@@ -516,36 +854,163 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
 fn the_checker_catches_double_grants_overlaps_and_stale_tokens() {
     let t0 = Instant::now();
     let at = |ms: u64| t0 + Duration::from_millis(ms);
-    let hold = |owner: &str, token: i64, from: u64, to: u64, confirmed: bool| Hold {
-        key: KEYS[0],
-        owner: owner.to_string(),
-        token,
-        granted: at(from),
-        ended: at(to),
-        confirmed,
-        fenced_out: false,
+    let on = |key: &'static str, kind: Kind| {
+        move |owner: &str, token: i64, from: u64, to: u64, confirmed: bool| Hold {
+            key,
+            owner: owner.to_string(),
+            kind,
+            ephemeral: false,
+            token,
+            requested: at(from),
+            granted: at(from),
+            ended: at(to),
+            confirmed,
+            fenced_out: false,
+        }
     };
-    // A clean history: a stale holder (lower token) overlapping a confirmed one is allowed.
+    let hold = on(KEYS[0], Kind::Exclusive);
+    let reader = on(RW_KEY, Kind::Shared);
+    let writer = on(RW_KEY, Kind::Exclusive);
+    let permit = on(SEM_KEY, Kind::Permit);
+    // A clean history: a stale holder (lower token) overlapping a confirmed one is allowed;
+    // readers share, and a reader's grant reply may come after a later reader's; 3 permits at
+    // once.
     let clean = vec![
         hold("a", 10, 0, 50, false),
         hold("b", 11, 20, 60, true),
         hold("c", 12, 70, 90, true),
+        writer("w1", 10, 0, 10, true),
+        Hold {
+            requested: at(10),
+            ..reader("r1", 12, 20, 60, true)
+        },
+        Hold {
+            requested: at(12),
+            ..reader("r2", 13, 18, 70, true)
+        },
+        reader("r3", 11, 15, 40, false),
+        writer("w2", 14, 80, 90, true),
+        permit("p1", 10, 0, 50, true),
+        Hold {
+            requested: at(0),
+            ..permit("p2", 12, 10, 60, true)
+        },
+        Hold {
+            requested: at(0),
+            ..permit("p3", 11, 20, 70, true)
+        },
+        permit("p4", 13, 50, 80, true),
+        permit("p5", 14, 55, 90, false),
     ];
     assert!(violations(&clean).is_empty(), "{:?}", violations(&clean));
+    // Each history breaks one rule; the violation found names it.
     let cases = [
         // Two confirmed holders at once.
-        vec![hold("a", 10, 0, 50, true), hold("b", 11, 40, 60, true)],
+        (
+            "overlapped",
+            vec![hold("a", 10, 0, 50, true), hold("b", 11, 40, 60, true)],
+        ),
         // A hold that began earlier carries a larger token than the confirmed one.
-        vec![hold("a", 12, 0, 50, false), hold("b", 11, 20, 60, true)],
+        (
+            "started before",
+            vec![hold("a", 12, 0, 50, false), hold("b", 11, 20, 60, true)],
+        ),
         // One token handed out twice.
-        vec![hold("a", 10, 0, 10, true), hold("b", 10, 20, 30, true)],
+        (
+            "twice",
+            vec![hold("a", 10, 0, 10, true), hold("b", 10, 20, 30, true)],
+        ),
         // A confirmed holder refused by the fenced resource.
-        vec![Hold {
-            fenced_out: true,
-            ..hold("a", 10, 0, 10, true)
-        }],
+        (
+            "fenced out",
+            vec![Hold {
+                fenced_out: true,
+                ..hold("a", 10, 0, 10, true)
+            }],
+        ),
+        // A later token granted while a confirmed holder held.
+        (
+            "granted while",
+            vec![hold("a", 10, 0, 50, true), hold("b", 11, 20, 30, false)],
+        ),
+        // A confirmed writer overlapping a confirmed reader (which asked first, and got the
+        // lower token: only the overlap shows it).
+        (
+            "overlapped",
+            vec![
+                writer("w", 10, 0, 50, true),
+                Hold {
+                    requested: at(0),
+                    ..reader("r", 9, 40, 60, true)
+                },
+            ],
+        ),
+        // Two confirmed writers at once on the read-write key.
+        (
+            "overlapped",
+            vec![
+                writer("w1", 10, 0, 50, true),
+                Hold {
+                    requested: at(0),
+                    ..writer("w2", 9, 40, 60, true)
+                },
+            ],
+        ),
+        // A reader granted while a confirmed writer held.
+        (
+            "granted while",
+            vec![writer("w", 10, 0, 50, true), reader("r", 11, 20, 60, false)],
+        ),
+        // A writer granted while a confirmed reader held.
+        (
+            "granted while",
+            vec![reader("r", 10, 0, 50, true), writer("w", 11, 20, 60, false)],
+        ),
+        // A reader that began before a confirmed writer carries a larger token.
+        (
+            "started before",
+            vec![reader("r", 12, 0, 50, false), writer("w", 11, 20, 60, true)],
+        ),
+        // A confirmed reader refused by the fenced resource.
+        (
+            "fenced out",
+            vec![Hold {
+                fenced_out: true,
+                ..reader("r", 10, 0, 10, true)
+            }],
+        ),
+        // 4 confirmed permits at once.
+        (
+            "4 confirmed permits at once",
+            vec![
+                permit("p1", 10, 0, 50, true),
+                permit("p2", 11, 10, 60, true),
+                permit("p3", 12, 20, 70, true),
+                permit("p4", 13, 30, 80, true),
+            ],
+        ),
+        // A permit granted before another was asked for has the larger token.
+        (
+            "asked",
+            vec![
+                permit("p1", 12, 0, 10, false),
+                permit("p2", 11, 20, 30, false),
+            ],
+        ),
+        // One permit token handed out twice.
+        (
+            "twice",
+            vec![
+                permit("p1", 10, 0, 10, true),
+                permit("p2", 10, 20, 30, true),
+            ],
+        ),
     ];
-    for history in cases {
-        assert!(!violations(&history).is_empty(), "missed: {history:?}");
+    for (rule, history) in cases {
+        let found = violations(&history);
+        assert!(
+            found.iter().any(|v| v.contains(rule)),
+            "missed ({rule}): {history:?}; found {found:?}"
+        );
     }
 }
