@@ -85,6 +85,10 @@ pub fn subscribe(ctx: Ctx) -> bool {
         id: raw::REDISMODULE_EVENT_CLIENT_CHANGE,
         dataver: 1,
     };
+    let role = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        dataver: 1,
+    };
     // SAFETY: ctx is the load context; the callbacks are plain functions that live as long as
     // the module does.
     unsafe {
@@ -95,6 +99,8 @@ pub fn subscribe(ctx: Ctx) -> bool {
             && api!(RedisModule_SubscribeToServerEvent)(ctx, swap, Some(on_server_event))
                 == raw::REDISMODULE_OK as c_int
             && api!(RedisModule_SubscribeToServerEvent)(ctx, client, Some(on_client_change))
+                == raw::REDISMODULE_OK as c_int
+            && api!(RedisModule_SubscribeToServerEvent)(ctx, role, Some(on_role_change))
                 == raw::REDISMODULE_OK as c_int
     }
 }
@@ -141,6 +147,21 @@ extern "C" fn on_client_change(
         // valid for the duration of the callback.
         let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
         runtime::connection_closed(ctx, info.id);
+    });
+}
+
+/// The server became a replica (a failover, REPLICAOF): no connection here binds a hold any
+/// more, so a later promotion back does not revive bindings to connections of the past.
+extern "C" fn on_role_change(
+    ctx: Ctx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guard::callback((), || {
+        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
+            runtime::forget_bindings(ctx);
+        }
     });
 }
 

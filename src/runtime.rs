@@ -199,6 +199,11 @@ pub fn bound_client(ctx: Ctx, name: &[u8], token: u64) -> Option<ClientId> {
     read_scheduler(|s| s.bound_client(&key, token)).flatten()
 }
 
+/// The server became a replica: every binding is forgotten.
+pub fn forget_bindings(ctx: Ctx) {
+    with_scheduler(ctx, |s, _| s.forget_bindings());
+}
+
 /// Holds bound to connections now (INFO).
 pub fn bound_holds() -> usize {
     BOUND.with(Cell::get)

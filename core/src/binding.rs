@@ -17,6 +17,8 @@ pub type ClientId = u64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bound {
     pub key: LockKey,
+    /// The key's slot: with the token, the grant's identity (tokens repeat across slots).
+    pub slot: u16,
     pub kind: HoldKind,
     pub token: u64,
 }
@@ -29,8 +31,8 @@ pub struct Bindings {
 
 impl Bindings {
     /// Binds the hold granted with `token` on `key` (in `slot`) to `client`.
-    pub fn bind(&mut self, client: ClientId, slot: u16, bound: Bound) {
-        self.by_grant.insert((slot, bound.token), client);
+    pub fn bind(&mut self, client: ClientId, bound: Bound) {
+        self.by_grant.insert((bound.slot, bound.token), client);
         self.by_client.entry(client).or_default().push(bound);
     }
 
@@ -45,7 +47,7 @@ impl Bindings {
             return;
         };
         if let Some(list) = self.by_client.get_mut(&client) {
-            if let Some(i) = list.iter().position(|b| b.token == token) {
+            if let Some(i) = list.iter().position(|b| b.token == token && b.slot == slot) {
                 list.swap_remove(i);
             }
             if list.is_empty() {
@@ -55,14 +57,10 @@ impl Bindings {
     }
 
     /// The connection closed: every hold it had bound, for the caller to end.
-    pub fn take_client(
-        &mut self,
-        client: ClientId,
-        slot_of: impl Fn(&LockKey) -> u16,
-    ) -> Vec<Bound> {
+    pub fn take_client(&mut self, client: ClientId) -> Vec<Bound> {
         let list = self.by_client.remove(&client).unwrap_or_default();
         for bound in &list {
-            let key = (slot_of(&bound.key), bound.token);
+            let key = (bound.slot, bound.token);
             if self.by_grant.get(&key) == Some(&client) {
                 self.by_grant.remove(&key);
             }
@@ -73,12 +71,7 @@ impl Bindings {
     /// Holds of `client` that may have ended by other means (DEL, lease end, FORCERELEASE):
     /// `keep` says which still exist. Called when a connection's list has grown, so that a
     /// long-lived connection does not accumulate bindings of holds long gone.
-    pub fn prune(
-        &mut self,
-        client: ClientId,
-        slot_of: impl Fn(&LockKey) -> u16,
-        mut keep: impl FnMut(&Bound) -> bool,
-    ) {
+    pub fn prune(&mut self, client: ClientId, mut keep: impl FnMut(&Bound) -> bool) {
         let Some(list) = self.by_client.get_mut(&client) else {
             return;
         };
@@ -86,10 +79,17 @@ impl Bindings {
         list.retain(|b| {
             let live = keep(b);
             if !live {
-                by_grant.remove(&(slot_of(&b.key), b.token));
+                by_grant.remove(&(b.slot, b.token));
             }
             live
         });
+    }
+
+    /// Forgets every binding (the server became a replica: its connections bind nothing there,
+    /// and a later promotion must not revive them).
+    pub fn clear(&mut self) {
+        self.by_grant.clear();
+        self.by_client.clear();
     }
 
     pub fn holds_of(&self, client: ClientId) -> usize {
@@ -109,9 +109,10 @@ impl Bindings {
 mod tests {
     use super::*;
 
-    fn bound(name: &str, token: u64) -> Bound {
+    fn bound(name: &str, slot: u16, token: u64) -> Bound {
         Bound {
             key: LockKey::new(0, name.as_bytes()),
+            slot,
             kind: HoldKind::Exclusive,
             token,
         }
@@ -120,29 +121,38 @@ mod tests {
     #[test]
     fn a_closed_connection_gives_back_its_own_holds_only() {
         let mut b = Bindings::default();
-        b.bind(7, 1, bound("a", 10));
-        b.bind(7, 2, bound("b", 11));
-        b.bind(8, 1, bound("c", 12));
+        b.bind(7, bound("a", 1, 10));
+        b.bind(7, bound("b", 2, 11));
+        b.bind(8, bound("c", 1, 12));
         assert_eq!(b.client_of(1, 10), Some(7));
         assert_eq!(b.client_of(2, 10), None, "the slot is part of the identity");
-        let slot = |k: &LockKey| if k.name.as_ref() == b"b" { 2 } else { 1 };
-        let gone = b.take_client(7, slot);
-        assert_eq!(gone, [bound("a", 10), bound("b", 11)]);
+        let gone = b.take_client(7);
+        assert_eq!(gone, [bound("a", 1, 10), bound("b", 2, 11)]);
         assert_eq!(b.client_of(1, 10), None);
         assert_eq!(b.client_of(1, 12), Some(8));
         assert_eq!(b.len(), 1);
     }
 
     #[test]
+    fn a_release_unbinds_its_own_grant_not_one_with_the_same_token_in_another_slot() {
+        let mut b = Bindings::default();
+        b.bind(7, bound("a", 1, 10));
+        b.bind(7, bound("b", 2, 10));
+        b.unbind(2, 10);
+        assert_eq!(b.client_of(1, 10), Some(7));
+        assert_eq!(b.take_client(7), [bound("a", 1, 10)]);
+    }
+
+    #[test]
     fn a_release_unbinds_and_pruning_drops_holds_gone_otherwise() {
         let mut b = Bindings::default();
         for t in 0..10 {
-            b.bind(7, 1, bound("a", t));
+            b.bind(7, bound("a", 1, t));
         }
         b.unbind(1, 3);
         assert_eq!(b.client_of(1, 3), None);
         assert_eq!(b.holds_of(7), 9);
-        b.prune(7, |_| 1, |h| h.token % 2 == 0);
+        b.prune(7, |h| h.token % 2 == 0);
         assert_eq!(b.holds_of(7), 5);
         assert_eq!(b.client_of(1, 5), None);
         assert_eq!(b.client_of(1, 4), Some(7));

@@ -367,17 +367,16 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     ) {
         self.bindings.bind(
             client,
-            key_slot(&key.name),
             Bound {
                 key: key.clone(),
+                slot: key_slot(&key.name),
                 kind,
                 token,
             },
         );
         let threshold = *self.prune_at.entry(client).or_insert(FIRST_PRUNE_AT);
         if self.bindings.holds_of(client) >= threshold {
-            self.bindings
-                .prune(client, |k| key_slot(&k.name), still_there);
+            self.bindings.prune(client, still_there);
             let left = self.bindings.holds_of(client);
             self.prune_at.insert(client, (2 * left).max(FIRST_PRUNE_AT));
         }
@@ -398,6 +397,14 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.bindings.client_of(key_slot(&key.name), token)
     }
 
+    /// The server became a replica: no connection of it binds a hold any more (its master's
+    /// effects end the holds), and a later promotion must not revive the bindings.
+    pub fn forget_bindings(&mut self) {
+        self.bindings.clear();
+        self.prune_at.clear();
+        self.gone_while_paused.clear();
+    }
+
     /// Holds bound to connections (INFO).
     pub fn bound_holds(&self) -> usize {
         self.bindings.len()
@@ -414,7 +421,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             Writes::Allowed => {}
             // A replica's holds end with its master's effects; nothing is bound here anyway.
             Writes::Replica => {
-                self.bindings.take_client(client, |k| key_slot(&k.name));
+                self.bindings.take_client(client);
                 return;
             }
             Writes::Paused => {
@@ -425,7 +432,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return;
             }
         }
-        for bound in self.bindings.take_client(client, |k| key_slot(&k.name)) {
+        for bound in self.bindings.take_client(client) {
             let grant = GrantRef {
                 key: bound.key,
                 kind: bound.kind,
@@ -620,9 +627,9 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     if let Some(client) = waiter.bind {
                         self.bindings.bind(
                             client,
-                            key_slot(&key.name),
                             Bound {
                                 key: key.clone(),
+                                slot: key_slot(&key.name),
                                 kind: mode.kind(),
                                 token,
                             },
