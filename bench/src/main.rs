@@ -3,7 +3,8 @@
 //! the floor, all against one `redis-server` build in one run. The machine is shared, so the
 //! report gives ratios measured side by side and medians over repetitions with their min–max.
 //!
-//! `cargo run --release -p lock-bench -- --module <abs path to libredis_lock.so> [--quick]`
+//! `cargo run --release -p lock-bench -- --module <abs path to libredis_lock.so> [--quick]
+//! [--only rw,semaphore,crash]` (`--only` takes any of the scenario names in `SCENARIOS`).
 
 mod chart;
 mod drivers;
