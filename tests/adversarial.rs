@@ -469,7 +469,7 @@ fn fits(name: &str, reply: &Value) -> bool {
         ("lock.acquire", Value::Int(token)) => *token > 0,
         ("lock.release", Value::Int(count)) => *count >= 0,
         ("lock.renew" | "lock.forcerelease", Value::Int(n)) => *n == 0 || *n == 1,
-        ("lock.info", Value::Bulk(items)) => items.len() == 10,
+        ("lock.info", Value::Bulk(items)) => items.len() == 16,
         ("lock.acquire" | "lock.release" | "lock.info", Value::Nil) => true,
         _ => false,
     }

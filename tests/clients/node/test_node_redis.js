@@ -39,7 +39,7 @@ test('RESP: 2: LOCK.INFO is a flat array', async () => {
   const key = unique('node-redis:resp2');
   const token = await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']);
   const info = await client.sendCommand(['LOCK.INFO', key]);
-  check(Array.isArray(info) && info.length === 10 && info[0] === 'owner' && info[1] === 'worker-1', JSON.stringify(info));
+  check(Array.isArray(info) && info.length === 16 && info[0] === 'owner' && info[1] === 'worker-1', JSON.stringify(info));
   check(info[6] === 'token' && info[7] === token, JSON.stringify(info));
   await client.sendCommand(['LOCK.RELEASE', key, 'worker-1']);
   await client.close();

@@ -28,7 +28,7 @@ test 'acquire, renew, LOCK.INFO (flat list), release' => sub {
   check(!defined $redis->$acquire($key, 'worker-2', 30000), 'busy: undef');
   check($redis->$renew($key, 'worker-1', 30000) == 1, 'renew');
   my @flat = $redis->$info($key);
-  check(@flat == 10 && $flat[0] eq 'owner', "list: @flat");
+  check(@flat == 16 && $flat[0] eq 'owner', "list: @flat");
   my $f = fields($redis, $key);
   check($f->{owner} eq 'worker-1' && $f->{count} == 1 && $f->{token} == $token && $f->{waiters} == 0, "@flat");
   check(!eval { $redis->$acquire($key, 'worker-1', 0); 1 } && $@ =~ /ERR lease/, "an error dies: $@");

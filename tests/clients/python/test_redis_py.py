@@ -77,9 +77,9 @@ def sync_LOCK_INFO_under_RESP2_is_a_flat_list():
     key = unique("py:resp2")
     token = r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
     info = r.execute_command("LOCK.INFO", key)
-    check(isinstance(info, list) and len(info) == 10, f"LOCK.INFO shape {info!r}")
+    check(isinstance(info, list) and len(info) == 16, f"LOCK.INFO shape {info!r}")
     fields = dict(zip(info[0::2], info[1::2]))
-    check(info[0::2] == [b"owner", b"count", b"ttl", b"token", b"waiters"], f"{info!r}")
+    check(info[0::2] == [b"owner", b"count", b"ttl", b"token", b"ephemeral", b"waiters", b"mode", b"holders"], f"{info!r}")
     check(fields[b"owner"] == b"worker-1" and fields[b"token"] == token, f"{info!r}")
     r.execute_command("LOCK.RELEASE", key, "worker-1")
 

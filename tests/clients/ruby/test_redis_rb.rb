@@ -29,7 +29,7 @@ test "acquire, renew, LOCK.INFO (flat array), release" do
   check(redis.call("lock.acquire", key, "worker-2", 30000).nil?, "busy: nil")
   check(redis.call("lock.renew", key, "worker-1", 30000) == 1, "renew")
   info = redis.call("lock.info", key)
-  check(info.is_a?(Array) && info.length == 10, "shape #{info.inspect}")
+  check(info.is_a?(Array) && info.length == 16, "shape #{info.inspect}")
   f = fields(info)
   check(f["owner"] == "worker-1" && f["count"] == 1 && f["token"] == token && f["waiters"] == 0, f.inspect)
   check(redis.call("lock.release", key, "worker-1") == 0, "release")
