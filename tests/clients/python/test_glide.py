@@ -73,7 +73,7 @@ async def LOCK_INFO_under_RESP2_is_a_flat_list():
     key = unique("glide:resp2")
     token = await c.custom_command(["LOCK.ACQUIRE", key, "worker-1", "30000"])
     info = await c.custom_command(["LOCK.INFO", key])
-    check(isinstance(info, list) and info[0::2] == [b"owner", b"count", b"ttl", b"token", b"waiters"], f"{info!r}")
+    check(isinstance(info, list) and info[0::2] == [b"owner", b"count", b"ttl", b"token", b"ephemeral", b"waiters", b"mode", b"holders"], f"{info!r}")
     check(info[1] == b"worker-1" and info[7] == token, f"{info!r}")
     await c.custom_command(["LOCK.RELEASE", key, "worker-1"])
     await c.close()
