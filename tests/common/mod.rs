@@ -508,6 +508,28 @@ pub struct StoredLock {
     pub counters: Vec<(String, String)>,
 }
 
+/// Waits until the replica acknowledged everything, then checks that `key` is stored on the
+/// replica exactly as on the master (hash, absolute lease end, token counters).
+pub fn assert_replica_matches(master: &mut Connection, replica: &mut Connection, key: &str) {
+    assert_eq!(
+        wait_replicas(master, 1, 5_000),
+        1,
+        "the replica did not ack"
+    );
+    let on_master = stored_lock(master, key);
+    let mut on_replica = stored_lock(replica, key);
+    // The ack covers what the replica received; give it a moment to have applied it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while on_replica != on_master && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+        on_replica = stored_lock(replica, key);
+    }
+    assert_eq!(
+        on_replica, on_master,
+        "replica differs from master for {key}"
+    );
+}
+
 pub fn stored_lock(con: &mut Connection, key: &str) -> StoredLock {
     let mut fields: Vec<(Vec<u8>, Vec<u8>)> = con.hgetall(key).expect("HGETALL");
     fields.sort();
@@ -565,7 +587,11 @@ impl Waiter {
                 .arg("WAIT")
                 .arg(timeout_ms)
                 .query::<Option<i64>>(&mut con);
-            let _ = tx.send((reply, started.elapsed()));
+            let elapsed = started.elapsed();
+            // Closed before the answer is handed over: a test that goes on to MODULE UNLOAD
+            // must not find this connection still open with LOCK.ACQUIRE as its last command.
+            drop(con);
+            let _ = tx.send((reply, elapsed));
         });
         assert!(
             eventually(Duration::from_secs(5), || waiters(&mut admin) == before + 1),
