@@ -281,33 +281,49 @@ impl Key {
         }
     }
 
-    /// Sets one hash field (bytes in, copied).
-    pub fn hash_set(&self, field: &[u8], value: &[u8]) {
-        let field = OwnedString::new(field);
-        let value = OwnedString::new(value);
-        // SAFETY: an open writable key (created as a hash when empty); one field/value pair,
-        // NULL-terminated; Redis copies (retains) what it keeps.
+    /// Reads one hash field.
+    pub fn hash_get(&self, field: RawString) -> Option<OwnedString> {
+        let mut value: RawString = ptr::null_mut();
+        if !self.0.is_null() {
+            // SAFETY: an open hash key; HashGet writes a new string (or NULL) into the out
+            // pointer and stops at the NULL terminator.
+            unsafe {
+                api!(RedisModule_HashGet)(
+                    self.0,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    field,
+                    &mut value as *mut RawString,
+                    ptr::null_mut::<c_void>(),
+                );
+            }
+        }
+        OwnedString::adopt(value)
+    }
+
+    /// Sets one hash field.
+    pub fn hash_set(&self, field: RawString, value: RawString) {
+        // SAFETY: an open writable key (created as a hash when empty); one field/value pair of
+        // live strings, NULL-terminated; Redis copies (retains) what it keeps.
         unsafe {
             api!(RedisModule_HashSet)(
                 self.0,
                 raw::REDISMODULE_HASH_NONE as c_int,
-                field.as_ptr(),
-                value.as_ptr(),
+                field,
+                value,
                 ptr::null_mut::<c_void>(),
             );
         }
     }
 
     /// Deletes one hash field.
-    pub fn hash_delete(&self, field: &[u8]) {
-        let field = OwnedString::new(field);
+    pub fn hash_delete(&self, field: RawString) {
         // SAFETY: an open writable hash key; REDISMODULE_HASH_DELETE as the value deletes the
         // field; NULL-terminated.
         unsafe {
             api!(RedisModule_HashSet)(
                 self.0,
                 raw::REDISMODULE_HASH_NONE as c_int,
-                field.as_ptr(),
+                field,
                 raw::REDISMODULE_HASH_DELETE as *mut raw::RedisModuleString,
                 ptr::null_mut::<c_void>(),
             );

@@ -11,13 +11,13 @@ use std::cell::{Cell, RefCell};
 
 use lock_core::args::{Reentry, Wait};
 use lock_core::binding::{Bound, ClientId};
-use lock_core::hold::{self, Decision, HoldKind, Lock, Mode};
+use lock_core::hold::{self, Decision, HoldKind, Mode};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
     Answer, Attempt, Cause, Change, Ended, Ending, GrantRef, Handoff, NewWait, Note, Port,
     Scheduler, Seen, Want, Writes,
 };
-use lock_core::state::Queue;
+use lock_core::state::{Queue, View};
 use lock_core::LockError;
 
 use crate::ffi::{self, now_ms, with_db, Ctx, Key, KeyKind, OwnedString, RawString};
@@ -371,9 +371,15 @@ impl Port<Blocked> for RedisPort {
                     return Attempt::Moved(redirect);
                 }
             }
-            let (attempt, ended) = if missing && want.mode == Mode::Exclusive {
+            let exclusive = want.mode == Mode::Exclusive;
+            let (attempt, ended) = if exclusive && missing {
                 let attempt = grant_exclusive(ctx, &lock, name.as_ptr(), key, want.owner, handoff);
                 (attempt, 0)
+            } else if exclusive && held_exclusively_by_other(&lock, want.owner) {
+                let held = Attempt::Held {
+                    next_lease_end: lock.expires_at(),
+                };
+                (held, 0)
             } else {
                 grant_general(ctx, &lock, name.as_ptr(), key, want, handoff)
             };
@@ -384,6 +390,7 @@ impl Port<Blocked> for RedisPort {
             // only the module sees.
             let key_expired =
                 granted && handoff.cause == Cause::LeaseEnded && !crate::events::counts_expiries();
+            add(&STATS.holds_expired, ended as u64);
             if ended > 0 || key_expired {
                 notify::event(ctx, c"lock.expired", name.as_ptr());
             }
@@ -399,16 +406,15 @@ impl Port<Blocked> for RedisPort {
         with_db(ctx, grant.key.db, || {
             let name = OwnedString::new(&grant.key.name);
             let key = Key::open(ctx, name.as_ptr());
-            let Ok(Some(stored)) = store::read_lock(&key) else {
+            let Ok(live) = store::read_live(&key, now_ms()) else {
                 return Ended::NotThere;
             };
-            let mut lock = stored.lock.clone();
-            lock.drop_ended(now_ms());
             let any_count = ending == Ending::ConnectionClosed;
-            let Some(new) = hold::remove_hold(&lock, grant.kind, grant.token, any_count) else {
+            let Some(new) = hold::remove_hold(&live.lock, grant.kind, grant.token, any_count)
+            else {
                 return Ended::NotThere;
             };
-            if store::write_lock(ctx, &key, name.as_ptr(), Some(&stored), &new).is_err() {
+            if store::write_lock(ctx, &key, name.as_ptr(), live.stored.as_ref(), &new).is_err() {
                 return Ended::NotThere;
             }
             drop(key);
@@ -517,6 +523,17 @@ fn grant_exclusive(
     }
 }
 
+/// Whether the key is another owner's lock in the `RLock` layout — what an exclusive waiter most
+/// often finds at a lease check — answered in O(1), without reading every field. (Redis
+/// removes such a key itself when its lease ends, so the hold has not ended.)
+fn held_exclusively_by_other(lock: &Key, owner: &[u8]) -> bool {
+    let owner = OwnedString::new(owner);
+    matches!(
+        store::view_of(lock, owner.as_ptr()),
+        Ok(View::HeldByOther { .. })
+    )
+}
+
 /// Any other handoff: the key's ended holds go first, then the waiter gets a hold if the rules
 /// give it one (`hold::decide`, as the head of the queue). Also returns how many ended holds
 /// were removed.
@@ -528,8 +545,12 @@ fn grant_general(
     want: Want<'_>,
     handoff: Handoff,
 ) -> (Attempt, usize) {
-    let stored = match store::read_lock(lock) {
-        Ok(stored) => stored,
+    let store::LiveLock {
+        stored,
+        lock: current,
+        ended,
+    } = match store::read_live(lock, handoff.now) {
+        Ok(live) => live,
         // Not a lock (a client replaced it): held until it changes or goes.
         Err(_) => {
             let held = Attempt::Held {
@@ -538,11 +559,6 @@ fn grant_general(
             return (held, 0);
         }
     };
-    let mut current = stored
-        .as_ref()
-        .map(|s| s.lock.clone())
-        .unwrap_or_else(Lock::free);
-    let ended = current.drop_ended(handoff.now);
     let lease_ms = handoff.expires_at.saturating_sub(handoff.now);
     let decision = hold::decide(
         &current,
@@ -556,8 +572,11 @@ fn grant_general(
     let granted = match decision {
         Ok(Decision::Grant(granted)) => granted,
         other => {
-            let removed = if ended > 0 {
-                remove_ended(ctx, lock, name, stored.as_ref(), &current, ended)
+            // Nobody granted: the ended holds still go, replicated like any write.
+            let removed = if ended > 0
+                && store::write_lock(ctx, lock, name, stored.as_ref(), &current).is_ok()
+            {
+                ended
             } else {
                 0
             };
@@ -581,29 +600,9 @@ fn grant_general(
     if let Err(e) = store::write_lock(ctx, lock, name, stored.as_ref(), &new) {
         return (Attempt::Refused(e), 0);
     }
-    add(&STATS.holds_expired, ended as u64);
     let attempt = Attempt::Granted {
         token: granted.token.unwrap_or(token),
         next_lease_end: new.next_lease_end(),
     };
     (attempt, ended)
-}
-
-/// Removes holds whose lease ended (nobody was granted in their place), replicated like any
-/// write, and counts them. Returns how many it removed.
-pub fn remove_ended(
-    ctx: Ctx,
-    lock: &Key,
-    name: RawString,
-    stored: Option<&store::StoredLock>,
-    current: &Lock,
-    ended: usize,
-) -> usize {
-    match store::write_lock(ctx, lock, name, stored, current) {
-        Ok(()) => {
-            add(&STATS.holds_expired, ended as u64);
-            ended
-        }
-        Err(_) => 0,
-    }
 }

@@ -148,8 +148,7 @@ pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
             }
             if fields > lock_core::state::MAX_LOCK_FIELDS {
                 let mode = OwnedString::new(MODE_FIELD);
-                let (found, _) = key.hash_get2(mode.as_ptr(), mode.as_ptr());
-                if found.is_none() {
+                if key.hash_get(mode.as_ptr()).is_none() {
                     return Err(LockError::NotALock);
                 }
             }
@@ -163,6 +162,27 @@ pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
         }
         KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
     }
+}
+
+/// A lock as it stands at `now`: what is stored, and its holds whose lease has not ended
+/// (none when the key is missing).
+pub struct LiveLock {
+    pub stored: Option<StoredLock>,
+    pub lock: Lock,
+    /// Holds whose lease ended but that are still stored (the next write removes them).
+    pub ended: usize,
+}
+
+/// Reads the lock at `key` (see [`read_lock`]) and drops the holds whose lease ended by `now`.
+pub fn read_live(key: &Key, now: u64) -> Result<LiveLock, LockError> {
+    let stored = read_lock(key)?;
+    let mut lock = stored.as_ref().map_or_else(Lock::free, |s| s.lock.clone());
+    let ended = lock.drop_ended(now);
+    Ok(LiveLock {
+        stored,
+        lock,
+        ended,
+    })
 }
 
 /// Turns the stored lock `old` into `new`: only the fields that change are written, each write
@@ -179,19 +199,21 @@ pub fn write_lock(
         match write {
             Write::Delete => delete(ctx, key, key_name),
             Write::Set(pairs) => {
-                let mut args = Vec::with_capacity(1 + 2 * pairs.len());
+                let mut args = Vec::with_capacity(2 * pairs.len());
                 for (field, value) in &pairs {
-                    key.hash_set(field, value);
-                    args.push(OwnedString::new(field));
-                    args.push(OwnedString::new(value));
+                    let (field, value) = (OwnedString::new(field), OwnedString::new(value));
+                    key.hash_set(field.as_ptr(), value.as_ptr());
+                    args.push(field);
+                    args.push(value);
                 }
                 replicate_vec(ctx, c"HSET", key_name, &args);
             }
             Write::Remove(fields) => {
                 let mut args = Vec::with_capacity(fields.len());
                 for field in &fields {
-                    key.hash_delete(field);
-                    args.push(OwnedString::new(field));
+                    let field = OwnedString::new(field);
+                    key.hash_delete(field.as_ptr());
+                    args.push(field);
                 }
                 replicate_vec(ctx, c"HDEL", key_name, &args);
             }

@@ -976,25 +976,6 @@ fn the_stored_layout_per_kind_and_redisson_sees_shared_and_semaphore_keys_busy()
 // ---------------------------------------------------------------------------------------------
 // 7. Replication and AOF
 
-fn assert_replica_matches(master: &mut Connection, replica: &mut Connection, key: &str) {
-    assert_eq!(
-        wait_replicas(master, 1, 5_000),
-        1,
-        "the replica did not ack"
-    );
-    let on_master = stored_lock(master, key);
-    let deadline = Instant::now() + SOON;
-    let mut on_replica = stored_lock(replica, key);
-    while on_replica != on_master && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(10));
-        on_replica = stored_lock(replica, key);
-    }
-    assert_eq!(
-        on_replica, on_master,
-        "replica differs from master for {key}"
-    );
-}
-
 #[test]
 fn the_replica_matches_the_master_for_every_kind_of_change() {
     let master = Server::start();

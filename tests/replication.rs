@@ -5,34 +5,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
 const SOON: Duration = Duration::from_secs(5);
-
-/// Waits until the replica acknowledged everything, then checks that `key` is stored on the
-/// replica exactly as on the master (hash, absolute lease end, token counters).
-fn assert_replica_matches(master: &mut Connection, replica: &mut Connection, key: &str) {
-    assert_eq!(
-        wait_replicas(master, 1, 5_000),
-        1,
-        "the replica did not ack"
-    );
-    let on_master = stored_lock(master, key);
-    let mut on_replica = stored_lock(replica, key);
-    // The ack covers what the replica received; give it a moment to have applied it.
-    let deadline = Instant::now() + SOON;
-    while on_replica != on_master && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(10));
-        on_replica = stored_lock(replica, key);
-    }
-    assert_eq!(
-        on_replica, on_master,
-        "replica differs from master for {key}"
-    );
-}
 
 fn holder(con: &mut Connection, key: &str) -> Option<(String, i64, i64)> {
     lock_info(con, key).map(|info| {

@@ -5,7 +5,7 @@
 //! one the state machine can act on without further checks.
 
 use crate::hold::{Mode, MAX_LIMIT, MODE_FIELD};
-use crate::layout::{is_reserved_key, FENCE_FIELD};
+use crate::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER};
 pub use crate::layout::{parse_i64, parse_positive};
 use crate::LockError;
 
@@ -34,6 +34,21 @@ pub enum Reentry {
     /// command after its own timeout (its first try may have been granted) cannot take the
     /// lock twice.
     Once,
+}
+
+impl Reentry {
+    /// The count of a hold re-entered this way: one more (up to the largest integer Redis
+    /// stores), or the same with `ONCE`.
+    pub fn count_after(self, held: u64) -> Result<u64, LockError> {
+        match self {
+            Reentry::Counted => held
+                .checked_add(1)
+                .filter(|c| *c <= MAX_STORED_INTEGER)
+                .ok_or(LockError::CountOverflow),
+            // Held already: the same count, a new lease.
+            Reentry::Once => Ok(held),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,6 +23,17 @@ pub struct Bound {
     pub token: u64,
 }
 
+impl Bound {
+    pub fn new(key: &LockKey, kind: HoldKind, token: u64) -> Bound {
+        Bound {
+            key: key.clone(),
+            slot: crate::slot::key_slot(&key.name),
+            kind,
+            token,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Bindings {
     by_grant: HashMap<(u16, u64), ClientId>,

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use crate::args::Reentry;
-use crate::layout::{parse_positive, FENCE_FIELD, MAX_STORED_INTEGER};
+use crate::layout::{parse_positive, FENCE_FIELD};
 use crate::state::Queue;
 use crate::{LockError, UnixMs};
 
@@ -139,6 +139,11 @@ impl ModeName {
 }
 
 impl Lock {
+    /// A free key: no holds (whoever acquires it first decides what it is).
+    pub fn free() -> Lock {
+        Lock::empty(Family::ReadWrite)
+    }
+
     fn empty(family: Family) -> Lock {
         Lock {
             family,
@@ -466,14 +471,7 @@ pub fn decide(
     let kind = mode.kind();
     if let Some(i) = lock.find(owner, kind) {
         let held = lock.holds.get(i).ok_or(LockError::Internal)?;
-        let count = match reentry {
-            Reentry::Counted => held
-                .count
-                .checked_add(1)
-                .filter(|c| *c <= MAX_STORED_INTEGER)
-                .ok_or(LockError::CountOverflow)?,
-            Reentry::Once => held.count,
-        };
+        let count = reentry.count_after(held.count)?;
         return Ok(Decision::Grant(Granted {
             how: How::Reentered,
             kind,
@@ -598,14 +596,6 @@ pub fn remove_hold(lock: &Lock, kind: HoldKind, token: u64, any_count: bool) -> 
     let mut out = lock.clone();
     out.holds.remove(i);
     Some(out)
-}
-
-/// Parts of the lock tests share with the scheduler's.
-impl Lock {
-    /// A free read-write lock (nothing stored yet).
-    pub fn free() -> Lock {
-        Lock::empty(Family::ReadWrite)
-    }
 }
 
 #[cfg(test)]

@@ -365,15 +365,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         token: u64,
         still_there: impl FnMut(&Bound) -> bool,
     ) {
-        self.bindings.bind(
-            client,
-            Bound {
-                key: key.clone(),
-                slot: key_slot(&key.name),
-                kind,
-                token,
-            },
-        );
+        self.bindings.bind(client, Bound::new(key, kind, token));
         let threshold = *self.prune_at.entry(client).or_insert(FIRST_PRUNE_AT);
         if self.bindings.holds_of(client) >= threshold {
             self.bindings.prune(client, still_there);
@@ -625,15 +617,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                         waited_ms: now.saturating_sub(waiter.enqueued_at),
                     });
                     if let Some(client) = waiter.bind {
-                        self.bindings.bind(
-                            client,
-                            Bound {
-                                key: key.clone(),
-                                slot: key_slot(&key.name),
-                                kind: mode.kind(),
-                                token,
-                            },
-                        );
+                        self.bindings
+                            .bind(client, Bound::new(key, mode.kind(), token));
                     }
                     port.answer(
                         waiter.handle,

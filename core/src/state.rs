@@ -9,7 +9,7 @@
 //! requesting owner ([`View`]), and the `decide_*` functions say what to write.
 
 use crate::args::Reentry;
-use crate::layout::{parse_positive, MAX_STORED_INTEGER};
+use crate::layout::parse_positive;
 pub use crate::layout::{FENCE_FIELD, FENCE_FIELD_DISPLAY};
 use crate::{LockError, UnixMs};
 
@@ -120,14 +120,7 @@ pub fn decide_acquire(
         View::Free if queue == Queue::Empty => AcquireDecision::Take { expires_at },
         View::Free | View::HeldByOther { .. } => AcquireDecision::Busy,
         View::HeldByRequester { count, token } => AcquireDecision::Reenter {
-            count: match reentry {
-                Reentry::Counted => count
-                    .checked_add(1)
-                    .filter(|c| *c <= MAX_STORED_INTEGER)
-                    .ok_or(LockError::CountOverflow)?,
-                // Held already: the same count, a new lease.
-                Reentry::Once => count,
-            },
+            count: reentry.count_after(count)?,
             token,
             expires_at,
         },

@@ -7,7 +7,7 @@
 use std::os::raw::c_int;
 
 use lock_core::args::{parse_acquire, AcquireRequest, Binding, Wait};
-use lock_core::hold::{self, Decision, HoldKind, How, Lock, Mode};
+use lock_core::hold::{self, Decision, HoldKind, How, Mode};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::Seen;
 use lock_core::state::{decide_acquire, AcquireDecision, Queue, View};
@@ -158,12 +158,11 @@ fn exclusive(ctx: Ctx, call: &Call<'_>, lock: store::LockRead) -> Result<(), Loc
 fn general(ctx: Ctx, call: &Call<'_>) -> Result<(), LockError> {
     let request = &call.request;
     let key = Key::open(ctx, call.key_name);
-    let stored = store::read_lock(&key)?;
-    let mut lock = stored
-        .as_ref()
-        .map(|s| s.lock.clone())
-        .unwrap_or_else(Lock::free);
-    let ended = lock.drop_ended(call.now);
+    let store::LiveLock {
+        stored,
+        lock,
+        ended,
+    } = store::read_live(&key, call.now)?;
     let decision = hold::decide(
         &lock,
         request.owner,
@@ -205,10 +204,7 @@ fn general(ctx: Ctx, call: &Call<'_>) -> Result<(), LockError> {
     if granted.how != How::Reentered && request.binding == Binding::Connection {
         runtime::bind(ctx, request.key, granted.kind, token);
     }
-    if ended > 0 {
-        lock_core_stats_ended(ended);
-        notify::event(ctx, c"lock.expired", call.key_name);
-    }
+    super::note_ended(ctx, call.key_name, ended);
     match granted.how {
         How::Reentered => {
             notify::event(ctx, c"lock.reentered", call.key_name);
@@ -234,10 +230,6 @@ fn general(ctx: Ctx, call: &Call<'_>) -> Result<(), LockError> {
     }
     reply::integer(ctx, reply_token);
     Ok(())
-}
-
-fn lock_core_stats_ended(ended: usize) {
-    crate::stats::add(&STATS.holds_expired, ended as u64);
 }
 
 /// A re-entry keeps what the hold is: an `EPHEMERAL` hold is re-entered with `EPHEMERAL`, a

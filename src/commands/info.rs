@@ -33,14 +33,9 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     let name = parse_key_only(&args)?;
     let key = Key::open_read(ctx, ffi::arg(argv, argc, 1));
     let now = now_ms();
-    let Some(stored) = store::read_lock(&key)? else {
-        reply::null(ctx);
-        return Ok(());
-    };
-    drop(key);
-    let mut lock = stored.lock;
     // A hold whose lease ended is gone, whether or not the module removed it yet.
-    lock.drop_ended(now);
+    let lock = store::read_live(&key, now)?.lock;
+    drop(key);
     if lock.holds.is_empty() {
         reply::null(ctx);
         return Ok(());
@@ -78,16 +73,7 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     let pairs = 3 + if exclusive.is_some() { 5 } else { 0 } + i64::from(limit.is_some());
     reply::map(ctx, pairs);
     if let Some(x) = exclusive {
-        reply::bulk(ctx, b"owner");
-        reply::bulk(ctx, &x.hold.owner);
-        reply::bulk(ctx, b"count");
-        reply::integer(ctx, x.count);
-        reply::bulk(ctx, b"ttl");
-        reply::integer(ctx, x.ttl);
-        reply::bulk(ctx, b"token");
-        optional(ctx, x.token);
-        reply::bulk(ctx, b"ephemeral");
-        optional(ctx, x.ephemeral);
+        hold_fields(ctx, x, Mode::Omitted);
     }
     reply::bulk(ctx, b"waiters");
     reply::integer(ctx, i64::try_from(waiters).unwrap_or(i64::MAX));
@@ -101,20 +87,35 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     reply::array(ctx, i64::try_from(shown.len()).unwrap_or(i64::MAX));
     for s in &shown {
         reply::map(ctx, 6);
-        reply::bulk(ctx, b"owner");
-        reply::bulk(ctx, &s.hold.owner);
-        reply::bulk(ctx, b"mode");
-        reply::bulk(ctx, s.hold.kind.name().as_bytes());
-        reply::bulk(ctx, b"count");
-        reply::integer(ctx, s.count);
-        reply::bulk(ctx, b"ttl");
-        reply::integer(ctx, s.ttl);
-        reply::bulk(ctx, b"token");
-        optional(ctx, s.token);
-        reply::bulk(ctx, b"ephemeral");
-        optional(ctx, s.ephemeral);
+        hold_fields(ctx, s, Mode::Shown);
     }
     Ok(())
+}
+
+/// Whether a hold's fields include its `mode` (in `holders`; the top-level fields of the
+/// exclusive hold keep their old five).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Shown,
+    Omitted,
+}
+
+/// `owner`, [`mode`], `count`, `ttl`, `token`, `ephemeral` of one hold, as name/value pairs.
+fn hold_fields(ctx: Ctx, s: &Shown<'_>, mode: Mode) {
+    reply::bulk(ctx, b"owner");
+    reply::bulk(ctx, &s.hold.owner);
+    if mode == Mode::Shown {
+        reply::bulk(ctx, b"mode");
+        reply::bulk(ctx, s.hold.kind.name().as_bytes());
+    }
+    reply::bulk(ctx, b"count");
+    reply::integer(ctx, s.count);
+    reply::bulk(ctx, b"ttl");
+    reply::integer(ctx, s.ttl);
+    reply::bulk(ctx, b"token");
+    optional(ctx, s.token);
+    reply::bulk(ctx, b"ephemeral");
+    optional(ctx, s.ephemeral);
 }
 
 fn optional(ctx: Ctx, value: Option<i64>) {

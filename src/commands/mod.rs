@@ -52,6 +52,14 @@ pub fn register(ctx: Ctx) -> bool {
 /// Redis postpones write commands while it pauses writes, so a LOCK.* write runs during a pause
 /// only when a transaction queued it behind the `CLIENT PAUSE` itself. Writing then could hit a
 /// key that expired during the pause (Redis keeps it until the pause ends): refuse instead.
+/// Holds whose lease ended were removed by this command's write: count them and announce it.
+fn note_ended(ctx: Ctx, key_name: RawString, ended: usize) {
+    if ended > 0 {
+        crate::stats::add(&crate::stats::STATS.holds_expired, ended as u64);
+        crate::notify::event(ctx, c"lock.expired", key_name);
+    }
+}
+
 fn refuse_while_paused() -> Result<(), LockError> {
     if crate::ffi::writes_paused() {
         return Err(LockError::WritesPaused);

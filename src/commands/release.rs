@@ -9,7 +9,7 @@ use lock_core::LockError;
 
 use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
 use crate::runtime::{self, Left};
-use crate::stats::{add, bump, STATS};
+use crate::stats::{bump, STATS};
 use crate::{guard, notify, store};
 
 pub extern "C" fn release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
@@ -74,13 +74,11 @@ fn release_general(
     name: &[u8],
 ) -> Result<(), LockError> {
     let key = Key::open(ctx, key_name);
-    let Some(stored) = store::read_lock(&key)? else {
-        bump(&STATS.release_not_owner);
-        reply::null(ctx);
-        return Ok(());
-    };
-    let mut lock = stored.lock.clone();
-    let ended = lock.drop_ended(now_ms());
+    let store::LiveLock {
+        stored,
+        lock,
+        ended,
+    } = store::read_live(&key, now_ms())?;
     let Some((new, remaining)) = hold::release(&lock, owner) else {
         drop(key);
         bump(&STATS.release_not_owner);
@@ -88,33 +86,31 @@ fn release_general(
         return Ok(());
     };
     let reply_count = store::stored_integer(remaining)?;
-    // The holds that ended with this release (count down to zero).
-    let gone: Vec<u64> = lock
+    // The owner's hold that this release ended (counted down to zero), if any: one release
+    // changes one hold, so only the owner's own holds (two at most) are looked for in `new`.
+    let gone = lock
         .holds
         .iter()
-        .filter(|h| {
+        .filter(|h| h.owner == owner)
+        .find(|h| {
             !new.holds
                 .iter()
-                .any(|n| n.kind == h.kind && n.owner == h.owner)
+                .any(|n| n.kind == h.kind && n.owner == owner)
         })
-        .filter_map(|h| h.token)
-        .collect();
-    store::write_lock(ctx, &key, key_name, Some(&stored), &new)?;
+        .map(|h| h.token);
+    store::write_lock(ctx, &key, key_name, stored.as_ref(), &new)?;
     drop(key);
-    for token in &gone {
-        runtime::unbind(ctx, name, *token);
+    if let Some(Some(token)) = gone {
+        runtime::unbind(ctx, name, token);
     }
-    if ended > 0 {
-        add(&STATS.holds_expired, ended as u64);
-        notify::event(ctx, c"lock.expired", key_name);
-    }
-    if gone.is_empty() {
+    super::note_ended(ctx, key_name, ended);
+    if gone.is_none() {
         bump(&STATS.released_partial);
     } else {
         notify::event(ctx, c"lock.released", key_name);
         bump(&STATS.released);
     }
-    if !gone.is_empty() || ended > 0 {
+    if gone.is_some() || ended > 0 {
         let left = if new.holds.is_empty() {
             Left::Nothing
         } else {

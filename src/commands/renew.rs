@@ -9,7 +9,7 @@ use lock_core::LockError;
 
 use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
 use crate::runtime::{self, Left};
-use crate::stats::{add, bump, STATS};
+use crate::stats::{bump, STATS};
 use crate::{config, guard, notify, store};
 
 pub extern "C" fn renew(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
@@ -64,25 +64,20 @@ fn renew_general(
     now: u64,
 ) -> Result<(), LockError> {
     let key = Key::open(ctx, key_name);
-    let Some(stored) = store::read_lock(&key)? else {
-        bump(&STATS.renew_not_owner);
-        reply::integer(ctx, 0);
-        return Ok(());
-    };
-    let mut lock = stored.lock.clone();
-    let ended = lock.drop_ended(now);
+    let store::LiveLock {
+        stored,
+        lock,
+        ended,
+    } = store::read_live(&key, now)?;
     let Some(new) = hold::renew(&lock, owner, lease_ms, now) else {
         drop(key);
         bump(&STATS.renew_not_owner);
         reply::integer(ctx, 0);
         return Ok(());
     };
-    store::write_lock(ctx, &key, key_name, Some(&stored), &new)?;
+    store::write_lock(ctx, &key, key_name, stored.as_ref(), &new)?;
     drop(key);
-    if ended > 0 {
-        add(&STATS.holds_expired, ended as u64);
-        notify::event(ctx, c"lock.expired", key_name);
-    }
+    super::note_ended(ctx, key_name, ended);
     runtime::lease_changed(ctx, name, new.next_lease_end());
     notify::event(ctx, c"lock.renewed", key_name);
     bump(&STATS.renewed);

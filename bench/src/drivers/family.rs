@@ -204,13 +204,7 @@ pub struct FamilyScripts {
 impl FamilyScripts {
     pub fn load(server: &RedisServer) -> FamilyScripts {
         let mut con = server.connect();
-        let mut load = |source: &str| -> String {
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(source)
-                .query(&mut con)
-                .expect("SCRIPT LOAD")
-        };
+        let mut load = |source: &str| super::load_script(&mut con, source);
         FamilyScripts {
             read_lock: load(REDISSON_READ_LOCK),
             read_unlock: load(REDISSON_READ_UNLOCK),

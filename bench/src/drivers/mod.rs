@@ -82,6 +82,15 @@ pub const REDISSON_UNLOCK: &str = "if (redis.call('hexists', KEYS[1], ARGV[3]) =
 pub const COMPARE_AND_DELETE: &str =
     "if redis.call('get',KEYS[1]) == ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
 
+/// `SCRIPT LOAD`: the script's SHA1, for EVALSHA.
+pub fn load_script(con: &mut redis::Connection, source: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .query(con)
+        .expect("SCRIPT LOAD")
+}
+
 /// SHA1s of the scripts, loaded once per server with SCRIPT LOAD; clients call EVALSHA.
 #[derive(Clone)]
 pub struct Scripts {
@@ -93,13 +102,7 @@ pub struct Scripts {
 impl Scripts {
     pub fn load(server: &RedisServer) -> Scripts {
         let mut con = server.connect();
-        let mut load = |source: &str| -> String {
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(source)
-                .query(&mut con)
-                .expect("SCRIPT LOAD")
-        };
+        let mut load = |source: &str| load_script(&mut con, source);
         Scripts {
             redisson_lock: load(REDISSON_LOCK),
             redisson_unlock: load(REDISSON_UNLOCK),

@@ -136,7 +136,7 @@ fn run_cell(
                         if inside.fetch_add(1, Ordering::SeqCst) != 0 {
                             violations.fetch_add(1, Ordering::Relaxed);
                         }
-                        spin(CRITICAL_SECTION);
+                        super::spin(CRITICAL_SECTION);
                         inside.fetch_sub(1, Ordering::SeqCst);
                         let released = now_ns();
                         client.release(key);
@@ -272,13 +272,6 @@ fn summarize(
             .iter()
             .map(|(name, calls)| (name.clone(), *calls as f64 / acquisitions))
             .collect(),
-    }
-}
-
-fn spin(duration: Duration) {
-    let until = Instant::now() + duration;
-    while Instant::now() < until {
-        std::hint::spin_loop();
     }
 }
 

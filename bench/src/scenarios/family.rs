@@ -317,7 +317,7 @@ fn run_cell(
                         }
                         let acquired = now_ns();
                         enter(mode, state, violations, most_together);
-                        spin(CRITICAL_SECTION);
+                        super::spin(CRITICAL_SECTION);
                         leave(mode, state);
                         if let Err(error) = client.release(key, mode) {
                             fail(error);
@@ -463,13 +463,6 @@ fn summarize(
             .iter()
             .map(|(name, calls)| (name.clone(), *calls as f64 / acquisitions))
             .collect(),
-    }
-}
-
-fn spin(duration: Duration) {
-    let until = Instant::now() + duration;
-    while Instant::now() < until {
-        std::hint::spin_loop();
     }
 }
 

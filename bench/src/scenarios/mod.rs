@@ -9,3 +9,14 @@ pub mod family;
 pub mod memory;
 pub mod scaling;
 pub mod throughput;
+
+use std::time::{Duration, Instant};
+
+/// The critical section of the contention scenarios: busy work for `duration`, holding the CPU
+/// as real work would (a sleep would hand it back).
+fn spin(duration: Duration) {
+    let until = Instant::now() + duration;
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
