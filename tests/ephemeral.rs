@@ -487,7 +487,10 @@ fn a_thousand_ephemeral_holds_end_together_when_their_connection_closes() {
             "memory per hold ({n} holds): plain {plain:.0} B, EPHEMERAL {bound:.0} B, \
              extra {extra:.0} B per ephemeral hold (budget 64 B)"
         );
-        assert!(extra < 200.0, "an ephemeral hold costs {extra:.0} B more");
+        assert!(
+            extra <= 64.0,
+            "an ephemeral hold costs {extra:.0} B more (budget 64 B)"
+        );
     }
 }
 
@@ -500,7 +503,9 @@ fn memory_per_hold(n: usize, options: &[&str]) -> f64 {
     // Warm up (counter table, connection buffers) outside the measured holds.
     acquire_with(&mut con, "warm", "x", 60_000, options).unwrap();
     let before = used_memory(&mut probe);
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+    // Pipelines of 200 commands fit the server's 16 KB query buffer whether or not they carry
+    // EPHEMERAL: a larger buffer for the longer commands would count as the binding's cost.
+    for chunk in (0..n).collect::<Vec<_>>().chunks(200) {
         let mut pipe = redis::pipe();
         for i in chunk {
             pipe.cmd("LOCK.ACQUIRE")

@@ -4,11 +4,28 @@
 //! across databases and flushes; see `token`), so the index from a hold to its connection is
 //! two integers. Each connection keeps the list of its holds, so that closing it costs in
 //! proportion to its own holds only.
+//!
+//! The binding is paid for per hold (issue #12 budgets 64 B), so both halves are packed:
+//! - the index entry is 16 bytes (the token, and the slot above the client id) in a table of
+//!   its own that wastes less than a standard map (see `index`);
+//! - a connection's list is one byte buffer of records (database and kind, name length, token,
+//!   name: 17 bytes for a 7-byte name), grown by a quarter at a time rather than doubled.
+//!
+//! A hold its owner releases leaves the index at once, but its record stays in the list (finding
+//! it would cost a scan) until the list is compacted: a record is live exactly while the index
+//! still binds its grant to that connection. Compaction runs when dead records outnumber live
+//! ones, so the list stays within about twice its live holds and each compaction is paid for by
+//! the releases before it.
 
 use std::collections::HashMap;
 
 use crate::hold::HoldKind;
 use crate::queue::LockKey;
+use crate::slot::key_slot;
+
+mod index;
+
+use index::{Entry, GrantIndex};
 
 /// The server's id of a client connection.
 pub type ClientId = u64;
@@ -27,150 +44,592 @@ impl Bound {
     pub fn new(key: &LockKey, kind: HoldKind, token: u64) -> Bound {
         Bound {
             key: key.clone(),
-            slot: crate::slot::key_slot(&key.name),
+            slot: key_slot(&key.name),
             kind,
             token,
         }
     }
 }
 
+/// A connection's list is first checked for holds gone by other means (DEL, a lease end) when it
+/// has this many records, then each time it doubles; dead records below this are not worth a
+/// compaction.
+const FIRST_PRUNE_AT: usize = 64;
+
 #[derive(Debug, Default)]
 pub struct Bindings {
-    by_grant: HashMap<(u16, u64), ClientId>,
-    by_client: HashMap<ClientId, Vec<Bound>>,
+    /// (slot, token) → client, for every client id that fits the packed entry.
+    index: GrantIndex,
+    /// The same for client ids of 2^50 and above, which Redis never reaches in practice (its ids
+    /// count connections from 1) but which must not be bound to the wrong connection either.
+    wide_index: HashMap<(u16, u64), ClientId>,
+    lists: HashMap<ClientId, ClientHolds>,
 }
 
 impl Bindings {
-    /// Binds the hold granted with `token` on `key` (in `slot`) to `client`.
-    pub fn bind(&mut self, client: ClientId, bound: Bound) {
-        self.by_grant.insert((bound.slot, bound.token), client);
-        self.by_client.entry(client).or_default().push(bound);
+    /// Binds the hold granted with `token` on `key` to `client`. Returns true when the
+    /// connection's list has grown enough to be pruned: the caller then calls [`Self::prune`]
+    /// (if it can tell which holds still exist; otherwise a later bind asks again).
+    pub fn bind(&mut self, client: ClientId, key: &LockKey, kind: HoldKind, token: u64) -> bool {
+        let slot = key_slot(&key.name);
+        match self.insert(slot, token, client) {
+            Some(previous) if previous == client => return false,
+            // Never happens (a grant is bound once, when it is made); if it did, the grant now
+            // belongs to `client` and the other connection's record is dead.
+            Some(previous) => self.record_died(previous),
+            None => {}
+        }
+        let list = self.lists.entry(client).or_insert_with(ClientHolds::new);
+        list.push(key, kind, token);
+        list.records >= list.prune_at
     }
 
     /// The connection the grant is bound to, if any.
     pub fn client_of(&self, slot: u16, token: u64) -> Option<ClientId> {
-        self.by_grant.get(&(slot, token)).copied()
+        self.index
+            .get(slot, token)
+            .or_else(|| self.wide_index.get(&(slot, token)).copied())
     }
 
     /// The hold ended (released by its owner): forget its binding.
     pub fn unbind(&mut self, slot: u16, token: u64) {
-        let Some(client) = self.by_grant.remove(&(slot, token)) else {
-            return;
-        };
-        if let Some(list) = self.by_client.get_mut(&client) {
-            if let Some(i) = list.iter().position(|b| b.token == token && b.slot == slot) {
-                list.swap_remove(i);
-            }
-            if list.is_empty() {
-                self.by_client.remove(&client);
-            }
+        if let Some(client) = self.remove(slot, token) {
+            self.record_died(client);
         }
     }
 
     /// The connection closed: every hold it had bound, for the caller to end.
     pub fn take_client(&mut self, client: ClientId) -> Vec<Bound> {
-        let list = self.by_client.remove(&client).unwrap_or_default();
-        for bound in &list {
-            let key = (bound.slot, bound.token);
-            if self.by_grant.get(&key) == Some(&client) {
-                self.by_grant.remove(&key);
+        let Some(list) = self.lists.remove(&client) else {
+            return Vec::new();
+        };
+        let mut holds = Vec::with_capacity(list.live);
+        for record in list.iter() {
+            let slot = key_slot(record.name);
+            if self.client_of(slot, record.token) == Some(client) {
+                self.remove(slot, record.token);
+                holds.push(record.to_bound(slot));
             }
         }
-        list
+        holds
     }
 
     /// Holds of `client` that may have ended by other means (DEL, lease end, FORCERELEASE):
-    /// `keep` says which still exist. Called when a connection's list has grown, so that a
-    /// long-lived connection does not accumulate bindings of holds long gone.
+    /// `keep` says which still exist. Called when a connection's list has grown (see
+    /// [`Self::bind`]), so that a long-lived connection does not accumulate bindings of holds
+    /// long gone.
     pub fn prune(&mut self, client: ClientId, mut keep: impl FnMut(&Bound) -> bool) {
-        let Some(list) = self.by_client.get_mut(&client) else {
+        let Some(mut list) = self.lists.remove(&client) else {
             return;
         };
-        let by_grant = &mut self.by_grant;
-        list.retain(|b| {
-            let live = keep(b);
-            if !live {
-                by_grant.remove(&(b.slot, b.token));
+        let mut kept = ClientHolds::new();
+        for record in list.iter() {
+            let slot = key_slot(record.name);
+            if self.client_of(slot, record.token) != Some(client) {
+                continue;
             }
-            live
-        });
+            let bound = record.to_bound(slot);
+            if keep(&bound) {
+                kept.push(&bound.key, bound.kind, bound.token);
+            } else {
+                self.remove(slot, record.token);
+            }
+        }
+        list.take_records_of(kept);
+        list.prune_at = (2 * list.live).max(FIRST_PRUNE_AT);
+        if list.live > 0 {
+            self.lists.insert(client, list);
+        }
     }
 
     /// Forgets every binding (the server became a replica: its connections bind nothing there,
     /// and a later promotion must not revive them).
     pub fn clear(&mut self) {
-        self.by_grant.clear();
-        self.by_client.clear();
+        self.index.clear();
+        self.wide_index = HashMap::new();
+        self.lists = HashMap::new();
     }
 
+    /// How many holds are bound to `client`.
     pub fn holds_of(&self, client: ClientId) -> usize {
-        self.by_client.get(&client).map_or(0, Vec::len)
+        self.lists.get(&client).map_or(0, |list| list.live)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_grant.is_empty()
+        self.index.len() == 0 && self.wide_index.is_empty()
     }
 
     pub fn len(&self) -> usize {
-        self.by_grant.len()
+        self.index.len() + self.wide_index.len()
     }
+
+    /// Records the binding; returns the client the grant was bound to before, if any.
+    fn insert(&mut self, slot: u16, token: u64, client: ClientId) -> Option<ClientId> {
+        let previous = self.remove(slot, token);
+        match Entry::pack(slot, token, client) {
+            Some(entry) => {
+                self.index.insert(entry);
+            }
+            None => {
+                self.wide_index.insert((slot, token), client);
+            }
+        }
+        previous
+    }
+
+    /// Removes the binding; returns the client it bound.
+    fn remove(&mut self, slot: u16, token: u64) -> Option<ClientId> {
+        self.index
+            .remove(slot, token)
+            .or_else(|| self.wide_index.remove(&(slot, token)))
+    }
+
+    /// One of `client`'s records is dead (its grant left the index): compact the list once dead
+    /// records outnumber live ones, drop it with its last live hold.
+    fn record_died(&mut self, client: ClientId) {
+        let Some(list) = self.lists.get_mut(&client) else {
+            return;
+        };
+        list.live = list.live.saturating_sub(1);
+        if list.live == 0 {
+            self.lists.remove(&client);
+            return;
+        }
+        let dead = list.records.saturating_sub(list.live);
+        if dead <= list.live || dead < FIRST_PRUNE_AT {
+            return;
+        }
+        let Some(mut list) = self.lists.remove(&client) else {
+            return;
+        };
+        let mut kept = ClientHolds::new();
+        for record in list.iter() {
+            if self.client_of(key_slot(record.name), record.token) == Some(client) {
+                kept.push_record(&record);
+            }
+        }
+        list.take_records_of(kept);
+        self.lists.insert(client, list);
+    }
+}
+
+/// A connection's bound holds, as packed records (see [`Record`]), some of them dead.
+#[derive(Debug)]
+struct ClientHolds {
+    buffer: Vec<u8>,
+    /// Records in the buffer, live and dead.
+    records: usize,
+    /// Records whose grant the index still binds to this connection.
+    live: usize,
+    /// [`Bindings::bind`] asks for a prune when `records` reaches this.
+    prune_at: usize,
+}
+
+impl ClientHolds {
+    fn new() -> ClientHolds {
+        ClientHolds {
+            buffer: Vec::new(),
+            records: 0,
+            live: 0,
+            prune_at: FIRST_PRUNE_AT,
+        }
+    }
+
+    fn push(&mut self, key: &LockKey, kind: HoldKind, token: u64) {
+        self.push_record(&Record {
+            db: key.db,
+            kind,
+            token,
+            name: &key.name,
+        });
+    }
+
+    fn push_record(&mut self, record: &Record<'_>) {
+        let head = (u64::from(record.db as u32) << 2) | kind_code(record.kind);
+        let mut bytes = [0u8; 2 * MAX_VARINT + 8];
+        let mut len = put_varint(&mut bytes, head);
+        len += put_varint(
+            bytes.get_mut(len..).unwrap_or_default(),
+            record.name.len() as u64,
+        );
+        if let Some(slot) = bytes.get_mut(len..len + 8) {
+            slot.copy_from_slice(&record.token.to_le_bytes());
+            len += 8;
+        }
+        let needed = self.buffer.len() + len + record.name.len();
+        if self.buffer.capacity() < needed {
+            // The buffer is paid for per hold: doubling would cost up to half of it again, so it
+            // grows to the next size class instead (an eighth to a quarter more each time, so
+            // the copies still add up to a few per byte).
+            self.buffer
+                .reserve_exact(size_class(needed) - self.buffer.len());
+        }
+        self.buffer
+            .extend_from_slice(bytes.get(..len).unwrap_or_default());
+        self.buffer.extend_from_slice(record.name);
+        self.records += 1;
+        self.live += 1;
+    }
+
+    fn iter(&self) -> Records<'_> {
+        Records { rest: &self.buffer }
+    }
+
+    /// Replaces the records with the (live) ones of `kept`, giving back the spare room.
+    fn take_records_of(&mut self, mut kept: ClientHolds) {
+        kept.buffer.shrink_to(size_class(kept.buffer.len()));
+        self.buffer = kept.buffer;
+        self.records = kept.records;
+        self.live = kept.live;
+    }
+}
+
+/// The smallest allocation size class of jemalloc (Redis's allocator, which counts the usable
+/// size in `used_memory`) that holds `bytes`: four classes per doubling above 64 bytes. Asking
+/// for exactly a class leaves no rounding slack unused.
+fn size_class(bytes: usize) -> usize {
+    if bytes <= 64 {
+        return 64;
+    }
+    let power = usize::BITS - 1 - (bytes - 1).leading_zeros();
+    let quarter = 1usize << (power - 2);
+    bytes.div_ceil(quarter) * quarter
+}
+
+/// One bound hold in a connection's buffer: `varint(db << 2 | kind)`, `varint(name length)`,
+/// the token (8 bytes, little-endian), the name.
+#[derive(Debug)]
+struct Record<'a> {
+    db: i32,
+    kind: HoldKind,
+    token: u64,
+    name: &'a [u8],
+}
+
+impl Record<'_> {
+    fn to_bound(&self, slot: u16) -> Bound {
+        Bound {
+            key: LockKey::new(self.db, self.name),
+            slot,
+            kind: self.kind,
+            token: self.token,
+        }
+    }
+}
+
+fn kind_code(kind: HoldKind) -> u64 {
+    match kind {
+        HoldKind::Exclusive => 0,
+        HoldKind::Shared => 1,
+        HoldKind::Permit => 2,
+    }
+}
+
+fn kind_of(code: u64) -> Option<HoldKind> {
+    match code {
+        0 => Some(HoldKind::Exclusive),
+        1 => Some(HoldKind::Shared),
+        2 => Some(HoldKind::Permit),
+        _ => None,
+    }
+}
+
+/// The records of a buffer, in order. The buffer is only ever written by `push_record`; a
+/// malformed record (which would be a bug) ends the iteration rather than panicking.
+struct Records<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Record<'a>;
+
+    fn next(&mut self) -> Option<Record<'a>> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let parsed = parse_record(self.rest);
+        match parsed {
+            Some((record, rest)) => {
+                self.rest = rest;
+                Some(record)
+            }
+            None => {
+                self.rest = &[];
+                None
+            }
+        }
+    }
+}
+
+fn parse_record(bytes: &[u8]) -> Option<(Record<'_>, &[u8])> {
+    let (head, bytes) = take_varint(bytes)?;
+    let (name_len, bytes) = take_varint(bytes)?;
+    let name_len = usize::try_from(name_len).ok()?;
+    let (token, bytes) = bytes.split_first_chunk::<8>()?;
+    let name = bytes.get(..name_len)?;
+    let rest = bytes.get(name_len..)?;
+    let record = Record {
+        db: u32::try_from(head >> 2).ok()? as i32,
+        kind: kind_of(head & 3)?,
+        token: u64::from_le_bytes(*token),
+        name,
+    };
+    Some((record, rest))
+}
+
+/// Bytes a LEB128 varint of a u64 takes at most.
+const MAX_VARINT: usize = 10;
+
+/// Writes `value` as a LEB128 varint at the start of `out` (which has room for [`MAX_VARINT`]
+/// bytes); returns the bytes written.
+fn put_varint(out: &mut [u8], mut value: u64) -> usize {
+    let mut written = 0;
+    for byte in out.iter_mut() {
+        let low = (value & 0x7f) as u8;
+        value >>= 7;
+        written += 1;
+        if value == 0 {
+            *byte = low;
+            break;
+        }
+        *byte = low | 0x80;
+    }
+    written
+}
+
+fn take_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (i, &byte) in bytes.iter().enumerate().take(MAX_VARINT) {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((value, bytes.get(i + 1..)?));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn bound(name: &str, slot: u16, token: u64) -> Bound {
-        Bound {
-            key: LockKey::new(0, name.as_bytes()),
-            slot,
-            kind: HoldKind::Exclusive,
-            token,
-        }
+    fn key(name: &str) -> LockKey {
+        LockKey::new(0, name.as_bytes())
+    }
+
+    /// Two names in different slots.
+    fn two_slots() -> (LockKey, LockKey) {
+        let (a, b) = (key("a"), key("b"));
+        assert_ne!(key_slot(b"a"), key_slot(b"b"));
+        (a, b)
+    }
+
+    fn bound(name: &str, kind: HoldKind, token: u64) -> Bound {
+        Bound::new(&key(name), kind, token)
+    }
+
+    fn slot(name: &str) -> u16 {
+        key_slot(name.as_bytes())
     }
 
     #[test]
     fn a_closed_connection_gives_back_its_own_holds_only() {
         let mut b = Bindings::default();
-        b.bind(7, bound("a", 1, 10));
-        b.bind(7, bound("b", 2, 11));
-        b.bind(8, bound("c", 1, 12));
-        assert_eq!(b.client_of(1, 10), Some(7));
-        assert_eq!(b.client_of(2, 10), None, "the slot is part of the identity");
+        b.bind(7, &key("a"), HoldKind::Exclusive, 10);
+        b.bind(7, &LockKey::new(3, b"b\0\xff"), HoldKind::Shared, 11);
+        b.bind(8, &key("c"), HoldKind::Permit, 12);
+        assert_eq!(b.client_of(slot("a"), 10), Some(7));
+        assert_eq!(
+            b.client_of(slot("a") ^ 1, 10),
+            None,
+            "the slot is part of the identity"
+        );
         let gone = b.take_client(7);
-        assert_eq!(gone, [bound("a", 1, 10), bound("b", 2, 11)]);
-        assert_eq!(b.client_of(1, 10), None);
-        assert_eq!(b.client_of(1, 12), Some(8));
+        assert_eq!(
+            gone,
+            [
+                bound("a", HoldKind::Exclusive, 10),
+                Bound::new(&LockKey::new(3, b"b\0\xff"), HoldKind::Shared, 11)
+            ]
+        );
+        assert_eq!(b.client_of(slot("a"), 10), None);
+        assert_eq!(b.client_of(slot("c"), 12), Some(8));
         assert_eq!(b.len(), 1);
+        assert_eq!(b.take_client(7), []);
     }
 
     #[test]
     fn a_release_unbinds_its_own_grant_not_one_with_the_same_token_in_another_slot() {
+        let (a, other) = two_slots();
         let mut b = Bindings::default();
-        b.bind(7, bound("a", 1, 10));
-        b.bind(7, bound("b", 2, 10));
-        b.unbind(2, 10);
-        assert_eq!(b.client_of(1, 10), Some(7));
-        assert_eq!(b.take_client(7), [bound("a", 1, 10)]);
+        b.bind(7, &a, HoldKind::Exclusive, 10);
+        b.bind(7, &other, HoldKind::Exclusive, 10);
+        b.unbind(key_slot(&other.name), 10);
+        assert_eq!(b.client_of(key_slot(&a.name), 10), Some(7));
+        assert_eq!(b.take_client(7), [Bound::new(&a, HoldKind::Exclusive, 10)]);
     }
 
     #[test]
     fn a_release_unbinds_and_pruning_drops_holds_gone_otherwise() {
         let mut b = Bindings::default();
         for t in 0..10 {
-            b.bind(7, bound("a", 1, t));
+            b.bind(7, &key("a"), HoldKind::Exclusive, t);
         }
-        b.unbind(1, 3);
-        assert_eq!(b.client_of(1, 3), None);
+        b.unbind(slot("a"), 3);
+        assert_eq!(b.client_of(slot("a"), 3), None);
         assert_eq!(b.holds_of(7), 9);
         b.prune(7, |h| h.token % 2 == 0);
         assert_eq!(b.holds_of(7), 5);
-        assert_eq!(b.client_of(1, 5), None);
-        assert_eq!(b.client_of(1, 4), Some(7));
+        assert_eq!(b.client_of(slot("a"), 5), None);
+        assert_eq!(b.client_of(slot("a"), 4), Some(7));
         for t in [0, 2, 4, 6, 8] {
-            b.unbind(1, t);
+            b.unbind(slot("a"), t);
         }
         assert!(b.is_empty());
         assert_eq!(b.holds_of(7), 0);
+        assert!(
+            b.lists.is_empty(),
+            "the last release drops the connection's list"
+        );
+    }
+
+    #[test]
+    fn client_ids_too_wide_to_pack_are_bound_all_the_same() {
+        let mut b = Bindings::default();
+        let wide = u64::MAX - 1;
+        b.bind(wide, &key("a"), HoldKind::Exclusive, 10);
+        let widest_packed = (1 << 50) - 2;
+        b.bind(widest_packed, &key("a"), HoldKind::Exclusive, 11);
+        b.bind(widest_packed + 1, &key("a"), HoldKind::Shared, 12);
+        assert_eq!(b.client_of(slot("a"), 10), Some(wide));
+        assert_eq!(b.client_of(slot("a"), 11), Some(widest_packed));
+        assert_eq!(b.client_of(slot("a"), 12), Some(widest_packed + 1));
+        assert_eq!(b.len(), 3);
+        b.unbind(slot("a"), 12);
+        assert_eq!(b.holds_of(widest_packed + 1), 0);
+        assert_eq!(b.take_client(wide), [bound("a", HoldKind::Exclusive, 10)]);
+        assert_eq!(b.client_of(slot("a"), 11), Some(widest_packed));
+        assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn records_round_trip_whatever_the_database_kind_token_and_name() {
+        let mut list = ClientHolds::new();
+        let long = vec![0xAB; 70_000];
+        let cases = [
+            (0, HoldKind::Exclusive, 0, &b""[..]),
+            (15, HoldKind::Shared, u64::MAX, &b"{tag}x"[..]),
+            (i32::MAX, HoldKind::Permit, 1 << 63, &long[..]),
+            (-1, HoldKind::Exclusive, 127, &b"\x80\xff"[..]),
+        ];
+        for &(db, kind, token, name) in &cases {
+            list.push(&LockKey::new(db, name), kind, token);
+        }
+        let read: Vec<(i32, HoldKind, u64, Vec<u8>)> = list
+            .iter()
+            .map(|r| (r.db, r.kind, r.token, r.name.to_vec()))
+            .collect();
+        let expected: Vec<(i32, HoldKind, u64, Vec<u8>)> = cases
+            .iter()
+            .map(|&(db, kind, token, name)| (db, kind, token, name.to_vec()))
+            .collect();
+        assert_eq!(read, expected);
+        assert_eq!(list.records, 4);
+        // A short name in a small database costs its bytes plus 10.
+        let mut short = ClientHolds::new();
+        short.push(&key("m:00000"), HoldKind::Exclusive, 1_800_000_000_000_000);
+        assert_eq!(short.buffer.len(), 7 + 10);
+    }
+
+    #[test]
+    fn a_truncated_buffer_ends_the_records_without_a_panic() {
+        let mut list = ClientHolds::new();
+        list.push(&key("abc"), HoldKind::Shared, 5);
+        list.push(&key("defg"), HoldKind::Permit, 6);
+        let full = list.buffer.clone();
+        for cut in 0..full.len() {
+            let records = Records { rest: &full[..cut] }.count();
+            assert!(records <= 1, "cut at {cut}: {records}");
+        }
+        assert_eq!(Records { rest: &[0xff; 20] }.count(), 0);
+    }
+
+    /// Releases leave dead records behind; the list is compacted once they outnumber the live
+    /// ones, so it stays within about twice its live holds however long the connection lives.
+    #[test]
+    fn a_long_lived_connection_keeps_its_list_near_its_live_holds() {
+        let mut b = Bindings::default();
+        let mut token = 0;
+        let mut live = std::collections::VecDeque::new();
+        for _ in 0..100 {
+            token += 1;
+            b.bind(7, &key("k"), HoldKind::Exclusive, token);
+            live.push_back(token);
+        }
+        for _ in 0..10_000 {
+            token += 1;
+            b.bind(7, &key("k"), HoldKind::Exclusive, token);
+            live.push_back(token);
+            let oldest = live.pop_front().unwrap();
+            b.unbind(slot("k"), oldest);
+            let list = &b.lists[&7];
+            assert_eq!(list.live, 100);
+            assert!(list.records <= 2 * 100 + 1, "{} records", list.records);
+        }
+        let mut left: Vec<u64> = b.take_client(7).iter().map(|h| h.token).collect();
+        left.sort_unstable();
+        assert_eq!(left, Vec::from(live));
+    }
+
+    /// A thousand holds on one connection: the list's buffer costs the records' bytes and at
+    /// most a quarter more (the index entries are 16 bytes each).
+    #[test]
+    fn a_connections_list_grows_by_size_classes_not_by_doubling() {
+        let mut b = Bindings::default();
+        let mut capacities = vec![];
+        for i in 0..1_000u64 {
+            b.bind(
+                7,
+                &key(&format!("m:{i:05}")),
+                HoldKind::Exclusive,
+                1 << 50 | i,
+            );
+            let capacity = b.lists[&7].buffer.capacity();
+            if capacities.last() != Some(&capacity) {
+                capacities.push(capacity);
+            }
+        }
+        let list = &b.lists[&7];
+        assert_eq!(list.buffer.len(), 17 * 1_000);
+        assert_eq!(list.buffer.capacity(), 20_480, "{capacities:?}");
+        assert!(capacities.iter().all(|&c| c == size_class(c)));
+        // Each growth copies the buffer; the classes rise geometrically, so the copies add up
+        // to a few times the final size, not to its square.
+        let copied: usize = capacities.iter().sum();
+        assert!(copied < 8 * 20_480, "{capacities:?}");
+    }
+
+    #[test]
+    fn size_classes_are_four_per_doubling() {
+        let classes: Vec<usize> = [1, 64, 65, 80, 81, 100, 128, 129, 17_000, 20_480, 20_481]
+            .map(size_class)
+            .into();
+        assert_eq!(
+            classes,
+            [64, 64, 80, 80, 96, 112, 128, 160, 20_480, 20_480, 24_576]
+        );
+    }
+
+    #[test]
+    fn bind_asks_for_a_prune_as_the_list_grows_and_prune_resets_the_threshold() {
+        let mut b = Bindings::default();
+        let asked: Vec<u64> = (1..=200)
+            .filter(|&t| b.bind(7, &key("k"), HoldKind::Exclusive, t))
+            .collect();
+        assert_eq!(asked.first(), Some(&(FIRST_PRUNE_AT as u64)));
+        b.prune(7, |h| h.token > 150);
+        assert_eq!(b.holds_of(7), 50);
+        assert_eq!(b.lists[&7].records, 50);
+        let next = (201..).find(|&t| b.bind(7, &key("k"), HoldKind::Exclusive, t));
+        assert_eq!(next, Some(250), "the next prune at twice the live holds");
     }
 }

@@ -246,12 +246,7 @@ pub struct Scheduler<H> {
     gone_while_paused: Vec<ClientId>,
     pause_check: Option<DeadlineKey>,
     bindings: Bindings,
-    /// A connection's list of bound holds is pruned when it reaches this length (then doubled).
-    prune_at: HashMap<ClientId, usize>,
 }
-
-/// A connection's bound holds are first checked for holds gone by other means at this many.
-const FIRST_PRUNE_AT: usize = 64;
 
 impl<H> Default for Scheduler<H> {
     fn default() -> Self {
@@ -262,7 +257,6 @@ impl<H> Default for Scheduler<H> {
             gone_while_paused: Vec::new(),
             pause_check: None,
             bindings: Bindings::default(),
-            prune_at: HashMap::new(),
         }
     }
 }
@@ -365,12 +359,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         token: u64,
         still_there: impl FnMut(&Bound) -> bool,
     ) {
-        self.bindings.bind(client, Bound::new(key, kind, token));
-        let threshold = *self.prune_at.entry(client).or_insert(FIRST_PRUNE_AT);
-        if self.bindings.holds_of(client) >= threshold {
+        if self.bindings.bind(client, key, kind, token) {
             self.bindings.prune(client, still_there);
-            let left = self.bindings.holds_of(client);
-            self.prune_at.insert(client, (2 * left).max(FIRST_PRUNE_AT));
         }
     }
 
@@ -393,7 +383,6 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// effects end the holds), and a later promotion must not revive the bindings.
     pub fn forget_bindings(&mut self) {
         self.bindings.clear();
-        self.prune_at.clear();
         self.gone_while_paused.clear();
     }
 
@@ -405,7 +394,6 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// A connection closed: every hold bound to it ends now (all re-entries), and each key goes
     /// to its waiters as after a release. While writes are paused this happens after the pause.
     pub fn client_gone(&mut self, port: &mut impl Port<H>, client: ClientId, now: UnixMs) {
-        self.prune_at.remove(&client);
         if self.bindings.holds_of(client) == 0 {
             return;
         }
@@ -617,8 +605,9 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                         waited_ms: now.saturating_sub(waiter.enqueued_at),
                     });
                     if let Some(client) = waiter.bind {
-                        self.bindings
-                            .bind(client, Bound::new(key, mode.kind(), token));
+                        // No prune here (nothing to ask which holds still exist): the
+                        // connection's next bind by a command asks again.
+                        self.bindings.bind(client, key, mode.kind(), token);
                     }
                     port.answer(
                         waiter.handle,
