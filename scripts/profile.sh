@@ -3,6 +3,7 @@
 # callgrind (counting only inside Redis's call(), i.e. command execution) while N fresh-key
 # LOCK.ACQUIRE+LOCK.RELEASE pairs and then N SET+DEL pairs arrive through redis-cli --pipe.
 #   make build && N=100000 bash scripts/profile.sh
+#   OPTS=EPHEMERAL bash scripts/profile.sh     (options added to every LOCK.ACQUIRE)
 #   callgrind_annotate --inclusive=yes <dir printed at the end>/cg.out | less
 # (apt-get install valgrind if missing.)
 set -euo pipefail
@@ -12,13 +13,13 @@ d=$(mktemp -d)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 N=${N:-20000}
 # The two workloads as RESP, one file each: N fresh-key lock pairs, N fresh-key SET+DEL pairs.
-python3 - "$N" "$d" <<'PY'
+python3 - "$N" "$d" "${OPTS:-}" <<'PY'
 import sys
-n, out = int(sys.argv[1]), sys.argv[2]
+n, out, opts = int(sys.argv[1]), sys.argv[2], sys.argv[3].split()
 def resp(*args):
     return "*%d\r\n" % len(args) + "".join("$%d\r\n%s\r\n" % (len(a), a) for a in args)
 with open(out + "/lock.txt", "w") as f:
-    f.write("".join(resp("LOCK.ACQUIRE", "lk:%d" % i, "owner", "60000")
+    f.write("".join(resp("LOCK.ACQUIRE", "lk:%d" % i, "owner", "60000", *opts)
                     + resp("LOCK.RELEASE", "lk:%d" % i, "owner") for i in range(n)))
 with open(out + "/set.txt", "w") as f:
     f.write("".join(resp("SET", "sk:%d" % i, "v") + resp("DEL", "sk:%d" % i) for i in range(n)))
