@@ -9,13 +9,16 @@
 //! - the index entry is 16 bytes (the token, and the slot above the client id) in a table of
 //!   its own that wastes less than a standard map (see `index`);
 //! - a connection's list is one byte buffer of records (database and kind, name length, token,
-//!   name: 17 bytes for a 7-byte name), grown by a quarter at a time rather than doubled.
+//!   name: 17 bytes for a 7-byte name), grown a size class at a time rather than doubled.
+//!
+//! Each connection with a bound hold also has its entry in `lists` (about 130 bytes with the
+//! map's slack, a few percent of what Redis spends on the connection itself).
 //!
 //! A hold its owner releases leaves the index at once, but its record stays in the list (finding
 //! it would cost a scan) until the list is compacted: a record is live exactly while the index
-//! still binds its grant to that connection. Compaction runs when dead records outnumber live
-//! ones, so the list stays within about twice its live holds and each compaction is paid for by
-//! the releases before it.
+//! still binds its grant to that connection. Compaction runs when the dead records' bytes
+//! outweigh the live ones, so the list stays within about twice its live bytes and each
+//! compaction copies no more than the releases since the last one freed.
 
 use std::collections::HashMap;
 
@@ -51,17 +54,19 @@ impl Bound {
     }
 }
 
-/// A connection's list is first checked for holds gone by other means (DEL, a lease end) when it
-/// has this many records, then each time it doubles; dead records below this are not worth a
-/// compaction.
-const FIRST_PRUNE_AT: usize = 64;
+/// A connection's list is first checked for holds gone by other means (DEL, a lease end) at
+/// this many bytes (about a hundred records of short names), then each time it doubles.
+const FIRST_PRUNE_AT: usize = 2_048;
+
+/// Dead records below this many bytes are not worth a compaction.
+const COMPACT_FROM: usize = 1_024;
 
 #[derive(Debug, Default)]
 pub struct Bindings {
     /// (slot, token) → client, for every client id that fits the packed entry.
     index: GrantIndex,
-    /// The same for client ids of 2^50 and above, which Redis never reaches in practice (its ids
-    /// count connections from 1) but which must not be bound to the wrong connection either.
+    /// The same for client ids of 2^50 - 1 and above, which Redis never reaches in practice (its
+    /// ids count connections from 1) but which must not be bound to the wrong connection either.
     wide_index: HashMap<(u16, u64), ClientId>,
     lists: HashMap<ClientId, ClientHolds>,
 }
@@ -70,18 +75,25 @@ impl Bindings {
     /// Binds the hold granted with `token` on `key` to `client`. Returns true when the
     /// connection's list has grown enough to be pruned: the caller then calls [`Self::prune`]
     /// (if it can tell which holds still exist; otherwise a later bind asks again).
+    ///
+    /// A grant already bound stays with the connection it is bound to (a grant is bound once,
+    /// when it is made, so this does not happen; the rule keeps each grant to one record).
     pub fn bind(&mut self, client: ClientId, key: &LockKey, kind: HoldKind, token: u64) -> bool {
         let slot = key_slot(&key.name);
-        match self.insert(slot, token, client) {
-            Some(previous) if previous == client => return false,
-            // Never happens (a grant is bound once, when it is made); if it did, the grant now
-            // belongs to `client` and the other connection's record is dead.
-            Some(previous) => self.record_died(previous),
-            None => {}
+        if self.client_of(slot, token).is_some() {
+            return false;
+        }
+        match Entry::pack(slot, token, client) {
+            Some(entry) => {
+                self.index.insert(entry);
+            }
+            None => {
+                self.wide_index.insert((slot, token), client);
+            }
         }
         let list = self.lists.entry(client).or_insert_with(ClientHolds::new);
         list.push(key, kind, token);
-        list.records >= list.prune_at
+        list.buffer.len() >= list.prune_at
     }
 
     /// The connection the grant is bound to, if any.
@@ -91,10 +103,28 @@ impl Bindings {
             .or_else(|| self.wide_index.get(&(slot, token)).copied())
     }
 
-    /// The hold ended (released by its owner): forget its binding.
-    pub fn unbind(&mut self, slot: u16, token: u64) {
-        if let Some(client) = self.remove(slot, token) {
-            self.record_died(client);
+    /// The hold granted with `token` on `key` ended (released by its owner): forget its binding.
+    /// O(1): its record stays in the connection's list, dead, until the list is compacted.
+    pub fn unbind(&mut self, key: &LockKey, token: u64) {
+        let Some(client) = self.remove(key_slot(&key.name), token) else {
+            return;
+        };
+        let Some(list) = self.lists.get_mut(&client) else {
+            return;
+        };
+        list.live = list.live.saturating_sub(1);
+        list.live_bytes = list
+            .live_bytes
+            .saturating_sub(record_len(key.db, key.name.len()));
+        if list.live == 0 {
+            self.lists.remove(&client);
+            return;
+        }
+        // Compacting copies the live records: worth it once the dead ones outweigh them, and
+        // then paid for by the bytes released since the last compaction.
+        let dead_bytes = list.buffer.len().saturating_sub(list.live_bytes);
+        if dead_bytes > list.live_bytes && dead_bytes >= COMPACT_FROM {
+            self.rewrite(client, |_| true);
         }
     }
 
@@ -118,27 +148,10 @@ impl Bindings {
     /// `keep` says which still exist. Called when a connection's list has grown (see
     /// [`Self::bind`]), so that a long-lived connection does not accumulate bindings of holds
     /// long gone.
-    pub fn prune(&mut self, client: ClientId, mut keep: impl FnMut(&Bound) -> bool) {
-        let Some(mut list) = self.lists.remove(&client) else {
-            return;
-        };
-        let mut kept = ClientHolds::new();
-        for record in list.iter() {
-            let slot = key_slot(record.name);
-            if self.client_of(slot, record.token) != Some(client) {
-                continue;
-            }
-            let bound = record.to_bound(slot);
-            if keep(&bound) {
-                kept.push(&bound.key, bound.kind, bound.token);
-            } else {
-                self.remove(slot, record.token);
-            }
-        }
-        list.take_records_of(kept);
-        list.prune_at = (2 * list.live).max(FIRST_PRUNE_AT);
-        if list.live > 0 {
-            self.lists.insert(client, list);
+    pub fn prune(&mut self, client: ClientId, keep: impl FnMut(&Bound) -> bool) {
+        self.rewrite(client, keep);
+        if let Some(list) = self.lists.get_mut(&client) {
+            list.prune_at = (2 * list.live_bytes).max(FIRST_PRUNE_AT);
         }
     }
 
@@ -163,20 +176,6 @@ impl Bindings {
         self.index.len() + self.wide_index.len()
     }
 
-    /// Records the binding; returns the client the grant was bound to before, if any.
-    fn insert(&mut self, slot: u16, token: u64, client: ClientId) -> Option<ClientId> {
-        let previous = self.remove(slot, token);
-        match Entry::pack(slot, token, client) {
-            Some(entry) => {
-                self.index.insert(entry);
-            }
-            None => {
-                self.wide_index.insert((slot, token), client);
-            }
-        }
-        previous
-    }
-
     /// Removes the binding; returns the client it bound.
     fn remove(&mut self, slot: u16, token: u64) -> Option<ClientId> {
         self.index
@@ -184,44 +183,43 @@ impl Bindings {
             .or_else(|| self.wide_index.remove(&(slot, token)))
     }
 
-    /// One of `client`'s records is dead (its grant left the index): compact the list once dead
-    /// records outnumber live ones, drop it with its last live hold.
-    fn record_died(&mut self, client: ClientId) {
-        let Some(list) = self.lists.get_mut(&client) else {
-            return;
-        };
-        list.live = list.live.saturating_sub(1);
-        if list.live == 0 {
-            self.lists.remove(&client);
-            return;
-        }
-        let dead = list.records.saturating_sub(list.live);
-        if dead <= list.live || dead < FIRST_PRUNE_AT {
-            return;
-        }
+    /// Rewrites `client`'s list with its live records only, unbinding those `keep` refuses;
+    /// drops the list if none is left.
+    fn rewrite(&mut self, client: ClientId, mut keep: impl FnMut(&Bound) -> bool) {
         let Some(mut list) = self.lists.remove(&client) else {
             return;
         };
         let mut kept = ClientHolds::new();
         for record in list.iter() {
-            if self.client_of(key_slot(record.name), record.token) == Some(client) {
+            let slot = key_slot(record.name);
+            if self.client_of(slot, record.token) != Some(client) {
+                continue;
+            }
+            if keep(&record.to_bound(slot)) {
                 kept.push_record(&record);
+            } else {
+                self.remove(slot, record.token);
             }
         }
-        list.take_records_of(kept);
-        self.lists.insert(client, list);
+        kept.buffer.shrink_to(size_class(kept.buffer.len()));
+        list.buffer = kept.buffer;
+        list.live = kept.live;
+        list.live_bytes = kept.live_bytes;
+        if list.live > 0 {
+            self.lists.insert(client, list);
+        }
     }
 }
 
-/// A connection's bound holds, as packed records (see [`Record`]), some of them dead.
+/// A connection's bound holds, as packed records (see [`Record`]), some of them dead: a record
+/// is live while the index binds its grant to this connection.
 #[derive(Debug)]
 struct ClientHolds {
     buffer: Vec<u8>,
-    /// Records in the buffer, live and dead.
-    records: usize,
-    /// Records whose grant the index still binds to this connection.
+    /// Live records, and their bytes (the rest of the buffer is dead records).
     live: usize,
-    /// [`Bindings::bind`] asks for a prune when `records` reaches this.
+    live_bytes: usize,
+    /// [`Bindings::bind`] asks for a prune when the buffer reaches this many bytes.
     prune_at: usize,
 }
 
@@ -229,8 +227,8 @@ impl ClientHolds {
     fn new() -> ClientHolds {
         ClientHolds {
             buffer: Vec::new(),
-            records: 0,
             live: 0,
+            live_bytes: 0,
             prune_at: FIRST_PRUNE_AT,
         }
     }
@@ -245,18 +243,10 @@ impl ClientHolds {
     }
 
     fn push_record(&mut self, record: &Record<'_>) {
-        let head = (u64::from(record.db as u32) << 2) | kind_code(record.kind);
-        let mut bytes = [0u8; 2 * MAX_VARINT + 8];
-        let mut len = put_varint(&mut bytes, head);
-        len += put_varint(
-            bytes.get_mut(len..).unwrap_or_default(),
-            record.name.len() as u64,
-        );
-        if let Some(slot) = bytes.get_mut(len..len + 8) {
-            slot.copy_from_slice(&record.token.to_le_bytes());
-            len += 8;
-        }
-        let needed = self.buffer.len() + len + record.name.len();
+        let (head, head_len) = record_head(record);
+        let head = head.get(..head_len).unwrap_or_default();
+        let len = head.len() + record.name.len();
+        let needed = self.buffer.len() + len;
         if self.buffer.capacity() < needed {
             // The buffer is paid for per hold: doubling would cost up to half of it again, so it
             // grows to the next size class instead (an eighth to a quarter more each time, so
@@ -264,32 +254,52 @@ impl ClientHolds {
             self.buffer
                 .reserve_exact(size_class(needed) - self.buffer.len());
         }
-        self.buffer
-            .extend_from_slice(bytes.get(..len).unwrap_or_default());
+        self.buffer.extend_from_slice(head);
         self.buffer.extend_from_slice(record.name);
-        self.records += 1;
         self.live += 1;
+        self.live_bytes += len;
     }
 
     fn iter(&self) -> Records<'_> {
         Records { rest: &self.buffer }
     }
+}
 
-    /// Replaces the records with the (live) ones of `kept`, giving back the spare room.
-    fn take_records_of(&mut self, mut kept: ClientHolds) {
-        kept.buffer.shrink_to(size_class(kept.buffer.len()));
-        self.buffer = kept.buffer;
-        self.records = kept.records;
-        self.live = kept.live;
+/// A record's bytes before its name: `varint(db << 2 | kind)`, `varint(name length)`, the token
+/// (8 bytes, little-endian); and how many of the array's bytes that is.
+fn record_head(record: &Record<'_>) -> ([u8; 2 * MAX_VARINT + 8], usize) {
+    let mut bytes = [0u8; 2 * MAX_VARINT + 8];
+    let mut len = put_varint(&mut bytes, db_and_kind(record.db, record.kind));
+    len += put_varint(
+        bytes.get_mut(len..).unwrap_or_default(),
+        record.name.len() as u64,
+    );
+    if let Some(token) = bytes.get_mut(len..len + 8) {
+        token.copy_from_slice(&record.token.to_le_bytes());
+        len += 8;
     }
+    (bytes, len)
+}
+
+fn db_and_kind(db: i32, kind: HoldKind) -> u64 {
+    (u64::from(db as u32) << 2) | kind_code(kind)
+}
+
+/// The bytes of a record of a name of `name_len` bytes in `db`, whatever its kind (the kind is
+/// in the low two bits of a varint whose length the database decides).
+fn record_len(db: i32, name_len: usize) -> usize {
+    varint_len(db_and_kind(db, HoldKind::Exclusive)) + varint_len(name_len as u64) + 8 + name_len
 }
 
 /// The smallest allocation size class of jemalloc (Redis's allocator, which counts the usable
-/// size in `used_memory`) that holds `bytes`: four classes per doubling above 64 bytes. Asking
-/// for exactly a class leaves no rounding slack unused.
+/// size in `used_memory`) that holds `bytes`: 8, then steps of 16 up to 128, then four classes
+/// per doubling. Asking for exactly a class leaves no rounding slack unused.
 fn size_class(bytes: usize) -> usize {
-    if bytes <= 64 {
-        return 64;
+    if bytes <= 8 {
+        return 8;
+    }
+    if bytes <= 128 {
+        return bytes.div_ceil(16) * 16;
     }
     let power = usize::BITS - 1 - (bytes - 1).leading_zeros();
     let quarter = 1usize << (power - 2);
@@ -380,6 +390,11 @@ fn parse_record(bytes: &[u8]) -> Option<(Record<'_>, &[u8])> {
 /// Bytes a LEB128 varint of a u64 takes at most.
 const MAX_VARINT: usize = 10;
 
+fn varint_len(value: u64) -> usize {
+    let bits = (u64::BITS - value.leading_zeros()).max(1) as usize;
+    bits.div_ceil(7)
+}
+
 /// Writes `value` as a LEB128 varint at the start of `out` (which has room for [`MAX_VARINT`]
 /// bytes); returns the bytes written.
 fn put_varint(out: &mut [u8], mut value: u64) -> usize {
@@ -411,16 +426,11 @@ fn take_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn key(name: &str) -> LockKey {
         LockKey::new(0, name.as_bytes())
-    }
-
-    /// Two names in different slots.
-    fn two_slots() -> (LockKey, LockKey) {
-        let (a, b) = (key("a"), key("b"));
-        assert_ne!(key_slot(b"a"), key_slot(b"b"));
-        (a, b)
     }
 
     fn bound(name: &str, kind: HoldKind, token: u64) -> Bound {
@@ -434,8 +444,9 @@ mod tests {
     #[test]
     fn a_closed_connection_gives_back_its_own_holds_only() {
         let mut b = Bindings::default();
+        let odd = LockKey::new(3, b"b\0\xff");
         b.bind(7, &key("a"), HoldKind::Exclusive, 10);
-        b.bind(7, &LockKey::new(3, b"b\0\xff"), HoldKind::Shared, 11);
+        b.bind(7, &odd, HoldKind::Shared, 11);
         b.bind(8, &key("c"), HoldKind::Permit, 12);
         assert_eq!(b.client_of(slot("a"), 10), Some(7));
         assert_eq!(
@@ -448,7 +459,7 @@ mod tests {
             gone,
             [
                 bound("a", HoldKind::Exclusive, 10),
-                Bound::new(&LockKey::new(3, b"b\0\xff"), HoldKind::Shared, 11)
+                Bound::new(&odd, HoldKind::Shared, 11)
             ]
         );
         assert_eq!(b.client_of(slot("a"), 10), None);
@@ -459,12 +470,13 @@ mod tests {
 
     #[test]
     fn a_release_unbinds_its_own_grant_not_one_with_the_same_token_in_another_slot() {
-        let (a, other) = two_slots();
+        let (a, other) = (key("a"), key("b"));
+        assert_ne!(slot("a"), slot("b"));
         let mut b = Bindings::default();
         b.bind(7, &a, HoldKind::Exclusive, 10);
         b.bind(7, &other, HoldKind::Exclusive, 10);
-        b.unbind(key_slot(&other.name), 10);
-        assert_eq!(b.client_of(key_slot(&a.name), 10), Some(7));
+        b.unbind(&other, 10);
+        assert_eq!(b.client_of(slot("a"), 10), Some(7));
         assert_eq!(b.take_client(7), [Bound::new(&a, HoldKind::Exclusive, 10)]);
     }
 
@@ -474,7 +486,7 @@ mod tests {
         for t in 0..10 {
             b.bind(7, &key("a"), HoldKind::Exclusive, t);
         }
-        b.unbind(slot("a"), 3);
+        b.unbind(&key("a"), 3);
         assert_eq!(b.client_of(slot("a"), 3), None);
         assert_eq!(b.holds_of(7), 9);
         b.prune(7, |h| h.token % 2 == 0);
@@ -482,7 +494,7 @@ mod tests {
         assert_eq!(b.client_of(slot("a"), 5), None);
         assert_eq!(b.client_of(slot("a"), 4), Some(7));
         for t in [0, 2, 4, 6, 8] {
-            b.unbind(slot("a"), t);
+            b.unbind(&key("a"), t);
         }
         assert!(b.is_empty());
         assert_eq!(b.holds_of(7), 0);
@@ -493,18 +505,31 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_stays_bound_to_the_first_connection() {
+        let mut b = Bindings::default();
+        assert!(!b.bind(7, &key("a"), HoldKind::Exclusive, 10));
+        b.bind(8, &key("a"), HoldKind::Exclusive, 10);
+        b.bind(7, &key("a"), HoldKind::Shared, 10);
+        assert_eq!(b.client_of(slot("a"), 10), Some(7));
+        assert_eq!((b.holds_of(7), b.holds_of(8), b.len()), (1, 0, 1));
+        assert_eq!(b.lists[&7].buffer.len(), record_len(0, 1), "one record");
+        assert_eq!(b.take_client(8), []);
+        assert_eq!(b.take_client(7), [bound("a", HoldKind::Exclusive, 10)]);
+    }
+
+    #[test]
     fn client_ids_too_wide_to_pack_are_bound_all_the_same() {
         let mut b = Bindings::default();
         let wide = u64::MAX - 1;
-        b.bind(wide, &key("a"), HoldKind::Exclusive, 10);
         let widest_packed = (1 << 50) - 2;
+        b.bind(wide, &key("a"), HoldKind::Exclusive, 10);
         b.bind(widest_packed, &key("a"), HoldKind::Exclusive, 11);
         b.bind(widest_packed + 1, &key("a"), HoldKind::Shared, 12);
         assert_eq!(b.client_of(slot("a"), 10), Some(wide));
         assert_eq!(b.client_of(slot("a"), 11), Some(widest_packed));
         assert_eq!(b.client_of(slot("a"), 12), Some(widest_packed + 1));
         assert_eq!(b.len(), 3);
-        b.unbind(slot("a"), 12);
+        b.unbind(&key("a"), 12);
         assert_eq!(b.holds_of(widest_packed + 1), 0);
         assert_eq!(b.take_client(wide), [bound("a", HoldKind::Exclusive, 10)]);
         assert_eq!(b.client_of(slot("a"), 11), Some(widest_packed));
@@ -520,9 +545,14 @@ mod tests {
             (15, HoldKind::Shared, u64::MAX, &b"{tag}x"[..]),
             (i32::MAX, HoldKind::Permit, 1 << 63, &long[..]),
             (-1, HoldKind::Exclusive, 127, &b"\x80\xff"[..]),
+            (31, HoldKind::Permit, 1, &b"x"[..]),
+            (32, HoldKind::Shared, 1, &b"x"[..]),
         ];
+        let mut bytes = 0;
         for &(db, kind, token, name) in &cases {
             list.push(&LockKey::new(db, name), kind, token);
+            bytes += record_len(db, name.len());
+            assert_eq!(list.buffer.len(), bytes, "record_len of db {db}");
         }
         let read: Vec<(i32, HoldKind, u64, Vec<u8>)> = list
             .iter()
@@ -533,11 +563,9 @@ mod tests {
             .map(|&(db, kind, token, name)| (db, kind, token, name.to_vec()))
             .collect();
         assert_eq!(read, expected);
-        assert_eq!(list.records, 4);
+        assert_eq!((list.live, list.live_bytes), (cases.len(), bytes));
         // A short name in a small database costs its bytes plus 10.
-        let mut short = ClientHolds::new();
-        short.push(&key("m:00000"), HoldKind::Exclusive, 1_800_000_000_000_000);
-        assert_eq!(short.buffer.len(), 7 + 10);
+        assert_eq!(record_len(0, 7), 17);
     }
 
     #[test]
@@ -553,8 +581,8 @@ mod tests {
         assert_eq!(Records { rest: &[0xff; 20] }.count(), 0);
     }
 
-    /// Releases leave dead records behind; the list is compacted once they outnumber the live
-    /// ones, so it stays within about twice its live holds however long the connection lives.
+    /// Releases leave dead records behind; the list is compacted once they outweigh the live
+    /// ones, so it stays within about twice its live bytes however long the connection lives.
     #[test]
     fn a_long_lived_connection_keeps_its_list_near_its_live_holds() {
         let mut b = Bindings::default();
@@ -570,18 +598,48 @@ mod tests {
             b.bind(7, &key("k"), HoldKind::Exclusive, token);
             live.push_back(token);
             let oldest = live.pop_front().unwrap();
-            b.unbind(slot("k"), oldest);
+            b.unbind(&key("k"), oldest);
             let list = &b.lists[&7];
-            assert_eq!(list.live, 100);
-            assert!(list.records <= 2 * 100 + 1, "{} records", list.records);
+            assert_eq!((list.live, list.live_bytes), (100, 100 * record_len(0, 1)));
+            assert!(list.buffer.len() <= 2 * list.live_bytes + record_len(0, 1));
         }
         let mut left: Vec<u64> = b.take_client(7).iter().map(|h| h.token).collect();
         left.sort_unstable();
         assert_eq!(left, Vec::from(live));
     }
 
+    /// A release costs O(1) however long the connection's other names are: compacting copies
+    /// the live records, so it waits until as many bytes have been released.
+    #[test]
+    fn releases_do_not_copy_other_long_names_again_and_again() {
+        let mut b = Bindings::default();
+        for t in 0..63u64 {
+            let mut name = vec![b'x'; 64 * 1024];
+            name.extend_from_slice(&t.to_le_bytes());
+            b.bind(
+                7,
+                &LockKey::new(0, &name),
+                HoldKind::Exclusive,
+                1_000_000 + t,
+            );
+        }
+        let short = key("short");
+        let mut compactions = 0;
+        for t in 0..20_000u64 {
+            b.bind(7, &short, HoldKind::Exclusive, t);
+            let before = b.lists[&7].buffer.len();
+            b.unbind(&short, t);
+            if b.lists[&7].buffer.len() < before {
+                compactions += 1;
+            }
+        }
+        // 20,000 releases of 15-byte records: under a tenth of the 4 MB of live names.
+        assert_eq!(compactions, 0);
+        assert_eq!(b.holds_of(7), 63);
+    }
+
     /// A thousand holds on one connection: the list's buffer costs the records' bytes and at
-    /// most a quarter more (the index entries are 16 bytes each).
+    /// most a quarter more.
     #[test]
     fn a_connections_list_grows_by_size_classes_not_by_doubling() {
         let mut b = Bindings::default();
@@ -601,6 +659,7 @@ mod tests {
         let list = &b.lists[&7];
         assert_eq!(list.buffer.len(), 17 * 1_000);
         assert_eq!(list.buffer.capacity(), 20_480, "{capacities:?}");
+        assert_eq!(capacities.first(), Some(&32), "one record of 17 bytes");
         assert!(capacities.iter().all(|&c| c == size_class(c)));
         // Each growth copies the buffer; the classes rise geometrically, so the copies add up
         // to a few times the final size, not to its square.
@@ -609,27 +668,156 @@ mod tests {
     }
 
     #[test]
-    fn size_classes_are_four_per_doubling() {
-        let classes: Vec<usize> = [1, 64, 65, 80, 81, 100, 128, 129, 17_000, 20_480, 20_481]
-            .map(size_class)
-            .into();
+    fn size_classes_are_jemallocs() {
+        let classes: Vec<usize> = [
+            1, 8, 9, 17, 33, 64, 65, 100, 128, 129, 161, 17_000, 20_480, 20_481,
+        ]
+        .map(size_class)
+        .into();
         assert_eq!(
             classes,
-            [64, 64, 80, 80, 96, 112, 128, 160, 20_480, 20_480, 24_576]
+            [8, 8, 16, 32, 48, 64, 80, 112, 128, 160, 192, 20_480, 20_480, 24_576]
         );
     }
 
     #[test]
     fn bind_asks_for_a_prune_as_the_list_grows_and_prune_resets_the_threshold() {
         let mut b = Bindings::default();
-        let asked: Vec<u64> = (1..=200)
+        let each = record_len(0, 1);
+        let asked: Vec<u64> = (1..=400)
             .filter(|&t| b.bind(7, &key("k"), HoldKind::Exclusive, t))
             .collect();
-        assert_eq!(asked.first(), Some(&(FIRST_PRUNE_AT as u64)));
-        b.prune(7, |h| h.token > 150);
-        assert_eq!(b.holds_of(7), 50);
-        assert_eq!(b.lists[&7].records, 50);
-        let next = (201..).find(|&t| b.bind(7, &key("k"), HoldKind::Exclusive, t));
-        assert_eq!(next, Some(250), "the next prune at twice the live holds");
+        assert_eq!(asked.first(), Some(&(FIRST_PRUNE_AT.div_ceil(each) as u64)));
+        b.prune(7, |h| h.token > 250);
+        assert_eq!(b.holds_of(7), 150);
+        assert_eq!(b.lists[&7].buffer.len(), 150 * each);
+        let next = (401..).find(|&t| b.bind(7, &key("k"), HoldKind::Exclusive, t));
+        assert_eq!(
+            next,
+            Some(400 + 150),
+            "the next prune at twice the live bytes"
+        );
+    }
+
+    const NAMES: [&str; 6] = [
+        "a",
+        "b",
+        "c",
+        "{x}1",
+        "{x}2",
+        "long-name-zzzzzzzzzzzzzzzzzz",
+    ];
+    const CLIENTS: [u64; 5] = [1, 2, 3, (1 << 50) - 1, u64::MAX];
+    const TOKENS: u64 = 150;
+
+    /// The key and kind of the grant with token `t` (several per slot, tokens shared by slots).
+    fn grant(t: u64) -> (LockKey, HoldKind) {
+        let name = NAMES[(t % NAMES.len() as u64) as usize];
+        let kind = [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit][(t % 3) as usize];
+        (LockKey::new((t % 4) as i32 - 1, name.as_bytes()), kind)
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Bind(usize, u64),
+        Unbind(u64),
+        Close(usize),
+        Prune(usize, u64),
+        Clear,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            10 => (0..CLIENTS.len(), 0..TOKENS).prop_map(|(c, t)| Op::Bind(c, t)),
+            8 => (0..TOKENS).prop_map(Op::Unbind),
+            1 => (0..CLIENTS.len()).prop_map(Op::Close),
+            1 => (0..CLIENTS.len(), 1u64..4).prop_map(|(c, m)| Op::Prune(c, m)),
+            1 => Just(Op::Clear),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Bindings answer as a map from grant to client would, through binds, releases,
+        /// closes, prunes and compactions; counts never drift and dead records never outweigh
+        /// the live ones by more than the compaction threshold.
+        #[test]
+        fn bindings_behave_like_a_map_of_grants(ops in proptest::collection::vec(op(), 1..400)) {
+            let slots: Vec<u16> = (0..TOKENS).map(|t| key_slot(&grant(t).0.name)).collect();
+            let mut b = Bindings::default();
+            let mut model: BTreeMap<(u16, u64), u64> = BTreeMap::new();
+            let mut used = BTreeSet::new();
+            for op in ops {
+                match op {
+                    Op::Bind(c, t) => {
+                        // A token is granted once (tokens never repeat within a slot).
+                        if !used.insert(t) {
+                            continue;
+                        }
+                        let (k, kind) = grant(t);
+                        b.bind(CLIENTS[c], &k, kind, t);
+                        model.insert((key_slot(&k.name), t), CLIENTS[c]);
+                    }
+                    Op::Unbind(t) => {
+                        let (k, _) = grant(t);
+                        b.unbind(&k, t);
+                        model.remove(&(key_slot(&k.name), t));
+                    }
+                    Op::Close(c) => {
+                        let got: BTreeSet<u64> = b
+                            .take_client(CLIENTS[c])
+                            .into_iter()
+                            .map(|h| {
+                                let (k, kind) = grant(h.token);
+                                assert_eq!((&h.key, h.kind, h.slot), (&k, kind, key_slot(&k.name)));
+                                h.token
+                            })
+                            .collect();
+                        let want: BTreeSet<u64> = model
+                            .iter()
+                            .filter(|(_, &v)| v == CLIENTS[c])
+                            .map(|(&(_, t), _)| t)
+                            .collect();
+                        prop_assert_eq!(got, want);
+                        model.retain(|_, v| *v != CLIENTS[c]);
+                    }
+                    Op::Prune(c, m) => {
+                        b.prune(CLIENTS[c], |h| h.token % m == 0);
+                        model.retain(|&(_, t), v| *v != CLIENTS[c] || t % m == 0);
+                    }
+                    Op::Clear => {
+                        b.clear();
+                        model.clear();
+                    }
+                }
+                prop_assert_eq!(b.len(), model.len());
+                for (t, &s) in slots.iter().enumerate() {
+                    let t = t as u64;
+                    prop_assert_eq!(b.client_of(s, t), model.get(&(s, t)).copied());
+                }
+                for &c in &CLIENTS {
+                    let live: Vec<u64> = model
+                        .iter()
+                        .filter(|(_, &v)| v == c)
+                        .map(|(&(_, t), _)| t)
+                        .collect();
+                    prop_assert_eq!(b.holds_of(c), live.len());
+                    let Some(list) = b.lists.get(&c) else {
+                        prop_assert!(live.is_empty());
+                        continue;
+                    };
+                    let live_bytes: usize = live
+                        .iter()
+                        .map(|&t| {
+                            let (k, _) = grant(t);
+                            record_len(k.db, k.name.len())
+                        })
+                        .sum();
+                    prop_assert_eq!(list.live_bytes, live_bytes);
+                    let dead = list.buffer.len() - list.live_bytes;
+                    prop_assert!(dead <= list.live_bytes || dead < COMPACT_FROM);
+                }
+            }
+        }
     }
 }

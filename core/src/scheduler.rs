@@ -367,7 +367,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// The owner ended a hold itself (its last release, a FORCERELEASE): forget its binding.
     pub fn unbind(&mut self, key: &LockKey, token: u64) {
         if !self.bindings.is_empty() {
-            self.bindings.unbind(key_slot(&key.name), token);
+            self.bindings.unbind(key, token);
         }
     }
 
