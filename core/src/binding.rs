@@ -93,7 +93,7 @@ impl Bindings {
                 self.wide_index.insert((slot, token), client);
             }
         }
-        let list = self.lists.entry(client).or_insert_with(Box::default);
+        let list = self.lists.entry(client).or_default();
         list.push(key, kind, token);
         list.buffer.len() >= list.prune_at
     }
