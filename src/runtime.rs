@@ -10,12 +10,12 @@
 use std::cell::{Cell, RefCell};
 
 use lock_core::args::{Reentry, Wait};
-use lock_core::binding::{Bound, ClientId};
+use lock_core::binding::{ClientId, GrantRef};
 use lock_core::hold::{self, Decision, HoldKind, Mode};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
-    Answer, Attempt, Cause, Change, Ended, Ending, GrantRef, Handoff, NewWait, Note, Port,
-    Scheduler, Seen, Want, Writes,
+    Answer, Attempt, Cause, Change, Ended, Ending, Handoff, NewWait, Note, Port, Scheduler, Seen,
+    Want, Writes,
 };
 use lock_core::state::{Queue, View};
 use lock_core::LockError;
@@ -223,12 +223,12 @@ pub fn connection_closed(ctx: Ctx, client: ClientId) {
 }
 
 /// Whether a bound hold still exists (pruning a connection's list of bound holds).
-fn hold_exists(ctx: Ctx, bound: &Bound) -> bool {
-    with_db(ctx, bound.key.db, || {
-        let name = OwnedString::new(&bound.key.name);
+fn hold_exists(ctx: Ctx, grant: &GrantRef) -> bool {
+    with_db(ctx, grant.key.db, || {
+        let name = OwnedString::new(&grant.key.name);
         let key = Key::open_read(ctx, name.as_ptr());
         matches!(store::read_lock(&key), Ok(Some(stored))
-            if stored.lock.holds.iter().any(|h| h.kind == bound.kind && h.token == Some(bound.token)))
+            if stored.lock.holds.iter().any(|h| h.kind == grant.kind && h.token == Some(grant.token)))
     })
 }
 

@@ -143,22 +143,6 @@ fn client_id(con: &mut Connection) -> i64 {
         .expect("CLIENT ID")
 }
 
-/// `LOCK.ACQUIRE key owner lease [options...]`, reply or error.
-fn acquire_with(
-    con: &mut Connection,
-    key: &str,
-    owner: &str,
-    lease_ms: u64,
-    options: &[&str],
-) -> redis::RedisResult<Option<i64>> {
-    redis::cmd("LOCK.ACQUIRE")
-        .arg(key)
-        .arg(owner)
-        .arg(lease_ms)
-        .arg(options)
-        .query(con)
-}
-
 /// An EPHEMERAL acquire that must be granted: its token.
 fn ephemeral(con: &mut Connection, key: &str, owner: &str, lease_ms: u64, more: &[&str]) -> i64 {
     let mut options = vec!["EPHEMERAL"];
@@ -166,19 +150,6 @@ fn ephemeral(con: &mut Connection, key: &str, owner: &str, lease_ms: u64, more: 
     acquire_with(con, key, owner, lease_ms, &options)
         .expect("LOCK.ACQUIRE EPHEMERAL")
         .expect("granted")
-}
-
-/// A counter or gauge of `INFO lock` (`lock_<name>`).
-fn lock_stat(con: &mut Connection, name: &str) -> i64 {
-    info_field(con, "lock", &format!("lock_{name}"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("INFO lock has no lock_{name}"))
-}
-
-fn used_memory(con: &mut Connection) -> i64 {
-    info_field(con, "memory", "used_memory")
-        .and_then(|v| v.parse().ok())
-        .expect("used_memory")
 }
 
 /// LOCK.INFO's top-level `ephemeral` (the bound client id of the exclusive hold), None if nil.
@@ -300,18 +271,9 @@ fn a_killed_holder_process_hands_the_key_to_the_waiter_within_milliseconds() {
 fn client_kill_ends_every_reentry_at_once_and_the_waiter_is_granted() {
     let server = Server::start();
     let mut admin = server.connect();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kh")
-        .query(&mut admin)
-        .unwrap();
+    notify_keyspace_events(&mut admin, "Kh");
     let mut sub = server.connect();
-    let mut pubsub = sub.as_pubsub();
-    pubsub.subscribe("__keyspace@0__:k").unwrap();
-    pubsub
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+    let mut pubsub = keyspace_subscriber(&mut sub, "k", Duration::from_millis(500));
 
     let mut holder = server.connect();
     let holder_id = client_id(&mut holder);

@@ -36,22 +36,6 @@ return redis.call('pttl', KEYS[1]);";
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-/// `LOCK.ACQUIRE key owner lease [opts...]`.
-fn acq(
-    con: &mut Connection,
-    key: &str,
-    owner: &str,
-    lease_ms: u64,
-    opts: &[&str],
-) -> redis::RedisResult<Option<i64>> {
-    redis::cmd("LOCK.ACQUIRE")
-        .arg(key)
-        .arg(owner)
-        .arg(lease_ms)
-        .arg(opts)
-        .query(con)
-}
-
 /// An acquire that must not fail (it may be nil).
 fn try_acq(
     con: &mut Connection,
@@ -60,7 +44,7 @@ fn try_acq(
     lease_ms: u64,
     opts: &[&str],
 ) -> Option<i64> {
-    acq(con, key, owner, lease_ms, opts)
+    acquire_with(con, key, owner, lease_ms, opts)
         .unwrap_or_else(|e| panic!("LOCK.ACQUIRE {key} {owner} {lease_ms} {opts:?}: {e}"))
 }
 
@@ -180,12 +164,6 @@ fn key_waiters(con: &mut Connection, key: &str) -> i64 {
         .unwrap_or(0)
 }
 
-fn lock_counter(con: &mut Connection, name: &str) -> i64 {
-    info_field(con, "lock", &format!("lock_{name}"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("INFO lock has no lock_{name}"))
-}
-
 /// The hash as (field, value) strings, sorted.
 fn hash_of(con: &mut Connection, key: &str) -> Vec<(String, String)> {
     let mut fields: Vec<(String, String)> = con.hgetall(key).expect("HGETALL");
@@ -246,7 +224,7 @@ impl Pending {
         all.push(wait_ms.to_string());
         let what = format!("LOCK.ACQUIRE {key} {owner} {lease_ms} {}", all.join(" "));
         thread::spawn(move || {
-            let reply = acq(
+            let reply = acquire_with(
                 &mut con,
                 &k,
                 &o,
@@ -346,7 +324,7 @@ fn readers_and_writers_never_overlap_and_tokens_rise_across_every_grant() {
                 let mut n = 0u64;
                 while Instant::now() < stop_at {
                     let sent = Instant::now();
-                    let reply = acq(&mut con, "k", &owner, 10_000, opts);
+                    let reply = acquire_with(&mut con, "k", &owner, 10_000, opts);
                     let got = Instant::now();
                     let token = match reply {
                         Ok(Some(t)) => t,
@@ -536,7 +514,7 @@ fn a_semaphore_never_has_more_holders_than_its_limit() {
                 let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
                 let owner = format!("c{i}");
                 while Instant::now() < stop_at {
-                    match acq(
+                    match acquire_with(
                         &mut con,
                         "sem",
                         &owner,
@@ -644,7 +622,7 @@ fn a_permit_of_a_vanished_holder_passes_on_at_its_lease_end() {
     let server = Server::start();
     let mut con = server.connect();
     grant(&mut con, "sem", "stays", 60_000, &["LIMIT", "2"]);
-    let before = lock_counter(&mut con, "holds_expired");
+    let before = lock_stat(&mut con, "holds_expired");
     // A process takes a permit with a 300 ms lease and is gone.
     let out = Command::new(cli_bin())
         .args([
@@ -672,7 +650,7 @@ fn a_permit_of_a_vanished_holder_passes_on_at_its_lease_end() {
     );
     assert_eq!(owners_of(&mut con, "sem"), ["next", "stays"]);
     assert!(
-        lock_counter(&mut con, "holds_expired") > before,
+        lock_stat(&mut con, "holds_expired") > before,
         "lock_holds_expired did not rise"
     );
     assert!(field(&hash_of(&mut con, "sem"), "p:crashed").is_none());
@@ -1395,18 +1373,9 @@ fn shared_and_limit_waits_never_block_in_multi_or_eval() {
 fn keyspace_events_announce_shared_grants_and_ended_holds() {
     let server = Server::start();
     let mut con = server.connect();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kh")
-        .query(&mut con)
-        .unwrap();
+    notify_keyspace_events(&mut con, "Kh");
     let mut sub = server.connect();
-    let mut pubsub = sub.as_pubsub();
-    pubsub.subscribe("__keyspace@0__:k").unwrap();
-    pubsub
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
+    let mut pubsub = keyspace_subscriber(&mut sub, "k", Duration::from_secs(2));
     grant(&mut con, "k", "a", 60_000, &["SHARED"]);
     grant(&mut con, "k", "b", 150, &["SHARED"]);
     grant(&mut con, "k", "a", 60_000, &["SHARED"]);

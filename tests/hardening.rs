@@ -20,12 +20,6 @@ fn config_set(con: &mut Connection, name: &str, value: &str) {
         .expect("CONFIG SET");
 }
 
-fn used_memory(con: &mut Connection) -> i64 {
-    info_field(con, "memory", "used_memory")
-        .and_then(|v| v.parse().ok())
-        .expect("used_memory")
-}
-
 fn assert_no_crash(server: &mut Server) {
     assert!(server.is_alive(), "the server died; log:\n{}", server.log());
     let log = server.log();

@@ -7,12 +7,6 @@ use std::time::Duration;
 
 use common::*;
 
-fn lock_stat(con: &mut Connection, name: &str) -> i64 {
-    info_field(con, "lock", &format!("lock_{name}"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(-1)
-}
-
 #[test]
 fn info_lock_counts_every_kind_of_event_exactly() {
     let server = Server::start();
@@ -85,18 +79,9 @@ fn info_lock_counts_every_kind_of_event_exactly() {
 fn lock_events_reach_keyspace_subscribers() {
     let server = Server::start();
     let mut con = server.connect();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kh")
-        .query(&mut con)
-        .unwrap();
+    notify_keyspace_events(&mut con, "Kh");
     let mut sub = server.connect();
-    let mut pubsub = sub.as_pubsub();
-    pubsub.subscribe("__keyspace@0__:k").unwrap();
-    pubsub
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
+    let mut pubsub = keyspace_subscriber(&mut sub, "k", Duration::from_secs(2));
     acquire(&mut con, "k", "a", 60_000).unwrap();
     acquire(&mut con, "k", "a", 60_000).unwrap();
     let _: i64 = redis::cmd("LOCK.RENEW")
@@ -141,12 +126,7 @@ fn lock_events_reach_keyspace_subscribers() {
 fn keyspace_events_can_be_switched_off() {
     let server = Server::start_with_module_args(&["keyspace-events", "no"]);
     let mut con = server.connect();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("KA")
-        .query(&mut con)
-        .unwrap();
+    notify_keyspace_events(&mut con, "KA");
     let mut sub = server.connect();
     let mut pubsub = sub.as_pubsub();
     pubsub.psubscribe("__keyspace@0__:*").unwrap();
@@ -433,12 +413,7 @@ fn held_leases_that_run_out_are_counted_where_the_server_reports_expiries() {
     let mut con = server.connect();
     let about = server_info();
     let reports_expiries = about.kind == ServerKind::Valkey || about.version >= (7, 2, 0);
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("KEh")
-        .query(&mut con)
-        .unwrap();
+    notify_keyspace_events(&mut con, "KEh");
     let mut listener = server.connect();
     let mut events = listener.as_pubsub();
     events.subscribe("__keyevent@0__:lock.expired").unwrap();

@@ -23,12 +23,6 @@ fn eighteen_thousand_waiters_spread_over_a_thousand_keys_work() {
     const N: usize = KEYS * PER_KEY;
     let server = Server::start_with(&["--maxclients", "18500", "--tcp-backlog", "4096"]);
     let mut con = server.connect();
-    let used_memory = |con: &mut Connection| -> i64 {
-        info_field(con, "memory", "used_memory")
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     let mut pipe = redis::pipe();
     for k in 0..KEYS {
         pipe.cmd("LOCK.ACQUIRE")

@@ -479,10 +479,7 @@ fn ten_thousand_waiters_on_one_key_are_served_in_order() {
     const N: usize = 10_000;
     let server = Server::start_with(&["--maxclients", "10100"]);
     let mut con = server.connect();
-    let used_before: i64 = info_field(&mut con, "memory", "used_memory")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let used_before = used_memory(&mut con);
     acquire(&mut con, "k", "holder", 600_000).unwrap();
     let mut socks = Vec::with_capacity(N);
     for i in 0..N {
@@ -498,10 +495,7 @@ fn ten_thousand_waiters_on_one_key_are_served_in_order() {
         }
     }
     assert!(eventually(Duration::from_secs(10), || waiters(&mut con) == N as i64));
-    let used_after: i64 = info_field(&mut con, "memory", "used_memory")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let used_after = used_memory(&mut con);
     let per_waiter = (used_after - used_before) / N as i64;
     eprintln!("memory per blocked waiter (connection included): {per_waiter} B");
     // Hand over down the first 100 of the queue; each grant goes to the next in line.

@@ -33,25 +33,14 @@ use index::{Entry, GrantIndex};
 /// The server's id of a client connection.
 pub type ClientId = u64;
 
-/// One bound hold, as its connection lists it.
+/// One grant, named well enough to end it later: an ephemeral hold whose connection closed, or
+/// an undelivered grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bound {
+pub struct GrantRef {
     pub key: LockKey,
-    /// The key's slot: with the token, the grant's identity (tokens repeat across slots).
-    pub slot: u16,
     pub kind: HoldKind,
+    /// Tokens never repeat on a key: the token names the grant.
     pub token: u64,
-}
-
-impl Bound {
-    pub fn new(key: &LockKey, kind: HoldKind, token: u64) -> Bound {
-        Bound {
-            key: key.clone(),
-            slot: key_slot(&key.name),
-            kind,
-            token,
-        }
-    }
 }
 
 /// A connection's list is first checked for holds gone by other means (DEL, a lease end) at
@@ -131,7 +120,7 @@ impl Bindings {
     }
 
     /// The connection closed: every hold it had bound, for the caller to end.
-    pub fn take_client(&mut self, client: ClientId) -> Vec<Bound> {
+    pub fn take_client(&mut self, client: ClientId) -> Vec<GrantRef> {
         let Some(list) = self.lists.remove(&client) else {
             return Vec::new();
         };
@@ -140,7 +129,7 @@ impl Bindings {
             let slot = key_slot(record.name);
             if self.client_of(slot, record.token) == Some(client) {
                 self.remove(slot, record.token);
-                holds.push(record.to_bound(slot));
+                holds.push(record.to_grant());
             }
         }
         holds
@@ -150,7 +139,7 @@ impl Bindings {
     /// `keep` says which still exist. Called when a connection's list has grown (see
     /// [`Self::bind`]), so that a long-lived connection does not accumulate bindings of holds
     /// long gone.
-    pub fn prune(&mut self, client: ClientId, keep: impl FnMut(&Bound) -> bool) {
+    pub fn prune(&mut self, client: ClientId, keep: impl FnMut(&GrantRef) -> bool) {
         self.rewrite(client, keep);
         if let Some(list) = self.lists.get_mut(&client) {
             list.prune_at = (2 * list.live_bytes).max(FIRST_PRUNE_AT);
@@ -187,17 +176,17 @@ impl Bindings {
 
     /// Rewrites `client`'s list with its live records only, unbinding those `keep` refuses;
     /// drops the list if none is left.
-    fn rewrite(&mut self, client: ClientId, mut keep: impl FnMut(&Bound) -> bool) {
+    fn rewrite(&mut self, client: ClientId, mut keep: impl FnMut(&GrantRef) -> bool) {
         let Some(mut list) = self.lists.remove(&client) else {
             return;
         };
-        let mut kept = ClientHolds::new();
+        let mut kept = ClientHolds::default();
         for record in list.iter() {
             let slot = key_slot(record.name);
             if self.client_of(slot, record.token) != Some(client) {
                 continue;
             }
-            if keep(&record.to_bound(slot)) {
+            if keep(&record.to_grant()) {
                 kept.push_record(&record);
             } else {
                 self.remove(slot, record.token);
@@ -227,12 +216,6 @@ struct ClientHolds {
 
 impl Default for ClientHolds {
     fn default() -> ClientHolds {
-        ClientHolds::new()
-    }
-}
-
-impl ClientHolds {
-    fn new() -> ClientHolds {
         ClientHolds {
             buffer: Vec::new(),
             live: 0,
@@ -240,7 +223,9 @@ impl ClientHolds {
             prune_at: FIRST_PRUNE_AT,
         }
     }
+}
 
+impl ClientHolds {
     fn push(&mut self, key: &LockKey, kind: HoldKind, token: u64) {
         self.push_record(&Record {
             db: key.db,
@@ -325,10 +310,9 @@ struct Record<'a> {
 }
 
 impl Record<'_> {
-    fn to_bound(&self, slot: u16) -> Bound {
-        Bound {
+    fn to_grant(&self) -> GrantRef {
+        GrantRef {
             key: LockKey::new(self.db, self.name),
-            slot,
             kind: self.kind,
             token: self.token,
         }
@@ -441,8 +425,16 @@ mod tests {
         LockKey::new(0, name.as_bytes())
     }
 
-    fn bound(name: &str, kind: HoldKind, token: u64) -> Bound {
-        Bound::new(&key(name), kind, token)
+    fn grant_of(key: &LockKey, kind: HoldKind, token: u64) -> GrantRef {
+        GrantRef {
+            key: key.clone(),
+            kind,
+            token,
+        }
+    }
+
+    fn bound(name: &str, kind: HoldKind, token: u64) -> GrantRef {
+        grant_of(&key(name), kind, token)
     }
 
     fn slot(name: &str) -> u16 {
@@ -467,7 +459,7 @@ mod tests {
             gone,
             [
                 bound("a", HoldKind::Exclusive, 10),
-                Bound::new(&odd, HoldKind::Shared, 11)
+                grant_of(&odd, HoldKind::Shared, 11)
             ]
         );
         assert_eq!(b.client_of(slot("a"), 10), None);
@@ -485,7 +477,7 @@ mod tests {
         b.bind(7, &other, HoldKind::Exclusive, 10);
         b.unbind(&other, 10);
         assert_eq!(b.client_of(slot("a"), 10), Some(7));
-        assert_eq!(b.take_client(7), [Bound::new(&a, HoldKind::Exclusive, 10)]);
+        assert_eq!(b.take_client(7), [grant_of(&a, HoldKind::Exclusive, 10)]);
     }
 
     #[test]
@@ -546,7 +538,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_whatever_the_database_kind_token_and_name() {
-        let mut list = ClientHolds::new();
+        let mut list = ClientHolds::default();
         let long = vec![0xAB; 70_000];
         let cases = [
             (0, HoldKind::Exclusive, 0, &b""[..]),
@@ -578,7 +570,7 @@ mod tests {
 
     #[test]
     fn a_truncated_buffer_ends_the_records_without_a_panic() {
-        let mut list = ClientHolds::new();
+        let mut list = ClientHolds::default();
         list.push(&key("abc"), HoldKind::Shared, 5);
         list.push(&key("defg"), HoldKind::Permit, 6);
         let full = list.buffer.clone();
@@ -777,7 +769,7 @@ mod tests {
                             .into_iter()
                             .map(|h| {
                                 let (k, kind) = grant(h.token);
-                                assert_eq!((&h.key, h.kind, h.slot), (&k, kind, key_slot(&k.name)));
+                                assert_eq!((&h.key, h.kind), (&k, kind));
                                 h.token
                             })
                             .collect();

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
 use crate::args::Wait;
-use crate::binding::{Bindings, Bound, ClientId};
+use crate::binding::{Bindings, ClientId, GrantRef};
 use crate::deadlines::{DeadlineKey, Deadlines};
 use crate::hold::{HoldKind, Mode};
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
@@ -95,16 +95,6 @@ pub enum Attempt {
     Mismatch(LockError),
     /// Nobody can be granted the key (tokens exhausted): every waiter gets this error.
     Refused(LockError),
-}
-
-/// One grant, named well enough to end it later: an undelivered grant, or an ephemeral hold
-/// whose connection closed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrantRef {
-    pub key: LockKey,
-    pub kind: HoldKind,
-    /// Tokens never repeat on a key: the token names the grant.
-    pub token: u64,
 }
 
 /// Why [`Port::end_hold`] ends a hold.
@@ -357,7 +347,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         key: &LockKey,
         kind: HoldKind,
         token: u64,
-        still_there: impl FnMut(&Bound) -> bool,
+        still_there: impl FnMut(&GrantRef) -> bool,
     ) {
         if self.bindings.bind(client, key, kind, token) {
             self.bindings.prune(client, still_there);
@@ -412,12 +402,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return;
             }
         }
-        for bound in self.bindings.take_client(client) {
-            let grant = GrantRef {
-                key: bound.key,
-                kind: bound.kind,
-                token: bound.token,
-            };
+        for grant in self.bindings.take_client(client) {
             match port.end_hold(&grant, Ending::ConnectionClosed) {
                 Ended::NotThere => {}
                 ended => {

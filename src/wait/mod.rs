@@ -16,7 +16,8 @@ use std::cell::Cell;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
-use lock_core::scheduler::{Answer, GrantRef};
+use lock_core::binding::GrantRef;
+use lock_core::scheduler::Answer;
 use redis_module::raw;
 
 use crate::ffi::{api, reply, Ctx, RawString};

@@ -330,12 +330,23 @@ pub fn raw(con: &mut Connection, args: &[&[u8]]) -> redis::RedisResult<Value> {
 
 /// `LOCK.ACQUIRE key owner lease` → Some(token) or None.
 pub fn acquire(con: &mut Connection, key: &str, owner: &str, lease_ms: u64) -> Option<i64> {
+    acquire_with(con, key, owner, lease_ms, &[]).expect("LOCK.ACQUIRE")
+}
+
+/// `LOCK.ACQUIRE key owner lease [options...]`, reply or error.
+pub fn acquire_with(
+    con: &mut Connection,
+    key: &str,
+    owner: &str,
+    lease_ms: u64,
+    options: &[&str],
+) -> redis::RedisResult<Option<i64>> {
     redis::cmd("LOCK.ACQUIRE")
         .arg(key)
         .arg(owner)
         .arg(lease_ms)
+        .arg(options)
         .query(con)
-        .expect("LOCK.ACQUIRE")
 }
 
 pub fn acquire_wait(
@@ -416,6 +427,46 @@ pub fn info_field(con: &mut Connection, section: &str, field: &str) -> Option<St
         l.strip_prefix(&format!("{field}:"))
             .map(|v| v.trim().to_string())
     })
+}
+
+/// A counter or gauge of `INFO lock` (`lock_<name>`).
+pub fn lock_stat(con: &mut Connection, name: &str) -> i64 {
+    info_field(con, "lock", &format!("lock_{name}"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("INFO lock has no lock_{name}"))
+}
+
+pub fn used_memory(con: &mut Connection) -> i64 {
+    info_field(con, "memory", "used_memory")
+        .and_then(|v| v.parse().ok())
+        .expect("used_memory")
+}
+
+/// `CONFIG SET notify-keyspace-events <classes>`.
+pub fn notify_keyspace_events(con: &mut Connection, classes: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg(classes)
+        .query(con)
+        .expect("CONFIG SET notify-keyspace-events");
+}
+
+/// `sub` subscribed to `key`'s keyspace channel in db 0; a read gives up after `timeout`, so a
+/// test can drain what was published.
+pub fn keyspace_subscriber<'a>(
+    sub: &'a mut Connection,
+    key: &str,
+    timeout: Duration,
+) -> redis::PubSub<'a> {
+    let mut pubsub = sub.as_pubsub();
+    pubsub
+        .subscribe(format!("__keyspace@0__:{key}"))
+        .expect("SUBSCRIBE");
+    pubsub
+        .set_read_timeout(Some(timeout))
+        .expect("read timeout");
+    pubsub
 }
 
 /// Waits until `f` is true or the timeout passes; returns whether it became true.

@@ -91,18 +91,24 @@ impl GrantIndex {
         if (self.len + 1) * GROW_AT.1 > self.entries.len() * GROW_AT.0 {
             self.rebuild(self.len + 1);
         }
+        self.place(entry);
+        previous
+    }
+
+    /// Puts an entry that is not in the table at the first free position from its home (the
+    /// table always has one: it grows before it is 4/5 full).
+    fn place(&mut self, entry: Entry) {
         let mut at = self.home(entry.slot(), entry.token);
         for _ in 0..self.entries.len() {
             match self.entries.get_mut(at) {
                 Some(free) if free.is_free() => {
                     *free = entry;
                     self.len += 1;
-                    break;
+                    return;
                 }
                 _ => at = self.next(at),
             }
         }
-        previous
     }
 
     /// Removes the grant's entry; returns the client it bound.
@@ -197,17 +203,7 @@ impl GrantIndex {
         );
         self.len = 0;
         for entry in old.into_iter().filter(|e| !e.is_free()) {
-            let mut at = self.home(entry.slot(), entry.token);
-            for _ in 0..self.entries.len() {
-                match self.entries.get_mut(at) {
-                    Some(free) if free.is_free() => {
-                        *free = entry;
-                        self.len += 1;
-                        break;
-                    }
-                    _ => at = self.next(at),
-                }
-            }
+            self.place(entry);
         }
     }
 
