@@ -112,14 +112,17 @@ extern "C" fn on_keyspace_event(
     key: RawString,
 ) -> c_int {
     guard::callback((), || {
+        // SAFETY: Redis passes the event name as a NUL-terminated C string.
+        let event = (!event.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(event) });
+        if runtime::any_bound() {
+            follow_bound_holds(ctx, event, key);
+        }
         // Every generic event in the server comes here: do nothing unless someone waits on a
         // key of this name.
         let name = bytes(key);
         if runtime::may_concern_waiters(name) {
             let key = LockKey::new(selected_db(ctx), name);
-            // SAFETY: Redis passes the event name as a NUL-terminated C string.
-            let expired =
-                !event.is_null() && unsafe { std::ffi::CStr::from_ptr(event) } == c"expired";
+            let expired = event == Some(c"expired");
             let cause = if expired {
                 Cause::LeaseEnded
             } else {
@@ -129,6 +132,26 @@ extern "C" fn on_keyspace_event(
         }
     });
     raw::REDISMODULE_OK as c_int
+}
+
+/// `MOVE` and `RENAME` announce the key leaving (`move_from`, `rename_from`) and then arriving
+/// (`move_to`, `rename_to`): the holds bound to connections follow it. The key is only read.
+fn follow_bound_holds(ctx: Ctx, event: Option<&std::ffi::CStr>, key: RawString) {
+    let Some(event) = event else {
+        return;
+    };
+    if event == c"move_from" || event == c"rename_from" {
+        runtime::key_leaving(LockKey::new(selected_db(ctx), bytes(key)));
+    } else if event == c"move_to" || event == c"rename_to" {
+        let to = LockKey::new(selected_db(ctx), bytes(key));
+        let opened = Key::open_read(ctx, key);
+        let tokens: Vec<u64> = match crate::store::read_lock(&opened) {
+            Ok(Some(stored)) => stored.lock.holds.iter().filter_map(|h| h.token).collect(),
+            _ => Vec::new(),
+        };
+        drop(opened);
+        runtime::key_arrived(ctx, to, &tokens);
+    }
 }
 
 /// A connection closed: its EPHEMERAL holds end (from the inbox timer, see
@@ -178,17 +201,19 @@ extern "C" fn on_server_event(
             }
             // SAFETY: for FLUSHDB events Redis passes a RedisModuleFlushInfo.
             let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-            let change = if info.dbnum < 0 {
-                Change::All
+            let (change, db) = if info.dbnum < 0 {
+                (Change::All, None)
             } else {
-                Change::Db(info.dbnum)
+                (Change::Db(info.dbnum), Some(info.dbnum))
             };
+            runtime::flushed(ctx, db);
             runtime::notice(ctx, change);
         } else if event.id == raw::REDISMODULE_EVENT_SWAPDB {
             if !data.is_null() {
                 // SAFETY: for SWAPDB events Redis passes a RedisModuleSwapDbInfo.
                 let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
                 crate::store::swap_databases(info.dbnum_first, info.dbnum_second);
+                runtime::databases_swapped(ctx, info.dbnum_first, info.dbnum_second);
             }
             runtime::notice(ctx, Change::All);
         }

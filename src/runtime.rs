@@ -9,18 +9,16 @@
 
 use std::cell::{Cell, RefCell};
 
-use lock_core::args::{Reentry, Wait};
+use lock_core::args::Wait;
 use lock_core::binding::{ClientId, GrantRef};
-use lock_core::hold::{self, Decision, HoldKind, Mode};
+use lock_core::hold::{HoldKind, Lock, Mode, StoredLock};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
-    Answer, Attempt, Cause, Change, Ended, Ending, Handoff, NewWait, Note, Port, Scheduler, Seen,
-    Want, Writes,
+    Answer, Change, Event, NewWait, Note, Port, Read, Scheduler, Seen, Writes,
 };
-use lock_core::state::{Queue, View};
 use lock_core::LockError;
 
-use crate::ffi::{self, now_ms, with_db, Ctx, Key, KeyKind, OwnedString, RawString};
+use crate::ffi::{self, now_ms, with_db, Ctx, Key, OwnedString, RawString};
 use crate::stats::{add, bump, STATS};
 use crate::wait::{self, Blocked};
 use crate::{config, log, notify, store};
@@ -41,6 +39,8 @@ thread_local! {
     static BOUND: Cell<usize> = const { Cell::new(0) };
     /// Mirrors the number of queued waiters, readable without borrowing the scheduler.
     static WAITING: Cell<usize> = const { Cell::new(0) };
+    /// A key that `MOVE`/`RENAME` is taking away, between its two keyspace events.
+    static LEAVING: RefCell<Option<LockKey>> = const { RefCell::new(None) };
     /// Last time a "lease expired with waiters" warning was logged.
     static LAST_EXPIRY_WARNING: Cell<u64> = const { Cell::new(0) };
 }
@@ -52,7 +52,7 @@ fn with_scheduler<R>(
 ) -> Option<R> {
     SCHEDULER.with(|cell| match cell.try_borrow_mut() {
         Ok(mut scheduler) => {
-            let out = f(&mut scheduler, RedisPort { ctx });
+            let out = f(&mut scheduler, RedisPort::new(ctx));
             WAITING.with(|w| w.set(scheduler.waiting()));
             BOUND.with(|b| b.set(scheduler.bound_holds()));
             arm(ctx, scheduler.next_deadline());
@@ -176,8 +176,8 @@ pub fn any_bound() -> bool {
 pub fn bind(ctx: Ctx, name: &[u8], kind: HoldKind, token: u64) {
     let key = LockKey::new(ffi::selected_db(ctx), name);
     let client = ffi::client_id(ctx);
-    with_scheduler(ctx, |s, _| {
-        s.bind(client, &key, kind, token, |bound| hold_exists(ctx, bound));
+    with_scheduler(ctx, |s, mut port| {
+        s.bind(&mut port, client, &key, kind, token, now_ms());
     });
 }
 
@@ -197,6 +197,32 @@ pub fn bound_client(ctx: Ctx, name: &[u8], token: u64) -> Option<ClientId> {
     }
     let key = LockKey::new(ffi::selected_db(ctx), name);
     read_scheduler(|s| s.bound_client(&key, token)).flatten()
+}
+
+/// `MOVE`/`RENAME` is taking this key away (its arrival follows in the same command).
+pub fn key_leaving(from: LockKey) {
+    LEAVING.with(|leaving| *leaving.borrow_mut() = Some(from));
+}
+
+/// The key announced by [`key_leaving`] arrived at `to` with the holds of these tokens: the
+/// bound ones follow it.
+pub fn key_arrived(ctx: Ctx, to: LockKey, tokens: &[u64]) {
+    let Some(from) = LEAVING.with(|leaving| leaving.borrow_mut().take()) else {
+        return;
+    };
+    with_scheduler(ctx, |s, _| s.key_moved(&from, &to, tokens));
+}
+
+/// `SWAPDB a b`: bound holds follow their keys.
+pub fn databases_swapped(ctx: Ctx, a: i32, b: i32) {
+    with_scheduler(ctx, |s, _| s.swap_databases(a, b));
+}
+
+/// `FLUSHDB` (Some) or `FLUSHALL` (None): the bindings of the holds there go with them.
+pub fn flushed(ctx: Ctx, db: Option<i32>) {
+    if any_bound() {
+        with_scheduler(ctx, |s, _| s.flushed(db));
+    }
 }
 
 /// The server became a replica: every binding is forgotten.
@@ -220,16 +246,6 @@ pub fn connection_closed(ctx: Ctx, client: ClientId) {
         INBOX_ARMED.with(|a| a.set(true));
         wait::arm_inbox_timer(ctx);
     }
-}
-
-/// Whether a bound hold still exists (pruning a connection's list of bound holds).
-fn hold_exists(ctx: Ctx, grant: &GrantRef) -> bool {
-    with_db(ctx, grant.key.db, || {
-        let name = OwnedString::new(&grant.key.name);
-        let key = Key::open_read(ctx, name.as_ptr());
-        matches!(store::read_lock(&key), Ok(Some(stored))
-            if stored.lock.holds.iter().any(|h| h.kind == grant.kind && h.token == Some(grant.token)))
-    })
 }
 
 /// A waiter left on its own (disconnect, CLIENT UNBLOCK). Returns true if it was still queued,
@@ -312,9 +328,7 @@ pub fn on_inbox(ctx: Ctx) {
     let gone = GONE.with(|gone| std::mem::take(&mut *gone.borrow_mut()));
     with_scheduler(ctx, |s, mut port| {
         let now = now_ms();
-        for client in gone {
-            s.client_gone(&mut port, client, now);
-        }
+        s.clients_gone(&mut port, gone, now);
         if !changes.is_empty() {
             s.keys_changed(&mut port, changes, now);
         }
@@ -343,10 +357,25 @@ pub fn reset() {
     BOUND.with(|b| b.set(0));
 }
 
-/// The scheduler's effects, carried out on the server through the context of the command,
-/// timer or callback that called it.
+/// The scheduler's store: reads and writes lock keys, takes tokens, answers waiters, through
+/// the context of the command, timer or callback that called it. It decides nothing.
 struct RedisPort {
     ctx: Ctx,
+    /// The key read last, still open, so that the write that follows the read goes to exactly
+    /// what was read (nothing can change it in between: it is one call on the main thread).
+    open: Option<OpenLock>,
+}
+
+struct OpenLock {
+    key: LockKey,
+    name: OwnedString,
+    handle: Key,
+}
+
+impl RedisPort {
+    fn new(ctx: Ctx) -> RedisPort {
+        RedisPort { ctx, open: None }
+    }
 }
 
 impl Port<Blocked> for RedisPort {
@@ -360,73 +389,68 @@ impl Port<Blocked> for RedisPort {
         }
     }
 
-    fn try_grant(&mut self, key: &LockKey, want: Want<'_>, handoff: Handoff) -> Attempt {
+    fn read(&mut self, key: &LockKey, check_route: bool) -> Read {
         let ctx = self.ctx;
+        self.open = None;
         with_db(ctx, key.db, || {
             let name = OwnedString::new(&key.name);
-            let lock = Key::open(ctx, name.as_ptr());
-            let missing = lock.kind() == KeyKind::Missing;
-            if missing && handoff.check_route {
-                if let Some(redirect) = slot_left(ctx, key) {
-                    return Attempt::Moved(redirect);
-                }
-            }
-            let exclusive = want.mode == Mode::Exclusive;
-            let (attempt, ended) = if exclusive && missing {
-                let attempt = grant_exclusive(ctx, &lock, name.as_ptr(), key, want.owner, handoff);
-                (attempt, 0)
-            } else if exclusive && held_exclusively_by_other(&lock, want.owner) {
-                let held = Attempt::Held {
-                    next_lease_end: lock.expires_at(),
-                };
-                (held, 0)
-            } else {
-                grant_general(ctx, &lock, name.as_ptr(), key, want, handoff)
+            let handle = Key::open(ctx, name.as_ptr());
+            let read = match store::read_lock(&handle) {
+                Ok(None) if check_route => match slot_left(ctx, key) {
+                    Some(redirect) => Read::Moved(redirect),
+                    None => Read::Lock(None),
+                },
+                Ok(stored) => Read::Lock(stored),
+                Err(_) => Read::NotALock {
+                    expires_at: handle.expires_at(),
+                },
             };
-            drop(lock);
-            let granted = matches!(attempt, Attempt::Granted { .. });
-            // Where the server reports every key expiry (Redis >= 7.2, Valkey) `lock.expired`
-            // was announced then, whether anyone waited or not. The end of one hold of several
-            // only the module sees.
-            let key_expired =
-                granted && handoff.cause == Cause::LeaseEnded && !crate::events::counts_expiries();
-            add(&STATS.holds_expired, ended as u64);
-            if ended > 0 || key_expired {
-                notify::event(ctx, c"lock.expired", name.as_ptr());
-            }
-            if granted {
-                notify::event(ctx, c"lock.handoff", name.as_ptr());
-            }
-            attempt
+            self.open = Some(OpenLock {
+                key: key.clone(),
+                name,
+                handle,
+            });
+            read
         })
     }
 
-    fn end_hold(&mut self, grant: &GrantRef, ending: Ending) -> Ended {
+    fn write(
+        &mut self,
+        key: &LockKey,
+        old: Option<&StoredLock>,
+        new: &Lock,
+    ) -> Result<(), LockError> {
         let ctx = self.ctx;
-        with_db(ctx, grant.key.db, || {
-            let name = OwnedString::new(&grant.key.name);
-            let key = Key::open(ctx, name.as_ptr());
-            let Ok(live) = store::read_live(&key, now_ms()) else {
-                return Ended::NotThere;
-            };
-            let any_count = ending == Ending::ConnectionClosed;
-            let Some(new) = hold::remove_hold(&live.lock, grant.kind, grant.token, any_count)
-            else {
-                return Ended::NotThere;
-            };
-            if store::write_lock(ctx, &key, name.as_ptr(), live.stored.as_ref(), &new).is_err() {
-                return Ended::NotThere;
-            }
-            drop(key);
-            if ending == Ending::ConnectionClosed {
-                notify::event(ctx, c"lock.disconnected", name.as_ptr());
-            }
-            if new.holds.is_empty() {
-                Ended::KeyFree
-            } else {
-                Ended::KeyStillHeld
-            }
+        let open = self
+            .open
+            .take()
+            .filter(|open| open.key == *key)
+            .ok_or(LockError::Internal)?;
+        with_db(ctx, key.db, || {
+            store::write_lock(ctx, &open.handle, open.name.as_ptr(), old, new)
         })
+    }
+
+    fn next_token(&mut self, key: &LockKey, now: u64) -> Result<u64, LockError> {
+        let ctx = self.ctx;
+        with_db(ctx, key.db, || store::next_token(ctx, &key.name, now))
+    }
+
+    fn reports_expiries(&self) -> bool {
+        crate::events::counts_expiries()
+    }
+
+    fn event(&mut self, key: &LockKey, event: Event) {
+        let ctx = self.ctx;
+        let name = match event {
+            Event::Expired => c"lock.expired",
+            Event::Handoff => c"lock.handoff",
+            Event::Disconnected => c"lock.disconnected",
+        };
+        with_db(ctx, key.db, || {
+            let key_name = OwnedString::new(&key.name);
+            notify::event(ctx, name, key_name.as_ptr());
+        });
     }
 
     fn publish_unlock(&mut self, key: &LockKey) {
@@ -443,6 +467,7 @@ impl Port<Blocked> for RedisPort {
 
     fn note(&mut self, note: Note) {
         match note {
+            Note::LeasesEnded(count) => add(&STATS.holds_expired, count as u64),
             Note::HandedOff { waited_ms, .. } => {
                 bump(&STATS.handoffs);
                 add(&STATS.wait_time_ms, waited_ms);
@@ -487,122 +512,4 @@ fn warn_lease_lost(key: &LockKey) {
             String::from_utf8_lossy(&key.name)
         ));
     }
-}
-
-/// A free key handed to an exclusive waiter: the `RLock` layout, written as a command would.
-fn grant_exclusive(
-    ctx: Ctx,
-    lock: &Key,
-    name: RawString,
-    key: &LockKey,
-    owner: &[u8],
-    handoff: Handoff,
-) -> Attempt {
-    let token = match store::next_token(ctx, &key.name, handoff.now) {
-        Ok(token) => token,
-        Err(e) => return Attempt::Refused(e),
-    };
-    let owner = OwnedString::new(owner);
-    let written = store::write_hold(
-        ctx,
-        store::Hold {
-            key_name: name,
-            owner: owner.as_ptr(),
-            count: 1,
-            new_token: Some(token),
-            expires_at: handoff.expires_at,
-            key: lock,
-        },
-    );
-    match written {
-        Ok(()) => Attempt::Granted {
-            token,
-            next_lease_end: Some(handoff.expires_at),
-        },
-        Err(e) => Attempt::Refused(e),
-    }
-}
-
-/// Whether the key is another owner's lock in the `RLock` layout — what an exclusive waiter most
-/// often finds at a lease check — answered in O(1), without reading every field. (Redis
-/// removes such a key itself when its lease ends, so the hold has not ended.)
-fn held_exclusively_by_other(lock: &Key, owner: &[u8]) -> bool {
-    let owner = OwnedString::new(owner);
-    matches!(
-        store::view_of(lock, owner.as_ptr()),
-        Ok(View::HeldByOther { .. })
-    )
-}
-
-/// Any other handoff: the key's ended holds go first, then the waiter gets a hold if the rules
-/// give it one (`hold::decide`, as the head of the queue). Also returns how many ended holds
-/// were removed.
-fn grant_general(
-    ctx: Ctx,
-    lock: &Key,
-    name: RawString,
-    key: &LockKey,
-    want: Want<'_>,
-    handoff: Handoff,
-) -> (Attempt, usize) {
-    let store::LiveLock {
-        stored,
-        lock: current,
-        ended,
-    } = match store::read_live(lock, handoff.now) {
-        Ok(live) => live,
-        // Not a lock (a client replaced it): held until it changes or goes.
-        Err(_) => {
-            let held = Attempt::Held {
-                next_lease_end: lock.expires_at(),
-            };
-            return (held, 0);
-        }
-    };
-    let lease_ms = handoff.expires_at.saturating_sub(handoff.now);
-    let decision = hold::decide(
-        &current,
-        want.owner,
-        want.mode,
-        lease_ms,
-        Reentry::Counted,
-        Queue::Empty,
-        handoff.now,
-    );
-    let granted = match decision {
-        Ok(Decision::Grant(granted)) => granted,
-        other => {
-            // Nobody granted: the ended holds still go, replicated like any write.
-            let removed = if ended > 0
-                && store::write_lock(ctx, lock, name, stored.as_ref(), &current).is_ok()
-            {
-                ended
-            } else {
-                0
-            };
-            let attempt = match other {
-                Err(e) => Attempt::Mismatch(e),
-                _ => Attempt::Held {
-                    next_lease_end: current.next_lease_end(),
-                },
-            };
-            return (attempt, removed);
-        }
-    };
-    let token = match granted.token {
-        Some(token) => token,
-        None => match store::next_token(ctx, &key.name, handoff.now) {
-            Ok(token) => token,
-            Err(e) => return (Attempt::Refused(e), 0),
-        },
-    };
-    let new = hold::apply(&current, want.owner, want.mode, &granted, token);
-    if let Err(e) = store::write_lock(ctx, lock, name, stored.as_ref(), &new) {
-        return (Attempt::Refused(e), 0);
-    }
-    let attempt = Attempt::Granted {
-        token: granted.token.unwrap_or(token),
-        next_lease_end: new.next_lease_end(),
-    };
-    (attempt, ended)
 }

@@ -128,12 +128,7 @@ pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
     }
 }
 
-/// A lock of any kind as read from its key, with the key's expiry.
-#[derive(Debug, Clone)]
-pub struct StoredLock {
-    pub lock: Lock,
-    pub expires_at: Option<u64>,
-}
+pub use lock_core::hold::StoredLock;
 
 /// Reads the lock at `key` in either layout (None: no key). Anything that is not a lock is an
 /// error. Costs O(fields) for a multi-hold key, whose size is bounded before any field is read;
@@ -194,6 +189,25 @@ pub fn write_lock(
     old: Option<&StoredLock>,
     new: &Lock,
 ) -> Result<(), LockError> {
+    if old.is_none() {
+        if let [only] = new.holds.as_slice() {
+            if new.is_rlock_layout() {
+                // A new lock in Redisson's layout: written as the exclusive acquire writes it.
+                let owner = OwnedString::new(&only.owner);
+                return write_hold(
+                    ctx,
+                    Hold {
+                        key_name,
+                        owner: owner.as_ptr(),
+                        count: only.count,
+                        new_token: only.token,
+                        expires_at: only.expires_at.ok_or(LockError::Internal)?,
+                        key,
+                    },
+                );
+            }
+        }
+    }
     let writes = hold::writes(old.map(|o| &o.lock), old.and_then(|o| o.expires_at), new);
     for write in writes {
         match write {

@@ -1,13 +1,16 @@
 //! Holds bound to the connection that took them (`EPHEMERAL`): they end when it closes.
 //!
-//! A grant is identified by its key's slot and its token (tokens never repeat within a slot,
-//! across databases and flushes; see `token`), so the index from a hold to its connection is
-//! two integers. Each connection keeps the list of its holds, so that closing it costs in
+//! A grant is identified by its key (database and name, as a keyed 64-bit fingerprint) and its
+//! token, so the index from a hold to its connection is three integers. The name is part of it:
+//! tokens never repeat within a slot, but `COPY` puts a hold's token on a second key (whose hold
+//! is a plain copy, bound to nothing). The database is part of it too, through an identity that
+//! `SWAPDB` swaps in O(1) and that `MOVE`/`RENAME` rewrite for the key's own holds only, so that
+//! a binding follows its hold wherever the key goes. Each connection keeps the list of its holds, so that closing it costs in
 //! proportion to its own holds only.
 //!
 //! The binding is paid for per hold (issue #12 budgets 64 B), so both halves are packed:
-//! - the index entry is 16 bytes (the token, and the slot above the client id) in a table of
-//!   its own that wastes less than a standard map (see `index`);
+//! - the index entry is 24 bytes (the token, the key's fingerprint, the client id) in a table
+//!   of its own that wastes less than a standard map (see `index`);
 //! - a connection's list is one byte buffer of records (database and kind, name length, token,
 //!   name: 17 bytes for a 7-byte name), grown a size class at a time rather than doubled.
 //!
@@ -20,11 +23,12 @@
 //! outweigh the live ones, so the list stays within about twice its live bytes and each
 //! compaction copies no more than the releases since the last one freed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::hold::HoldKind;
 use crate::queue::LockKey;
-use crate::slot::key_slot;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 
 mod index;
 
@@ -47,19 +51,61 @@ pub struct GrantRef {
 /// this many bytes (about a hundred records of short names), then each time it doubles.
 const FIRST_PRUNE_AT: usize = 2_048;
 
+/// Which database each identity is now. Records and fingerprints name a database by an
+/// identity, which is its number until `SWAPDB` swaps two numbers' identities.
+#[derive(Debug, Default)]
+struct Databases {
+    /// db → identity, where they differ.
+    identity: HashMap<i32, i32>,
+    /// identity → db, where they differ.
+    db: HashMap<i32, i32>,
+}
+
+impl Databases {
+    fn identity(&self, db: i32) -> i32 {
+        self.identity.get(&db).copied().unwrap_or(db)
+    }
+
+    fn db(&self, identity: i32) -> i32 {
+        self.db.get(&identity).copied().unwrap_or(identity)
+    }
+
+    fn swap(&mut self, a: i32, b: i32) {
+        let (id_a, id_b) = (self.identity(a), self.identity(b));
+        self.set(a, id_b);
+        self.set(b, id_a);
+    }
+
+    fn set(&mut self, db: i32, identity: i32) {
+        if db == identity {
+            self.identity.remove(&db);
+            self.db.remove(&identity);
+        } else {
+            self.identity.insert(db, identity);
+            self.db.insert(identity, db);
+        }
+    }
+}
+
 /// Dead records below this many bytes are not worth a compaction.
 const COMPACT_FROM: usize = 1_024;
 
 #[derive(Debug, Default)]
 pub struct Bindings {
-    /// (slot, token) → client, for every client id that fits the packed entry.
+    /// (key fingerprint, token) → client, for every client id but the one that marks a free
+    /// position in the table.
     index: GrantIndex,
-    /// The same for client ids of 2^50 - 1 and above, which Redis never reaches in practice (its
-    /// ids count connections from 1) but which must not be bound to the wrong connection either.
-    wide_index: HashMap<(u16, u64), ClientId>,
+    /// The same for client id 2^64 - 1, which Redis never reaches (its ids count connections
+    /// from 1) but which must not be bound to the wrong connection either.
+    wide_index: HashMap<(u64, u64), ClientId>,
+    /// Which database each identity stored in the records is now (`SWAPDB`).
+    databases: Databases,
+    /// Keys the fingerprints.
+    keyer: RandomState,
     /// Boxed: most connections hold one or two holds, and a map's slack costs per entry (a
-    /// 16-byte entry instead of 56 saves about 40 bytes per connection).
-    lists: HashMap<ClientId, Box<ClientHolds>>,
+    /// 16-byte entry instead of 56 saves about 40 bytes per connection). Ordered, so that the
+    /// sweep can go round the connections a few at a time.
+    lists: BTreeMap<ClientId, Box<ClientHolds>>,
 }
 
 impl Bindings {
@@ -70,34 +116,135 @@ impl Bindings {
     /// A grant already bound stays with the connection it is bound to (a grant is bound once,
     /// when it is made, so this does not happen; the rule keeps each grant to one record).
     pub fn bind(&mut self, client: ClientId, key: &LockKey, kind: HoldKind, token: u64) -> bool {
-        let slot = key_slot(&key.name);
-        if self.client_of(slot, token).is_some() {
+        if self.client_of(key, token).is_some() {
             return false;
         }
-        match Entry::pack(slot, token, client) {
+        let identity = self.databases.identity(key.db);
+        self.index_insert(self.fingerprint(identity, &key.name), token, client);
+        let list = self.lists.entry(client).or_default();
+        list.push_record(&Record {
+            db: identity,
+            kind,
+            token,
+            name: &key.name,
+        });
+        list.buffer.len() >= list.prune_at
+    }
+
+    /// The connection the grant (its key, its token) is bound to, if any.
+    pub fn client_of(&self, key: &LockKey, token: u64) -> Option<ClientId> {
+        let identity = self.databases.identity(key.db);
+        self.bound_to(self.fingerprint(identity, &key.name), token)
+    }
+
+    fn bound_to(&self, fingerprint: u64, token: u64) -> Option<ClientId> {
+        self.index
+            .get(fingerprint, token)
+            .or_else(|| self.wide_index.get(&(fingerprint, token)).copied())
+    }
+
+    fn fingerprint(&self, identity: i32, name: &[u8]) -> u64 {
+        self.keyer.hash_one((identity, name))
+    }
+
+    fn record_fingerprint(&self, record: &Record<'_>) -> u64 {
+        self.fingerprint(record.db, record.name)
+    }
+
+    fn index_insert(&mut self, fingerprint: u64, token: u64, client: ClientId) {
+        match Entry::pack(fingerprint, token, client) {
             Some(entry) => {
                 self.index.insert(entry);
             }
             None => {
-                self.wide_index.insert((slot, token), client);
+                self.wide_index.insert((fingerprint, token), client);
             }
         }
-        let list = self.lists.entry(client).or_default();
-        list.push(key, kind, token);
-        list.buffer.len() >= list.prune_at
     }
 
-    /// The connection the grant is bound to, if any.
-    pub fn client_of(&self, slot: u16, token: u64) -> Option<ClientId> {
-        self.index
-            .get(slot, token)
-            .or_else(|| self.wide_index.get(&(slot, token)).copied())
+    /// The grant a record names, in the database its identity is now.
+    fn grant_of(&self, record: &Record<'_>) -> GrantRef {
+        GrantRef {
+            key: LockKey::new(self.databases.db(record.db), record.name),
+            kind: record.kind,
+            token: record.token,
+        }
+    }
+
+    /// `SWAPDB a b`: the holds of each database are now the other's (O(1)).
+    pub fn swap_databases(&mut self, a: i32, b: i32) {
+        self.databases.swap(a, b);
+    }
+
+    /// `MOVE`/`RENAME` took the key `from`, with the holds of these tokens, to `to`: their
+    /// bindings follow. Costs the holds moved plus the lists of the connections they are bound
+    /// to (each rewritten once).
+    pub fn moved(&mut self, from: &LockKey, to: &LockKey, tokens: &[u64]) {
+        let (from_id, to_id) = (
+            self.databases.identity(from.db),
+            self.databases.identity(to.db),
+        );
+        let (from_fp, to_fp) = (
+            self.fingerprint(from_id, &from.name),
+            self.fingerprint(to_id, &to.name),
+        );
+        let moving: HashMap<u64, ClientId> = tokens
+            .iter()
+            .filter_map(|&t| self.bound_to(from_fp, t).map(|c| (t, c)))
+            .collect();
+        let clients: std::collections::BTreeSet<ClientId> = moving.values().copied().collect();
+        for client in clients {
+            let Some(mut list) = self.lists.remove(&client) else {
+                continue;
+            };
+            let mut kept = ClientHolds::default();
+            for record in list.iter() {
+                if self.bound_to(self.record_fingerprint(&record), record.token) != Some(client) {
+                    continue;
+                }
+                let moves = record.db == from_id
+                    && *record.name == *from.name
+                    && moving.contains_key(&record.token);
+                if moves {
+                    kept.push_record(&Record {
+                        db: to_id,
+                        kind: record.kind,
+                        token: record.token,
+                        name: &to.name,
+                    });
+                } else {
+                    kept.push_record(&record);
+                }
+            }
+            list.buffer = kept.buffer;
+            list.live = kept.live;
+            list.live_bytes = kept.live_bytes;
+            self.lists.insert(client, list);
+        }
+        for (token, client) in moving {
+            self.remove(from_fp, token);
+            self.index_insert(to_fp, token, client);
+        }
+    }
+
+    /// `FLUSHDB` (Some) or `FLUSHALL` (None): every hold there is gone, and so are its bindings.
+    pub fn flushed(&mut self, db: Option<i32>) {
+        let Some(db) = db else {
+            self.clear();
+            return;
+        };
+        let identity = self.databases.identity(db);
+        let clients: Vec<ClientId> = self.lists.keys().copied().collect();
+        for client in clients {
+            self.rewrite(client, |_| true, Some(identity));
+        }
     }
 
     /// The hold granted with `token` on `key` ended (released by its owner): forget its binding.
     /// O(1): its record stays in the connection's list, dead, until the list is compacted.
     pub fn unbind(&mut self, key: &LockKey, token: u64) {
-        let Some(client) = self.remove(key_slot(&key.name), token) else {
+        let identity = self.databases.identity(key.db);
+        let Some(client) = self.remove(self.fingerprint(identity, &key.name), token) else {
             return;
         };
         let Some(list) = self.lists.get_mut(&client) else {
@@ -106,7 +253,7 @@ impl Bindings {
         list.live = list.live.saturating_sub(1);
         list.live_bytes = list
             .live_bytes
-            .saturating_sub(record_len(key.db, key.name.len()));
+            .saturating_sub(record_len(identity, key.name.len()));
         if list.live == 0 {
             self.lists.remove(&client);
             return;
@@ -115,7 +262,7 @@ impl Bindings {
         // then paid for by the bytes released since the last compaction.
         let dead_bytes = list.buffer.len().saturating_sub(list.live_bytes);
         if dead_bytes > list.live_bytes && dead_bytes >= COMPACT_FROM {
-            self.rewrite(client, |_| true);
+            self.rewrite(client, |_| true, None);
         }
     }
 
@@ -126,13 +273,48 @@ impl Bindings {
         };
         let mut holds = Vec::with_capacity(list.live);
         for record in list.iter() {
-            let slot = key_slot(record.name);
-            if self.client_of(slot, record.token) == Some(client) {
-                self.remove(slot, record.token);
-                holds.push(record.to_grant());
+            let fingerprint = self.record_fingerprint(&record);
+            if self.bound_to(fingerprint, record.token) == Some(client) {
+                self.remove(fingerprint, record.token);
+                holds.push(self.grant_of(&record));
             }
         }
         holds
+    }
+
+    /// The holds bound to `client` (its live records), without changing anything.
+    pub fn grants_of(&self, client: ClientId) -> Vec<GrantRef> {
+        let Some(list) = self.lists.get(&client) else {
+            return Vec::new();
+        };
+        list.iter()
+            .filter(|record| {
+                self.bound_to(self.record_fingerprint(record), record.token) == Some(client)
+            })
+            .map(|record| self.grant_of(&record))
+            .collect()
+    }
+
+    /// The connections after `after` (in id order, from the first again past the last) whose
+    /// holds add up to about `budget`, and the last of them (where the next round resumes).
+    pub fn clients_after(
+        &self,
+        after: ClientId,
+        budget: usize,
+    ) -> (Vec<ClientId>, Option<ClientId>) {
+        let mut clients = Vec::new();
+        let mut holds = 0;
+        let later = self.lists.range(after.saturating_add(1)..);
+        let from_start = self.lists.range(..=after);
+        for (client, list) in later.chain(from_start) {
+            if holds >= budget {
+                break;
+            }
+            holds += list.live;
+            clients.push(*client);
+        }
+        let last = clients.last().copied();
+        (clients, last)
     }
 
     /// Holds of `client` that may have ended by other means (DEL, lease end, FORCERELEASE):
@@ -140,7 +322,7 @@ impl Bindings {
     /// [`Self::bind`]), so that a long-lived connection does not accumulate bindings of holds
     /// long gone.
     pub fn prune(&mut self, client: ClientId, keep: impl FnMut(&GrantRef) -> bool) {
-        self.rewrite(client, keep);
+        self.rewrite(client, keep, None);
         if let Some(list) = self.lists.get_mut(&client) {
             list.prune_at = (2 * list.live_bytes).max(FIRST_PRUNE_AT);
         }
@@ -151,7 +333,7 @@ impl Bindings {
     pub fn clear(&mut self) {
         self.index.clear();
         self.wide_index = HashMap::new();
-        self.lists = HashMap::new();
+        self.lists = BTreeMap::new();
     }
 
     /// How many holds are bound to `client`.
@@ -168,28 +350,33 @@ impl Bindings {
     }
 
     /// Removes the binding; returns the client it bound.
-    fn remove(&mut self, slot: u16, token: u64) -> Option<ClientId> {
+    fn remove(&mut self, fingerprint: u64, token: u64) -> Option<ClientId> {
         self.index
-            .remove(slot, token)
-            .or_else(|| self.wide_index.remove(&(slot, token)))
+            .remove(fingerprint, token)
+            .or_else(|| self.wide_index.remove(&(fingerprint, token)))
     }
 
-    /// Rewrites `client`'s list with its live records only, unbinding those `keep` refuses;
-    /// drops the list if none is left.
-    fn rewrite(&mut self, client: ClientId, mut keep: impl FnMut(&GrantRef) -> bool) {
+    /// Rewrites `client`'s list with its live records only, unbinding those `keep` refuses
+    /// and those of the database identity `flushed`; drops the list if none is left.
+    fn rewrite(
+        &mut self,
+        client: ClientId,
+        mut keep: impl FnMut(&GrantRef) -> bool,
+        flushed: Option<i32>,
+    ) {
         let Some(mut list) = self.lists.remove(&client) else {
             return;
         };
         let mut kept = ClientHolds::default();
         for record in list.iter() {
-            let slot = key_slot(record.name);
-            if self.client_of(slot, record.token) != Some(client) {
+            let fingerprint = self.record_fingerprint(&record);
+            if self.bound_to(fingerprint, record.token) != Some(client) {
                 continue;
             }
-            if keep(&record.to_grant()) {
+            if flushed != Some(record.db) && keep(&self.grant_of(&record)) {
                 kept.push_record(&record);
             } else {
-                self.remove(slot, record.token);
+                self.remove(fingerprint, record.token);
             }
         }
         kept.buffer.shrink_to(size_class(kept.buffer.len()));
@@ -226,6 +413,7 @@ impl Default for ClientHolds {
 }
 
 impl ClientHolds {
+    #[cfg(test)]
     fn push(&mut self, key: &LockKey, kind: HoldKind, token: u64) {
         self.push_record(&Record {
             db: key.db,
@@ -307,16 +495,6 @@ struct Record<'a> {
     kind: HoldKind,
     token: u64,
     name: &'a [u8],
-}
-
-impl Record<'_> {
-    fn to_grant(&self) -> GrantRef {
-        GrantRef {
-            key: LockKey::new(self.db, self.name),
-            kind: self.kind,
-            token: self.token,
-        }
-    }
 }
 
 fn kind_code(kind: HoldKind) -> u64 {
@@ -437,10 +615,6 @@ mod tests {
         grant_of(&key(name), kind, token)
     }
 
-    fn slot(name: &str) -> u16 {
-        key_slot(name.as_bytes())
-    }
-
     #[test]
     fn a_closed_connection_gives_back_its_own_holds_only() {
         let mut b = Bindings::default();
@@ -448,11 +622,16 @@ mod tests {
         b.bind(7, &key("a"), HoldKind::Exclusive, 10);
         b.bind(7, &odd, HoldKind::Shared, 11);
         b.bind(8, &key("c"), HoldKind::Permit, 12);
-        assert_eq!(b.client_of(slot("a"), 10), Some(7));
+        assert_eq!(b.client_of(&key("a"), 10), Some(7));
         assert_eq!(
-            b.client_of(slot("a") ^ 1, 10),
+            b.client_of(&LockKey::new(1, b"a"), 10),
             None,
-            "the slot is part of the identity"
+            "the database is part of the identity"
+        );
+        assert_eq!(
+            b.client_of(&key("{a}copy"), 10),
+            None,
+            "the name is part of the identity (COPY keeps the slot and the token)"
         );
         let gone = b.take_client(7);
         assert_eq!(
@@ -462,8 +641,8 @@ mod tests {
                 grant_of(&odd, HoldKind::Shared, 11)
             ]
         );
-        assert_eq!(b.client_of(slot("a"), 10), None);
-        assert_eq!(b.client_of(slot("c"), 12), Some(8));
+        assert_eq!(b.client_of(&key("a"), 10), None);
+        assert_eq!(b.client_of(&key("c"), 12), Some(8));
         assert_eq!(b.len(), 1);
         assert_eq!(b.take_client(7), []);
     }
@@ -471,12 +650,11 @@ mod tests {
     #[test]
     fn a_release_unbinds_its_own_grant_not_one_with_the_same_token_in_another_slot() {
         let (a, other) = (key("a"), key("b"));
-        assert_ne!(slot("a"), slot("b"));
         let mut b = Bindings::default();
         b.bind(7, &a, HoldKind::Exclusive, 10);
         b.bind(7, &other, HoldKind::Exclusive, 10);
         b.unbind(&other, 10);
-        assert_eq!(b.client_of(slot("a"), 10), Some(7));
+        assert_eq!(b.client_of(&key("a"), 10), Some(7));
         assert_eq!(b.take_client(7), [grant_of(&a, HoldKind::Exclusive, 10)]);
     }
 
@@ -487,12 +665,12 @@ mod tests {
             b.bind(7, &key("a"), HoldKind::Exclusive, t);
         }
         b.unbind(&key("a"), 3);
-        assert_eq!(b.client_of(slot("a"), 3), None);
+        assert_eq!(b.client_of(&key("a"), 3), None);
         assert_eq!(b.holds_of(7), 9);
         b.prune(7, |h| h.token % 2 == 0);
         assert_eq!(b.holds_of(7), 5);
-        assert_eq!(b.client_of(slot("a"), 5), None);
-        assert_eq!(b.client_of(slot("a"), 4), Some(7));
+        assert_eq!(b.client_of(&key("a"), 5), None);
+        assert_eq!(b.client_of(&key("a"), 4), Some(7));
         for t in [0, 2, 4, 6, 8] {
             b.unbind(&key("a"), t);
         }
@@ -510,7 +688,7 @@ mod tests {
         assert!(!b.bind(7, &key("a"), HoldKind::Exclusive, 10));
         b.bind(8, &key("a"), HoldKind::Exclusive, 10);
         b.bind(7, &key("a"), HoldKind::Shared, 10);
-        assert_eq!(b.client_of(slot("a"), 10), Some(7));
+        assert_eq!(b.client_of(&key("a"), 10), Some(7));
         assert_eq!((b.holds_of(7), b.holds_of(8), b.len()), (1, 0, 1));
         assert_eq!(b.lists[&7].buffer.len(), record_len(0, 1), "one record");
         assert_eq!(b.take_client(8), []);
@@ -525,14 +703,14 @@ mod tests {
         b.bind(wide, &key("a"), HoldKind::Exclusive, 10);
         b.bind(widest_packed, &key("a"), HoldKind::Exclusive, 11);
         b.bind(widest_packed + 1, &key("a"), HoldKind::Shared, 12);
-        assert_eq!(b.client_of(slot("a"), 10), Some(wide));
-        assert_eq!(b.client_of(slot("a"), 11), Some(widest_packed));
-        assert_eq!(b.client_of(slot("a"), 12), Some(widest_packed + 1));
+        assert_eq!(b.client_of(&key("a"), 10), Some(wide));
+        assert_eq!(b.client_of(&key("a"), 11), Some(widest_packed));
+        assert_eq!(b.client_of(&key("a"), 12), Some(widest_packed + 1));
         assert_eq!(b.len(), 3);
         b.unbind(&key("a"), 12);
         assert_eq!(b.holds_of(widest_packed + 1), 0);
         assert_eq!(b.take_client(wide), [bound("a", HoldKind::Exclusive, 10)]);
-        assert_eq!(b.client_of(slot("a"), 11), Some(widest_packed));
+        assert_eq!(b.client_of(&key("a"), 11), Some(widest_packed));
         assert_eq!(b.len(), 1);
     }
 
@@ -724,6 +902,10 @@ mod tests {
         Close(usize),
         Prune(usize, u64),
         Clear,
+        Swap(i32, i32),
+        /// MOVE or RENAME of the key holding this token to (db, name).
+        Move(u64, i32, usize),
+        Flush(Option<i32>),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -733,6 +915,9 @@ mod tests {
             1 => (0..CLIENTS.len()).prop_map(Op::Close),
             1 => (0..CLIENTS.len(), 1u64..4).prop_map(|(c, m)| Op::Prune(c, m)),
             1 => Just(Op::Clear),
+            2 => (-1i32..3, -1i32..3).prop_map(|(x, y)| Op::Swap(x, y)),
+            3 => (0..TOKENS, -1i32..3, 0..NAMES.len()).prop_map(|(t, db, n)| Op::Move(t, db, n)),
+            1 => proptest::option::of(-1i32..3).prop_map(Op::Flush),
         ]
     }
 
@@ -743,9 +928,9 @@ mod tests {
         /// the live ones by more than the compaction threshold.
         #[test]
         fn bindings_behave_like_a_map_of_grants(ops in proptest::collection::vec(op(), 1..400)) {
-            let slots: Vec<u16> = (0..TOKENS).map(|t| key_slot(&grant(t).0.name)).collect();
             let mut b = Bindings::default();
-            let mut model: BTreeMap<(u16, u64), u64> = BTreeMap::new();
+            // token → (where its hold is now, its client)
+            let mut model: BTreeMap<u64, (LockKey, u64)> = BTreeMap::new();
             let mut used = BTreeSet::new();
             for op in ops {
                 match op {
@@ -756,50 +941,98 @@ mod tests {
                         }
                         let (k, kind) = grant(t);
                         b.bind(CLIENTS[c], &k, kind, t);
-                        model.insert((key_slot(&k.name), t), CLIENTS[c]);
+                        model.insert(t, (k, CLIENTS[c]));
                     }
                     Op::Unbind(t) => {
-                        let (k, _) = grant(t);
+                        let Some((k, _)) = model.get(&t).cloned() else {
+                            // Never bound, or gone: unbinding it there changes nothing.
+                            b.unbind(&grant(t).0, t);
+                            continue;
+                        };
                         b.unbind(&k, t);
-                        model.remove(&(key_slot(&k.name), t));
+                        model.remove(&t);
                     }
                     Op::Close(c) => {
-                        let got: BTreeSet<u64> = b
+                        let got: BTreeSet<(u64, LockKey)> = b
                             .take_client(CLIENTS[c])
                             .into_iter()
                             .map(|h| {
-                                let (k, kind) = grant(h.token);
-                                assert_eq!((&h.key, h.kind), (&k, kind));
-                                h.token
+                                assert_eq!(h.kind, grant(h.token).1);
+                                (h.token, h.key)
                             })
                             .collect();
-                        let want: BTreeSet<u64> = model
+                        let want: BTreeSet<(u64, LockKey)> = model
                             .iter()
-                            .filter(|(_, &v)| v == CLIENTS[c])
-                            .map(|(&(_, t), _)| t)
+                            .filter(|(_, (_, v))| *v == CLIENTS[c])
+                            .map(|(&t, (k, _))| (t, k.clone()))
                             .collect();
                         prop_assert_eq!(got, want);
-                        model.retain(|_, v| *v != CLIENTS[c]);
+                        model.retain(|_, (_, v)| *v != CLIENTS[c]);
                     }
                     Op::Prune(c, m) => {
                         b.prune(CLIENTS[c], |h| h.token % m == 0);
-                        model.retain(|&(_, t), v| *v != CLIENTS[c] || t % m == 0);
+                        model.retain(|&t, (_, v)| *v != CLIENTS[c] || t % m == 0);
                     }
                     Op::Clear => {
                         b.clear();
                         model.clear();
                     }
+                    Op::Swap(x, y) => {
+                        b.swap_databases(x, y);
+                        for (k, _) in model.values_mut() {
+                            if k.db == x {
+                                k.db = y;
+                            } else if k.db == y {
+                                k.db = x;
+                            }
+                        }
+                    }
+                    Op::Move(t, db, name) => {
+                        // The key holding token t goes to (db, name), with every hold on it.
+                        let Some((from, _)) = model.get(&t).cloned() else {
+                            continue;
+                        };
+                        let to = LockKey::new(db, NAMES[name].as_bytes());
+                        let occupied = model.values().any(|(k, _)| *k == to);
+                        if to == from || occupied {
+                            continue;
+                        }
+                        let tokens: Vec<u64> = model
+                            .iter()
+                            .filter(|(_, (k, _))| *k == from)
+                            .map(|(&t, _)| t)
+                            .collect();
+                        b.moved(&from, &to, &tokens);
+                        for t in tokens {
+                            if let Some((k, _)) = model.get_mut(&t) {
+                                *k = to.clone();
+                            }
+                        }
+                    }
+                    Op::Flush(db) => {
+                        b.flushed(db);
+                        model.retain(|_, (k, _)| db.is_some_and(|db| k.db != db));
+                    }
                 }
                 prop_assert_eq!(b.len(), model.len());
-                for (t, &s) in slots.iter().enumerate() {
-                    let t = t as u64;
-                    prop_assert_eq!(b.client_of(s, t), model.get(&(s, t)).copied());
+                for t in 0..TOKENS {
+                    let (k, _) = grant(t);
+                    let here = model.get(&t);
+                    match here {
+                        Some((at, c)) => {
+                            prop_assert_eq!(b.client_of(at, t), Some(*c));
+                            if *at != k {
+                                prop_assert_eq!(b.client_of(&k, t), None, "moved away");
+                            }
+                        }
+                        None => prop_assert_eq!(b.client_of(&k, t), None),
+                    }
                 }
                 for &c in &CLIENTS {
-                    let live: Vec<u64> = model
-                        .iter()
-                        .filter(|(_, &v)| v == c)
-                        .map(|(&(_, t), _)| t)
+                    let live: Vec<LockKey> = model
+                        .values()
+                        .filter(|(_, v)| *v == c)
+                        .map(|(k, _)| k.clone())
                         .collect();
                     prop_assert_eq!(b.holds_of(c), live.len());
                     let Some(list) = b.lists.get(&c) else {
@@ -808,10 +1041,7 @@ mod tests {
                     };
                     let live_bytes: usize = live
                         .iter()
-                        .map(|&t| {
-                            let (k, _) = grant(t);
-                            record_len(k.db, k.name.len())
-                        })
+                        .map(|k| record_len(b.databases.identity(k.db), k.name.len()))
                         .sum();
                     prop_assert_eq!(list.live_bytes, live_bytes);
                     let dead = list.buffer.len() - list.live_bytes;

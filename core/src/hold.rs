@@ -16,7 +16,7 @@
 //! [`Lock`], decides what a request does to it, and says which fields to write ([`writes`]).
 //! Everything is plain data: the adapter reads, asks, writes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::args::Reentry;
 use crate::layout::{parse_positive, FENCE_FIELD};
@@ -442,6 +442,58 @@ pub enum How {
     Downgraded,
 }
 
+/// What an acquire's decision depends on: what the key is, how many holds it has, whether one
+/// is exclusive, and the requesting owner's own holds. Built from a [`Lock`] in one pass
+/// ([`Standing::of`]) by a command, or kept up to date in O(1) per grant by a [`Run`].
+#[derive(Debug, Clone, Copy)]
+pub struct Standing<'a> {
+    /// None: the key has no holds (whoever acquires it first decides what it is).
+    pub family: Option<Family>,
+    pub holds: usize,
+    pub any_exclusive: bool,
+    /// The owner's own holds, by kind (exclusive, shared, permit).
+    pub own: [Option<&'a Hold>; 3],
+}
+
+fn kind_index(kind: HoldKind) -> usize {
+    match kind {
+        HoldKind::Exclusive => 0,
+        HoldKind::Shared => 1,
+        HoldKind::Permit => 2,
+    }
+}
+
+impl<'a> Standing<'a> {
+    /// How `owner` stands on `lock`: O(holds).
+    pub fn of(lock: &'a Lock, owner: &[u8]) -> Standing<'a> {
+        let mut own = [None; 3];
+        let mut any_exclusive = false;
+        for hold in &lock.holds {
+            any_exclusive |= hold.kind == HoldKind::Exclusive;
+            if hold.owner == owner {
+                if let Some(slot) = own.get_mut(kind_index(hold.kind)) {
+                    *slot = Some(hold);
+                }
+            }
+        }
+        Standing {
+            family: (!lock.holds.is_empty()).then_some(lock.family),
+            holds: lock.holds.len(),
+            any_exclusive,
+            own,
+        }
+    }
+
+    fn own(&self, kind: HoldKind) -> Option<&'a Hold> {
+        self.own.get(kind_index(kind)).copied().flatten()
+    }
+
+    /// Holds of owners other than the requester.
+    fn others(&self) -> usize {
+        self.holds - self.own.iter().flatten().count().min(self.holds)
+    }
+}
+
 /// The one acquire rule for every kind, on a lock whose ended holds were dropped.
 pub fn decide(
     lock: &Lock,
@@ -452,12 +504,27 @@ pub fn decide(
     queue: Queue,
     now: UnixMs,
 ) -> Result<Decision, LockError> {
+    decide_on(
+        &Standing::of(lock, owner),
+        mode,
+        lease_ms,
+        reentry,
+        queue,
+        now,
+    )
+}
+
+/// [`decide`] on an owner's standing: O(1).
+pub fn decide_on(
+    standing: &Standing<'_>,
+    mode: Mode,
+    lease_ms: u64,
+    reentry: Reentry,
+    queue: Queue,
+    now: UnixMs,
+) -> Result<Decision, LockError> {
     let expires_at = now.saturating_add(lease_ms);
-    let family = if lock.holds.is_empty() {
-        mode.family()
-    } else {
-        lock.family
-    };
+    let family = standing.family.unwrap_or(mode.family());
     match (family, mode) {
         (Family::Semaphore { limit }, Mode::Limit(asked)) if limit != asked => {
             return Err(LockError::IsSemaphore { limit })
@@ -469,8 +536,7 @@ pub fn decide(
         _ => {}
     }
     let kind = mode.kind();
-    if let Some(i) = lock.find(owner, kind) {
-        let held = lock.holds.get(i).ok_or(LockError::Internal)?;
+    if let Some(held) = standing.own(kind) {
         let count = reentry.count_after(held.count)?;
         return Ok(Decision::Grant(Granted {
             how: How::Reentered,
@@ -489,26 +555,25 @@ pub fn decide(
             token: None,
         }))
     };
-    let others = lock.holds.iter().filter(|h| h.owner != owner).count();
     match kind {
         HoldKind::Exclusive => {
-            if lock.find(owner, HoldKind::Shared).is_some() {
+            if standing.own(HoldKind::Shared).is_some() {
                 return Err(LockError::UpgradeRefused);
             }
-            if others > 0 || queue == Queue::Waiting {
+            if standing.others() > 0 || queue == Queue::Waiting {
                 return Ok(Decision::Busy);
             }
             new(How::New)
         }
         HoldKind::Shared => {
-            if lock.find(owner, HoldKind::Exclusive).is_some() {
+            if standing.own(HoldKind::Exclusive).is_some() {
                 // Holding it exclusively already excludes everyone else: nobody to wait for.
                 return new(How::Downgraded);
             }
-            if lock.exclusive().is_some() || queue == Queue::Waiting {
+            if standing.any_exclusive || queue == Queue::Waiting {
                 return Ok(Decision::Busy);
             }
-            if lock.holds.len() >= MAX_HOLDERS {
+            if standing.holds >= MAX_HOLDERS {
                 return Err(LockError::TooManyHolders {
                     max: MAX_HOLDERS as u64,
                 });
@@ -520,10 +585,107 @@ pub fn decide(
                 Family::Semaphore { limit } => limit,
                 Family::ReadWrite => return Err(LockError::IsReadWrite),
             };
-            if lock.holds.len() as u64 >= limit || queue == Queue::Waiting {
+            if standing.holds as u64 >= limit || queue == Queue::Waiting {
                 return Ok(Decision::Busy);
             }
             new(How::New)
+        }
+    }
+}
+
+/// A lock being handed to a run of waiters (the head of its queue, then each waiter behind it
+/// that still fits): every decision and grant costs O(1), so a run of any length costs one read
+/// and one write of the key, not one per waiter.
+///
+/// The owners of a run are distinct (an owner waits at most once per key), so a waiter's own
+/// holds can only be among the holds the key had when the run began: those are indexed once.
+#[derive(Debug)]
+pub struct Run {
+    lock: Lock,
+    /// Owner → positions in `lock.holds` of its holds (exclusive, shared, permit), as the key was.
+    own: HashMap<Vec<u8>, [Option<usize>; 3]>,
+    any_exclusive: bool,
+}
+
+impl Run {
+    pub fn new(lock: Lock) -> Run {
+        let mut own: HashMap<Vec<u8>, [Option<usize>; 3]> = HashMap::new();
+        let mut any_exclusive = false;
+        for (at, hold) in lock.holds.iter().enumerate() {
+            any_exclusive |= hold.kind == HoldKind::Exclusive;
+            let slots = own.entry(hold.owner.clone()).or_default();
+            if let Some(slot) = slots.get_mut(kind_index(hold.kind)) {
+                *slot = Some(at);
+            }
+        }
+        Run {
+            lock,
+            own,
+            any_exclusive,
+        }
+    }
+
+    pub fn lock(&self) -> &Lock {
+        &self.lock
+    }
+
+    pub fn into_lock(self) -> Lock {
+        self.lock
+    }
+
+    fn standing(&self, owner: &[u8]) -> Standing<'_> {
+        let mut own = [None; 3];
+        if let Some(at) = self.own.get(owner) {
+            for (slot, at) in own.iter_mut().zip(at) {
+                *slot = at.and_then(|i| self.lock.holds.get(i));
+            }
+        }
+        Standing {
+            family: (!self.lock.holds.is_empty()).then_some(self.lock.family),
+            holds: self.lock.holds.len(),
+            any_exclusive: self.any_exclusive,
+            own,
+        }
+    }
+
+    /// The head waiter's acquire: the same rule as a command's, with nobody queued ahead.
+    pub fn decide(
+        &self,
+        owner: &[u8],
+        mode: Mode,
+        lease_ms: u64,
+        now: UnixMs,
+    ) -> Result<Decision, LockError> {
+        decide_on(
+            &self.standing(owner),
+            mode,
+            lease_ms,
+            Reentry::Counted,
+            Queue::Empty,
+            now,
+        )
+    }
+
+    /// Writes the grant into the lock (see [`apply`]).
+    pub fn apply(&mut self, owner: &[u8], mode: Mode, granted: &Granted, token: u64) {
+        if self.lock.holds.is_empty() {
+            self.lock.family = mode.family();
+        }
+        let hold = Hold {
+            owner: owner.to_vec(),
+            kind: granted.kind,
+            count: granted.count,
+            expires_at: Some(granted.expires_at),
+            token: Some(granted.token.unwrap_or(token)),
+        };
+        self.any_exclusive |= granted.kind == HoldKind::Exclusive;
+        let at = self
+            .own
+            .get(owner)
+            .and_then(|slots| slots.get(kind_index(granted.kind)).copied().flatten());
+        match at.and_then(|i| self.lock.holds.get_mut(i)) {
+            Some(slot) => *slot = hold,
+            None => self.lock.holds.push(hold),
         }
     }
 }
@@ -596,6 +758,26 @@ pub fn remove_hold(lock: &Lock, kind: HoldKind, token: u64, any_count: bool) -> 
     let mut out = lock.clone();
     out.holds.remove(i);
     Some(out)
+}
+
+/// Removes the holds named by (kind, token) in `ending`, whatever their count (holds whose
+/// connection closed) or only at count 1 (`any_count` false: an undelivered grant; a re-entered
+/// hold is in use). One pass over the lock however many are named. Returns how many were
+/// removed.
+pub fn remove_holds(lock: &mut Lock, ending: &HashSet<(HoldKind, u64)>, any_count: bool) -> usize {
+    let before = lock.holds.len();
+    lock.holds.retain(|h| {
+        let named = h.token.is_some_and(|t| ending.contains(&(h.kind, t)));
+        !(named && (any_count || h.count == 1))
+    });
+    before - lock.holds.len()
+}
+
+/// A lock as read from its key, with the key's expiry (the lease of an `RLock`-layout hold).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredLock {
+    pub lock: Lock,
+    pub expires_at: Option<UnixMs>,
 }
 
 #[cfg(test)]

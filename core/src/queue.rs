@@ -14,7 +14,7 @@ use crate::hold::Mode;
 use crate::{LockError, UnixMs};
 
 /// A lock key: the database it lives in and its name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockKey {
     pub db: i32,
     pub name: Box<[u8]>,

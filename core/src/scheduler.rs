@@ -17,9 +17,8 @@ use std::hash::Hash;
 use crate::args::Wait;
 use crate::binding::{Bindings, ClientId, GrantRef};
 use crate::deadlines::{DeadlineKey, Deadlines};
-use crate::hold::{HoldKind, Mode};
+use crate::hold::{self, Decision, HoldKind, Lock, Mode, Run, StoredLock};
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
-use crate::slot::key_slot;
 use crate::{LockError, UnixMs};
 
 /// How often the scheduler looks again while the server pauses writes: no event says when a
@@ -61,45 +60,32 @@ pub enum Writes {
     Replica,
 }
 
-/// How a handoff is to be written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Handoff {
-    pub now: UnixMs,
-    pub expires_at: UnixMs,
-    pub cause: Cause,
-    pub check_route: bool,
-}
-
-/// What a waiter asks for, as [`Port::try_grant`] is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Want<'a> {
-    pub owner: &'a [u8],
-    pub mode: Mode,
-}
-
-/// What [`Port::try_grant`] found and did.
+/// What a read of a lock key found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Attempt {
-    /// Other holds are in the way: nothing granted. The earliest lease end among the key's
-    /// holds (when it may next have room), if any has one.
-    Held { next_lease_end: Option<UnixMs> },
+pub enum Read {
+    /// The lock stored there (None: no key).
+    Lock(Option<StoredLock>),
+    /// Something that is not a lock (a client replaced it): held until it changes or goes. The
+    /// key's expiry, if it has one.
+    NotALock { expires_at: Option<UnixMs> },
     /// The key left this node with its slot: the server's redirect for it (`ASK ...`/`MOVED ...`).
     Moved(String),
-    /// The hold was written with this token; the key's earliest lease end after it.
-    Granted {
-        token: u64,
-        next_lease_end: Option<UnixMs>,
-    },
-    /// This waiter's request does not fit what the key is (a semaphore asked for exclusively,
-    /// an upgrade): it alone is answered with the error.
-    Mismatch(LockError),
-    /// Nobody can be granted the key (tokens exhausted): every waiter gets this error.
-    Refused(LockError),
 }
 
-/// Why [`Port::end_hold`] ends a hold.
+/// Keyspace events the scheduler raises on a lock key (`lock.<name>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
+pub enum Event {
+    /// Holds whose lease ended were removed, or a lease end let a waiter in.
+    Expired,
+    /// A waiter was granted a hold.
+    Handoff,
+    /// An EPHEMERAL hold ended with its connection.
+    Disconnected,
+}
+
+/// Why holds are ended by [`Scheduler::end_holds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
     /// A grant whose reply was not delivered: ended only while it is still exactly that grant
     /// (count 1); a re-entered hold is somebody's.
     Undelivered,
@@ -107,16 +93,18 @@ pub enum Ending {
     ConnectionClosed,
 }
 
-/// What [`Port::end_hold`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
-    /// Nothing: the hold was not there any more (released, expired, replaced).
-    NotThere,
-    /// Removed; other holds remain on the key.
-    KeyStillHeld,
-    /// Removed; the key is free.
-    KeyFree,
+/// Where a run of grants stopped.
+enum Stop {
+    /// Nobody else fits now (or the queue is empty).
+    Held,
+    /// Nobody can be granted the key (tokens exhausted): every waiter gets this error.
+    Refused(LockError),
 }
+
+/// How often bound holds are checked for ends the module does not see as they happen (a lease
+/// end, DEL, FLUSHDB, an overwrite), and how many bindings one check looks at.
+pub const BINDING_SWEEP_MS: u64 = 100;
+pub const BINDING_SWEEP_BUDGET: usize = 2_000;
 
 /// How a waiter leaves the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +123,8 @@ pub enum Answer {
 /// What happened, for counters, logs and keyspace events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Note {
+    /// Holds whose lease had ended were removed from a key.
+    LeasesEnded(usize),
     /// A waiter got the key, after queuing this long.
     HandedOff {
         key: LockKey,
@@ -162,17 +152,28 @@ pub enum Note {
     },
 }
 
-/// What the scheduler needs from the server. Every call is about one key, in its database.
+/// What the scheduler needs from the server: a store of locks and a way to answer waiters. It
+/// decides nothing (the rules are `hold`'s and the scheduler's). Every call is about one key,
+/// in its database.
 pub trait Port<H> {
     fn writes(&self) -> Writes;
-    /// If the key has room for `want` (its holds whose lease ended are removed first), writes
-    /// the hold with a new token (taken at `handoff.now`) and the lease end
-    /// `handoff.expires_at`, and tells subscribers (`lock.expired` first when the cause is a
-    /// lease end, then `lock.handoff`). With `handoff.check_route` the key may have left this
-    /// node with its slot (a background handoff in a cluster); if so, nothing is written.
-    fn try_grant(&mut self, key: &LockKey, want: Want<'_>, handoff: Handoff) -> Attempt;
-    /// Ends one hold if it is still the one named (see [`Ending`]).
-    fn end_hold(&mut self, grant: &GrantRef, ending: Ending) -> Ended;
+    /// Reads the lock at `key`. With `check_route` a missing key whose slot left this node (a
+    /// background handoff in a cluster) reads as [`Read::Moved`].
+    fn read(&mut self, key: &LockKey, check_route: bool) -> Read;
+    /// Turns the lock last read from `key` (`old`, as read) into `new`: writes, and replicates
+    /// as plain commands, only what changes.
+    fn write(
+        &mut self,
+        key: &LockKey,
+        old: Option<&StoredLock>,
+        new: &Lock,
+    ) -> Result<(), LockError>;
+    /// A new fencing token for a grant on `key`, taken at `now`.
+    fn next_token(&mut self, key: &LockKey, now: UnixMs) -> Result<u64, LockError>;
+    /// Whether the server reports every key expiry itself (Redis >= 7.2, Valkey): a lease end
+    /// that freed the whole key was announced then.
+    fn reports_expiries(&self) -> bool;
+    fn event(&mut self, key: &LockKey, event: Event);
     /// Tells the lock's channel it is free (nobody was waiting for it).
     fn publish_unlock(&mut self, key: &LockKey);
     fn answer(&mut self, handle: H, answer: Answer);
@@ -192,6 +193,8 @@ enum Due {
     Undelivered(GrantRef),
     /// Writes were paused: if the pause ended, do the deferred handoffs.
     PauseCheck,
+    /// Check some bound holds for ends the module did not see (see [`BINDING_SWEEP_MS`]).
+    BindingSweep,
 }
 
 /// A change noticed outside the module (keyspace and server events).
@@ -236,6 +239,9 @@ pub struct Scheduler<H> {
     gone_while_paused: Vec<ClientId>,
     pause_check: Option<DeadlineKey>,
     bindings: Bindings,
+    /// The next binding sweep, while any hold is bound, and the client it resumes after.
+    binding_sweep: Option<DeadlineKey>,
+    sweep_after: ClientId,
 }
 
 impl<H> Default for Scheduler<H> {
@@ -247,6 +253,8 @@ impl<H> Default for Scheduler<H> {
             gone_while_paused: Vec::new(),
             pause_check: None,
             bindings: Bindings::default(),
+            binding_sweep: None,
+            sweep_after: 0,
         }
     }
 }
@@ -339,25 +347,97 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     }
 
     /// A command granted an `EPHEMERAL` hold to `client`: it ends when that connection closes.
-    /// `still_there` is asked, when the connection's list has grown, which of its holds still
-    /// exist (holds also end by DEL, lease ends, FORCERELEASE).
     pub fn bind(
         &mut self,
+        port: &mut impl Port<H>,
         client: ClientId,
         key: &LockKey,
         kind: HoldKind,
         token: u64,
-        still_there: impl FnMut(&GrantRef) -> bool,
+        now: UnixMs,
+    ) {
+        self.bind_grant(port, client, key, kind, token, now);
+    }
+
+    /// Binds a grant; when the connection's list has grown, first checks which of its holds
+    /// still exist (holds also end by DEL, lease ends, FORCERELEASE), and keeps the sweep armed.
+    fn bind_grant(
+        &mut self,
+        port: &mut impl Port<H>,
+        client: ClientId,
+        key: &LockKey,
+        kind: HoldKind,
+        token: u64,
+        now: UnixMs,
     ) {
         if self.bindings.bind(client, key, kind, token) {
-            self.bindings.prune(client, still_there);
+            self.prune_bindings(port, client, now);
         }
+        if self.binding_sweep.is_none() {
+            self.binding_sweep = Some(
+                self.deadlines
+                    .insert(now.saturating_add(BINDING_SWEEP_MS), Due::BindingSweep),
+            );
+        }
+    }
+
+    /// Forgets the bindings of `client`'s holds that no longer exist: each key it holds is read
+    /// once, however many of its holds are there.
+    fn prune_bindings(&mut self, port: &mut impl Port<H>, client: ClientId, now: UnixMs) {
+        let mut live: HashMap<LockKey, HashSet<(HoldKind, u64)>> = HashMap::new();
+        for grant in self.bindings.grants_of(client) {
+            if live.contains_key(&grant.key) {
+                continue;
+            }
+            let holds = match port.read(&grant.key, false) {
+                Read::Lock(Some(stored)) => stored
+                    .lock
+                    .holds
+                    .iter()
+                    .filter(|h| h.expires_at.is_none_or(|at| now <= at))
+                    .filter_map(|h| h.token.map(|t| (h.kind, t)))
+                    .collect(),
+                _ => HashSet::new(),
+            };
+            live.insert(grant.key, holds);
+        }
+        self.bindings.prune(client, |grant| {
+            live.get(&grant.key)
+                .is_some_and(|holds| holds.contains(&(grant.kind, grant.token)))
+        });
+        self.stop_idle_sweep();
+    }
+
+    /// Checks the bound holds of the next few connections (round robin, about
+    /// [`BINDING_SWEEP_BUDGET`] bindings) and forgets those whose hold ended unseen.
+    fn sweep_bindings(&mut self, port: &mut impl Port<H>, now: UnixMs) {
+        let (clients, next) = self
+            .bindings
+            .clients_after(self.sweep_after, BINDING_SWEEP_BUDGET);
+        for client in clients {
+            self.prune_bindings(port, client, now);
+        }
+        self.sweep_after = next.unwrap_or(0);
+        self.binding_sweep = (!self.bindings.is_empty()).then(|| {
+            self.deadlines
+                .insert(now.saturating_add(BINDING_SWEEP_MS), Due::BindingSweep)
+        });
     }
 
     /// The owner ended a hold itself (its last release, a FORCERELEASE): forget its binding.
     pub fn unbind(&mut self, key: &LockKey, token: u64) {
         if !self.bindings.is_empty() {
             self.bindings.unbind(key, token);
+            self.stop_idle_sweep();
+        }
+    }
+
+    /// Once no hold is bound, the sweep stops (an idle module keeps no timer: MODULE UNLOAD).
+    fn stop_idle_sweep(&mut self) {
+        if self.bindings.is_empty() {
+            if let Some(sweep) = self.binding_sweep.take() {
+                self.deadlines.remove(sweep);
+            }
         }
     }
 
@@ -366,7 +446,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         if self.bindings.is_empty() {
             return None;
         }
-        self.bindings.client_of(key_slot(&key.name), token)
+        self.bindings.client_of(key, token)
     }
 
     /// The server became a replica: no connection of it binds a hold any more (its master's
@@ -374,6 +454,27 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     pub fn forget_bindings(&mut self) {
         self.bindings.clear();
         self.gone_while_paused.clear();
+        self.stop_idle_sweep();
+    }
+
+    /// `SWAPDB a b`: bound holds follow their keys.
+    pub fn swap_databases(&mut self, a: i32, b: i32) {
+        self.bindings.swap_databases(a, b);
+    }
+
+    /// `MOVE`/`RENAME` took `from` (holding these tokens) to `to`: bound holds follow it.
+    pub fn key_moved(&mut self, from: &LockKey, to: &LockKey, tokens: &[u64]) {
+        if !self.bindings.is_empty() {
+            self.bindings.moved(from, to, tokens);
+        }
+    }
+
+    /// `FLUSHDB` (Some) or `FLUSHALL` (None): the holds there are gone, with their bindings.
+    pub fn flushed(&mut self, db: Option<i32>) {
+        if !self.bindings.is_empty() {
+            self.bindings.flushed(db);
+            self.stop_idle_sweep();
+        }
     }
 
     /// Holds bound to connections (INFO).
@@ -381,42 +482,88 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.bindings.len()
     }
 
-    /// A connection closed: every hold bound to it ends now (all re-entries), and each key goes
-    /// to its waiters as after a release. While writes are paused this happens after the pause.
-    pub fn client_gone(&mut self, port: &mut impl Port<H>, client: ClientId, now: UnixMs) {
-        if self.bindings.holds_of(client) == 0 {
+    /// Connections closed: every hold bound to them ends now (all re-entries), and each key goes
+    /// to its waiters as after a release. Each key is read and written once, however many of
+    /// its holds end. While writes are paused this happens after the pause.
+    pub fn clients_gone(&mut self, port: &mut impl Port<H>, clients: Vec<ClientId>, now: UnixMs) {
+        let mut clients = clients;
+        clients.retain(|c| self.bindings.holds_of(*c) > 0);
+        if clients.is_empty() {
             return;
         }
         match port.writes() {
             Writes::Allowed => {}
             // A replica's holds end with its master's effects; nothing is bound here anyway.
             Writes::Replica => {
-                self.bindings.take_client(client);
+                for client in clients {
+                    self.bindings.take_client(client);
+                }
+                self.stop_idle_sweep();
                 return;
             }
             Writes::Paused => {
-                self.gone_while_paused.push(client);
+                self.gone_while_paused.extend(clients);
                 if self.pause_check.is_none() {
                     self.arm_pause_check(now);
                 }
                 return;
             }
         }
-        for grant in self.bindings.take_client(client) {
-            match port.end_hold(&grant, Ending::ConnectionClosed) {
-                Ended::NotThere => {}
-                ended => {
-                    port.note(Note::Disconnected {
-                        key: grant.key.clone(),
-                    });
-                    if !self.pump(port, &grant.key, now, Cause::Freed, Origin::Background)
-                        && ended == Ended::KeyFree
-                    {
-                        port.publish_unlock(&grant.key);
-                    }
+        let mut keys: Vec<(LockKey, HashSet<(HoldKind, u64)>)> = Vec::new();
+        let mut at: HashMap<LockKey, usize> = HashMap::new();
+        let grants: Vec<GrantRef> = clients
+            .into_iter()
+            .flat_map(|client| self.bindings.take_client(client))
+            .collect();
+        self.stop_idle_sweep();
+        for grant in grants {
+            {
+                let i = *at.entry(grant.key.clone()).or_insert_with(|| {
+                    keys.push((grant.key.clone(), HashSet::new()));
+                    keys.len() - 1
+                });
+                if let Some((_, ending)) = keys.get_mut(i) {
+                    ending.insert((grant.kind, grant.token));
                 }
             }
         }
+        for (key, ending) in keys {
+            let Some((removed, free)) =
+                self.end_holds(port, &key, &ending, Ending::ConnectionClosed, now)
+            else {
+                continue;
+            };
+            for _ in 0..removed {
+                port.event(&key, Event::Disconnected);
+                port.note(Note::Disconnected { key: key.clone() });
+            }
+            if !self.pump(port, &key, now, Cause::Freed, Origin::Background) && free {
+                port.publish_unlock(&key);
+            }
+        }
+    }
+
+    /// Ends the named holds of one key in one read and one write. Returns how many ended and
+    /// whether the key is free; None when none of them was there any more.
+    fn end_holds(
+        &mut self,
+        port: &mut impl Port<H>,
+        key: &LockKey,
+        ending: &HashSet<(HoldKind, u64)>,
+        why: Ending,
+        now: UnixMs,
+    ) -> Option<(usize, bool)> {
+        let Read::Lock(Some(stored)) = port.read(key, false) else {
+            return None;
+        };
+        let mut lock = stored.lock.clone();
+        lock.drop_ended(now);
+        let removed = hold::remove_holds(&mut lock, ending, why == Ending::ConnectionClosed);
+        if removed == 0 {
+            return None;
+        }
+        port.write(key, Some(&stored), &lock).ok()?;
+        Some((removed, lock.holds.is_empty()))
     }
 
     /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`). Returns true if it was still
@@ -516,8 +663,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 
     /// Gives the key to its head waiter if it has room; after a shared grant, to every shared
     /// waiter behind it up to the next exclusive one, and after a permit, to the next waiters
-    /// while permits are free (each grant is checked by the port against the key as it is now).
-    /// Returns whether anyone was granted.
+    /// while permits are free. The whole run is decided on one read of the key (holds whose
+    /// lease ended go first) and written once. Returns whether anyone was granted.
     fn pump(
         &mut self,
         port: &mut impl Port<H>,
@@ -537,83 +684,111 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return false;
             }
         }
-        let mut granted_any = false;
-        let mut cause = cause;
+        let stored = match port.read(key, origin == Origin::Background) {
+            Read::Lock(stored) => stored,
+            Read::NotALock { expires_at } => {
+                self.schedule_lease_check(key, expires_at, now);
+                return false;
+            }
+            Read::Moved(redirect) => {
+                self.refuse_all(port, key, &redirect, Note::Redirected);
+                return false;
+            }
+        };
+        let mut lock = stored.as_ref().map_or_else(Lock::free, |s| s.lock.clone());
+        let ended = lock.drop_ended(now);
+        let mut run = Run::new(lock);
+        let mut granted: Vec<(Waiter<H>, u64, HoldKind)> = Vec::new();
+        let mut stop = Stop::Held;
         while let Some(head) = self.queues.front(key) {
             let mode = head.mode;
-            let expires_at = now.saturating_add(head.lease_ms);
-            let handoff = Handoff {
-                now,
-                expires_at,
-                cause,
-                check_route: origin == Origin::Background,
-            };
-            let want = Want {
-                owner: &head.owner,
-                mode,
-            };
-            match port.try_grant(key, want, handoff) {
-                Attempt::Held { next_lease_end } => {
-                    self.schedule_lease_check(key, next_lease_end, now);
-                    break;
-                }
-                Attempt::Moved(redirect) => {
-                    self.refuse_all(port, key, &redirect, Note::Redirected);
-                    break;
-                }
-                Attempt::Refused(error) => {
-                    self.refuse_all(port, key, &error.reply(), Note::Refused);
-                    break;
-                }
-                Attempt::Mismatch(error) => {
+            let decision = run.decide(&head.owner, mode, head.lease_ms, now);
+            let grant = match decision {
+                Err(error) => {
                     if let Some(removed) = self.queues.pop_front(key) {
                         let waiter = self.forget(removed);
                         port.note(Note::Mismatched);
                         port.answer(waiter.handle, Answer::Refused(error.reply()));
                     }
+                    continue;
                 }
-                Attempt::Granted {
-                    token,
-                    next_lease_end,
-                } => {
-                    let Some(removed) = self.queues.pop_front(key) else {
-                        break;
-                    };
-                    let waiter = self.forget(removed);
-                    if cause == Cause::LeaseEnded {
-                        port.note(Note::ExpiredWithWaiters { key: key.clone() });
-                        // One lease end, noted once however many it lets in.
-                        cause = Cause::Freed;
-                    }
-                    port.note(Note::HandedOff {
-                        key: key.clone(),
-                        waited_ms: now.saturating_sub(waiter.enqueued_at),
-                    });
-                    if let Some(client) = waiter.bind {
-                        // No prune here (nothing to ask which holds still exist): the
-                        // connection's next bind by a command asks again.
-                        self.bindings.bind(client, key, mode.kind(), token);
-                    }
-                    port.answer(
-                        waiter.handle,
-                        Answer::Granted {
-                            token,
-                            key: key.clone(),
-                            owner: waiter.owner,
-                            kind: mode.kind(),
-                        },
-                    );
-                    granted_any = true;
-                    let next_may_follow = matches!(
-                        (mode, self.queues.front(key).map(|w| w.mode)),
-                        (Mode::Shared, Some(Mode::Shared)) | (Mode::Limit(_), Some(Mode::Limit(_)))
-                    );
-                    if !next_may_follow {
-                        self.schedule_lease_check(key, next_lease_end, now);
+                Ok(Decision::Busy) => break,
+                Ok(Decision::Grant(grant)) => grant,
+            };
+            let token = match grant.token {
+                Some(token) => token,
+                None => match port.next_token(key, now) {
+                    Ok(token) => token,
+                    Err(error) => {
+                        stop = Stop::Refused(error);
                         break;
                     }
-                }
+                },
+            };
+            run.apply(&head.owner, mode, &grant, token);
+            let Some(removed) = self.queues.pop_front(key) else {
+                break;
+            };
+            granted.push((self.forget(removed), token, mode.kind()));
+            let next_may_follow = matches!(
+                (mode, self.queues.front(key).map(|w| w.mode)),
+                (Mode::Shared, Some(Mode::Shared)) | (Mode::Limit(_), Some(Mode::Limit(_)))
+            );
+            if !next_may_follow {
+                break;
             }
+        }
+        if !granted.is_empty() || ended > 0 {
+            if let Err(error) = port.write(key, stored.as_ref(), run.lock()) {
+                // Nothing was written: nobody got the key, and nobody can now.
+                let reply = error.reply();
+                for (waiter, ..) in granted {
+                    port.note(Note::Refused);
+                    port.answer(waiter.handle, Answer::Refused(reply.clone()));
+                }
+                self.refuse_all(port, key, &reply, Note::Refused);
+                return false;
+            }
+        }
+        if ended > 0 {
+            port.note(Note::LeasesEnded(ended));
+        }
+        // Where the server reports every key expiry, a lease end that freed the key was
+        // announced then; the end of one hold of several only the module sees.
+        let key_expired =
+            !granted.is_empty() && cause == Cause::LeaseEnded && !port.reports_expiries();
+        if ended > 0 || key_expired {
+            port.event(key, Event::Expired);
+        }
+        let granted_any = !granted.is_empty();
+        let mut cause = cause;
+        for (waiter, token, kind) in granted {
+            port.event(key, Event::Handoff);
+            if cause == Cause::LeaseEnded {
+                port.note(Note::ExpiredWithWaiters { key: key.clone() });
+                // One lease end, noted once however many it lets in.
+                cause = Cause::Freed;
+            }
+            port.note(Note::HandedOff {
+                key: key.clone(),
+                waited_ms: now.saturating_sub(waiter.enqueued_at),
+            });
+            if let Some(client) = waiter.bind {
+                self.bind_grant(port, client, key, kind, token, now);
+            }
+            port.answer(
+                waiter.handle,
+                Answer::Granted {
+                    token,
+                    key: key.clone(),
+                    owner: waiter.owner,
+                    kind,
+                },
+            );
+        }
+        match stop {
+            Stop::Refused(error) => self.refuse_all(port, key, &error.reply(), Note::Refused),
+            Stop::Held => self.schedule_lease_check(key, run.lock().next_lease_end(), now),
         }
         granted_any
     }
@@ -643,14 +818,12 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     // Promoted to replica during the pause: its master decides now.
                     Writes::Replica => {
                         self.paused.clear();
-                        for client in std::mem::take(&mut self.gone_while_paused) {
-                            self.client_gone(port, client, now);
-                        }
+                        let gone = std::mem::take(&mut self.gone_while_paused);
+                        self.clients_gone(port, gone, now);
                     }
                     Writes::Allowed => {
-                        for client in std::mem::take(&mut self.gone_while_paused) {
-                            self.client_gone(port, client, now);
-                        }
+                        let gone = std::mem::take(&mut self.gone_while_paused);
+                        self.clients_gone(port, gone, now);
                         for (key, cause) in std::mem::take(&mut self.paused) {
                             self.pump(port, &key, now, cause, Origin::Background);
                         }
@@ -667,15 +840,19 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 Writes::Allowed => {
                     port.note(Note::AbandonedGrant);
                     self.unbind(&grant.key, grant.token);
-                    let ended = port.end_hold(&grant, Ending::Undelivered);
-                    if ended != Ended::NotThere
-                        && !self.pump(port, &grant.key, now, Cause::Freed, Origin::Background)
-                        && ended == Ended::KeyFree
+                    let ending = HashSet::from([(grant.kind, grant.token)]);
+                    if let Some((_, free)) =
+                        self.end_holds(port, &grant.key, &ending, Ending::Undelivered, now)
                     {
-                        port.publish_unlock(&grant.key);
+                        if !self.pump(port, &grant.key, now, Cause::Freed, Origin::Background)
+                            && free
+                        {
+                            port.publish_unlock(&grant.key);
+                        }
                     }
                 }
             },
+            Due::BindingSweep => self.sweep_bindings(port, now),
         }
     }
 
@@ -755,9 +932,10 @@ mod testing {
             token: u64,
             expires_at: UnixMs,
         },
-        Ended {
+        /// A hold (named by its token) was removed by a write.
+        Removed {
             key: LockKey,
-            ending: Ending,
+            token: u64,
         },
         Published {
             key: LockKey,
@@ -872,82 +1050,80 @@ mod testing {
             self.writes
         }
 
-        fn try_grant(&mut self, key: &LockKey, want: Want<'_>, handoff: Handoff) -> Attempt {
-            assert_eq!(
-                self.writes,
-                Writes::Allowed,
-                "a write while writes are not allowed"
-            );
-            let now = self.now;
+        fn read(&mut self, key: &LockKey, check_route: bool) -> Read {
             let lock = self.lock(key).cloned();
-            if lock.is_none() && handoff.check_route {
-                if let Some(redirect) = self.moved.get(key) {
-                    return Attempt::Moved(redirect.clone());
-                }
-            }
-            let lock = lock.unwrap_or_else(Lock::free);
-            let lease = handoff.expires_at.saturating_sub(now);
-            match hold::decide(
-                &lock,
-                want.owner,
-                want.mode,
-                lease,
-                Reentry::Counted,
-                Queue::Empty,
-                now,
-            ) {
-                Err(e) => Attempt::Mismatch(e),
-                Ok(Decision::Busy) => Attempt::Held {
-                    next_lease_end: lock.next_lease_end(),
+            match lock {
+                None => match self.moved.get(key) {
+                    Some(redirect) if check_route => Read::Moved(redirect.clone()),
+                    _ => Read::Lock(None),
                 },
-                Ok(Decision::Grant(g)) => {
-                    if self.tokens_exhausted {
-                        return Attempt::Refused(LockError::TokensExhausted);
-                    }
-                    self.last_token += 1;
-                    let token = g.token.unwrap_or(self.last_token);
-                    let new = hold::apply(&lock, want.owner, want.mode, &g, self.last_token);
-                    let next_lease_end = new.next_lease_end();
-                    self.keys.insert(key.clone(), new);
-                    self.effects.push(Effect::Wrote {
-                        key: key.clone(),
-                        owner: want.owner.to_vec(),
-                        token,
-                        expires_at: handoff.expires_at,
-                    });
-                    Attempt::Granted {
-                        token,
-                        next_lease_end,
-                    }
-                }
+                Some(lock) => Read::Lock(Some(StoredLock {
+                    expires_at: lock.last_lease_end(),
+                    lock,
+                })),
             }
         }
 
-        fn end_hold(&mut self, grant: &GrantRef, ending: Ending) -> Ended {
+        fn write(
+            &mut self,
+            key: &LockKey,
+            old: Option<&StoredLock>,
+            new: &Lock,
+        ) -> Result<(), LockError> {
             assert_eq!(
                 self.writes,
                 Writes::Allowed,
                 "a write while writes are not allowed"
             );
-            let Some(lock) = self.lock(&grant.key).cloned() else {
-                return Ended::NotThere;
-            };
-            let any_count = ending == Ending::ConnectionClosed;
-            let Some(new) = hold::remove_hold(&lock, grant.kind, grant.token, any_count) else {
-                return Ended::NotThere;
-            };
-            self.effects.push(Effect::Ended {
-                key: grant.key.clone(),
-                ending,
-            });
-            if new.holds.is_empty() {
-                self.keys.remove(&grant.key);
-                Ended::KeyFree
-            } else {
-                self.keys.insert(grant.key.clone(), new);
-                Ended::KeyStillHeld
+            assert_eq!(
+                old.map(|o| &o.lock),
+                self.keys.get(key),
+                "a write of a lock that changed since it was read"
+            );
+            let before = old.map(|o| o.lock.holds.as_slice()).unwrap_or_default();
+            for hold in &new.holds {
+                if !before.contains(hold) {
+                    self.effects.push(Effect::Wrote {
+                        key: key.clone(),
+                        owner: hold.owner.clone(),
+                        token: hold.token.unwrap_or_default(),
+                        expires_at: hold.expires_at.unwrap_or_default(),
+                    });
+                }
             }
+            for hold in before {
+                let kept = new
+                    .holds
+                    .iter()
+                    .any(|h| h.kind == hold.kind && h.owner == hold.owner);
+                if !kept {
+                    self.effects.push(Effect::Removed {
+                        key: key.clone(),
+                        token: hold.token.unwrap_or_default(),
+                    });
+                }
+            }
+            if new.holds.is_empty() {
+                self.keys.remove(key);
+            } else {
+                self.keys.insert(key.clone(), new.clone());
+            }
+            Ok(())
         }
+
+        fn next_token(&mut self, _key: &LockKey, _now: UnixMs) -> Result<u64, LockError> {
+            if self.tokens_exhausted {
+                return Err(LockError::TokensExhausted);
+            }
+            self.last_token += 1;
+            Ok(self.last_token)
+        }
+
+        fn reports_expiries(&self) -> bool {
+            false
+        }
+
+        fn event(&mut self, _key: &LockKey, _event: Event) {}
 
         fn publish_unlock(&mut self, key: &LockKey) {
             self.effects.push(Effect::Published { key: key.clone() });
@@ -1243,9 +1419,9 @@ mod tests {
         s.grant_undelivered(undelivered(&k, 2), port.now);
         let now = port.now;
         advance_to(&mut s, &mut port, now);
-        assert!(port.effects.contains(&Effect::Ended {
+        assert!(port.effects.contains(&Effect::Removed {
             key: k.clone(),
-            ending: Ending::Undelivered
+            token: 2
         }));
         assert_eq!(port.answers()[1], (2, granted(3, &k, "b")));
         // The same for b: nobody waits now, so the key is freed and the unlock published.
@@ -1867,7 +2043,7 @@ mod tests {
         let t1 = take(&mut port, &k1, "a", Mode::Exclusive, 60_000);
         take(&mut port, &k1, "a", Mode::Exclusive, 60_000);
         take(&mut port, &k1, "a", Mode::Exclusive, 60_000);
-        s.bind(7, &k1, X, t1, |_| true);
+        s.bind(&mut port, 7, &k1, X, t1, 1_000);
         queue(
             &mut s,
             &mut port,
@@ -1877,11 +2053,11 @@ mod tests {
         // k2: a reads beside b; a writer waits for both.
         let t2 = take(&mut port, &k2, "a", Mode::Shared, 60_000);
         take(&mut port, &k2, "b", Mode::Shared, 60_000);
-        s.bind(7, &k2, S, t2, |_| true);
+        s.bind(&mut port, 7, &k2, S, t2, 1_000);
         queue(&mut s, &mut port, &k2, &[(3, "w3", Mode::Exclusive)]);
         // k3: a permit nobody waits for.
         let t3 = take(&mut port, &k3, "a", Mode::Limit(2), 60_000);
-        s.bind(7, &k3, P, t3, |_| true);
+        s.bind(&mut port, 7, &k3, P, t3, 1_000);
         // k4: bound when a waiter with the connection's binding was granted.
         take(&mut port, &k4, "h", Mode::Exclusive, 60_000);
         wait_as(
@@ -1902,7 +2078,7 @@ mod tests {
         };
         // k5: another connection's hold.
         let t5 = take(&mut port, &k5, "z", Mode::Exclusive, 60_000);
-        s.bind(8, &k5, X, t5, |_| true);
+        s.bind(&mut port, 8, &k5, X, t5, 1_000);
         for (k, t) in [(&k1, t1), (&k2, t2), (&k3, t3), (&k4, t4)] {
             assert_eq!(s.bound_client(k, t), Some(7), "{k:?}");
         }
@@ -1912,16 +2088,13 @@ mod tests {
 
         let before = port.effects.len();
         let now = port.now;
-        s.client_gone(&mut port, 7, now);
+        s.clients_gone(&mut port, vec![7], now);
         let effects = port.effects[before..].to_vec();
 
         let ended: HashSet<LockKey> = effects
             .iter()
             .filter_map(|e| match e {
-                Effect::Ended {
-                    key,
-                    ending: Ending::ConnectionClosed,
-                } => Some(key.clone()),
+                Effect::Removed { key, .. } => Some(key.clone()),
                 _ => None,
             })
             .collect();
@@ -1961,7 +2134,7 @@ mod tests {
         assert_eq!(s.bound_holds(), 1);
         // Nothing more happens when the connection's close is reported twice.
         let before = port.effects.len();
-        s.client_gone(&mut port, 7, now);
+        s.clients_gone(&mut port, vec![7], now);
         assert_eq!(port.effects.len(), before);
     }
 
@@ -1972,12 +2145,12 @@ mod tests {
         let k = key("k");
         let t = take(&mut port, &k, "a", Mode::Exclusive, 60_000);
         take(&mut port, &k, "a", Mode::Exclusive, 60_000);
-        s.bind(7, &k, HoldKind::Exclusive, t, |_| true);
+        s.bind(&mut port, 7, &k, HoldKind::Exclusive, t, 1_000);
         queue(&mut s, &mut port, &k, &[(1, "w", Mode::Exclusive)]);
         port.writes = Writes::Paused;
         let before = port.effects.len();
         // The fake port panics on any write while paused.
-        s.client_gone(&mut port, 7, 1_000);
+        s.clients_gone(&mut port, vec![7], 1_000);
         assert_eq!(
             port.effects.len(),
             before,
@@ -1992,9 +2165,9 @@ mod tests {
         let effects = &port.effects[before..];
         assert_eq!(
             effects.first(),
-            Some(&Effect::Ended {
+            Some(&Effect::Removed {
                 key: k.clone(),
-                ending: Ending::ConnectionClosed
+                token: t
             })
         );
         assert!(effects.contains(&Effect::Noted(Note::Disconnected { key: k.clone() })));
@@ -2017,7 +2190,7 @@ mod tests {
         let mut port = FakePort::default();
         let k = key("k");
         let t = take(&mut port, &k, "a", Mode::Exclusive, 60_000);
-        s.bind(7, &k, HoldKind::Exclusive, t, |_| true);
+        s.bind(&mut port, 7, &k, HoldKind::Exclusive, t, 1_000);
         assert_eq!(s.bound_client(&k, t), Some(7));
         // The owner's last release ends the hold; the adapter unbinds it.
         release_owner(&mut s, &mut port, &k, b"a");
@@ -2028,7 +2201,7 @@ mod tests {
         take(&mut port, &k, "b", Mode::Exclusive, 60_000);
         let before = port.effects.len();
         let now = port.now;
-        s.client_gone(&mut port, 7, now);
+        s.clients_gone(&mut port, vec![7], now);
         assert_eq!(port.effects.len(), before);
         assert_eq!(holders(&mut port, &k), [("b".into(), HoldKind::Exclusive)]);
     }
@@ -2268,7 +2441,8 @@ mod model {
                                 model.last_grant_token = token;
                                 if let Some(c) = client {
                                     let c = ClientId::from(c);
-                                    s.bind(c, k, mode.kind(), token, |_| true);
+                                    let now = port.now;
+                                    s.bind(&mut port, c, k, mode.kind(), token, now);
                                     model.bound.entry(c).or_default().push((k.clone(), token));
                                 }
                             }
@@ -2326,7 +2500,7 @@ mod model {
                                 q.retain(|x| *x != h);
                             }
                         }
-                        s.client_gone(&mut port, c, now);
+                        s.clients_gone(&mut port, vec![c], now);
                         advance_to(&mut s, &mut port, now);
                         if port.writes == Writes::Allowed {
                             for (k, token) in model.bound.remove(&c).unwrap_or_default() {
@@ -2417,7 +2591,7 @@ mod model {
             prop_assert!(model.queues.values().all(Vec::is_empty), "waiters never answered");
             for c in 0..3 {
                 let now = port.now;
-                s.client_gone(&mut port, c, now);
+                s.clients_gone(&mut port, vec![c], now);
             }
             let to = port.now + 1_000;
             advance_to(&mut s, &mut port, to);

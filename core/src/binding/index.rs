@@ -1,5 +1,5 @@
-//! The index from a grant (slot, token) to the connection it is bound to: an open-addressing
-//! table of 16-byte entries.
+//! The index from a grant (its key's fingerprint, its token) to the connection it is bound to:
+//! an open-addressing table of 24-byte entries.
 //!
 //! A binding is paid for per hold, and a standard hash map costs 16 bytes an entry plus a
 //! control byte at a load between 7/16 and 7/8, in an allocation just over a power of two that
@@ -16,47 +16,37 @@ use std::hash::BuildHasher;
 
 use super::{size_class, ClientId};
 
-/// One binding: the token, and the slot (top 14 bits) above the client id.
+/// One binding: the token, the fingerprint of the key (its database and name), the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Entry {
     token: u64,
-    slot_and_client: u64,
+    key: u64,
+    client: ClientId,
 }
 
-const CLIENT_BITS: u32 = 50;
-const CLIENT_MASK: u64 = (1 << CLIENT_BITS) - 1;
-const SLOT_LIMIT: u16 = 1 << (64 - CLIENT_BITS);
-
-/// A free position. Its `slot_and_client` (slot 16383, client 2^50 - 1) is no real entry's:
-/// that client id is not packed.
+/// A free position. Its client id (2^64 - 1) is no real entry's: that id is not packed.
 const FREE: Entry = Entry {
     token: 0,
-    slot_and_client: u64::MAX,
+    key: 0,
+    client: ClientId::MAX,
 };
 
 impl Entry {
-    /// None if the client id (or the slot) does not fit.
-    pub(super) fn pack(slot: u16, token: u64, client: ClientId) -> Option<Entry> {
-        (client < CLIENT_MASK && slot < SLOT_LIMIT).then(|| Entry {
-            token,
-            slot_and_client: u64::from(slot) << CLIENT_BITS | client,
-        })
-    }
-
-    fn slot(&self) -> u16 {
-        (self.slot_and_client >> CLIENT_BITS) as u16
+    /// None for the one client id that marks a free position.
+    pub(super) fn pack(key: u64, token: u64, client: ClientId) -> Option<Entry> {
+        (client != ClientId::MAX).then_some(Entry { token, key, client })
     }
 
     fn client(&self) -> ClientId {
-        self.slot_and_client & CLIENT_MASK
+        self.client
     }
 
     fn is_free(&self) -> bool {
-        self.slot_and_client == u64::MAX
+        self.client == ClientId::MAX
     }
 
-    fn is(&self, slot: u16, token: u64) -> bool {
-        !self.is_free() && self.token == token && self.slot() == slot
+    fn is(&self, key: u64, token: u64) -> bool {
+        !self.is_free() && self.token == token && self.key == key
     }
 }
 
@@ -79,15 +69,15 @@ impl GrantIndex {
         self.len
     }
 
-    pub(super) fn get(&self, slot: u16, token: u64) -> Option<ClientId> {
-        self.find(slot, token)
+    pub(super) fn get(&self, key: u64, token: u64) -> Option<ClientId> {
+        self.find(key, token)
             .and_then(|at| self.entries.get(at))
             .map(Entry::client)
     }
 
     /// Adds the entry; returns the client its grant was bound to before, if any.
     pub(super) fn insert(&mut self, entry: Entry) -> Option<ClientId> {
-        let previous = self.remove(entry.slot(), entry.token);
+        let previous = self.remove(entry.key, entry.token);
         if (self.len + 1) * GROW_AT.1 > self.entries.len() * GROW_AT.0 {
             self.rebuild(self.len + 1);
         }
@@ -98,7 +88,7 @@ impl GrantIndex {
     /// Puts an entry that is not in the table at the first free position from its home (the
     /// table always has one: it grows before it is 4/5 full).
     fn place(&mut self, entry: Entry) {
-        let mut at = self.home(entry.slot(), entry.token);
+        let mut at = self.home(entry.key, entry.token);
         for _ in 0..self.entries.len() {
             match self.entries.get_mut(at) {
                 Some(free) if free.is_free() => {
@@ -112,8 +102,8 @@ impl GrantIndex {
     }
 
     /// Removes the grant's entry; returns the client it bound.
-    pub(super) fn remove(&mut self, slot: u16, token: u64) -> Option<ClientId> {
-        let at = self.find(slot, token)?;
+    pub(super) fn remove(&mut self, key: u64, token: u64) -> Option<ClientId> {
+        let at = self.find(key, token)?;
         let client = self.entries.get(at)?.client();
         self.close_gap(at);
         self.len -= 1;
@@ -128,17 +118,17 @@ impl GrantIndex {
         self.len = 0;
     }
 
-    fn find(&self, slot: u16, token: u64) -> Option<usize> {
+    fn find(&self, key: u64, token: u64) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
-        let mut at = self.home(slot, token);
+        let mut at = self.home(key, token);
         for _ in 0..self.entries.len() {
             let entry = self.entries.get(at)?;
             if entry.is_free() {
                 return None;
             }
-            if entry.is(slot, token) {
+            if entry.is(key, token) {
                 return Some(at);
             }
             at = self.next(at);
@@ -147,8 +137,8 @@ impl GrantIndex {
     }
 
     /// Where the grant's probe starts: the hash scaled to the table's size (not a power of two).
-    fn home(&self, slot: u16, token: u64) -> usize {
-        let hash = self.hasher.hash_one((slot, token));
+    fn home(&self, key: u64, token: u64) -> usize {
+        let hash = self.hasher.hash_one((key, token));
         ((u128::from(hash) * self.entries.len() as u128) >> 64) as usize
     }
 
@@ -172,7 +162,7 @@ impl GrantIndex {
             if entry.is_free() {
                 break;
             }
-            let home = self.home(entry.slot(), entry.token);
+            let home = self.home(entry.key, entry.token);
             // The entry stays if its home lies cyclically in (gap, at]: moving it to `gap`
             // would put it before its home.
             let stays = if gap <= at {
@@ -220,18 +210,13 @@ mod tests {
     use std::collections::HashMap;
 
     #[test]
-    fn entries_are_sixteen_bytes_and_wide_client_ids_are_not_packed() {
-        assert_eq!(std::mem::size_of::<Entry>(), 16);
-        assert!(Entry::pack(16_383, 1, CLIENT_MASK - 1).is_some());
-        assert_eq!(
-            Entry::pack(16_383, 1, CLIENT_MASK),
-            None,
-            "that would be FREE"
-        );
-        assert_eq!(Entry::pack(0, 1, u64::MAX), None);
+    fn entries_are_twenty_four_bytes_and_the_free_marker_is_not_packed() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+        assert!(Entry::pack(u64::MAX, 1, u64::MAX - 1).is_some());
+        assert_eq!(Entry::pack(0, 1, u64::MAX), None, "that would be FREE");
         let entry = Entry::pack(16_383, u64::MAX, 12_345).unwrap();
         assert_eq!(
-            (entry.slot(), entry.token, entry.client()),
+            (entry.key, entry.token, entry.client()),
             (16_383, u64::MAX, 12_345)
         );
         assert!(!entry.is_free());
@@ -246,10 +231,10 @@ mod tests {
             if token > 100 {
                 assert!((0.5..=0.8).contains(&load), "{token}: {load}");
             }
-            assert_eq!(
-                index.capacity() * 16,
-                size_class(index.capacity() * 16),
-                "whole size classes"
+            let bytes = index.capacity() * 24;
+            assert!(
+                size_class(bytes) - bytes < 24,
+                "the allocator's size class wastes less than an entry"
             );
         }
         for token in 0..10_000u64 {
@@ -266,16 +251,16 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Insert(u16, u64, u64),
-        Remove(u16, u64),
+        Insert(u64, u64, u64),
+        Remove(u64, u64),
         Clear,
     }
 
     fn op() -> impl Strategy<Value = Op> {
         // Few slots and tokens, so that entries collide, runs wrap and removals hit.
         prop_oneof![
-            8 => (0u16..3, 0u64..40, 1u64..5).prop_map(|(s, t, c)| Op::Insert(s, t, c)),
-            6 => (0u16..3, 0u64..40).prop_map(|(s, t)| Op::Remove(s, t)),
+            8 => (0u64..3, 0u64..40, 1u64..5).prop_map(|(s, t, c)| Op::Insert(s, t, c)),
+            6 => (0u64..3, 0u64..40).prop_map(|(s, t)| Op::Remove(s, t)),
             1 => Just(Op::Clear),
         ]
     }
@@ -286,7 +271,7 @@ mod tests {
         #[test]
         fn the_index_behaves_like_a_map(ops in proptest::collection::vec(op(), 1..400)) {
             let mut index = GrantIndex::default();
-            let mut model: HashMap<(u16, u64), u64> = HashMap::new();
+            let mut model: HashMap<(u64, u64), u64> = HashMap::new();
             for op in ops {
                 match op {
                     Op::Insert(slot, token, client) => {
