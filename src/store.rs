@@ -98,8 +98,10 @@ pub fn read_for_owner(ctx: Ctx, name: RawString, owner: RawString) -> Result<Loc
     Ok(LockRead { key, view })
 }
 
-/// How `owner` sees the lock at `key`. O(1): a hash with more fields than a lock has is refused
-/// before any field is read; the holder's own field is read only when it is not the requester.
+/// How `owner` sees the lock at `key` if it is in the `RLock` layout. O(1): a hash with more
+/// fields than a lock has is refused before any field is read; the holder's own field is read
+/// only when it is not the requester. `NotALock` means "not this layout": callers then read the
+/// key with [`read_lock`] (`hold::decode`), whose answer is final.
 pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
     match key.kind() {
         KeyKind::Missing => Ok(View::Free),
@@ -114,6 +116,7 @@ pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
                     fields,
                     fence: fence.as_ref().map(OwnedString::bytes),
                     holder: Some(StoredHolder {
+                        field: crate::ffi::bytes(owner),
                         count: count.bytes(),
                         is_requester: true,
                     }),
@@ -260,7 +263,8 @@ fn holder_in_hash(key: &Key, fields: usize) -> Result<Holder, LockError> {
     let view = classify(Stored::Hash {
         fields,
         fence,
-        holder: holder.map(|(_, count)| StoredHolder {
+        holder: holder.map(|(field, count)| StoredHolder {
+            field: field.as_slice(),
             count,
             is_requester: false,
         }),

@@ -290,6 +290,149 @@ fn hashes_that_are_not_locks_are_never_touched() {
     assert!(acquire(&mut con, "user:1", "a", 1_000).is_some());
 }
 
+/// The reply to a command, or its error as `CODE detail`, for comparing across commands.
+fn outcome(con: &mut Connection, args: &[&[u8]]) -> String {
+    match raw(con, args) {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => match e.code() {
+            Some(code) => format!("{code} {}", e.detail().unwrap_or("")),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// A key, its hash fields, and its lease in ms (None: no expiry).
+type ModeHash = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Option<usize>,
+);
+
+/// Issue 18, finding 6: `HSET k __mode__ 5` was read two ways. ACQUIRE, RELEASE and RENEW took
+/// it for the `RLock` layout held by an owner named `__mode__` (nil, nil, 0) and
+/// `LOCK.ACQUIRE k a 1000 WAIT 0` blocked with no deadline; INFO and FORCERELEASE (which decode
+/// the whole key) called it not a lock. A hash with the mode field is never the `RLock` layout:
+/// every command now reads it as a multi-hold key, and an invalid mode is not a lock for all.
+#[test]
+fn a_hash_with_an_invalid_mode_is_not_a_lock_for_any_command() {
+    let server = Server::start();
+    let mut con = server.connect();
+    con.set_read_timeout(Some(SOON)).unwrap();
+    // `__mode__ 1` with a lease looks most like a held lock.
+    let keys: [ModeHash; 3] = [
+        ("mode-5", &[("__mode__", "5")], None),
+        (
+            "mode-5-fence",
+            &[("__mode__", "5"), ("__fence__", "7")],
+            None,
+        ),
+        ("mode-1-lease", &[("__mode__", "1")], Some(600_000)),
+    ];
+    let mut wrong = Vec::new();
+    for (key, fields, lease) in keys {
+        let _: () = con.hset_multiple(key, fields).unwrap();
+        if let Some(ms) = lease {
+            let _: () = con.pexpire(key, ms).unwrap();
+        }
+        let before: Vec<(String, String)> = con.hgetall(key).unwrap();
+        let expiry_before: i64 = redis::cmd("PEXPIRETIME").arg(key).query(&mut con).unwrap();
+        let k = key.as_bytes();
+        for args in [
+            vec![&b"LOCK.ACQUIRE"[..], k, b"a", b"1000"],
+            vec![b"LOCK.ACQUIRE", k, b"a", b"1000", b"WAIT", b"100"],
+            vec![b"LOCK.ACQUIRE", k, b"a", b"1000", b"ONCE"],
+            vec![b"LOCK.ACQUIRE", k, b"a", b"1000", b"EPHEMERAL"],
+            vec![b"LOCK.ACQUIRE", k, b"a", b"1000", b"SHARED"],
+            vec![b"LOCK.ACQUIRE", k, b"a", b"1000", b"LIMIT", b"2"],
+            vec![b"LOCK.RELEASE", k, b"a"],
+            vec![b"LOCK.RENEW", k, b"a", b"1000"],
+            vec![b"LOCK.INFO", k],
+            vec![b"LOCK.FORCERELEASE", k],
+        ] {
+            let got = outcome(&mut con, &args);
+            if got != NOT_A_LOCK {
+                let line: Vec<_> = args.iter().map(|a| String::from_utf8_lossy(a)).collect();
+                wrong.push(format!("{}: {got}", line.join(" ")));
+            }
+        }
+        // A waiter with no deadline: answered at once, never queued.
+        let mut waiter = server.connect();
+        waiter
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let started = Instant::now();
+        let got = outcome(
+            &mut waiter,
+            &[b"LOCK.ACQUIRE", k, b"a", b"1000", b"WAIT", b"0"],
+        );
+        if got != NOT_A_LOCK {
+            wrong.push(format!(
+                "LOCK.ACQUIRE {key} a 1000 WAIT 0: {got} after {:?}",
+                started.elapsed()
+            ));
+        }
+        drop(waiter);
+        let after: Vec<(String, String)> = con.hgetall(key).unwrap();
+        assert_eq!(after, before, "{key}");
+        let expiry_after: i64 = redis::cmd("PEXPIRETIME").arg(key).query(&mut con).unwrap();
+        assert_eq!(expiry_after, expiry_before, "{key}");
+        let pttl: i64 = con.pttl(key).unwrap();
+        match lease {
+            None => assert_eq!(pttl, -1, "{key}"),
+            Some(ms) => assert!(pttl > 0 && pttl <= ms as i64, "{key}: {pttl}"),
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "not refused as not a lock:\n{}",
+        wrong.join("\n")
+    );
+    assert!(eventually(SOON, || waiters(&mut con) == 0));
+}
+
+/// Issue 18, finding 6 (the other side): a valid mode with no holds is a multi-hold key with
+/// nobody holding it, for every command alike (this already held before the fix; kept so the
+/// O(1) path cannot start answering for it).
+#[test]
+fn a_hash_with_only_a_valid_mode_is_a_free_lock_for_every_command() {
+    let server = Server::start();
+    let mut con = server.connect();
+    for mode in ["rw", "semaphore:2"] {
+        let _: () = con.hset("k", "__mode__", mode).unwrap();
+        assert!(lock_info(&mut con, "k").is_none(), "{mode}");
+        assert_eq!(release(&mut con, "k", "a"), None, "{mode}");
+        let renewed: i64 = redis::cmd("LOCK.RENEW")
+            .arg("k")
+            .arg("a")
+            .arg(1_000)
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(renewed, 0, "{mode}");
+        let fields: Vec<(String, String)> = con.hgetall("k").unwrap();
+        assert_eq!(fields, [("__mode__".to_string(), mode.to_string())]);
+        let pttl: i64 = con.pttl("k").unwrap();
+        assert_eq!(pttl, -1, "{mode}");
+        // Taken exclusively, it becomes the RLock layout.
+        let token = acquire_with(&mut con, "k", "a", 60_000, &["WAIT", "0"])
+            .unwrap()
+            .expect("a free lock is granted");
+        let mut fields: Vec<(String, String)> = con.hgetall("k").unwrap();
+        fields.sort();
+        let want = [
+            ("__fence__".to_string(), token.to_string()),
+            ("a".to_string(), "1".to_string()),
+        ];
+        assert_eq!(fields, want, "{mode}");
+        assert_eq!(
+            redis::cmd("LOCK.FORCERELEASE")
+                .arg("k")
+                .query::<i64>(&mut con)
+                .unwrap(),
+            1
+        );
+    }
+}
+
 /// Defect 7: with a counter near i64::MAX, tokens reached i64::MAX and then repeated it (and
 /// the in-memory reservation kept doing so after FLUSHALL). Now they rise to the limit, each
 /// once, and then grants are refused.

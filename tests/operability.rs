@@ -137,47 +137,53 @@ fn keyspace_events_can_be_switched_off() {
     assert!(pubsub.get_message().is_err(), "no event was expected");
 }
 
+/// The README's `ACL SETUSER` lines (section *ACL*), each split into its arguments: the tests
+/// create users exactly as the README tells readers to.
+fn readme_acl_lines() -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let lines: Vec<Vec<String>> = readme
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER "))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    let users: Vec<&str> = lines.iter().map(|l| l[2].as_str()).collect();
+    assert_eq!(users, ["app", "ops"], "the README's ACL lines");
+    lines
+}
+
+/// Runs the README's `ACL SETUSER` lines.
+fn create_users_as_the_readme_says(admin: &mut Connection) {
+    for line in readme_acl_lines() {
+        let _: () = redis::cmd(&line[0])
+            .arg(&line[1..])
+            .query(admin)
+            .unwrap_or_else(|e| panic!("{}: {e}", line.join(" ")));
+    }
+}
+
+fn connect_as(server: &Server, user: &str, password: &str) -> Connection {
+    redis::Client::open(format!(
+        "redis://{user}:{password}@127.0.0.1:{}/",
+        server.port
+    ))
+    .unwrap()
+    .get_connection()
+    .unwrap()
+}
+
 #[test]
 fn acl_confines_applications_to_their_keys_and_can_deny_force_release() {
     let server = Server::start();
     let mut admin = server.connect();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("app")
-        .arg("on")
-        .arg(">app-secret")
-        .arg("~app:*")
-        .arg("resetchannels")
-        .arg("+lock.acquire")
-        .arg("+lock.release")
-        .arg("+lock.renew")
-        .arg("+lock.info")
-        .query(&mut admin)
-        .unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("ops")
-        .arg("on")
-        .arg(">ops-secret")
-        .arg("~*")
-        .arg("+lock.info")
-        .arg("+lock.forcerelease")
-        .arg("+info")
-        .query(&mut admin)
-        .unwrap();
-    let mut app = redis::Client::open(format!("redis://app:app-secret@127.0.0.1:{}/", server.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    create_users_as_the_readme_says(&mut admin);
+    let mut app = connect_as(&server, "app", "app-secret");
     assert!(acquire(&mut app, "app:orders", "w1", 10_000).is_some());
     let outside = error_of(&mut app, &[b"LOCK.ACQUIRE", b"billing:1", b"w1", b"100"]);
     assert!(outside.starts_with("NOPERM"), "{outside}");
     let force = error_of(&mut app, &[b"LOCK.FORCERELEASE", b"app:orders"]);
     assert!(force.starts_with("NOPERM"), "{force}");
-    let mut ops = redis::Client::open(format!("redis://ops:ops-secret@127.0.0.1:{}/", server.port))
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut ops = connect_as(&server, "ops", "ops-secret");
     let denied = error_of(&mut ops, &[b"LOCK.ACQUIRE", b"app:orders", b"w1", b"100"]);
     assert!(denied.starts_with("NOPERM"), "{denied}");
     let removed: i64 = redis::cmd("LOCK.FORCERELEASE")
@@ -185,6 +191,94 @@ fn acl_confines_applications_to_their_keys_and_can_deny_force_release() {
         .query(&mut ops)
         .unwrap();
     assert_eq!(removed, 1);
+}
+
+/// Issue 18, finding 7: the README granted the application `&redisson_lock__channel:*`, so with
+/// SUBSCRIBE or PSUBSCRIBE it saw the unlock messages, and so the key names, of every tenant's
+/// locks (`redisson_lock__channel:{billing:payroll-run-2026-11}`). The README's user now gets
+/// its own keys' channels only: it receives its own unlock messages, and SUBSCRIBE and
+/// PSUBSCRIBE to another tenant's channels are refused for the channel's sake.
+#[test]
+fn acl_confines_applications_to_their_own_unlock_channels() {
+    let server = Server::start();
+    let mut admin = server.connect();
+    create_users_as_the_readme_says(&mut admin);
+    let mut app = connect_as(&server, "app", "app-secret");
+    let theirs = "redisson_lock__channel:{billing:payroll-run-2026-11}";
+    for (command, channel) in [
+        ("SUBSCRIBE", theirs),
+        ("SUBSCRIBE", "redisson_lock__channel:billing:{payroll}:run"),
+        ("PSUBSCRIBE", theirs),
+        ("PSUBSCRIBE", "redisson_lock__channel:*"),
+        ("PSUBSCRIBE", "redisson_lock__channel:{*}"),
+        ("PSUBSCRIBE", "redisson_lock__channel:{billing:*}"),
+        ("PSUBSCRIBE", "redisson_lock__channel:{app*"),
+        ("PSUBSCRIBE", "*"),
+    ] {
+        let e = error_of(&mut app, &[command.as_bytes(), channel.as_bytes()]);
+        // Refused for the channel, not for the command: the user may subscribe to its own.
+        assert!(
+            e.starts_with("NOPERM") && e.contains("channel"),
+            "{command} {channel}: {e}"
+        );
+    }
+
+    let mut pubsub = app.as_pubsub();
+    pubsub
+        .subscribe("redisson_lock__channel:{app:orders}")
+        .unwrap();
+    pubsub.psubscribe("redisson_lock__channel:{app:*}").unwrap();
+    pubsub.psubscribe("redisson_lock__channel:app:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // Another tenant's locks go first, then the app's own (one with a hash tag), then a marker
+    // the app may receive: whatever came before it is all the app was sent.
+    let mut holder = connect_as(&server, "app", "app-secret");
+    for key in ["billing:payroll-run-2026-11", "billing:{payroll}:run"] {
+        acquire(&mut admin, key, "w1", 10_000).unwrap();
+        release(&mut admin, key, "w1").unwrap();
+    }
+    for key in ["app:orders", "app:{orders}:1"] {
+        acquire(&mut holder, key, "w1", 10_000).unwrap();
+        release(&mut holder, key, "w1").unwrap();
+    }
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("redisson_lock__channel:{app:end}")
+        .arg("end")
+        .query(&mut admin)
+        .unwrap();
+    let mut got = Vec::new();
+    loop {
+        let msg = pubsub.get_message().expect("a message");
+        let pattern: Option<String> = msg.get_pattern().unwrap();
+        let payload: String = msg.get_payload().unwrap();
+        if payload == "end" {
+            break;
+        }
+        got.push((msg.get_channel_name().to_string(), pattern, payload));
+    }
+    let own = |channel: &str, pattern: Option<&str>| {
+        (
+            channel.to_string(),
+            pattern.map(str::to_string),
+            "0".to_string(),
+        )
+    };
+    assert_eq!(
+        got,
+        [
+            own("redisson_lock__channel:{app:orders}", None),
+            own(
+                "redisson_lock__channel:{app:orders}",
+                Some("redisson_lock__channel:{app:*}")
+            ),
+            own(
+                "redisson_lock__channel:app:{orders}:1",
+                Some("redisson_lock__channel:app:*")
+            ),
+        ]
+    );
 }
 
 #[test]

@@ -4,8 +4,8 @@
 //! turns a whole command line into a typed request or a [`LockError`]; a request that parsed is
 //! one the state machine can act on without further checks.
 
-use crate::hold::{Mode, MAX_LIMIT, MODE_FIELD};
-use crate::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER};
+use crate::hold::{Mode, MAX_LIMIT};
+use crate::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER, MODE_FIELD};
 pub use crate::layout::{parse_i64, parse_positive};
 use crate::LockError;
 

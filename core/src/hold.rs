@@ -20,12 +20,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::args::Reentry;
 use crate::layout::{parse_positive, FENCE_FIELD};
+pub use crate::layout::{MODE_FIELD, MODE_FIELD_DISPLAY};
 use crate::state::Queue;
 use crate::{LockError, UnixMs};
-
-/// The hash field naming what a multi-hold key is.
-pub const MODE_FIELD: &[u8] = b"__mode__";
-pub const MODE_FIELD_DISPLAY: &str = "__mode__";
 
 /// The largest `LIMIT`, and the most holders a shared key may have: every command on such a
 /// key reads all of its holds, so the bound keeps that cost small.

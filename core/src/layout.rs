@@ -1,10 +1,16 @@
-//! What the module stores and the names it reserves, shared by the parser, the state machine
-//! and the token counters: the fence field, the counter namespace, and how stored integers
-//! are read. Kept apart so that `args` and `state` depend on it rather than on each other.
+//! What the module stores and the names it reserves, shared by the parser, the state machine,
+//! the lock family and the token counters: the fence and mode fields, the counter namespace,
+//! and how stored integers are read. Kept apart so that `args`, `state` and `hold` depend on it
+//! rather than on each other.
 
 /// The hash field that carries the fencing token of the current hold.
 pub const FENCE_FIELD: &[u8] = b"__fence__";
 pub const FENCE_FIELD_DISPLAY: &str = "__fence__";
+
+/// The hash field naming what a multi-hold key is (`rw` or `semaphore:<n>`, see
+/// [`crate::hold`]). A hash that has it is never in Redisson's `RLock` layout.
+pub const MODE_FIELD: &[u8] = b"__mode__";
+pub const MODE_FIELD_DISPLAY: &str = "__mode__";
 
 /// Keys starting with this belong to the module (the per-slot token counters,
 /// `__lock_fence__{<tag>}`): no LOCK.* command accepts one as a lock key, so a lock can never

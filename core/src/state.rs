@@ -7,9 +7,14 @@
 //!
 //! The adapter reads what is stored ([`Stored`]), asks [`classify`] what it means for the
 //! requesting owner ([`View`]), and the `decide_*` functions say what to write.
+//!
+//! This is the O(1) reading of one layout, not a second model: whatever it does not recognise
+//! as the `RLock` layout it calls [`LockError::NotALock`], and the adapter then reads the whole
+//! key with [`crate::hold::decode`], whose answer is final. So every command reads a key the same
+//! way, and a hash with the mode field is always decoded as a multi-hold key.
 
 use crate::args::Reentry;
-use crate::layout::parse_positive;
+use crate::layout::{parse_positive, MODE_FIELD};
 pub use crate::layout::{FENCE_FIELD, FENCE_FIELD_DISPLAY};
 use crate::{LockError, UnixMs};
 
@@ -40,6 +45,8 @@ pub enum Stored<'a> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoredHolder<'a> {
+    /// The field's name: the requester's owner when `is_requester`.
+    pub field: &'a [u8],
     pub count: &'a [u8],
     pub is_requester: bool,
 }
@@ -52,10 +59,13 @@ pub enum View {
     HeldByOther { count: u64, token: Option<u64> },
 }
 
-/// The one classification every command uses. A hash is a lock only if it has the layout:
-/// exactly one holder field whose value is a positive integer (the re-entry count), plus
-/// optionally the fence field holding a positive integer. Anything else is not a lock, and
-/// commands refuse it (never modify it) rather than guess.
+/// Reads the `RLock` layout in O(1). A hash has it only if it has exactly one holder field
+/// whose value is a positive integer (the re-entry count), plus optionally the fence field
+/// holding a positive integer, and the holder field is not the mode field (`__mode__ 5` is a
+/// multi-hold key with an invalid mode, not a lock held by an owner named `__mode__`).
+/// Anything else is [`LockError::NotALock`] here: not this layout. The adapter then reads the
+/// key with [`crate::hold::decode`], which says whether it is a lock at all; commands refuse
+/// (never modify) what is not, rather than guess.
 pub fn classify(stored: Stored<'_>) -> Result<View, LockError> {
     let (fields, fence, holder) = match stored {
         Stored::Missing => return Ok(View::Free),
@@ -75,7 +85,7 @@ pub fn classify(stored: Stored<'_>) -> Result<View, LockError> {
     };
     let holder_fields = fields - usize::from(token.is_some());
     let holder = holder.ok_or(LockError::NotALock)?;
-    if holder_fields != 1 {
+    if holder_fields != 1 || holder.field == MODE_FIELD {
         return Err(LockError::NotALock);
     }
     let count = parse_positive(holder.count).ok_or(LockError::NotALock)?;
@@ -173,6 +183,7 @@ mod tests {
             fields,
             fence,
             holder: Some(StoredHolder {
+                field: b"me",
                 count,
                 is_requester: true,
             }),
@@ -180,10 +191,21 @@ mod tests {
     }
 
     fn theirs<'a>(fields: usize, count: &'a [u8], fence: Option<&'a [u8]>) -> Stored<'a> {
+        held_in(b"other", fields, count, fence)
+    }
+
+    /// A hash whose one non-fence field, `field`, is not the requester's.
+    fn held_in<'a>(
+        field: &'a [u8],
+        fields: usize,
+        count: &'a [u8],
+        fence: Option<&'a [u8]>,
+    ) -> Stored<'a> {
         Stored::Hash {
             fields,
             fence,
             holder: Some(StoredHolder {
+                field,
                 count,
                 is_requester: false,
             }),
@@ -255,6 +277,168 @@ mod tests {
         ];
         for (stored, want) in cases {
             assert_eq!(classify(stored), want, "{stored:?}");
+        }
+    }
+
+    #[test]
+    fn the_mode_field_is_never_an_rlock_holder() {
+        // `HSET k __mode__ 5` once read as a lock held by an owner named `__mode__`, while
+        // `hold::decode` (INFO, FORCERELEASE) called it not a lock. It is not this layout: the
+        // adapter falls back to `decode`, whose answer every command then shares.
+        let cases: Vec<(&str, Stored, Result<View, LockError>)> = vec![
+            (
+                "mode 5",
+                held_in(b"__mode__", 1, b"5", None),
+                Err(LockError::NotALock),
+            ),
+            (
+                "mode 1",
+                held_in(b"__mode__", 1, b"1", None),
+                Err(LockError::NotALock),
+            ),
+            (
+                "mode 5 with a fence",
+                held_in(b"__mode__", 2, b"5", Some(b"7")),
+                Err(LockError::NotALock),
+            ),
+            (
+                "largest count as mode",
+                held_in(b"__mode__", 1, b"9223372036854775807", None),
+                Err(LockError::NotALock),
+            ),
+            (
+                "valid mode",
+                held_in(b"__mode__", 1, b"rw", None),
+                Err(LockError::NotALock),
+            ),
+            // The parser refuses `__mode__` as an owner; should one get here, still not a lock.
+            (
+                "requester named like the mode field",
+                Stored::Hash {
+                    fields: 1,
+                    fence: None,
+                    holder: Some(StoredHolder {
+                        field: b"__mode__",
+                        count: b"5",
+                        is_requester: true,
+                    }),
+                },
+                Err(LockError::NotALock),
+            ),
+            // The same values in an owner's field are the RLock layout.
+            (
+                "owner 5",
+                held_in(b"__mode", 1, b"5", None),
+                Ok(View::HeldByOther {
+                    count: 5,
+                    token: None,
+                }),
+            ),
+            (
+                "owner 5 with a fence",
+                held_in(b"mode", 2, b"5", Some(b"7")),
+                Ok(View::HeldByOther {
+                    count: 5,
+                    token: Some(7),
+                }),
+            ),
+        ];
+        for (case, stored, want) in cases {
+            assert_eq!(classify(stored), want, "{case}");
+        }
+    }
+
+    /// What the adapter passes to `classify` for `fields` (see `src/store.rs` `view_of`): the
+    /// fence, and the requester's own field, else the first other non-fence field.
+    fn stored_as_read<'a>(fields: &'a [(Vec<u8>, Vec<u8>)], requester: &[u8]) -> Stored<'a> {
+        let fence = fields
+            .iter()
+            .find(|(f, _)| f.as_slice() == FENCE_FIELD)
+            .map(|(_, v)| v.as_slice());
+        let holder = fields
+            .iter()
+            .find(|(f, _)| f.as_slice() == requester)
+            .or_else(|| fields.iter().find(|(f, _)| f.as_slice() != FENCE_FIELD))
+            .map(|(f, v)| StoredHolder {
+                field: f,
+                count: v,
+                is_requester: f.as_slice() == requester,
+            });
+        Stored::Hash {
+            fields: fields.len(),
+            fence,
+            holder,
+        }
+    }
+
+    /// One classification: for every hash of one or two fields built from names and values a
+    /// lock uses, the O(1) reading either agrees with `hold::decode` or defers to it
+    /// (`NotALock`), and it never defers on the `RLock` layout (which must stay O(1)).
+    #[test]
+    fn classify_agrees_with_decode_or_defers_to_it() {
+        use crate::hold::{decode, HoldKind};
+        let names: [&[u8]; 4] = [b"a", b"b", MODE_FIELD, FENCE_FIELD];
+        let values: [&[u8]; 8] = [
+            b"1",
+            b"5",
+            b"0",
+            b"x",
+            b"rw",
+            b"semaphore:3",
+            b"1:5:7",
+            b"9223372036854775807",
+        ];
+        let mut hashes: Vec<Vec<(Vec<u8>, Vec<u8>)>> = Vec::new();
+        for (i, n1) in names.iter().enumerate() {
+            for v1 in values {
+                hashes.push(vec![(n1.to_vec(), v1.to_vec())]);
+                for n2 in names.iter().skip(i + 1) {
+                    for v2 in values {
+                        hashes.push(vec![(n1.to_vec(), v1.to_vec()), (n2.to_vec(), v2.to_vec())]);
+                    }
+                }
+            }
+        }
+        for fields in &hashes {
+            let decoded = decode(fields, Some(NOW));
+            for requester in [&b"a"[..], b"b"] {
+                let view = classify(stored_as_read(fields, requester));
+                let shown: Vec<_> = fields
+                    .iter()
+                    .flat_map(|(f, v)| [String::from_utf8_lossy(f), String::from_utf8_lossy(v)])
+                    .collect();
+                let asker = String::from_utf8_lossy(requester);
+                let case = format!("{shown:?} asked by {asker}: {view:?} / {decoded:?}");
+                match (&view, &decoded) {
+                    (Err(LockError::NotALock), Ok(lock)) => {
+                        assert!(
+                            !lock.is_rlock_layout(),
+                            "deferred on the RLock layout: {case}"
+                        )
+                    }
+                    (Err(LockError::NotALock), Err(_)) => {}
+                    (
+                        Ok(
+                            View::HeldByRequester { count, token }
+                            | View::HeldByOther { count, token },
+                        ),
+                        Ok(lock),
+                    ) => {
+                        let [hold] = lock.holds.as_slice() else {
+                            panic!("{case}");
+                        };
+                        assert!(lock.is_rlock_layout(), "{case}");
+                        assert_eq!(hold.kind, HoldKind::Exclusive, "{case}");
+                        assert_eq!((hold.count, hold.token), (*count, *token), "{case}");
+                        assert_eq!(
+                            hold.owner == requester,
+                            matches!(view, Ok(View::HeldByRequester { .. })),
+                            "{case}"
+                        );
+                    }
+                    _ => panic!("classify and decode disagree: {case}"),
+                }
+            }
         }
     }
 

@@ -5,7 +5,7 @@
 //! relies on when it writes. Bounded: a few thousand cases, a second or two.
 
 use lock_core::args::{parse_acquire, parse_key_only, parse_release, parse_renew, Wait};
-use lock_core::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER};
+use lock_core::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER, MODE_FIELD};
 use lock_core::state::{
     classify, decide_acquire, decide_release, decide_renew, may_be_a_lock, AcquireDecision, Queue,
     ReleaseDecision, RenewDecision, Stored, StoredHolder, View,
@@ -75,15 +75,23 @@ fn positive_text() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
-/// A stored hash: its field count, the fence value, and the holder's count (and whether the
-/// holder is the requester).
-type StoredHash = (usize, Option<Vec<u8>>, Option<(Vec<u8>, bool)>);
+/// A stored hash: its field count, the fence value, and the holder's field name, count and
+/// whether the holder is the requester.
+type StoredHash = (usize, Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>, bool)>);
+
+fn field_name() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        Just(b"owner".to_vec()),
+        Just(MODE_FIELD.to_vec()),
+        proptest::collection::vec(any::<u8>(), 1..12),
+    ]
+}
 
 fn stored() -> impl Strategy<Value = StoredHash> {
     (
         prop_oneof![Just(0usize), Just(1), Just(2), Just(3), any::<usize>()],
         proptest::option::of(positive_text()),
-        proptest::option::of((positive_text(), any::<bool>())),
+        proptest::option::of((field_name(), positive_text(), any::<bool>())),
     )
 }
 
@@ -136,7 +144,8 @@ proptest! {
         let view = classify(Stored::Hash {
             fields,
             fence: fence.as_deref(),
-            holder: holder.as_ref().map(|(count, is_requester)| StoredHolder {
+            holder: holder.as_ref().map(|(field, count, is_requester)| StoredHolder {
+                field,
                 count,
                 is_requester: *is_requester,
             }),
@@ -145,6 +154,7 @@ proptest! {
             Ok(View::Free) => prop_assert!(false, "a hash is never free"),
             Ok(View::HeldByRequester { count, token }) | Ok(View::HeldByOther { count, token }) => {
                 prop_assert!(may_be_a_lock(fields));
+                prop_assert!(holder.as_ref().is_some_and(|(field, _, _)| field.as_slice() != MODE_FIELD));
                 prop_assert!((1..=MAX_STORED_INTEGER).contains(&count));
                 prop_assert!(token.is_none_or(|t| (1..=MAX_STORED_INTEGER).contains(&t)));
                 prop_assert_eq!(fields, 1 + usize::from(token.is_some()));

@@ -247,6 +247,12 @@ fn decode_refuses_every_malformed_lock_as_not_a_lock() {
             fields(&[("__mode__", "RW"), ("s:a", &ok)]),
         ),
         ("empty mode", fields(&[("__mode__", ""), ("s:a", &ok)])),
+        // Not an RLock hold by an owner named `__mode__`: a mode that is not valid.
+        ("a count as mode", fields(&[("__mode__", "5")])),
+        (
+            "a count as mode, with a fence",
+            fields(&[("__mode__", "5"), ("__fence__", "7")]),
+        ),
         (
             "semaphore:0",
             fields(&[("__mode__", "semaphore:0"), ("p:a", &ok)]),
