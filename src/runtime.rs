@@ -8,6 +8,7 @@
 //! events (raised by lazy expiry inside `OpenKey`), which only touch the separate `INBOX`.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 
 use lock_core::args::Wait;
 use lock_core::binding::{ClientId, GrantRef};
@@ -39,11 +40,22 @@ thread_local! {
     static BOUND: Cell<usize> = const { Cell::new(0) };
     /// Mirrors the number of queued waiters, readable without borrowing the scheduler.
     static WAITING: Cell<usize> = const { Cell::new(0) };
+    /// Answers not yet given to their waiters (see [`ANSWERS_PER_TURN`]), in order.
+    static OUTBOX: RefCell<VecDeque<(Blocked, Answer)>> = const { RefCell::new(VecDeque::new()) };
+    static OUTBOX_ARMED: Cell<bool> = const { Cell::new(false) };
     /// A key that `MOVE`/`RENAME` is taking away, between its two keyspace events.
     static LEAVING: RefCell<Option<LockKey>> = const { RefCell::new(None) };
     /// Last time a "lease expired with waiters" warning was logged.
     static LAST_EXPIRY_WARNING: Cell<u64> = const { Cell::new(0) };
 }
+
+/// How many waiters are answered in one turn of the server's event loop. A run of thousands of
+/// shared waiters is granted in one write, but Redis then sends each its reply and resumes its
+/// connection: answered all at once that kept the server from everything else for about 20 µs a
+/// waiter (200 ms for 10,000). The rest are answered from a 0 ms timer, a batch each turn, with
+/// other clients served in between. A waiter that disconnects (or is unblocked by `CLIENT
+/// UNBLOCK`) before its answer is an undelivered grant, as before: its hold is passed on.
+const ANSWERS_PER_TURN: usize = 500;
 
 /// Runs `f` on the scheduler, then arms the timer for its next deadline.
 fn with_scheduler<R>(
@@ -56,6 +68,8 @@ fn with_scheduler<R>(
             WAITING.with(|w| w.set(scheduler.waiting()));
             BOUND.with(|b| b.set(scheduler.bound_holds()));
             arm(ctx, scheduler.next_deadline());
+            drop(scheduler);
+            send_answers(ctx);
             Some(out)
         }
         Err(_) => {
@@ -335,11 +349,35 @@ pub fn on_inbox(ctx: Ctx) {
     });
 }
 
+/// Answers up to [`ANSWERS_PER_TURN`] waiters; the rest from a 0 ms timer, next turn.
+fn send_answers(ctx: Ctx) {
+    let (batch, more) = OUTBOX.with(|outbox| {
+        let mut outbox = outbox.borrow_mut();
+        let take = outbox.len().min(ANSWERS_PER_TURN);
+        let batch: Vec<_> = outbox.drain(..take).collect();
+        (batch, !outbox.is_empty())
+    });
+    for (handle, answer) in batch {
+        wait::unblock(handle, answer);
+    }
+    if more && !OUTBOX_ARMED.with(Cell::get) {
+        OUTBOX_ARMED.with(|a| a.set(true));
+        wait::arm_outbox_timer(ctx);
+    }
+}
+
+pub fn on_outbox(ctx: Ctx) {
+    OUTBOX_ARMED.with(|a| a.set(false));
+    send_answers(ctx);
+}
+
 /// Whether the module can be unloaded: no waiters and nothing scheduled.
 pub fn idle() -> bool {
     read_scheduler(Scheduler::is_idle).unwrap_or(false)
         && TIMER.with(Cell::get).is_none()
         && !INBOX_ARMED.with(Cell::get)
+        && !OUTBOX_ARMED.with(Cell::get)
+        && OUTBOX.with(|outbox| outbox.borrow().is_empty())
 }
 
 /// Clears all state (module load; a reloaded library keeps its statics).
@@ -355,6 +393,8 @@ pub fn reset() {
     INBOX_ARMED.with(|a| a.set(false));
     GONE.with(|gone| gone.borrow_mut().clear());
     BOUND.with(|b| b.set(0));
+    OUTBOX.with(|outbox| outbox.borrow_mut().clear());
+    OUTBOX_ARMED.with(|a| a.set(false));
 }
 
 /// The scheduler's store: reads and writes lock keys, takes tokens, answers waiters, through
@@ -462,7 +502,8 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn answer(&mut self, handle: Blocked, answer: Answer) {
-        wait::unblock(handle, answer);
+        // Given when the scheduler is done (see `send_answers`).
+        OUTBOX.with(|outbox| outbox.borrow_mut().push_back((handle, answer)));
     }
 
     fn note(&mut self, note: Note) {

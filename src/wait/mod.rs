@@ -165,3 +165,13 @@ pub fn arm_inbox_timer(ctx: Ctx) -> u64 {
 extern "C" fn on_inbox_timer(ctx: Ctx, _data: *mut c_void) {
     guard::callback((), || runtime::on_inbox(ctx));
 }
+
+/// A 0 ms timer that gives the answers a turn of the event loop could not.
+pub fn arm_outbox_timer(ctx: Ctx) -> u64 {
+    // SAFETY: as in arm_timer.
+    unsafe { api!(RedisModule_CreateTimer)(ctx, 0, Some(on_outbox_timer), ptr::null_mut()) }
+}
+
+extern "C" fn on_outbox_timer(ctx: Ctx, _data: *mut c_void) {
+    guard::callback((), || runtime::on_outbox(ctx));
+}
