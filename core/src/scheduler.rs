@@ -346,22 +346,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         }
     }
 
-    /// A command granted an `EPHEMERAL` hold to `client`: it ends when that connection closes.
+    /// A grant (by a command or to a waiter) of an `EPHEMERAL` hold to `client`: it ends when
+    /// that connection closes. When the connection's list has grown, first checks which of its
+    /// holds still exist (holds also end by DEL, lease ends, FORCERELEASE); keeps the sweep armed.
     pub fn bind(
-        &mut self,
-        port: &mut impl Port<H>,
-        client: ClientId,
-        key: &LockKey,
-        kind: HoldKind,
-        token: u64,
-        now: UnixMs,
-    ) {
-        self.bind_grant(port, client, key, kind, token, now);
-    }
-
-    /// Binds a grant; when the connection's list has grown, first checks which of its holds
-    /// still exist (holds also end by DEL, lease ends, FORCERELEASE), and keeps the sweep armed.
-    fn bind_grant(
         &mut self,
         port: &mut impl Port<H>,
         client: ClientId,
@@ -774,7 +762,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 waited_ms: now.saturating_sub(waiter.enqueued_at),
             });
             if let Some(client) = waiter.bind {
-                self.bind_grant(port, client, key, kind, token, now);
+                self.bind(port, client, key, kind, token, now);
             }
             port.answer(
                 waiter.handle,
