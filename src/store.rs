@@ -150,10 +150,14 @@ pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
                     return Err(LockError::NotALock);
                 }
             }
-            // A hash scan may report a field twice (a rehash between calls): keep one.
+            // A hash scan may report a field twice (a rehash between calls): keep one. The
+            // multi-hold layout drops such twins as it sorts its holds (`hold::decode`); a
+            // hash small enough to be Redisson's layout is sorted here.
             let mut all = key.hash_fields();
-            all.sort();
-            all.dedup_by(|a, b| a.0 == b.0);
+            if fields <= lock_core::state::MAX_LOCK_FIELDS {
+                all.sort();
+                all.dedup_by(|a, b| a.0 == b.0);
+            }
             let expires_at = key.expires_at();
             let lock = hold::decode(&all, expires_at)?;
             Ok(Some(StoredLock { lock, expires_at }))

@@ -258,12 +258,16 @@ fn decode_multi(fields: &Fields, mode: &[u8]) -> Result<Lock, LockError> {
         let hold = decode_hold(field, value).ok_or(LockError::NotALock)?;
         lock.holds.push(hold);
     }
+    // The exclusive hold first, then the others by owner: the order INFO lists them in. A
+    // hash scan that reported a field twice (a rehash between its calls) leaves two equal
+    // holds side by side: one is kept.
+    lock.holds
+        .sort_unstable_by(|a, b| (a.kind, &a.owner).cmp(&(b.kind, &b.owner)));
+    lock.holds
+        .dedup_by(|a, b| a.kind == b.kind && a.owner == b.owner);
     if !is_consistent(&lock) {
         return Err(LockError::NotALock);
     }
-    // The exclusive hold first, then the others by owner: the order INFO lists them in.
-    lock.holds
-        .sort_by(|a, b| (a.kind, &a.owner).cmp(&(b.kind, &b.owner)));
     Ok(lock)
 }
 
@@ -334,18 +338,30 @@ pub fn encode(lock: &Lock) -> BTreeMap<Vec<u8>, Vec<u8>> {
     }
     fields.insert(MODE_FIELD.to_vec(), mode_value(lock.family));
     for hold in &lock.holds {
-        let mut name = hold.kind.prefix().to_vec();
-        name.extend_from_slice(&hold.owner);
-        // A multi-hold key only ever holds module-written holds, which have both.
-        let value = format!(
-            "{}:{}:{}",
-            hold.count,
-            hold.expires_at.unwrap_or_default(),
-            hold.token.unwrap_or_default()
-        );
-        fields.insert(name, value.into_bytes());
+        let (name, value) = multi_field(hold);
+        fields.insert(name, value);
     }
     fields
+}
+
+/// A hold's field name in the multi-hold layout (`<kind prefix><owner>`).
+fn multi_field_name(hold: &Hold) -> Vec<u8> {
+    let mut name = Vec::with_capacity(2 + hold.owner.len());
+    name.extend_from_slice(hold.kind.prefix());
+    name.extend_from_slice(&hold.owner);
+    name
+}
+
+/// A hold's field in the multi-hold layout: `<count>:<lease-end-ms>:<token>`.
+fn multi_field(hold: &Hold) -> (Vec<u8>, Vec<u8>) {
+    // A multi-hold key only ever holds module-written holds, which have both.
+    let value = format!(
+        "{}:{}:{}",
+        hold.count,
+        hold.expires_at.unwrap_or_default(),
+        hold.token.unwrap_or_default()
+    );
+    (multi_field_name(hold), value.into_bytes())
 }
 
 /// The value of the mode field of a multi-hold key of this family.
@@ -379,6 +395,9 @@ pub fn writes(old: Option<&Lock>, old_expires_at: Option<UnixMs>, new: &Lock) ->
             Vec::new()
         };
     }
+    if let Some(old) = old.filter(|old| stays_multi(old, new)) {
+        return multi_writes(old, old_expires_at, new);
+    }
     let mut before = old.map(encode).unwrap_or_default();
     if let Some(old) = old.filter(|o| o.holds.is_empty()) {
         // Only a multi-hold key decodes to a lock without holds: its mode field is stored.
@@ -404,6 +423,50 @@ pub fn writes(old: Option<&Lock>, old_expires_at: Option<UnixMs>, new: &Lock) ->
     }
     if let Some(at) = new.last_lease_end() {
         if old.is_none() || old_expires_at != Some(at) {
+            out.push(Write::ExpireAt(at));
+        }
+    }
+    out
+}
+
+/// Whether `old` and `new` are both stored in the multi-hold layout with the same mode field:
+/// then only the holds that differ are written.
+fn stays_multi(old: &Lock, new: &Lock) -> bool {
+    old.family == new.family
+        && !old.is_rlock_layout()
+        && !new.is_rlock_layout()
+        && !new.holds.is_empty()
+}
+
+/// [`writes`] between two multi-hold locks: O(holds), formatting only the holds that changed
+/// (a command on a key of 10,000 holds writes one or two of them).
+fn multi_writes(old: &Lock, old_expires_at: Option<UnixMs>, new: &Lock) -> Vec<Write> {
+    let mut before: HashMap<(HoldKind, &[u8]), &Hold> = old
+        .holds
+        .iter()
+        .map(|h| ((h.kind, h.owner.as_slice()), h))
+        .collect();
+    let set: Vec<(Vec<u8>, Vec<u8>)> = new
+        .holds
+        .iter()
+        .filter(|h| before.remove(&(h.kind, h.owner.as_slice())) != Some(*h))
+        .map(multi_field)
+        .collect();
+    let removed: Vec<Vec<u8>> = old
+        .holds
+        .iter()
+        .filter(|h| before.contains_key(&(h.kind, h.owner.as_slice())))
+        .map(multi_field_name)
+        .collect();
+    let mut out = Vec::new();
+    if !set.is_empty() {
+        out.push(Write::Set(set));
+    }
+    if !removed.is_empty() {
+        out.push(Write::Remove(removed));
+    }
+    if let Some(at) = new.last_lease_end() {
+        if old_expires_at != Some(at) {
             out.push(Write::ExpireAt(at));
         }
     }

@@ -102,9 +102,12 @@ enum Stop {
 }
 
 /// How often bound holds are checked for ends the module does not see as they happen (a lease
-/// end, DEL, FLUSHDB, an overwrite), and how many bindings one check looks at.
+/// end, DEL, an overwrite), and how much one check does at most: bindings looked at, and holds
+/// read from their keys (past that, only connections whose keys were read already are taken;
+/// the first key to go over is still read whole).
 pub const BINDING_SWEEP_MS: u64 = 100;
-pub const BINDING_SWEEP_BUDGET: usize = 2_000;
+pub const BINDING_SWEEP_BINDINGS: usize = 10_000;
+pub const BINDING_SWEEP_HOLDS_READ: usize = 20_000;
 
 /// How a waiter leaves the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,6 +206,43 @@ pub enum Change {
     Key(LockKey, Cause),
     Db(i32),
     All,
+}
+
+/// The holds (kind, token) that exist now on the keys read so far, for pruning bindings.
+#[derive(Default)]
+struct LiveHolds {
+    keys: HashMap<LockKey, HashSet<(HoldKind, u64)>>,
+    /// Holds read so far.
+    holds_read: usize,
+}
+
+impl LiveHolds {
+    /// Reads each key of `grants` not read yet (once).
+    fn read_keys_of<H>(&mut self, grants: &[GrantRef], port: &mut impl Port<H>, now: UnixMs) {
+        for grant in grants {
+            if self.keys.contains_key(&grant.key) {
+                continue;
+            }
+            let holds: HashSet<(HoldKind, u64)> = match port.read(&grant.key, false) {
+                Read::Lock(Some(stored)) => stored
+                    .lock
+                    .holds
+                    .iter()
+                    .filter(|h| h.expires_at.is_none_or(|at| now <= at))
+                    .filter_map(|h| h.token.map(|t| (h.kind, t)))
+                    .collect(),
+                _ => HashSet::new(),
+            };
+            self.holds_read += holds.len();
+            self.keys.insert(grant.key.clone(), holds);
+        }
+    }
+
+    fn has(&self, grant: &GrantRef) -> bool {
+        self.keys
+            .get(&grant.key)
+            .is_some_and(|holds| holds.contains(&(grant.kind, grant.token)))
+    }
 }
 
 /// One blocked acquire, as the adapter hands it in.
@@ -372,40 +412,42 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// Forgets the bindings of `client`'s holds that no longer exist: each key it holds is read
     /// once, however many of its holds are there.
     fn prune_bindings(&mut self, port: &mut impl Port<H>, client: ClientId, now: UnixMs) {
-        let mut live: HashMap<LockKey, HashSet<(HoldKind, u64)>> = HashMap::new();
-        for grant in self.bindings.grants_of(client) {
-            if live.contains_key(&grant.key) {
-                continue;
-            }
-            let holds = match port.read(&grant.key, false) {
-                Read::Lock(Some(stored)) => stored
-                    .lock
-                    .holds
-                    .iter()
-                    .filter(|h| h.expires_at.is_none_or(|at| now <= at))
-                    .filter_map(|h| h.token.map(|t| (h.kind, t)))
-                    .collect(),
-                _ => HashSet::new(),
-            };
-            live.insert(grant.key, holds);
-        }
-        self.bindings.prune(client, |grant| {
-            live.get(&grant.key)
-                .is_some_and(|holds| holds.contains(&(grant.kind, grant.token)))
-        });
+        let mut live = LiveHolds::default();
+        live.read_keys_of(&self.bindings.grants_of(client), port, now);
+        self.prune_with(client, &live);
+    }
+
+    fn prune_with(&mut self, client: ClientId, live: &LiveHolds) {
+        self.bindings.prune(client, |grant| live.has(grant));
         self.stop_idle_sweep();
     }
 
-    /// Checks the bound holds of the next few connections (round robin, about
-    /// [`BINDING_SWEEP_BUDGET`] bindings) and forgets those whose hold ended unseen.
+    /// Checks the bound holds of the next connections (round robin) and forgets those whose hold
+    /// ended unseen. Each key is read once per sweep however many connections hold it, within
+    /// [`BINDING_SWEEP_BINDINGS`] and [`BINDING_SWEEP_HOLDS_READ`].
     fn sweep_bindings(&mut self, port: &mut impl Port<H>, now: UnixMs) {
-        let (clients, next) = self
+        let (clients, _) = self
             .bindings
-            .clients_after(self.sweep_after, BINDING_SWEEP_BUDGET);
+            .clients_after(self.sweep_after, BINDING_SWEEP_BINDINGS);
+        let mut live = LiveHolds::default();
+        let mut swept = Vec::new();
+        let mut checked = 0;
         for client in clients {
-            self.prune_bindings(port, client, now);
+            let grants = self.bindings.grants_of(client);
+            let needs_read = grants.iter().any(|g| !live.keys.contains_key(&g.key));
+            let full = checked + grants.len() > BINDING_SWEEP_BINDINGS
+                || (needs_read && live.holds_read >= BINDING_SWEEP_HOLDS_READ);
+            if full && !swept.is_empty() {
+                break;
+            }
+            live.read_keys_of(&grants, port, now);
+            checked += grants.len();
+            swept.push(client);
         }
-        self.sweep_after = next.unwrap_or(0);
+        for &client in &swept {
+            self.prune_with(client, &live);
+        }
+        self.sweep_after = swept.last().copied().unwrap_or(0);
         self.binding_sweep = (!self.bindings.is_empty()).then(|| {
             self.deadlines
                 .insert(now.saturating_add(BINDING_SWEEP_MS), Due::BindingSweep)

@@ -1502,3 +1502,71 @@ fn writes_on_a_key_with_only_its_mode_field_leave_exactly_the_new_lock() {
         assert_eq!(writes(Some(&old), None, &rw(vec![])), [Write::Delete]);
     }
 }
+
+mod writes_model {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A lock of any layout: up to 6 holds of 4 owners, a family, counts, lease ends and tokens
+    /// from small ranges (so that old and new often share holds exactly).
+    fn any_lock() -> impl Strategy<Value = Lock> {
+        let hold = (0usize..4, 0usize..3, 1u64..3, 1u64..3, 1u64..3).prop_map(
+            |(owner, kind, count, end, token)| Hold {
+                owner: format!("o{owner}").into_bytes(),
+                kind: [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit][kind],
+                count,
+                expires_at: Some(END + end),
+                token: Some(token),
+            },
+        );
+        (proptest::collection::vec(hold, 0..6), 0usize..3).prop_map(|(holds, family)| {
+            let family = [
+                Family::ReadWrite,
+                Family::Semaphore { limit: 5 },
+                Family::Semaphore { limit: 6 },
+            ][family];
+            let mut lock = Lock { family, holds: Vec::new() };
+            for hold in holds {
+                // One hold per (kind, owner), as every stored lock has.
+                if lock.find(&hold.owner, hold.kind).is_none() {
+                    lock.holds.push(hold);
+                }
+            }
+            lock
+        })
+    }
+
+    proptest! {
+        /// Whatever the layouts, running `writes` on what `old` is stored as leaves exactly
+        /// what `new` is stored as (the fast diff between multi-hold locks included).
+        #[test]
+        fn writes_leave_exactly_the_new_lock(old in any_lock(), new in any_lock()) {
+            let mut stored = encode(&old);
+            if old.holds.is_empty() {
+                // A stored multi-hold key without holds keeps its mode field.
+                stored.insert(MODE_FIELD.to_vec(), mode_value(old.family));
+            }
+            let w = writes(Some(&old), old.last_lease_end(), &new);
+            let after = run_writes(stored, &w);
+            if new.holds.is_empty() {
+                prop_assert_eq!(after, None);
+            } else {
+                prop_assert_eq!(after, Some(encode(&new)), "{:?}", w);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_field_reported_twice_by_a_hash_scan_is_one_hold() {
+    let stored = fields(&[
+        ("__mode__", "semaphore:2"),
+        ("p:b", "1:2000:7"),
+        ("p:a", "1:2000:6"),
+        ("p:b", "1:2000:7"),
+    ]);
+    let lock = decode(&stored, Some(2000)).unwrap();
+    let owners: Vec<&[u8]> = lock.holds.iter().map(|h| h.owner.as_slice()).collect();
+    assert_eq!(owners, [&b"a"[..], &b"b"[..]], "sorted, the twin dropped");
+    assert_eq!(lock.family, Family::Semaphore { limit: 2 }, "and within the limit");
+}
