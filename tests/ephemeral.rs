@@ -136,13 +136,6 @@ impl Blocked {
     }
 }
 
-fn client_id(con: &mut Connection) -> i64 {
-    redis::cmd("CLIENT")
-        .arg("ID")
-        .query(con)
-        .expect("CLIENT ID")
-}
-
 /// An EPHEMERAL acquire that must be granted: its token.
 fn ephemeral(con: &mut Connection, key: &str, owner: &str, lease_ms: u64, more: &[&str]) -> i64 {
     let mut options = vec!["EPHEMERAL"];
@@ -150,13 +143,6 @@ fn ephemeral(con: &mut Connection, key: &str, owner: &str, lease_ms: u64, more: 
     acquire_with(con, key, owner, lease_ms, &options)
         .expect("LOCK.ACQUIRE EPHEMERAL")
         .expect("granted")
-}
-
-/// LOCK.INFO's top-level `ephemeral` (the bound client id of the exclusive hold), None if nil.
-/// Panics when the key is free.
-fn bound_to(con: &mut Connection, key: &str) -> Option<i64> {
-    let info = lock_info(con, key).unwrap_or_else(|| panic!("{key} is free"));
-    redis::from_redis_value(info.get("ephemeral").expect("an ephemeral field")).unwrap()
 }
 
 fn owner_of(con: &mut Connection, key: &str) -> Option<String> {
