@@ -2295,6 +2295,8 @@ mod model {
         Disconnect {
             client: u8,
         },
+        /// Time runs to the binding sweep's next deadline.
+        Sweep,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -2309,6 +2311,7 @@ mod model {
             1 => (0u8..2).prop_map(|key| Op::DeleteOutside { key }),
             1 => (0u8..2, any::<usize>()).prop_map(|(key, pick)| Op::Undelivered { key, pick }),
             1 => (0u8..3).prop_map(|client| Op::Disconnect { client }),
+            1 => Just(Op::Sweep),
         ]
     }
 
@@ -2414,6 +2417,54 @@ mod model {
         }
 
         /// Nobody waits while the key has room for the head of its queue.
+        /// A hold bound by a command stays bound while it exists; right after a sweep the
+        /// gauge counts exactly the live holds that are bound (none that ended unseen).
+        fn check_bindings(
+            &self,
+            s: &Scheduler<u32>,
+            port: &mut FakePort,
+            keys: &[LockKey],
+            swept: bool,
+        ) -> Result<(), TestCaseError> {
+            // Live: not past its lease end (while writes are paused the store keeps ended holds,
+            // as Redis keeps an expired key, but every command treats them as gone).
+            let now = port.now;
+            let live = |h: &&crate::hold::Hold| h.expires_at.is_none_or(|at| now <= at);
+            for (c, held) in &self.bound {
+                for (k, token) in held {
+                    let exists = port.lock(k).is_some_and(|l| {
+                        l.holds.iter().filter(live).any(|h| h.token == Some(*token))
+                    });
+                    if exists {
+                        prop_assert_eq!(
+                            s.bound_client(k, *token),
+                            Some(*c),
+                            "a live hold lost its binding"
+                        );
+                    }
+                }
+            }
+            if swept {
+                let live_bound = keys
+                    .iter()
+                    .filter_map(|k| port.lock(k).cloned().map(|l| (k, l)))
+                    .map(|(k, l)| {
+                        l.holds
+                            .iter()
+                            .filter(live)
+                            .filter(|h| h.token.is_some_and(|t| s.bound_client(k, t).is_some()))
+                            .count()
+                    })
+                    .sum::<usize>();
+                prop_assert_eq!(
+                    s.bound_holds(),
+                    live_bound,
+                    "bindings of holds gone after a sweep"
+                );
+            }
+            Ok(())
+        }
+
         fn check_no_idle_room(&self, port: &mut FakePort) -> Result<(), TestCaseError> {
             if port.writes != Writes::Allowed {
                 return Ok(());
@@ -2455,6 +2506,7 @@ mod model {
             let mut next_handle = 0u32;
             let mut direct = 0u32;
             for op in ops {
+                let mut swept = false;
                 let paused = port.writes == Writes::Paused;
                 match op {
                     // Client commands are writes: Redis postpones them during a pause.
@@ -2593,11 +2645,18 @@ mod model {
                             advance_to(&mut s, &mut port, to);
                         }
                     }
+                    Op::Sweep => {
+                        if let Some(at) = s.binding_sweep.map(|d| d.at) {
+                            advance_to(&mut s, &mut port, at);
+                            swept = true;
+                        }
+                    }
                     _ => {}
                 }
                 model.check_answers(&port)?;
                 model.check_holds(&mut port, &keys)?;
                 model.check_no_idle_room(&mut port)?;
+                model.check_bindings(&s, &mut port, &keys, swept)?;
             }
             // Everyone finishes: no pause, holders release, time runs out.
             if port.writes == Writes::Paused {

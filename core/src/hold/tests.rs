@@ -1525,7 +1525,10 @@ mod writes_model {
                 Family::Semaphore { limit: 5 },
                 Family::Semaphore { limit: 6 },
             ][family];
-            let mut lock = Lock { family, holds: Vec::new() };
+            let mut lock = Lock {
+                family,
+                holds: Vec::new(),
+            };
             for hold in holds {
                 // One hold per (kind, owner), as every stored lock has.
                 if lock.find(&hold.owner, hold.kind).is_none() {
@@ -1568,5 +1571,9 @@ fn a_field_reported_twice_by_a_hash_scan_is_one_hold() {
     let lock = decode(&stored, Some(2000)).unwrap();
     let owners: Vec<&[u8]> = lock.holds.iter().map(|h| h.owner.as_slice()).collect();
     assert_eq!(owners, [&b"a"[..], &b"b"[..]], "sorted, the twin dropped");
-    assert_eq!(lock.family, Family::Semaphore { limit: 2 }, "and within the limit");
+    assert_eq!(
+        lock.family,
+        Family::Semaphore { limit: 2 },
+        "and within the limit"
+    );
 }
