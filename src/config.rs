@@ -64,10 +64,26 @@ impl StringOption {
     }
 
     pub fn text(&self) -> String {
-        self.text
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_else(|t| t.into_inner().clone())
+        self.with_text(str::to_string)
+    }
+
+    /// Runs `f` on the value, without copying it (the hot path: every release publishes).
+    pub fn with_text<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        match self.text.lock() {
+            Ok(t) => f(&t),
+            Err(poisoned) => f(&poisoned.into_inner()),
+        }
+    }
+
+    /// The value as the Redis string the option keeps (created once; replaced only by a
+    /// `CONFIG SET`, which cannot run while a command or timer of the module runs).
+    pub fn as_redis_string(&self) -> crate::ffi::RawString {
+        let shown = self.shown.load(Ordering::Relaxed);
+        if !shown.is_null() {
+            return shown;
+        }
+        self.replace_shown(Some(OwnedString::new(self.text().as_bytes())));
+        self.shown.load(Ordering::Relaxed)
     }
 
     fn replace_shown(&self, new: Option<OwnedString>) {
@@ -79,13 +95,8 @@ impl StringOption {
 
 impl ConfigurationValue<RedisString> for StringOption {
     fn get(&self, _ctx: &ConfigurationContext) -> RedisString {
-        let mut shown = self.shown.load(Ordering::Relaxed);
-        if shown.is_null() {
-            self.replace_shown(Some(OwnedString::new(self.text().as_bytes())));
-            shown = self.shown.load(Ordering::Relaxed);
-        }
         // Not retained: Redis copies the value and the option keeps its one reference.
-        RedisString::from_redis_module_string(ptr::null_mut(), shown)
+        RedisString::from_redis_module_string(ptr::null_mut(), self.as_redis_string())
     }
 
     fn set(&self, _ctx: &ConfigurationContext, value: RedisString) -> Result<(), RedisError> {

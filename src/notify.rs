@@ -1,10 +1,11 @@
 //! What the module tells the outside world: keyspace events on the lock key, and the unlock
 //! message on the lock's channel (Redisson's naming, so Redisson waiters wake up too).
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::c_int;
 
-use lock_core::channel::unlock_channel;
+use lock_core::channel::write_unlock_channel;
 use redis_module::raw;
 
 use crate::config;
@@ -27,16 +28,29 @@ pub fn event(ctx: Ctx, event: &CStr, key_name: RawString) {
     }
 }
 
-/// Publishes the unlock message when a lock becomes free and nobody waits for it.
+/// Publishes the unlock message when a lock becomes free and nobody waits for it. Every release
+/// does this, so it allocates one string (the channel's): the name is built in a reused buffer
+/// and the message is the Redis string its option keeps.
 pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
-    let (prefix, message) = config::unlock_publication();
-    let Some(channel) = unlock_channel(prefix.as_bytes(), name) else {
-        return;
-    };
-    let channel = OwnedString::new(&channel);
-    let message = OwnedString::new(message.as_bytes());
-    // SAFETY: both strings are live for the call; Redis copies what it delivers.
-    unsafe {
-        api!(RedisModule_PublishMessage)(ctx, channel.as_ptr(), message.as_ptr());
-    }
+    CHANNEL.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        let publish = config::UNLOCK_CHANNEL_PREFIX
+            .with_text(|prefix| write_unlock_channel(prefix.as_bytes(), name, &mut buffer));
+        if !publish {
+            return;
+        }
+        let channel = OwnedString::new(&buffer);
+        let message = config::UNLOCK_MESSAGE.as_redis_string();
+        // SAFETY: both strings are live for the call (the message is the option's own, freed
+        // only by a CONFIG SET or unload, neither of which can run during this call); Redis
+        // copies what it delivers.
+        unsafe {
+            api!(RedisModule_PublishMessage)(ctx, channel.as_ptr(), message);
+        }
+    });
+}
+
+thread_local! {
+    /// The unlock channel's name, built here for each publish.
+    static CHANNEL: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }

@@ -4,20 +4,27 @@
 /// Redisson's `prefixName`: `prefix:{key}`, or `prefix:key` when the key already has a `{`.
 /// An empty prefix means "do not publish".
 pub fn unlock_channel(prefix: &[u8], key: &[u8]) -> Option<Vec<u8>> {
-    if prefix.is_empty() {
-        return None;
-    }
     let mut channel = Vec::with_capacity(prefix.len() + key.len() + 3);
-    channel.extend_from_slice(prefix);
-    if key.contains(&b'{') {
-        channel.push(b':');
-        channel.extend_from_slice(key);
-    } else {
-        channel.extend_from_slice(b":{");
-        channel.extend_from_slice(key);
-        channel.push(b'}');
+    write_unlock_channel(prefix, key, &mut channel).then_some(channel)
+}
+
+/// [`unlock_channel`] into `out` (cleared first), so that a caller can reuse one buffer;
+/// false when the prefix is empty.
+pub fn write_unlock_channel(prefix: &[u8], key: &[u8], out: &mut Vec<u8>) -> bool {
+    out.clear();
+    if prefix.is_empty() {
+        return false;
     }
-    Some(channel)
+    out.extend_from_slice(prefix);
+    if key.contains(&b'{') {
+        out.push(b':');
+        out.extend_from_slice(key);
+    } else {
+        out.extend_from_slice(b":{");
+        out.extend_from_slice(key);
+        out.push(b'}');
+    }
+    true
 }
 
 #[cfg(test)]
