@@ -4,8 +4,9 @@
 //! turns a whole command line into a typed request or a [`LockError`]; a request that parsed is
 //! one the state machine can act on without further checks.
 
-use crate::hold::{Mode, MAX_LIMIT};
-use crate::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER, MODE_FIELD};
+pub use crate::kind::Reentry;
+use crate::kind::{Mode, MAX_LIMIT};
+use crate::layout::{is_reserved_key, FENCE_FIELD, MODE_FIELD};
 pub use crate::layout::{parse_i64, parse_positive};
 use crate::LockError;
 
@@ -22,33 +23,6 @@ pub enum Wait {
     Forever,
     /// Block at most this many milliseconds.
     For(u64),
-}
-
-/// What a `LOCK.ACQUIRE` by the key's current holder does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reentry {
-    /// Re-enter: the count goes up, one `LOCK.RELEASE` per acquire (Redisson's semantics).
-    Counted,
-    /// `ONCE`: the owner holds the key at most once. Asking again while holding it returns the
-    /// token and resets the lease without counting, so a client library that re-sends the
-    /// command after its own timeout (its first try may have been granted) cannot take the
-    /// lock twice.
-    Once,
-}
-
-impl Reentry {
-    /// The count of a hold re-entered this way: one more (up to the largest integer Redis
-    /// stores), or the same with `ONCE`.
-    pub fn count_after(self, held: u64) -> Result<u64, LockError> {
-        match self {
-            Reentry::Counted => held
-                .checked_add(1)
-                .filter(|c| *c <= MAX_STORED_INTEGER)
-                .ok_or(LockError::CountOverflow),
-            // Held already: the same count, a new lease.
-            Reentry::Once => Ok(held),
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -25,27 +25,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::hold::HoldKind;
-use crate::queue::LockKey;
+use crate::key::LockKey;
+pub use crate::key::{ClientId, GrantRef};
+use crate::kind::HoldKind;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 
 mod index;
 
 use index::{Entry, GrantIndex};
-
-/// The server's id of a client connection.
-pub type ClientId = u64;
-
-/// One grant, named well enough to end it later: an ephemeral hold whose connection closed, or
-/// an undelivered grant.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrantRef {
-    pub key: LockKey,
-    pub kind: HoldKind,
-    /// Tokens never repeat on a key: the token names the grant.
-    pub token: u64,
-}
 
 /// A connection's list is first checked for holds gone by other means (DEL, a lease end) at
 /// this many bytes (about a hundred records of short names), then each time it doubles.
@@ -462,8 +450,18 @@ fn record_head(record: &Record<'_>) -> ([u8; 2 * MAX_VARINT + 8], usize) {
     (bytes, len)
 }
 
+/// A record's first varint: the database above [`KIND_BITS`] bits of the hold's kind.
+const KIND_BITS: u32 = 2;
+const KIND_MASK: u64 = (1 << KIND_BITS) - 1;
+const _: () = assert!(
+    HoldKind::ALL.len() <= 1 << KIND_BITS,
+    "a new hold kind needs more bits in a binding's record"
+);
+
 fn db_and_kind(db: i32, kind: HoldKind) -> u64 {
-    (u64::from(db as u32) << 2) | kind_code(kind)
+    // The mask is redundant while the assertion above holds; it keeps a kind from ever
+    // spilling into the database.
+    (u64::from(db as u32) << KIND_BITS) | (kind.index() as u64 & KIND_MASK)
 }
 
 /// The bytes of a record of a name of `name_len` bytes in `db`, whatever its kind (the kind is
@@ -495,23 +493,6 @@ struct Record<'a> {
     kind: HoldKind,
     token: u64,
     name: &'a [u8],
-}
-
-fn kind_code(kind: HoldKind) -> u64 {
-    match kind {
-        HoldKind::Exclusive => 0,
-        HoldKind::Shared => 1,
-        HoldKind::Permit => 2,
-    }
-}
-
-fn kind_of(code: u64) -> Option<HoldKind> {
-    match code {
-        0 => Some(HoldKind::Exclusive),
-        1 => Some(HoldKind::Shared),
-        2 => Some(HoldKind::Permit),
-        _ => None,
-    }
 }
 
 /// The records of a buffer, in order. The buffer is only ever written by `push_record`; a
@@ -549,8 +530,8 @@ fn parse_record(bytes: &[u8]) -> Option<(Record<'_>, &[u8])> {
     let name = bytes.get(..name_len)?;
     let rest = bytes.get(name_len..)?;
     let record = Record {
-        db: u32::try_from(head >> 2).ok()? as i32,
-        kind: kind_of(head & 3)?,
+        db: u32::try_from(head >> KIND_BITS).ok()? as i32,
+        kind: HoldKind::from_index((head & KIND_MASK) as usize)?,
         token: u64::from_le_bytes(*token),
         name,
     };

@@ -18,78 +18,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::args::Reentry;
+pub use crate::kind::{Family, HoldKind, Mode, Queue, Reentry, MAX_HOLDERS, MAX_LIMIT};
 use crate::layout::{parse_positive, FENCE_FIELD};
 pub use crate::layout::{MODE_FIELD, MODE_FIELD_DISPLAY};
-use crate::state::Queue;
 use crate::{LockError, UnixMs};
-
-/// The largest `LIMIT`, and the most holders a shared key may have: every command on such a
-/// key reads all of its holds, so the bound keeps that cost small.
-pub const MAX_LIMIT: u64 = 10_000;
-pub const MAX_HOLDERS: usize = 10_000;
 
 /// The most fields a multi-hold key has (the mode field, one per hold, and the exclusive hold
 /// of a downgrade); a hash with more is refused before any field is read.
 pub const MAX_MULTI_FIELDS: usize = MAX_HOLDERS + 2;
-
-/// The kind of one hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum HoldKind {
-    Exclusive,
-    Shared,
-    Permit,
-}
-
-impl HoldKind {
-    fn prefix(self) -> &'static [u8] {
-        match self {
-            HoldKind::Exclusive => b"x:",
-            HoldKind::Shared => b"s:",
-            HoldKind::Permit => b"p:",
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            HoldKind::Exclusive => "exclusive",
-            HoldKind::Shared => "shared",
-            HoldKind::Permit => "permit",
-        }
-    }
-}
-
-/// What an acquire asks for: no option, `SHARED`, or `LIMIT n`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    Exclusive,
-    Shared,
-    Limit(u64),
-}
-
-impl Mode {
-    pub fn kind(self) -> HoldKind {
-        match self {
-            Mode::Exclusive => HoldKind::Exclusive,
-            Mode::Shared => HoldKind::Shared,
-            Mode::Limit(_) => HoldKind::Permit,
-        }
-    }
-
-    fn family(self) -> Family {
-        match self {
-            Mode::Exclusive | Mode::Shared => Family::ReadWrite,
-            Mode::Limit(limit) => Family::Semaphore { limit },
-        }
-    }
-}
-
-/// What a held key is: a read-write lock (exclusive and shared holds) or a semaphore.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    ReadWrite,
-    Semaphore { limit: u64 },
-}
 
 /// One owner's hold of one kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,7 +208,7 @@ fn decode_multi(fields: &Fields, mode: &[u8]) -> Result<Lock, LockError> {
 }
 
 fn decode_hold(field: &[u8], value: &[u8]) -> Option<Hold> {
-    let kind = [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit]
+    let kind = HoldKind::ALL
         .into_iter()
         .find(|k| field.starts_with(k.prefix()))?;
     let owner = field.get(2..)?;
@@ -525,26 +461,18 @@ pub struct Standing<'a> {
     pub holds: usize,
     pub any_exclusive: bool,
     /// The owner's own holds, by kind (exclusive, shared, permit).
-    pub own: [Option<&'a Hold>; 3],
-}
-
-fn kind_index(kind: HoldKind) -> usize {
-    match kind {
-        HoldKind::Exclusive => 0,
-        HoldKind::Shared => 1,
-        HoldKind::Permit => 2,
-    }
+    pub own: [Option<&'a Hold>; HoldKind::ALL.len()],
 }
 
 impl<'a> Standing<'a> {
     /// How `owner` stands on `lock`: O(holds).
     pub fn of(lock: &'a Lock, owner: &[u8]) -> Standing<'a> {
-        let mut own = [None; 3];
+        let mut own = [None; HoldKind::ALL.len()];
         let mut any_exclusive = false;
         for hold in &lock.holds {
             any_exclusive |= hold.kind == HoldKind::Exclusive;
             if hold.owner == owner {
-                if let Some(slot) = own.get_mut(kind_index(hold.kind)) {
+                if let Some(slot) = own.get_mut(hold.kind.index()) {
                     *slot = Some(hold);
                 }
             }
@@ -558,7 +486,7 @@ impl<'a> Standing<'a> {
     }
 
     fn own(&self, kind: HoldKind) -> Option<&'a Hold> {
-        self.own.get(kind_index(kind)).copied().flatten()
+        self.own.get(kind.index()).copied().flatten()
     }
 
     /// Holds of owners other than the requester.
@@ -676,18 +604,18 @@ pub fn decide_on(
 pub struct Run {
     lock: Lock,
     /// Owner → positions in `lock.holds` of its holds (exclusive, shared, permit), as the key was.
-    own: HashMap<Vec<u8>, [Option<usize>; 3]>,
+    own: HashMap<Vec<u8>, [Option<usize>; HoldKind::ALL.len()]>,
     any_exclusive: bool,
 }
 
 impl Run {
     pub fn new(lock: Lock) -> Run {
-        let mut own: HashMap<Vec<u8>, [Option<usize>; 3]> = HashMap::new();
+        let mut own: HashMap<Vec<u8>, [Option<usize>; HoldKind::ALL.len()]> = HashMap::new();
         let mut any_exclusive = false;
         for (at, hold) in lock.holds.iter().enumerate() {
             any_exclusive |= hold.kind == HoldKind::Exclusive;
             let slots = own.entry(hold.owner.clone()).or_default();
-            if let Some(slot) = slots.get_mut(kind_index(hold.kind)) {
+            if let Some(slot) = slots.get_mut(hold.kind.index()) {
                 *slot = Some(at);
             }
         }
@@ -707,7 +635,7 @@ impl Run {
     }
 
     fn standing(&self, owner: &[u8]) -> Standing<'_> {
-        let mut own = [None; 3];
+        let mut own = [None; HoldKind::ALL.len()];
         if let Some(at) = self.own.get(owner) {
             for (slot, at) in own.iter_mut().zip(at) {
                 *slot = at.and_then(|i| self.lock.holds.get(i));
@@ -749,7 +677,7 @@ impl Run {
         let at = self
             .own
             .get(owner)
-            .and_then(|slots| slots.get(kind_index(granted.kind)).copied().flatten());
+            .and_then(|slots| slots.get(granted.kind.index()).copied().flatten());
         match at.and_then(|i| self.lock.holds.get_mut(i)) {
             Some(slot) => *slot = hold,
             None => self.lock.holds.push(hold),

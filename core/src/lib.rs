@@ -22,6 +22,8 @@ pub mod cluster;
 pub mod deadlines;
 pub mod error;
 pub mod hold;
+pub mod key;
+pub mod kind;
 pub mod layout;
 pub mod queue;
 pub mod scheduler;

@@ -8,26 +8,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
-use crate::binding::ClientId;
 use crate::deadlines::DeadlineKey;
-use crate::hold::Mode;
+use crate::key::ClientId;
+pub use crate::key::LockKey;
+use crate::kind::Mode;
 use crate::{LockError, UnixMs};
-
-/// A lock key: the database it lives in and its name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey {
-    pub db: i32,
-    pub name: Box<[u8]>,
-}
-
-impl LockKey {
-    pub fn new(db: i32, name: &[u8]) -> Self {
-        LockKey {
-            db,
-            name: name.into(),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WaiterId(u64);

@@ -13,7 +13,8 @@
 //! key with [`crate::hold::decode`], whose answer is final. So every command reads a key the same
 //! way, and a hash with the mode field is always decoded as a multi-hold key.
 
-use crate::args::Reentry;
+pub use crate::kind::Queue;
+use crate::kind::Reentry;
 use crate::layout::{parse_positive, MODE_FIELD};
 pub use crate::layout::{FENCE_FIELD, FENCE_FIELD_DISPLAY};
 use crate::{LockError, UnixMs};
@@ -94,13 +95,6 @@ pub fn classify(stored: Stored<'_>) -> Result<View, LockError> {
     } else {
         View::HeldByOther { count, token }
     })
-}
-
-/// Whether waiters are queued on the key; they come before any newcomer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Queue {
-    Empty,
-    Waiting,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
