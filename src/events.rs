@@ -4,7 +4,6 @@
 //! runtime processes it from a 0 ms timer.
 
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use lock_core::queue::LockKey;
 use redis_module::raw;
@@ -14,14 +13,6 @@ use crate::guard;
 use crate::runtime;
 use crate::stats::{bump, STATS};
 use lock_core::scheduler::{Cause, Change};
-
-/// Whether this server tells the module about every key that expires (the key server event,
-/// Redis >= 7.2 and Valkey): then every held lease that runs out is counted and announced.
-static KEY_EVENTS: AtomicBool = AtomicBool::new(false);
-
-pub fn counts_expiries() -> bool {
-    KEY_EVENTS.load(Ordering::Relaxed)
-}
 
 /// Subscribes to the key server event where the server has it (not an error on Redis 7.0).
 fn subscribe_key_events(ctx: Ctx) {
@@ -36,7 +27,7 @@ fn subscribe_key_events(ctx: Ctx) {
             && api!(RedisModule_SubscribeToServerEvent)(ctx, key, Some(on_key_event))
                 == raw::REDISMODULE_OK as c_int
     };
-    KEY_EVENTS.store(subscribed, Ordering::Relaxed);
+    runtime::set_reports_expiries(subscribed);
 }
 
 /// A key expired (Redis >= 7.2, Valkey): if it held a lock, a holder's lease ran out. Counted

@@ -143,7 +143,7 @@ fn lock_info(ctx: &InfoContext, _for_crash_report: bool) {
         stats::write_info(
             ctx.ctx,
             runtime::waiting_gauges(),
-            events::counts_expiries(),
+            runtime::reports_expiries(),
         )
     });
 }

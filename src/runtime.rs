@@ -9,6 +9,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use lock_core::args::Wait;
 use lock_core::binding::{ClientId, GrantRef};
@@ -56,6 +57,43 @@ thread_local! {
 /// other clients served in between. A waiter that disconnects (or is unblocked by `CLIENT
 /// UNBLOCK`) before its answer is an undelivered grant, as before: its hold is passed on.
 const ANSWERS_PER_TURN: usize = 500;
+
+/// The runtime as the blocking and timer callbacks see it (`wait::Events`).
+pub struct Runtime;
+
+impl wait::Events for Runtime {
+    fn waiter_left(ctx: Ctx, handle: Blocked) -> bool {
+        waiter_left(ctx, handle)
+    }
+
+    fn grant_undelivered(ctx: Ctx, grant: GrantRef) {
+        grant_undelivered(ctx, grant);
+    }
+
+    fn timer(ctx: Ctx) {
+        on_timer(ctx);
+    }
+
+    fn inbox(ctx: Ctx) {
+        on_inbox(ctx);
+    }
+
+    fn outbox(ctx: Ctx) {
+        on_outbox(ctx);
+    }
+}
+
+/// Whether the server reports every key that expires (the key server event, Redis >= 7.2 and
+/// Valkey): then a lease end that freed a whole key was counted and announced already.
+static REPORTS_EXPIRIES: AtomicBool = AtomicBool::new(false);
+
+pub fn set_reports_expiries(reports: bool) {
+    REPORTS_EXPIRIES.store(reports, Ordering::Relaxed);
+}
+
+pub fn reports_expiries() -> bool {
+    REPORTS_EXPIRIES.load(Ordering::Relaxed)
+}
 
 /// Runs `f` on the scheduler, then arms the timer for its next deadline.
 fn with_scheduler<R>(
@@ -125,7 +163,7 @@ pub fn enqueue(ctx: Ctx, key: LockKey, request: Request<'_>, seen: Seen) -> Resu
     with_scheduler(ctx, |scheduler, mut port| {
         let max = config::max_waiters_per_key();
         scheduler.has_room(&key, owner, max)?;
-        let handle = wait::block(ctx).ok_or(LockError::Internal)?;
+        let handle = wait::block::<Runtime>(ctx).ok_or(LockError::Internal)?;
         let new = NewWait {
             handle,
             key: &key,
@@ -258,7 +296,7 @@ pub fn connection_closed(ctx: Ctx, client: ClientId) {
     GONE.with(|gone| gone.borrow_mut().push(client));
     if !INBOX_ARMED.with(Cell::get) {
         INBOX_ARMED.with(|a| a.set(true));
-        wait::arm_inbox_timer(ctx);
+        wait::arm_inbox_timer::<Runtime>(ctx);
     }
 }
 
@@ -296,7 +334,7 @@ fn arm(ctx: Ctx, next: Option<u64>) {
             }
             if let Some(next) = next {
                 let now = now_ms();
-                let id = wait::arm_timer(ctx, next.saturating_sub(now));
+                let id = wait::arm_timer::<Runtime>(ctx, next.saturating_sub(now));
                 TIMER.with(|t| t.set(Some((id, next.max(now)))));
             }
         }
@@ -324,7 +362,7 @@ pub fn notice(ctx: Ctx, change: Change) {
     });
     if !INBOX_ARMED.with(Cell::get) {
         INBOX_ARMED.with(|a| a.set(true));
-        wait::arm_inbox_timer(ctx);
+        wait::arm_inbox_timer::<Runtime>(ctx);
     }
 }
 
@@ -362,7 +400,7 @@ fn send_answers(ctx: Ctx) {
     }
     if more && !OUTBOX_ARMED.with(Cell::get) {
         OUTBOX_ARMED.with(|a| a.set(true));
-        wait::arm_outbox_timer(ctx);
+        wait::arm_outbox_timer::<Runtime>(ctx);
     }
 }
 
@@ -477,7 +515,7 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn reports_expiries(&self) -> bool {
-        crate::events::counts_expiries()
+        reports_expiries()
     }
 
     fn event(&mut self, key: &LockKey, event: Event) {

@@ -22,7 +22,22 @@ use redis_module::raw;
 
 use crate::ffi::{api, reply, Ctx, RawString};
 use crate::guard;
-use crate::runtime;
+
+/// What the blocking and timer callbacks tell the module: the runtime implements it, and the
+/// callbacks here are generic over it, so that this FFI layer depends on nothing above it.
+pub trait Events {
+    /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`): true if it was still queued,
+    /// in which case its handle is released here.
+    fn waiter_left(ctx: Ctx, handle: Blocked) -> bool;
+    /// A grant's reply was never delivered (the client went away first).
+    fn grant_undelivered(ctx: Ctx, grant: GrantRef);
+    /// The module timer fired.
+    fn timer(ctx: Ctx);
+    /// The 0 ms timer for changes noticed by events fired.
+    fn inbox(ctx: Ctx);
+    /// The 0 ms timer for answers not yet given fired.
+    fn outbox(ctx: Ctx);
+}
 
 /// The server's handle for one blocked client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,17 +51,23 @@ struct Delivery {
 
 /// Blocks the client running the current command. The caller must queue it (or unblock it) before
 /// returning to Redis.
-pub fn block(ctx: Ctx) -> Option<Blocked> {
+pub fn block<E: Events>(ctx: Ctx) -> Option<Blocked> {
     // SAFETY: ctx is the context of a command that may block (the caller checked the context
     // flags); timeout 0 means Redis never times it out on its own.
     let bc = unsafe {
-        api!(RedisModule_BlockClient)(ctx, Some(on_reply), Some(on_timeout), Some(on_free), 0)
+        api!(RedisModule_BlockClient)(
+            ctx,
+            Some(on_reply),
+            Some(on_timeout::<E>),
+            Some(on_free::<E>),
+            0,
+        )
     };
     if bc.is_null() {
         return None;
     }
     // SAFETY: bc was just returned by BlockClient and is live until UnblockClient.
-    unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect)) };
+    unsafe { api!(RedisModule_SetDisconnectCallback)(bc, Some(on_disconnect::<E>)) };
     Some(Blocked(bc))
 }
 
@@ -97,29 +118,29 @@ extern "C" fn on_reply(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
 }
 
 /// Only `CLIENT UNBLOCK id` (without ERROR) gets here: our blocks have no Redis-side timeout.
-extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
+extern "C" fn on_timeout<E: Events>(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
     guard::callback((), || {
         // SAFETY: ctx is the timeout context of a blocked client.
         let bc = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) };
         reply::null(ctx);
-        if !bc.is_null() && runtime::waiter_left(ctx, Blocked(bc)) {
+        if !bc.is_null() && E::waiter_left(ctx, Blocked(bc)) {
             release(Blocked(bc));
         }
     });
     raw::REDISMODULE_OK as c_int
 }
 
-extern "C" fn on_disconnect(ctx: Ctx, bc: *mut raw::RedisModuleBlockedClient) {
+extern "C" fn on_disconnect<E: Events>(ctx: Ctx, bc: *mut raw::RedisModuleBlockedClient) {
     guard::callback((), || {
         // A waiter we already granted is no longer queued: its handle was released by the grant
         // and `on_free` will see the undelivered reply.
-        if !bc.is_null() && runtime::waiter_left(ctx, Blocked(bc)) {
+        if !bc.is_null() && E::waiter_left(ctx, Blocked(bc)) {
             release(Blocked(bc));
         }
     });
 }
 
-extern "C" fn on_free(ctx: Ctx, privdata: *mut c_void) {
+extern "C" fn on_free<E: Events>(ctx: Ctx, privdata: *mut c_void) {
     guard::callback((), || {
         if privdata.is_null() {
             return;
@@ -131,17 +152,17 @@ extern "C" fn on_free(ctx: Ctx, privdata: *mut c_void) {
         } = delivery.outcome
         {
             if !delivery.delivered.get() {
-                runtime::grant_undelivered(ctx, GrantRef { key, kind, token });
+                E::grant_undelivered(ctx, GrantRef { key, kind, token });
             }
         }
     });
 }
 
 /// The one module timer that serves every deadline. Returns its id.
-pub fn arm_timer(ctx: Ctx, delay_ms: u64) -> u64 {
+pub fn arm_timer<E: Events>(ctx: Ctx, delay_ms: u64) -> u64 {
     let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
     // SAFETY: ctx is live; the callback takes no data.
-    unsafe { api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer), ptr::null_mut()) }
+    unsafe { api!(RedisModule_CreateTimer)(ctx, delay, Some(on_timer::<E>), ptr::null_mut()) }
 }
 
 pub fn stop_timer(ctx: Ctx, id: u64) {
@@ -152,26 +173,26 @@ pub fn stop_timer(ctx: Ctx, id: u64) {
     }
 }
 
-extern "C" fn on_timer(ctx: Ctx, _data: *mut c_void) {
-    guard::callback((), || runtime::on_timer(ctx));
+extern "C" fn on_timer<E: Events>(ctx: Ctx, _data: *mut c_void) {
+    guard::callback((), || E::timer(ctx));
 }
 
 /// A 0 ms timer that processes changes noticed by keyspace and server events.
-pub fn arm_inbox_timer(ctx: Ctx) -> u64 {
+pub fn arm_inbox_timer<E: Events>(ctx: Ctx) -> u64 {
     // SAFETY: as in arm_timer.
-    unsafe { api!(RedisModule_CreateTimer)(ctx, 0, Some(on_inbox_timer), ptr::null_mut()) }
+    unsafe { api!(RedisModule_CreateTimer)(ctx, 0, Some(on_inbox_timer::<E>), ptr::null_mut()) }
 }
 
-extern "C" fn on_inbox_timer(ctx: Ctx, _data: *mut c_void) {
-    guard::callback((), || runtime::on_inbox(ctx));
+extern "C" fn on_inbox_timer<E: Events>(ctx: Ctx, _data: *mut c_void) {
+    guard::callback((), || E::inbox(ctx));
 }
 
 /// A 0 ms timer that gives the answers a turn of the event loop could not.
-pub fn arm_outbox_timer(ctx: Ctx) -> u64 {
+pub fn arm_outbox_timer<E: Events>(ctx: Ctx) -> u64 {
     // SAFETY: as in arm_timer.
-    unsafe { api!(RedisModule_CreateTimer)(ctx, 0, Some(on_outbox_timer), ptr::null_mut()) }
+    unsafe { api!(RedisModule_CreateTimer)(ctx, 0, Some(on_outbox_timer::<E>), ptr::null_mut()) }
 }
 
-extern "C" fn on_outbox_timer(ctx: Ctx, _data: *mut c_void) {
-    guard::callback((), || runtime::on_outbox(ctx));
+extern "C" fn on_outbox_timer<E: Events>(ctx: Ctx, _data: *mut c_void) {
+    guard::callback((), || E::outbox(ctx));
 }
