@@ -21,18 +21,17 @@ mod commands;
 mod config;
 mod events;
 mod ffi;
-mod guard;
-mod log;
+use ffi::guard;
+use ffi::log;
 mod notify;
 mod runtime;
 mod stats;
 mod store;
-mod wait;
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     guard::callback(Status::Err, || {
         let raw = ctx.ctx;
-        if !required_api_present() {
+        if !ffi::required_api_present() {
             log::warning(
                 "this Redis lacks module APIs the lock module needs (Redis >= 7.0 required)",
             );
@@ -49,71 +48,6 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         log::notice(&format!("lock module loaded: {}", config::describe()));
         Status::Ok
     })
-}
-
-fn required_api_present() -> bool {
-    use redis_module::raw;
-    // SAFETY: reading (copying) the API table RedisModule_Init filled in, on the main thread at
-    // load. Every function the module calls through `api!` is in this list, so after a
-    // successful load no call can find its pointer missing.
-    unsafe {
-        [
-            { raw::RedisModule_AvoidReplicaTraffic }.is_some(),
-            { raw::RedisModule_BlockClient }.is_some(),
-            { raw::RedisModule_Call }.is_some(),
-            { raw::RedisModule_CallReplyStringPtr }.is_some(),
-            { raw::RedisModule_CloseKey }.is_some(),
-            { raw::RedisModule_CreateCommand }.is_some(),
-            { raw::RedisModule_CreateString }.is_some(),
-            { raw::RedisModule_CreateStringFromLongLong }.is_some(),
-            { raw::RedisModule_CreateTimer }.is_some(),
-            { raw::RedisModule_DeleteKey }.is_some(),
-            { raw::RedisModule_FreeCallReply }.is_some(),
-            { raw::RedisModule_FreeString }.is_some(),
-            { raw::RedisModule_FreeThreadSafeContext }.is_some(),
-            { raw::RedisModule_GetAbsExpire }.is_some(),
-            { raw::RedisModule_GetBlockedClientHandle }.is_some(),
-            { raw::RedisModule_GetBlockedClientPrivateData }.is_some(),
-            { raw::RedisModule_GetCommand }.is_some(),
-            { raw::RedisModule_GetContextFlags }.is_some(),
-            { raw::RedisModule_GetDetachedThreadSafeContext }.is_some(),
-            { raw::RedisModule_GetSelectedDb }.is_some(),
-            { raw::RedisModule_HashGet }.is_some(),
-            { raw::RedisModule_HashSet }.is_some(),
-            { raw::RedisModule_KeyType }.is_some(),
-            { raw::RedisModule_Log }.is_some(),
-            { raw::RedisModule_Milliseconds }.is_some(),
-            { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
-            { raw::RedisModule_OpenKey }.is_some(),
-            { raw::RedisModule_PublishMessage }.is_some(),
-            { raw::RedisModule_Replicate }.is_some(),
-            { raw::RedisModule_ReplyWithError }.is_some(),
-            { raw::RedisModule_ReplyWithLongLong }.is_some(),
-            { raw::RedisModule_ReplyWithMap }.is_some(),
-            { raw::RedisModule_ReplyWithArray }.is_some(),
-            { raw::RedisModule_GetClientId }.is_some(),
-            { raw::RedisModule_ReplyWithNull }.is_some(),
-            { raw::RedisModule_ReplyWithStringBuffer }.is_some(),
-            { raw::RedisModule_ScanCursorCreate }.is_some(),
-            { raw::RedisModule_ScanCursorDestroy }.is_some(),
-            { raw::RedisModule_ScanKey }.is_some(),
-            { raw::RedisModule_SelectDb }.is_some(),
-            { raw::RedisModule_SetAbsExpire }.is_some(),
-            { raw::RedisModule_SetCommandInfo }.is_some(),
-            { raw::RedisModule_SetDisconnectCallback }.is_some(),
-            { raw::RedisModule_StopTimer }.is_some(),
-            { raw::RedisModule_StringDMA }.is_some(),
-            { raw::RedisModule_StringPtrLen }.is_some(),
-            { raw::RedisModule_StringSet }.is_some(),
-            { raw::RedisModule_StringTruncate }.is_some(),
-            { raw::RedisModule_SubscribeToKeyspaceEvents }.is_some(),
-            { raw::RedisModule_SubscribeToServerEvent }.is_some(),
-            { raw::RedisModule_UnblockClient }.is_some(),
-            { raw::RedisModule_ValueLength }.is_some(),
-        ]
-        .iter()
-        .all(|present| *present)
-    }
 }
 
 /// Refuses MODULE UNLOAD while clients wait or deadlines are pending: their callbacks point into

@@ -3,13 +3,11 @@
 
 use std::cell::RefCell;
 use std::ffi::CStr;
-use std::os::raw::c_int;
 
 use lock_core::channel::write_unlock_channel;
-use redis_module::raw;
 
 use crate::config;
-use crate::ffi::{api, Ctx, OwnedString, RawString};
+use crate::ffi::{self, Ctx, OwnedString, RawString};
 
 /// Emits `event` on the lock key as a hash-class keyspace event (`notify-keyspace-events` with
 /// `h`, or `A`, delivers it).
@@ -17,15 +15,7 @@ pub fn event(ctx: Ctx, event: &CStr, key_name: RawString) {
     if !config::keyspace_events() {
         return;
     }
-    // SAFETY: ctx and key_name are live; Redis copies the event name and key.
-    unsafe {
-        api!(RedisModule_NotifyKeyspaceEvent)(
-            ctx,
-            raw::REDISMODULE_NOTIFY_HASH as c_int,
-            event.as_ptr(),
-            key_name,
-        );
-    }
+    ffi::notify_hash_event(ctx, event, key_name);
 }
 
 /// Publishes the unlock message when a lock becomes free and nobody waits for it. Every release
@@ -41,12 +31,9 @@ pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
         }
         let channel = OwnedString::new(&buffer);
         let message = config::UNLOCK_MESSAGE.as_redis_string();
-        // SAFETY: both strings are live for the call (the message is the option's own, freed
-        // only by a CONFIG SET or unload, neither of which can run during this call); Redis
-        // copies what it delivers.
-        unsafe {
-            api!(RedisModule_PublishMessage)(ctx, channel.as_ptr(), message);
-        }
+        // The message is the option's own string, freed only by a CONFIG SET or unload,
+        // neither of which can run during this call.
+        ffi::publish(ctx, channel.as_ptr(), message);
     });
 }
 

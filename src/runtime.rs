@@ -20,9 +20,9 @@ use lock_core::scheduler::{
 };
 use lock_core::LockError;
 
+use crate::ffi::wait::{self, Blocked};
 use crate::ffi::{self, now_ms, with_db, Ctx, Key, OwnedString, RawString};
 use crate::stats::{add, bump, STATS};
-use crate::wait::{self, Blocked};
 use crate::{config, log, notify, store};
 
 /// Changes noted by keyspace events before the inbox is processed. A storm of events (a script

@@ -3,8 +3,6 @@
 //! absolute values (`HSET`, `PEXPIREAT`, `SET`, `DEL`), never the LOCK.* command itself.
 
 use std::cell::RefCell;
-use std::ffi::CStr;
-use std::os::raw::c_char;
 
 use lock_core::hold::{self, Lock, Write, MAX_MULTI_FIELDS, MODE_FIELD};
 use lock_core::layout::parse_positive;
@@ -12,9 +10,8 @@ use lock_core::slot::{counter_key, key_slot, SLOTS};
 use lock_core::state::{classify, may_be_a_lock, Stored, StoredHolder, View, FENCE_FIELD};
 use lock_core::token::SlotMemory;
 use lock_core::LockError;
-use redis_module::raw;
 
-use crate::ffi::{api, Ctx, Key, KeyKind, OwnedString, RawString};
+use crate::ffi::{replicate, Ctx, Key, KeyKind, OwnedString, RawString};
 
 thread_local! {
     /// The fence field name and, per slot, the counter key's name (created once and reused so
@@ -227,7 +224,7 @@ pub fn write_lock(
                     args.push(field);
                     args.push(value);
                 }
-                replicate_vec(ctx, c"HSET", key_name, &args);
+                replicate::key_and_strings(ctx, c"HSET", key_name, &args);
             }
             Write::Remove(fields) => {
                 let mut args = Vec::with_capacity(fields.len());
@@ -236,7 +233,7 @@ pub fn write_lock(
                     key.hash_delete(field.as_ptr());
                     args.push(field);
                 }
-                replicate_vec(ctx, c"HDEL", key_name, &args);
+                replicate::key_and_strings(ctx, c"HDEL", key_name, &args);
             }
             Write::ExpireAt(at) => set_lease_end(ctx, key, key_name, at)?,
         }
@@ -305,7 +302,7 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
             // then come from the clock floor): replicate only what was written.
             if counter.string_write(text) {
                 drop(counter);
-                replicate_counter(ctx, counter_name, text);
+                replicate::counter(ctx, counter_name, text);
             }
         }
         Ok(grant.token)
@@ -339,10 +336,9 @@ pub fn write_hold(ctx: Ctx, hold: Hold<'_>) -> Result<(), LockError> {
             with_fence_field(|fence_field| {
                 hold.key
                     .hash_set_hold(hold.owner, &count, Some((fence_field, &token)));
-                replicate(
+                replicate::strings(
                     ctx,
                     c"HSET",
-                    c"sssss",
                     &[
                         hold.key_name,
                         hold.owner,
@@ -355,12 +351,7 @@ pub fn write_hold(ctx: Ctx, hold: Hold<'_>) -> Result<(), LockError> {
         }
         None => {
             hold.key.hash_set_hold(hold.owner, &count, None);
-            replicate(
-                ctx,
-                c"HSET",
-                c"sss",
-                &[hold.key_name, hold.owner, count.as_ptr()],
-            );
+            replicate::strings(ctx, c"HSET", &[hold.key_name, hold.owner, count.as_ptr()]);
         }
     }
     set_lease_end(ctx, hold.key, hold.key_name, hold.expires_at)
@@ -375,7 +366,7 @@ pub fn set_lease_end(
     let at = stored_integer(expires_at)?;
     key.set_expires_at(at);
     let at = OwnedString::from_i64(at);
-    replicate(ctx, c"PEXPIREAT", c"ss", &[key_name, at.as_ptr()]);
+    replicate::strings(ctx, c"PEXPIREAT", &[key_name, at.as_ptr()]);
     Ok(())
 }
 
@@ -389,13 +380,13 @@ pub fn write_count(
 ) -> Result<(), LockError> {
     let count = OwnedString::from_i64(stored_integer(remaining)?);
     key.hash_set_hold(owner, &count, None);
-    replicate(ctx, c"HSET", c"sss", &[key_name, owner, count.as_ptr()]);
+    replicate::strings(ctx, c"HSET", &[key_name, owner, count.as_ptr()]);
     Ok(())
 }
 
 pub fn delete(ctx: Ctx, key: &Key, key_name: RawString) {
     key.delete();
-    replicate(ctx, c"DEL", c"s", &[key_name]);
+    replicate::strings(ctx, c"DEL", &[key_name]);
 }
 
 fn itoa_buffer() -> [u8; 20] {
@@ -416,60 +407,4 @@ fn format_u64(mut value: u64, buf: &mut [u8; 20]) -> &[u8] {
         }
     }
     buf.get(at..).unwrap_or_default()
-}
-
-/// Replicates `command name <bytes>`.
-/// Replicates a counter write as `SET name value KEEPTTL`: the write is done in place, which
-/// keeps whatever TTL the key has (someone may have set one), so the replica and the AOF must
-/// keep it too.
-fn replicate_counter(ctx: Ctx, name: RawString, value: &[u8]) {
-    // SAFETY: "sbc" = one RedisModuleString, one (pointer, length) buffer and one C string;
-    // Redis copies all three.
-    unsafe {
-        api!(RedisModule_Replicate)(
-            ctx,
-            c"SET".as_ptr(),
-            c"sbc".as_ptr(),
-            name,
-            value.as_ptr().cast::<c_char>(),
-            value.len(),
-            c"KEEPTTL".as_ptr(),
-        );
-    }
-}
-
-/// Replicates `command key args...` with any number of arguments.
-fn replicate_vec(ctx: Ctx, command: &CStr, key_name: RawString, args: &[OwnedString]) {
-    let mut argv: Vec<RawString> = Vec::with_capacity(1 + args.len());
-    argv.push(key_name);
-    argv.extend(args.iter().map(OwnedString::as_ptr));
-    // SAFETY: "v" = an array of RedisModuleString pointers and its length; every pointer is a
-    // live string (the key name, and `args` outlive the call). Redis copies what it needs.
-    unsafe {
-        api!(RedisModule_Replicate)(
-            ctx,
-            command.as_ptr(),
-            c"v".as_ptr(),
-            argv.as_mut_ptr(),
-            argv.len(),
-        );
-    }
-}
-
-/// Replicates one command made of Redis strings. `fmt` is one `s` per argument.
-fn replicate(ctx: Ctx, command: &CStr, fmt: &CStr, args: &[RawString]) {
-    let c: *const c_char = command.as_ptr();
-    let f: *const c_char = fmt.as_ptr();
-    // SAFETY: RM_Replicate is variadic; `fmt` has exactly one `s` per pointer we pass, each a
-    // live RedisModuleString. Redis copies what it needs before returning.
-    unsafe {
-        let rep = api!(RedisModule_Replicate);
-        match *args {
-            [a] => rep(ctx, c, f, a),
-            [a, b] => rep(ctx, c, f, a, b),
-            [a, b, d] => rep(ctx, c, f, a, b, d),
-            [a, b, d, e, g] => rep(ctx, c, f, a, b, d, e, g),
-            _ => raw::REDISMODULE_ERR as i32,
-        };
-    }
 }

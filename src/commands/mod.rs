@@ -2,12 +2,11 @@
 //! write, replicate, notify and reply.
 
 use std::ffi::CStr;
-use std::os::raw::c_int;
 
 use lock_core::LockError;
 use redis_module::raw;
 
-use crate::ffi::{api, Ctx, RawString};
+use crate::ffi::{self, Ctx, RawString};
 
 mod acquire;
 mod docs;
@@ -15,10 +14,8 @@ mod info;
 mod release;
 mod renew;
 
-type Handler = extern "C" fn(Ctx, *mut RawString, c_int) -> c_int;
-
 /// (name, handler, flags). Every command has its key at position 1.
-const COMMANDS: [(&CStr, Handler, &CStr); 5] = [
+const COMMANDS: [(&CStr, ffi::CommandHandler, &CStr); 5] = [
     // Not deny-oom: under maxmemory a holder must still re-enter, renew and release. A new
     // lock is refused with Redis's own OOM error inside LOCK.ACQUIRE.
     (c"lock.acquire", acquire::acquire, c"write blocking"),
@@ -29,20 +26,9 @@ const COMMANDS: [(&CStr, Handler, &CStr); 5] = [
 ];
 
 pub fn register(ctx: Ctx) -> bool {
-    let registered = COMMANDS.iter().all(|(name, handler, flags)| {
-        // SAFETY: ctx is the load context; names and flags are static C strings.
-        unsafe {
-            api!(RedisModule_CreateCommand)(
-                ctx,
-                name.as_ptr(),
-                Some(*handler),
-                flags.as_ptr(),
-                1,
-                1,
-                1,
-            ) == raw::REDISMODULE_OK as c_int
-        }
-    });
+    let registered = COMMANDS
+        .iter()
+        .all(|(name, handler, flags)| ffi::create_command(ctx, name, *handler, flags));
     if registered && !docs::attach(ctx) {
         crate::log::warning("could not attach COMMAND DOCS to LOCK.* commands");
     }

@@ -5,6 +5,11 @@
 //! Every function here is called on Redis's main thread with a context Redis handed us for the
 //! duration of a command or callback; the wrappers never keep a pointer beyond that.
 
+pub mod guard;
+pub mod log;
+pub mod replicate;
+pub mod wait;
+
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
@@ -570,5 +575,105 @@ pub mod reply {
         };
         // SAFETY: as above; the message is copied.
         unsafe { api!(RedisModule_ReplyWithError)(ctx, c.as_ptr()) };
+    }
+}
+
+/// Whether the server has every API function the module calls (checked at load).
+pub fn required_api_present() -> bool {
+    // SAFETY: reading (copying) the API table RedisModule_Init filled in, on the main thread at
+    // load. Every function the module calls through `api!` is in this list, so after a
+    // successful load no call can find its pointer missing.
+    unsafe {
+        [
+            { raw::RedisModule_AvoidReplicaTraffic }.is_some(),
+            { raw::RedisModule_BlockClient }.is_some(),
+            { raw::RedisModule_Call }.is_some(),
+            { raw::RedisModule_CallReplyStringPtr }.is_some(),
+            { raw::RedisModule_CloseKey }.is_some(),
+            { raw::RedisModule_CreateCommand }.is_some(),
+            { raw::RedisModule_CreateString }.is_some(),
+            { raw::RedisModule_CreateStringFromLongLong }.is_some(),
+            { raw::RedisModule_CreateTimer }.is_some(),
+            { raw::RedisModule_DeleteKey }.is_some(),
+            { raw::RedisModule_FreeCallReply }.is_some(),
+            { raw::RedisModule_FreeString }.is_some(),
+            { raw::RedisModule_FreeThreadSafeContext }.is_some(),
+            { raw::RedisModule_GetAbsExpire }.is_some(),
+            { raw::RedisModule_GetBlockedClientHandle }.is_some(),
+            { raw::RedisModule_GetBlockedClientPrivateData }.is_some(),
+            { raw::RedisModule_GetCommand }.is_some(),
+            { raw::RedisModule_GetContextFlags }.is_some(),
+            { raw::RedisModule_GetDetachedThreadSafeContext }.is_some(),
+            { raw::RedisModule_GetSelectedDb }.is_some(),
+            { raw::RedisModule_HashGet }.is_some(),
+            { raw::RedisModule_HashSet }.is_some(),
+            { raw::RedisModule_KeyType }.is_some(),
+            { raw::RedisModule_Log }.is_some(),
+            { raw::RedisModule_Milliseconds }.is_some(),
+            { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
+            { raw::RedisModule_OpenKey }.is_some(),
+            { raw::RedisModule_PublishMessage }.is_some(),
+            { raw::RedisModule_Replicate }.is_some(),
+            { raw::RedisModule_ReplyWithError }.is_some(),
+            { raw::RedisModule_ReplyWithLongLong }.is_some(),
+            { raw::RedisModule_ReplyWithMap }.is_some(),
+            { raw::RedisModule_ReplyWithArray }.is_some(),
+            { raw::RedisModule_GetClientId }.is_some(),
+            { raw::RedisModule_ReplyWithNull }.is_some(),
+            { raw::RedisModule_ReplyWithStringBuffer }.is_some(),
+            { raw::RedisModule_ScanCursorCreate }.is_some(),
+            { raw::RedisModule_ScanCursorDestroy }.is_some(),
+            { raw::RedisModule_ScanKey }.is_some(),
+            { raw::RedisModule_SelectDb }.is_some(),
+            { raw::RedisModule_SetAbsExpire }.is_some(),
+            { raw::RedisModule_SetCommandInfo }.is_some(),
+            { raw::RedisModule_SetDisconnectCallback }.is_some(),
+            { raw::RedisModule_StopTimer }.is_some(),
+            { raw::RedisModule_StringDMA }.is_some(),
+            { raw::RedisModule_StringPtrLen }.is_some(),
+            { raw::RedisModule_StringSet }.is_some(),
+            { raw::RedisModule_StringTruncate }.is_some(),
+            { raw::RedisModule_SubscribeToKeyspaceEvents }.is_some(),
+            { raw::RedisModule_SubscribeToServerEvent }.is_some(),
+            { raw::RedisModule_UnblockClient }.is_some(),
+            { raw::RedisModule_ValueLength }.is_some(),
+        ]
+        .iter()
+        .all(|present| *present)
+    }
+}
+
+/// Emits `event` on `key` as a hash-class keyspace event (`notify-keyspace-events` with `h`,
+/// or `A`, delivers it).
+pub fn notify_hash_event(ctx: Ctx, event: &CStr, key: RawString) {
+    // SAFETY: ctx and key are live; Redis copies the event name and the key.
+    unsafe {
+        api!(RedisModule_NotifyKeyspaceEvent)(
+            ctx,
+            raw::REDISMODULE_NOTIFY_HASH as c_int,
+            event.as_ptr(),
+            key,
+        );
+    }
+}
+
+/// Publishes `message` on `channel` (both live for the call; Redis copies what it delivers).
+pub fn publish(ctx: Ctx, channel: RawString, message: RawString) {
+    // SAFETY: as said: the caller passes live strings; Redis copies them.
+    unsafe {
+        api!(RedisModule_PublishMessage)(ctx, channel, message);
+    }
+}
+
+/// A command's handler, as Redis calls it.
+pub type CommandHandler = extern "C" fn(Ctx, *mut RawString, c_int) -> c_int;
+
+/// Registers a command with the key positions (1, 1, 1): every LOCK.* command takes its key
+/// first. False if Redis refused it.
+pub fn create_command(ctx: Ctx, name: &CStr, handler: CommandHandler, flags: &CStr) -> bool {
+    // SAFETY: ctx is the load context; name and flags are C strings Redis copies.
+    unsafe {
+        api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), Some(handler), flags.as_ptr(), 1, 1, 1)
+            == raw::REDISMODULE_OK as c_int
     }
 }

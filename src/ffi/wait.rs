@@ -106,9 +106,11 @@ extern "C" fn on_reply(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
         let delivery = unsafe { &*data.cast::<Delivery>() };
         delivery.delivered.set(true);
         match &delivery.outcome {
-            Answer::Granted { token, .. } => match crate::store::stored_integer(*token) {
+            // Tokens stop below i64::MAX (the core refuses larger ones); should one get here, the
+            // reply is an error rather than a wrapped number.
+            Answer::Granted { token, .. } => match i64::try_from(*token) {
                 Ok(token) => reply::integer(ctx, token),
-                Err(e) => reply::error(ctx, &e.reply()),
+                Err(_) => reply::error(ctx, &lock_core::LockError::Internal.reply()),
             },
             Answer::TimedOut => reply::null(ctx),
             Answer::Refused(message) => reply::error(ctx, message),
