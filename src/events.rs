@@ -1,110 +1,29 @@
-//! Changes made outside the module (DEL, UNLINK, expiry, eviction, RENAME, FLUSHDB/FLUSHALL,
-//! SWAPDB, Redisson's unlock script) must hand a lock to its waiters. Keyspace and server events
-//! tell us; the callbacks only note the change (no writes are allowed inside them) and the
-//! runtime processes it from a 0 ms timer.
+//! Changes made outside the module (DEL, UNLINK, expiry, eviction, RENAME, MOVE, FLUSHDB/FLUSHALL,
+//! SWAPDB, Redisson's unlock script) must hand a lock to its waiters, and bound holds must follow
+//! their keys. Keyspace and server events tell us (`ffi::events` carries them here); nothing is
+//! written inside them: changes are noted and the runtime processes them from a 0 ms timer.
 
-use std::os::raw::{c_char, c_int, c_void};
+use std::ffi::CStr;
 
 use lock_core::queue::LockKey;
-use redis_module::raw;
-
-use crate::ffi::{api, bytes, selected_db, with_db, Ctx, Key, RawString};
-use crate::guard;
-use crate::runtime;
-use crate::stats::{bump, STATS};
 use lock_core::scheduler::{Cause, Change};
 
-/// Subscribes to the key server event where the server has it (not an error on Redis 7.0).
-fn subscribe_key_events(ctx: Ctx) {
-    let key = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_KEY,
-        dataver: 1,
-    };
-    // SAFETY: ctx is the load context; an unknown event is refused with an error code.
-    let subscribed = unsafe {
-        { raw::RedisModule_GetKeyNameFromModuleKey }.is_some()
-            && { raw::RedisModule_GetDbIdFromModuleKey }.is_some()
-            && api!(RedisModule_SubscribeToServerEvent)(ctx, key, Some(on_key_event))
-                == raw::REDISMODULE_OK as c_int
-    };
-    runtime::set_reports_expiries(subscribed);
-}
+use crate::ffi::events::{self as ffi_events, ServerEvents};
+use crate::ffi::{bytes, selected_db, with_db, Ctx, Key, RawString};
+use crate::runtime;
+use crate::stats::{bump, STATS};
 
-/// A key expired (Redis >= 7.2, Valkey): if it held a lock, a holder's lease ran out. Counted
-/// and announced here, while Redis still has the key open; nothing is written.
-extern "C" fn on_key_event(
-    ctx: Ctx,
-    _event: raw::RedisModuleEvent,
-    subevent: u64,
-    data: *mut c_void,
-) {
-    guard::callback((), || {
-        if subevent != raw::REDISMODULE_SUBEVENT_KEY_EXPIRED || data.is_null() {
-            return;
-        }
-        // SAFETY: for key events Redis passes a RedisModuleKeyInfo whose key is open for the
-        // callback's duration.
-        let info = unsafe { &*data.cast::<raw::RedisModuleKeyInfo>() };
-        Key::with_borrowed(info.key, |key| {
-            if !matches!(crate::store::read_lock(key), Ok(Some(_))) {
-                return;
-            }
-            bump(&STATS.expired);
-            if let Some((name, db)) = key.name_and_db() {
-                with_db(ctx, db, || {
-                    crate::notify::event(ctx, c"lock.expired", name.as_ptr());
-                });
-            }
-        });
-    });
-}
+struct LockEvents;
 
+/// Subscribes to every event the module needs; false if the server refused one.
 pub fn subscribe(ctx: Ctx) -> bool {
-    subscribe_key_events(ctx);
-    let types = raw::REDISMODULE_NOTIFY_GENERIC
-        | raw::REDISMODULE_NOTIFY_EXPIRED
-        | raw::REDISMODULE_NOTIFY_EVICTED;
-    let flush = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_FLUSHDB,
-        dataver: 1,
-    };
-    let swap = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_SWAPDB,
-        dataver: 1,
-    };
-    let client = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_CLIENT_CHANGE,
-        dataver: 1,
-    };
-    let role = raw::RedisModuleEvent {
-        id: raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
-        dataver: 1,
-    };
-    // SAFETY: ctx is the load context; the callbacks are plain functions that live as long as
-    // the module does.
-    unsafe {
-        api!(RedisModule_SubscribeToKeyspaceEvents)(ctx, types, Some(on_keyspace_event))
-            == raw::REDISMODULE_OK as c_int
-            && api!(RedisModule_SubscribeToServerEvent)(ctx, flush, Some(on_server_event))
-                == raw::REDISMODULE_OK as c_int
-            && api!(RedisModule_SubscribeToServerEvent)(ctx, swap, Some(on_server_event))
-                == raw::REDISMODULE_OK as c_int
-            && api!(RedisModule_SubscribeToServerEvent)(ctx, client, Some(on_client_change))
-                == raw::REDISMODULE_OK as c_int
-            && api!(RedisModule_SubscribeToServerEvent)(ctx, role, Some(on_role_change))
-                == raw::REDISMODULE_OK as c_int
-    }
+    let subscribed = ffi_events::subscribe::<LockEvents>(ctx);
+    runtime::set_reports_expiries(subscribed.key_events);
+    subscribed.all
 }
 
-extern "C" fn on_keyspace_event(
-    ctx: Ctx,
-    _type: c_int,
-    event: *const c_char,
-    key: RawString,
-) -> c_int {
-    guard::callback((), || {
-        // SAFETY: Redis passes the event name as a NUL-terminated C string.
-        let event = (!event.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(event) });
+impl ServerEvents for LockEvents {
+    fn keyspace(ctx: Ctx, event: Option<&CStr>, key: RawString) {
         if runtime::any_bound() {
             follow_bound_holds(ctx, event, key);
         }
@@ -113,21 +32,55 @@ extern "C" fn on_keyspace_event(
         let name = bytes(key);
         if runtime::may_concern_waiters(name) {
             let key = LockKey::new(selected_db(ctx), name);
-            let expired = event == Some(c"expired");
-            let cause = if expired {
+            let cause = if event == Some(c"expired") {
                 Cause::LeaseEnded
             } else {
                 Cause::Freed
             };
             runtime::notice(ctx, Change::Key(key, cause));
         }
-    });
-    raw::REDISMODULE_OK as c_int
+    }
+
+    /// If the key held a lock, a holder's lease ran out: counted and announced here, while
+    /// Redis still has the key open.
+    fn key_expired(ctx: Ctx, key: &Key) {
+        if !matches!(crate::store::read_lock(key), Ok(Some(_))) {
+            return;
+        }
+        bump(&STATS.expired);
+        if let Some((name, db)) = key.name_and_db() {
+            with_db(ctx, db, || {
+                crate::notify::event(ctx, c"lock.expired", name.as_ptr());
+            });
+        }
+    }
+
+    /// Its EPHEMERAL holds end (from the inbox timer, see `runtime::connection_closed`).
+    fn client_closed(ctx: Ctx, client: u64) {
+        runtime::connection_closed(ctx, client);
+    }
+
+    /// A failover or REPLICAOF: no connection here binds a hold any more, so a later promotion
+    /// back does not revive bindings to connections of the past.
+    fn became_replica(ctx: Ctx) {
+        runtime::forget_bindings(ctx);
+    }
+
+    fn flushed(ctx: Ctx, db: Option<i32>) {
+        runtime::flushed(ctx, db);
+        runtime::notice(ctx, db.map_or(Change::All, Change::Db));
+    }
+
+    fn swapped(ctx: Ctx, a: i32, b: i32) {
+        crate::store::swap_databases(a, b);
+        runtime::databases_swapped(ctx, a, b);
+        runtime::notice(ctx, Change::All);
+    }
 }
 
 /// `MOVE` and `RENAME` announce the key leaving (`move_from`, `rename_from`) and then arriving
 /// (`move_to`, `rename_to`): the holds bound to connections follow it. The key is only read.
-fn follow_bound_holds(ctx: Ctx, event: Option<&std::ffi::CStr>, key: RawString) {
+fn follow_bound_holds(ctx: Ctx, event: Option<&CStr>, key: RawString) {
     let Some(event) = event else {
         return;
     };
@@ -143,70 +96,4 @@ fn follow_bound_holds(ctx: Ctx, event: Option<&std::ffi::CStr>, key: RawString) 
         drop(opened);
         runtime::key_arrived(ctx, to, &tokens);
     }
-}
-
-/// A connection closed: its EPHEMERAL holds end (from the inbox timer, see
-/// `runtime::connection_closed`).
-extern "C" fn on_client_change(
-    ctx: Ctx,
-    _event: raw::RedisModuleEvent,
-    subevent: u64,
-    data: *mut c_void,
-) {
-    guard::callback((), || {
-        if subevent != raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED || data.is_null() {
-            return;
-        }
-        // SAFETY: for a client-change event Redis passes a RedisModuleClientInfo (version 1),
-        // valid for the duration of the callback.
-        let info = unsafe { &*data.cast::<raw::RedisModuleClientInfo>() };
-        runtime::connection_closed(ctx, info.id);
-    });
-}
-
-/// The server became a replica (a failover, REPLICAOF): no connection here binds a hold any
-/// more, so a later promotion back does not revive bindings to connections of the past.
-extern "C" fn on_role_change(
-    ctx: Ctx,
-    _event: raw::RedisModuleEvent,
-    subevent: u64,
-    _data: *mut c_void,
-) {
-    guard::callback((), || {
-        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
-            runtime::forget_bindings(ctx);
-        }
-    });
-}
-
-extern "C" fn on_server_event(
-    ctx: Ctx,
-    event: raw::RedisModuleEvent,
-    subevent: u64,
-    data: *mut c_void,
-) {
-    guard::callback((), || {
-        if event.id == raw::REDISMODULE_EVENT_FLUSHDB {
-            if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
-                return;
-            }
-            // SAFETY: for FLUSHDB events Redis passes a RedisModuleFlushInfo.
-            let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-            let (change, db) = if info.dbnum < 0 {
-                (Change::All, None)
-            } else {
-                (Change::Db(info.dbnum), Some(info.dbnum))
-            };
-            runtime::flushed(ctx, db);
-            runtime::notice(ctx, change);
-        } else if event.id == raw::REDISMODULE_EVENT_SWAPDB {
-            if !data.is_null() {
-                // SAFETY: for SWAPDB events Redis passes a RedisModuleSwapDbInfo.
-                let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
-                crate::store::swap_databases(info.dbnum_first, info.dbnum_second);
-                runtime::databases_swapped(ctx, info.dbnum_first, info.dbnum_second);
-            }
-            runtime::notice(ctx, Change::All);
-        }
-    });
 }

@@ -1,50 +1,10 @@
 //! COMMAND DOCS / COMMAND INFO for every LOCK.* command: summary, since, complexity, arity,
 //! arguments (for redis-cli hints) and key specs (for cluster routing, ACLs, COMMAND GETKEYS).
 
-use std::ffi::CStr;
-use std::os::raw::{c_char, c_int};
-use std::ptr;
-
 use redis_module::raw;
 
-use crate::ffi::{api, Ctx};
-
-#[derive(Clone, Copy)]
-enum Kind {
-    Key,
-    Text,
-    Integer,
-    /// `WAIT timeout-ms`: a token followed by its value.
-    Tokened(&'static CStr),
-    /// `ONCE`: a token alone.
-    Flag(&'static CStr),
-}
-
-#[derive(Clone, Copy)]
-struct Arg {
-    name: &'static CStr,
-    kind: Kind,
-    optional: bool,
-    summary: &'static CStr,
-}
-
-const fn arg(name: &'static CStr, kind: Kind, summary: &'static CStr) -> Arg {
-    Arg {
-        name,
-        kind,
-        optional: false,
-        summary,
-    }
-}
-
-struct Doc {
-    name: &'static CStr,
-    summary: &'static CStr,
-    complexity: &'static CStr,
-    arity: c_int,
-    key_flags: u32,
-    args: &'static [Arg],
-}
+use crate::ffi::command_info::{arg, ArgDoc as Arg, ArgKind as Kind, CommandDoc as Doc};
+use crate::ffi::Ctx;
 
 const KEY: Arg = arg(c"key", Kind::Key, c"The lock's key.");
 const OWNER: Arg = arg(
@@ -140,94 +100,8 @@ const DOCS: [Doc; 5] = [
     },
 ];
 
-fn c(s: &'static CStr) -> *const c_char {
-    s.as_ptr()
-}
-
-/// Builds the C argument array for one command (terminated by a zeroed entry). Leaked: it is
-/// built once at load and Redis may keep pointers into it.
-fn c_args(args: &[Arg]) -> *mut raw::RedisModuleCommandArg {
-    let mut out: Vec<raw::RedisModuleCommandArg> = args
-        .iter()
-        .map(|a| {
-            // SAFETY: RedisModuleCommandArg is a plain C struct for which all-zero is "unset".
-            let mut c_arg: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
-            c_arg.name = c(a.name);
-            c_arg.summary = c(a.summary);
-            c_arg.key_spec_index = -1;
-            c_arg.flags = if a.optional {
-                raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int
-            } else {
-                0
-            };
-            c_arg.type_ = match a.kind {
-                Kind::Key => {
-                    c_arg.key_spec_index = 0;
-                    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY
-                }
-                Kind::Text => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
-                Kind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
-                Kind::Tokened(token) => {
-                    c_arg.token = c(token);
-                    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER
-                }
-                Kind::Flag(token) => {
-                    c_arg.token = c(token);
-                    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN
-                }
-            };
-            c_arg
-        })
-        .collect();
-    // SAFETY: as above; the zeroed entry terminates the array.
-    out.push(unsafe { std::mem::zeroed() });
-    Box::leak(out.into_boxed_slice()).as_mut_ptr()
-}
-
-fn c_key_specs(flags: u32) -> *mut raw::RedisModuleCommandKeySpec {
-    // SAFETY: plain C structs; zero is "unset" and terminates the array.
-    let mut spec: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
-    spec.flags = u64::from(flags);
-    spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-    spec.bs.index.pos = 1;
-    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    spec.fk.range.lastkey = 0;
-    spec.fk.range.keystep = 1;
-    spec.fk.range.limit = 0;
-    // SAFETY: as above.
-    let terminator: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
-    Box::leak(vec![spec, terminator].into_boxed_slice()).as_mut_ptr()
-}
-
 /// Attaches the docs to the registered commands. Failure is logged, not fatal: the commands
 /// work without docs.
 pub fn attach(ctx: Ctx) -> bool {
-    let version: &'static raw::RedisModuleCommandInfoVersion =
-        Box::leak(Box::new(raw::RedisModuleCommandInfoVersion {
-            version: 1,
-            sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
-            sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
-            sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
-        }));
-    DOCS.iter().all(|doc| {
-        // SAFETY: ctx is the load context and the command was registered just before.
-        let command = unsafe { api!(RedisModule_GetCommand)(ctx, doc.name.as_ptr()) };
-        if command.is_null() {
-            return false;
-        }
-        let info = Box::leak(Box::new(raw::RedisModuleCommandInfo {
-            version,
-            summary: c(doc.summary),
-            complexity: c(doc.complexity),
-            since: c(c"1.0.0"),
-            history: ptr::null_mut(),
-            tips: ptr::null(),
-            arity: doc.arity,
-            key_specs: c_key_specs(doc.key_flags),
-            args: c_args(doc.args),
-        }));
-        // SAFETY: every pointer in `info` is static or leaked, so it outlives the call (and
-        // whatever Redis keeps).
-        unsafe { api!(RedisModule_SetCommandInfo)(command, info) == raw::REDISMODULE_OK as c_int }
-    })
+    crate::ffi::command_info::attach(ctx, &DOCS)
 }

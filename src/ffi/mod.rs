@@ -1,10 +1,16 @@
-//! Thin, safe wrappers over the Redis module API used on the hot path: opening keys, reading and
-//! writing the lock hash, strings, replies and effect replication. The blocking API lives apart,
-//! in `wait/`.
+//! Every line of the module that talks to Redis's C API, and every `unsafe` of the crate, is in
+//! this folder: here, thin safe wrappers used on the hot path (opening keys, reading and writing
+//! the lock hash, strings, replies); `replicate` (effects as plain commands), `wait` (blocking
+//! clients and timers), `events` (keyspace and server events), `command_info` (COMMAND DOCS),
+//! `guard` (the entry guard that keeps a panic from reaching Redis) and `log`. The layers above
+//! hand plain values in and get plain values back; callbacks reach them through traits
+//! (`wait::Events`, `events::ServerEvents`) that they implement.
 //!
 //! Every function here is called on Redis's main thread with a context Redis handed us for the
 //! duration of a command or callback; the wrappers never keep a pointer beyond that.
 
+pub mod command_info;
+pub mod events;
 pub mod guard;
 pub mod log;
 pub mod replicate;
