@@ -13,10 +13,64 @@ use lock_core::scheduler::Seen;
 use lock_core::state::{decide_acquire, AcquireDecision, Queue, View};
 use lock_core::LockError;
 
+use redis_module::raw;
+
+use super::{KEY, LEASE, OWNER};
+use crate::ffi::command_info::{ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
 use crate::runtime::{self, Left};
 use crate::stats::{bump, STATS};
 use crate::{config, guard, notify, store};
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: c"lock.acquire",
+    handler: acquire,
+    // Not deny-oom: under maxmemory a holder must still re-enter, renew and release. A new
+    // lock is refused with Redis's own OOM error inside LOCK.ACQUIRE.
+    flags: c"write blocking",
+    summary: c"Takes or re-enters a hold (exclusive, SHARED or a LIMIT n permit) and returns its fencing token; with WAIT, blocks in FIFO order until granted or timed out.",
+    complexity: c"O(1) for an exclusive lock; O(N) in the key's holders for shared and semaphore keys.",
+    arity: -4,
+    // Redis allows one of INSERT/UPDATE/DELETE; an acquire updates (or creates) the hold.
+    key_flags: raw::REDISMODULE_CMD_KEY_RW
+        | raw::REDISMODULE_CMD_KEY_ACCESS
+        | raw::REDISMODULE_CMD_KEY_UPDATE,
+    args: &[
+        KEY,
+        OWNER,
+        LEASE,
+        ArgDoc {
+            name: c"timeout-ms",
+            kind: ArgKind::Tokened(c"WAIT"),
+            optional: true,
+            summary: c"Block up to this many milliseconds for the lock (0 = forever).",
+        },
+        ArgDoc {
+            name: c"shared",
+            kind: ArgKind::Flag(c"SHARED"),
+            optional: true,
+            summary: c"A shared (read) hold: any number of owners hold the key SHARED together; not with LIMIT.",
+        },
+        ArgDoc {
+            name: c"limit",
+            kind: ArgKind::Tokened(c"LIMIT"),
+            optional: true,
+            summary: c"A semaphore permit: at most this many owners (1 to 10000) hold the key at once; not with SHARED.",
+        },
+        ArgDoc {
+            name: c"ephemeral",
+            kind: ArgKind::Flag(c"EPHEMERAL"),
+            optional: true,
+            summary: c"Bind the hold to this connection: it ends when the connection closes, or at its lease end.",
+        },
+        ArgDoc {
+            name: c"once",
+            kind: ArgKind::Flag(c"ONCE"),
+            optional: true,
+            summary: c"If the owner holds the lock already, return its token and reset the lease without counting a re-entry (safe to retry).",
+        },
+    ],
+};
 
 pub extern "C" fn acquire(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
     guard::command(ctx, || run(ctx, argv, argc))

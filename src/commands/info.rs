@@ -11,8 +11,23 @@ use lock_core::hold::{Family, Hold};
 use lock_core::queue::LockKey;
 use lock_core::LockError;
 
+use redis_module::raw;
+
+use super::KEY;
+use crate::ffi::command_info::CommandSpec;
 use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
 use crate::{guard, runtime, store};
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: c"lock.info",
+    handler: info,
+    flags: c"readonly fast",
+    summary: c"Returns a lock's owner, re-entry count, remaining lease, fencing token and number of waiters.",
+    complexity: c"O(1)",
+    arity: 2,
+    key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+    args: &[KEY],
+};
 
 pub extern "C" fn info(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
     guard::command(ctx, || run(ctx, argv, argc))

@@ -7,10 +7,39 @@ use lock_core::hold;
 use lock_core::state::{decide_release, ReleaseDecision, View};
 use lock_core::LockError;
 
+use redis_module::raw;
+
+use super::{KEY, OWNER};
+use crate::ffi::command_info::CommandSpec;
 use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
 use crate::runtime::{self, Left};
 use crate::stats::{bump, STATS};
 use crate::{guard, notify, store};
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: c"lock.release",
+    handler: release,
+    flags: c"write fast",
+    summary:
+        c"Releases one re-entry of a lock; at zero the lock is freed or handed to the next waiter.",
+    complexity: c"O(1)",
+    arity: 3,
+    key_flags: raw::REDISMODULE_CMD_KEY_RW
+        | raw::REDISMODULE_CMD_KEY_ACCESS
+        | raw::REDISMODULE_CMD_KEY_DELETE,
+    args: &[KEY, OWNER],
+};
+
+pub const FORCE_SPEC: CommandSpec = CommandSpec {
+    name: c"lock.forcerelease",
+    handler: force_release,
+    flags: c"write fast",
+    summary: c"Administrative: removes a lock whoever holds it; it goes to the next waiter.",
+    complexity: c"O(1)",
+    arity: 2,
+    key_flags: raw::REDISMODULE_CMD_KEY_RM | raw::REDISMODULE_CMD_KEY_DELETE,
+    args: &[KEY],
+};
 
 pub extern "C" fn release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
     guard::command(ctx, || run_release(ctx, argv, argc))

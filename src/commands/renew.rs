@@ -7,10 +7,25 @@ use lock_core::hold;
 use lock_core::state::{decide_renew, RenewDecision};
 use lock_core::LockError;
 
+use redis_module::raw;
+
+use super::{KEY, LEASE, OWNER};
+use crate::ffi::command_info::CommandSpec;
 use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
 use crate::runtime::{self, Left};
 use crate::stats::{bump, STATS};
 use crate::{config, guard, notify, store};
+
+pub const SPEC: CommandSpec = CommandSpec {
+    name: c"lock.renew",
+    handler: renew,
+    flags: c"write fast",
+    summary: c"Resets the lease of a lock the owner holds.",
+    complexity: c"O(1)",
+    arity: 4,
+    key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
+    args: &[KEY, OWNER, LEASE],
+};
 
 pub extern "C" fn renew(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
     guard::command(ctx, || run(ctx, argv, argc))

@@ -1,5 +1,7 @@
-//! COMMAND DOCS / COMMAND INFO: the plain description of a command (`CommandDoc`, written in
-//! `commands/docs.rs`) turned into the C structures Redis keeps, and attached to the command.
+//! Registering a command from its one spec (`CommandSpec`, written above each command's handler
+//! in `commands/`): its name, handler and flags for `RedisModule_CreateCommand`, then its COMMAND
+//! DOCS / COMMAND INFO (summary, complexity, arity, arguments for redis-cli hints, the key spec
+//! for cluster routing, ACLs and COMMAND GETKEYS) as the C structures Redis keeps.
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
@@ -37,8 +39,11 @@ pub const fn arg(name: &'static CStr, kind: ArgKind, summary: &'static CStr) -> 
     }
 }
 
-pub struct CommandDoc {
+pub struct CommandSpec {
     pub name: &'static CStr,
+    pub handler: super::CommandHandler,
+    /// `RedisModule_CreateCommand` flags (`write fast`, ...).
+    pub flags: &'static CStr,
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     pub arity: c_int,
@@ -108,7 +113,20 @@ fn c_key_specs(flags: u32) -> *mut raw::RedisModuleCommandKeySpec {
 
 /// Attaches the docs to the registered commands. Failure is logged, not fatal: the commands
 /// work without docs.
-pub fn attach(ctx: Ctx, docs: &[CommandDoc]) -> bool {
+/// Creates every command (with its key at position 1: every LOCK.* command takes its key first),
+/// then attaches its docs. False if a command could not be created; docs that could not be
+/// attached are logged, not fatal: the commands work without them.
+pub fn register(ctx: Ctx, specs: &[&CommandSpec]) -> bool {
+    let created = specs
+        .iter()
+        .all(|spec| super::create_command(ctx, spec.name, spec.handler, spec.flags));
+    if created && !attach(ctx, specs) {
+        super::log::warning("could not attach COMMAND DOCS to LOCK.* commands");
+    }
+    created
+}
+
+fn attach(ctx: Ctx, docs: &[&CommandSpec]) -> bool {
     let version: &'static raw::RedisModuleCommandInfoVersion =
         Box::leak(Box::new(raw::RedisModuleCommandInfoVersion {
             version: 1,

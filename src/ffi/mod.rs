@@ -637,7 +637,6 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_StopTimer }.is_some(),
             { raw::RedisModule_StringDMA }.is_some(),
             { raw::RedisModule_StringPtrLen }.is_some(),
-            { raw::RedisModule_StringSet }.is_some(),
             { raw::RedisModule_StringTruncate }.is_some(),
             { raw::RedisModule_SubscribeToKeyspaceEvents }.is_some(),
             { raw::RedisModule_SubscribeToServerEvent }.is_some(),
