@@ -2902,13 +2902,13 @@ fn adversarial_interleaving() {
     run(seed, secs);
 }
 
-/// `LOCK_ADV_SEEDS=10`: that many runs in a row, seeds `LOCK_ADV_SEED`, +1, +2, ...
+/// `LOCK_ADV_SEEDS=10`: that many runs in a row, seeds `LOCK_ADV_SEED`, +1, +2, ... Run by
+/// `make faults`; ignored otherwise, and a failure when asked for without saying how many.
 #[test]
+#[ignore = "long: `make faults ADV_SEEDS=n` runs it"]
 fn adversarial_seeds() {
-    let Some(runs) = env_u64("LOCK_ADV_SEEDS") else {
-        println!("adversarial_seeds: set LOCK_ADV_SEEDS=<n> to run n seeds in a row");
-        return;
-    };
+    let runs = env_u64("LOCK_ADV_SEEDS")
+        .expect("adversarial_seeds: set LOCK_ADV_SEEDS=<n> to run n seeds in a row");
     let first = env_u64("LOCK_ADV_SEED").unwrap_or_else(|| rand::thread_rng().gen());
     let secs = env_u64("LOCK_ADV_SECS").unwrap_or(30).max(1);
     for i in 0..runs {
