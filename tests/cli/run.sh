@@ -2,8 +2,8 @@
 # Runs every tests/cli/*.txt transcript against a fresh redis-server with the module loaded.
 # A transcript is what a user would see in redis-cli: lines starting with "> " are typed, the
 # lines after them are the expected output (redis-cli --no-raw formatting). The server and the
-# CLI are $LOCK_SERVER and $LOCK_CLI (default redis-server and redis-cli; make test-valkey sets
-# Valkey's).
+# CLI are $LOCK_SERVER and $LOCK_CLI (default redis-server and redis-cli; make test-valkey,
+# test-redis8 and test-valkey9 set them: scripts/server-deps.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 module=${LOCK_MODULE:-$here/../../target/debug/libredis_lock.so}

@@ -3,7 +3,8 @@
 //! drop, so a failing test leaves nothing behind.
 //!
 //! The server binary is `$LOCK_SERVER` (default `redis-server`) and the CLI `$LOCK_CLI` (default
-//! `redis-cli`): `make test-valkey` points them at Valkey 8's `valkey-server` and `valkey-cli`.
+//! `redis-cli`): `make test-valkey`, `make test-redis8` and `make test-valkey9` point them at
+//! Valkey 8.1.8, Redis 8.2.3 and Valkey 9.1.2 (`scripts/server-deps.sh`).
 //! `server_kind()` tells a test which server it runs on, for the few expectations that
 //! legitimately differ.
 
@@ -212,7 +213,7 @@ impl Server {
             .spawn()
             .unwrap_or_else(|e| {
                 panic!(
-                    "spawn {:?} ({e}; is it installed? run make test, or make test-valkey)",
+                    "spawn {:?} ({e}; is it installed? run make test, or make test-valkey / test-redis8 / test-valkey9)",
                     server_bin()
                 )
             });
