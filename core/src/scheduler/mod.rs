@@ -1,0 +1,726 @@
+//! The waiting scheduler: who gets a lock key when it frees, when to look at a key again, what
+//! a grant nobody received turns into, when waiters are sent to another node. No I/O and no
+//! clock of its own: the adapter calls it with events and the server's time, and it acts only
+//! through the [`Port`] the adapter implements (keys, tokens, clients, notifications).
+//!
+//! Events in: a waiter queued ([`Scheduler::enqueue`]), a key freed by a command
+//! ([`Scheduler::freed`]), a lease moved ([`Scheduler::lease_changed`]), a waiter that left
+//! ([`Scheduler::waiter_left`]), a grant that was not delivered
+//! ([`Scheduler::grant_undelivered`]), the timer ([`Scheduler::timer_fired`]) and changes made
+//! outside the module ([`Scheduler::keys_changed`]). Effects out, through the port: write a
+//! hold and get its token, answer a waiter, redirect, free an undelivered hold, publish, note
+//! what happened. After every event the adapter arms one timer for [`Scheduler::next_deadline`].
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+
+use crate::args::Wait;
+use crate::binding::{Bindings, ClientId, GrantRef};
+use crate::deadlines::{DeadlineKey, Deadlines};
+use crate::hold::{self, Decision, HoldKind, Lock, Mode, Run, StoredLock};
+use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
+use crate::{LockError, UnixMs};
+
+/// How often the scheduler looks again while the server pauses writes: no event says when a
+/// pause ends, so deferred handoffs happen within this many ms of its end.
+pub const PAUSE_POLL_MS: u64 = 5;
+
+/// The answer to a waiter whose owner asked again for the same key while it still waited.
+pub const REPLACED: &str =
+    "ERR this WAIT was replaced by a newer LOCK.ACQUIRE ... WAIT of the same owner for this lock";
+
+/// How long after a lease end that already passed (the key is still there: clients paused,
+/// say) the scheduler looks again, rather than spin.
+pub const OVERDUE_RECHECK_MS: u64 = 10;
+
+/// Why the scheduler looks at a key to hand it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Released or removed by a client (LOCK.RELEASE, DEL, FLUSHALL, ...).
+    Freed,
+    /// The holder's lease ran out: the holder lost the lock.
+    LeaseEnded,
+}
+
+/// Who asks for a handoff: a LOCK.* command on this node (which the server routed here, so the
+/// key's slot is served here), or a timer or event (the key may have left with its slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Command,
+    Background,
+}
+
+/// Whether the server lets the module write now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writes {
+    Allowed,
+    /// `CLIENT PAUSE`, `FAILOVER`: nothing may be written until the pause ends.
+    Paused,
+    /// A replica never writes on its own; its master's effects arrive by replication.
+    Replica,
+}
+
+/// What a read of a lock key found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    /// The lock stored there (None: no key).
+    Lock(Option<StoredLock>),
+    /// Something that is not a lock (a client replaced it): held until it changes or goes. The
+    /// key's expiry, if it has one.
+    NotALock { expires_at: Option<UnixMs> },
+    /// The key left this node with its slot: the server's redirect for it (`ASK ...`/`MOVED ...`).
+    Moved(String),
+}
+
+/// Keyspace events the scheduler raises on a lock key (`lock.<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Holds whose lease ended were removed, or a lease end let a waiter in.
+    Expired,
+    /// A waiter was granted a hold.
+    Handoff,
+    /// An EPHEMERAL hold ended with its connection.
+    Disconnected,
+}
+
+/// Why holds are ended by [`Scheduler::end_holds`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// A grant whose reply was not delivered: ended only while it is still exactly that grant
+    /// (count 1); a re-entered hold is somebody's.
+    Undelivered,
+    /// Its connection closed: every re-entry ends at once.
+    ConnectionClosed,
+}
+
+/// Where a run of grants stopped.
+enum Stop {
+    /// Nobody else fits now (or the queue is empty).
+    Held,
+    /// Nobody can be granted the key (tokens exhausted): every waiter gets this error.
+    Refused(LockError),
+}
+
+/// How often bound holds are checked for ends the module does not see as they happen (a lease
+/// end, DEL, an overwrite), and how much one check does at most: bindings looked at, and holds
+/// read from their keys (past that, only connections whose keys were read already are taken;
+/// the first key to go over is still read whole).
+pub const BINDING_SWEEP_MS: u64 = 100;
+pub const BINDING_SWEEP_BINDINGS: usize = 10_000;
+pub const BINDING_SWEEP_HOLDS_READ: usize = 20_000;
+
+/// How a waiter leaves the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Granted {
+        token: u64,
+        key: LockKey,
+        owner: Box<[u8]>,
+        kind: HoldKind,
+    },
+    TimedOut,
+    /// An error reply (a redirect, or why nobody can be granted the key).
+    Refused(String),
+}
+
+/// What happened, for counters, logs and keyspace events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// Holds whose lease had ended were removed from a key.
+    LeasesEnded(usize),
+    /// A waiter got the key, after queuing this long.
+    HandedOff {
+        key: LockKey,
+        waited_ms: u64,
+    },
+    /// A held lease ran out while others waited (the holder lost the lock).
+    ExpiredWithWaiters {
+        key: LockKey,
+    },
+    TimedOut,
+    /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`).
+    Cancelled,
+    Redirected,
+    /// A waiter was answered with an error: nobody can be granted its key.
+    Refused,
+    /// A granted waiter vanished before its reply; the hold was passed on.
+    AbandonedGrant,
+    /// A waiter gave its place to a newer wait of the same owner.
+    Replaced,
+    /// A waiter's request did not fit what the key is when its turn came.
+    Mismatched,
+    /// An ephemeral hold ended because its connection closed.
+    Disconnected {
+        key: LockKey,
+    },
+}
+
+/// What the scheduler needs from the server: a store of locks and a way to answer waiters. It
+/// decides nothing (the rules are `hold`'s and the scheduler's). Every call is about one key,
+/// in its database.
+pub trait Port<H> {
+    fn writes(&self) -> Writes;
+    /// Reads the lock at `key`. With `check_route` a missing key whose slot left this node (a
+    /// background handoff in a cluster) reads as [`Read::Moved`].
+    fn read(&mut self, key: &LockKey, check_route: bool) -> Read;
+    /// Turns the lock last read from `key` (`old`, as read) into `new`: writes, and replicates
+    /// as plain commands, only what changes.
+    fn write(
+        &mut self,
+        key: &LockKey,
+        old: Option<&StoredLock>,
+        new: &Lock,
+    ) -> Result<(), LockError>;
+    /// A new fencing token for a grant on `key`, taken at `now`.
+    fn next_token(&mut self, key: &LockKey, now: UnixMs) -> Result<u64, LockError>;
+    /// Whether the server reports every key expiry itself (Redis >= 7.2, Valkey): a lease end
+    /// that freed the whole key was announced then.
+    fn reports_expiries(&self) -> bool;
+    fn event(&mut self, key: &LockKey, event: Event);
+    /// Tells the lock's channel it is free (nobody was waiting for it).
+    fn publish_unlock(&mut self, key: &LockKey);
+    fn answer(&mut self, handle: H, answer: Answer);
+    fn note(&mut self, note: Note);
+}
+
+/// What a deadline stands for.
+#[derive(Debug)]
+enum Due {
+    /// A waiter's `WAIT` timeout.
+    Timeout(WaiterId),
+    /// The lease end of a lock with waiters: if the lease ran out, hand off.
+    LeaseCheck(LockKey),
+    /// Look at a key again (it changed outside the module).
+    Recheck(LockKey),
+    /// A granted waiter vanished before its reply: free its hold if it still has it.
+    Undelivered(GrantRef),
+    /// Writes were paused: if the pause ended, do the deferred handoffs.
+    PauseCheck,
+    /// Check some bound holds for ends the module did not see (see [`BINDING_SWEEP_MS`]).
+    BindingSweep,
+}
+
+/// A change noticed outside the module (keyspace and server events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Key(LockKey, Cause),
+    Db(i32),
+    All,
+}
+
+/// One blocked acquire, as the adapter hands it in.
+pub struct NewWait<'a, H> {
+    pub handle: H,
+    pub key: &'a LockKey,
+    pub owner: &'a [u8],
+    pub lease_ms: u64,
+    pub wait: Wait,
+    pub mode: Mode,
+    /// `EPHEMERAL`: the connection a grant is bound to.
+    pub bind: Option<ClientId>,
+    /// What the acquire saw: the lock's lease end, or that it was free (waiters are queued on
+    /// a free key only between an outside change and its recheck).
+    pub seen: Seen,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    Free,
+    /// Held; the earliest lease end among its holds.
+    Held {
+        next_lease_end: Option<UnixMs>,
+    },
+}
+
+#[derive(Debug)]
+pub struct Scheduler<H> {
+    queues: WaitQueues<H>,
+    deadlines: Deadlines<Due>,
+    /// Handoffs deferred while writes were paused, with their cause.
+    paused: HashMap<LockKey, Cause>,
+    /// Connections that closed while writes were paused: their holds end after the pause.
+    gone_while_paused: Vec<ClientId>,
+    pause_check: Option<DeadlineKey>,
+    bindings: Bindings,
+    /// The next binding sweep, while any hold is bound, and the client it resumes after.
+    binding_sweep: Option<DeadlineKey>,
+    sweep_after: ClientId,
+    /// Sweeps run so far (tests wait for one to have run).
+    #[cfg(test)]
+    sweeps_run: u64,
+}
+
+impl<H> Default for Scheduler<H> {
+    fn default() -> Self {
+        Scheduler {
+            queues: WaitQueues::default(),
+            deadlines: Deadlines::default(),
+            paused: HashMap::new(),
+            gone_while_paused: Vec::new(),
+            pause_check: None,
+            bindings: Bindings::default(),
+            binding_sweep: None,
+            sweep_after: 0,
+            #[cfg(test)]
+            sweeps_run: 0,
+        }
+    }
+}
+
+impl<H: Copy + Eq + Hash> Scheduler<H> {
+    /// Whether `owner` may wait on `key` (checked before the client is blocked). An owner that
+    /// already waits there only changes places with itself.
+    pub fn has_room(&self, key: &LockKey, owner: &[u8], max_per_key: u64) -> Result<(), LockError> {
+        if self.queues.len(key) as u64 >= max_per_key
+            && self.queues.queued_owner(key, owner).is_none()
+        {
+            return Err(LockError::TooManyWaiters { max: max_per_key });
+        }
+        Ok(())
+    }
+
+    /// Queues a blocked client at the tail of its key's queue.
+    ///
+    /// An owner waits at most once per key. If it already waits (a client that gave up on its
+    /// `WAIT` without closing the connection, and asked again), the new request takes the
+    /// earlier one's place in the queue, and the earlier one is answered with an error at once,
+    /// instead of being granted the lock later on behalf of a caller that has gone.
+    pub fn enqueue(
+        &mut self,
+        port: &mut impl Port<H>,
+        new: NewWait<'_, H>,
+        max_per_key: u64,
+        now: UnixMs,
+    ) -> Result<WaiterId, LockError> {
+        let id = match self.queues.queued_owner(new.key, new.owner) {
+            Some(id) => {
+                let (old, old_timeout) = self
+                    .queues
+                    .replace(id, new.handle, new.lease_ms, new.mode, new.bind)
+                    .ok_or(LockError::Internal)?;
+                if let Some(timeout) = old_timeout {
+                    self.deadlines.remove(timeout);
+                }
+                port.note(Note::Replaced);
+                port.answer(old, Answer::Refused(REPLACED.to_string()));
+                id
+            }
+            None => self.queues.push(
+                NewWaiter {
+                    handle: new.handle,
+                    key: new.key,
+                    owner: new.owner,
+                    lease_ms: new.lease_ms,
+                    mode: new.mode,
+                    bind: new.bind,
+                    now,
+                },
+                max_per_key,
+            )?,
+        };
+        if let Wait::For(ms) = new.wait {
+            let deadline = self
+                .deadlines
+                .insert(now.saturating_add(ms), Due::Timeout(id));
+            if let Some(w) = self.queues.get_mut(id) {
+                w.timeout = Some(deadline);
+            }
+        }
+        match new.seen {
+            Seen::Free => {
+                self.deadlines.insert(now, Due::Recheck(new.key.clone()));
+            }
+            Seen::Held { next_lease_end } => {
+                if self.queues.lease_check(new.key).is_none() {
+                    self.schedule_lease_check(new.key, next_lease_end, now);
+                }
+            }
+        }
+        Ok(id)
+    }
+
+    /// A command freed `key` or part of it (release, force release, a lease end it noticed):
+    /// hand it to the head waiter(s). Returns whether it did; if not, and the key is free, the
+    /// caller publishes the unlock.
+    pub fn freed(&mut self, port: &mut impl Port<H>, key: &LockKey, now: UnixMs) -> bool {
+        self.pump(port, key, now, Cause::Freed, Origin::Command)
+    }
+
+    /// A lease end changed inside a command (renew, re-entry, a new shared hold): the lease
+    /// check moves to the key's earliest lease end, so a shorter lease hands off at its own end.
+    pub fn lease_changed(&mut self, key: &LockKey, next_lease_end: Option<UnixMs>, now: UnixMs) {
+        if self.queues.has_waiters(key) {
+            self.schedule_lease_check(key, next_lease_end, now);
+        }
+    }
+
+    /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`). Returns true if it was still
+    /// queued; then the adapter releases its handle.
+    pub fn waiter_left(&mut self, port: &mut impl Port<H>, handle: H, now: UnixMs) -> bool {
+        let Some(id) = self.queues.id_of(handle) else {
+            return false;
+        };
+        self.remove_waiter(id, now).is_some_and(|_| {
+            port.note(Note::Cancelled);
+            true
+        })
+    }
+
+    /// Removes a waiter from anywhere in its queue. When it was the head, the key is looked at
+    /// again (from the timer: this may run where the server forbids writes): shared requests
+    /// queued behind a departed exclusive one may fit now.
+    fn remove_waiter(&mut self, id: WaiterId, now: UnixMs) -> Option<Waiter<H>> {
+        let key = self.queues.get(id)?.key.clone();
+        let was_head = self.queues.front(&key).map(|w| w.id) == Some(id);
+        let removed = self.queues.remove(id)?;
+        let waiter = self.forget(removed);
+        if was_head && self.queues.has_waiters(&key) {
+            self.deadlines.insert(now, Due::Recheck(key));
+        }
+        Some(waiter)
+    }
+
+    /// A grant's reply could not be delivered (the client vanished first). Handled from the
+    /// timer: the server forbids writes where this is learnt.
+    pub fn grant_undelivered(&mut self, grant: GrantRef, now: UnixMs) {
+        self.deadlines.insert(now, Due::Undelivered(grant));
+    }
+
+    /// The timer fired: everything due at `now`.
+    pub fn timer_fired(&mut self, port: &mut impl Port<H>, now: UnixMs) {
+        while let Some((fired, due)) = self.deadlines.pop_due(now) {
+            self.handle_due(port, fired, due, now);
+        }
+    }
+
+    /// Changes noticed outside the module: look at each affected key with waiters once (the
+    /// first cause noted for a key wins).
+    pub fn keys_changed(&mut self, port: &mut impl Port<H>, changes: Vec<Change>, now: UnixMs) {
+        let mut keys: Vec<(LockKey, Cause)> = Vec::new();
+        for change in changes {
+            match change {
+                Change::Key(key, cause) => keys.push((key, cause)),
+                Change::Db(db) => keys.extend(
+                    self.queues
+                        .keys()
+                        .filter(|k| k.db == db)
+                        .map(|k| (k.clone(), Cause::Freed)),
+                ),
+                Change::All => {
+                    keys.extend(self.queues.keys().map(|k| (k.clone(), Cause::Freed)));
+                }
+            }
+        }
+        let mut seen = HashSet::new();
+        for (key, cause) in keys {
+            if seen.insert(key.clone()) {
+                self.pump(port, &key, now, cause, Origin::Background);
+            }
+        }
+    }
+
+    /// When the adapter's one timer must fire next.
+    pub fn next_deadline(&self) -> Option<UnixMs> {
+        self.deadlines.next_at()
+    }
+
+    /// No waiters, nothing scheduled and no hold bound to a connection (the module may be
+    /// unloaded).
+    pub fn is_idle(&self) -> bool {
+        self.queues.total() == 0 && self.deadlines.is_empty() && self.bindings.is_empty()
+    }
+
+    pub fn waiters_on(&self, key: &LockKey) -> usize {
+        self.queues.len(key)
+    }
+
+    /// (waiters, keys with waiters).
+    pub fn gauges(&self) -> (usize, usize) {
+        (self.waiting(), self.queues.key_count())
+    }
+
+    /// Waiters on all keys (O(1): the adapter mirrors it after every event).
+    pub fn waiting(&self) -> usize {
+        self.queues.total()
+    }
+
+    /// Whether some database has waiters on a key of this name.
+    pub fn is_waited_name(&self, name: &[u8]) -> bool {
+        self.queues.is_waited_name(name)
+    }
+
+    /// Gives the key to its head waiter if it has room; after a shared grant, to every shared
+    /// waiter behind it up to the next exclusive one, and after a permit, to the next waiters
+    /// while permits are free. The whole run is decided on one read of the key (holds whose
+    /// lease ended go first) and written once. Returns whether anyone was granted.
+    fn pump(
+        &mut self,
+        port: &mut impl Port<H>,
+        key: &LockKey,
+        now: UnixMs,
+        cause: Cause,
+        origin: Origin,
+    ) -> bool {
+        if !self.queues.has_waiters(key) {
+            return false;
+        }
+        match port.writes() {
+            Writes::Allowed => {}
+            Writes::Replica => return false,
+            Writes::Paused => {
+                self.defer_while_paused(key, cause, now);
+                return false;
+            }
+        }
+        let stored = match port.read(key, origin == Origin::Background) {
+            Read::Lock(stored) => stored,
+            Read::NotALock { expires_at } => {
+                self.schedule_lease_check(key, expires_at, now);
+                return false;
+            }
+            Read::Moved(redirect) => {
+                self.refuse_all(port, key, &redirect, Note::Redirected);
+                return false;
+            }
+        };
+        let mut lock = stored.as_ref().map_or_else(Lock::free, |s| s.lock.clone());
+        let ended = lock.drop_ended(now);
+        let mut run = Run::new(lock);
+        let mut granted: Vec<(Waiter<H>, u64, HoldKind)> = Vec::new();
+        let mut stop = Stop::Held;
+        while let Some(head) = self.queues.front(key) {
+            let mode = head.mode;
+            let decision = run.decide(&head.owner, mode, head.lease_ms, now);
+            let grant = match decision {
+                Err(error) => {
+                    if let Some(removed) = self.queues.pop_front(key) {
+                        let waiter = self.forget(removed);
+                        port.note(Note::Mismatched);
+                        port.answer(waiter.handle, Answer::Refused(error.reply()));
+                    }
+                    continue;
+                }
+                Ok(Decision::Busy) => break,
+                Ok(Decision::Grant(grant)) => grant,
+            };
+            let token = match grant.token {
+                Some(token) => token,
+                None => match port.next_token(key, now) {
+                    Ok(token) => token,
+                    Err(error) => {
+                        stop = Stop::Refused(error);
+                        break;
+                    }
+                },
+            };
+            run.apply(&head.owner, mode, &grant, token);
+            let Some(removed) = self.queues.pop_front(key) else {
+                break;
+            };
+            granted.push((self.forget(removed), token, mode.kind()));
+            let next_may_follow = matches!(
+                (mode, self.queues.front(key).map(|w| w.mode)),
+                (Mode::Shared, Some(Mode::Shared)) | (Mode::Limit(_), Some(Mode::Limit(_)))
+            );
+            if !next_may_follow {
+                break;
+            }
+        }
+        if !granted.is_empty() || ended > 0 {
+            if let Err(error) = port.write(key, stored.as_ref(), run.lock()) {
+                // Nothing was written: nobody got the key, and nobody can now.
+                let reply = error.reply();
+                for (waiter, ..) in granted {
+                    port.note(Note::Refused);
+                    port.answer(waiter.handle, Answer::Refused(reply.clone()));
+                }
+                self.refuse_all(port, key, &reply, Note::Refused);
+                return false;
+            }
+        }
+        if ended > 0 {
+            port.note(Note::LeasesEnded(ended));
+        }
+        // Where the server reports every key expiry, a lease end that freed the key was
+        // announced then; the end of one hold of several only the module sees.
+        let key_expired =
+            !granted.is_empty() && cause == Cause::LeaseEnded && !port.reports_expiries();
+        if ended > 0 || key_expired {
+            port.event(key, Event::Expired);
+        }
+        let granted_any = !granted.is_empty();
+        let mut cause = cause;
+        for (waiter, token, kind) in granted {
+            port.event(key, Event::Handoff);
+            if cause == Cause::LeaseEnded {
+                port.note(Note::ExpiredWithWaiters { key: key.clone() });
+                // One lease end, noted once however many it lets in.
+                cause = Cause::Freed;
+            }
+            port.note(Note::HandedOff {
+                key: key.clone(),
+                waited_ms: now.saturating_sub(waiter.enqueued_at),
+            });
+            if let Some(client) = waiter.bind {
+                self.bind(port, client, key, kind, token, now);
+            }
+            port.answer(
+                waiter.handle,
+                Answer::Granted {
+                    token,
+                    key: key.clone(),
+                    owner: waiter.owner,
+                    kind,
+                },
+            );
+        }
+        match stop {
+            Stop::Refused(error) => self.refuse_all(port, key, &error.reply(), Note::Refused),
+            Stop::Held => self.schedule_lease_check(key, run.lock().next_lease_end(), now),
+        }
+        granted_any
+    }
+
+    fn handle_due(&mut self, port: &mut impl Port<H>, fired: DeadlineKey, due: Due, now: UnixMs) {
+        match due {
+            Due::Timeout(id) => {
+                if let Some(waiter) = self.remove_waiter(id, now) {
+                    port.note(Note::TimedOut);
+                    port.answer(waiter.handle, Answer::TimedOut);
+                }
+            }
+            Due::LeaseCheck(key) => {
+                // This check fired: it is no longer the key's scheduled one.
+                if self.queues.lease_check(&key) == Some(fired) {
+                    self.queues.set_lease_check(&key, None);
+                }
+                self.pump(port, &key, now, Cause::LeaseEnded, Origin::Background);
+            }
+            Due::Recheck(key) => {
+                self.pump(port, &key, now, Cause::Freed, Origin::Background);
+            }
+            Due::PauseCheck => {
+                self.pause_check = None;
+                match port.writes() {
+                    Writes::Paused => self.arm_pause_check(now),
+                    // Promoted to replica during the pause: its master decides now.
+                    Writes::Replica => {
+                        self.paused.clear();
+                        let gone = std::mem::take(&mut self.gone_while_paused);
+                        self.clients_gone(port, gone, now);
+                    }
+                    Writes::Allowed => {
+                        let gone = std::mem::take(&mut self.gone_while_paused);
+                        self.clients_gone(port, gone, now);
+                        for (key, cause) in std::mem::take(&mut self.paused) {
+                            self.pump(port, &key, now, cause, Origin::Background);
+                        }
+                    }
+                }
+            }
+            Due::Undelivered(grant) => match port.writes() {
+                Writes::Paused => {
+                    // Freeing it is a write: try again after the pause.
+                    self.deadlines
+                        .insert(now.saturating_add(PAUSE_POLL_MS), Due::Undelivered(grant));
+                }
+                Writes::Replica => port.note(Note::AbandonedGrant),
+                Writes::Allowed => {
+                    port.note(Note::AbandonedGrant);
+                    self.unbind(&grant.key, grant.token);
+                    let ending = HashSet::from([(grant.kind, grant.token)]);
+                    if let Some((_, free)) =
+                        self.end_holds(port, &grant.key, &ending, Ending::Undelivered, now)
+                    {
+                        if !self.pump(port, &grant.key, now, Cause::Freed, Origin::Background)
+                            && free
+                        {
+                            port.publish_unlock(&grant.key);
+                        }
+                    }
+                }
+            },
+            Due::BindingSweep => self.sweep_bindings(port, now),
+        }
+    }
+
+    fn defer_while_paused(&mut self, key: &LockKey, cause: Cause, now: UnixMs) {
+        let noted = self.paused.entry(key.clone()).or_insert(cause);
+        if cause == Cause::LeaseEnded {
+            *noted = cause;
+        }
+        if self.pause_check.is_none() {
+            self.arm_pause_check(now);
+        }
+    }
+
+    fn arm_pause_check(&mut self, now: UnixMs) {
+        self.pause_check = Some(
+            self.deadlines
+                .insert(now.saturating_add(PAUSE_POLL_MS), Due::PauseCheck),
+        );
+    }
+
+    /// Answers every waiter of `key` with an error (a redirect, or nobody can be granted it).
+    fn refuse_all(&mut self, port: &mut impl Port<H>, key: &LockKey, reply: &str, note: Note) {
+        while let Some(removed) = self.queues.pop_front(key) {
+            let waiter = self.forget(removed);
+            port.note(note.clone());
+            port.answer(waiter.handle, Answer::Refused(reply.to_string()));
+        }
+    }
+
+    /// Cancels what a removed waiter had scheduled and returns it.
+    fn forget(&mut self, removed: Removed<H>) -> Waiter<H> {
+        if let Some(timeout) = removed.waiter.timeout {
+            self.deadlines.remove(timeout);
+        }
+        if let Some(check) = removed.orphaned_lease_check {
+            self.deadlines.remove(check);
+        }
+        removed.waiter
+    }
+
+    /// Keeps one lease check per key with waiters, just after the holder's lease end (the
+    /// server expires a key once `now > at`). A lease end that already passed while the key is
+    /// still there (clients paused, say) is looked at again shortly.
+    fn schedule_lease_check(&mut self, key: &LockKey, expires_at: Option<UnixMs>, now: UnixMs) {
+        if !self.queues.has_waiters(key) {
+            return;
+        }
+        let check = expires_at.map(|at| {
+            let when = if at < now {
+                now.saturating_add(OVERDUE_RECHECK_MS)
+            } else {
+                at.saturating_add(1)
+            };
+            self.deadlines.insert(when, Due::LeaseCheck(key.clone()))
+        });
+        if let Some(old) = self.queues.set_lease_check(key, check) {
+            self.deadlines.remove(old);
+        }
+    }
+}
+
+/// An in-memory server for the scheduler's tests (unit and model-based): keys holding a
+/// [`Lock`](crate::hold::Lock) decided by the real rules (`hold::decide`), a clock the test
+/// moves, and every effect recorded in order.
+mod bindings;
+
+#[cfg(test)]
+mod testing;
+
+#[cfg(test)]
+mod tests;
+
+/// Model-based: random sequences of what clients, the clock and the server do, checked against
+/// a plain reference model (one FIFO list per key, the holds of each key). Key `a` is a
+/// read-write lock (exclusive and shared requests), key `b` a semaphore of 2 permits; some
+/// holds are bound to connections that close. Properties: a grant goes only to the
+/// longest-waiting waiter still queued; never a writer beside another holder, never more than
+/// 2 permits; no waiter is left waiting while the key has room for it (phase-fair runs, no
+/// lost wake-up); nothing is written while writes are paused; every waiter is answered exactly
+/// once, never after it left, never timed out early; tokens only rise; a closed connection's
+/// holds are gone; once everyone is done nothing stays scheduled.
+#[cfg(test)]
+mod model;

@@ -1,0 +1,319 @@
+use super::*;
+use crate::args::Reentry;
+use crate::hold::{self, Decision, Lock};
+use crate::state::Queue;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    Wrote {
+        key: LockKey,
+        owner: Vec<u8>,
+        token: u64,
+        expires_at: UnixMs,
+    },
+    /// A hold (named by its token) was removed by a write.
+    Removed {
+        key: LockKey,
+        token: u64,
+    },
+    Published {
+        key: LockKey,
+    },
+    Answered {
+        handle: u32,
+        answer: Answer,
+        at: UnixMs,
+    },
+    Noted(Note),
+}
+
+pub struct FakePort {
+    pub now: UnixMs,
+    pub writes: Writes,
+    pub keys: HashMap<LockKey, Lock>,
+    /// Keys whose slot left this node, with the redirect.
+    pub moved: HashMap<LockKey, String>,
+    pub tokens_exhausted: bool,
+    pub last_token: u64,
+    pub effects: Vec<Effect>,
+}
+
+impl Default for FakePort {
+    fn default() -> Self {
+        FakePort {
+            now: 1_000,
+            writes: Writes::Allowed,
+            keys: HashMap::new(),
+            moved: HashMap::new(),
+            tokens_exhausted: false,
+            last_token: 0,
+            effects: Vec::new(),
+        }
+    }
+}
+
+impl FakePort {
+    /// The key's lock with its ended holds gone (as a write lookup leaves it; while writes
+    /// are paused nothing is removed, as in Redis). None when nothing is held.
+    pub fn lock(&mut self, key: &LockKey) -> Option<&Lock> {
+        if self.writes != Writes::Paused {
+            let now = self.now;
+            let empty = self.keys.get_mut(key).is_some_and(|l| {
+                l.drop_ended(now);
+                l.holds.is_empty()
+            });
+            if empty {
+                self.keys.remove(key);
+            }
+        }
+        self.keys.get(key)
+    }
+
+    pub fn answers(&self) -> Vec<(u32, Answer)> {
+        self.answers_at()
+            .into_iter()
+            .map(|(h, a, _)| (h, a))
+            .collect()
+    }
+
+    /// Every answer with the time it was given.
+    pub fn answers_at(&self) -> Vec<(u32, Answer, UnixMs)> {
+        self.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Answered { handle, answer, at } => Some((*handle, answer.clone(), *at)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A client's own acquire (no wait), with the real rules: no barging past `waiting`.
+    pub fn acquire(
+        &mut self,
+        key: &LockKey,
+        owner: &str,
+        mode: Mode,
+        lease_ms: u64,
+        waiting: bool,
+    ) -> Result<Option<u64>, LockError> {
+        let now = self.now;
+        let lock = self.lock(key).cloned().unwrap_or_else(Lock::free);
+        let queue = if waiting {
+            Queue::Waiting
+        } else {
+            Queue::Empty
+        };
+        match hold::decide(
+            &lock,
+            owner.as_bytes(),
+            mode,
+            lease_ms,
+            Reentry::Counted,
+            queue,
+            now,
+        )? {
+            Decision::Busy => Ok(None),
+            Decision::Grant(g) => {
+                self.last_token += 1;
+                let token = g.token.unwrap_or(self.last_token);
+                let new = hold::apply(&lock, owner.as_bytes(), mode, &g, self.last_token);
+                self.keys.insert(key.clone(), new);
+                Ok(Some(token))
+            }
+        }
+    }
+}
+
+impl Port<u32> for FakePort {
+    fn writes(&self) -> Writes {
+        self.writes
+    }
+
+    fn read(&mut self, key: &LockKey, check_route: bool) -> Read {
+        let lock = self.lock(key).cloned();
+        match lock {
+            None => match self.moved.get(key) {
+                Some(redirect) if check_route => Read::Moved(redirect.clone()),
+                _ => Read::Lock(None),
+            },
+            Some(lock) => Read::Lock(Some(StoredLock {
+                expires_at: lock.last_lease_end(),
+                lock,
+            })),
+        }
+    }
+
+    fn write(
+        &mut self,
+        key: &LockKey,
+        old: Option<&StoredLock>,
+        new: &Lock,
+    ) -> Result<(), LockError> {
+        assert_eq!(
+            self.writes,
+            Writes::Allowed,
+            "a write while writes are not allowed"
+        );
+        assert_eq!(
+            old.map(|o| &o.lock),
+            self.keys.get(key),
+            "a write of a lock that changed since it was read"
+        );
+        let before = old.map(|o| o.lock.holds.as_slice()).unwrap_or_default();
+        for hold in &new.holds {
+            if !before.contains(hold) {
+                self.effects.push(Effect::Wrote {
+                    key: key.clone(),
+                    owner: hold.owner.clone(),
+                    token: hold.token.unwrap_or_default(),
+                    expires_at: hold.expires_at.unwrap_or_default(),
+                });
+            }
+        }
+        for hold in before {
+            let kept = new
+                .holds
+                .iter()
+                .any(|h| h.kind == hold.kind && h.owner == hold.owner);
+            if !kept {
+                self.effects.push(Effect::Removed {
+                    key: key.clone(),
+                    token: hold.token.unwrap_or_default(),
+                });
+            }
+        }
+        if new.holds.is_empty() {
+            self.keys.remove(key);
+        } else {
+            self.keys.insert(key.clone(), new.clone());
+        }
+        Ok(())
+    }
+
+    fn next_token(&mut self, _key: &LockKey, _now: UnixMs) -> Result<u64, LockError> {
+        if self.tokens_exhausted {
+            return Err(LockError::TokensExhausted);
+        }
+        self.last_token += 1;
+        Ok(self.last_token)
+    }
+
+    fn reports_expiries(&self) -> bool {
+        false
+    }
+
+    fn event(&mut self, _key: &LockKey, _event: Event) {}
+
+    fn publish_unlock(&mut self, key: &LockKey) {
+        self.effects.push(Effect::Published { key: key.clone() });
+    }
+
+    fn answer(&mut self, handle: u32, answer: Answer) {
+        let at = self.now;
+        self.effects.push(Effect::Answered { handle, answer, at });
+    }
+
+    fn note(&mut self, note: Note) {
+        self.effects.push(Effect::Noted(note));
+    }
+}
+
+/// The adapter's side of the loop, for tests: queue a blocked exclusive acquire as the
+/// command would.
+pub fn wait(
+    s: &mut Scheduler<u32>,
+    port: &mut FakePort,
+    handle: u32,
+    key: &LockKey,
+    owner: &str,
+    lease_ms: u64,
+    wait: Wait,
+) -> Result<WaiterId, LockError> {
+    wait_as(
+        s,
+        port,
+        handle,
+        key,
+        owner,
+        Mode::Exclusive,
+        lease_ms,
+        wait,
+        None,
+    )
+}
+
+/// As [`wait`], for any mode, optionally bound to a connection.
+#[allow(clippy::too_many_arguments)]
+pub fn wait_as(
+    s: &mut Scheduler<u32>,
+    port: &mut FakePort,
+    handle: u32,
+    key: &LockKey,
+    owner: &str,
+    mode: Mode,
+    lease_ms: u64,
+    wait: Wait,
+    bind: Option<ClientId>,
+) -> Result<WaiterId, LockError> {
+    let now = port.now;
+    let seen = match port.lock(key) {
+        None => Seen::Free,
+        Some(l) => Seen::Held {
+            next_lease_end: l.next_lease_end(),
+        },
+    };
+    s.enqueue(
+        port,
+        NewWait {
+            handle,
+            key,
+            owner: owner.as_bytes(),
+            lease_ms,
+            wait,
+            mode,
+            bind,
+            seen,
+        },
+        100_000,
+        now,
+    )
+}
+
+/// Moves the clock to `to`, firing the one timer at each deadline on the way, as the
+/// adapter's precise module timer does.
+pub fn advance_to(s: &mut Scheduler<u32>, port: &mut FakePort, to: UnixMs) {
+    while let Some(at) = s.next_deadline().filter(|at| *at <= to) {
+        port.now = port.now.max(at);
+        s.timer_fired(port, port.now);
+    }
+    port.now = port.now.max(to);
+}
+
+/// A release of the whole key inside a command: delete, then hand off or publish.
+pub fn release(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey) {
+    port.keys.remove(key);
+    let now = port.now;
+    if !s.freed(port, key, now) {
+        port.publish_unlock(key);
+    }
+}
+
+/// One owner's release inside a command, with the real rule (`hold::release`).
+pub fn release_owner(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey, owner: &[u8]) {
+    let Some(lock) = port.lock(key).cloned() else {
+        return;
+    };
+    let Some((new, _)) = hold::release(&lock, owner) else {
+        return;
+    };
+    let free = new.holds.is_empty();
+    if free {
+        port.keys.remove(key);
+    } else {
+        port.keys.insert(key.clone(), new);
+    }
+    let now = port.now;
+    if !s.freed(port, key, now) && free {
+        port.publish_unlock(key);
+    }
+}
