@@ -704,6 +704,17 @@ fn the_test_kit_never_mistakes_another_server_for_its_own() {
     let first = Server::start();
     let second = std::panic::catch_unwind(|| Server::start_on_port(first.port));
     assert!(second.is_err(), "a server on a taken port looked ready");
+    // A fresh server whose port another server took (free_port races between parallel tests)
+    // moves to a free port instead of failing the test.
+    let mut third = Server::start_trying_port(first.port);
+    assert_ne!(third.port, first.port);
+    assert!(third.is_alive());
+    let mut con = third.connect();
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+    assert!(
+        info.contains(&format!("process_id:{}", third.pid().unwrap())),
+        "{info}"
+    );
 }
 
 /// Defect 1 through `FAILOVER`, which pauses writes while it waits for the replica to catch

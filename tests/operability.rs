@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -283,33 +283,9 @@ fn acl_confines_applications_to_their_own_unlock_channels() {
 
 #[test]
 fn config_is_validated_and_written_by_config_rewrite() {
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("redis.conf");
-    let port = free_port();
-    std::fs::write(
-        &conf,
-        format!(
-            "port {port}\nbind 127.0.0.1\nsave \"\"\ndir {}\nloadmodule {}\nlock.max-lease-ms 60000\n",
-            dir.path().display(),
-            module_path().display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(server_bin())
-        .arg(&conf)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
-    let mut con = None;
-    for _ in 0..200 {
-        if let Ok(c) = client.get_connection() {
-            con = Some(c);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut con = con.expect("server up");
+    let server = Server::start_from_config("lock.max-lease-ms 60000\n");
+    let conf = server.config_path().expect("started from a file").to_path_buf();
+    let mut con = server.connect();
     let lease: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("lock.max-lease-ms")
@@ -349,8 +325,6 @@ fn config_is_validated_and_written_by_config_rewrite() {
             || written.contains("lock.unlock-channel-prefix app-locks"),
         "{written}"
     );
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]

@@ -148,6 +148,8 @@ pub struct Server {
     pub dir: tempfile::TempDir,
     extra: Vec<String>,
     module_args: Vec<String>,
+    /// Started from this config file (`start_from_config`) instead of from arguments.
+    config: Option<PathBuf>,
 }
 
 impl Server {
@@ -167,8 +169,16 @@ impl Server {
         )
     }
 
-    /// A server on a given port (to test the harness itself).
+    /// A server on exactly this port, failing if it is taken (to test the harness itself).
     pub fn start_on_port(port: u16) -> Server {
+        let mut server = Server::unstarted(port, tempfile::tempdir().expect("tempdir"), &[], &[]);
+        server.respawn();
+        server
+    }
+
+    /// A server that tries this port first and moves to a free one if it is taken, as every
+    /// fresh server does (to test the harness itself).
+    pub fn start_trying_port(port: u16) -> Server {
         Server::launch(port, tempfile::tempdir().expect("tempdir"), &[], &[])
     }
 
@@ -182,32 +192,120 @@ impl Server {
     }
 
     fn launch(port: u16, dir: tempfile::TempDir, extra: &[&str], module_args: &[&str]) -> Server {
-        let mut server = Server {
+        let mut server = Server::unstarted(port, dir, extra, module_args);
+        server.spawn();
+        server
+    }
+
+    fn unstarted(
+        port: u16,
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        module_args: &[&str],
+    ) -> Server {
+        Server {
             port,
             child: None,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             module_args: module_args.iter().map(|s| s.to_string()).collect(),
+            config: None,
+        }
+    }
+
+    /// A server started from a config file (`redis.conf` in its directory) holding its port,
+    /// directory, log file and `loadmodule` lines followed by `lines`: for what only a config file
+    /// shows, such as module settings read at load and `CONFIG REWRITE`.
+    pub fn start_from_config(lines: &str) -> Server {
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("redis.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\nsave \"\"\nappendonly no\ndir {}\nlogfile {}\nloadmodule {}\n{lines}",
+                dir.path().display(),
+                dir.path().join("redis.log").display(),
+                module_path().display()
+            ),
+        )
+        .expect("write redis.conf");
+        let mut server = Server {
+            port,
+            child: None,
+            dir,
+            extra: Vec::new(),
+            module_args: Vec::new(),
+            config: Some(config),
         };
         server.spawn();
         server
     }
 
+    /// The config file this server started from, if it did (`start_from_config`).
+    pub fn config_path(&self) -> Option<&Path> {
+        self.config.as_deref()
+    }
+
     /// Starts `redis-server` (`$LOCK_SERVER`) with this server's port, directory and arguments,
-    /// and waits for it.
+    /// and waits for it. A fresh server whose port was taken between `free_port` and its bind
+    /// (another test's server got there first) moves to another free port and tries again.
     fn spawn(&mut self) {
-        let child = Command::new(server_bin())
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .arg("--logfile")
-            .arg(self.dir.path().join("redis.log"))
-            .arg("--loadmodule")
-            .arg(module_path())
-            .args(&self.module_args)
-            .args(&self.extra)
+        for _ in 0..5 {
+            match self.spawn_once() {
+                Ok(()) => return,
+                Err(Start::PortTaken) => {
+                    self.kill_hard();
+                    self.move_to_port(free_port());
+                }
+                Err(Start::Failed(why)) => panic!("{why}"),
+            }
+        }
+        panic!("no free port for {} after 5 tries", server_name());
+    }
+
+    /// After a restart the server must come back on its own port: a taken port is a failure.
+    fn respawn(&mut self) {
+        match self.spawn_once() {
+            Ok(()) => {}
+            Err(Start::PortTaken) => panic!(
+                "port {} was taken while {} restarted",
+                self.port,
+                server_name()
+            ),
+            Err(Start::Failed(why)) => panic!("{why}"),
+        }
+    }
+
+    fn move_to_port(&mut self, port: u16) {
+        let old = self.port;
+        self.port = port;
+        if let Some(config) = &self.config {
+            let text = std::fs::read_to_string(config).expect("read redis.conf");
+            let text = text.replacen(&format!("port {old}\n"), &format!("port {port}\n"), 1);
+            std::fs::write(config, text).expect("write redis.conf");
+        }
+    }
+
+    fn spawn_once(&mut self) -> Result<(), Start> {
+        let mut command = Command::new(server_bin());
+        if let Some(config) = &self.config {
+            command.arg(config);
+        } else {
+            command
+                .arg("--port")
+                .arg(self.port.to_string())
+                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .arg("--logfile")
+                .arg(self.dir.path().join("redis.log"))
+                .arg("--loadmodule")
+                .arg(module_path())
+                .args(&self.module_args)
+                .args(&self.extra);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -218,12 +316,12 @@ impl Server {
                 )
             });
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
     /// Waits until *this* server answers: its own child must still be running, and the process
     /// answering on the port must be that child (another test's server could hold the port).
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), Start> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let exited = match self.child.as_mut().map(Child::try_wait) {
@@ -233,12 +331,15 @@ impl Server {
                 None => Some("never started".to_string()),
             };
             if let Some(why) = exited {
-                panic!(
-                    "{} on port {} exited before answering ({why}); log:\n{}",
+                let log = self.log();
+                if log.contains("Address already in use") {
+                    return Err(Start::PortTaken);
+                }
+                return Err(Start::Failed(format!(
+                    "{} on port {} exited before answering ({why}); log:\n{log}",
                     server_name(),
                     self.port,
-                    self.log()
-                );
+                )));
             }
             if let Ok(mut c) = self.try_connect() {
                 let info: redis::RedisResult<String> =
@@ -248,26 +349,24 @@ impl Server {
                         l.strip_prefix("process_id:")
                             .and_then(|v| v.trim().parse::<u32>().ok())
                     });
-                    assert_eq!(
-                        answering,
-                        self.pid(),
-                        "port {} is answered by another server than this test's",
-                        self.port
-                    );
+                    if answering != self.pid() {
+                        return Err(Start::PortTaken);
+                    }
                     let _ = SERVER_INFO.set(parse_server_info(&info));
                     // INFO answers while a restart still loads its data; PING does not.
                     let pong: redis::RedisResult<String> = redis::cmd("PING").query(&mut c);
                     if pong.is_ok() {
-                        return;
+                        return Ok(());
                     }
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not answer; log:\n{}",
-                server_name(),
-                self.log()
-            );
+            if Instant::now() >= deadline {
+                return Err(Start::Failed(format!(
+                    "{} did not answer; log:\n{}",
+                    server_name(),
+                    self.log()
+                )));
+            }
             sleep(Duration::from_millis(20));
         }
     }
@@ -300,7 +399,7 @@ impl Server {
     /// Starts again on the same port and directory (persistence files included).
     pub fn restart(&mut self) {
         self.kill_hard();
-        self.spawn();
+        self.respawn();
     }
 
     pub fn is_alive(&mut self) -> bool {
@@ -313,6 +412,13 @@ impl Server {
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
+}
+
+/// Why a server did not come up.
+enum Start {
+    /// Its port was taken by another process: a fresh server tries another.
+    PortTaken,
+    Failed(String),
 }
 
 impl Drop for Server {
