@@ -9,7 +9,7 @@ use lock_core::queue::LockKey;
 use lock_core::scheduler::{Cause, Change};
 
 use crate::ffi::events::{self as ffi_events, ServerEvents};
-use crate::ffi::{bytes, selected_db, with_db, Ctx, Key, RawString};
+use crate::ffi::{bytes_of, selected_db, with_db, Ctx, Key, RawString};
 use crate::runtime;
 use crate::stats::{bump, STATS};
 
@@ -29,7 +29,7 @@ impl ServerEvents for LockEvents {
         }
         // Every generic event in the server comes here: do nothing unless someone waits on a
         // key of this name.
-        let name = bytes(key);
+        let name = bytes_of(&key);
         if runtime::may_concern_waiters(name) {
             let key = LockKey::new(selected_db(ctx), name);
             let cause = if event == Some(c"expired") {
@@ -44,7 +44,7 @@ impl ServerEvents for LockEvents {
     /// If the key held a lock, a holder's lease ran out: counted and announced here, while
     /// Redis still has the key open.
     fn key_expired(ctx: Ctx, key: &Key) {
-        if !matches!(crate::store::read_lock(key), Ok(Some(_))) {
+        if !matches!(crate::store::read_lock(key, None), Ok(Some(_))) {
             return;
         }
         bump(&STATS.expired);
@@ -85,11 +85,11 @@ fn follow_bound_holds(ctx: Ctx, event: Option<&CStr>, key: RawString) {
         return;
     };
     if event == c"move_from" || event == c"rename_from" {
-        runtime::key_leaving(LockKey::new(selected_db(ctx), bytes(key)));
+        runtime::key_leaving(LockKey::new(selected_db(ctx), bytes_of(&key)));
     } else if event == c"move_to" || event == c"rename_to" {
-        let to = LockKey::new(selected_db(ctx), bytes(key));
+        let to = LockKey::new(selected_db(ctx), bytes_of(&key));
         let opened = Key::open_read(ctx, key);
-        let tokens: Vec<u64> = match crate::store::read_lock(&opened) {
+        let tokens: Vec<u64> = match crate::store::read_lock(&opened, None) {
             Ok(Some(stored)) => stored.lock.holds.iter().filter_map(|h| h.token).collect(),
             _ => Vec::new(),
         };

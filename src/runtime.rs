@@ -183,27 +183,17 @@ pub fn enqueue(ctx: Ctx, key: LockKey, request: Request<'_>, seen: Seen) -> Resu
     .unwrap_or(Err(LockError::Internal))
 }
 
-/// What a command left of a lock it freed a hold of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Left {
-    /// The key is gone (the last hold ended).
-    Nothing,
-    /// Other holds remain (a shared key, a semaphore).
-    OtherHolds,
-}
+pub use lock_core::command::Left;
 
 /// A hold ended inside a command (release, force-release, a lease end it noticed): hand the room
-/// to the head waiter(s), or publish the unlock message when the key is free and nobody took it.
+/// to the head waiter(s), else publish the unlock message when the key is free (the rule is
+/// `Scheduler::freed`). With nobody waiting anywhere there is no queue to hand to: the scheduler
+/// is not even borrowed.
 pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8], left: Left) {
     if anyone_waiting() {
         let key = LockKey::new(ffi::selected_db(ctx), name);
-        let handed =
-            with_scheduler(ctx, |s, mut port| s.freed(&mut port, &key, now_ms())).unwrap_or(false);
-        if handed {
-            return;
-        }
-    }
-    if left == Left::Nothing {
+        with_scheduler(ctx, |s, mut port| s.freed(&mut port, &key, left, now_ms()));
+    } else if left == Left::Nothing {
         notify::publish_unlock(ctx, key_name, name);
     }
 }
@@ -473,7 +463,7 @@ impl Port<Blocked> for RedisPort {
         with_db(ctx, key.db, || {
             let name = OwnedString::new(&key.name);
             let handle = Key::open(ctx, name.as_ptr());
-            let read = match store::read_lock(&handle) {
+            let read = match store::read_lock(&handle, None) {
                 Ok(None) if check_route => match slot_left(ctx, key) {
                     Some(redirect) => Read::Moved(redirect),
                     None => Read::Lock(None),
@@ -505,7 +495,7 @@ impl Port<Blocked> for RedisPort {
             .filter(|open| open.key == *key)
             .ok_or(LockError::Internal)?;
         with_db(ctx, key.db, || {
-            store::write_lock(ctx, &open.handle, open.name.as_ptr(), old, new)
+            store::write_lock(ctx, &open.handle, open.name.as_ptr(), None, old, new)
         })
     }
 

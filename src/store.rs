@@ -4,10 +4,10 @@
 
 use std::cell::RefCell;
 
-use lock_core::hold::{self, Lock, Write, MAX_MULTI_FIELDS, MODE_FIELD};
+use lock_core::hold::{self, Lock, Write, MAX_MULTI_FIELDS, MAX_RLOCK_FIELDS, MODE_FIELD};
 use lock_core::layout::parse_positive;
+use lock_core::layout::FENCE_FIELD;
 use lock_core::slot::{counter_key, key_slot, SLOTS};
-use lock_core::state::{classify, may_be_a_lock, Stored, StoredHolder, View, FENCE_FIELD};
 use lock_core::token::SlotMemory;
 use lock_core::LockError;
 
@@ -82,58 +82,17 @@ pub fn release_cached_names() {
     NAMES.with(|names| *names.borrow_mut() = Names::default());
 }
 
-/// An open lock key and how the requesting owner sees it.
-pub struct LockRead {
-    pub key: Key,
-    pub view: View,
-}
-
-/// Opens `name` for writing and classifies it for `owner`.
-pub fn read_for_owner(ctx: Ctx, name: RawString, owner: RawString) -> Result<LockRead, LockError> {
-    let key = Key::open(ctx, name);
-    let view = view_of(&key, owner)?;
-    Ok(LockRead { key, view })
-}
-
-/// How `owner` sees the lock at `key` if it is in the `RLock` layout. O(1): a hash with more
-/// fields than a lock has is refused before any field is read; the holder's own field is read
-/// only when it is not the requester. `NotALock` means "not this layout": callers then read the
-/// key with [`read_lock`] (`hold::decode`), whose answer is final.
-pub fn view_of(key: &Key, owner: RawString) -> Result<View, LockError> {
-    match key.kind() {
-        KeyKind::Missing => Ok(View::Free),
-        KeyKind::Hash => {
-            let fields = key.len();
-            if !may_be_a_lock(fields) {
-                return Err(LockError::NotALock);
-            }
-            let (count, fence) = with_fence_field(|fence_field| key.hash_get2(owner, fence_field));
-            match count {
-                Some(count) => classify(Stored::Hash {
-                    fields,
-                    fence: fence.as_ref().map(OwnedString::bytes),
-                    holder: Some(StoredHolder {
-                        field: crate::ffi::bytes(owner),
-                        count: count.bytes(),
-                        is_requester: true,
-                    }),
-                }),
-                None => holder_in_hash(key, fields).map(|h| View::HeldByOther {
-                    count: h.count,
-                    token: h.token,
-                }),
-            }
-        }
-        KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
-    }
-}
-
+pub use lock_core::command::Live;
 pub use lock_core::hold::StoredLock;
 
-/// Reads the lock at `key` in either layout (None: no key). Anything that is not a lock is an
-/// error. Costs O(fields) for a multi-hold key, whose size is bounded before any field is read;
-/// a hash bigger than an exclusive lock without the mode field is refused in O(1).
-pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
+/// Reads the lock at `key` in either layout (None: no key); anything that is not a lock is an
+/// error, and a hash bigger than a lock can be is refused before any field is read.
+///
+/// With `owner` (the requester's own field name), Redisson's `RLock` layout costs O(1): one
+/// `HashGet` of the owner's field and the fence; when those two are the whole hash, the lock is
+/// decoded from them. Otherwise every field is read: O(1) for a hash of at most two fields,
+/// O(holds) for a multi-hold key. Both end in `hold::decode`, so every read follows one rule.
+pub fn read_lock(key: &Key, owner: Option<RawString>) -> Result<Option<StoredLock>, LockError> {
     match key.kind() {
         KeyKind::Missing => Ok(None),
         KeyKind::Hash => {
@@ -141,7 +100,14 @@ pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
             if fields == 0 || fields > MAX_MULTI_FIELDS {
                 return Err(LockError::NotALock);
             }
-            if fields > lock_core::state::MAX_LOCK_FIELDS {
+            let expires_at = key.expires_at();
+            if fields <= MAX_RLOCK_FIELDS {
+                if let Some(owner) = owner {
+                    if let Some(lock) = read_own_rlock(key, owner, fields, expires_at)? {
+                        return Ok(Some(StoredLock { lock, expires_at }));
+                    }
+                }
+            } else {
                 let mode = OwnedString::new(MODE_FIELD);
                 if key.hash_get(mode.as_ptr()).is_none() {
                     return Err(LockError::NotALock);
@@ -151,11 +117,10 @@ pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
             // multi-hold layout drops such twins as it sorts its holds (`hold::decode`); a
             // hash small enough to be Redisson's layout is sorted here.
             let mut all = key.hash_fields();
-            if fields <= lock_core::state::MAX_LOCK_FIELDS {
+            if fields <= MAX_RLOCK_FIELDS {
                 all.sort();
                 all.dedup_by(|a, b| a.0 == b.0);
             }
-            let expires_at = key.expires_at();
             let lock = hold::decode(&all, expires_at)?;
             Ok(Some(StoredLock { lock, expires_at }))
         }
@@ -163,53 +128,62 @@ pub fn read_lock(key: &Key) -> Result<Option<StoredLock>, LockError> {
     }
 }
 
-/// A lock as it stands at `now`: what is stored, and its holds whose lease has not ended
-/// (none when the key is missing).
-pub struct LiveLock {
-    pub stored: Option<StoredLock>,
-    pub lock: Lock,
-    /// Holds whose lease ended but that are still stored (the next write removes them).
-    pub ended: usize,
+/// The `RLock` layout held by `owner`, read in O(1): None when the owner's field and the fence
+/// are not the whole hash (another owner holds it, or it is not this layout).
+fn read_own_rlock(
+    key: &Key,
+    owner: RawString,
+    fields: usize,
+    expires_at: Option<u64>,
+) -> Result<Option<Lock>, LockError> {
+    let (count, fence) = with_fence_field(|fence_field| key.hash_get2(owner, fence_field));
+    let Some(count) = count else {
+        return Ok(None);
+    };
+    if fields != 1 + usize::from(fence.is_some()) {
+        return Ok(None);
+    }
+    let owner = crate::ffi::bytes_of(&owner);
+    let fence = fence.as_ref().map(|f| (FENCE_FIELD, f.bytes()));
+    hold::decode_rlock(
+        std::iter::once((owner, count.bytes())).chain(fence),
+        expires_at,
+    )
+    .map(Some)
 }
 
-/// Reads the lock at `key` (see [`read_lock`]) and drops the holds whose lease ended by `now`.
-pub fn read_live(key: &Key, now: u64) -> Result<LiveLock, LockError> {
-    let stored = read_lock(key)?;
-    let mut lock = stored.as_ref().map_or_else(Lock::free, |s| s.lock.clone());
-    let ended = lock.drop_ended(now);
-    Ok(LiveLock {
-        stored,
-        lock,
-        ended,
-    })
+/// Reads the lock at `key` (see [`read_lock`]) as it stands at `now`: the holds whose lease
+/// ended are set apart.
+pub fn read_live(key: &Key, owner: Option<RawString>, now: u64) -> Result<Live, LockError> {
+    Ok(Live::new(read_lock(key, owner)?, now))
 }
 
 /// Turns the stored lock `old` into `new`: only the fields that change are written, each write
 /// replicated as the plain command with absolute values (`HSET`, `HDEL`, `PEXPIREAT`, `DEL`).
+/// `owner` is the requester's own name as a Redis string, reused when its field is written.
+///
+/// This is the one writer of lock keys: commands (`commands::outcome`) and the scheduler's
+/// grants (`runtime::RedisPort`) both end here.
 pub fn write_lock(
     ctx: Ctx,
     key: &Key,
     key_name: RawString,
+    owner: Option<RawString>,
     old: Option<&StoredLock>,
     new: &Lock,
 ) -> Result<(), LockError> {
-    if old.is_none() {
-        if let [only] = new.holds.as_slice() {
-            if new.is_rlock_layout() {
-                // A new lock in Redisson's layout: written as the exclusive acquire writes it.
-                let owner = OwnedString::new(&only.owner);
-                return write_hold(
-                    ctx,
-                    Hold {
-                        key_name,
-                        owner: owner.as_ptr(),
-                        count: only.count,
-                        new_token: only.token,
-                        expires_at: only.expires_at.ok_or(LockError::Internal)?,
-                        key,
-                    },
-                );
-            }
+    if let ([hold], true) = (new.holds.as_slice(), new.is_rlock_layout()) {
+        let before = match old {
+            None => Some(None),
+            Some(old) => match old.lock.holds.as_slice() {
+                [was] if old.lock.is_rlock_layout() && was.owner == hold.owner => {
+                    Some(Some((was, old.expires_at)))
+                }
+                _ => None,
+            },
+        };
+        if let Some(before) = before {
+            return write_rlock(ctx, key, key_name, owner, before, hold);
         }
     }
     let writes = hold::writes(old.map(|o| &o.lock), old.and_then(|o| o.expires_at), new);
@@ -241,38 +215,61 @@ pub fn write_lock(
     Ok(())
 }
 
-/// Another owner's hold of an `RLock`-layout key.
-struct Holder {
-    count: u64,
-    token: Option<u64>,
-}
-
-/// Reads the holder of a hash already known to have `fields` fields, few enough for a lock.
-fn holder_in_hash(key: &Key, fields: usize) -> Result<Holder, LockError> {
-    let entries = key.hash_fields();
-    let mut fence = None;
-    let mut holder = None;
-    for (field, value) in &entries {
-        if field.as_slice() == FENCE_FIELD {
-            fence = Some(value.as_slice());
-        } else if holder.is_none() {
-            holder = Some((field, value.as_slice()));
-        } else {
-            return Err(LockError::NotALock);
+/// [`write_lock`] within Redisson's layout, for one owner: a new hold, a re-entry, a count
+/// down, a renew, a token given to a hold Redisson's script took. `HSET owner count [fence
+/// token]` for what changed, then `PEXPIREAT` when the lease moved. The hot path: no field name
+/// is allocated (the owner's is the command's own argument, the fence's is cached).
+fn write_rlock(
+    ctx: Ctx,
+    key: &Key,
+    key_name: RawString,
+    owner: Option<RawString>,
+    before: Option<(&hold::Hold, Option<u64>)>,
+    hold: &hold::Hold,
+) -> Result<(), LockError> {
+    let (count_changed, token_changed, lease_moved) = match before {
+        None => (true, hold.token.is_some(), true),
+        Some((was, expires_at)) => (
+            was.count != hold.count,
+            was.token != hold.token,
+            expires_at != hold.expires_at,
+        ),
+    };
+    let lease_end = if lease_moved { hold.expires_at } else { None };
+    let count = OwnedString::from_i64(stored_integer(hold.count)?);
+    let token = match hold.token.filter(|_| token_changed) {
+        Some(token) => Some(OwnedString::from_i64(stored_integer(token)?)),
+        None => None,
+    };
+    lease_end.map(stored_integer).transpose()?;
+    let owned_owner;
+    let owner = match owner {
+        Some(owner) if crate::ffi::bytes_of(&owner) == hold.owner.as_slice() => owner,
+        _ => {
+            owned_owner = OwnedString::new(&hold.owner);
+            owned_owner.as_ptr()
         }
-    }
-    let view = classify(Stored::Hash {
-        fields,
-        fence,
-        holder: holder.map(|(field, count)| StoredHolder {
-            field: field.as_slice(),
-            count,
-            is_requester: false,
-        }),
-    })?;
-    match (view, holder) {
-        (View::HeldByOther { count, token }, Some(_)) => Ok(Holder { count, token }),
-        _ => Err(LockError::NotALock),
+    };
+    with_fence_field(|fence_field| {
+        let token = token.as_ref();
+        if count_changed {
+            key.hash_set_hold(owner, &count, token.map(|t| (fence_field, t)));
+            match token {
+                Some(t) => replicate::strings(
+                    ctx,
+                    c"HSET",
+                    &[key_name, owner, count.as_ptr(), fence_field, t.as_ptr()],
+                ),
+                None => replicate::strings(ctx, c"HSET", &[key_name, owner, count.as_ptr()]),
+            }
+        } else if let Some(t) = token {
+            key.hash_set(fence_field, t.as_ptr());
+            replicate::strings(ctx, c"HSET", &[key_name, fence_field, t.as_ptr()]);
+        }
+    });
+    match lease_end {
+        Some(at) => set_lease_end(ctx, key, key_name, at),
+        None => Ok(()),
     }
 }
 
@@ -309,52 +306,11 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
     })
 }
 
-/// Writes a hold: `owner = count`, the fence (if it changes) and the absolute lease end.
-pub struct Hold<'a> {
-    pub key_name: RawString,
-    pub owner: RawString,
-    pub count: u64,
-    pub new_token: Option<u64>,
-    pub expires_at: u64,
-    pub key: &'a Key,
-}
-
 /// A count, token or time as the signed 64-bit integer Redis stores. The core never produces a
 /// larger one (counts and tokens stop at `i64::MAX` with an error); should one get here, the
 /// command fails before writing rather than store a saturated value.
 pub fn stored_integer(value: u64) -> Result<i64, LockError> {
     i64::try_from(value).map_err(|_| LockError::Internal)
-}
-
-pub fn write_hold(ctx: Ctx, hold: Hold<'_>) -> Result<(), LockError> {
-    let count = OwnedString::from_i64(stored_integer(hold.count)?);
-    let token = hold.new_token.map(stored_integer).transpose()?;
-    stored_integer(hold.expires_at)?;
-    match token {
-        Some(token) => {
-            let token = OwnedString::from_i64(token);
-            with_fence_field(|fence_field| {
-                hold.key
-                    .hash_set_hold(hold.owner, &count, Some((fence_field, &token)));
-                replicate::strings(
-                    ctx,
-                    c"HSET",
-                    &[
-                        hold.key_name,
-                        hold.owner,
-                        count.as_ptr(),
-                        fence_field,
-                        token.as_ptr(),
-                    ],
-                );
-            });
-        }
-        None => {
-            hold.key.hash_set_hold(hold.owner, &count, None);
-            replicate::strings(ctx, c"HSET", &[hold.key_name, hold.owner, count.as_ptr()]);
-        }
-    }
-    set_lease_end(ctx, hold.key, hold.key_name, hold.expires_at)
 }
 
 pub fn set_lease_end(
@@ -367,20 +323,6 @@ pub fn set_lease_end(
     key.set_expires_at(at);
     let at = OwnedString::from_i64(at);
     replicate::strings(ctx, c"PEXPIREAT", &[key_name, at.as_ptr()]);
-    Ok(())
-}
-
-/// Writes a count-down (`owner = remaining`), leaving the lease as it is.
-pub fn write_count(
-    ctx: Ctx,
-    key: &Key,
-    key_name: RawString,
-    owner: RawString,
-    remaining: u64,
-) -> Result<(), LockError> {
-    let count = OwnedString::from_i64(stored_integer(remaining)?);
-    key.hash_set_hold(owner, &count, None);
-    replicate::strings(ctx, c"HSET", &[key_name, owner, count.as_ptr()]);
     Ok(())
 }
 

@@ -77,7 +77,7 @@ impl LockError {
             LockError::EmptyOwner => "ERR owner must not be empty".into(),
             LockError::ReservedOwner => format!(
                 "ERR owners '{}' and '{}' are reserved for the lock's own fields",
-                crate::state::FENCE_FIELD_DISPLAY,
+                crate::layout::FENCE_FIELD_DISPLAY,
                 crate::hold::MODE_FIELD_DISPLAY
             ),
             LockError::ReservedKey => format!(

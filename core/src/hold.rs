@@ -1,7 +1,8 @@
 //! The lock family: one hold, three kinds.
 //!
-//! A key held by one owner exclusively keeps Redisson's `RLock` layout (see [`crate::state`],
-//! whose O(1) path serves the exclusive lock). Every other lock — shared holds, a semaphore, an
+//! A key held by one owner exclusively keeps Redisson's `RLock` layout (the holder's field holds
+//! its re-entry count, [`FENCE_FIELD`] its fencing token, and the key's expiry is the lease; the
+//! store reads it in O(1), see [`decode_rlock`]). Every other lock — shared holds, a semaphore, an
 //! exclusive holder that also took the key `SHARED` — is stored as a hash with a mode field and
 //! one field per hold:
 //!
@@ -27,6 +28,9 @@ use crate::{LockError, UnixMs};
 /// of a downgrade); a hash with more is refused before any field is read.
 pub const MAX_MULTI_FIELDS: usize = MAX_HOLDERS + 2;
 
+/// The most fields Redisson's `RLock` layout has: its holder and the fence.
+pub const MAX_RLOCK_FIELDS: usize = 2;
+
 /// One owner's hold of one kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
@@ -40,7 +44,7 @@ pub struct Hold {
 }
 
 impl Hold {
-    fn ended(&self, now: UnixMs) -> bool {
+    pub(crate) fn ended(&self, now: UnixMs) -> bool {
         // The server's rule for keys: expired once the clock is past the deadline.
         self.expires_at.is_some_and(|at| now > at)
     }
@@ -73,11 +77,11 @@ impl ModeName {
 
 impl Lock {
     /// A free key: no holds (whoever acquires it first decides what it is).
-    pub fn free() -> Lock {
+    pub const fn free() -> Lock {
         Lock::empty(Family::ReadWrite)
     }
 
-    fn empty(family: Family) -> Lock {
+    const fn empty(family: Family) -> Lock {
         Lock {
             family,
             holds: Vec::new(),
@@ -147,27 +151,46 @@ pub type Fields = [(Vec<u8>, Vec<u8>)];
 pub fn decode(fields: &Fields, expires_at: Option<UnixMs>) -> Result<Lock, LockError> {
     match fields.iter().find(|(f, _)| f.as_slice() == MODE_FIELD) {
         Some((_, mode)) => decode_multi(fields, mode),
-        None => decode_rlock(fields, expires_at),
+        None => decode_rlock(
+            fields.iter().map(|(f, v)| (f.as_slice(), v.as_slice())),
+            expires_at,
+        ),
     }
 }
 
-fn decode_rlock(fields: &Fields, expires_at: Option<UnixMs>) -> Result<Lock, LockError> {
+/// Decodes a hash of at most [`MAX_RLOCK_FIELDS`] fields without the mode field, read as
+/// (field, value) pairs: Redisson's `RLock` layout — one holder field whose value is a positive
+/// re-entry count, and optionally the fence field holding a positive token — or
+/// [`LockError::NotALock`]. The store's O(1) read of an exclusive lock ends here too, so every
+/// read of this layout follows one rule.
+pub fn decode_rlock<'a>(
+    fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    expires_at: Option<UnixMs>,
+) -> Result<Lock, LockError> {
     let mut token = None;
     let mut holder = None;
     for (field, value) in fields {
-        if field.as_slice() == FENCE_FIELD {
-            token = Some(parse_positive(value).ok_or(LockError::NotALock)?);
-        } else if holder.is_none() {
-            holder = Some((field, parse_positive(value).ok_or(LockError::NotALock)?));
+        // One fence, one holder, no mode field: anything else is not this layout.
+        let slot_taken = if field == FENCE_FIELD {
+            token.is_some()
         } else {
+            holder.is_some() || field == MODE_FIELD
+        };
+        if slot_taken {
             return Err(LockError::NotALock);
+        }
+        let value = parse_positive(value).ok_or(LockError::NotALock)?;
+        if field == FENCE_FIELD {
+            token = Some(value);
+        } else {
+            holder = Some((field, value));
         }
     }
     let (owner, count) = holder.ok_or(LockError::NotALock)?;
     Ok(Lock {
         family: Family::ReadWrite,
         holds: vec![Hold {
-            owner: owner.clone(),
+            owner: owner.to_vec(),
             kind: HoldKind::Exclusive,
             count,
             expires_at,
@@ -231,12 +254,14 @@ fn decode_hold(field: &[u8], value: &[u8]) -> Option<Hold> {
     })
 }
 
-/// The rules every stored lock obeys: a semaphore has only permits, at most `limit`; a
-/// read-write lock has no permits, at most one exclusive hold, and if it has one, the only
-/// shared hold is its owner's.
+/// The rules every stored multi-hold lock obeys: a semaphore has only permits, at most
+/// `limit`; a read-write lock has no permits, at most one exclusive hold, and if it has one, the
+/// only shared hold is its owner's. A lone exclusive hold is stored in Redisson's layout, never
+/// in this one, so such a hash was not written by the module: it is not a lock (reading it as
+/// one would write Redisson's layout beside its fields).
 fn is_consistent(lock: &Lock) -> bool {
     let holds = &lock.holds;
-    if holds.len() > MAX_HOLDERS {
+    if holds.len() > MAX_HOLDERS || lock.is_rlock_layout() {
         return false;
     }
     match lock.family {

@@ -133,3 +133,12 @@ pub enum Queue {
     Empty,
     Waiting,
 }
+
+/// What is left of a key after holds of it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// The key is gone (the last hold ended).
+    Nothing,
+    /// Other holds remain (a shared key, a semaphore).
+    OtherHolds,
+}

@@ -1,6 +1,6 @@
 //! What the module stores and the names it reserves, shared by the parser, the state machine,
 //! the lock family and the token counters: the fence and mode fields, the counter namespace,
-//! and how stored integers are read. Kept apart so that `args`, `state` and `hold` depend on it
+//! and how stored integers are read. Kept apart so that `args` and `hold` depend on it
 //! rather than on each other.
 
 /// The hash field that carries the fencing token of the current hold.

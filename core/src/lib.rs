@@ -19,6 +19,7 @@ pub mod args;
 pub mod binding;
 pub mod channel;
 pub mod cluster;
+pub mod command;
 pub mod deadlines;
 pub mod error;
 pub mod hold;
@@ -28,7 +29,6 @@ pub mod layout;
 pub mod queue;
 pub mod scheduler;
 pub mod slot;
-pub mod state;
 pub mod token;
 pub mod unload;
 

@@ -1,15 +1,16 @@
 //! Property tests for everything in lock-core that reads client input or stored data: the
-//! argument parser, the classification of a stored hash, the acquire/release/renew decisions
+//! argument parser, the decoding of a stored hash, the acquire/release/renew decisions
 //! and the token counter. Random inputs (biased towards the edge values that broke things
 //! before) must never panic, and every accepted result must respect the limits the module
 //! relies on when it writes. Bounded: a few thousand cases, a second or two.
 
 use lock_core::args::{parse_acquire, parse_key_only, parse_release, parse_renew, Wait};
+use lock_core::args::{AcquireRequest, Binding, Reentry};
+use lock_core::command::{self, Facts, Live, Reply};
+use lock_core::hold::{self, Family, Hold, HoldKind, Lock, Mode, StoredLock};
+use lock_core::key::ClientId;
+use lock_core::kind::Queue;
 use lock_core::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER, MODE_FIELD};
-use lock_core::state::{
-    classify, decide_acquire, decide_release, decide_renew, may_be_a_lock, AcquireDecision, Queue,
-    ReleaseDecision, RenewDecision, Stored, StoredHolder, View,
-};
 use lock_core::token::SlotMemory;
 use lock_core::LockError;
 use proptest::prelude::*;
@@ -75,24 +76,42 @@ fn positive_text() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
-/// A stored hash: its field count, the fence value, and the holder's field name, count and
-/// whether the holder is the requester.
-type StoredHash = (usize, Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>, bool)>);
-
 fn field_name() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         Just(b"owner".to_vec()),
         Just(MODE_FIELD.to_vec()),
+        Just(FENCE_FIELD.to_vec()),
         proptest::collection::vec(any::<u8>(), 1..12),
     ]
 }
 
-fn stored() -> impl Strategy<Value = StoredHash> {
-    (
-        prop_oneof![Just(0usize), Just(1), Just(2), Just(3), any::<usize>()],
-        proptest::option::of(positive_text()),
-        proptest::option::of((field_name(), positive_text(), any::<bool>())),
-    )
+/// A small stored hash without the mode field's meaning guaranteed: (field, value) pairs.
+fn small_hash() -> impl Strategy<Value = Vec<(Vec<u8>, Vec<u8>)>> {
+    proptest::collection::vec((field_name(), positive_text()), 0..4)
+}
+
+/// The decisions' answers to the server's questions: room, no bindings, tokens counting up.
+struct Server {
+    next: u64,
+}
+
+impl Facts for Server {
+    fn out_of_memory(&self) -> bool {
+        false
+    }
+    fn bound_client(&self, _token: u64) -> Option<ClientId> {
+        None
+    }
+    fn next_token(&mut self) -> Result<u64, LockError> {
+        self.next += 1;
+        Ok(self.next)
+    }
+    fn can_block(&self) -> bool {
+        true
+    }
+    fn is_replica(&self) -> bool {
+        false
+    }
 }
 
 proptest! {
@@ -137,29 +156,28 @@ proptest! {
         }
     }
 
-    /// Classification never panics, refuses any hash that cannot be a lock, and reports
-    /// counts and tokens the module can store and send back.
+    /// Decoding Redisson's layout never panics, refuses any hash that cannot be a lock, and
+    /// reports counts and tokens the module can store and send back.
     #[test]
-    fn classification_is_total_and_within_limits((fields, fence, holder) in stored()) {
-        let view = classify(Stored::Hash {
-            fields,
-            fence: fence.as_deref(),
-            holder: holder.as_ref().map(|(field, count, is_requester)| StoredHolder {
-                field,
-                count,
-                is_requester: *is_requester,
-            }),
-        });
-        match view {
-            Ok(View::Free) => prop_assert!(false, "a hash is never free"),
-            Ok(View::HeldByRequester { count, token }) | Ok(View::HeldByOther { count, token }) => {
-                prop_assert!(may_be_a_lock(fields));
-                prop_assert!(holder.as_ref().is_some_and(|(field, _, _)| field.as_slice() != MODE_FIELD));
-                prop_assert!((1..=MAX_STORED_INTEGER).contains(&count));
-                prop_assert!(token.is_none_or(|t| (1..=MAX_STORED_INTEGER).contains(&t)));
-                prop_assert_eq!(fields, 1 + usize::from(token.is_some()));
+    fn decoding_is_total_and_within_limits(fields in small_hash(), expires in proptest::option::of(1u64..u64::MAX)) {
+        let pairs = fields.iter().map(|(f, v)| (f.as_slice(), v.as_slice()));
+        match hold::decode_rlock(pairs, expires) {
+            Ok(lock) => {
+                prop_assert!(lock.is_rlock_layout());
+                let [held] = lock.holds.as_slice() else {
+                    return Err(TestCaseError::fail("one hold"));
+                };
+                prop_assert!(held.owner.as_slice() != MODE_FIELD && held.owner.as_slice() != FENCE_FIELD);
+                prop_assert!((1..=MAX_STORED_INTEGER).contains(&held.count));
+                prop_assert!(held.token.is_none_or(|t| (1..=MAX_STORED_INTEGER).contains(&t)));
+                prop_assert_eq!(fields.len(), 1 + usize::from(held.token.is_some()));
+                prop_assert_eq!(held.expires_at, expires);
             }
             Err(e) => prop_assert_eq!(e, LockError::NotALock),
+        }
+        // The whole decoder agrees or refuses; it never panics.
+        if let Ok(lock) = hold::decode(&fields, expires) {
+            prop_assert!(lock.holds.len() <= lock_core::hold::MAX_HOLDERS);
         }
     }
 
@@ -174,34 +192,65 @@ proptest! {
         lease in 1u64..=MAX_LEASE,
         now in 0u64..=4_102_444_800_000,
     ) {
-        let view = if mine {
-            View::HeldByRequester { count, token }
-        } else {
-            View::HeldByOther { count, token }
-        };
+        let holder: &[u8] = if mine { b"me" } else { b"other" };
+        let expires_at = Some(now + 10_000);
+        let live = Live::new(
+            Some(StoredLock {
+                lock: Lock {
+                    family: Family::ReadWrite,
+                    holds: vec![Hold { owner: holder.to_vec(), kind: HoldKind::Exclusive, count, expires_at, token }],
+                },
+                expires_at,
+            }),
+            now,
+        );
         let queue = if waiting { Queue::Waiting } else { Queue::Empty };
-        match decide_acquire(view, queue, lease, lock_core::args::Reentry::Counted, now) {
-            Ok(AcquireDecision::Reenter { count: next, expires_at, .. }) => {
-                prop_assert!(mine);
-                prop_assert_eq!(next, count + 1);
-                prop_assert!(next <= MAX_STORED_INTEGER);
-                prop_assert_eq!(expires_at, now + lease);
+        let request = AcquireRequest {
+            key: b"k",
+            owner: b"me",
+            lease_ms: lease,
+            wait: Wait::No,
+            reentry: Reentry::Counted,
+            mode: Mode::Exclusive,
+            binding: Binding::Lease,
+        };
+        let mut server = Server { next: 0 };
+        match command::acquire(&live, &request, queue, now, &mut server) {
+            Ok(outcome) if mine => {
+                let written = outcome.write.expect("a re-entry writes");
+                let [held] = written.holds.as_slice() else {
+                    return Err(TestCaseError::fail("one hold"));
+                };
+                prop_assert_eq!(held.count, count + 1);
+                prop_assert!(held.count <= MAX_STORED_INTEGER);
+                prop_assert_eq!(held.expires_at, Some(now + lease));
+                prop_assert_eq!(outcome.reply, Reply::Integer(token.unwrap_or(1)));
             }
-            Ok(AcquireDecision::Busy) => prop_assert!(!mine),
-            Ok(AcquireDecision::Take { .. }) => prop_assert!(false, "a held lock is never taken"),
+            Ok(outcome) => {
+                prop_assert_eq!(outcome.reply, Reply::Null);
+                prop_assert!(outcome.write.is_none());
+            }
             Err(e) => {
                 prop_assert_eq!(e, LockError::CountOverflow);
-                prop_assert_eq!(count, MAX_STORED_INTEGER);
+                prop_assert!(mine && count == MAX_STORED_INTEGER);
             }
         }
-        match decide_release(view) {
-            ReleaseDecision::CountDown { remaining } => prop_assert!(mine && remaining == count - 1),
-            ReleaseDecision::Free => prop_assert!(mine && count == 1),
-            ReleaseDecision::NotOwner => prop_assert!(!mine),
+        let released = command::release(&live, b"me").expect("release never fails");
+        if mine {
+            prop_assert_eq!(released.reply, Reply::Integer(count - 1));
+            let left = released.write.expect("a release writes");
+            prop_assert_eq!(left.holds.is_empty(), count == 1);
+        } else {
+            prop_assert_eq!(released.reply, Reply::Null);
+            prop_assert!(released.write.is_none());
         }
-        match decide_renew(view, lease, now) {
-            RenewDecision::Extend { expires_at } => prop_assert!(mine && expires_at == now + lease),
-            RenewDecision::NotOwner => prop_assert!(!mine),
+        let renewed = command::renew(&live, b"me", lease, now).expect("renew never fails");
+        if mine {
+            prop_assert_eq!(renewed.reply, Reply::Integer(1));
+            let lock = renewed.write.expect("a renew writes");
+            prop_assert_eq!(lock.holds.first().and_then(|h| h.expires_at), Some(now + lease));
+        } else {
+            prop_assert_eq!(renewed.reply, Reply::Integer(0));
         }
     }
 

@@ -1,26 +1,23 @@
 //! `LOCK.ACQUIRE key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT timeout-ms]`
 //!
-//! An exclusive request on a free key or one in Redisson's `RLock` layout takes the O(1) path
-//! of `lock_core::state`; every other request (shared, semaphore, or a key holding several
-//! holds) reads the key's holds and asks `lock_core::hold`.
+//! Parse, read the key's lock (O(1) in Redisson's layout), decide (`lock_core::command::acquire`)
+//! and carry the outcome out (`super::outcome`); queue the client when it waits.
 
 use std::os::raw::c_int;
 
-use lock_core::args::{parse_acquire, AcquireRequest, Binding, Wait};
-use lock_core::hold::{self, Decision, HoldKind, How, Mode};
+use lock_core::args::{parse_acquire, Binding};
+use lock_core::command;
+use lock_core::kind::Queue;
 use lock_core::queue::LockKey;
-use lock_core::scheduler::Seen;
-use lock_core::state::{decide_acquire, AcquireDecision, Queue, View};
 use lock_core::LockError;
 
 use redis_module::raw;
 
+use super::outcome::{self, CommandFacts, Target};
 use super::{KEY, LEASE, OWNER};
 use crate::ffi::command_info::{ArgDoc, ArgKind, CommandSpec};
-use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
-use crate::runtime::{self, Left};
-use crate::stats::{bump, STATS};
-use crate::{config, guard, notify, store};
+use crate::ffi::{self, now_ms, Args, Ctx, RawString};
+use crate::{config, guard, runtime};
 
 pub const SPEC: CommandSpec = CommandSpec {
     name: c"lock.acquire",
@@ -73,32 +70,11 @@ pub const SPEC: CommandSpec = CommandSpec {
 };
 
 pub extern "C" fn acquire(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
-    guard::command(ctx, || run(ctx, argv, argc))
+    guard::command(ctx, || ffi::with_args(argv, argc, |args| run(ctx, args)))
 }
 
-/// The parsed request and the Redis strings of its key and owner.
-struct Call<'a> {
-    request: AcquireRequest<'a>,
-    key_name: RawString,
-    owner: RawString,
-    now: u64,
-    /// Some when clients wait on this key (built only then).
-    waiting_key: Option<LockKey>,
-}
-
-impl Call<'_> {
-    fn queue(&self) -> Queue {
-        if self.waiting_key.is_some() {
-            Queue::Waiting
-        } else {
-            Queue::Empty
-        }
-    }
-}
-
-fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
-    let args = ffi::args(argv, argc);
-    let request = parse_acquire(&args, config::max_lease_ms())?;
+fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
+    let request = parse_acquire(args, config::max_lease_ms())?;
     super::refuse_while_paused()?;
     if request.binding == Binding::Connection && ffi::in_script(ctx) {
         return Err(LockError::EphemeralInScript);
@@ -107,217 +83,24 @@ fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
     let waiting_key = runtime::anyone_waiting()
         .then(|| LockKey::new(ffi::selected_db(ctx), request.key))
         .filter(|key| runtime::waiters_on(key) > 0);
-    let call = Call {
-        request,
-        key_name: ffi::arg(argv, argc, 1),
-        owner: ffi::arg(argv, argc, 2),
-        now: now_ms(),
-        waiting_key,
+    let queue = match waiting_key {
+        Some(_) => Queue::Waiting,
+        None => Queue::Empty,
     };
-    if call.request.mode == Mode::Exclusive {
-        match store::read_for_owner(ctx, call.key_name, call.owner) {
-            Ok(lock) => return exclusive(ctx, &call, lock),
-            // Maybe a key with several holds: the general path reads all of it.
-            Err(LockError::NotALock) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    general(ctx, &call)
-}
-
-/// The exclusive lock on a free key or Redisson's `RLock` layout: O(1).
-fn exclusive(ctx: Ctx, call: &Call<'_>, lock: store::LockRead) -> Result<(), LockError> {
-    let request = &call.request;
-    match decide_acquire(
-        lock.view,
-        call.queue(),
-        request.lease_ms,
-        request.reentry,
-        call.now,
-    )? {
-        AcquireDecision::Take { expires_at } => {
-            // A new lock takes memory: refused over maxmemory like any deny-oom command. A
-            // re-entry, renew or release must keep working then (the command is not flagged
-            // deny-oom for their sake).
-            if ffi::out_of_memory(ctx) {
-                return Err(LockError::OutOfMemory);
-            }
-            let token = store::next_token(ctx, request.key, call.now)?;
-            let reply_token = store::stored_integer(token)?;
-            store::write_hold(
-                ctx,
-                store::Hold {
-                    key_name: call.key_name,
-                    owner: call.owner,
-                    count: 1,
-                    new_token: Some(token),
-                    expires_at,
-                    key: &lock.key,
-                },
-            )?;
-            drop(lock);
-            if request.binding == Binding::Connection {
-                runtime::bind(ctx, request.key, HoldKind::Exclusive, token);
-            }
-            notify::event(ctx, c"lock.acquired", call.key_name);
-            bump(&STATS.acquired);
-            reply::integer(ctx, reply_token);
-        }
-        AcquireDecision::Reenter {
-            count,
-            token,
-            expires_at,
-        } => {
-            check_binding(ctx, request, token)?;
-            // A hold taken by Redisson's own script has no token yet: give it one now.
-            let new_token = match token {
-                Some(_) => None,
-                None => Some(store::next_token(ctx, request.key, call.now)?),
-            };
-            let reply_token = store::stored_integer(token.or(new_token).unwrap_or_default())?;
-            store::write_hold(
-                ctx,
-                store::Hold {
-                    key_name: call.key_name,
-                    owner: call.owner,
-                    count,
-                    new_token,
-                    expires_at,
-                    key: &lock.key,
-                },
-            )?;
-            drop(lock);
-            // The lease may now end earlier than the waiters' lease check.
-            runtime::lease_changed(ctx, request.key, Some(expires_at));
-            notify::event(ctx, c"lock.reentered", call.key_name);
-            bump(&STATS.reentered);
-            reply::integer(ctx, reply_token);
-        }
-        AcquireDecision::Busy => {
-            let seen = if lock.view == View::Free {
-                Seen::Free
-            } else {
-                Seen::Held {
-                    next_lease_end: lock.key.expires_at(),
-                }
-            };
-            drop(lock);
-            busy(ctx, call, seen)?;
-        }
-    }
-    Ok(())
-}
-
-/// Every other request: shared holds, permits, and keys holding several holds.
-fn general(ctx: Ctx, call: &Call<'_>) -> Result<(), LockError> {
-    let request = &call.request;
-    let key = Key::open(ctx, call.key_name);
-    let store::LiveLock {
-        stored,
-        lock,
-        ended,
-    } = store::read_live(&key, call.now)?;
-    let decision = hold::decide(
-        &lock,
-        request.owner,
-        request.mode,
-        request.lease_ms,
-        request.reentry,
-        call.queue(),
-        call.now,
-    )?;
-    let granted = match decision {
-        Decision::Grant(granted) => granted,
-        Decision::Busy => {
-            // Holds whose lease ended stay until a write or the waiters' lease check removes
-            // them: a refused acquire writes nothing.
-            let seen = if lock.holds.is_empty() {
-                Seen::Free
-            } else {
-                Seen::Held {
-                    next_lease_end: lock.next_lease_end(),
-                }
-            };
-            drop(key);
-            return busy(ctx, call, seen);
-        }
+    let now = now_ms();
+    let target = Target::open(ctx, args, request.key, true);
+    let live = target.read(now)?;
+    let mut facts = CommandFacts {
+        ctx,
+        name: request.key,
+        now,
     };
-    if granted.how == How::Reentered {
-        check_binding(ctx, request, granted.token)?;
-    } else if ffi::out_of_memory(ctx) {
-        return Err(LockError::OutOfMemory);
-    }
-    let token = match granted.token {
-        Some(token) => token,
-        None => store::next_token(ctx, request.key, call.now)?,
-    };
-    let reply_token = store::stored_integer(token)?;
-    let new = hold::apply(&lock, request.owner, request.mode, &granted, token);
-    store::write_lock(ctx, &key, call.key_name, stored.as_ref(), &new)?;
-    drop(key);
-    if granted.how != How::Reentered && request.binding == Binding::Connection {
-        runtime::bind(ctx, request.key, granted.kind, token);
-    }
-    super::note_ended(ctx, call.key_name, ended);
-    match granted.how {
-        How::Reentered => {
-            notify::event(ctx, c"lock.reentered", call.key_name);
-            bump(&STATS.reentered);
-        }
-        How::New | How::Downgraded => {
-            notify::event(ctx, c"lock.acquired", call.key_name);
-            bump(&STATS.acquired);
-            match granted.kind {
-                HoldKind::Shared => bump(&STATS.acquired_shared),
-                HoldKind::Permit => bump(&STATS.acquired_permits),
-                HoldKind::Exclusive => {}
-            }
-            if granted.how == How::Downgraded {
-                bump(&STATS.downgraded);
-            }
-        }
-    }
-    runtime::lease_changed(ctx, request.key, new.next_lease_end());
-    if ended > 0 {
-        // Holds that ended made room: the waiters ahead get it first.
-        runtime::lock_freed(ctx, call.key_name, request.key, Left::OtherHolds);
-    }
-    reply::integer(ctx, reply_token);
-    Ok(())
-}
-
-/// A re-entry keeps what the hold is: an `EPHEMERAL` hold is re-entered with `EPHEMERAL`, a
-/// plain one without (a hold taken before a restart or failover is bound to nothing).
-fn check_binding(
-    ctx: Ctx,
-    request: &AcquireRequest<'_>,
-    token: Option<u64>,
-) -> Result<(), LockError> {
-    let bound = token.and_then(|t| runtime::bound_client(ctx, request.key, t));
-    match (bound, request.binding) {
-        (Some(_), Binding::Lease) => Err(LockError::HoldIsEphemeral),
-        (None, Binding::Connection) => Err(LockError::HoldIsNotEphemeral),
-        _ => Ok(()),
-    }
-}
-
-/// Not granted now: nil, or queue the client when it asked to wait.
-fn busy(ctx: Ctx, call: &Call<'_>, seen: Seen) -> Result<(), LockError> {
-    let request = &call.request;
-    bump(&STATS.contended);
-    if request.wait == Wait::No || !super::can_block(ctx) {
-        bump(&STATS.acquire_nil);
-        reply::null(ctx);
+    let outcome = command::acquire(&live, &request, queue, now, &mut facts)?;
+    let Some(seen) = outcome::carry_out(ctx, target, &live, outcome)? else {
         return Ok(());
-    }
-    if ffi::is_replica(ctx) {
-        // A writable replica would queue a waiter that nothing there can ever grant.
-        return Err(LockError::WaitOnReplica);
-    }
-    let key = call
-        .waiting_key
-        .clone()
-        .unwrap_or_else(|| LockKey::new(ffi::selected_db(ctx), request.key));
+    };
+    // Not granted, and the client asked to wait and may: queue it.
+    let key = waiting_key.unwrap_or_else(|| LockKey::new(ffi::selected_db(ctx), request.key));
     let bind = (request.binding == Binding::Connection).then(|| ffi::client_id(ctx));
     runtime::enqueue(
         ctx,

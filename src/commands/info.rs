@@ -15,7 +15,7 @@ use redis_module::raw;
 
 use super::KEY;
 use crate::ffi::command_info::CommandSpec;
-use crate::ffi::{self, now_ms, reply, Ctx, Key, RawString};
+use crate::ffi::{self, now_ms, reply, Args, Ctx, Key, RawString};
 use crate::{guard, runtime, store};
 
 pub const SPEC: CommandSpec = CommandSpec {
@@ -30,7 +30,7 @@ pub const SPEC: CommandSpec = CommandSpec {
 };
 
 pub extern "C" fn info(ctx: Ctx, argv: *mut RawString, argc: c_int) -> c_int {
-    guard::command(ctx, || run(ctx, argv, argc))
+    guard::command(ctx, || ffi::with_args(argv, argc, |args| run(ctx, args)))
 }
 
 /// One hold as INFO shows it, converted before the reply starts: an error after a map header
@@ -43,13 +43,13 @@ struct Shown<'a> {
     ephemeral: Option<i64>,
 }
 
-fn run(ctx: Ctx, argv: *mut RawString, argc: c_int) -> Result<(), LockError> {
-    let args = ffi::args(argv, argc);
-    let name = parse_key_only(&args)?;
-    let key = Key::open_read(ctx, ffi::arg(argv, argc, 1));
+fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
+    let name = parse_key_only(args)?;
+    let key = Key::open_read(ctx, args.string(1));
     let now = now_ms();
     // A hold whose lease ended is gone, whether or not the module removed it yet.
-    let lock = store::read_live(&key, now)?.lock;
+    let live = store::read_live(&key, None, now)?;
+    let lock = live.lock();
     drop(key);
     if lock.holds.is_empty() {
         reply::null(ctx);

@@ -1,14 +1,16 @@
-//! LOCK.* commands: thin adapters that parse, read the key, ask `lock_core` what to do, then
-//! write, replicate, notify and reply.
+//! LOCK.* commands: each parses its arguments, reads the key's lock, asks
+//! `lock_core::command` what to do, and hands the outcome to [`outcome::carry_out`], the one
+//! place that writes, replicates, notifies, counts, hands off and replies.
 
 use lock_core::LockError;
 use redis_module::raw;
 
 use crate::ffi::command_info::{arg, ArgDoc, ArgKind, CommandSpec};
-use crate::ffi::{Ctx, RawString};
+use crate::ffi::Ctx;
 
 mod acquire;
 mod info;
+mod outcome;
 mod release;
 mod renew;
 
@@ -37,14 +39,6 @@ const LEASE: ArgDoc = arg(
 
 pub fn register(ctx: Ctx) -> bool {
     crate::ffi::command_info::register(ctx, &SPECS)
-}
-
-/// Holds whose lease ended were removed by this command's write: count them and announce it.
-fn note_ended(ctx: Ctx, key_name: RawString, ended: usize) {
-    if ended > 0 {
-        crate::stats::add(&crate::stats::STATS.holds_expired, ended as u64);
-        crate::notify::event(ctx, c"lock.expired", key_name);
-    }
 }
 
 /// Redis postpones write commands while it pauses writes, so a LOCK.* write runs during a pause

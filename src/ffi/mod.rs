@@ -50,7 +50,7 @@ pub fn unreachable_api(name: &str) -> ! {
 
 /// Borrows the bytes of a Redis string. The slice lives as long as the string does, which for
 /// command arguments is the whole command.
-pub fn bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
+fn bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
     if s.is_null() {
         return &[];
     }
@@ -66,9 +66,22 @@ pub fn bytes<'a>(s: *const raw::RedisModuleString) -> &'a [u8] {
     }
 }
 
-/// A command's arguments as byte slices; up to eight live on the stack (every valid LOCK.*
-/// call), so the hot path does not allocate for them.
-pub enum Args<'a> {
+/// The bytes of a Redis string Redis handed us (an event's key name, a command argument),
+/// valid as long as the handle borrowed for it: the borrow ties the slice to the caller's scope.
+pub fn bytes_of(s: &RawString) -> &[u8] {
+    bytes(*s)
+}
+
+/// A command's arguments, read once: each as bytes (what the parsers take) and as the Redis
+/// string itself (what goes back into `HashSet`, `OpenKey` and replication). Up to eight live on
+/// the stack (every valid LOCK.* call), so the hot path does not allocate for them. Only
+/// [`with_args`] makes one, for the length of the command: the slices cannot outlive it.
+pub struct Args<'a> {
+    strings: &'a [RawString],
+    text: Text<'a>,
+}
+
+enum Text<'a> {
     Inline([&'a [u8]; 8], usize),
     Heap(Vec<&'a [u8]>),
 }
@@ -76,38 +89,41 @@ pub enum Args<'a> {
 impl<'a> std::ops::Deref for Args<'a> {
     type Target = [&'a [u8]];
     fn deref(&self) -> &Self::Target {
-        match self {
-            Args::Inline(items, len) => items.get(..*len).unwrap_or_default(),
-            Args::Heap(items) => items,
+        match &self.text {
+            Text::Inline(items, len) => items.get(..*len).unwrap_or_default(),
+            Text::Heap(items) => items,
         }
     }
 }
 
-pub fn args<'a>(argv: *mut RawString, argc: c_int) -> Args<'a> {
-    let count = usize::try_from(argc).unwrap_or(0);
-    if argv.is_null() || count == 0 {
-        return Args::Inline([&[]; 8], 0);
+impl Args<'_> {
+    /// The argument at `index` as the Redis string itself (null past the end: every API call
+    /// that takes it treats null as absent).
+    pub fn string(&self, index: usize) -> RawString {
+        self.strings.get(index).copied().unwrap_or(ptr::null_mut())
     }
-    // SAFETY: Redis passes `argc` valid string pointers in `argv` for the command's duration.
-    let raw_args = unsafe { std::slice::from_raw_parts(argv, count) };
-    if count <= 8 {
-        let mut items: [&'a [u8]; 8] = [&[]; 8];
-        for (slot, &s) in items.iter_mut().zip(raw_args) {
+}
+
+/// Runs `f` on the command's arguments (`argv`, `argc` as Redis passed them).
+pub fn with_args<R>(argv: *mut RawString, argc: c_int, f: impl FnOnce(&Args<'_>) -> R) -> R {
+    let count = usize::try_from(argc).unwrap_or(0);
+    let strings: &[RawString] = if argv.is_null() || count == 0 {
+        &[]
+    } else {
+        // SAFETY: Redis passes `argc` valid string pointers in `argv`, alive for the command's
+        // duration, which this call is within; the slice does not escape `f`.
+        unsafe { std::slice::from_raw_parts(argv, count) }
+    };
+    let text = if count <= 8 {
+        let mut items: [&[u8]; 8] = [&[]; 8];
+        for (slot, &s) in items.iter_mut().zip(strings) {
             *slot = bytes(s);
         }
-        Args::Inline(items, count)
+        Text::Inline(items, count)
     } else {
-        Args::Heap(raw_args.iter().map(|&s| bytes(s)).collect())
-    }
-}
-
-/// The argument at `index`, as the Redis string itself (for keys and owners we pass back in).
-pub fn arg(argv: *mut RawString, argc: c_int, index: usize) -> RawString {
-    if argv.is_null() || index >= usize::try_from(argc).unwrap_or(0) {
-        return ptr::null_mut();
-    }
-    // SAFETY: bounds checked just above against the argc Redis gave us.
-    unsafe { *argv.add(index) }
+        Text::Heap(strings.iter().map(|&s| bytes(s)).collect())
+    };
+    f(&Args { strings, text })
 }
 
 /// A Redis string we created and must free.

@@ -227,7 +227,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             }
         }
         for (key, ending) in keys {
-            let Some((removed, free)) =
+            let Some((removed, left)) =
                 self.end_holds(port, &key, &ending, Ending::ConnectionClosed, now)
             else {
                 continue;
@@ -236,14 +236,12 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 port.event(&key, Event::Disconnected);
                 port.note(Note::Disconnected { key: key.clone() });
             }
-            if !self.pump(port, &key, now, Cause::Freed, Origin::Background) && free {
-                port.publish_unlock(&key);
-            }
+            self.room_made(port, &key, left, now, Origin::Background);
         }
     }
 
     /// Ends the named holds of one key in one read and one write. Returns how many ended and
-    /// whether the key is free; None when none of them was there any more.
+    /// what is left of the key; None when none of them was there any more.
     pub(super) fn end_holds(
         &mut self,
         port: &mut impl Port<H>,
@@ -251,7 +249,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         ending: &HashSet<(HoldKind, u64)>,
         why: Ending,
         now: UnixMs,
-    ) -> Option<(usize, bool)> {
+    ) -> Option<(usize, Left)> {
         let Read::Lock(Some(stored)) = port.read(key, false) else {
             return None;
         };
@@ -262,6 +260,11 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             return None;
         }
         port.write(key, Some(&stored), &lock).ok()?;
-        Some((removed, lock.holds.is_empty()))
+        let left = if lock.holds.is_empty() {
+            Left::Nothing
+        } else {
+            Left::OtherHolds
+        };
+        Some((removed, left))
     }
 }

@@ -18,6 +18,7 @@ use crate::args::Wait;
 use crate::binding::{Bindings, ClientId, GrantRef};
 use crate::deadlines::{DeadlineKey, Deadlines};
 use crate::hold::{self, Decision, HoldKind, Lock, Mode, Run, StoredLock};
+use crate::kind::Left;
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
 use crate::{LockError, UnixMs};
 
@@ -339,11 +340,27 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         Ok(id)
     }
 
-    /// A command freed `key` or part of it (release, force release, a lease end it noticed):
-    /// hand it to the head waiter(s). Returns whether it did; if not, and the key is free, the
-    /// caller publishes the unlock.
-    pub fn freed(&mut self, port: &mut impl Port<H>, key: &LockKey, now: UnixMs) -> bool {
-        self.pump(port, key, now, Cause::Freed, Origin::Command)
+    /// A command freed `key` or part of it (release, force release, a lease end it noticed),
+    /// leaving `left` of it: hand the room to the head waiter(s), else publish the unlock when
+    /// the key is free.
+    pub fn freed(&mut self, port: &mut impl Port<H>, key: &LockKey, left: Left, now: UnixMs) {
+        self.room_made(port, key, left, now, Origin::Command);
+    }
+
+    /// Room was made on `key`: hand it to the head waiter(s), else — when nothing is left of
+    /// the key — tell its channel it is free. The one place "hand off, else publish" is
+    /// decided, for commands and for holds the scheduler ends itself.
+    fn room_made(
+        &mut self,
+        port: &mut impl Port<H>,
+        key: &LockKey,
+        left: Left,
+        now: UnixMs,
+        origin: Origin,
+    ) {
+        if !self.pump(port, key, now, Cause::Freed, origin) && left == Left::Nothing {
+            port.publish_unlock(key);
+        }
     }
 
     /// A lease end changed inside a command (renew, re-entry, a new shared hold): the lease
@@ -629,14 +646,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     port.note(Note::AbandonedGrant);
                     self.unbind(&grant.key, grant.token);
                     let ending = HashSet::from([(grant.kind, grant.token)]);
-                    if let Some((_, free)) =
+                    if let Some((_, left)) =
                         self.end_holds(port, &grant.key, &ending, Ending::Undelivered, now)
                     {
-                        if !self.pump(port, &grant.key, now, Cause::Freed, Origin::Background)
-                            && free
-                        {
-                            port.publish_unlock(&grant.key);
-                        }
+                        self.room_made(port, &grant.key, left, now, Origin::Background);
                     }
                 }
             },

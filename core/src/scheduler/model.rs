@@ -6,7 +6,7 @@ use super::testing::*;
 use super::*;
 use crate::args::Reentry;
 use crate::hold::{self, Decision, Family, Lock};
-use crate::state::Queue;
+use crate::kind::Queue;
 
 const LIMIT: u64 = 2;
 

@@ -1,7 +1,7 @@
 use super::*;
 use crate::args::Reentry;
 use crate::hold::{self, Decision, Lock};
-use crate::state::Queue;
+use crate::kind::Queue;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
@@ -293,9 +293,7 @@ pub fn advance_to(s: &mut Scheduler<u32>, port: &mut FakePort, to: UnixMs) {
 pub fn release(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey) {
     port.keys.remove(key);
     let now = port.now;
-    if !s.freed(port, key, now) {
-        port.publish_unlock(key);
-    }
+    s.freed(port, key, Left::Nothing, now);
 }
 
 /// One owner's release inside a command, with the real rule (`hold::release`).
@@ -313,7 +311,10 @@ pub fn release_owner(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey,
         port.keys.insert(key.clone(), new);
     }
     let now = port.now;
-    if !s.freed(port, key, now) && free {
-        port.publish_unlock(key);
-    }
+    let left = if free {
+        Left::Nothing
+    } else {
+        Left::OtherHolds
+    };
+    s.freed(port, key, left, now);
 }

@@ -283,7 +283,16 @@ fn waiters_of_a_key_that_left_with_its_slot_are_redirected_but_not_on_a_command(
     // A command on this node means the slot is served here: no route check then.
     wait(&mut s, &mut port, 3, &k, "c", 5_000, Wait::Forever).unwrap();
     let now = port.now;
-    assert!(s.freed(&mut port, &k, now));
+    s.freed(&mut port, &k, Left::Nothing, now);
+    assert!(matches!(
+        port.answers().last(),
+        Some((3, Answer::Granted { .. }))
+    ));
+    // Handed off, so not published.
+    assert!(!port
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::Published { .. })));
 }
 
 #[test]

@@ -1,0 +1,349 @@
+//! What a LOCK.* command does, decided on the lock as read: parse → read → **decide** → carry
+//! out. Each function here takes the key's lock ([`Live`]), the parsed request and the clock, and
+//! returns an [`Outcome`]: the lock to write, the reply, the keyspace event, the counters, the
+//! bindings to make or forget, whether room was made for waiters. The module carries any outcome
+//! out in one place (`src/commands/outcome.rs`); the scheduler's grants go through the same
+//! writer.
+//!
+//! Every layout is one model: the store reads Redisson's `RLock` layout in O(1) and the
+//! multi-hold layout in O(holds), both into a [`Lock`]; the rules below never ask which.
+
+use crate::args::{AcquireRequest, Binding, Wait};
+use crate::hold::{self, Decision, How, Lock, StoredLock};
+use crate::key::ClientId;
+pub use crate::kind::Left;
+use crate::kind::{HoldKind, Queue};
+use crate::scheduler::Seen;
+use crate::{LockError, UnixMs};
+
+/// A lock as a command finds it at `now`: what is stored, and the holds whose lease has not
+/// ended (none when the key is missing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Live {
+    pub stored: Option<StoredLock>,
+    /// The stored lock without its ended holds, when some ended (else it is the stored lock: the
+    /// common case copies nothing).
+    trimmed: Option<Lock>,
+    /// Holds whose lease ended but that are still stored (the next write removes them).
+    pub ended: usize,
+}
+
+/// The lock of a missing key.
+static FREE: Lock = Lock::free();
+
+impl Live {
+    pub fn new(stored: Option<StoredLock>, now: UnixMs) -> Live {
+        let mut trimmed = None;
+        let mut ended = 0;
+        if let Some(stored) = &stored {
+            if stored.lock.holds.iter().any(|h| h.ended(now)) {
+                let mut lock = stored.lock.clone();
+                ended = lock.drop_ended(now);
+                trimmed = Some(lock);
+            }
+        }
+        Live {
+            stored,
+            trimmed,
+            ended,
+        }
+    }
+
+    /// The holds whose lease has not ended.
+    pub fn lock(&self) -> &Lock {
+        match (&self.trimmed, &self.stored) {
+            (Some(lock), _) => lock,
+            (None, Some(stored)) => &stored.lock,
+            (None, None) => &FREE,
+        }
+    }
+
+    /// What a waiter queued now saw: free, or held until the earliest lease end.
+    fn seen(&self) -> Seen {
+        if self.lock().holds.is_empty() {
+            Seen::Free
+        } else {
+            Seen::Held {
+                next_lease_end: self.lock().next_lease_end(),
+            }
+        }
+    }
+}
+
+/// What a decision may need to ask the server, asked only when the decision needs it (the hot
+/// path asks nothing it does not use).
+pub trait Facts {
+    /// Whether the server is over `maxmemory` (a new hold takes memory; a re-entry does not).
+    fn out_of_memory(&self) -> bool;
+    /// The connection the hold with this token is bound to (`EPHEMERAL`), if any.
+    fn bound_client(&self, token: u64) -> Option<ClientId>;
+    /// The next fencing token for the key.
+    fn next_token(&mut self) -> Result<u64, LockError>;
+    /// Whether the calling client may block (not in MULTI, a script, or a module call).
+    fn can_block(&self) -> bool;
+    /// Whether this server is a replica (a writable replica must not queue a waiter).
+    fn is_replica(&self) -> bool;
+}
+
+/// The reply a command gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Integer(u64),
+    Null,
+    /// Not granted now: queue the caller on the key and block it; it saw the lock so.
+    Wait(Seen),
+}
+
+/// The keyspace event a command raises on its key (`lock.<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockEvent {
+    Acquired,
+    Reentered,
+    Released,
+    Renewed,
+    ForceReleased,
+}
+
+/// A counter of `INFO lock` a command moves by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    Acquired,
+    AcquiredShared,
+    AcquiredPermits,
+    Downgraded,
+    Reentered,
+    Contended,
+    AcquireNil,
+    Released,
+    ReleasedPartial,
+    ReleaseNotOwner,
+    Renewed,
+    RenewNotOwner,
+    ForceReleased,
+}
+
+/// Everything a command does, in the order the module carries it out: write `write` (the
+/// lock's new state; None: nothing), bind or unbind holds, count and announce the holds whose
+/// lease ended (`ended`), raise `event`, move `counters`, move the waiters' lease check to
+/// `lease_end`, hand the room `freed` made to waiters (else publish the unlock when the key is
+/// gone), and reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub write: Option<Lock>,
+    /// `EPHEMERAL`: bind the new hold (kind, token) to the calling connection.
+    pub bind: Option<(HoldKind, u64)>,
+    /// Holds (by token) that ended: forget their connection bindings.
+    pub unbind: Vec<u64>,
+    pub ended: usize,
+    pub event: Option<LockEvent>,
+    pub counters: Counters,
+    /// Some: the key's earliest lease end changed to this (None inside: no lease).
+    pub lease_end: Option<Option<UnixMs>>,
+    pub freed: Option<Left>,
+    pub reply: Reply,
+}
+
+impl Outcome {
+    fn reply(reply: Reply) -> Outcome {
+        Outcome {
+            write: None,
+            bind: None,
+            unbind: Vec::new(),
+            ended: 0,
+            event: None,
+            counters: Counters::default(),
+            lease_end: None,
+            freed: None,
+            reply,
+        }
+    }
+
+    fn count(mut self, counter: Counter) -> Outcome {
+        self.counters.push(counter);
+        self
+    }
+
+    /// A write that also removes the holds whose lease ended: they are counted, and the room
+    /// they left goes to the waiters.
+    fn writing(mut self, live: &Live, lock: Lock) -> Outcome {
+        self.ended = live.ended;
+        if live.ended > 0 && self.freed.is_none() {
+            self.freed = Some(left(&lock));
+        }
+        self.write = Some(lock);
+        self
+    }
+}
+
+/// Up to three counters (no command moves more), kept inline: no allocation on the hot path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    items: [Option<Counter>; 3],
+}
+
+impl Counters {
+    fn push(&mut self, counter: Counter) {
+        if let Some(slot) = self.items.iter_mut().find(|slot| slot.is_none()) {
+            *slot = Some(counter);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Counter> + '_ {
+        self.items.iter().flatten().copied()
+    }
+}
+
+fn left(lock: &Lock) -> Left {
+    if lock.holds.is_empty() {
+        Left::Nothing
+    } else {
+        Left::OtherHolds
+    }
+}
+
+/// `LOCK.ACQUIRE`: the one acquire rule ([`hold::decide`]) for every kind and layout.
+pub fn acquire(
+    live: &Live,
+    request: &AcquireRequest<'_>,
+    queue: Queue,
+    now: UnixMs,
+    facts: &mut impl Facts,
+) -> Result<Outcome, LockError> {
+    let decision = hold::decide(
+        live.lock(),
+        request.owner,
+        request.mode,
+        request.lease_ms,
+        request.reentry,
+        queue,
+        now,
+    )?;
+    let granted = match decision {
+        Decision::Grant(granted) => granted,
+        // Holds whose lease ended stay until a write or the waiters' lease check removes them:
+        // a refused acquire writes nothing.
+        Decision::Busy => return busy(live, request, facts),
+    };
+    if granted.how == How::Reentered {
+        // A re-entry keeps what the hold is: an `EPHEMERAL` hold is re-entered with
+        // `EPHEMERAL`, a plain one without (a hold taken before a restart or failover is bound
+        // to nothing).
+        let bound = granted.token.and_then(|t| facts.bound_client(t));
+        match (bound, request.binding) {
+            (Some(_), Binding::Lease) => return Err(LockError::HoldIsEphemeral),
+            (None, Binding::Connection) => return Err(LockError::HoldIsNotEphemeral),
+            _ => {}
+        }
+    } else if facts.out_of_memory() {
+        // A new hold takes memory: refused over maxmemory like any deny-oom command. A
+        // re-entry, renew or release must keep working then (the command is not deny-oom).
+        return Err(LockError::OutOfMemory);
+    }
+    // A hold taken by Redisson's own script has no token yet: it gets one now.
+    let token = match granted.token {
+        Some(token) => token,
+        None => facts.next_token()?,
+    };
+    let new = hold::apply(live.lock(), request.owner, request.mode, &granted, token);
+    let mut outcome = Outcome::reply(Reply::Integer(token));
+    outcome.lease_end = Some(new.next_lease_end());
+    if granted.how == How::Reentered {
+        outcome.event = Some(LockEvent::Reentered);
+        outcome.counters.push(Counter::Reentered);
+    } else {
+        outcome.event = Some(LockEvent::Acquired);
+        outcome.counters.push(Counter::Acquired);
+        match granted.kind {
+            HoldKind::Shared => outcome.counters.push(Counter::AcquiredShared),
+            HoldKind::Permit => outcome.counters.push(Counter::AcquiredPermits),
+            HoldKind::Exclusive => {}
+        }
+        if granted.how == How::Downgraded {
+            outcome.counters.push(Counter::Downgraded);
+        }
+        if request.binding == Binding::Connection {
+            outcome.bind = Some((granted.kind, token));
+        }
+    }
+    Ok(outcome.writing(live, new))
+}
+
+/// Not granted now: nil, or wait when the caller asked to and may.
+fn busy(
+    live: &Live,
+    request: &AcquireRequest<'_>,
+    facts: &mut impl Facts,
+) -> Result<Outcome, LockError> {
+    if request.wait == Wait::No || !facts.can_block() {
+        return Ok(Outcome::reply(Reply::Null)
+            .count(Counter::Contended)
+            .count(Counter::AcquireNil));
+    }
+    if facts.is_replica() {
+        // A writable replica would queue a waiter that nothing there can ever grant.
+        return Err(LockError::WaitOnReplica);
+    }
+    Ok(Outcome::reply(Reply::Wait(live.seen())).count(Counter::Contended))
+}
+
+/// `LOCK.RELEASE`: one re-entry of the owner's hold less (its exclusive hold first); replies
+/// with the owner's remaining re-entries on the key, nil when it holds nothing.
+pub fn release(live: &Live, owner: &[u8]) -> Result<Outcome, LockError> {
+    let Some((new, remaining)) = hold::release(live.lock(), owner) else {
+        return Ok(Outcome::reply(Reply::Null).count(Counter::ReleaseNotOwner));
+    };
+    // The owner's hold this release ended (counted down to zero), if any: one release changes
+    // one hold, so only the owner's own holds (two at most) are looked for in `new`.
+    let gone = live
+        .lock()
+        .holds
+        .iter()
+        .filter(|h| h.owner == owner)
+        .find(|h| {
+            !new.holds
+                .iter()
+                .any(|n| n.kind == h.kind && n.owner == owner)
+        });
+    let mut outcome = Outcome::reply(Reply::Integer(remaining));
+    match gone {
+        None => outcome.counters.push(Counter::ReleasedPartial),
+        Some(hold) => {
+            outcome.unbind.extend(hold.token);
+            outcome.event = Some(LockEvent::Released);
+            outcome.counters.push(Counter::Released);
+            outcome.freed = Some(left(&new));
+        }
+    }
+    Ok(outcome.writing(live, new))
+}
+
+/// `LOCK.RENEW`: every hold of the owner gets the lease end `now + lease_ms`; 1, or 0 when the
+/// owner holds nothing.
+pub fn renew(live: &Live, owner: &[u8], lease_ms: u64, now: UnixMs) -> Result<Outcome, LockError> {
+    let Some(new) = hold::renew(live.lock(), owner, lease_ms, now) else {
+        return Ok(Outcome::reply(Reply::Integer(0)).count(Counter::RenewNotOwner));
+    };
+    let mut outcome = Outcome::reply(Reply::Integer(1)).count(Counter::Renewed);
+    outcome.event = Some(LockEvent::Renewed);
+    // A shorter lease must move the waiters' lease check earlier.
+    outcome.lease_end = Some(new.next_lease_end());
+    Ok(outcome.writing(live, new))
+}
+
+/// `LOCK.FORCERELEASE`: the whole lock goes, whoever holds it (1), or 0 when there is none. Only
+/// a lock is removed: the store refuses any other hash before this is asked.
+pub fn force_release(live: &Live) -> Outcome {
+    let Some(stored) = &live.stored else {
+        return Outcome::reply(Reply::Integer(0));
+    };
+    let mut outcome = Outcome::reply(Reply::Integer(1)).count(Counter::ForceReleased);
+    outcome.unbind = stored.lock.holds.iter().filter_map(|h| h.token).collect();
+    outcome.event = Some(LockEvent::ForceReleased);
+    outcome.freed = Some(Left::Nothing);
+    // Every stored hold goes, ended or not: none is counted as a lease end.
+    outcome.write = Some(Lock::free());
+    outcome
+}
+
+#[cfg(test)]
+mod tests;

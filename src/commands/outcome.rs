@@ -1,0 +1,163 @@
+//! Carrying out what a command decided (`lock_core::command::Outcome`), in one place and one
+//! order: write the lock, bind or unbind its holds, count and announce the holds whose lease
+//! ended, raise the event, move the counters, move the waiters' lease check, hand the room to
+//! waiters (else publish the unlock), reply. The lock itself is written by `store::write_lock`,
+//! the writer the scheduler's grants use too.
+
+use lock_core::command::{Counter, Facts, Live, LockEvent, Outcome, Reply};
+use lock_core::key::ClientId;
+use lock_core::scheduler::Seen;
+use lock_core::LockError;
+
+use crate::ffi::{self, reply, Args, Ctx, Key, RawString};
+use crate::stats::{add, bump, STATS};
+use crate::{notify, runtime, store};
+
+/// The key a command works on: open for writing, with its name as a Redis string and as bytes,
+/// and the requester's owner name as a Redis string (reused when its field is written).
+pub struct Target<'a> {
+    pub key: Key,
+    pub key_name: RawString,
+    pub name: &'a [u8],
+    pub owner: Option<RawString>,
+}
+
+impl<'a> Target<'a> {
+    /// The key at argument 1, and the owner at argument 2 when the command has one.
+    pub fn open(ctx: Ctx, args: &Args<'_>, name: &'a [u8], has_owner: bool) -> Target<'a> {
+        let key_name = args.string(1);
+        Target {
+            key: Key::open(ctx, key_name),
+            key_name,
+            name,
+            owner: has_owner.then(|| args.string(2)),
+        }
+    }
+
+    /// The lock at the key as it stands at `now`.
+    pub fn read(&self, now: u64) -> Result<Live, LockError> {
+        store::read_live(&self.key, self.owner, now)
+    }
+}
+
+/// What a command's decision asks the server, through the command's context.
+pub struct CommandFacts<'a> {
+    pub ctx: Ctx,
+    pub name: &'a [u8],
+    pub now: u64,
+}
+
+impl Facts for CommandFacts<'_> {
+    fn out_of_memory(&self) -> bool {
+        ffi::out_of_memory(self.ctx)
+    }
+
+    fn bound_client(&self, token: u64) -> Option<ClientId> {
+        runtime::bound_client(self.ctx, self.name, token)
+    }
+
+    fn next_token(&mut self) -> Result<u64, LockError> {
+        store::next_token(self.ctx, self.name, self.now)
+    }
+
+    fn can_block(&self) -> bool {
+        super::can_block(self.ctx)
+    }
+
+    fn is_replica(&self) -> bool {
+        ffi::is_replica(self.ctx)
+    }
+}
+
+/// Carries `outcome` out on `target`, whose lock was read as `live`. Returns what the caller
+/// saw when the outcome is to wait (only `LOCK.ACQUIRE ... WAIT` queues its client).
+pub fn carry_out(
+    ctx: Ctx,
+    target: Target<'_>,
+    live: &Live,
+    outcome: Outcome,
+) -> Result<Option<Seen>, LockError> {
+    let Outcome {
+        write,
+        bind,
+        unbind,
+        ended,
+        event,
+        counters,
+        lease_end,
+        freed,
+        reply,
+    } = outcome;
+    // Checked before anything is written: a reply Redis cannot carry fails the command whole.
+    let integer = match reply {
+        Reply::Integer(value) => Some(store::stored_integer(value)?),
+        Reply::Null | Reply::Wait(_) => None,
+    };
+    let Target {
+        key,
+        key_name,
+        name,
+        owner,
+    } = target;
+    if let Some(new) = &write {
+        store::write_lock(ctx, &key, key_name, owner, live.stored.as_ref(), new)?;
+    }
+    // Closed before the scheduler runs: a handoff opens the key again.
+    drop(key);
+    if let Some((kind, token)) = bind {
+        runtime::bind(ctx, name, kind, token);
+    }
+    for token in unbind {
+        runtime::unbind(ctx, name, token);
+    }
+    if ended > 0 {
+        add(&STATS.holds_expired, ended as u64);
+        notify::event(ctx, c"lock.expired", key_name);
+    }
+    if let Some(event) = event {
+        notify::event(ctx, event_name(event), key_name);
+    }
+    for counter in counters.iter() {
+        bump(counter_of(counter));
+    }
+    if let Some(next_lease_end) = lease_end {
+        runtime::lease_changed(ctx, name, next_lease_end);
+    }
+    if let Some(left) = freed {
+        runtime::lock_freed(ctx, key_name, name, left);
+    }
+    match (reply, integer) {
+        (Reply::Wait(seen), _) => return Ok(Some(seen)),
+        (_, Some(value)) => reply::integer(ctx, value),
+        _ => reply::null(ctx),
+    }
+    Ok(None)
+}
+
+fn event_name(event: LockEvent) -> &'static std::ffi::CStr {
+    match event {
+        LockEvent::Acquired => c"lock.acquired",
+        LockEvent::Reentered => c"lock.reentered",
+        LockEvent::Released => c"lock.released",
+        LockEvent::Renewed => c"lock.renewed",
+        LockEvent::ForceReleased => c"lock.forcereleased",
+    }
+}
+
+fn counter_of(counter: Counter) -> &'static std::sync::atomic::AtomicU64 {
+    match counter {
+        Counter::Acquired => &STATS.acquired,
+        Counter::AcquiredShared => &STATS.acquired_shared,
+        Counter::AcquiredPermits => &STATS.acquired_permits,
+        Counter::Downgraded => &STATS.downgraded,
+        Counter::Reentered => &STATS.reentered,
+        Counter::Contended => &STATS.contended,
+        Counter::AcquireNil => &STATS.acquire_nil,
+        Counter::Released => &STATS.released,
+        Counter::ReleasedPartial => &STATS.released_partial,
+        Counter::ReleaseNotOwner => &STATS.release_not_owner,
+        Counter::Renewed => &STATS.renewed,
+        Counter::RenewNotOwner => &STATS.renew_not_owner,
+        Counter::ForceReleased => &STATS.force_released,
+    }
+}
