@@ -21,6 +21,22 @@ pub fn event(ctx: Ctx, event: &CStr, key_name: RawString) {
 /// Publishes the unlock message when a lock becomes free and nobody waits for it. Every release
 /// does this, so it allocates one string (the channel's): the name is built in a reused buffer
 /// and the message is the Redis string its option keeps.
+///
+/// Where Redisson listens decides how. Redisson 3.x (`PublishSubscribeService.subscribeNoTimeout`
+/// in `redisson/src/main/java/org/redisson/pubsub/PublishSubscribeService.java`, which the
+/// `LockPubSub` of an `RLock` waiter goes through) sends `SSUBSCRIBE` when its
+/// `shardingSupported` flag is set and `SUBSCRIBE` otherwise; only `ClusterConnectionManager` sets
+/// the flag, so a standalone, sentinel or replicated Redisson always uses `SUBSCRIBE`. In cluster
+/// mode Redisson 3.22.0 to 3.28 set it when a Redis 7.0 command answers at connect (`SPUBLISH ""
+/// ""`, later `PUBSUB SHARDNUMSUB`); since 3.29.0 the cluster setting `shardedSubscriptionMode`
+/// decides: `AUTO` (the default: that probe), `ON` or `OFF`. So:
+/// - standalone: `PUBLISH` only, as before (no Redisson client shard-subscribes there);
+/// - cluster: `SPUBLISH` for Redisson ≥ 3.22 with sharding, which `SSUBSCRIBE`s on the node
+///   that serves the channel's slot, the lock key's slot (`prefix:{key}` hashes like the key,
+///   unless the key has a stray `{` or `}` and no hash tag: Redisson's own unlock script, which
+///   declares key and channel, is refused `CROSSSLOT` for such a key);
+///   and `PUBLISH` as well, for Redisson before 3.22 or with `shardedSubscriptionMode = OFF` and
+///   other clients that `SUBSCRIBE`. A client subscribed both ways would get the message twice.
 pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
     CHANNEL.with(|buffer| {
         let mut buffer = buffer.borrow_mut();
@@ -34,6 +50,9 @@ pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
         // The message is the option's own string, freed only by a CONFIG SET or unload,
         // neither of which can run during this call.
         ffi::publish(ctx, channel.as_ptr(), message);
+        if ffi::is_cluster(ctx) {
+            ffi::publish_shard(ctx, channel.as_ptr(), message);
+        }
     });
 }
 

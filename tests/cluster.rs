@@ -1,14 +1,17 @@
 //! Redis Cluster: a real three-master cluster on loopback, created by the test itself. LOCK.*
 //! commands declare their keys, so a cluster client routes them; the token counter lives in
-//! the lock key's slot; a node answers MOVED for a key it does not serve; and a lock key that
-//! migrates keeps its lock while its waiters are redirected, never left hanging.
+//! the lock key's slot; a node answers MOVED for a key it does not serve; a lock key that
+//! migrates keeps its lock while its waiters are redirected, never left hanging; and the unlock
+//! message reaches Redisson's sharded subscribers (`SSUBSCRIBE`) on the key's node.
 
 mod common;
 
+use std::sync::mpsc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
+use lock_core::channel::unlock_channel;
 use lock_core::slot::{counter_key, key_slot};
 
 const SOON: Duration = Duration::from_secs(5);
@@ -241,4 +244,168 @@ fn a_migrated_lock_keeps_its_holder_and_token_and_its_waiters_follow_it() {
         .unwrap()
         .expect("granted on the target");
     assert!(granted > token, "{granted} after {token}");
+}
+
+/// A connection `SSUBSCRIBE`d to one channel, as Redisson 3.22+ waits for an unlock on a Redis 7
+/// cluster. The redis crate 0.23 has no `SSUBSCRIBE`, so this is a plain socket reading RESP2
+/// pushes (`smessage`, channel, payload).
+struct ShardSubscriber {
+    client: RawClient,
+    channel: String,
+}
+
+impl ShardSubscriber {
+    fn start(port: u16, channel: &str) -> ShardSubscriber {
+        let mut client = RawClient::connect(port).expect("connect");
+        let reply = client
+            .query(redis::cmd("SSUBSCRIBE").arg(channel), SOON)
+            .expect("SSUBSCRIBE");
+        let subscribed: (String, String, i64) = redis::from_redis_value(&reply).unwrap();
+        assert_eq!(subscribed, ("ssubscribe".into(), channel.to_string(), 1));
+        ShardSubscriber {
+            client,
+            channel: channel.to_string(),
+        }
+    }
+
+    /// The next message's payload; None when none came `within`.
+    fn message(&mut self, within: Duration) -> Option<String> {
+        let push = self.client.reply(within).ok()?;
+        let (kind, channel, payload): (String, String, String) =
+            redis::from_redis_value(&push).unwrap();
+        assert_eq!(
+            (kind.as_str(), channel.as_str()),
+            ("smessage", &*self.channel)
+        );
+        Some(payload)
+    }
+}
+
+/// Redisson's unlock channel for `key` (the module's default prefix).
+fn redisson_channel(key: &str) -> String {
+    String::from_utf8(unlock_channel(b"redisson_lock__channel", key.as_bytes()).unwrap()).unwrap()
+}
+
+/// Issue #20, gap 2: in a cluster Redisson waits on the lock's channel with `SSUBSCRIBE` on the
+/// node that serves it, which a plain `PUBLISH` never reaches. Every freeing that publishes
+/// (a release, a force-release, an `EPHEMERAL` hold ended by its connection's close) reaches a
+/// sharded subscriber there, and still reaches a classic subscriber on another node.
+#[test]
+fn unlock_messages_reach_sharded_subscribers_on_the_keys_node() {
+    let cluster = Cluster::start(3);
+    for key in ["orders:42", "{tenant}:orders"] {
+        let channel = redisson_channel(key);
+        let slot = key_slot(key.as_bytes());
+        let node = cluster.node_for_slot(slot);
+        let mut direct = node.connect();
+        // The channel hashes to the key's slot: Redisson shard-subscribes on the key's node.
+        let channel_slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&channel)
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(channel_slot, i64::from(slot), "{channel}");
+        let mut sharded = ShardSubscriber::start(node.port, &channel);
+        let other = cluster.nodes.iter().find(|n| n.port != node.port).unwrap();
+        let mut other_con = other.connect();
+        let mut classic = other_con.as_pubsub();
+        classic.subscribe(&channel).unwrap();
+        classic.set_read_timeout(Some(SOON)).unwrap();
+        let mut classic_message =
+            || -> String { classic.get_message().unwrap().get_payload().unwrap() };
+
+        // A release that frees the lock (a count-down publishes nothing).
+        acquire(&mut direct, key, "a", 60_000).unwrap();
+        acquire(&mut direct, key, "a", 60_000).unwrap();
+        assert_eq!(release(&mut direct, key, "a"), Some(1));
+        assert_eq!(release(&mut direct, key, "a"), Some(0));
+        assert_eq!(
+            sharded.message(SOON).as_deref(),
+            Some("0"),
+            "{key}: release"
+        );
+        assert_eq!(classic_message(), "0");
+
+        // A force-release.
+        acquire(&mut direct, key, "a", 60_000).unwrap();
+        let removed: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(key)
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(removed, 1);
+        assert_eq!(
+            sharded.message(SOON).as_deref(),
+            Some("0"),
+            "{key}: force-release"
+        );
+        assert_eq!(classic_message(), "0");
+
+        // An EPHEMERAL hold that the module ends when its connection closes (no command of the
+        // key runs: the publish comes from the module's own event).
+        let mut holder = node.connect();
+        let holder_id = client_id(&mut holder);
+        acquire_with(&mut holder, key, "e", 60_000, &["EPHEMERAL"])
+            .unwrap()
+            .expect("granted");
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(holder_id)
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(killed, 1);
+        assert_eq!(
+            sharded.message(SOON).as_deref(),
+            Some("0"),
+            "{key}: connection closed"
+        );
+        assert_eq!(classic_message(), "0");
+        assert!(lock_info(&mut direct, key).is_none());
+
+        // One message per freeing, no more.
+        assert_eq!(sharded.message(Duration::from_millis(300)), None);
+    }
+}
+
+/// Redisson's `RedissonLock.lock()` against a LOCK.* holder on a cluster: the waiter subscribes
+/// to the lock's channel (sharded, as Redisson 3.22+ does on Redis 7), runs Redisson's lock
+/// script, and on a pttl waits for the unlock message at most that long before trying again.
+/// It must get the lock at the release, not at the end of the 10 s lease.
+#[test]
+fn a_redisson_waiter_subscribed_sharded_acquires_at_the_lock_release() {
+    let cluster = Cluster::start(3);
+    let key = "orders:7";
+    let node = cluster.node_for_slot(key_slot(key.as_bytes()));
+    let mut holder = node.connect();
+    acquire(&mut holder, key, "svc", 10_000).unwrap();
+
+    let (port, url) = (node.port, node.url());
+    let (tried, first_try) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let mut sub = ShardSubscriber::start(port, &redisson_channel(key));
+        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        loop {
+            match redisson_lock(&mut con, key, "uuid-1:1", 30_000) {
+                None => return Instant::now(),
+                Some(ttl) => {
+                    let _ = tried.send(ttl);
+                    sub.message(Duration::from_millis(ttl.max(1) as u64));
+                }
+            }
+        }
+    });
+    let ttl = first_try.recv_timeout(SOON).expect("the waiter tried");
+    assert!(ttl > 9_000, "the holder's lease: {ttl} ms left");
+    thread::sleep(Duration::from_millis(500));
+    let released = Instant::now();
+    assert_eq!(release(&mut holder, key, "svc"), Some(0));
+    let acquired = waiter.join().unwrap();
+    let latency = acquired.duration_since(released);
+    eprintln!("Redisson waiter (SSUBSCRIBE) acquired {latency:?} after LOCK.RELEASE");
+    assert!(
+        latency < Duration::from_secs(2),
+        "acquired {latency:?} after the release, lease 10 s"
+    );
+    let owner: Vec<String> = holder.hkeys(key).unwrap();
+    assert!(owner.contains(&"uuid-1:1".to_string()), "{owner:?}");
 }

@@ -1,30 +1,15 @@
-//! Interop with Redisson's own RLock scripts (from ../shared/seeds/001_9c83fae6cf63878e.txt):
-//! a LOCK.* client and a Redisson client share one lock.
+//! Interop with Redisson's own RLock scripts (from ../shared/seeds/001_9c83fae6cf63878e.txt; the
+//! lock script is `common::redisson_lock`, shared with the cluster test): a LOCK.* client and a
+//! Redisson client share one lock.
 
 mod common;
 
 use common::*;
 
-const LOCK: &str = "if (redis.call('exists', KEYS[1]) == 0) then \
-redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; \
-if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then \
-redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; \
-return redis.call('pttl', KEYS[1]);";
-
 const UNLOCK: &str = "if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; \
 local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); \
 if (counter > 0) then redis.call('pexpire', KEYS[1], ARGV[2]); return 0; \
 else redis.call('del', KEYS[1]); redis.call('publish', KEYS[2], ARGV[1]); return 1; end; return nil;";
-
-/// Redisson's tryLock: nil when acquired, else the remaining pttl.
-fn redisson_lock(con: &mut Connection, key: &str, owner: &str, lease: u64) -> Option<i64> {
-    redis::Script::new(LOCK)
-        .key(key)
-        .arg(lease)
-        .arg(owner)
-        .invoke(con)
-        .unwrap()
-}
 
 fn redisson_unlock(con: &mut Connection, key: &str, owner: &str) -> Option<i64> {
     redis::Script::new(UNLOCK)

@@ -635,6 +635,7 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
             { raw::RedisModule_OpenKey }.is_some(),
             { raw::RedisModule_PublishMessage }.is_some(),
+            { raw::RedisModule_PublishMessageShard }.is_some(),
             { raw::RedisModule_Replicate }.is_some(),
             { raw::RedisModule_ReplyWithError }.is_some(),
             { raw::RedisModule_ReplyWithLongLong }.is_some(),
@@ -678,11 +679,25 @@ pub fn notify_hash_event(ctx: Ctx, event: &CStr, key: RawString) {
     }
 }
 
-/// Publishes `message` on `channel` (both live for the call; Redis copies what it delivers).
+/// Publishes `message` on `channel` as `PUBLISH` does: to this server's subscribers and, in a
+/// cluster, to every node's (over the cluster bus). Both strings are live for the call; Redis
+/// copies what it delivers.
 pub fn publish(ctx: Ctx, channel: RawString, message: RawString) {
     // SAFETY: as said: the caller passes live strings; Redis copies them.
     unsafe {
         api!(RedisModule_PublishMessage)(ctx, channel, message);
+    }
+}
+
+/// Publishes `message` on the shard channel `channel` as `SPUBLISH` does: to this server's
+/// `SSUBSCRIBE` subscribers and, in a cluster, to the other nodes of this node's shard (its
+/// replicas), not to the whole cluster. Unlike `SPUBLISH`, Redis does not check that this node
+/// serves the channel's slot: it delivers here whatever the channel.
+/// Redis ≥ 7.0.0 (`RM_PublishMessageShard`), and every Valkey (a fork of Redis 7.2).
+pub fn publish_shard(ctx: Ctx, channel: RawString, message: RawString) {
+    // SAFETY: as in `publish`: live strings, copied by Redis.
+    unsafe {
+        api!(RedisModule_PublishMessageShard)(ctx, channel, message);
     }
 }
 

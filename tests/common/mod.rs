@@ -436,6 +436,24 @@ pub fn raw(con: &mut Connection, args: &[&[u8]]) -> redis::RedisResult<Value> {
     cmd.query(con)
 }
 
+/// Redisson's RLock `tryLockInnerAsync` script (from ../shared/seeds/001_9c83fae6cf63878e.txt):
+/// nil when acquired (or re-entered), else the lock's remaining pttl.
+pub const REDISSON_LOCK: &str = "if (redis.call('exists', KEYS[1]) == 0) then \
+redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; \
+if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then \
+redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; \
+return redis.call('pttl', KEYS[1]);";
+
+/// Redisson's tryLock: nil when acquired, else the remaining pttl.
+pub fn redisson_lock(con: &mut Connection, key: &str, owner: &str, lease: u64) -> Option<i64> {
+    redis::Script::new(REDISSON_LOCK)
+        .key(key)
+        .arg(lease)
+        .arg(owner)
+        .invoke(con)
+        .unwrap()
+}
+
 /// `LOCK.ACQUIRE key owner lease` → Some(token) or None.
 pub fn acquire(con: &mut Connection, key: &str, owner: &str, lease_ms: u64) -> Option<i64> {
     acquire_with(con, key, owner, lease_ms, &[]).expect("LOCK.ACQUIRE")
