@@ -29,6 +29,11 @@ pub const DEFAULT_UNLOCK_CHANNEL_PREFIX: &str = "redisson_lock__channel";
 pub static UNLOCK_MESSAGE: StringOption = StringOption::new();
 pub const DEFAULT_UNLOCK_MESSAGE: &str = "0";
 
+/// `lock.lost-channel-prefix`: a holder that loses its hold by anything but its own release is
+/// told on `<prefix>:{<key>}` (the unlock channel's naming); empty disables these messages.
+pub static LOST_CHANNEL_PREFIX: StringOption = StringOption::new();
+pub const DEFAULT_LOST_CHANNEL_PREFIX: &str = "lock.lost";
+
 /// `lock.keyspace-events`: emit `lock.*` keyspace events (delivered when
 /// `notify-keyspace-events` enables hash events, `h`).
 pub static KEYSPACE_EVENTS: AtomicBool = AtomicBool::new(true);
@@ -114,6 +119,7 @@ impl ConfigurationValue<RedisString> for StringOption {
 pub fn release_strings() {
     UNLOCK_CHANNEL_PREFIX.replace_shown(None);
     UNLOCK_MESSAGE.replace_shown(None);
+    LOST_CHANNEL_PREFIX.replace_shown(None);
 }
 
 /// The prefix and message, copied out (only on a full release).
@@ -124,11 +130,12 @@ pub fn unlock_publication() -> (String, String) {
 pub fn describe() -> String {
     let (prefix, message) = unlock_publication();
     format!(
-        "max-lease-ms={} max-waiters-per-key={} unlock-channel-prefix='{}' unlock-message='{}' keyspace-events={}",
+        "max-lease-ms={} max-waiters-per-key={} unlock-channel-prefix='{}' unlock-message='{}' lost-channel-prefix='{}' keyspace-events={}",
         max_lease_ms(),
         max_waiters_per_key(),
         prefix,
         message,
+        LOST_CHANNEL_PREFIX.text(),
         if keyspace_events() { "yes" } else { "no" }
     )
 }

@@ -1,17 +1,20 @@
 //! Changes made outside the module (DEL, UNLINK, expiry, eviction, RENAME, MOVE, FLUSHDB/FLUSHALL,
 //! SWAPDB, Redisson's unlock script) must hand a lock to its waiters, and bound holds must follow
-//! their keys. Keyspace and server events tell us (`ffi::events` carries them here); nothing is
-//! written inside them: changes are noted and the runtime processes them from a 0 ms timer.
+//! their keys, and holders whose key is removed or replaced from outside must be told they lost
+//! it. Keyspace and server events tell us (`ffi::events` carries them here); nothing is written
+//! inside them: changes are noted and the runtime processes them from a 0 ms timer (a lost-hold
+//! message is published at once: it writes no key).
 
 use std::ffi::CStr;
 
+use lock_core::hold::{Lost, LostReason};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{Cause, Change};
 
-use crate::ffi::events::{self as ffi_events, ServerEvents};
-use crate::ffi::{bytes_of, selected_db, with_db, Ctx, Key, RawString};
-use crate::runtime;
+use crate::ffi::events::{self as ffi_events, KeyRemoved, ServerEvents};
+use crate::ffi::{bytes_of, now_ms, selected_db, with_db, Ctx, Key, RawString};
 use crate::stats::{bump, STATS};
+use crate::{notify, runtime, store};
 
 struct LockEvents;
 
@@ -41,17 +44,44 @@ impl ServerEvents for LockEvents {
         }
     }
 
-    /// If the key held a lock, a holder's lease ran out: counted and announced here, while
-    /// Redis still has the key open.
-    fn key_expired(ctx: Ctx, key: &Key) {
-        if !matches!(crate::store::read_lock(key, None), Ok(Some(_))) {
+    /// A key goes (Redis >= 7.2, Valkey), still open here. If it held a lock: an expiry is
+    /// counted and announced, and — unless the module itself is deleting it (a release, a
+    /// force release or a handoff tells its holders itself) — every holder is told it lost its
+    /// hold, and why.
+    fn key_removed(ctx: Ctx, key: &Key, why: KeyRemoved) {
+        if why != KeyRemoved::Expired && (store::deleting() || !notify::lost_enabled()) {
             return;
         }
-        bump(&STATS.expired);
-        if let Some((name, db)) = key.name_and_db() {
+        let Ok(Some(stored)) = store::read_lock(key, None) else {
+            return;
+        };
+        let Some((name, db)) = key.name_and_db() else {
+            return;
+        };
+        if why == KeyRemoved::Expired {
+            bump(&STATS.expired);
             with_db(ctx, db, || {
-                crate::notify::event(ctx, c"lock.expired", name.as_ptr());
+                notify::event(ctx, c"lock.expired", name.as_ptr());
             });
+        }
+        if store::deleting() || !notify::lost_enabled() {
+            return;
+        }
+        let now = now_ms();
+        let reason = match why {
+            KeyRemoved::Deleted => LostReason::Deleted,
+            KeyRemoved::Expired => LostReason::Expired,
+            KeyRemoved::Evicted => LostReason::Evicted,
+            KeyRemoved::Overwritten => LostReason::Overwritten,
+        };
+        for hold in &stored.lock.holds {
+            // A hold whose own lease had ended was lost to that, whatever removes it now.
+            let reason = if hold.ended(now) {
+                LostReason::Expired
+            } else {
+                reason
+            };
+            notify::publish_lost(ctx, name.bytes(), &Lost::of(hold, reason));
         }
     }
 

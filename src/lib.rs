@@ -98,6 +98,7 @@ redis_module! {
         string: [
             ["unlock-channel-prefix", &config::UNLOCK_CHANNEL_PREFIX, config::DEFAULT_UNLOCK_CHANNEL_PREFIX, ConfigurationFlags::DEFAULT, None],
             ["unlock-message", &config::UNLOCK_MESSAGE, config::DEFAULT_UNLOCK_MESSAGE, ConfigurationFlags::DEFAULT, None],
+            ["lost-channel-prefix", &config::LOST_CHANNEL_PREFIX, config::DEFAULT_LOST_CHANNEL_PREFIX, ConfigurationFlags::DEFAULT, None],
         ],
         bool: [
             ["keyspace-events", &config::KEYSPACE_EVENTS, true, ConfigurationFlags::DEFAULT, None],

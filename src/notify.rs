@@ -1,10 +1,12 @@
-//! What the module tells the outside world: keyspace events on the lock key, and the unlock
-//! message on the lock's channel (Redisson's naming, so Redisson waiters wake up too).
+//! What the module tells the outside world: keyspace events on the lock key, the unlock message
+//! on the lock's channel (Redisson's naming, so Redisson waiters wake up too), and the lost-hold
+//! message to a holder that lost its hold.
 
 use std::cell::RefCell;
 use std::ffi::CStr;
 
 use lock_core::channel::write_unlock_channel;
+use lock_core::hold::Lost;
 
 use crate::config;
 use crate::ffi::{self, Ctx, OwnedString, RawString};
@@ -54,6 +56,43 @@ pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
             ffi::publish_shard(ctx, channel.as_ptr(), message);
         }
     });
+}
+
+/// Tells the holder of a hold it lost (by anything but its own `LOCK.RELEASE`): on
+/// `<lock.lost-channel-prefix>:{<key>}` (the unlock channel's naming, so the channel hashes to
+/// the key's slot), the message `<reason> <token> <owner>` (token 0 for a hold Redisson's own
+/// script took; the owner is the rest of the message, spaces and all). `PUBLISH` on a standalone
+/// server; in cluster mode `SPUBLISH` only, so it goes to the key's shard and is never
+/// broadcast to every node (clients `SSUBSCRIBE` on the key's node). Pub/sub delivers at most
+/// once: a client library still renews and treats a refused renewal as the loss.
+///
+/// Only the rare paths call this (a force release, a lease end, a closed connection, a key
+/// removed or replaced from outside): a release by the owner publishes nothing here.
+pub fn publish_lost(ctx: Ctx, name: &[u8], lost: &Lost) {
+    let mut channel = Vec::new();
+    let publish = config::LOST_CHANNEL_PREFIX
+        .with_text(|prefix| write_unlock_channel(prefix.as_bytes(), name, &mut channel));
+    if !publish {
+        return;
+    }
+    let mut message = Vec::with_capacity(24 + lost.owner.len());
+    message.extend_from_slice(lost.reason.name().as_bytes());
+    message.push(b' ');
+    message.extend_from_slice(lost.token.unwrap_or(0).to_string().as_bytes());
+    message.push(b' ');
+    message.extend_from_slice(&lost.owner);
+    let channel = OwnedString::new(&channel);
+    let message = OwnedString::new(&message);
+    if ffi::is_cluster(ctx) {
+        ffi::publish_shard(ctx, channel.as_ptr(), message.as_ptr());
+    } else {
+        ffi::publish(ctx, channel.as_ptr(), message.as_ptr());
+    }
+}
+
+/// Whether lost-hold messages are sent (`lock.lost-channel-prefix` is not empty).
+pub fn lost_enabled() -> bool {
+    config::LOST_CHANNEL_PREFIX.with_text(|prefix| !prefix.is_empty())
 }
 
 thread_local! {

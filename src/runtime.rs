@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use lock_core::args::Wait;
 use lock_core::binding::{ClientId, GrantRef};
-use lock_core::hold::{HoldKind, Lock, Mode, StoredLock};
+use lock_core::hold::{HoldKind, Lock, Lost, Mode, StoredLock};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
     Answer, Change, Event, NewWait, Note, Port, Read, Scheduler, Seen, Writes,
@@ -532,6 +532,10 @@ impl Port<Blocked> for RedisPort {
             let name = OwnedString::new(&key.name);
             notify::publish_unlock(ctx, name.as_ptr(), &key.name);
         });
+    }
+
+    fn lost(&mut self, key: &LockKey, lost: &Lost) {
+        notify::publish_lost(self.ctx, &key.name, lost);
     }
 
     fn answer(&mut self, handle: Blocked, answer: Answer) {

@@ -327,8 +327,22 @@ pub fn set_lease_end(
 }
 
 pub fn delete(ctx: Ctx, key: &Key, key_name: RawString) {
+    DELETING.with(|d| d.set(true));
     key.delete();
+    DELETING.with(|d| d.set(false));
     replicate::strings(ctx, c"DEL", &[key_name]);
+}
+
+thread_local! {
+    /// Set while the module deletes a lock key itself (a release, a force release, the last hold
+    /// of a key ending): the key server event it raises is the module's own, whose holders the
+    /// command or the scheduler tells themselves.
+    static DELETING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the module is deleting a lock key right now (see [`delete`]).
+pub fn deleting() -> bool {
+    DELETING.with(std::cell::Cell::get)
 }
 
 fn itoa_buffer() -> [u8; 20] {

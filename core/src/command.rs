@@ -9,7 +9,7 @@
 //! multi-hold layout in O(holds), both into a [`Lock`]; the rules below never ask which.
 
 use crate::args::{AcquireRequest, Binding, Wait};
-use crate::hold::{self, Decision, How, Lock, StoredLock};
+use crate::hold::{self, Decision, Hold, How, Lock, Lost, LostReason, StoredLock};
 use crate::key::ClientId;
 pub use crate::kind::Left;
 use crate::kind::{HoldKind, Queue};
@@ -25,7 +25,7 @@ pub struct Live {
     /// common case copies nothing).
     trimmed: Option<Lock>,
     /// Holds whose lease ended but that are still stored (the next write removes them).
-    pub ended: usize,
+    pub ended: Vec<Hold>,
 }
 
 /// The lock of a missing key.
@@ -34,11 +34,11 @@ static FREE: Lock = Lock::free();
 impl Live {
     pub fn new(stored: Option<StoredLock>, now: UnixMs) -> Live {
         let mut trimmed = None;
-        let mut ended = 0;
+        let mut ended = Vec::new();
         if let Some(stored) = &stored {
             if stored.lock.holds.iter().any(|h| h.ended(now)) {
                 let mut lock = stored.lock.clone();
-                ended = lock.drop_ended(now);
+                ended = lock.take_ended(now);
                 trimmed = Some(lock);
             }
         }
@@ -124,7 +124,7 @@ pub enum Counter {
 
 /// Everything a command does, in the order the module carries it out: write `write` (the
 /// lock's new state; None: nothing), bind or unbind holds, count and announce the holds whose
-/// lease ended (`ended`), raise `event`, move `counters`, move the waiters' lease check to
+/// lease ended (`ended`), tell the holders who `lost` their hold, raise `event`, move `counters`, move the waiters' lease check to
 /// `lease_end`, hand the room `freed` made to waiters (else publish the unlock when the key is
 /// gone), and reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +134,10 @@ pub struct Outcome {
     pub bind: Option<(HoldKind, u64)>,
     /// Holds (by token) that ended: forget their connection bindings.
     pub unbind: Vec<u64>,
+    /// How many holds whose lease ended the write removes (counted and announced).
     pub ended: usize,
+    /// Holders to tell they lost their hold (the lost-hold messages).
+    pub lost: Vec<Lost>,
     pub event: Option<LockEvent>,
     pub counters: Counters,
     /// Some: the key's earliest lease end changed to this (None inside: no lease).
@@ -150,6 +153,7 @@ impl Outcome {
             bind: None,
             unbind: Vec::new(),
             ended: 0,
+            lost: Vec::new(),
             event: None,
             counters: Counters::default(),
             lease_end: None,
@@ -166,8 +170,10 @@ impl Outcome {
     /// A write that also removes the holds whose lease ended: they are counted, and the room
     /// they left goes to the waiters.
     fn writing(mut self, live: &Live, lock: Lock) -> Outcome {
-        self.ended = live.ended;
-        if live.ended > 0 && self.freed.is_none() {
+        self.ended = live.ended.len();
+        self.lost
+            .extend(live.ended.iter().map(|h| Lost::of(h, LostReason::Expired)));
+        if !live.ended.is_empty() && self.freed.is_none() {
             self.freed = Some(left(&lock));
         }
         self.write = Some(lock);
@@ -338,6 +344,19 @@ pub fn force_release(live: &Live) -> Outcome {
     };
     let mut outcome = Outcome::reply(Reply::Integer(1)).count(Counter::ForceReleased);
     outcome.unbind = stored.lock.holds.iter().filter_map(|h| h.token).collect();
+    // Every holder is told: those whose lease had ended (nobody removed their hold yet) that it
+    // ran out, the others that it was taken from them.
+    outcome.lost = live
+        .ended
+        .iter()
+        .map(|h| Lost::of(h, LostReason::Expired))
+        .chain(
+            live.lock()
+                .holds
+                .iter()
+                .map(|h| Lost::of(h, LostReason::ForceReleased)),
+        )
+        .collect();
     outcome.event = Some(LockEvent::ForceReleased);
     outcome.freed = Some(Left::Nothing);
     // Every stored hold goes, ended or not: none is counted as a lease end.

@@ -44,7 +44,8 @@ pub struct Hold {
 }
 
 impl Hold {
-    pub(crate) fn ended(&self, now: UnixMs) -> bool {
+    /// Whether the hold's lease ended by `now`.
+    pub fn ended(&self, now: UnixMs) -> bool {
         // The server's rule for keys: expired once the clock is past the deadline.
         self.expires_at.is_some_and(|at| now > at)
     }
@@ -129,9 +130,19 @@ impl Lock {
 
     /// Removes the holds whose lease ended by `now`; returns how many.
     pub fn drop_ended(&mut self, now: UnixMs) -> usize {
-        let before = self.holds.len();
-        self.holds.retain(|h| !h.ended(now));
-        before - self.holds.len()
+        self.take_ended(now).len()
+    }
+
+    /// Removes the holds whose lease ended by `now` and returns them (their holders lost them).
+    pub fn take_ended(&mut self, now: UnixMs) -> Vec<Hold> {
+        if !self.holds.iter().any(|h| h.ended(now)) {
+            return Vec::new();
+        }
+        let (ended, live) = std::mem::take(&mut self.holds)
+            .into_iter()
+            .partition(|h| h.ended(now));
+        self.holds = live;
+        ended
     }
 
     /// The sum of `owner`'s re-entries over its holds.
@@ -768,20 +779,75 @@ pub(crate) fn remove_hold(
 ) -> Option<Lock> {
     let mut out = lock.clone();
     let ending = HashSet::from([(kind, token)]);
-    (remove_holds(&mut out, &ending, any_count) > 0).then_some(out)
+    (!remove_holds(&mut out, &ending, any_count).is_empty()).then_some(out)
 }
 
 /// Removes the holds named by (kind, token) in `ending`, whatever their count (holds whose
 /// connection closed) or only at count 1 (`any_count` false: an undelivered grant; a re-entered
-/// hold is in use). One pass over the lock however many are named. Returns how many were
-/// removed.
-pub fn remove_holds(lock: &mut Lock, ending: &HashSet<(HoldKind, u64)>, any_count: bool) -> usize {
-    let before = lock.holds.len();
-    lock.holds.retain(|h| {
-        let named = h.token.is_some_and(|t| ending.contains(&(h.kind, t)));
-        !(named && (any_count || h.count == 1))
-    });
-    before - lock.holds.len()
+/// hold is in use). One pass over the lock however many are named. Returns the removed holds.
+pub fn remove_holds(
+    lock: &mut Lock,
+    ending: &HashSet<(HoldKind, u64)>,
+    any_count: bool,
+) -> Vec<Hold> {
+    let (removed, kept) = std::mem::take(&mut lock.holds)
+        .into_iter()
+        .partition(|h: &Hold| {
+            let named = h.token.is_some_and(|t| ending.contains(&(h.kind, t)));
+            named && (any_count || h.count == 1)
+        });
+    lock.holds = kept;
+    removed
+}
+
+/// Why a holder lost its hold (anything but its own `LOCK.RELEASE`): the word its lost-hold
+/// message starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostReason {
+    /// `LOCK.FORCERELEASE`.
+    ForceReleased,
+    /// The key was removed by a command (`DEL`, `UNLINK`, or `RENAME`/`MOVE` taking it away).
+    Deleted,
+    /// The key's value was replaced (`SET`, `RESTORE ... REPLACE`, a `RENAME` onto it).
+    Overwritten,
+    /// `maxmemory` evicted the key.
+    Evicted,
+    /// The `EPHEMERAL` hold's connection closed.
+    Disconnected,
+    /// The hold's lease ran out.
+    Expired,
+}
+
+impl LostReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            LostReason::ForceReleased => "forcereleased",
+            LostReason::Deleted => "deleted",
+            LostReason::Overwritten => "overwritten",
+            LostReason::Evicted => "evicted",
+            LostReason::Disconnected => "disconnected",
+            LostReason::Expired => "expired",
+        }
+    }
+}
+
+/// A hold its holder lost, and why: what the lost-hold message tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost {
+    pub reason: LostReason,
+    pub owner: Vec<u8>,
+    /// None for a hold Redisson's own script took (no fencing token yet).
+    pub token: Option<u64>,
+}
+
+impl Lost {
+    pub fn of(hold: &Hold, reason: LostReason) -> Lost {
+        Lost {
+            reason,
+            owner: hold.owner.clone(),
+            token: hold.token,
+        }
+    }
 }
 
 /// A lock as read from its key, with the key's expiry (the lease of an `RLock`-layout hold).

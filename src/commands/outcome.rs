@@ -1,6 +1,6 @@
 //! Carrying out what a command decided (`lock_core::command::Outcome`), in one place and one
 //! order: write the lock, bind or unbind its holds, count and announce the holds whose lease
-//! ended, raise the event, move the counters, move the waiters' lease check, hand the room to
+//! ended, tell holders they lost their holds, raise the event, move the counters, move the waiters' lease check, hand the room to
 //! waiters (else publish the unlock), reply. The lock itself is written by `store::write_lock`,
 //! the writer the scheduler's grants use too.
 
@@ -82,6 +82,7 @@ pub fn carry_out(
         bind,
         unbind,
         ended,
+        lost,
         event,
         counters,
         lease_end,
@@ -113,6 +114,9 @@ pub fn carry_out(
     if ended > 0 {
         add(&STATS.holds_expired, ended as u64);
         notify::event(ctx, c"lock.expired", key_name);
+    }
+    for lost in &lost {
+        notify::publish_lost(ctx, name, lost);
     }
     if let Some(event) = event {
         notify::event(ctx, event_name(event), key_name);

@@ -16,8 +16,8 @@ pub trait ServerEvents {
     /// A keyspace event of the generic, expired or evicted class (`del`, `expired`,
     /// `move_from`, ...) on `key`, in the context's selected database.
     fn keyspace(ctx: Ctx, event: Option<&CStr>, key: RawString);
-    /// A key expired (Redis >= 7.2, Valkey); it is still open for the call.
-    fn key_expired(ctx: Ctx, key: &Key);
+    /// A key is about to go (Redis >= 7.2, Valkey): it is still open, and readable, for the call.
+    fn key_removed(ctx: Ctx, key: &Key, why: KeyRemoved);
     /// A client connection closed.
     fn client_closed(ctx: Ctx, client: u64);
     /// The server became a replica.
@@ -26,6 +26,17 @@ pub trait ServerEvents {
     fn flushed(ctx: Ctx, db: Option<i32>);
     /// `SWAPDB a b`.
     fn swapped(ctx: Ctx, a: i32, b: i32);
+}
+
+/// Why a key goes (the key server event's subevent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRemoved {
+    /// A command removed it (`DEL`, `UNLINK`, `RENAME`/`MOVE` taking it away), or the module did.
+    Deleted,
+    Expired,
+    Evicted,
+    /// A command replaced its value (`SET`, `RESTORE ... REPLACE`, a `RENAME` onto it).
+    Overwritten,
 }
 
 /// What [`subscribe`] got.
@@ -79,13 +90,20 @@ extern "C" fn on_key_event<E: ServerEvents>(
     data: *mut c_void,
 ) {
     guard::callback((), || {
-        if subevent != raw::REDISMODULE_SUBEVENT_KEY_EXPIRED || data.is_null() {
+        let why = match subevent {
+            raw::REDISMODULE_SUBEVENT_KEY_DELETED => KeyRemoved::Deleted,
+            raw::REDISMODULE_SUBEVENT_KEY_EXPIRED => KeyRemoved::Expired,
+            raw::REDISMODULE_SUBEVENT_KEY_EVICTED => KeyRemoved::Evicted,
+            raw::REDISMODULE_SUBEVENT_KEY_OVERWRITTEN => KeyRemoved::Overwritten,
+            _ => return,
+        };
+        if data.is_null() {
             return;
         }
         // SAFETY: for key events Redis passes a RedisModuleKeyInfo whose key is open for the
         // callback's duration.
         let info = unsafe { &*data.cast::<raw::RedisModuleKeyInfo>() };
-        Key::with_borrowed(info.key, |key| E::key_expired(ctx, key));
+        Key::with_borrowed(info.key, |key| E::key_removed(ctx, key, why));
     });
 }
 

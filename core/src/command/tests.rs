@@ -412,6 +412,8 @@ fn release_outcomes() {
         assert_eq!(outcome.unbind, unbind);
         assert_eq!(counters(&outcome), expected_counters);
         assert_eq!(outcome.write.is_some(), reply != Reply::Null);
+        // An owner's own release tells nobody they lost anything.
+        assert!(outcome.lost.is_empty());
     }
 }
 
@@ -428,12 +430,21 @@ fn holds_whose_lease_ended_are_removed_counted_and_make_room() {
         },
         Some(later),
     );
-    assert_eq!(live.ended, 1);
+    assert_eq!(live.ended.len(), 1);
     assert_eq!(live.lock().holds.len(), 1);
     // A renew by the live holder writes the lock without the ended hold, and the room it left
     // goes to the waiters.
     let outcome = renew(&live, b"b", 1_000, NOW).unwrap();
     assert_eq!(outcome.ended, 1);
+    // Its holder is told it lost it to its lease.
+    assert_eq!(
+        outcome.lost,
+        vec![Lost {
+            reason: LostReason::Expired,
+            owner: b"a".to_vec(),
+            token: Some(4),
+        }]
+    );
     assert_eq!(outcome.freed, Some(Left::OtherHolds));
     assert_eq!(outcome.write.map(|l| l.holds.len()), Some(1));
     // A refused command writes nothing, so removes nothing.
@@ -471,6 +482,17 @@ fn force_release_removes_every_hold_and_forgets_every_binding() {
     assert_eq!(outcome.reply, Reply::Integer(1));
     // The ended hold's binding goes too, but it is not counted as a lease end.
     assert_eq!(outcome.unbind, vec![4, 5]);
+    // Every holder is told: the one whose lease had ended that it ran out, the other that it
+    // was taken.
+    let told: Vec<(LostReason, Option<u64>)> =
+        outcome.lost.iter().map(|l| (l.reason, l.token)).collect();
+    assert_eq!(
+        told,
+        vec![
+            (LostReason::Expired, Some(4)),
+            (LostReason::ForceReleased, Some(5))
+        ]
+    );
     assert_eq!(outcome.ended, 0);
     assert_eq!(outcome.freed, Some(Left::Nothing));
     assert_eq!(outcome.write, Some(Lock::free()));

@@ -254,12 +254,23 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             return None;
         };
         let mut lock = stored.lock.clone();
-        lock.drop_ended(now);
+        let ended = lock.take_ended(now);
         let removed = hold::remove_holds(&mut lock, ending, why == Ending::ConnectionClosed);
-        if removed == 0 {
+        if removed.is_empty() {
             return None;
         }
         port.write(key, Some(&stored), &lock).ok()?;
+        // Their holders lost them: the lease-ended ones this write removed, and the named ones
+        // whose connection closed (an undelivered grant's holder never knew it held it).
+        for hold in &ended {
+            port.lost(key, &Lost::of(hold, LostReason::Expired));
+        }
+        if why == Ending::ConnectionClosed {
+            for hold in &removed {
+                port.lost(key, &Lost::of(hold, LostReason::Disconnected));
+            }
+        }
+        let removed = removed.len();
         let left = if lock.holds.is_empty() {
             Left::Nothing
         } else {

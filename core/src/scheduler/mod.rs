@@ -17,7 +17,7 @@ use std::hash::Hash;
 use crate::args::Wait;
 use crate::binding::{Bindings, ClientId, GrantRef};
 use crate::deadlines::{DeadlineKey, Deadlines};
-use crate::hold::{self, Decision, HoldKind, Lock, Mode, Run, StoredLock};
+use crate::hold::{self, Decision, HoldKind, Lock, Lost, LostReason, Mode, Run, StoredLock};
 use crate::kind::Left;
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
 use crate::{LockError, UnixMs};
@@ -180,6 +180,8 @@ pub trait Port<H> {
     fn event(&mut self, key: &LockKey, event: Event);
     /// Tells the lock's channel it is free (nobody was waiting for it).
     fn publish_unlock(&mut self, key: &LockKey);
+    /// Tells a holder it lost its hold of `key` (the lost-hold message).
+    fn lost(&mut self, key: &LockKey, lost: &Lost);
     fn answer(&mut self, handle: H, answer: Answer);
     fn note(&mut self, note: Note);
 }
@@ -501,7 +503,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             }
         };
         let mut lock = stored.as_ref().map_or_else(Lock::free, |s| s.lock.clone());
-        let ended = lock.drop_ended(now);
+        let ended_holds = lock.take_ended(now);
+        let ended = ended_holds.len();
         let mut run = Run::new(lock);
         let mut granted: Vec<(Waiter<H>, u64, HoldKind)> = Vec::new();
         let mut stop = Stop::Held;
@@ -557,6 +560,9 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         }
         if ended > 0 {
             port.note(Note::LeasesEnded(ended));
+        }
+        for hold in &ended_holds {
+            port.lost(key, &Lost::of(hold, LostReason::Expired));
         }
         // Where the server reports every key expiry, a lease end that freed the key was
         // announced then; the end of one hold of several only the module sees.

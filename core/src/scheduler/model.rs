@@ -334,7 +334,8 @@ proptest! {
                     advance_to(&mut s, &mut port, now);
                     if port.writes == Writes::Allowed {
                         for (k, token) in model.bound.remove(&c).unwrap_or_default() {
-                            let still = port.lock(&k).is_some_and(|l| l.holds.iter().any(|h| h.token == Some(token)));
+                            let now = port.now;
+                            let still = port.lock(&k).is_some_and(|l| l.holds.iter().any(|h| h.token == Some(token) && !h.ended(now)));
                             prop_assert!(!still, "a closed connection's hold survived");
                         }
                     }

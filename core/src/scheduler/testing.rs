@@ -1,6 +1,6 @@
 use super::*;
 use crate::args::Reentry;
-use crate::hold::{self, Decision, Lock};
+use crate::hold::{self, Decision, Lock, Lost};
 use crate::kind::Queue;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +18,11 @@ pub enum Effect {
     },
     Published {
         key: LockKey,
+    },
+    /// A holder was told it lost its hold.
+    Lost {
+        key: LockKey,
+        lost: Lost,
     },
     Answered {
         handle: u32,
@@ -53,16 +58,18 @@ impl Default for FakePort {
 }
 
 impl FakePort {
-    /// The key's lock with its ended holds gone (as a write lookup leaves it; while writes
-    /// are paused nothing is removed, as in Redis). None when nothing is held.
+    /// The key's lock as Redis keeps it: gone once its expiry (the last lease end) passed, as
+    /// a write lookup leaves it (while writes are paused nothing is removed, as in Redis); a
+    /// hold of several whose own lease ended stays stored until a write removes it. None when
+    /// nothing is stored.
     pub fn lock(&mut self, key: &LockKey) -> Option<&Lock> {
         if self.writes != Writes::Paused {
             let now = self.now;
-            let empty = self.keys.get_mut(key).is_some_and(|l| {
-                l.drop_ended(now);
-                l.holds.is_empty()
-            });
-            if empty {
+            let expired = self
+                .keys
+                .get(key)
+                .is_some_and(|l| l.holds.iter().all(|h| h.ended(now)));
+            if expired {
                 self.keys.remove(key);
             }
         }
@@ -206,6 +213,13 @@ impl Port<u32> for FakePort {
 
     fn publish_unlock(&mut self, key: &LockKey) {
         self.effects.push(Effect::Published { key: key.clone() });
+    }
+
+    fn lost(&mut self, key: &LockKey, lost: &Lost) {
+        self.effects.push(Effect::Lost {
+            key: key.clone(),
+            lost: lost.clone(),
+        });
     }
 
     fn answer(&mut self, handle: u32, answer: Answer) {

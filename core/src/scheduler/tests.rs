@@ -869,6 +869,21 @@ fn a_closed_connection_ends_its_bound_holds_whatever_their_count_and_hands_each_
         .collect();
     assert_eq!(disconnected.len(), 4, "one note per hold");
     assert_eq!(disconnected.into_iter().collect::<HashSet<_>>(), expected);
+    // Each holder is told it lost its hold to the closed connection, with its token.
+    let told: HashSet<(LockKey, Option<u64>)> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Lost { key, lost } if lost.reason == LostReason::Disconnected => {
+                Some((key.clone(), lost.token))
+            }
+            _ => None,
+        })
+        .collect();
+    let bound: HashSet<(LockKey, Option<u64>)> = [(&k1, t1), (&k2, t2), (&k3, t3), (&k4, t4)]
+        .into_iter()
+        .map(|(k, t)| (k.clone(), Some(t)))
+        .collect();
+    assert_eq!(told, bound);
     let published: HashSet<LockKey> = effects
         .iter()
         .filter_map(|e| match e {
@@ -964,4 +979,31 @@ fn a_hold_unbound_after_its_release_is_left_alone_when_its_connection_closes() {
     s.clients_gone(&mut port, vec![7], now);
     assert_eq!(port.effects.len(), before);
     assert_eq!(holders(&mut port, &k), [("b".into(), HoldKind::Exclusive)]);
+}
+
+#[test]
+fn a_hold_whose_lease_ended_under_waiters_is_told_it_was_lost() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let k = key("k");
+    // Two shared holds; a writer waits behind them; one lease ends first.
+    let short = take(&mut port, &k, "a", Mode::Shared, 1_000);
+    take(&mut port, &k, "b", Mode::Shared, 60_000);
+    queue(&mut s, &mut port, &k, &[(1, "w", Mode::Exclusive)]);
+    let end = port.now + 1_002;
+    advance_to(&mut s, &mut port, end);
+    let told: Vec<(LostReason, Vec<u8>, Option<u64>)> = port
+        .effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Lost { lost, .. } => Some((lost.reason, lost.owner.clone(), lost.token)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        told,
+        vec![(LostReason::Expired, b"a".to_vec(), Some(short))]
+    );
+    // b still holds it: the writer waits on.
+    assert_eq!(s.waiters_on(&k), 1);
 }
