@@ -3,13 +3,11 @@
 //! the lock key's slot; a node answers MOVED for a key it does not serve; and a lock key that
 //! migrates keeps its lock while its waiters are redirected, never left hanging.
 
-mod common;
-
 use std::thread;
 use std::time::Duration;
 
-use common::*;
 use lock_core::slot::{counter_key, key_slot};
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(5);
 
@@ -197,7 +195,7 @@ fn a_migrated_lock_keeps_its_holder_and_token_and_its_waiters_follow_it() {
     // The waiters are answered at once with the redirect, not left hanging, and nobody got a
     // second copy of the lock on the source.
     match plain.answer(SOON) {
-        Some((Err(e), _)) => assert_eq!(
+        Some(Answer { reply: Err(e), .. }) => assert_eq!(
             format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or("")),
             format!("ASK {slot} 127.0.0.1:{}", target.port)
         ),

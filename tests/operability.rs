@@ -1,11 +1,9 @@
 //! How the module fits Redis operations: INFO, keyspace events, ACL, CONFIG, COMMAND DOCS, logs.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use lock_testkit::*;
 
 #[test]
 fn info_lock_counts_every_kind_of_event_exactly() {
@@ -284,7 +282,10 @@ fn acl_confines_applications_to_their_own_unlock_channels() {
 #[test]
 fn config_is_validated_and_written_by_config_rewrite() {
     let server = Server::start_from_config("lock.max-lease-ms 60000\n");
-    let conf = server.config_path().expect("started from a file").to_path_buf();
+    let conf = server
+        .config_path()
+        .expect("started from a file")
+        .to_path_buf();
     let mut con = server.connect();
     let lease: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")

@@ -1,9 +1,7 @@
 //! Interop with Redisson's own RLock scripts (from ../shared/seeds/001_9c83fae6cf63878e.txt):
 //! a LOCK.* client and a Redisson client share one lock.
 
-mod common;
-
-use common::*;
+use lock_testkit::*;
 
 const LOCK: &str = "if (redis.call('exists', KEYS[1]) == 0) then \
 redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; \
