@@ -51,15 +51,13 @@
 //! `LOCK_ADV_TRACE=<file>` writes every operation and step, `LOCK_ADV_LOG=<file>` keeps the
 //! servers' logs.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use lock_testkit::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

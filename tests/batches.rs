@@ -22,15 +22,13 @@
 //! sockets, so the tests of this file run one at a time; with a lower limit the batches shrink
 //! to fit, and say so.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use common::*;
+use lock_testkit::*;
 
 /// Holders per batch: the module's cap on one key's holders (`MAX_HOLDERS`) and on a
 /// semaphore's `LIMIT` (`MAX_LIMIT`).

@@ -4,15 +4,13 @@
 //! migrates keeps its lock while its waiters are redirected, never left hanging; and the unlock
 //! message reaches Redisson's sharded subscribers (`SSUBSCRIBE`) on the key's node.
 
-mod common;
-
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
 use lock_core::channel::unlock_channel;
 use lock_core::slot::{counter_key, key_slot};
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(5);
 
@@ -200,7 +198,7 @@ fn a_migrated_lock_keeps_its_holder_and_token_and_its_waiters_follow_it() {
     // The waiters are answered at once with the redirect, not left hanging, and nobody got a
     // second copy of the lock on the source.
     match plain.answer(SOON) {
-        Some((Err(e), _)) => assert_eq!(
+        Some(Answer { reply: Err(e), .. }) => assert_eq!(
             format!("{} {}", e.code().unwrap_or(""), e.detail().unwrap_or("")),
             format!("ASK {slot} 127.0.0.1:{}", target.port)
         ),

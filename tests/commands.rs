@@ -1,11 +1,9 @@
 //! LOCK.ACQUIRE / RELEASE / RENEW / INFO / FORCERELEASE against a real server: replies, storage
 //! layout, fencing tokens, the unlock channel, and bad input.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use lock_testkit::*;
 
 #[test]
 fn acquire_stores_redissons_layout_with_a_lease() {

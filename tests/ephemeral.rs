@@ -4,16 +4,11 @@
 //! replica learns it as effects, INFO counts it, and nothing is bound after a failover or a
 //! restart.
 
-mod common;
-
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(5);
 
@@ -28,112 +23,8 @@ const IN_SCRIPT: &str =
 
 /// A `redis-cli` process holding a connection: what a crashing application looks like when it
 /// is SIGKILLed (the kernel closes its socket, no goodbye).
-struct CliHolder {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl CliHolder {
-    fn spawn(server: &Server) -> CliHolder {
-        // `exec`: the shell becomes redis-cli (same pid, so SIGKILL reaches it), errors on stdout.
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "exec {} -p {} 2>&1",
-                cli_bin().to_string_lossy(),
-                server.port
-            ))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-cli ($LOCK_CLI)");
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        CliHolder {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// Sends one command line and reads its one-line reply (raw output: no terminal).
-    fn command(&mut self, line: &str) -> String {
-        writeln!(self.stdin, "{line}").expect("write to redis-cli");
-        self.stdin.flush().expect("flush redis-cli's stdin");
-        let mut reply = String::new();
-        self.stdout
-            .read_line(&mut reply)
-            .expect("read from redis-cli");
-        reply.trim_end().to_string()
-    }
-
-    /// A command whose reply is an integer (a token, a client id).
-    fn integer(&mut self, line: &str) -> i64 {
-        let reply = self.command(line);
-        reply
-            .parse()
-            .unwrap_or_else(|_| panic!("{line} answered {reply:?}"))
-    }
-
-    /// SIGKILL, and reap.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for CliHolder {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A command blocked on its own connection in a thread: the reply comes back with the moment
-/// it arrived and the connection itself, which stays open until the test drops it.
-struct Blocked {
-    id: i64,
-    done: mpsc::Receiver<(redis::RedisResult<Value>, Instant, Connection)>,
-}
-
-impl Blocked {
-    /// Starts `args` and returns once the server shows one more waiter (so that waiters started
-    /// one after another queue in that order).
-    fn start(server: &Server, args: &[&str]) -> Blocked {
-        let mut admin = server.connect();
-        let before = waiters(&mut admin);
-        let mut con = server.connect();
-        let id = client_id(&mut con);
-        let (tx, rx) = mpsc::channel();
-        let owned: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        thread::spawn(move || {
-            let mut cmd = redis::cmd(&owned[0]);
-            for a in &owned[1..] {
-                cmd.arg(a);
-            }
-            let reply = cmd.query::<Value>(&mut con);
-            let _ = tx.send((reply, Instant::now(), con));
-        });
-        assert!(
-            eventually(SOON, || waiters(&mut admin) == before + 1),
-            "{args:?} did not block"
-        );
-        Blocked { id, done: rx }
-    }
-
-    /// The granted token, the moment the reply arrived, and the connection (still open).
-    fn granted(&self, within: Duration) -> (i64, Instant, Connection) {
-        match self.done.recv_timeout(within) {
-            Ok((Ok(Value::Int(token)), at, con)) => (token, at, con),
-            Ok((other, _, _)) => panic!("client {} got {other:?}", self.id),
-            Err(_) => panic!("client {} not answered within {within:?}", self.id),
-        }
-    }
-
-    fn still_blocked(&self) -> bool {
-        matches!(self.done.try_recv(), Err(mpsc::TryRecvError::Empty))
-    }
+fn cli_holder(server: &Server) -> Cli {
+    Cli::start(server.port).expect("spawn redis-cli ($LOCK_CLI)")
 }
 
 /// An EPHEMERAL acquire that must be granted: its token.
@@ -203,26 +94,25 @@ fn a_killed_holder_process_hands_the_key_to_the_waiter_within_milliseconds() {
     let mut latencies = Vec::new();
     for i in 0..SAMPLES {
         let key = format!("crash:{i}");
-        let mut holder = CliHolder::spawn(&master);
+        let mut holder = cli_holder(&master);
         let holder_id = holder.integer("CLIENT ID");
         let old_token = holder.integer(&format!("LOCK.ACQUIRE {key} h{i} 30000 EPHEMERAL"));
         assert_eq!(bound_to(&mut m, &key), Some(holder_id));
         assert_eq!(lock_stat(&mut m, "ephemeral_holds"), 1);
         let disconnected = lock_stat(&mut m, "disconnected");
-        let waiter = Blocked::start(
-            &master,
-            &[
-                "LOCK.ACQUIRE",
-                &key,
-                &format!("w{i}"),
-                "30000",
-                "WAIT",
-                "10000",
-            ],
-        );
+        let waiter = Waiter::request(&master, &key, &format!("w{i}"), 30_000, 10_000)
+            .keep_connection()
+            .start();
         let killed = Instant::now();
         holder.kill();
-        let (token, answered, _con) = waiter.granted(SOON);
+        let (
+            token,
+            Answer {
+                at: answered,
+                con: _con,
+                ..
+            },
+        ) = waiter.granted(SOON);
         latencies.push(answered.duration_since(killed).as_secs_f64() * 1e3);
         assert!(token > old_token, "{token} <= {old_token}");
         assert_eq!(owner_of(&mut m, &key), Some(format!("w{i}")));
@@ -274,10 +164,9 @@ fn client_kill_ends_every_reentry_at_once_and_the_waiter_is_granted() {
     assert_eq!(bound_to(&mut admin, "k"), Some(holder_id));
     assert_eq!(lock_stat(&mut admin, "ephemeral_holds"), 1);
 
-    let waiter = Blocked::start(
-        &server,
-        &["LOCK.ACQUIRE", "k", "w", "30000", "WAIT", "10000"],
-    );
+    let waiter = Waiter::request(&server, "k", "w", 30_000, 10_000)
+        .keep_connection()
+        .start();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("ID")
@@ -285,7 +174,7 @@ fn client_kill_ends_every_reentry_at_once_and_the_waiter_is_granted() {
         .query(&mut admin)
         .unwrap();
     assert_eq!(killed, 1);
-    let (new_token, _, _con) = waiter.granted(SOON);
+    let (new_token, _answer) = waiter.granted(SOON);
     assert!(new_token > token);
     let info = lock_info(&mut admin, "k").unwrap();
     assert_eq!(owner_of(&mut admin, "k").as_deref(), Some("w"));
@@ -324,10 +213,9 @@ fn the_servers_idle_timeout_closes_the_holder_and_ends_its_hold() {
     let mut holder = server.connect();
     ephemeral(&mut holder, "k", "h", 30_000, &[]);
     // A blocked client is not idle: the waiter stays.
-    let waiter = Blocked::start(
-        &server,
-        &["LOCK.ACQUIRE", "k", "w", "30000", "WAIT", "15000"],
-    );
+    let waiter = Waiter::request(&server, "k", "w", 30_000, 15_000)
+        .keep_connection()
+        .start();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("timeout")
@@ -335,7 +223,14 @@ fn the_servers_idle_timeout_closes_the_holder_and_ends_its_hold() {
         .query(&mut admin)
         .unwrap();
     let started = Instant::now();
-    let (_, answered, _con) = waiter.granted(Duration::from_secs(10));
+    let (
+        _,
+        Answer {
+            at: answered,
+            con: _con,
+            ..
+        },
+    ) = waiter.granted(Duration::from_secs(10));
     println!(
         "idle timeout 1 s: the holder's hold ended after {:?}",
         answered.duration_since(started)
@@ -608,21 +503,14 @@ fn a_waiter_granted_an_ephemeral_hold_is_bound_to_its_own_connection() {
     let server = Server::start();
     let mut admin = server.connect();
     acquire(&mut admin, "k", "a", 30_000).unwrap();
-    let first = Blocked::start(
-        &server,
-        &[
-            "LOCK.ACQUIRE",
-            "k",
-            "b",
-            "30000",
-            "EPHEMERAL",
-            "WAIT",
-            "10000",
-        ],
-    );
+    let first = Waiter::request(&server, "k", "b", 30_000, 10_000)
+        .options(&["EPHEMERAL"])
+        .keep_connection()
+        .start();
     let second = Waiter::start(&server, "k", "c", 30_000, 10_000);
     assert_eq!(release(&mut admin, "k", "a"), Some(0));
-    let (token_b, _, con_b) = first.granted(SOON);
+    let (token_b, answer_b) = first.granted(SOON);
+    let con_b = answer_b.connection();
     assert_eq!(owner_of(&mut admin, "k").as_deref(), Some("b"));
     assert_eq!(bound_to(&mut admin, "k"), Some(first.id));
     assert_eq!(lock_stat(&mut admin, "ephemeral_holds"), 1);
@@ -744,14 +632,23 @@ fn after_failover_an_ephemeral_hold_lives_until_its_lease_ends() {
     );
     // The holder's connection (still open to the old master, now a replica) closes: nothing
     // happens on the new master.
-    let waiter = Blocked::start(&new, &["LOCK.ACQUIRE", "k", "w", "30000", "WAIT", "10000"]);
+    let waiter = Waiter::request(&new, "k", "w", 30_000, 10_000)
+        .keep_connection()
+        .start();
     drop(holder);
     thread::sleep(Duration::from_millis(300));
     assert!(waiter.still_blocked(), "granted before the lease ended");
     assert_eq!(owner_of(&mut n, "k").as_deref(), Some("h"));
     assert_eq!(lock_stat(&mut n, "disconnected"), 0);
     // At the lease end it goes to the waiter.
-    let (new_token, answered, _con) = waiter.granted(Duration::from_millis(LEASE_MS) + SOON);
+    let (
+        new_token,
+        Answer {
+            at: answered,
+            con: _con,
+            ..
+        },
+    ) = waiter.granted(Duration::from_millis(LEASE_MS) + SOON);
     assert!(new_token > token);
     assert!(
         answered + Duration::from_millis(50) >= lease_ends,
@@ -795,7 +692,7 @@ fn a_killed_permit_or_reader_process_gives_its_room_to_the_next_waiter() {
     let mut admin = server.connect();
 
     // Semaphore of 2: a (process, EPHEMERAL) and b (plain) hold the permits, c waits.
-    let mut a = CliHolder::spawn(&server);
+    let mut a = cli_holder(&server);
     let a_id = a.integer("CLIENT ID");
     let token_a = a.integer("LOCK.ACQUIRE sem a 30000 LIMIT 2 EPHEMERAL");
     acquire_with(&mut admin, "sem", "b", 30_000, &["LIMIT", "2"])
@@ -804,21 +701,12 @@ fn a_killed_permit_or_reader_process_gives_its_room_to_the_next_waiter() {
     let by_owner = holders(&mut admin, "sem");
     assert_eq!(by_owner["a"], (1, Some(a_id)));
     assert_eq!(by_owner["b"], (1, None));
-    let c = Blocked::start(
-        &server,
-        &[
-            "LOCK.ACQUIRE",
-            "sem",
-            "c",
-            "30000",
-            "LIMIT",
-            "2",
-            "WAIT",
-            "10000",
-        ],
-    );
+    let c = Waiter::request(&server, "sem", "c", 30_000, 10_000)
+        .options(&["LIMIT", "2"])
+        .keep_connection()
+        .start();
     a.kill();
-    let (token_c, _, _con_c) = c.granted(SOON);
+    let (token_c, _answer_c) = c.granted(SOON);
     assert!(token_c > token_a);
     let by_owner = holders(&mut admin, "sem");
     assert_eq!(by_owner.len(), 2);
@@ -826,15 +714,14 @@ fn a_killed_permit_or_reader_process_gives_its_room_to_the_next_waiter() {
     assert_eq!(by_owner["c"], (1, None));
 
     // Read-write: r1 (process, SHARED EPHEMERAL) and r2 (plain SHARED) read, x waits to write.
-    let mut r1 = CliHolder::spawn(&server);
+    let mut r1 = cli_holder(&server);
     r1.integer("LOCK.ACQUIRE rw r1 30000 SHARED EPHEMERAL");
     acquire_with(&mut admin, "rw", "r2", 30_000, &["SHARED"])
         .unwrap()
         .unwrap();
-    let x = Blocked::start(
-        &server,
-        &["LOCK.ACQUIRE", "rw", "x", "30000", "WAIT", "10000"],
-    );
+    let x = Waiter::request(&server, "rw", "x", 30_000, 10_000)
+        .keep_connection()
+        .start();
     r1.kill();
     assert!(eventually(SOON, || holders(&mut admin, "rw").len() == 1));
     assert_eq!(holders(&mut admin, "rw")["r2"], (1, None));
@@ -900,12 +787,11 @@ fn releasing_one_hold_keeps_the_binding_of_another_with_the_same_token() {
 fn a_holder_closed_during_a_write_pause_is_released_after_the_pause() {
     let server = Server::start();
     let mut admin = server.connect();
-    let mut holder = CliHolder::spawn(&server);
+    let mut holder = cli_holder(&server);
     let token = holder.integer("LOCK.ACQUIRE k h 30000 EPHEMERAL");
-    let waiter = Blocked::start(
-        &server,
-        &["LOCK.ACQUIRE", "k", "w", "30000", "WAIT", "10000"],
-    );
+    let waiter = Waiter::request(&server, "k", "w", 30_000, 10_000)
+        .keep_connection()
+        .start();
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(600)
@@ -917,7 +803,14 @@ fn a_holder_closed_during_a_write_pause_is_released_after_the_pause() {
     thread::sleep(Duration::from_millis(200));
     assert!(waiter.still_blocked(), "granted during the pause");
     assert_eq!(owner_of(&mut admin, "k").as_deref(), Some("h"));
-    let (new_token, answered, _con) = waiter.granted(SOON);
+    let (
+        new_token,
+        Answer {
+            at: answered,
+            con: _con,
+            ..
+        },
+    ) = waiter.granted(SOON);
     assert!(new_token > token);
     assert!(
         answered.duration_since(paused) >= Duration::from_millis(550),

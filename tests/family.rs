@@ -5,19 +5,16 @@
 //! Redisson's view of it, replication/AOF, LOCK.INFO's shape in RESP2 and RESP3, and contexts
 //! that cannot block.
 
-mod common;
-
-use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::process::Command;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(5);
 
@@ -163,12 +160,6 @@ fn info_mode(con: &mut Connection, key: &str) -> String {
         .unwrap_or_default()
 }
 
-fn key_waiters(con: &mut Connection, key: &str) -> i64 {
-    lock_info(con, key)
-        .map(|i| info_int(&i, "waiters"))
-        .unwrap_or(0)
-}
-
 /// The hash as (field, value) strings, sorted.
 fn hash_of(con: &mut Connection, key: &str) -> Vec<(String, String)> {
     let mut fields: Vec<(String, String)> = con.hgetall(key).expect("HGETALL");
@@ -198,87 +189,6 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .iter()
         .find(|(f, _)| f == name)
         .map(|(_, v)| v.as_str())
-}
-
-type Reply = (redis::RedisResult<Option<i64>>, Instant);
-
-/// A `LOCK.ACQUIRE ... WAIT` blocked on its own connection.
-struct Pending {
-    done: mpsc::Receiver<Reply>,
-    early: RefCell<Option<Reply>>,
-    what: String,
-}
-
-impl Pending {
-    /// Starts the wait and returns once LOCK.INFO shows one more waiter on `key`.
-    fn start(
-        server: &Server,
-        key: &str,
-        owner: &str,
-        lease_ms: u64,
-        opts: &[&str],
-        wait_ms: u64,
-    ) -> Pending {
-        let mut admin = server.connect();
-        let before = key_waiters(&mut admin, key);
-        let mut con = server.connect();
-        let (tx, rx) = mpsc::channel();
-        let (k, o) = (key.to_string(), owner.to_string());
-        let mut all: Vec<String> = opts.iter().map(|s| s.to_string()).collect();
-        all.push("WAIT".into());
-        all.push(wait_ms.to_string());
-        let what = format!("LOCK.ACQUIRE {key} {owner} {lease_ms} {}", all.join(" "));
-        thread::spawn(move || {
-            let reply = acquire_with(
-                &mut con,
-                &k,
-                &o,
-                lease_ms,
-                &all.iter().map(String::as_str).collect::<Vec<_>>(),
-            );
-            let _ = tx.send((reply, Instant::now()));
-        });
-        assert!(
-            eventually(SOON, || key_waiters(&mut admin, key) == before + 1),
-            "{what} did not block"
-        );
-        Pending {
-            done: rx,
-            early: RefCell::new(None),
-            what,
-        }
-    }
-
-    /// The granted token, with when the reply arrived.
-    fn granted(&self, within: Duration) -> (i64, Instant) {
-        let reply = match self.early.borrow_mut().take() {
-            Some(reply) => Ok(reply),
-            None => self.done.recv_timeout(within),
-        };
-        match reply {
-            Ok((Ok(Some(token)), at)) => (token, at),
-            other => panic!("{}: {other:?}", self.what),
-        }
-    }
-
-    fn token(&self) -> i64 {
-        self.granted(SOON).0
-    }
-
-    /// Whether no reply came yet (a reply that came is kept for `granted`).
-    fn still_blocked(&self) -> bool {
-        if self.early.borrow().is_some() {
-            return false;
-        }
-        match self.done.try_recv() {
-            Ok(reply) => {
-                *self.early.borrow_mut() = Some(reply);
-                false
-            }
-            Err(mpsc::TryRecvError::Empty) => true,
-            Err(mpsc::TryRecvError::Disconnected) => false,
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,14 +352,21 @@ fn a_waiting_writer_goes_before_later_readers_who_then_enter_together() {
     let server = Server::start();
     let mut con = server.connect();
     let t0 = grant(&mut con, "k", "r0", 60_000, &["SHARED"]);
-    let writer = Pending::start(&server, "k", "W", 60_000, &[], 5_000);
+    let writer = Waiter::request(&server, "k", "W", 60_000, 5_000)
+        .queued_in(QueuedIn::Key)
+        .start();
     assert_eq!(
         try_acq(&mut con, "k", "newcomer", 60_000, &["SHARED"]),
         None,
         "no barging past a waiting writer"
     );
-    let readers: Vec<Pending> = (1..=3)
-        .map(|i| Pending::start(&server, "k", &format!("r{i}"), 60_000, &["SHARED"], 5_000))
+    let readers: Vec<Waiter> = (1..=3)
+        .map(|i| {
+            Waiter::request(&server, "k", &format!("r{i}"), 60_000, 5_000)
+                .options(&["SHARED"])
+                .queued_in(QueuedIn::Key)
+                .start()
+        })
         .collect();
     assert_eq!(key_waiters(&mut con, "k"), 4);
     // r0 may re-enter while others wait.
@@ -457,19 +374,19 @@ fn a_waiting_writer_goes_before_later_readers_who_then_enter_together() {
     assert_eq!(release(&mut con, "k", "r0"), Some(1));
 
     assert_eq!(release(&mut con, "k", "r0"), Some(0));
-    let tw = writer.token();
+    let tw = writer.granted(SOON).0;
     assert!(tw > t0);
-    thread::sleep(Duration::from_millis(100));
-    assert!(
-        readers.iter().all(Pending::still_blocked),
-        "readers entered with the writer"
-    );
+    // Who entered was decided with the release: LOCK.INFO shows it.
     assert_eq!(info_mode(&mut con, "k"), "exclusive");
     assert_eq!(owners_of(&mut con, "k"), ["W"]);
     assert_eq!(key_waiters(&mut con, "k"), 3);
+    assert!(
+        readers.iter().all(Waiter::still_blocked),
+        "readers entered with the writer"
+    );
 
     assert_eq!(release(&mut con, "k", "W"), Some(0));
-    let tokens: Vec<i64> = readers.iter().map(Pending::token).collect();
+    let tokens: Vec<i64> = readers.iter().map(|p| p.granted(SOON).0).collect();
     assert!(tokens.iter().all(|t| *t > tw), "{tokens:?} after {tw}");
     assert_eq!(tokens.iter().collect::<BTreeSet<_>>().len(), 3);
     let info = lock_info(&mut con, "k").expect("held");
@@ -570,9 +487,12 @@ fn queued_permits_go_in_fifo_order_and_reentry_takes_no_new_permit() {
     for owner in ["a", "b", "c"] {
         grant(&mut con, "sem", owner, 60_000, &lim);
     }
-    let queue: Vec<Pending> = (0..5)
+    let queue: Vec<Waiter> = (0..5)
         .map(|i| {
-            let p = Pending::start(&server, "sem", &format!("q{i}"), 60_000, &lim, 5_000);
+            let p = Waiter::request(&server, "sem", &format!("q{i}"), 60_000, 5_000)
+                .options(&lim)
+                .queued_in(QueuedIn::Key)
+                .start();
             thread::sleep(Duration::from_millis(5));
             p
         })
@@ -595,23 +515,23 @@ fn queued_permits_go_in_fifo_order_and_reentry_takes_no_new_permit() {
     // Release counts down; only the last one frees the permit.
     assert_eq!(release(&mut con, "sem", "a"), Some(2));
     assert_eq!(release(&mut con, "sem", "a"), Some(1));
-    assert!(queue.iter().all(Pending::still_blocked));
+    assert!(queue.iter().all(Waiter::still_blocked));
     assert_eq!(release(&mut con, "sem", "a"), Some(0));
 
     let mut previous = 0;
     let mut to_release = vec!["b", "c"];
     for (i, q) in queue.iter().enumerate() {
-        let token = q.token();
+        let token = q.granted(SOON).0;
         assert!(token > previous);
         previous = token;
-        thread::sleep(Duration::from_millis(50));
-        for (j, later) in queue.iter().enumerate().skip(i + 1) {
-            assert!(later.still_blocked(), "q{j} was granted together with q{i}");
-        }
+        // Who got a permit was decided with the release: LOCK.INFO shows it.
         let hs = holders(&mut con, "sem");
         assert_eq!(hs.len(), 3, "{hs:?}");
         assert!(hs.iter().any(|h| h.owner == format!("q{i}")));
         assert_eq!(key_waiters(&mut con, "sem"), (4 - i) as i64);
+        for (j, later) in queue.iter().enumerate().skip(i + 1) {
+            assert!(later.still_blocked(), "q{j} was granted together with q{i}");
+        }
         to_release.push(["q0", "q1", "q2", "q3", "q4"][i]);
         let next = to_release.remove(0);
         assert_eq!(release(&mut con, "sem", next), Some(0));
@@ -645,8 +565,11 @@ fn a_permit_of_a_vanished_holder_passes_on_at_its_lease_end() {
     let taken = Instant::now();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.trim().parse::<i64>().is_ok(), "redis-cli got {text:?}");
-    let waiter = Pending::start(&server, "sem", "next", 60_000, &["LIMIT", "2"], 5_000);
-    let (_, at) = waiter.granted(SOON);
+    let waiter = Waiter::request(&server, "sem", "next", 60_000, 5_000)
+        .options(&["LIMIT", "2"])
+        .queued_in(QueuedIn::Key)
+        .start();
+    let at = waiter.granted(SOON).1.at;
     let after = at - taken;
     eprintln!("permit of a 300 ms lease passed on after {after:?}");
     assert!(
@@ -669,7 +592,9 @@ fn shared_holds_end_one_by_one_and_the_writer_enters_after_the_last() {
     grant(&mut con, "k", "b", 400, &["SHARED"]);
     grant(&mut con, "k", "c", 600, &["SHARED"]);
     let c_taken = Instant::now();
-    let writer = Pending::start(&server, "k", "W", 60_000, &[], 5_000);
+    let writer = Waiter::request(&server, "k", "W", 60_000, 5_000)
+        .queued_in(QueuedIn::Key)
+        .start();
     // What LOCK.INFO shows over time: the holders and the waiters, or "free" (nil).
     let mut seen: Vec<String> = vec![];
     let deadline = Instant::now() + SOON;
@@ -696,7 +621,7 @@ fn shared_holds_end_one_by_one_and_the_writer_enters_after_the_last() {
         }
         thread::sleep(Duration::from_millis(5));
     }
-    let (_, at) = writer.granted(SOON);
+    let at = writer.granted(SOON).1.at;
     // Between the last lease end and the module's timer granting the writer, Redis's own lazy
     // expiry can delete the key under LOCK.INFO (Redis 7.0 has no key-expiry event): a moment
     // shown as free. Tolerated there only, and only for that moment.
@@ -777,7 +702,9 @@ fn downgrade_is_granted_while_a_writer_waits_and_releases_exclusive_first() {
     let mut con = server.connect();
     let tx = grant(&mut con, "k", "a", 60_000, &[]);
     assert_eq!(grant(&mut con, "k", "a", 60_000, &[]), tx);
-    let writer = Pending::start(&server, "k", "w", 60_000, &[], 5_000);
+    let writer = Waiter::request(&server, "k", "w", 60_000, 5_000)
+        .queued_in(QueuedIn::Key)
+        .start();
     let ts = grant(&mut con, "k", "a", 30_000, &["SHARED"]);
     assert!(ts > tx, "the downgrade gets a new token");
     assert_eq!(
@@ -819,7 +746,7 @@ fn downgrade_is_granted_while_a_writer_waits_and_releases_exclusive_first() {
     );
     assert_eq!(release(&mut con, "k", "a"), Some(1));
     assert_eq!(release(&mut con, "k", "a"), Some(0));
-    let tw = writer.token();
+    let tw = writer.granted(SOON).0;
     assert!(tw > ts);
     assert_eq!(
         release(&mut con, "k", "a"),
@@ -844,29 +771,39 @@ fn force_release_removes_every_holder_and_hands_off_to_the_waiters() {
     grant(&mut con, "sem", "a", 60_000, &lim);
     grant(&mut con, "sem", "b", 60_000, &lim);
     grant(&mut con, "sem", "b", 60_000, &lim);
-    let q: Vec<Pending> = (0..3)
-        .map(|i| Pending::start(&server, "sem", &format!("q{i}"), 60_000, &lim, 5_000))
+    let q: Vec<Waiter> = (0..3)
+        .map(|i| {
+            Waiter::request(&server, "sem", &format!("q{i}"), 60_000, 5_000)
+                .options(&lim)
+                .queued_in(QueuedIn::Key)
+                .start()
+        })
         .collect();
     assert_eq!(force_release(&mut con, "sem"), 1);
-    q[0].token();
-    q[1].token();
-    thread::sleep(Duration::from_millis(50));
-    assert!(q[2].still_blocked());
+    q[0].granted(SOON);
+    q[1].granted(SOON);
     assert_eq!(owners_of(&mut con, "sem"), ["q0", "q1"]);
+    assert_eq!(key_waiters(&mut con, "sem"), 1);
+    assert!(q[2].still_blocked());
     assert_eq!(release(&mut con, "sem", "b"), None);
 
     grant(&mut con, "rw", "a", 60_000, &["SHARED"]);
     grant(&mut con, "rw", "b", 60_000, &["SHARED"]);
-    let writer = Pending::start(&server, "rw", "w", 60_000, &[], 5_000);
-    let reader = Pending::start(&server, "rw", "r", 60_000, &["SHARED"], 5_000);
+    let writer = Waiter::request(&server, "rw", "w", 60_000, 5_000)
+        .queued_in(QueuedIn::Key)
+        .start();
+    let reader = Waiter::request(&server, "rw", "r", 60_000, 5_000)
+        .options(&["SHARED"])
+        .queued_in(QueuedIn::Key)
+        .start();
     assert_eq!(force_release(&mut con, "rw"), 1);
-    writer.token();
-    thread::sleep(Duration::from_millis(50));
-    assert!(reader.still_blocked());
+    writer.granted(SOON);
     assert_eq!(owners_of(&mut con, "rw"), ["w"]);
     assert_eq!(info_mode(&mut con, "rw"), "exclusive");
+    assert_eq!(key_waiters(&mut con, "rw"), 1);
+    assert!(reader.still_blocked());
     assert_eq!(force_release(&mut con, "rw"), 1);
-    reader.token();
+    reader.granted(SOON);
     assert_eq!(owners_of(&mut con, "rw"), ["r"]);
     assert_eq!(force_release(&mut con, "rw"), 1);
     assert_eq!(force_release(&mut con, "rw"), 0);
@@ -989,7 +926,9 @@ fn the_replica_matches_the_master_for_every_kind_of_change() {
     // A shared hold whose lease ends while a writer waits: removed alone (HDEL).
     grant(&mut m, "lease", "short", 200, &["SHARED"]);
     grant(&mut m, "lease", "long", 60_000, &["SHARED"]);
-    let writer = Pending::start(&master, "lease", "w", 60_000, &[], 5_000);
+    let writer = Waiter::request(&master, "lease", "w", 60_000, 5_000)
+        .queued_in(QueuedIn::Key)
+        .start();
     assert!(
         eventually(SOON, || field(&hash_of(&mut m, "lease"), "s:short")
             .is_none()),
@@ -999,7 +938,7 @@ fn the_replica_matches_the_master_for_every_kind_of_change() {
     assert!(field(&hash_of(&mut r, "lease"), "s:short").is_none());
     assert!(field(&hash_of(&mut r, "lease"), "s:long").is_some());
     assert_eq!(release(&mut m, "lease", "long"), Some(0));
-    let tw = writer.token();
+    let tw = writer.granted(SOON).0;
     assert_replica_matches(&mut m, &mut r, "lease");
     assert_eq!(
         holder_ids(&mut r, "lease"),
@@ -1320,7 +1259,9 @@ fn shared_and_limit_waits_never_block_in_multi_or_eval() {
     grant(&mut con, "ex", "h", 60_000, &[]);
     grant(&mut con, "sem", "h", 60_000, &["LIMIT", "1"]);
     grant(&mut con, "rw", "h", 60_000, &["SHARED"]);
-    let writer = Pending::start(&server, "rw", "w", 60_000, &[], 0);
+    let writer = Waiter::request(&server, "rw", "w", 60_000, 0)
+        .queued_in(QueuedIn::Key)
+        .start();
     let cases: &[(&str, &[&str])] = &[
         ("ex", &["SHARED", "WAIT", "3000"]),
         ("sem", &["LIMIT", "1", "WAIT", "3000"]),
@@ -1395,12 +1336,14 @@ fn keyspace_events_announce_shared_grants_and_ended_holds() {
     assert_eq!(owners_of(&mut con, "k"), ["a", "c"]);
     // And with a waiter, an ended hold is removed at once.
     grant(&mut con, "k", "d", 150, &["SHARED"]);
-    let writer = Pending::start(&server, "k", "w", 60_000, &[], 5_000);
+    let writer = Waiter::request(&server, "k", "w", 60_000, 5_000)
+        .queued_in(QueuedIn::Key)
+        .start();
     assert!(eventually(SOON, || owners_of(&mut con, "k") == ["a", "c"]));
     assert_eq!(release(&mut con, "k", "a"), Some(1));
     assert_eq!(release(&mut con, "k", "a"), Some(0));
     assert_eq!(release(&mut con, "k", "c"), Some(0));
-    writer.token();
+    writer.granted(SOON);
     let mut seen = Vec::new();
     while let Ok(msg) = pubsub.get_message() {
         let event: String = msg.get_payload().unwrap();
@@ -1437,7 +1380,9 @@ fn no_newcomer_barges_in_at_a_lease_end_while_a_writer_waits() {
     for round in 0..3 {
         let key = format!("k{round}");
         grant(&mut con, &key, "c", 200, &["SHARED"]);
-        let writer = Pending::start(&server, &key, "W", 60_000, &[], 5_000);
+        let writer = Waiter::request(&server, &key, "W", 60_000, 5_000)
+            .queued_in(QueuedIn::Key)
+            .start();
         let mut barged = vec![];
         let deadline = Instant::now() + SOON;
         while writer.still_blocked() && Instant::now() < deadline {
@@ -1448,7 +1393,7 @@ fn no_newcomer_barges_in_at_a_lease_end_while_a_writer_waits() {
                 }
             }
         }
-        let tw = writer.token();
+        let tw = writer.granted(SOON).0;
         assert!(
             barged.is_empty(),
             "round {round}: {barged:?} while W waited"

@@ -30,17 +30,13 @@
 //! - the server is alive, logged no internal error, and keeps no connection binding once every
 //!   client is gone.
 
-mod common;
-
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use lock_testkit::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -369,58 +365,6 @@ fn worker(shared: Arc<Shared>, seed: u64) {
     }
 }
 
-/// A `redis-cli` process, fed commands line by line, whose replies are read by a thread.
-struct CliProcess {
-    child: Child,
-    replies: mpsc::Receiver<String>,
-}
-
-impl CliProcess {
-    fn start(port: u16) -> CliProcess {
-        // Its errors too ("Error: Server closed the connection" after a CLIENT KILL). The CLI is
-        // `$LOCK_CLI` (default redis-cli), passed to sh as $0.
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(r#"exec "$0" -p "$1" 2>&1"#)
-            .arg(cli_bin())
-            .arg(port.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-cli");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, replies) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        CliProcess { child, replies }
-    }
-
-    fn send(&mut self, line: &str) {
-        if let Some(stdin) = self.child.stdin.as_mut() {
-            let _ = writeln!(stdin, "{line}");
-            let _ = stdin.flush();
-        }
-    }
-
-    fn signal(&self, signal: &str) {
-        let _ = Command::new("kill")
-            .arg(signal)
-            .arg(self.child.id().to_string())
-            .status();
-    }
-
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// What the disrupter does to the processes it runs.
 fn process_fault(shared: &Shared, rng: &mut StdRng) {
     let (key, kind) = pick(rng);
@@ -432,9 +376,9 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
     } else {
         rng.gen_range(50..=MAX_LEASE_MS)
     };
-    let mut cli = CliProcess::start(shared.port);
+    let mut cli = Cli::start(shared.port).expect("redis-cli");
     let requested = Instant::now();
-    cli.send(&format!(
+    let _ = cli.send(&format!(
         "LOCK.ACQUIRE {} WAIT {MAX_WAIT_MS}",
         acquire_args(key, &owner, lease, kind, ephemeral).join(" ")
     ));
@@ -447,17 +391,17 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
             bump(&shared.counts.process_kills);
         }
         fate => {
-            let reply = cli.replies.recv_timeout(Duration::from_millis(
+            let reply = cli.reply(Duration::from_millis(
                 MAX_WAIT_MS + 4 * MAX_LEASE_MS + 5_000,
             ));
             let granted = Instant::now();
             let token = match reply {
-                Ok(line) if line.trim().is_empty() => {
+                Some(line) if line.trim().is_empty() => {
                     bump(&shared.counts.timeouts);
                     cli.kill();
                     return;
                 }
-                Ok(line) => match line.trim().parse::<i64>() {
+                Some(line) => match line.trim().parse::<i64>() {
                     Ok(token) => token,
                     // Its connection was killed by a CLIENT KILL while it waited.
                     Err(_) if line.contains("closed the connection") => {
@@ -471,7 +415,7 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
                         return;
                     }
                 },
-                Err(_) => {
+                None => {
                     eprintln!("a redis-cli waiter got no answer");
                     bump(&shared.counts.unanswered);
                     cli.kill();
@@ -492,17 +436,16 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
                 (ended, false)
             } else {
                 // Stopped (a GC pause, a frozen VM) past its lease, then it carries on.
-                cli.signal("-STOP");
+                cli.signal(Signal::Stop);
                 bump(&shared.counts.process_stops);
                 thread::sleep(Duration::from_millis(lease + rng.gen_range(20..200)));
-                cli.signal("-CONT");
+                cli.signal(Signal::Cont);
                 fenced_out |= !shared.resource.access(key, kind, token);
                 let ended = Instant::now();
-                cli.send(&format!("LOCK.RELEASE {key} {owner}"));
+                let _ = cli.send(&format!("LOCK.RELEASE {key} {owner}"));
                 let confirmed = cli
-                    .replies
-                    .recv_timeout(Duration::from_secs(5))
-                    .is_ok_and(|l| l.trim() == "0");
+                    .reply(Duration::from_secs(5))
+                    .is_some_and(|l| l.trim() == "0");
                 cli.kill();
                 (ended, confirmed)
             };

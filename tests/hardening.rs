@@ -2,12 +2,10 @@
 //! on the module before its fix: two crashed the server, one leaked, the rest did the wrong
 //! thing with other people's data, tokens, leases or memory pressure.
 
-mod common;
-
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::*;
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(5);
 
@@ -45,7 +43,7 @@ fn a_lease_that_ends_during_client_pause_is_handed_off_after_the_pause() {
             .arg(mode)
             .query(&mut con)
             .unwrap();
-        let (reply, _) = waiter.answer(SOON).expect("the waiter was answered");
+        let reply = waiter.answer(SOON).expect("the waiter was answered").reply;
         let granted_after = paused_at.elapsed();
         assert!(reply.expect("no error").is_some(), "{mode}: granted");
         assert!(
@@ -208,7 +206,7 @@ fn a_shortened_lease_hands_off_at_its_new_end() {
                 acquire(&mut con, &key, "a", 100).unwrap();
             }
         }
-        let (reply, _) = waiter.answer(SOON).expect("answered");
+        let reply = waiter.answer(SOON).expect("answered").reply;
         assert!(
             reply.unwrap().is_some(),
             "{shorten}: the waiter timed out instead of getting the expired lock"
@@ -727,7 +725,7 @@ fn a_lease_that_ends_during_a_failover_pause_is_handed_off_after_it() {
     let mut con = master.connect();
     acquire(&mut con, "k", "a", 300).unwrap();
     let waiter = Waiter::start(&master, "k", "b", 5_000, 10_000);
-    replica.pause(true);
+    replica.signal(Signal::Stop);
     let started = Instant::now();
     let _: () = redis::cmd("FAILOVER")
         .arg("TIMEOUT")
@@ -735,9 +733,9 @@ fn a_lease_that_ends_during_a_failover_pause_is_handed_off_after_it() {
         .query(&mut con)
         .unwrap();
     let answer = waiter.answer(Duration::from_secs(8));
-    replica.pause(false);
+    replica.signal(Signal::Cont);
     assert_no_crash(&mut master);
-    let (reply, _) = answer.expect("the waiter was answered");
+    let reply = answer.expect("the waiter was answered").reply;
     assert!(
         reply.expect("no error").is_some(),
         "granted after the failover gave up"

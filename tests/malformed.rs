@@ -1,12 +1,10 @@
 //! Thousands of malformed LOCK.* calls at a live server: it must answer each one (usually with
 //! an error), stay up, and leave every existing lock exactly as it was.
 
-mod common;
-
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use common::*;
+use lock_testkit::*;
 
 const LOCKS: usize = 20;
 

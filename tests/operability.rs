@@ -1,11 +1,9 @@
 //! How the module fits Redis operations: INFO, keyspace events, ACL, CONFIG, COMMAND DOCS, logs.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use lock_testkit::*;
 
 #[test]
 fn info_lock_counts_every_kind_of_event_exactly() {

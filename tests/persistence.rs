@@ -3,13 +3,11 @@
 //! token, absolute lease end); a lease that ended while it was down is free; tokens keep rising.
 //! And MODULE UNLOAD with waiters queued is refused, without harm.
 
-mod common;
-
 use std::collections::HashMap;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::*;
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(5);
 
@@ -62,7 +60,7 @@ fn check_after_restart(server: &mut Server, scene: Scene) {
     // The waiters' connections died with the server: they got an error, not a lock.
     for waiter in &scene.waiters {
         match waiter.answer(SOON) {
-            Some((Err(_), _)) => {}
+            Some(Answer { reply: Err(_), .. }) => {}
             other => panic!("a waiter of the killed server got {other:?}"),
         }
     }
@@ -176,7 +174,13 @@ fn module_unload_is_refused_while_clients_wait_and_works_once_they_are_gone() {
         .arg(timed.id)
         .query(&mut con)
         .unwrap();
-    assert!(matches!(timed.answer(SOON), Some((Ok(None), _))));
+    assert!(matches!(
+        timed.answer(SOON),
+        Some(Answer {
+            reply: Ok(None),
+            ..
+        })
+    ));
     assert!(eventually(SOON, || waiters(&mut con) == 0));
 
     // With nobody waiting, unloading works, and loading again gives a working module.

@@ -1,10 +1,8 @@
 //! Interop with Redisson's own RLock scripts (from ../shared/seeds/001_9c83fae6cf63878e.txt; the
-//! lock script is `common::redisson_lock`, shared with the cluster test): a LOCK.* client and a
+//! lock script is `lock_testkit::redisson_lock`, shared with the cluster test): a LOCK.* client and a
 //! Redisson client share one lock.
 
-mod common;
-
-use common::*;
+use lock_testkit::*;
 
 const UNLOCK: &str = "if (redis.call('hexists', KEYS[1], ARGV[3]) == 0) then return nil; end; \
 local counter = redis.call('hincrby', KEYS[1], ARGV[3], -1); \

@@ -2,12 +2,10 @@
 //! replica as its effect with absolute times, a failover keeps owners, tokens and lease ends,
 //! `WAIT numreplicas` confirms a grant, and a replica refuses LOCK.* writes.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::*;
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(5);
 
@@ -162,10 +160,10 @@ fn wait_numreplicas_confirms_a_grant_or_says_it_is_not_safe_yet() {
     assert_eq!(holder(&mut r, "k"), Some(("a".into(), 1, token)));
 
     // With the replica stalled, WAIT answers 0: the grant is not yet safe against failover.
-    replica.pause(true);
+    replica.signal(Signal::Stop);
     let token = acquire(&mut m, "k2", "b", 60_000).unwrap();
     let acked = wait_replicas(&mut m, 1, 300);
-    replica.pause(false);
+    replica.signal(Signal::Cont);
     assert_eq!(acked, 0);
     assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
     let mut r = replica.connect();

@@ -2,12 +2,10 @@
 //! each waiter is a connection and this machine caps a process at 20,000 open files (a hard
 //! limit root cannot raise here), so it must not share the process with other large tests.
 
-mod common;
-
 use std::thread;
 use std::time::Duration;
 
-use common::*;
+use lock_testkit::*;
 
 const SOON: Duration = Duration::from_secs(3);
 

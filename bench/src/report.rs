@@ -13,7 +13,6 @@ use crate::scenarios::family::Family;
 use crate::scenarios::memory::Memory;
 use crate::scenarios::scaling::Scaling;
 use crate::scenarios::throughput::Throughput;
-use crate::server::RedisServer;
 use crate::stats::Spread;
 use crate::system::Machine;
 use crate::Bench;
@@ -204,7 +203,7 @@ pub fn render(
         wall.as_secs_f64(),
         command.join(" "),
         machine.redis_server,
-        RedisServer::command_line(&bench.module),
+        crate::server::command_line(&bench.module),
         bench.module.display(),
         fmt_num(machine.module_size as f64, 0),
         machine.module_commit,

@@ -1,13 +1,12 @@
-//! One `redis-server` per scenario, with the module loaded, on a free loopback port, killed and
-//! reaped when dropped. Every approach in a scenario runs against the same server, so they share
-//! one build, one configuration and one warm-up.
+//! One server per scenario (the test kit's `Server`: a free loopback port, killed and reaped
+//! when dropped), with the module loaded. Every approach in a scenario runs against the same
+//! server, so they share one build, one configuration and one warm-up.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
+
+use lock_testkit::{Options, Server};
 
 /// How a scenario wants its server.
 #[derive(Default, Clone)]
@@ -22,142 +21,36 @@ pub struct ServerOptions {
     pub extra: Vec<String>,
 }
 
-pub struct RedisServer {
-    pub port: u16,
-    pub addresses: Vec<Ipv4Addr>,
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    pub fn start(module: &Path, options: &ServerOptions) -> RedisServer {
-        let addresses: Vec<Ipv4Addr> = (1..=options.loopback_addresses.max(1))
-            .map(|last| Ipv4Addr::new(127, 0, 0, last))
-            .collect();
-        // A port found free can be taken before redis-server binds it: try a few.
-        let mut last_log = String::new();
-        for _ in 0..5 {
-            let port = free_port();
-            let dir = tempfile::tempdir().expect("temporary directory");
-            let mut command = Command::new("redis-server");
-            command.args(server_args(module, port, &addresses, dir.path(), options));
-            let child = command
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn redis-server (install it: make deps)");
-            let mut server = RedisServer {
-                port,
-                addresses: addresses.clone(),
-                child,
-                dir,
-            };
-            if server.wait_ready() {
-                return server;
-            }
-            last_log = std::fs::read_to_string(server.log_path()).unwrap_or_default();
-        }
-        panic!("redis-server did not start; its log:\n{last_log}");
-    }
-
-    /// The command line every scenario uses, for the report (port and directory vary).
-    pub fn command_line(module: &Path) -> String {
-        format!(
-            "redis-server --port <free port> --bind 127.0.0.1 --save \"\" --appendonly no \
-             --dir <tmpdir> --loadmodule {}",
-            module.display()
-        )
-    }
-
-    fn wait_ready(&mut self) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return false;
-            }
-            if let Ok(mut con) = self.try_connect() {
-                if redis::cmd("PING").query::<String>(&mut con).is_ok() {
-                    return true;
-                }
-            }
-            sleep(Duration::from_millis(20));
-        }
-        false
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// The n-th listening address, round robin: spreads many connections over the addresses.
-    pub fn address(&self, n: usize) -> SocketAddr {
-        SocketAddr::from((self.addresses[n % self.addresses.len()], self.port))
-    }
-
-    fn try_connect(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(5))
-    }
-
-    pub fn connect(&self) -> redis::Connection {
-        self.try_connect().expect("connect to redis-server")
-    }
-
-    pub fn probe(&self) -> Probe {
-        Probe {
-            con: self.connect(),
-        }
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("redis.log")
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn server_args(
-    module: &Path,
-    port: u16,
-    addresses: &[Ipv4Addr],
-    dir: &Path,
-    options: &ServerOptions,
-) -> Vec<String> {
-    let mut args = vec!["--port".to_string(), port.to_string(), "--bind".to_string()];
-    args.extend(addresses.iter().map(Ipv4Addr::to_string));
-    args.extend(
-        ["--save", "", "--appendonly", "no", "--dir"]
-            .iter()
-            .map(|s| s.to_string()),
-    );
-    args.push(dir.display().to_string());
-    args.push("--logfile".to_string());
-    args.push(dir.join("redis.log").display().to_string());
+/// A server for a scenario: the kit's `Server` (`$LOCK_SERVER`, default `redis-server`) with
+/// the module under test loaded.
+pub fn start(module: &Path, options: &ServerOptions) -> Server {
+    let mut extra = Vec::new();
     if let Some(maxclients) = options.maxclients {
         // Connect bursts of up to a few thousand: a longer accept queue than the default 511.
-        args.extend([
+        extra.extend([
             "--maxclients".to_string(),
             maxclients.to_string(),
             "--tcp-backlog".to_string(),
             "4096".to_string(),
         ]);
     }
-    args.push("--loadmodule".to_string());
-    args.push(module.display().to_string());
-    args.extend(options.module_args.iter().cloned());
-    args.extend(options.extra.iter().cloned());
-    args
+    extra.extend(options.extra.iter().cloned());
+    Server::start_options(&Options {
+        module: Some(module.to_path_buf()),
+        module_args: options.module_args.clone(),
+        extra,
+        loopback_addresses: options.loopback_addresses,
+    })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("a free loopback port")
+/// The command line every scenario uses, for the report (port and directory vary).
+pub fn command_line(module: &Path) -> String {
+    format!(
+        "{} --port <free port> --bind 127.0.0.1 --save \"\" --appendonly no --dir <tmpdir> \
+         --logfile <tmpdir>/redis.log --loadmodule {}",
+        lock_testkit::server_name(),
+        module.display()
+    )
 }
 
 /// Commands the bench itself sends to watch the server; they are not part of any workload.
@@ -179,6 +72,12 @@ pub struct Probe {
 }
 
 impl Probe {
+    pub fn new(server: &Server) -> Probe {
+        Probe {
+            con: server.connect(),
+        }
+    }
+
     pub fn info(&mut self, section: &str) -> HashMap<String, String> {
         let text: String = redis::cmd("INFO")
             .arg(section)

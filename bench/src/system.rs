@@ -67,7 +67,7 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-fn output(program: &str, args: &[&str]) -> String {
+fn output(program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> String {
     Command::new(program)
         .args(args)
         .output()
@@ -114,7 +114,7 @@ impl Machine {
                 .take(3)
                 .collect::<Vec<_>>()
                 .join(" "),
-            redis_server: output("redis-server", &["--version"]),
+            redis_server: output(lock_testkit::server_bin(), &["--version"]),
             module_commit: if dirty {
                 format!("{commit} + uncommitted changes in src/ or core/")
             } else {

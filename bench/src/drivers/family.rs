@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::{owner_id, Tally, LEASE_MS};
 use crate::resp::{RawConn, Resp};
-use crate::server::RedisServer;
+use lock_testkit::Server;
 
 /// Permits of the semaphore scenario: `LIMIT 4` for the module, 4 permits for `RSemaphore`.
 pub const PERMITS: u32 = 4;
@@ -202,7 +202,7 @@ pub struct FamilyScripts {
 }
 
 impl FamilyScripts {
-    pub fn load(server: &RedisServer) -> FamilyScripts {
+    pub fn load(server: &Server) -> FamilyScripts {
         let mut con = server.connect();
         let mut load = |source: &str| super::load_script(&mut con, source);
         FamilyScripts {
@@ -266,7 +266,7 @@ pub trait HoldClient: Send {
 /// A client of `approach` numbered `id`.
 pub fn hold_client(
     approach: HoldApproach,
-    server: &RedisServer,
+    server: &Server,
     scripts: &FamilyScripts,
     id: usize,
 ) -> Box<dyn HoldClient> {
@@ -296,7 +296,7 @@ pub struct ModuleHoldClient {
 }
 
 impl ModuleHoldClient {
-    pub fn new(server: &RedisServer, id: usize) -> ModuleHoldClient {
+    pub fn new(server: &Server, id: usize) -> ModuleHoldClient {
         ModuleHoldClient {
             con: server.connect(),
             owner: owner_id(id),
@@ -355,7 +355,7 @@ struct Subscription {
 }
 
 impl Subscription {
-    fn connect(server: &RedisServer) -> Subscription {
+    fn connect(server: &Server) -> Subscription {
         Subscription {
             con: RawConn::connect(server.address(0)).expect("subscription connection"),
         }
@@ -418,7 +418,7 @@ pub struct RedissonRwClient {
 }
 
 impl RedissonRwClient {
-    pub fn new(server: &RedisServer, scripts: &FamilyScripts, id: usize) -> RedissonRwClient {
+    pub fn new(server: &Server, scripts: &FamilyScripts, id: usize) -> RedissonRwClient {
         let reader = owner_id(id);
         RedissonRwClient {
             con: server.connect(),
@@ -524,7 +524,7 @@ pub struct RedissonSemaphoreClient {
 }
 
 impl RedissonSemaphoreClient {
-    pub fn new(server: &RedisServer, scripts: &FamilyScripts, _id: usize) -> Self {
+    pub fn new(server: &Server, scripts: &FamilyScripts, _id: usize) -> Self {
         RedissonSemaphoreClient {
             con: server.connect(),
             subscription: Subscription::connect(server),
@@ -580,7 +580,7 @@ impl HoldClient for RedissonSemaphoreClient {
 }
 
 /// Sets the Redisson semaphore's free permits before a run (`RSemaphore.trySetPermits`).
-pub fn set_permits(server: &RedisServer, key: &str) {
+pub fn set_permits(server: &Server, key: &str) {
     let mut con = server.connect();
     let _: () = redis::cmd("SET")
         .arg(key)

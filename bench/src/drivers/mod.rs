@@ -13,7 +13,7 @@ pub use polling::{PollingClient, POLL_INTERVAL_MS};
 pub use redisson::{unlock_channel, RedissonClient};
 
 use crate::resp::Resp;
-use crate::server::RedisServer;
+use lock_testkit::Server;
 
 /// A lease long enough never to run out during a measurement.
 pub const LEASE_MS: u64 = 30_000;
@@ -100,7 +100,7 @@ pub struct Scripts {
 }
 
 impl Scripts {
-    pub fn load(server: &RedisServer) -> Scripts {
+    pub fn load(server: &Server) -> Scripts {
         let mut con = server.connect();
         let mut load = |source: &str| load_script(&mut con, source);
         Scripts {
@@ -131,7 +131,7 @@ pub trait LockClient: Send {
 /// A client of `approach` numbered `id`.
 pub fn client(
     approach: Approach,
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     id: usize,
 ) -> Box<dyn LockClient> {

@@ -2,7 +2,7 @@
 //! `LOCK.RELEASE`. No retries, no subscriptions.
 
 use super::{owner_id, LockClient, Tally, LEASE_MS};
-use crate::server::RedisServer;
+use lock_testkit::Server;
 
 /// How long one blocking acquire may wait before the client asks again. Long: in the
 /// benchmark a timeout would mean the lock was starved.
@@ -15,7 +15,7 @@ pub struct ModuleClient {
 }
 
 impl ModuleClient {
-    pub fn new(server: &RedisServer, id: usize) -> ModuleClient {
+    pub fn new(server: &Server, id: usize) -> ModuleClient {
         ModuleClient {
             con: server.connect(),
             owner: owner_id(id),

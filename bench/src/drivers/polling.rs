@@ -6,7 +6,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use super::{LockClient, Scripts, Tally, LEASE_MS};
-use crate::server::RedisServer;
+use lock_testkit::Server;
 
 /// Sleep between attempts, uniformly random in this range (jitter keeps clients from polling in
 /// lockstep). Shorter than redsync's default 50–250 ms, so the recipe is shown at its fastest
@@ -23,7 +23,7 @@ pub struct PollingClient {
 }
 
 impl PollingClient {
-    pub fn new(server: &RedisServer, scripts: &Scripts, id: usize) -> PollingClient {
+    pub fn new(server: &Server, scripts: &Scripts, id: usize) -> PollingClient {
         PollingClient {
             con: server.connect(),
             id,

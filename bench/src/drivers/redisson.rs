@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{owner_id, LockClient, Scripts, Tally, LEASE_MS};
 use crate::resp::RawConn;
-use crate::server::RedisServer;
+use lock_testkit::Server;
 
 /// Redisson's channel for a lock: `redisson_lock__channel:{<key>}` (the key is hash-tagged so
 /// the channel lives with the lock in a cluster), or `redisson_lock__channel:<key>` when the
@@ -39,7 +39,7 @@ pub struct RedissonClient {
 }
 
 impl RedissonClient {
-    pub fn new(server: &RedisServer, scripts: &Scripts, id: usize) -> RedissonClient {
+    pub fn new(server: &Server, scripts: &Scripts, id: usize) -> RedissonClient {
         RedissonClient {
             con: server.connect(),
             subscription: RawConn::connect(server.address(0)).expect("subscription connection"),

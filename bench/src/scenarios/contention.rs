@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::drivers::{self, Approach, Scripts, Tally, POLL_INTERVAL_MS};
 use crate::report::{fmt_num, fmt_spread, Target};
-use crate::server::{RedisServer, ServerOptions};
+use crate::server::{self, ServerOptions};
 use crate::stats::{jain, now_ns, percentile, Spread};
 use crate::Bench;
+use lock_testkit::Server;
 
 /// The critical section: a busy loop, so it is as long on a loaded machine as on an idle one.
 const CRITICAL_SECTION: Duration = Duration::from_micros(100);
@@ -65,7 +66,7 @@ fn approach_index(approach: Approach) -> usize {
 pub fn run(bench: &Bench) -> Contention {
     let plan = &bench.plan;
     let most = plan.contention_clients.iter().max().copied().unwrap_or(1);
-    let server = RedisServer::start(
+    let server = server::start(
         &bench.module,
         &ServerOptions {
             maxclients: Some(4 * most + 1000),
@@ -98,7 +99,7 @@ pub fn run(bench: &Bench) -> Contention {
 }
 
 fn run_cell(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     approach: Approach,
     n: usize,
@@ -109,7 +110,7 @@ fn run_cell(
     let clients: Vec<_> = (0..n)
         .map(|id| drivers::client(approach, server, scripts, id))
         .collect();
-    let mut probe = server.probe();
+    let mut probe = crate::server::Probe::new(server);
     let rtt_idle_us = probe.ping_rtt_us(200);
     let handoffs_before = probe.lock_counter("handoffs");
     let timeouts_before = probe.lock_counter("wait_timeouts");

@@ -9,14 +9,13 @@
 //! - module, plain lease: the waiter waits the lease out;
 //! - Redisson `RLock` with a lease (what its watchdog leaves behind when its process dies).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use lock_testkit::{Cli, Server};
 
 use crate::drivers::{self, owner_id, unlock_channel, Approach, Scripts, LEASE_MS};
 use crate::report::fmt_num;
 use crate::resp::{RawConn, Resp};
-use crate::server::RedisServer;
 use crate::stats::{max, percentile};
 use crate::Bench;
 
@@ -61,7 +60,7 @@ pub struct Crash {
 
 pub fn run(bench: &Bench) -> Crash {
     let plan = &bench.plan;
-    let server = RedisServer::start(&bench.module, &Default::default());
+    let server = crate::server::start(&bench.module, &Default::default());
     let scripts = Scripts::load(&server);
 
     bench.progress(&format!(
@@ -133,59 +132,16 @@ pub fn run(bench: &Bench) -> Crash {
     Crash { rows }
 }
 
-/// A `redis-cli` process holding one connection, fed one command per line.
-struct CliHolder {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl CliHolder {
-    fn spawn(server: &RedisServer) -> Result<CliHolder, String> {
-        // `exec`: the shell becomes redis-cli (same pid, so SIGKILL reaches it), with its
-        // errors on stdout; errors are printed on stdout only by newer redis-cli versions.
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(format!("exec redis-cli -p {} 2>&1", server.port))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("spawn redis-cli: {e}"))?;
-        let stdin = child.stdin.take().expect("piped stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        Ok(CliHolder {
-            child,
-            stdin,
-            stdout,
-        })
-    }
-
-    /// Sends one command line and reads its one-line reply (redis-cli prints nil as an empty
-    /// line when its output is not a terminal).
-    fn command(&mut self, line: &str) -> Result<String, String> {
-        writeln!(self.stdin, "{line}")
-            .and_then(|_| self.stdin.flush())
-            .map_err(|e| format!("write to redis-cli: {e}"))?;
-        let mut reply = String::new();
-        self.stdout
-            .read_line(&mut reply)
-            .map_err(|e| format!("read from redis-cli: {e}"))?;
-        Ok(reply.trim_end().to_string())
-    }
-
-    /// SIGKILL: the process dies without a word to the server; the kernel closes its socket.
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for CliHolder {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A `redis-cli` holder (the kit's `Cli`): one command line, its one-line reply (redis-cli prints
+/// nil as an empty line when its output is not a terminal).
+fn cli_command(holder: &mut Cli, line: &str) -> Result<String, String> {
+    holder
+        .send(line)
+        .map_err(|e| format!("write to redis-cli: {e}"))?;
+    holder
+        .reply(QUEUE_TIMEOUT)
+        .map(|reply| reply.trim_end().to_string())
+        .ok_or_else(|| format!("redis-cli did not answer {line:?} within {QUEUE_TIMEOUT:?}"))
 }
 
 /// Polls `ready` every millisecond until it holds or `QUEUE_TIMEOUT` passes.
@@ -202,23 +158,21 @@ fn wait_until(mut ready: impl FnMut() -> bool, what: &str) -> Result<(), String>
 
 /// One module sample: a redis-cli holder takes the key (`EPHEMERAL` or a plain `lease_ms`
 /// lease), a waiter blocks in `WAIT`, the holder is killed. Returns death → grant in ms.
-fn module_sample(
-    server: &RedisServer,
-    kind: Kind,
-    lease_ms: u64,
-    index: usize,
-) -> Result<f64, String> {
+fn module_sample(server: &Server, kind: Kind, lease_ms: u64, index: usize) -> Result<f64, String> {
     let key = format!("crash:{kind:?}:{index}");
-    let mut holder = CliHolder::spawn(server)?;
+    let mut holder = Cli::start(server.port).map_err(|e| format!("spawn redis-cli: {e}"))?;
     let ephemeral = if kind == Kind::ModuleEphemeral {
         " EPHEMERAL"
     } else {
         ""
     };
-    let reply = holder.command(&format!(
-        "LOCK.ACQUIRE {key} {} {lease_ms}{ephemeral}",
-        owner_id(1_000_000 + index)
-    ))?;
+    let reply = cli_command(
+        &mut holder,
+        &format!(
+            "LOCK.ACQUIRE {key} {} {lease_ms}{ephemeral}",
+            owner_id(1_000_000 + index)
+        ),
+    )?;
     if !reply.parse::<i64>().is_ok_and(|token| token > 0) {
         return Err(if reply.is_empty() {
             "the holder's LOCK.ACQUIRE was not granted".into()
@@ -242,7 +196,7 @@ fn module_sample(
             wait.as_bytes(),
         ])
         .map_err(|e| e.to_string())?;
-    let mut probe = server.probe();
+    let mut probe = crate::server::Probe::new(server);
     wait_until(|| probe.waiters_on(&key) >= 1, "the waiter was not queued")?;
     let died = Instant::now();
     holder.kill();
@@ -265,18 +219,21 @@ fn module_sample(
 /// Redisson waiter (`RLock.lock()`: subscribe, retry when the ttl passes) waits, the holder is
 /// killed. Returns death → grant in ms.
 fn redisson_sample(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     lease_ms: u64,
     index: usize,
 ) -> Result<f64, String> {
     let key = format!("crash:redisson:{index}");
-    let mut holder = CliHolder::spawn(server)?;
-    let reply = holder.command(&format!(
-        "EVALSHA {} 1 {key} {lease_ms} {}",
-        scripts.redisson_lock,
-        owner_id(1_000_000 + index)
-    ))?;
+    let mut holder = Cli::start(server.port).map_err(|e| format!("spawn redis-cli: {e}"))?;
+    let reply = cli_command(
+        &mut holder,
+        &format!(
+            "EVALSHA {} 1 {key} {lease_ms} {}",
+            scripts.redisson_lock,
+            owner_id(1_000_000 + index)
+        ),
+    )?;
     if !reply.is_empty() {
         return Err(format!("the holder's lock script answered {reply:?}"));
     }

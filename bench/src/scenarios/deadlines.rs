@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use crate::drivers::{self, owner_id, Approach, Scripts, LEASE_MS};
 use crate::report::{fmt_num, fmt_spread, Target};
 use crate::resp::RawConn;
-use crate::server::{RedisServer, ServerOptions};
+use crate::server::{self, ServerOptions};
 use crate::stats::{max, percentile, Spread};
 use crate::Bench;
+use lock_testkit::Server;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -68,7 +69,7 @@ pub struct Deadlines {
 
 pub fn run(bench: &Bench) -> Deadlines {
     let plan = &bench.plan;
-    let server = RedisServer::start(
+    let server = server::start(
         &bench.module,
         &ServerOptions {
             maxclients: Some(4 * plan.deadline_samples + 1000),
@@ -105,7 +106,7 @@ fn spread_deadlines(count: usize, (low, high): (u64, u64)) -> Vec<u64> {
 /// One thread per sample, each with its own holder and waiter connections; all start together.
 /// Returns each sample's lateness in ms.
 fn in_parallel(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     kind: Kind,
     deadlines: &[u64],
@@ -132,7 +133,7 @@ fn in_parallel(
 }
 
 fn sample(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     kind: Kind,
     key: &str,
@@ -241,8 +242,8 @@ fn sample(
 
 /// Keys set with PX, one subscriber on `__keyevent@0__:expired`: how long after its PX each
 /// key's `expired` event arrives. That is when Redis itself notices an expired key nobody reads.
-fn expiry_events(server: &RedisServer, deadlines: &[u64], rep: usize) -> Vec<f64> {
-    let mut probe = server.probe();
+fn expiry_events(server: &Server, deadlines: &[u64], rep: usize) -> Vec<f64> {
+    let mut probe = crate::server::Probe::new(server);
     // Redis's best case: only these keys have a TTL. The sweep samples 20 volatile keys at a
     // time and stops early when few are expired, so other keys with TTLs (the earlier samples'
     // 30 s leases) would make it later still.

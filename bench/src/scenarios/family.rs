@@ -22,9 +22,10 @@ use crate::drivers::family::{
 };
 use crate::drivers::Tally;
 use crate::report::{fmt_num, fmt_spread, Target};
-use crate::server::{RedisServer, ServerOptions};
+use crate::server::{self, ServerOptions};
 use crate::stats::{jain, now_ns, percentile, Spread};
 use crate::Bench;
+use lock_testkit::Server;
 
 /// The critical section: a busy loop, so it is as long on a loaded machine as on an idle one.
 /// Shorter than scenario 2's 100 µs: up to 32 readers spin in it at once on the machine's
@@ -140,7 +141,7 @@ pub struct Family {
 pub fn run(bench: &Bench, workload: Workload) -> Family {
     let plan = &bench.plan;
     let most = plan.family_clients.iter().max().copied().unwrap_or(1);
-    let server = RedisServer::start(
+    let server = server::start(
         &bench.module,
         &ServerOptions {
             maxclients: Some(4 * most + 1000),
@@ -221,7 +222,7 @@ pub fn run(bench: &Bench, workload: Workload) -> Family {
 }
 
 /// Takes and gives back one hold of kind `mode` on a key of its own.
-fn module_supports(server: &RedisServer, mode: Mode) -> Result<(), String> {
+fn module_supports(server: &Server, mode: Mode) -> Result<(), String> {
     let mut con = server.connect();
     let key = "family:probe";
     let token: Option<i64> = redis::cmd("LOCK.ACQUIRE")
@@ -246,7 +247,7 @@ fn module_supports(server: &RedisServer, mode: Mode) -> Result<(), String> {
 type Outcome = (Vec<Section>, Tally);
 
 fn run_cell(
-    server: &RedisServer,
+    server: &Server,
     scripts: &FamilyScripts,
     workload: Workload,
     approach: HoldApproach,
@@ -261,7 +262,7 @@ fn run_cell(
     let clients: Vec<_> = (0..n)
         .map(|id| hold_client(approach, server, scripts, id))
         .collect();
-    let mut probe = server.probe();
+    let mut probe = crate::server::Probe::new(server);
     let counter = |probe: &mut crate::server::Probe, name: &str| -> u64 {
         probe
             .info("lock")

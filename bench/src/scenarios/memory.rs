@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use crate::drivers::{owner_id, unlock_channel, Approach, Scripts, LEASE_MS};
 use crate::report::{fmt_num, fmt_spread, Target};
 use crate::resp::RawConn;
-use crate::server::{Probe, RedisServer, ServerOptions};
+use crate::server::{self, Probe, ServerOptions};
 use crate::stats::Spread;
 use crate::Bench;
+use lock_testkit::Server;
 
 /// Connections opened (and answered) per burst: well under the accept queue (`--tcp-backlog
 /// 4096`), so no SYN is dropped and retried a second later.
@@ -42,9 +43,9 @@ pub struct Memory {
 
 pub fn run(bench: &Bench) -> Memory {
     let plan = &bench.plan;
-    let server = RedisServer::start(&bench.module, &ServerOptions::default());
+    let server = server::start(&bench.module, &ServerOptions::default());
     let scripts = Scripts::load(&server);
-    let mut probe = server.probe();
+    let mut probe = Probe::new(&server);
     let layouts = [Approach::Module, Approach::Redisson, Approach::Polling];
     let mut locks: Vec<LockMemory> = layouts
         .iter()
@@ -98,7 +99,7 @@ pub fn run(bench: &Bench) -> Memory {
 /// FLUSHALL, then `count` locks of one layout on keys of the same length for every layout,
 /// taken by owners of the same length. Returns (bytes per lock, extra keys per lock).
 fn bytes_per_lock(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     probe: &mut Probe,
     approach: Approach,
@@ -138,8 +139,8 @@ fn bytes_per_lock(
 }
 
 /// A server that can take `count` clients, on enough loopback addresses for the ports.
-fn server_for(bench: &Bench, count: usize) -> RedisServer {
-    RedisServer::start(
+fn server_for(bench: &Bench, count: usize) -> Server {
+    server::start(
         &bench.module,
         &ServerOptions {
             loopback_addresses: (count / 20_000 + 1).min(200) as u8,
@@ -152,7 +153,7 @@ fn server_for(bench: &Bench, count: usize) -> RedisServer {
 
 /// Opens `count` connections and has each one answer a PING, so every client has read a
 /// command (Redis gives a client its query buffer on its first read) before the baseline.
-fn connect_all(server: &RedisServer, count: usize) -> Vec<RawConn> {
+fn connect_all(server: &Server, count: usize) -> Vec<RawConn> {
     let mut conns = Vec::with_capacity(count);
     while conns.len() < count {
         let burst_start = conns.len();
@@ -217,7 +218,7 @@ fn waiter_memory(bench: &Bench, count: usize, wait: Wait) -> WaiterMemory {
         wait.label()
     ));
     let server = server_for(bench, count);
-    let mut probe = server.probe();
+    let mut probe = Probe::new(&server);
     let mut holder = server.connect();
     let _: i64 = redis::cmd("LOCK.ACQUIRE")
         .arg(QUEUE_KEY)

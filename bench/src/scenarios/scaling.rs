@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use crate::drivers::{owner_id, pair_commands, unlock_channel, Approach, Scripts, LEASE_MS};
 use crate::report::{fmt_num, fmt_spread, Target};
 use crate::resp::{RawConn, Resp};
-use crate::server::{Probe, RedisServer, ServerOptions};
+use crate::server::{self, Probe, ServerOptions};
 use crate::stats::{percentile, Spread};
 use crate::Bench;
+use lock_testkit::Server;
 
 /// Per repetition: latency p50/p99 (µs) and server CPU (µs) per operation.
 #[derive(Default)]
@@ -40,7 +41,7 @@ pub fn run(bench: &Bench) -> Scaling {
     let cap = crate::system::open_files_limit().saturating_sub(2000) as usize;
     let waiter_counts: Vec<usize> = plan.waiter_counts.iter().map(|&w| w.min(cap)).collect();
     let total: usize = waiter_counts.iter().map(|w| w + 1).sum();
-    let server = RedisServer::start(
+    let server = server::start(
         &bench.module,
         &ServerOptions {
             maxclients: Some(total + 1000),
@@ -49,7 +50,7 @@ pub fn run(bench: &Bench) -> Scaling {
         },
     );
     let scripts = Scripts::load(&server);
-    let mut probe = server.probe();
+    let mut probe = Probe::new(&server);
 
     // Every queue length lives on the server at once (one key each) and the repetitions take
     // turns, so a busy moment on the shared machine hits all of them, not just one.
@@ -96,14 +97,14 @@ pub fn run(bench: &Bench) -> Scaling {
         "scaling: holding {:?} locks",
         plan.held_lock_counts
     ));
-    let keyspaces: Vec<(usize, RedisServer, Scripts, Probe)> = plan
+    let keyspaces: Vec<(usize, Server, Scripts, Probe)> = plan
         .held_lock_counts
         .iter()
         .map(|&count| {
-            let server = RedisServer::start(&bench.module, &ServerOptions::default());
+            let server = server::start(&bench.module, &ServerOptions::default());
             hold_locks(&server, count);
             let scripts = Scripts::load(&server);
-            let probe = server.probe();
+            let probe = Probe::new(&server);
             (count, server, scripts, probe)
         })
         .collect();
@@ -176,7 +177,7 @@ struct Ring {
 }
 
 impl Ring {
-    fn queue(server: &RedisServer, probe: &mut Probe, waiters: usize) -> Ring {
+    fn queue(server: &Server, probe: &mut Probe, waiters: usize) -> Ring {
         let mut ring = Ring {
             key: format!("sc:waiters:{waiters}"),
             owners: (0..=waiters).map(owner_id).collect(),
@@ -247,7 +248,7 @@ struct Subscribers {
 }
 
 impl Subscribers {
-    fn subscribe(server: &RedisServer, count: usize) -> Subscribers {
+    fn subscribe(server: &Server, count: usize) -> Subscribers {
         let key = format!("sc:redisson:{count}");
         let channel = unlock_channel(&key);
         let mut conns: Vec<RawConn> = (0..count)
@@ -291,7 +292,7 @@ impl Subscribers {
 }
 
 /// Takes `count` locks (`held:<i>`) with a one-hour lease, pipelined.
-fn hold_locks(server: &RedisServer, count: usize) {
+fn hold_locks(server: &Server, count: usize) {
     let mut con = server.connect();
     let owner = owner_id(0);
     for start in (0..count).step_by(1000) {
@@ -310,7 +311,7 @@ fn hold_locks(server: &RedisServer, count: usize) {
 /// Acquire+release pairs on fresh keys: latency (unpipelined) and server CPU per pair
 /// (pipelined 16 deep, as in scenario 1).
 fn pairs(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     probe: &mut Probe,
     approach: Approach,

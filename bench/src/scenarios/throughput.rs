@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use crate::drivers::{acquired, owner_id, pair_args, Approach, Scripts};
 use crate::report::{fmt_num, fmt_spread, Target};
 use crate::resp::{encode_into, RawConn, Resp};
-use crate::server::{Probe, RedisServer, ServerOptions};
+use crate::server::{self, Probe, ServerOptions};
 use crate::stats::Spread;
 use crate::Bench;
+use lock_testkit::Server;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shape {
@@ -80,9 +81,9 @@ struct Measured {
 
 pub fn run(bench: &Bench) -> Throughput {
     let plan = &bench.plan;
-    let server = RedisServer::start(&bench.module, &ServerOptions::default());
+    let server = server::start(&bench.module, &ServerOptions::default());
     let scripts = Scripts::load(&server);
-    let mut probe = server.probe();
+    let mut probe = Probe::new(&server);
 
     // Warm-up: script compilation, the module's first-call set-up, the dict's first growth.
     for approach in Approach::ALL {
@@ -158,7 +159,7 @@ pub fn run(bench: &Bench) -> Throughput {
 
 /// Runs `shape.connections` clients doing pairs on fresh keys for `duration`.
 fn measure(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     probe: &mut Probe,
     approach: Approach,
@@ -256,7 +257,7 @@ fn run_pairs(
 /// Server CPU per call of the acquire-side and the release-side command alone: `ops` acquires
 /// on fresh keys, pipelined 16 deep on one connection, then `ops` releases.
 fn command_costs(
-    server: &RedisServer,
+    server: &Server,
     scripts: &Scripts,
     probe: &mut Probe,
     approach: Approach,

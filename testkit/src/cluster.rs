@@ -1,0 +1,137 @@
+//! A Redis Cluster of masters on loopback, created the way a user does it.
+
+use std::net::TcpListener;
+use std::process::Command;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::eventually;
+use crate::server::{cli_bin, Options, Server};
+
+/// A Redis Cluster of masters on loopback, each with the module loaded, created the way a user
+/// does it (`redis-server --cluster-enabled yes`, then `redis-cli --cluster create`; `$LOCK_SERVER`
+/// and `$LOCK_CLI` when set).
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    pub fn start(masters: usize) -> Cluster {
+        let nodes: Vec<Server> = (0..masters)
+            .map(|_| {
+                Server::start_on_free(
+                    cluster_port(),
+                    &Options {
+                        extra: [
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "5000",
+                        ]
+                        .map(String::from)
+                        .to_vec(),
+                        ..Options::default()
+                    },
+                )
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new(cli_bin())
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .arg("--cluster-yes")
+            .output()
+            .expect("redis-cli --cluster create ($LOCK_CLI)");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Cluster { nodes };
+        for node in &cluster.nodes {
+            let mut con = node.connect();
+            assert!(
+                eventually(Duration::from_secs(20), || {
+                    let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut con).unwrap();
+                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                }),
+                "the cluster did not come up"
+            );
+        }
+        cluster
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Server::url).collect()
+    }
+
+    pub fn client(&self) -> redis::cluster::ClusterConnection {
+        redis::cluster::ClusterClient::new(self.urls())
+            .expect("cluster client")
+            .get_connection()
+            .expect("cluster connection")
+    }
+
+    /// The node that serves `slot` now.
+    pub fn node_for_slot(&self, slot: u16) -> &Server {
+        let mut con = self.nodes[0].connect();
+        let shards: Vec<(i64, i64, Vec<Value>)> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query::<Vec<Vec<Value>>>(&mut con)
+            .expect("CLUSTER SLOTS")
+            .into_iter()
+            .map(|mut entry| {
+                let low = redis::from_redis_value(&entry[0]).unwrap();
+                let high = redis::from_redis_value(&entry[1]).unwrap();
+                (low, high, entry.drain(2..).collect())
+            })
+            .collect();
+        let (_, _, owners) = shards
+            .iter()
+            .find(|(low, high, _)| (*low..=*high).contains(&i64::from(slot)))
+            .expect("slot served");
+        let master: (String, i64) = match &owners[0] {
+            Value::Bulk(fields) => (
+                redis::from_redis_value(&fields[0]).unwrap(),
+                redis::from_redis_value(&fields[1]).unwrap(),
+            ),
+            other => panic!("unexpected CLUSTER SLOTS entry {other:?}"),
+        };
+        self.nodes
+            .iter()
+            .find(|n| i64::from(n.port) == master.1)
+            .expect("a node of this cluster")
+    }
+
+    pub fn node_id(node: &Server) -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut node.connect())
+            .expect("CLUSTER MYID")
+    }
+}
+
+/// A free port whose cluster bus port (port + 10000) is free too. Both are taken below Linux's
+/// ephemeral range (32768+), so no client connection of a concurrent test can grab the bus
+/// port between this check and the server's bind.
+fn cluster_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Spread the start per process; then walk, so two tests in one process never pick the same.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 2_000) as u16;
+    loop {
+        let port = 20_000 + (start - 20_000 + NEXT.fetch_add(1, Ordering::Relaxed)) % 2_700;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            return port;
+        }
+    }
+}
