@@ -29,6 +29,15 @@
 //!   (once the server publishes it) reports losses at once with the server's reason; pub/sub is
 //!   at-most-once, so the watchdog stays the backstop.
 //!
+//! # Runtime and cancellation
+//!
+//! The watchdog is a tokio task: on a multi-threaded runtime it renews while the application's
+//! task is busy, even blocked. On a `current_thread` runtime a task that blocks the thread
+//! blocks the watchdog too (use `spawn_blocking` for blocking work). Dropping an
+//! [`Lock::acquire`] future that waits closes its connection, and the server forgets the waiter;
+//! dropping one mid-flight otherwise may leave a hold the application never saw, which ends at its
+//! lease end (or is taken back by the handle's next acquire, thanks to `ONCE`).
+//!
 //! # Owners and re-entry
 //!
 //! Each client has a random id; each handle is the owner `<client id>:<n>`. Re-entry is per

@@ -289,6 +289,42 @@ async fn forcerelease_is_reported_lost_by_the_watchdog() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_answers_no_renewal_for_a_lease_is_reported_unreachable() {
+    let (_server, client, mut raw) = setup().await;
+    let mut guard = client
+        .lock("k")
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    let lost = guard.lost();
+    // Every command, RENEW included, waits out the pause: no renewal answers for 3 leases.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(900)
+        .arg("ALL")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_millis(800), lost)
+        .await
+        .expect("lost before the pause ends");
+    assert_eq!(reason, LostReason::Unreachable);
+    assert!(
+        start.elapsed() <= Duration::from_millis(300),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::NotHeld {
+            lost: Some(LostReason::Unreachable)
+        })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_is_idempotent() {
     let (_server, client, mut raw) = setup().await;
     let mut guard = client.lock("k").acquire().await.unwrap();
