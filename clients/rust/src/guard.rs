@@ -149,11 +149,11 @@ impl Drop for LockGuard {
         if let GuardEnd::Last(active) = self.handle.end_guard(&self.core) {
             let marked = self.core.status.mark_released();
             active.stop();
-            if marked.is_ok() {
+            if let (Ok(()), Some(runtime)) = (marked, &self.core.runtime) {
                 let core = self.core.clone();
-                // Dropped outside the runtime or while it shuts down: the task may never run,
-                // and the lease ends the hold instead.
-                self.core.runtime.spawn(async move {
+                // Once the runtime has shut down the task never runs, and the lease ends the
+                // hold instead.
+                runtime.spawn(async move {
                     let _ = core.conn.query(&core.release_cmd()).await;
                 });
             }

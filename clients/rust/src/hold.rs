@@ -106,7 +106,8 @@ pub(crate) struct HoldCore {
     /// The local lease end: the send time of the last command that set the lease, plus the
     /// lease, minus a drift margin.
     deadline: Mutex<Instant>,
-    pub(crate) runtime: tokio::runtime::Handle,
+    /// The runtime the hold was acquired on: a guard dropped anywhere releases through it.
+    pub(crate) runtime: Option<tokio::runtime::Handle>,
     pub(crate) signals: Option<Arc<SignalHub>>,
 }
 
@@ -132,7 +133,7 @@ impl HoldCore {
             conn: n.conn,
             status: HoldStatus::new(),
             deadline: Mutex::new(deadline),
-            runtime: tokio::runtime::Handle::current(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             signals: n.signals,
         })
     }
@@ -245,7 +246,7 @@ async fn watchdog(hold: Arc<HoldCore>) {
 /// Server errors after which the hold cannot be there any more (as opposed to LOADING, BUSY,
 /// MASTERDOWN, ... which pass).
 fn is_final(text: &str) -> bool {
-    text.starts_with("ERR ") || text.starts_with("WRONGTYPE")
+    (text.starts_with("ERR ") && !text.contains("paused")) || text.starts_with("WRONGTYPE")
 }
 
 /// An `EPHEMERAL` hold's connection: opened with a push channel, so that its close is seen at

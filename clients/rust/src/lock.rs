@@ -106,11 +106,9 @@ impl ActiveHold {
         for task in &self.tasks {
             task.abort();
         }
-        if let Some(hub) = self.core.signals.clone() {
+        if let (Some(hub), Some(runtime)) = (self.core.signals.clone(), &self.core.runtime) {
             let core = self.core.clone();
-            self.core
-                .runtime
-                .spawn(async move { hub.unwatch(&core).await });
+            runtime.spawn(async move { hub.unwatch(&core).await });
         }
     }
 }

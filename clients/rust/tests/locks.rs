@@ -418,6 +418,14 @@ async fn dropping_the_guard_releases() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_outside_the_runtime_releases_through_it() {
+    let (_server, client, mut raw) = setup().await;
+    let guard = client.lock("k").acquire().await.unwrap();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    wait_free(&mut raw, "k", Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_lease_is_reported_lost_at_its_end_and_never_renewed() {
     let (_server, client, mut raw) = setup().await;
     let guard = client
