@@ -1,0 +1,166 @@
+//! The client: connections, identity, and the factory of lock handles.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use redis::ProtocolVersion;
+
+use crate::error::LockError;
+use crate::hold::Commands;
+use crate::lock::{Kind, Lock};
+use crate::signal::SignalHub;
+
+/// The default time an ordinary command (acquire without waiting, renew, release) may take
+/// before it counts as failed.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection to a server with the LOCK.* module, and the factory of [`Lock`] handles.
+///
+/// Cheap to clone (clones share connections and identity). Each client has a random unique id;
+/// every handle it makes gets its own owner string `<client id>:<n>`, so two handles exclude
+/// each other even for the same key, like two threads of a Redisson client.
+///
+/// Connections: one multiplexed connection for ordinary commands (replaced after it breaks),
+/// one fresh connection for each acquire that waits (so a long `WAIT` delays nothing else),
+/// one connection owned by each `EPHEMERAL` hold, and, with
+/// [`LockClientBuilder::listen_for_lost_signal`], one pub/sub connection.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+/// use redis_lock_client::LockClient;
+///
+/// let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+/// let lock = client.lock("orders:42");
+/// let mut guard = lock.acquire().await?;
+/// println!("fencing token {}", guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) client: redis::Client,
+    /// The same server over RESP3, for connections that need pushes (EPHEMERAL, pub/sub).
+    pub(crate) resp3: redis::Client,
+    pub(crate) commands: Arc<Commands>,
+    pub(crate) id: String,
+    next_handle: AtomicU64,
+    pub(crate) command_timeout: Duration,
+    pub(crate) signals: Option<Arc<SignalHub>>,
+}
+
+/// Settings of a [`LockClient`] beyond the defaults.
+pub struct LockClientBuilder {
+    client: redis::Client,
+    command_timeout: Duration,
+    lost_signal: bool,
+}
+
+impl LockClientBuilder {
+    /// How long an ordinary command may take (default [`DEFAULT_COMMAND_TIMEOUT`]). A waiting
+    /// acquire is not bound by it: its connection's read timeout is the wait plus a margin.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Subscribes to the server's lost-hold signal (issue #20 part 1) on one pub/sub connection,
+    /// so that a hold ended by `LOCK.FORCERELEASE`, `DEL`, an overwrite, a rename, eviction, an
+    /// `EPHEMERAL` connection's close or a lease end is reported at once, with the server's
+    /// reason ([`LostReason`](crate::LostReason)).
+    ///
+    /// **The server does not publish this signal yet**: with a server that does not, this only
+    /// costs a `SUBSCRIBE` and an `UNSUBSCRIBE` per hold. Standalone servers only (`SUBSCRIBE`;
+    /// cluster mode's sharded `SSUBSCRIBE` is not implemented). Pub/sub is at-most-once: the
+    /// watchdog stays the backstop for a message that is never delivered.
+    pub fn listen_for_lost_signal(mut self) -> Self {
+        self.lost_signal = true;
+        self
+    }
+
+    /// Connects (one `PING` on the shared connection) and returns the client.
+    pub async fn build(self) -> Result<LockClient, LockError> {
+        let info = self.client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let resp3 = redis::Client::open(info.set_redis_settings(settings))
+            .map_err(LockError::Connection)?;
+        let commands = Arc::new(Commands::new(self.client.clone(), self.command_timeout));
+        commands.query(&redis::cmd("PING")).await?;
+        let signals = self.lost_signal.then(|| SignalHub::new(resp3.clone()));
+        Ok(LockClient {
+            inner: Arc::new(ClientInner {
+                client: self.client,
+                resp3,
+                commands,
+                id: random_id(),
+                next_handle: AtomicU64::new(1),
+                command_timeout: self.command_timeout,
+                signals,
+            }),
+        })
+    }
+}
+
+impl LockClient {
+    /// A client with the default settings on `client`'s server. Connects once to check it.
+    pub async fn new(client: redis::Client) -> Result<LockClient, LockError> {
+        LockClient::builder(client).build().await
+    }
+
+    /// [`LockClient::new`] from a URL such as `redis://127.0.0.1:6379/`.
+    pub async fn open(url: &str) -> Result<LockClient, LockError> {
+        let client = redis::Client::open(url).map_err(LockError::Connection)?;
+        LockClient::new(client).await
+    }
+
+    /// Settings beyond the defaults: see [`LockClientBuilder`].
+    pub fn builder(client: redis::Client) -> LockClientBuilder {
+        LockClientBuilder {
+            client,
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            lost_signal: false,
+        }
+    }
+
+    /// This client's random unique id (32 hex digits), the prefix of its handles' owners.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// A handle on the exclusive lock of `key` (also the write side of its read-write lock).
+    pub fn lock(&self, key: impl AsRef<[u8]>) -> Lock {
+        self.handle(key.as_ref(), Kind::Exclusive)
+    }
+
+    /// A handle on a shared (read) hold of `key`: any number of readers together, excluded by
+    /// an exclusive holder ([`LockClient::lock`] on the same key).
+    pub fn read_lock(&self, key: impl AsRef<[u8]>) -> Lock {
+        self.handle(key.as_ref(), Kind::Shared)
+    }
+
+    /// A handle on one permit of the counting semaphore `key` with `limit` permits
+    /// (`LOCK.ACQUIRE ... LIMIT n`; every holder of the key must name the same limit,
+    /// 1 ..= 10,000).
+    pub fn semaphore(&self, key: impl AsRef<[u8]>, limit: u32) -> Lock {
+        self.handle(key.as_ref(), Kind::Permit { limit })
+    }
+
+    fn handle(&self, key: &[u8], kind: Kind) -> Lock {
+        let n = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
+        let owner: Arc<str> = format!("{}:{n}", self.inner.id).into();
+        Lock::new(self.inner.clone(), key.to_vec(), owner, kind)
+    }
+}
+
+fn random_id() -> String {
+    let bytes: [u8; 16] = rand::thread_rng().gen();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,92 @@
+//! The one error type of the crate.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::lost::LostReason;
+
+/// Everything that can go wrong when taking, keeping or releasing a lock.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The hold is not ours any more: it was lost before this call (`lost` says why, when the
+    /// library knows), or the server answered that the owner does not hold the key.
+    NotHeld {
+        /// Why the hold was lost, when the library saw it happen.
+        lost: Option<LostReason>,
+    },
+    /// [`Lock::acquire`](crate::Lock::acquire) waited its whole wait timeout and another owner
+    /// still holds the key.
+    Timeout {
+        /// How long the server was asked to wait.
+        waited: Duration,
+    },
+    /// The server refused the command; the text is the server's own error line (for example
+    /// `ERR the key is a read-write lock; acquire it without LIMIT`).
+    Server(String),
+    /// The server could not be reached, the connection broke, or a reply did not arrive in time.
+    Connection(redis::RedisError),
+    /// An argument the library can check before sending anything (a zero lease).
+    InvalidArgument(&'static str),
+    /// The server answered something LOCK.* never answers (a module that is not loaded answers
+    /// with [`LockError::Server`] instead).
+    UnexpectedReply(String),
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockError::NotHeld { lost: Some(reason) } => {
+                write!(f, "the lock is not held any more: {reason}")
+            }
+            LockError::NotHeld { lost: None } => {
+                write!(
+                    f,
+                    "the lock is not held (the server does not know this owner)"
+                )
+            }
+            LockError::Timeout { waited } => {
+                write!(
+                    f,
+                    "the lock was not granted within {} ms",
+                    waited.as_millis()
+                )
+            }
+            LockError::Server(text) => write!(f, "server error: {text}"),
+            LockError::Connection(e) => write!(f, "connection error: {e}"),
+            LockError::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
+            LockError::UnexpectedReply(what) => write!(f, "unexpected reply: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LockError::Connection(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for LockError {
+    /// Server error replies become [`LockError::Server`] with the server's text; everything
+    /// else (I/O, timeouts, parse failures) is [`LockError::Connection`].
+    fn from(e: redis::RedisError) -> Self {
+        match e.code() {
+            Some(code) => match e.detail() {
+                Some(detail) => LockError::Server(format!("{code} {detail}")),
+                None => LockError::Server(code.to_string()),
+            },
+            None => LockError::Connection(e),
+        }
+    }
+}
+
+impl LockError {
+    /// True for errors after which the same request may be sent again on a new connection:
+    /// the connection broke or timed out (the request may or may not have run).
+    pub(crate) fn is_retryable(&self) -> bool {
+        matches!(self, LockError::Connection(_))
+    }
+}

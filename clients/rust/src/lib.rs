@@ -1,0 +1,95 @@
+//! An async (tokio) client for the `LOCK.*` Redis module: distributed locks with fencing tokens,
+//! server-side FIFO waiting, read-write locks, semaphores and `EPHEMERAL` holds.
+//!
+//! - [`LockClient`] connects (from a [`redis::Client`] or a URL) and makes handles:
+//!   [`LockClient::lock`] (exclusive), [`LockClient::read_lock`] (shared),
+//!   [`LockClient::semaphore`] (one of `n` permits).
+//! - A [`Lock`] handle is one owner on one key, with its options: [`Lock::lease`],
+//!   [`Lock::fixed_lease`], [`Lock::wait_timeout`], [`Lock::ephemeral`]. It acquires with
+//!   [`Lock::try_acquire`] (`None` when busy) or [`Lock::acquire`] (waits in the server).
+//! - A [`LockGuard`] is the hold: [`LockGuard::token`] is its fencing token,
+//!   [`LockGuard::lost`] resolves if it is lost ([`LostReason`]), [`LockGuard::release`]
+//!   releases it (idempotent), and dropping it releases it in the background.
+//!
+//! # Safe defaults
+//!
+//! - **Watchdog.** A hold's lease (30 s by default) is renewed every third of a lease by a task
+//!   of its own, whatever the application's task is doing. `LOCK.RENEW` answering 0 (the hold is
+//!   gone), or no successful renewal for a lease (counted from the *send* time of the last one,
+//!   minus a tenth for clock drift), reports the hold lost. Nothing renews after a release.
+//! - **Waiting never blocks other commands.** An acquire that waits (`LOCK.ACQUIRE ... WAIT`)
+//!   goes on a connection of its own whose read timeout is above the wait; everything else
+//!   shares one multiplexed connection.
+//! - **Retries never enter twice.** Every acquire carries `ONCE`, so an acquire re-sent after a
+//!   timeout or a broken connection (the library retries twice) cannot count a second re-entry.
+//! - **`EPHEMERAL` holds live on a connection the guard owns**, never a pooled or shared one;
+//!   any error on it reports the hold lost, and it is never reconnected.
+//! - **Knowing when the lock is gone.** [`LockGuard::lost`] is a future to select on beside the
+//!   work. With [`LockClientBuilder::listen_for_lost_signal`], the server's lost-hold signal
+//!   (once the server publishes it) reports losses at once with the server's reason; pub/sub is
+//!   at-most-once, so the watchdog stays the backstop.
+//!
+//! # Runtime and cancellation
+//!
+//! The watchdog is a tokio task: on a multi-threaded runtime it renews while the application's
+//! task is busy, even blocked. On a `current_thread` runtime a task that blocks the thread
+//! blocks the watchdog too (use `spawn_blocking` for blocking work). Dropping an
+//! [`Lock::acquire`] future that waits closes its connection, and the server forgets the waiter;
+//! dropping one mid-flight otherwise may leave a hold the application never saw, which ends at its
+//! lease end (or is taken back by the handle's next acquire, thanks to `ONCE`).
+//!
+//! # Owners and re-entry
+//!
+//! Each client has a random id; each handle is the owner `<client id>:<n>`. Re-entry is per
+//! handle: acquiring again through a handle that holds the key succeeds at once with the same
+//! token, and the hold ends when its last guard is released. Two handles are two owners.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::{LockClient, LockError};
+//!
+//! # async fn demo() -> Result<(), LockError> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/").await?;
+//! let lock = client
+//!     .lock("orders:42")
+//!     .lease(Duration::from_secs(10))
+//!     .wait_timeout(Duration::from_secs(5));
+//!
+//! let mut guard = lock.acquire().await?; // LockError::Timeout after 5 s
+//! let token = guard.token();
+//! tokio::select! {
+//!     reason = guard.lost() => eprintln!("lock lost ({reason}): abandon the work"),
+//!     _ = write_with_fence(token) => {}
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! # async fn write_with_fence(_token: u64) {}
+//! ```
+//!
+//! # Not (yet) supported
+//!
+//! Redis Cluster (commands go to the one server of the [`redis::Client`]); the lost-hold signal
+//! on sharded pub/sub; a blocking (non-async) API.
+
+#![deny(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+mod client;
+mod error;
+mod guard;
+mod hold;
+mod lock;
+mod lost;
+mod signal;
+
+pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
+pub use error::LockError;
+pub use guard::{LockGuard, Release};
+pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
+pub use lost::LostReason;
+pub use signal::{lost_signal_channel, LostSignal};

@@ -1,0 +1,487 @@
+//! Lock handles: one owner identity on one key, and how it acquires.
+
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::{AsyncConnectionConfig, Cmd, Value};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::client::ClientInner;
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::hold::{self, millis, HoldConn, HoldCore, NewHold, Renewal};
+use crate::lost::LostReason;
+
+/// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// How much longer than the server-side wait a waiting connection's read timeout is.
+const WAIT_MARGIN: Duration = Duration::from_secs(2);
+
+/// How many times an acquire is sent again after its connection broke or timed out. Safe
+/// because every acquire carries `ONCE`.
+const RETRIES: u32 = 2;
+
+/// The kind of hold a [`Lock`] handle takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The exclusive lock (and write side of the read-write lock).
+    Exclusive,
+    /// A shared (read) hold: `LOCK.ACQUIRE ... SHARED`.
+    Shared,
+    /// One permit of a counting semaphore: `LOCK.ACQUIRE ... LIMIT n`.
+    Permit {
+        /// The semaphore's number of permits.
+        limit: u32,
+    },
+}
+
+/// How long [`Lock::acquire`] waits for a busy key (in the server: `LOCK.ACQUIRE ... WAIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Until the key is granted (`WAIT 0`). The default.
+    Forever,
+    /// At most this long, then [`LockError::Timeout`]. A zero timeout is one attempt.
+    Timeout(Duration),
+}
+
+/// A handle on one key, with its own owner identity (`<client id>:<n>`).
+///
+/// Re-entry is per handle: while a guard of this handle holds the key, acquiring again through
+/// the same handle (or a clone of it) succeeds at once with the same fencing token, and the hold
+/// ends when the last of its guards is released. The server sees one hold per handle (count 1):
+/// every `LOCK.ACQUIRE` carries `ONCE`, which makes a re-sent acquire (after a timeout or a broken
+/// connection) harmless, and lets the library retry it. Two handles, even on the same key and
+/// client, are two owners and exclude each other.
+///
+/// The options (`lease`, `wait_timeout`, `ephemeral`, ...) are set on the handle before use; a
+/// clone keeps them and shares the owner.
+///
+/// ```no_run
+/// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+/// use std::time::Duration;
+///
+/// let lock = client
+///     .lock("report")
+///     .lease(Duration::from_secs(10))          // renewed every ~3.3 s while held
+///     .wait_timeout(Duration::from_secs(5));   // acquire() waits in the server, at most 5 s
+/// match lock.try_acquire().await? {
+///     Some(guard) => println!("got it at once, token {}", guard.token()),
+///     None => println!("busy"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    state: Arc<HandleState>,
+    lease: Duration,
+    renewal: Renewal,
+    wait: Wait,
+    ephemeral: bool,
+}
+
+/// What all clones of a handle share: its identity and its current hold.
+pub(crate) struct HandleState {
+    client: Arc<ClientInner>,
+    key: Vec<u8>,
+    owner: Arc<str>,
+    kind: Kind,
+    /// One acquire at a time per handle (the server lets an owner wait once per key anyway).
+    gate: tokio::sync::Mutex<()>,
+    slot: Mutex<Option<ActiveHold>>,
+}
+
+/// The handle's current hold and how many guards share it.
+pub(crate) struct ActiveHold {
+    core: Arc<HoldCore>,
+    guards: usize,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ActiveHold {
+    /// Stops the hold's tasks (no renewal after this) and its signal subscription.
+    pub(crate) fn stop(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        if let (Some(hub), Some(runtime)) = (self.core.signals.clone(), &self.core.runtime) {
+            let core = self.core.clone();
+            runtime.spawn(async move { hub.unwatch(&core).await });
+        }
+    }
+}
+
+/// What ending one guard did to the handle's hold.
+pub(crate) enum GuardEnd {
+    /// Other guards of the hold remain.
+    Remaining,
+    /// That was the hold's last guard: the caller sends the release.
+    Last(ActiveHold),
+    /// The guard's hold was no longer the handle's (it was lost and replaced).
+    Stale,
+}
+
+impl HandleState {
+    fn slot(&self) -> MutexGuard<'_, Option<ActiveHold>> {
+        // The slot is only swapped or counted under this lock; a panic elsewhere cannot leave
+        // it half-updated, so a poisoned lock is used as it is.
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One guard of `core` ends.
+    pub(crate) fn end_guard(&self, core: &Arc<HoldCore>) -> GuardEnd {
+        let mut slot = self.slot();
+        match slot.as_mut() {
+            Some(active) if Arc::ptr_eq(&active.core, core) => {
+                active.guards = active.guards.saturating_sub(1);
+                if active.guards > 0 {
+                    return GuardEnd::Remaining;
+                }
+                match slot.take() {
+                    Some(active) => GuardEnd::Last(active),
+                    None => GuardEnd::Stale,
+                }
+            }
+            _ => GuardEnd::Stale,
+        }
+    }
+}
+
+impl Lock {
+    pub(crate) fn new(client: Arc<ClientInner>, key: Vec<u8>, owner: Arc<str>, kind: Kind) -> Lock {
+        Lock {
+            state: Arc::new(HandleState {
+                client,
+                key,
+                owner,
+                kind,
+                gate: tokio::sync::Mutex::new(()),
+                slot: Mutex::new(None),
+            }),
+            lease: DEFAULT_LEASE,
+            renewal: Renewal::Watchdog,
+            wait: Wait::Forever,
+            ephemeral: false,
+        }
+    }
+
+    /// The lease each hold gets on the server (default [`DEFAULT_LEASE`], 30 s). The watchdog
+    /// renews it every `lease / 3` while the hold lasts; if it cannot for a whole lease, the
+    /// hold is reported lost ([`LostReason::Unreachable`]).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self.renewal = Renewal::Watchdog;
+        self
+    }
+
+    /// A lease nothing renews: the hold ends on the server `lease` after the acquire (or
+    /// re-entry), and the guard reports [`LostReason::LeaseEnded`] then.
+    pub fn fixed_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self.renewal = Renewal::Fixed;
+        self
+    }
+
+    /// How long [`Lock::acquire`] waits in the server for a busy key (default: until granted).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait = Wait::Timeout(timeout);
+        self
+    }
+
+    /// Holds are `EPHEMERAL`: bound to a connection the guard owns, they end in the server the
+    /// moment that connection closes (the process died, the socket broke, `CLIENT KILL`). Any
+    /// error on that connection reports the hold lost ([`LostReason::ConnectionClosed`]); it is
+    /// never reconnected. Caveat: the server's `timeout` setting closes idle connections; the
+    /// watchdog's renewals keep it busy at `lease / 3`, so keep `timeout` at 0 (the default) or
+    /// well above a third of the lease — and with [`Lock::fixed_lease`] nothing is sent at all.
+    pub fn ephemeral(mut self) -> Self {
+        self.ephemeral = true;
+        self
+    }
+
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        &self.state.key
+    }
+
+    /// The owner string this handle sends (`<client id>:<n>`).
+    pub fn owner(&self) -> &str {
+        &self.state.owner
+    }
+
+    /// The kind of hold this handle takes.
+    pub fn kind(&self) -> Kind {
+        self.state.kind
+    }
+
+    /// Takes the key if it is free (or re-enters this handle's hold), without waiting:
+    /// `Ok(None)` when another owner holds it or others wait for it.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
+        self.acquire_inner(None).await
+    }
+
+    /// Takes the key, waiting in the server (FIFO, no polling) as long as
+    /// [`Lock::wait_timeout`] allows; [`LockError::Timeout`] when it passes. The wait runs on a
+    /// connection of its own, whose read timeout is above the wait, so it delays no other
+    /// command. Dropping the future closes that connection, and the server forgets the waiter.
+    pub async fn acquire(&self) -> Result<LockGuard, LockError> {
+        match self.acquire_inner(Some(self.wait)).await? {
+            Some(guard) => Ok(guard),
+            None => Err(LockError::Timeout {
+                waited: match self.wait {
+                    Wait::Timeout(t) => t,
+                    Wait::Forever => Duration::ZERO,
+                },
+            }),
+        }
+    }
+
+    fn acquire_cmd(&self, wait: Option<Wait>) -> Cmd {
+        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        cmd.arg(&self.state.key)
+            .arg(self.state.owner.as_bytes())
+            .arg(millis(self.lease));
+        match self.state.kind {
+            Kind::Exclusive => {}
+            Kind::Shared => {
+                cmd.arg("SHARED");
+            }
+            Kind::Permit { limit } => {
+                cmd.arg("LIMIT").arg(limit);
+            }
+        }
+        if self.ephemeral {
+            cmd.arg("EPHEMERAL");
+        }
+        cmd.arg("ONCE");
+        match wait {
+            None | Some(Wait::Timeout(Duration::ZERO)) => {}
+            Some(Wait::Forever) => {
+                cmd.arg("WAIT").arg(0);
+            }
+            Some(Wait::Timeout(t)) => {
+                cmd.arg("WAIT").arg(millis(t));
+            }
+        }
+        cmd
+    }
+
+    async fn acquire_inner(&self, wait: Option<Wait>) -> Result<Option<LockGuard>, LockError> {
+        if self.lease.is_zero() {
+            return Err(LockError::InvalidArgument(
+                "the lease must be at least 1 ms",
+            ));
+        }
+        let wait = match wait {
+            Some(Wait::Timeout(Duration::ZERO)) => None,
+            w => w,
+        };
+        let _gate = self.state.gate.lock().await;
+        let current = self
+            .state
+            .slot()
+            .as_ref()
+            .filter(|a| a.core.status.is_active())
+            .map(|a| a.core.clone());
+        let sent = Instant::now();
+        let (reply, own) = if self.ephemeral {
+            let (reply, own) = self.send_ephemeral(current.as_ref(), wait).await;
+            match reply {
+                Ok(reply) => (reply, own),
+                Err(e) => {
+                    if let Some(c) = &current {
+                        if matches!(c.conn, HoldConn::Own(_)) && e.is_retryable() {
+                            c.lose(LostReason::ConnectionClosed);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        } else {
+            (self.send_with_retries(wait).await?, None)
+        };
+        let token = parse_token(reply)?;
+        self.settle(current, token, sent, own)
+    }
+
+    /// Sends the acquire on the shared connection (no wait) or on a fresh connection of its own
+    /// (wait), again after a broken or timed-out connection: `ONCE` makes that safe.
+    async fn send_with_retries(&self, wait: Option<Wait>) -> Result<Value, LockError> {
+        let until = match wait {
+            Some(Wait::Timeout(t)) => Some(Instant::now() + t),
+            _ => None,
+        };
+        let mut attempt = 0;
+        loop {
+            let this_wait = match (wait, until) {
+                (Some(Wait::Timeout(_)), Some(until)) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        // A retry with no wait left: one last attempt without waiting.
+                        None
+                    } else {
+                        Some(Wait::Timeout(left))
+                    }
+                }
+                (w, _) => w,
+            };
+            let cmd = self.acquire_cmd(this_wait);
+            let reply = match this_wait {
+                None => self.state.client.commands.query(&cmd).await,
+                Some(w) => self.send_waiting(&cmd, w).await,
+            };
+            match reply {
+                Err(e) if e.is_retryable() && attempt < RETRIES => attempt += 1,
+                r => return r,
+            }
+        }
+    }
+
+    /// A waiting acquire, on a connection opened for it and closed after it.
+    async fn send_waiting(&self, cmd: &Cmd, wait: Wait) -> Result<Value, LockError> {
+        let client = &self.state.client;
+        let read_timeout = match wait {
+            Wait::Forever => None,
+            Wait::Timeout(t) => Some(t + WAIT_MARGIN),
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(client.command_timeout))
+            .set_response_timeout(read_timeout);
+        let mut conn = client
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(LockError::Connection)?;
+        cmd.query_async::<Value>(&mut conn)
+            .await
+            .map_err(LockError::from)
+    }
+
+    /// An `EPHEMERAL` acquire: on the current hold's own connection (a re-entry), or on a new
+    /// one that the new hold will own. No retry: a broken connection took its hold with it.
+    async fn send_ephemeral(
+        &self,
+        current: Option<&Arc<HoldCore>>,
+        wait: Option<Wait>,
+    ) -> (Result<Value, LockError>, Option<OwnConnection>) {
+        let client = &self.state.client;
+        let existing = current.and_then(|c| match &c.conn {
+            HoldConn::Own(conn) => Some(conn.clone()),
+            HoldConn::Shared(_) => None,
+        });
+        let (mut conn, pushes) = match existing {
+            Some(conn) => (conn, None),
+            None => match hold::own_connection(&client.resp3, client.command_timeout).await {
+                Ok((conn, pushes)) => (conn, Some(pushes)),
+                Err(e) => return (Err(e), None),
+            },
+        };
+        let limit = match wait {
+            None => Some(client.command_timeout),
+            Some(Wait::Forever) => None,
+            Some(Wait::Timeout(t)) => Some(t + WAIT_MARGIN),
+        };
+        let cmd = self.acquire_cmd(wait);
+        let query = cmd.query_async::<Value>(&mut conn);
+        let reply = match limit {
+            None => query.await.map_err(LockError::from),
+            Some(limit) => match tokio::time::timeout(limit, query).await {
+                Ok(r) => r.map_err(LockError::from),
+                Err(_) => Err(LockError::Connection(redis::RedisError::from(
+                    io::Error::new(io::ErrorKind::TimedOut, "LOCK.ACQUIRE got no reply in time"),
+                ))),
+            },
+        };
+        let own = pushes.map(|pushes| OwnConnection { conn, pushes });
+        (reply, own)
+    }
+
+    /// Turns the server's answer into a guard: a re-entry of the current hold, or a new hold
+    /// (the current one, if any, is then gone).
+    fn settle(
+        &self,
+        current: Option<Arc<HoldCore>>,
+        token: Option<u64>,
+        sent: Instant,
+        own: Option<OwnConnection>,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let state = &self.state;
+        if let (Some(t), Some(c)) = (token, &current) {
+            if c.token == t {
+                let mut slot = state.slot();
+                if let Some(active) = slot.as_mut().filter(|a| Arc::ptr_eq(&a.core, c)) {
+                    active.guards += 1;
+                    c.extend(sent);
+                    return Ok(Some(LockGuard::new(state.clone(), c.clone())));
+                }
+            }
+        }
+        // Whatever the handle held is gone: the server answered another token, or nil.
+        if let Some(c) = &current {
+            c.lose(LostReason::HoldGone);
+        }
+        let old = state.slot().take();
+        if let Some(old) = old {
+            old.stop();
+        }
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        let client = &state.client;
+        let (conn, pushes) = match own {
+            Some(mut own) => {
+                own.conn.set_response_timeout(client.command_timeout);
+                (HoldConn::Own(own.conn), Some(own.pushes))
+            }
+            None => (HoldConn::Shared(client.commands.clone()), None),
+        };
+        let core = HoldCore::new(NewHold {
+            key: state.key.clone(),
+            owner: state.owner.clone(),
+            token,
+            lease: self.lease,
+            conn,
+            sent,
+            signals: client.signals.clone(),
+        });
+        let mut tasks = vec![tokio::spawn(hold::keep(core.clone(), self.renewal))];
+        if let Some(pushes) = pushes {
+            tasks.push(tokio::spawn(hold::watch_connection(
+                Arc::downgrade(&core),
+                pushes,
+            )));
+        }
+        if let Some(hub) = client.signals.clone() {
+            let watched = core.clone();
+            tasks.push(tokio::spawn(async move {
+                // A failed subscription leaves the watchdog alone to notice a loss.
+                let _ = hub.watch(&watched).await;
+            }));
+        }
+        *state.slot() = Some(ActiveHold {
+            core: core.clone(),
+            guards: 1,
+            tasks,
+        });
+        Ok(Some(LockGuard::new(state.clone(), core)))
+    }
+}
+
+/// A new connection an `EPHEMERAL` acquire was sent on, and its push channel.
+struct OwnConnection {
+    conn: redis::aio::MultiplexedConnection,
+    pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+}
+
+/// `LOCK.ACQUIRE`'s reply: a token > 0, or nil.
+fn parse_token(reply: Value) -> Result<Option<u64>, LockError> {
+    match reply {
+        Value::Nil => Ok(None),
+        Value::Int(n) if n > 0 => Ok(u64::try_from(n).ok()),
+        other => Err(LockError::UnexpectedReply(format!(
+            "LOCK.ACQUIRE answered {other:?}"
+        ))),
+    }
+}
