@@ -407,3 +407,62 @@ fn a_redisson_waiter_subscribed_sharded_acquires_at_the_lock_release() {
     let owner: Vec<String> = holder.hkeys(key).unwrap();
     assert!(owner.contains(&"uuid-1:1".to_string()), "{owner:?}");
 }
+
+/// Issue #20, the lost-hold signal in a cluster: it goes to the key's shard only (`SPUBLISH`),
+/// so a holder `SSUBSCRIBE`d on the key's node hears it and no other node is sent anything — a
+/// cluster of many nodes is never flooded with lost-hold messages.
+#[test]
+fn lost_hold_messages_go_to_the_keys_shard_only() {
+    let cluster = Cluster::start(3);
+    for key in ["orders:42", "{tenant}:orders"] {
+        let channel =
+            String::from_utf8(unlock_channel(b"lock.lost", key.as_bytes()).unwrap()).unwrap();
+        let slot = key_slot(key.as_bytes());
+        let node = cluster.node_for_slot(slot);
+        let mut direct = node.connect();
+        let channel_slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&channel)
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(channel_slot, i64::from(slot), "{channel}");
+        let mut sharded = ShardSubscriber::start(node.port, &channel);
+        // A classic subscriber on the key's node and on another: a PUBLISH would reach both.
+        let mut classic_here = node.connect();
+        let mut here = classic_here.as_pubsub();
+        here.subscribe(&channel).unwrap();
+        here.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let other = cluster.nodes.iter().find(|n| n.port != node.port).unwrap();
+        let mut classic_there = other.connect();
+        let mut there = classic_there.as_pubsub();
+        there.subscribe(&channel).unwrap();
+        there
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+
+        let token = acquire(&mut direct, key, "holder 1", 60_000).unwrap();
+        let removed: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(key)
+            .query(&mut direct)
+            .unwrap();
+        assert_eq!(removed, 1);
+        assert_eq!(
+            sharded.message(SOON),
+            Some(format!("forcereleased {token} holder 1")),
+            "{key}"
+        );
+        let mut holder = node.connect();
+        let ephemeral = acquire_with(&mut holder, key, "e", 60_000, &["EPHEMERAL"])
+            .unwrap()
+            .expect("granted");
+        drop(holder);
+        assert_eq!(
+            sharded.message(SOON),
+            Some(format!("disconnected {ephemeral} e")),
+            "{key}"
+        );
+        assert!(here.get_message().is_err(), "{key}: no classic PUBLISH");
+        assert!(there.get_message().is_err(), "{key}: no broadcast");
+    }
+}

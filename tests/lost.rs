@@ -1,0 +1,285 @@
+//! The lost-hold signal (issue #20): a holder whose hold ends by anything but its own
+//! `LOCK.RELEASE` is told on `lock.lost:{<key>}`, with `<reason> <token> <owner>`. What the module
+//! does itself (a force release, a lease it sees end, a closed EPHEMERAL connection) it reports
+//! on every server; what other commands do to the key (DEL, UNLINK, RENAME, SET over it,
+//! eviction, a whole key's expiry) it learns from the key server event of Redis >= 7.2 and
+//! Valkey, and Redis 7.0 has none: there the test checks that nothing false is said.
+
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use lock_testkit::*;
+
+const SOON: Duration = Duration::from_secs(5);
+
+/// A connection subscribed to one channel; its messages arrive on the receiver.
+fn listen(server: &Server, channel: &str) -> mpsc::Receiver<String> {
+    let mut con = server.connect();
+    let (messages, received) = mpsc::channel();
+    let (ready, subscribed) = mpsc::channel();
+    let channel = channel.to_string();
+    thread::spawn(move || {
+        let mut pubsub = con.as_pubsub();
+        pubsub.subscribe(&channel).expect("SUBSCRIBE");
+        let _ = ready.send(());
+        // Ends when the server goes (the test's end) or the receiver is dropped.
+        while let Ok(message) = pubsub.get_message() {
+            let payload: String = message.get_payload().unwrap_or_default();
+            if messages.send(payload).is_err() {
+                break;
+            }
+        }
+    });
+    subscribed.recv_timeout(SOON).expect("subscribed");
+    received
+}
+
+fn channel_of(key: &str) -> String {
+    format!("lock.lost:{{{key}}}")
+}
+
+/// The next message, or a panic naming what was awaited.
+fn next(received: &mpsc::Receiver<String>, what: &str) -> String {
+    received
+        .recv_timeout(SOON)
+        .unwrap_or_else(|_| panic!("no lost-hold message for {what}"))
+}
+
+/// Proves that nothing was published on the channel before now: a marker published now is
+/// the next message.
+fn nothing_before_marker(con: &mut Connection, received: &mpsc::Receiver<String>, key: &str) {
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(channel_of(key))
+        .arg("marker")
+        .query(con)
+        .unwrap();
+    assert_eq!(next(received, "the marker"), "marker");
+}
+
+fn reports_key_events() -> bool {
+    let info = server_info();
+    info.kind == ServerKind::Valkey || info.version >= (7, 2, 0)
+}
+
+#[test]
+fn a_forced_release_tells_every_holder_with_its_token() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let a = acquire_with(&mut con, "k", "reader a", 60_000, &["SHARED"])
+        .unwrap()
+        .unwrap();
+    let b = acquire_with(&mut con, "k", "reader-b", 60_000, &["SHARED"])
+        .unwrap()
+        .unwrap();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    let mut told = vec![next(&received, "a"), next(&received, "b")];
+    told.sort();
+    // The owner is the rest of the message, spaces and all.
+    assert_eq!(
+        told,
+        [
+            format!("forcereleased {a} reader a"),
+            format!("forcereleased {b} reader-b")
+        ]
+    );
+    // An exclusive key: one holder, one message.
+    let t = acquire(&mut con, "k", "writer", 60_000).unwrap();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        next(&received, "writer"),
+        format!("forcereleased {t} writer")
+    );
+}
+
+#[test]
+fn an_owners_own_release_renew_and_reentry_tell_nobody() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    acquire(&mut con, "k", "me", 60_000).unwrap();
+    acquire(&mut con, "k", "me", 60_000).unwrap();
+    let renewed: i64 = redis::cmd("LOCK.RENEW")
+        .arg("k")
+        .arg("me")
+        .arg(30_000)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(renewed, 1);
+    assert_eq!(release(&mut con, "k", "me"), Some(1));
+    assert_eq!(release(&mut con, "k", "me"), Some(0));
+    nothing_before_marker(&mut con, &received, "k");
+}
+
+#[test]
+fn a_closed_ephemeral_connection_tells_its_holder() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let mut holder = server.connect();
+    let token = acquire_with(&mut holder, "k", "worker-1", 60_000, &["EPHEMERAL"])
+        .unwrap()
+        .unwrap();
+    drop(holder);
+    assert_eq!(
+        next(&received, "the closed connection"),
+        format!("disconnected {token} worker-1")
+    );
+    assert_eq!(lock_info(&mut con, "k"), None);
+}
+
+#[test]
+fn a_lease_that_ends_while_others_hold_the_key_tells_its_holder() {
+    // One shared hold of two runs out while a writer waits: the module sees it end (on every
+    // server: the key itself does not expire) and tells its holder.
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let short = acquire_with(&mut con, "k", "short", 300, &["SHARED"])
+        .unwrap()
+        .unwrap();
+    acquire_with(&mut con, "k", "long", 60_000, &["SHARED"])
+        .unwrap()
+        .unwrap();
+    let writer = Waiter::start(&server, "k", "writer", 60_000, 1_000);
+    assert_eq!(
+        next(&received, "the short lease"),
+        format!("expired {short} short")
+    );
+    // The long hold is still there: the writer times out, nobody else is told anything.
+    assert_eq!(writer.token(SOON), None);
+    nothing_before_marker(&mut con, &received, "k");
+}
+
+#[test]
+fn keys_removed_or_replaced_from_outside_tell_their_holders_where_the_server_reports_it() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let cases: [(&[&str], &str); 4] = [
+        (&["DEL", "k"], "deleted"),
+        (&["UNLINK", "k"], "deleted"),
+        (&["RENAME", "k", "elsewhere"], "deleted"),
+        (&["SET", "k", "v"], "overwritten"),
+    ];
+    for (command, reason) in cases {
+        let token = acquire(&mut con, "k", "holder", 60_000).unwrap();
+        let mut cmd = redis::cmd(command[0]);
+        for arg in &command[1..] {
+            cmd.arg(*arg);
+        }
+        let _: Value = cmd.query(&mut con).unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg("k")
+            .arg("elsewhere")
+            .query(&mut con)
+            .unwrap();
+        if reports_key_events() {
+            assert_eq!(
+                next(&received, command[0]),
+                format!("{reason} {token} holder"),
+                "{command:?}"
+            );
+        }
+        // Nothing else, and on Redis 7.0 nothing at all: the key is gone before the module hears.
+        nothing_before_marker(&mut con, &received, "k");
+    }
+    // A whole key's lease end (the key expires).
+    let token = acquire(&mut con, "k", "holder", 100).unwrap();
+    assert!(eventually(SOON, || {
+        let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut con).unwrap();
+        exists == 0
+    }));
+    if reports_key_events() {
+        assert_eq!(
+            next(&received, "the expiry"),
+            format!("expired {token} holder")
+        );
+    }
+    nothing_before_marker(&mut con, &received, "k");
+}
+
+#[test]
+fn an_evicted_lock_tells_its_holder_where_the_server_reports_it() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let token = acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-random")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    // The next write makes the server evict every key it can; the write itself is refused.
+    let _ = redis::cmd("SET")
+        .arg("other")
+        .arg("v")
+        .query::<Value>(&mut con);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut con).unwrap();
+    assert_eq!(exists, 0, "the lock was evicted");
+    if reports_key_events() {
+        assert_eq!(
+            next(&received, "the eviction"),
+            format!("evicted {token} holder")
+        );
+    }
+    nothing_before_marker(&mut con, &received, "k");
+}
+
+#[test]
+fn an_empty_prefix_turns_the_signal_off() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.lost-channel-prefix")
+        .arg("")
+        .query(&mut con)
+        .unwrap();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let _: i64 = redis::cmd("DEL").arg("k").query(&mut con).unwrap();
+    nothing_before_marker(&mut con, &received, "k");
+    // Another prefix names another channel, with the key's hash tag kept.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.lost-channel-prefix")
+        .arg("app.lost")
+        .query(&mut con)
+        .unwrap();
+    let tagged = listen(&server, "app.lost:{user}:lock");
+    let t = acquire(&mut con, "{user}:lock", "holder", 60_000).unwrap();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("{user}:lock")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        next(&tagged, "the tagged key"),
+        format!("forcereleased {t} holder")
+    );
+}
