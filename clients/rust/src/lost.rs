@@ -27,12 +27,13 @@ pub enum LostReason {
     ConnectionClosed,
     /// Signal `forcereleased`: `LOCK.FORCERELEASE` removed the hold.
     ForceReleased,
-    /// Signal `deleted`: the key was deleted (`DEL`, `UNLINK`, `FLUSHDB`, `FLUSHALL`).
+    /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, or `RENAME`/`MOVE` taking
+    /// it away). Sent by Redis >= 7.2 and Valkey only; `FLUSHDB`/`FLUSHALL` and `SWAPDB` send
+    /// nothing (the watchdog reports those as [`LostReason::HoldGone`]).
     Deleted,
-    /// Signal `overwritten`: the key was overwritten (`SET`, `RESTORE`, ...).
+    /// Signal `overwritten`: the key was overwritten (`SET`, `RESTORE ... REPLACE`, a `RENAME`
+    /// onto it). Redis >= 7.2 and Valkey only.
     Overwritten,
-    /// Signal `moved`: the key was renamed or moved away (`RENAME`, `MOVE`, `SWAPDB`).
-    Moved,
     /// Signal `evicted`: the server evicted the key under `maxmemory`.
     Evicted,
     /// Signal `disconnected`: the connection of an `EPHEMERAL` hold closed (seen by the server).
@@ -43,13 +44,12 @@ pub enum LostReason {
 
 impl LostReason {
     /// The reason named by a word of the server's lost-hold message (`forcereleased`,
-    /// `deleted`, `overwritten`, `moved`, `evicted`, `disconnected`, `expired`).
+    /// `deleted`, `overwritten`, `evicted`, `disconnected`, `expired`).
     pub fn from_signal_word(word: &str) -> Option<LostReason> {
         Some(match word {
             "forcereleased" => LostReason::ForceReleased,
             "deleted" => LostReason::Deleted,
             "overwritten" => LostReason::Overwritten,
-            "moved" => LostReason::Moved,
             "evicted" => LostReason::Evicted,
             "disconnected" => LostReason::Disconnected,
             "expired" => LostReason::Expired,
@@ -68,7 +68,6 @@ impl fmt::Display for LostReason {
             LostReason::ForceReleased => "force-released (LOCK.FORCERELEASE)",
             LostReason::Deleted => "the key was deleted",
             LostReason::Overwritten => "the key was overwritten",
-            LostReason::Moved => "the key was renamed or moved",
             LostReason::Evicted => "the key was evicted",
             LostReason::Disconnected => "the EPHEMERAL hold's connection closed (server)",
             LostReason::Expired => "the lease ran out on the server",
@@ -174,7 +173,7 @@ mod tests {
             ("forcereleased", Some(LostReason::ForceReleased)),
             ("deleted", Some(LostReason::Deleted)),
             ("overwritten", Some(LostReason::Overwritten)),
-            ("moved", Some(LostReason::Moved)),
+            ("moved", None),
             ("evicted", Some(LostReason::Evicted)),
             ("disconnected", Some(LostReason::Disconnected)),
             ("expired", Some(LostReason::Expired)),
