@@ -92,7 +92,7 @@ pub use lock_core::hold::StoredLock;
 /// `HashGet` of the owner's field and the fence; when those two are the whole hash, the lock is
 /// decoded from them. Otherwise every field is read: O(1) for a hash of at most two fields,
 /// O(holds) for a multi-hold key. Both end in `hold::decode`, so every read follows one rule.
-pub fn read_lock(key: &Key, owner: Option<RawString>) -> Result<Option<StoredLock>, LockError> {
+pub fn read_lock(key: &Key, owner: Option<Owner>) -> Result<Option<StoredLock>, LockError> {
     match key.kind() {
         KeyKind::Missing => Ok(None),
         KeyKind::Hash => {
@@ -100,10 +100,14 @@ pub fn read_lock(key: &Key, owner: Option<RawString>) -> Result<Option<StoredLoc
             if fields == 0 || fields > MAX_MULTI_FIELDS {
                 return Err(LockError::NotALock);
             }
-            let expires_at = key.expires_at();
             if fields <= MAX_RLOCK_FIELDS {
                 if let Some(owner) = owner {
-                    if let Some(lock) = read_own_rlock(key, owner, fields, expires_at)? {
+                    // The lease is read only when the command keeps it (see `Owner`).
+                    let expires_at = match owner.lease {
+                        OwnLease::Kept => key.expires_at(),
+                        OwnLease::Replaced => None,
+                    };
+                    if let Some(lock) = read_own_rlock(key, owner.name, fields, expires_at)? {
                         return Ok(Some(StoredLock { lock, expires_at }));
                     }
                 }
@@ -121,6 +125,7 @@ pub fn read_lock(key: &Key, owner: Option<RawString>) -> Result<Option<StoredLoc
                 all.sort();
                 all.dedup_by(|a, b| a.0 == b.0);
             }
+            let expires_at = key.expires_at();
             let lock = hold::decode(&all, expires_at)?;
             Ok(Some(StoredLock { lock, expires_at }))
         }
@@ -152,9 +157,30 @@ fn read_own_rlock(
     .map(Some)
 }
 
+/// The requester's own field name, for the O(1) read of Redisson's layout, and whether the
+/// command keeps the lease of the requester's own exclusive hold.
+#[derive(Clone, Copy)]
+pub struct Owner {
+    pub name: RawString,
+    pub lease: OwnLease,
+}
+
+/// What a command does with the lease of the requester's own exclusive hold, when the key is in
+/// Redisson's layout and the requester holds it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum OwnLease {
+    /// Kept, so it is read: a `SHARED` acquire by the exclusive holder keeps it in the hold it
+    /// stores beside the shared one.
+    Kept,
+    /// Replaced or not needed, so it is not read (one expiry lookup less on the hot path): a
+    /// re-entry or renew sets a new one, a release counts down (the key keeps its expiry) or
+    /// deletes the key. The hold reads as having no lease; nothing then writes one for it.
+    Replaced,
+}
+
 /// Reads the lock at `key` (see [`read_lock`]) as it stands at `now`: the holds whose lease
 /// ended are set apart.
-pub fn read_live(key: &Key, owner: Option<RawString>, now: u64) -> Result<Live, LockError> {
+pub fn read_live(key: &Key, owner: Option<Owner>, now: u64) -> Result<Live, LockError> {
     Ok(Live::new(read_lock(key, owner)?, now))
 }
 
@@ -185,6 +211,13 @@ pub fn write_lock(
         if let Some(before) = before {
             return write_rlock(ctx, key, key_name, owner, before, hold);
         }
+    }
+    if new.holds.is_empty() {
+        // The last hold went (a release, a force release): the key goes.
+        if old.is_some() {
+            delete(ctx, key, key_name);
+        }
+        return Ok(());
     }
     let writes = hold::writes(old.map(|o| &o.lock), old.and_then(|o| o.expires_at), new);
     for write in writes {

@@ -133,7 +133,7 @@ pub struct Outcome {
     /// `EPHEMERAL`: bind the new hold (kind, token) to the calling connection.
     pub bind: Option<(HoldKind, u64)>,
     /// Holds (by token) that ended: forget their connection bindings.
-    pub unbind: Vec<u64>,
+    pub unbind: Unbind,
     /// How many holds whose lease ended the write removes (counted and announced).
     pub ended: usize,
     /// Holders to tell they lost their hold (the lost-hold messages).
@@ -151,7 +151,7 @@ impl Outcome {
         Outcome {
             write: None,
             bind: None,
-            unbind: Vec::new(),
+            unbind: Unbind::Nothing,
             ended: 0,
             lost: Vec::new(),
             event: None,
@@ -178,6 +178,25 @@ impl Outcome {
         }
         self.write = Some(lock);
         self
+    }
+}
+
+/// The holds (by token) whose connection bindings go: one for a release, without allocating;
+/// every hold of the key for a force release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unbind {
+    Nothing,
+    One(u64),
+    All(Vec<u64>),
+}
+
+impl Unbind {
+    pub fn tokens(&self) -> &[u64] {
+        match self {
+            Unbind::Nothing => &[],
+            Unbind::One(token) => std::slice::from_ref(token),
+            Unbind::All(tokens) => tokens,
+        }
     }
 }
 
@@ -314,7 +333,9 @@ pub fn release(live: &Live, owner: &[u8]) -> Result<Outcome, LockError> {
     match gone {
         None => outcome.counters.push(Counter::ReleasedPartial),
         Some(hold) => {
-            outcome.unbind.extend(hold.token);
+            if let Some(token) = hold.token {
+                outcome.unbind = Unbind::One(token);
+            }
             outcome.event = Some(LockEvent::Released);
             outcome.counters.push(Counter::Released);
             outcome.freed = Some(left(&new));
@@ -343,7 +364,7 @@ pub fn force_release(live: &Live) -> Outcome {
         return Outcome::reply(Reply::Integer(0));
     };
     let mut outcome = Outcome::reply(Reply::Integer(1)).count(Counter::ForceReleased);
-    outcome.unbind = stored.lock.holds.iter().filter_map(|h| h.token).collect();
+    outcome.unbind = Unbind::All(stored.lock.holds.iter().filter_map(|h| h.token).collect());
     // Every holder is told: those whose lease had ended (nobody removed their hold yet) that it
     // ran out, the others that it was taken from them.
     outcome.lost = live

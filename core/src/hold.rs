@@ -745,6 +745,12 @@ pub fn release(lock: &Lock, owner: &[u8]) -> Option<(Lock, u64)> {
     let i = [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit]
         .into_iter()
         .find_map(|kind| lock.find(owner, kind))?;
+    if let [only] = lock.holds.as_slice() {
+        if only.count == 1 {
+            // The last hold goes (the common release): nothing to copy.
+            return Some((Lock::empty(lock.family), 0));
+        }
+    }
     let mut out = lock.clone();
     let hold = out.holds.get_mut(i)?;
     if hold.count > 1 {

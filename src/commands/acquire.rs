@@ -7,7 +7,7 @@ use std::os::raw::c_int;
 
 use lock_core::args::{parse_acquire, Binding};
 use lock_core::command;
-use lock_core::kind::Queue;
+use lock_core::kind::{Mode, Queue};
 use lock_core::queue::LockKey;
 use lock_core::LockError;
 
@@ -15,6 +15,7 @@ use redis_module::raw;
 
 use super::outcome::{self, CommandFacts, Target};
 use super::{KEY, LEASE, OWNER};
+use crate::store::OwnLease;
 use crate::ffi::command_info::{ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::{self, now_ms, Args, Ctx, RawString};
 use crate::{config, guard, runtime};
@@ -88,7 +89,12 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
         None => Queue::Empty,
     };
     let now = now_ms();
-    let target = Target::open(ctx, args, request.key, true);
+    // Only a SHARED acquire by the exclusive holder keeps its exclusive hold's lease.
+    let own_lease = match request.mode {
+        Mode::Exclusive => OwnLease::Replaced,
+        Mode::Shared | Mode::Limit(_) => OwnLease::Kept,
+    };
+    let target = Target::open(ctx, args, request.key, Some(own_lease));
     let live = target.read(now)?;
     let mut facts = CommandFacts {
         ctx,

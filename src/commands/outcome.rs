@@ -11,6 +11,7 @@ use lock_core::LockError;
 
 use crate::ffi::{self, reply, Args, Ctx, Key, RawString};
 use crate::stats::{add, bump, STATS};
+use crate::store::{OwnLease, Owner};
 use crate::{notify, runtime, store};
 
 /// The key a command works on: open for writing, with its name as a Redis string and as bytes,
@@ -19,18 +20,27 @@ pub struct Target<'a> {
     pub key: Key,
     pub key_name: RawString,
     pub name: &'a [u8],
-    pub owner: Option<RawString>,
+    pub owner: Option<Owner>,
 }
 
 impl<'a> Target<'a> {
-    /// The key at argument 1, and the owner at argument 2 when the command has one.
-    pub fn open(ctx: Ctx, args: &Args<'_>, name: &'a [u8], has_owner: bool) -> Target<'a> {
+    /// The key at argument 1, and the owner at argument 2 when the command has one (with what
+    /// the command does to the lease of the owner's own exclusive hold: see `store::OwnLease`).
+    pub fn open(
+        ctx: Ctx,
+        args: &Args<'_>,
+        name: &'a [u8],
+        owner: Option<OwnLease>,
+    ) -> Target<'a> {
         let key_name = args.string(1);
         Target {
             key: Key::open(ctx, key_name),
             key_name,
             name,
-            owner: has_owner.then(|| args.string(2)),
+            owner: owner.map(|lease| Owner {
+                name: args.string(2),
+                lease,
+            }),
         }
     }
 
@@ -101,6 +111,7 @@ pub fn carry_out(
         owner,
     } = target;
     if let Some(new) = &write {
+        let owner = owner.map(|o| o.name);
         store::write_lock(ctx, &key, key_name, owner, live.stored.as_ref(), new)?;
     }
     // Closed before the scheduler runs: a handoff opens the key again.
@@ -108,7 +119,7 @@ pub fn carry_out(
     if let Some((kind, token)) = bind {
         runtime::bind(ctx, name, kind, token);
     }
-    for token in unbind {
+    for &token in unbind.tokens() {
         runtime::unbind(ctx, name, token);
     }
     if ended > 0 {

@@ -10,6 +10,7 @@ use redis_module::raw;
 
 use super::outcome::{self, Target};
 use super::{KEY, OWNER};
+use crate::store::OwnLease;
 use crate::ffi::command_info::CommandSpec;
 use crate::ffi::{self, now_ms, Args, Ctx, RawString};
 use crate::guard;
@@ -54,7 +55,7 @@ pub extern "C" fn force_release(ctx: Ctx, argv: *mut RawString, argc: c_int) -> 
 fn run_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let request = parse_release(args)?;
     super::refuse_while_paused()?;
-    let target = Target::open(ctx, args, request.key, true);
+    let target = Target::open(ctx, args, request.key, Some(OwnLease::Replaced));
     let live = target.read(now_ms())?;
     let outcome = command::release(&live, request.owner)?;
     outcome::carry_out(ctx, target, &live, outcome).map(drop)
@@ -63,7 +64,7 @@ fn run_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
 fn run_force_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let name = parse_key_only(args)?;
     super::refuse_while_paused()?;
-    let target = Target::open(ctx, args, name, false);
+    let target = Target::open(ctx, args, name, None);
     // Only a lock is removed: any other hash is an error and stays as it is.
     let live = target.read(now_ms())?;
     let outcome = command::force_release(&live);

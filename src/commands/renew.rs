@@ -10,6 +10,7 @@ use redis_module::raw;
 
 use super::outcome::{self, Target};
 use super::{KEY, LEASE, OWNER};
+use crate::store::OwnLease;
 use crate::ffi::command_info::CommandSpec;
 use crate::ffi::{self, now_ms, Args, Ctx, RawString};
 use crate::{config, guard};
@@ -33,7 +34,7 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let request = parse_renew(args, config::max_lease_ms())?;
     super::refuse_while_paused()?;
     let now = now_ms();
-    let target = Target::open(ctx, args, request.key, true);
+    let target = Target::open(ctx, args, request.key, Some(OwnLease::Replaced));
     let live = target.read(now)?;
     let outcome = command::renew(&live, request.owner, request.lease_ms, now)?;
     outcome::carry_out(ctx, target, &live, outcome).map(drop)

@@ -409,7 +409,7 @@ fn release_outcomes() {
         let outcome = release(&live, owner.as_bytes()).unwrap();
         assert_eq!(outcome.reply, reply, "{live:?} {owner}");
         assert_eq!(outcome.freed, freed);
-        assert_eq!(outcome.unbind, unbind);
+        assert_eq!(outcome.unbind.tokens(), unbind.as_slice());
         assert_eq!(counters(&outcome), expected_counters);
         assert_eq!(outcome.write.is_some(), reply != Reply::Null);
         // An owner's own release tells nobody they lost anything.
@@ -481,7 +481,7 @@ fn force_release_removes_every_hold_and_forgets_every_binding() {
     let outcome = force_release(&live);
     assert_eq!(outcome.reply, Reply::Integer(1));
     // The ended hold's binding goes too, but it is not counted as a lease end.
-    assert_eq!(outcome.unbind, vec![4, 5]);
+    assert_eq!(outcome.unbind.tokens(), [4, 5]);
     // Every holder is told: the one whose lease had ended that it ran out, the other that it
     // was taken.
     let told: Vec<(LostReason, Option<u64>)> =
