@@ -19,6 +19,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use smallvec::SmallVec;
+
 pub use crate::kind::{Family, HoldKind, Mode, Queue, Reentry, MAX_HOLDERS, MAX_LIMIT};
 use crate::layout::{parse_positive, FENCE_FIELD};
 pub use crate::layout::{MODE_FIELD, MODE_FIELD_DISPLAY};
@@ -31,10 +33,74 @@ pub const MAX_MULTI_FIELDS: usize = MAX_HOLDERS + 2;
 /// The most fields Redisson's `RLock` layout has: its holder and the fence.
 pub const MAX_RLOCK_FIELDS: usize = 2;
 
+/// A lock's holds: one inline (an exclusive lock, the hot path, allocates nothing), more on the
+/// heap.
+pub type Holds = SmallVec<[Hold; 1]>;
+
+/// An owner's name as a hold keeps it: inline up to 48 bytes (Redisson's `uuid:threadId` and
+/// most owners), so reading and writing an exclusive lock allocates nothing for it.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OwnerName(SmallVec<[u8; 48]>);
+
+impl OwnerName {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for OwnerName {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for OwnerName {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&[u8]> for OwnerName {
+    fn from(bytes: &[u8]) -> OwnerName {
+        OwnerName(SmallVec::from_slice(bytes))
+    }
+}
+
+impl From<Vec<u8>> for OwnerName {
+    fn from(bytes: Vec<u8>) -> OwnerName {
+        OwnerName(SmallVec::from_vec(bytes))
+    }
+}
+
+impl PartialEq<[u8]> for OwnerName {
+    fn eq(&self, other: &[u8]) -> bool {
+        self.as_slice() == other
+    }
+}
+
+impl PartialEq<&[u8]> for OwnerName {
+    fn eq(&self, other: &&[u8]) -> bool {
+        self.as_slice() == *other
+    }
+}
+
+impl<const N: usize> PartialEq<&[u8; N]> for OwnerName {
+    fn eq(&self, other: &&[u8; N]) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl std::fmt::Debug for OwnerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+    }
+}
+
 /// One owner's hold of one kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hold {
-    pub owner: Vec<u8>,
+    pub owner: OwnerName,
     pub kind: HoldKind,
     pub count: u64,
     /// None only for an `RLock`-layout key without an expiry (made so outside the module).
@@ -55,7 +121,7 @@ impl Hold {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lock {
     pub family: Family,
-    pub holds: Vec<Hold>,
+    pub holds: Holds,
 }
 
 /// How a stored lock's key looks in INFO's `mode` field.
@@ -85,7 +151,7 @@ impl Lock {
     const fn empty(family: Family) -> Lock {
         Lock {
             family,
-            holds: Vec::new(),
+            holds: SmallVec::new_const(),
         }
     }
 
@@ -138,10 +204,14 @@ impl Lock {
         if !self.holds.iter().any(|h| h.ended(now)) {
             return Vec::new();
         }
-        let (ended, live) = std::mem::take(&mut self.holds)
-            .into_iter()
-            .partition(|h| h.ended(now));
-        self.holds = live;
+        let mut ended = Vec::new();
+        for hold in std::mem::take(&mut self.holds) {
+            if hold.ended(now) {
+                ended.push(hold);
+            } else {
+                self.holds.push(hold);
+            }
+        }
         ended
     }
 
@@ -200,8 +270,8 @@ pub fn decode_rlock<'a>(
     let (owner, count) = holder.ok_or(LockError::NotALock)?;
     Ok(Lock {
         family: Family::ReadWrite,
-        holds: vec![Hold {
-            owner: owner.to_vec(),
+        holds: smallvec::smallvec![Hold {
+            owner: owner.into(),
             kind: HoldKind::Exclusive,
             count,
             expires_at,
@@ -257,7 +327,7 @@ fn decode_hold(field: &[u8], value: &[u8]) -> Option<Hold> {
         return None;
     }
     Some(Hold {
-        owner: owner.to_vec(),
+        owner: owner.into(),
         kind,
         count,
         expires_at: Some(expires_at),
@@ -301,7 +371,7 @@ pub fn encode(lock: &Lock) -> BTreeMap<Vec<u8>, Vec<u8>> {
     }
     if lock.is_rlock_layout() {
         for hold in &lock.holds {
-            fields.insert(hold.owner.clone(), hold.count.to_string().into_bytes());
+            fields.insert(hold.owner.to_vec(), hold.count.to_string().into_bytes());
             if let Some(token) = hold.token {
                 fields.insert(FENCE_FIELD.to_vec(), token.to_string().into_bytes());
             }
@@ -469,7 +539,7 @@ impl Granted {
     /// The hold this grant gives `owner`, with `token` the new token when it needed one.
     fn hold(&self, owner: &[u8], token: u64) -> Hold {
         Hold {
-            owner: owner.to_vec(),
+            owner: owner.into(),
             kind: self.kind,
             count: self.count,
             expires_at: Some(self.expires_at),
@@ -640,13 +710,13 @@ pub fn decide_on(
 pub struct Run {
     lock: Lock,
     /// Owner → positions in `lock.holds` of its holds (exclusive, shared, permit), as the key was.
-    own: HashMap<Vec<u8>, [Option<usize>; HoldKind::ALL.len()]>,
+    own: HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]>,
     any_exclusive: bool,
 }
 
 impl Run {
     pub fn new(lock: Lock) -> Run {
-        let mut own: HashMap<Vec<u8>, [Option<usize>; HoldKind::ALL.len()]> = HashMap::new();
+        let mut own: HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]> = HashMap::new();
         let mut any_exclusive = false;
         for (at, hold) in lock.holds.iter().enumerate() {
             any_exclusive |= hold.kind == HoldKind::Exclusive;
@@ -796,13 +866,15 @@ pub fn remove_holds(
     ending: &HashSet<(HoldKind, u64)>,
     any_count: bool,
 ) -> Vec<Hold> {
-    let (removed, kept) = std::mem::take(&mut lock.holds)
-        .into_iter()
-        .partition(|h: &Hold| {
-            let named = h.token.is_some_and(|t| ending.contains(&(h.kind, t)));
-            named && (any_count || h.count == 1)
-        });
-    lock.holds = kept;
+    let mut removed = Vec::new();
+    for hold in std::mem::take(&mut lock.holds) {
+        let named = hold.token.is_some_and(|t| ending.contains(&(hold.kind, t)));
+        if named && (any_count || hold.count == 1) {
+            removed.push(hold);
+        } else {
+            lock.holds.push(hold);
+        }
+    }
     removed
 }
 
@@ -850,7 +922,7 @@ impl Lost {
     pub fn of(hold: &Hold, reason: LostReason) -> Lost {
         Lost {
             reason,
-            owner: hold.owner.clone(),
+            owner: hold.owner.to_vec(),
             token: hold.token,
         }
     }

@@ -198,7 +198,7 @@ proptest! {
             Some(StoredLock {
                 lock: Lock {
                     family: Family::ReadWrite,
-                    holds: vec![Hold { owner: holder.to_vec(), kind: HoldKind::Exclusive, count, expires_at, token }],
+                    holds: smallvec::smallvec![Hold { owner: holder.to_vec().into(), kind: HoldKind::Exclusive, count, expires_at, token }],
                 },
                 expires_at,
             }),

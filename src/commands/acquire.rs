@@ -15,9 +15,9 @@ use redis_module::raw;
 
 use super::outcome::{self, CommandFacts, Target};
 use super::{KEY, LEASE, OWNER};
-use crate::store::OwnLease;
 use crate::ffi::command_info::{ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::{self, now_ms, Args, Ctx, RawString};
+use crate::store::OwnLease;
 use crate::{config, guard, runtime};
 
 pub const SPEC: CommandSpec = CommandSpec {

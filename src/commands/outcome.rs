@@ -26,12 +26,7 @@ pub struct Target<'a> {
 impl<'a> Target<'a> {
     /// The key at argument 1, and the owner at argument 2 when the command has one (with what
     /// the command does to the lease of the owner's own exclusive hold: see `store::OwnLease`).
-    pub fn open(
-        ctx: Ctx,
-        args: &Args<'_>,
-        name: &'a [u8],
-        owner: Option<OwnLease>,
-    ) -> Target<'a> {
+    pub fn open(ctx: Ctx, args: &Args<'_>, name: &'a [u8], owner: Option<OwnLease>) -> Target<'a> {
         let key_name = args.string(1);
         Target {
             key: Key::open(ctx, key_name),

@@ -10,10 +10,10 @@ use redis_module::raw;
 
 use super::outcome::{self, Target};
 use super::{KEY, OWNER};
-use crate::store::OwnLease;
 use crate::ffi::command_info::CommandSpec;
 use crate::ffi::{self, now_ms, Args, Ctx, RawString};
 use crate::guard;
+use crate::store::OwnLease;
 
 pub const SPEC: CommandSpec = CommandSpec {
     name: c"lock.release",

@@ -10,9 +10,9 @@ use redis_module::raw;
 
 use super::outcome::{self, Target};
 use super::{KEY, LEASE, OWNER};
-use crate::store::OwnLease;
 use crate::ffi::command_info::CommandSpec;
 use crate::ffi::{self, now_ms, Args, Ctx, RawString};
+use crate::store::OwnLease;
 use crate::{config, guard};
 
 pub const SPEC: CommandSpec = CommandSpec {

@@ -40,7 +40,7 @@ impl Facts for Server {
 
 fn hold(owner: &str, kind: HoldKind, count: u64, expires_at: UnixMs, token: Option<u64>) -> Hold {
     Hold {
-        owner: owner.as_bytes().to_vec(),
+        owner: owner.as_bytes().to_vec().into(),
         kind,
         count,
         expires_at: Some(expires_at),
@@ -52,7 +52,7 @@ fn hold(owner: &str, kind: HoldKind, count: u64, expires_at: UnixMs, token: Opti
 fn rlock(owner: &str, count: u64, expires_at: UnixMs, token: Option<u64>) -> Live {
     let lock = Lock {
         family: Family::ReadWrite,
-        holds: vec![hold(owner, HoldKind::Exclusive, count, expires_at, token)],
+        holds: smallvec::smallvec![hold(owner, HoldKind::Exclusive, count, expires_at, token)],
     };
     stored(lock, Some(expires_at))
 }
@@ -356,7 +356,7 @@ fn release_outcomes() {
     let shared = stored(
         Lock {
             family: Family::ReadWrite,
-            holds: vec![
+            holds: smallvec::smallvec![
                 hold("a", HoldKind::Shared, 1, later, Some(4)),
                 hold("b", HoldKind::Shared, 1, later, Some(5)),
             ],
@@ -423,7 +423,7 @@ fn holds_whose_lease_ended_are_removed_counted_and_make_room() {
     let live = stored(
         Lock {
             family: Family::Semaphore { limit: 2 },
-            holds: vec![
+            holds: smallvec::smallvec![
                 hold("a", HoldKind::Permit, 1, NOW - 1, Some(4)),
                 hold("b", HoldKind::Permit, 1, later, Some(5)),
             ],
@@ -471,7 +471,7 @@ fn force_release_removes_every_hold_and_forgets_every_binding() {
     let live = stored(
         Lock {
             family: Family::ReadWrite,
-            holds: vec![
+            holds: smallvec::smallvec![
                 hold("a", HoldKind::Shared, 1, NOW - 1, Some(4)),
                 hold("b", HoldKind::Shared, 2, NOW + 10, Some(5)),
             ],

@@ -4,7 +4,7 @@ const NOW: UnixMs = 1_700_000_000_000;
 
 fn hold(owner: &str, kind: HoldKind, count: u64, expires_at: UnixMs, token: u64) -> Hold {
     Hold {
-        owner: owner.as_bytes().to_vec(),
+        owner: owner.as_bytes().to_vec().into(),
         kind,
         count,
         expires_at: Some(expires_at),
@@ -15,14 +15,14 @@ fn hold(owner: &str, kind: HoldKind, count: u64, expires_at: UnixMs, token: u64)
 fn rw(holds: Vec<Hold>) -> Lock {
     Lock {
         family: Family::ReadWrite,
-        holds,
+        holds: holds.into(),
     }
 }
 
 fn sem(limit: u64, holds: Vec<Hold>) -> Lock {
     Lock {
         family: Family::Semaphore { limit },
-        holds,
+        holds: holds.into(),
     }
 }
 
@@ -228,7 +228,7 @@ fn decode_reads_a_multi_key_with_only_its_mode_as_a_lock_with_no_holds() {
             lock,
             Lock {
                 family,
-                holds: vec![]
+                holds: smallvec::smallvec![]
             },
             "{mode}"
         );
@@ -1260,7 +1260,10 @@ fn release_counts_the_exclusive_hold_down_before_the_shared_one() {
     ];
     for (remaining, holds) in steps {
         let (after, left) = release(&lock, b"a").expect("a holds the key");
-        assert_eq!((left, &after.holds), (remaining, &holds));
+        assert_eq!(
+            (left, after.holds.as_slice()),
+            (remaining, holds.as_slice())
+        );
         lock = after;
     }
     assert_eq!(release(&lock, b"a"), None, "a holds nothing any more");
@@ -1488,7 +1491,7 @@ fn writes_on_a_key_with_only_its_mode_field_leave_exactly_the_new_lock() {
             old,
             Lock {
                 family,
-                holds: vec![]
+                holds: smallvec::smallvec![]
             }
         );
         for new in [&x, &s, &p] {
@@ -1512,7 +1515,7 @@ mod writes_model {
     fn any_lock() -> impl Strategy<Value = Lock> {
         let hold = (0usize..4, 0usize..3, 1u64..3, 1u64..3, 1u64..3).prop_map(
             |(owner, kind, count, end, token)| Hold {
-                owner: format!("o{owner}").into_bytes(),
+                owner: format!("o{owner}").into_bytes().into(),
                 kind: [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit][kind],
                 count,
                 expires_at: Some(END + end),
@@ -1527,7 +1530,7 @@ mod writes_model {
             ][family];
             let mut lock = Lock {
                 family,
-                holds: Vec::new(),
+                holds: Default::default(),
             };
             for hold in holds {
                 // One hold per (kind, owner), as every stored lock has.

@@ -171,7 +171,7 @@ impl Port<u32> for FakePort {
             if !before.contains(hold) {
                 self.effects.push(Effect::Wrote {
                     key: key.clone(),
-                    owner: hold.owner.clone(),
+                    owner: hold.owner.to_vec(),
                     token: hold.token.unwrap_or_default(),
                     expires_at: hold.expires_at.unwrap_or_default(),
                 });

@@ -43,8 +43,8 @@ fn hold(port: &mut FakePort, k: &LockKey, owner: &str, expires_at: UnixMs) {
         k.clone(),
         Lock {
             family: Family::ReadWrite,
-            holds: vec![Hold {
-                owner: owner.as_bytes().to_vec(),
+            holds: smallvec::smallvec![Hold {
+                owner: owner.as_bytes().to_vec().into(),
                 kind: HoldKind::Exclusive,
                 count: 1,
                 expires_at: Some(expires_at),
