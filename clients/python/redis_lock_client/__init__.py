@@ -1,5 +1,5 @@
 """Locks for the LOCK.* Redis module, on redis-py: sync (``redis_lock_client``) and asyncio
-(``redis_lock_client.aio``).
+(``AsyncLockClient``, in ``redis_lock_client.aio``).
 
 >>> client = LockClient.from_url("redis://127.0.0.1:6379/")
 >>> with client.lock("orders:42", lease=10, wait_timeout=5) as guard:
@@ -22,9 +22,13 @@ from ._common import (
     UnexpectedReply,
     lost_signal_channel,
 )
+from .aio import AsyncLock, AsyncLockClient, AsyncLockGuard
 from .sync import Lock, LockClient, LockGuard
 
 __all__ = [
+    "AsyncLock",
+    "AsyncLockClient",
+    "AsyncLockGuard",
     "DEFAULT_COMMAND_TIMEOUT",
     "DEFAULT_LEASE",
     "Kind",

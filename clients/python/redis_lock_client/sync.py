@@ -457,8 +457,15 @@ class LockClient:
         self._commands = _Connector(cls, kwargs, command_timeout)
         self._signals: Optional[_SignalHub] = _SignalHub(self._commands) if lost_signal else None
         self.id = new_client_id()
+        self._pid = os.getpid()
         self._next = 0
         self._next_lock = threading.Lock()
+        _forkable.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new id, so that the child's owners are not the parent's."""
+        self._next_lock = threading.Lock()
+        self.id = new_client_id()
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> LockClient:
@@ -487,6 +494,9 @@ class LockClient:
         self.close()
 
     def _owner(self) -> bytes:
+        if self._pid != os.getpid():
+            self.after_fork()
+            self._pid = os.getpid()
         with self._next_lock:
             self._next += 1
             return f"{self.id}:{self._next}".encode()
@@ -559,8 +569,13 @@ class Lock:
         _forkable.add(self)
 
     def after_fork(self) -> None:
+        """In a forked child: the handle becomes a new owner holding nothing, so that nothing it
+        sends (a re-entry, a release) can touch the parent's holds."""
         self._gate = threading.Lock()
         self._slot = threading.Lock()
+        self._active, self._guards = None, 0
+        self._local = threading.local()
+        self.owner = self.client._owner()
 
     def try_acquire(self) -> Optional[LockGuard]:
         """Takes the key if it is free (or re-enters this handle's hold), without waiting;
