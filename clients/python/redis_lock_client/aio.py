@@ -663,8 +663,8 @@ async def _release_quietly(hold: _Hold) -> None:
     await hold.end()
     try:
         await hold.send(["LOCK.RELEASE", hold.key, hold.owner])
-    except LockError:
-        pass
+    except Exception:  # noqa: BLE001 - best effort: the lease ends it
+        log.debug("releasing an abandoned hold of %r failed", hold.key, exc_info=True)
     finally:
         if hold.own is not None:
             await hold.own.close()
