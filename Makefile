@@ -36,6 +36,7 @@ test: deps lint
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh default
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash clients/python/run-tests.sh
 
 # The batch tests (tests/batches.rs: one command or event that grants or ends thousands of holds
 # must keep the server answering PING within 100 ms) run in `make test` with 2,000 holders, which

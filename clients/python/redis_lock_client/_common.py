@@ -1,0 +1,277 @@
+"""What the sync and asyncio halves share: reasons, errors, commands, replies, the hold status."""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+#: The default lease (Redisson's 30 s), renewed by the watchdog every 10 s.
+DEFAULT_LEASE = 30.0
+#: How long an ordinary command (acquire without waiting, renew, release) may take.
+DEFAULT_COMMAND_TIMEOUT = 2.0
+#: How much longer than the server-side wait a waiting connection's read timeout is.
+WAIT_MARGIN = 2.0
+#: How many times an acquire is sent again after its connection broke or timed out. Safe because
+#: every acquire carries ONCE.
+RETRIES = 2
+
+
+class LostReason(enum.Enum):
+    """Why a hold ended without its owner releasing it.
+
+    The first four are seen by the library itself; the rest are the server's own words, from the
+    lost-hold signal (``lost_signal=True``), except ``FORKED``.
+    """
+
+    #: LOCK.RENEW answered 0 (or a re-entry found another holder): the server no longer has it.
+    HOLD_GONE = "hold-gone"
+    #: No renewal succeeded within the lease (from the last renewal's send time, minus 10 %).
+    UNREACHABLE = "unreachable"
+    #: A fixed lease (``fixed_lease=True``) ran out: nothing renews it.
+    LEASE_ENDED = "lease-ended"
+    #: The connection an EPHEMERAL hold is bound to failed or closed.
+    CONNECTION_CLOSED = "connection-closed"
+    #: This process is a fork of the one that took the hold: the hold is the parent's.
+    FORKED = "forked"
+    #: Signal ``forcereleased``: LOCK.FORCERELEASE removed the hold.
+    FORCE_RELEASED = "forcereleased"
+    #: Signal ``disconnected``: the server saw the EPHEMERAL hold's connection close.
+    DISCONNECTED = "disconnected"
+    #: Signal ``expired``: the lease ran out on the server.
+    EXPIRED = "expired"
+    #: Signal ``deleted``: DEL, UNLINK, RENAME or MOVE took the key away (Redis >= 7.2, Valkey).
+    DELETED = "deleted"
+    #: Signal ``overwritten``: SET, RESTORE ... REPLACE or a RENAME onto it replaced the key.
+    OVERWRITTEN = "overwritten"
+    #: Signal ``evicted``: maxmemory evicted the key.
+    EVICTED = "evicted"
+
+
+_SIGNAL_WORDS = {
+    b"forcereleased": LostReason.FORCE_RELEASED,
+    b"disconnected": LostReason.DISCONNECTED,
+    b"expired": LostReason.EXPIRED,
+    b"deleted": LostReason.DELETED,
+    b"overwritten": LostReason.OVERWRITTEN,
+    b"evicted": LostReason.EVICTED,
+}
+
+
+class Release(enum.Enum):
+    """What ``guard.release()`` did."""
+
+    #: LOCK.RELEASE was sent and answered: the hold ended on the server.
+    RELEASED = "released"
+    #: Other guards of the same handle (re-entries) still hold the key; nothing was sent.
+    STILL_HELD = "still-held"
+    #: This guard was already released: nothing was sent.
+    ALREADY_RELEASED = "already-released"
+
+
+class Renewal(enum.Enum):
+    """How a hold's lease is kept."""
+
+    #: A watchdog renews the lease every lease / 3 while the hold lasts (the default).
+    WATCHDOG = "watchdog"
+    #: Nothing renews: the hold ends on the server one lease after the acquire, and is reported
+    #: lost (``LEASE_ENDED``) then.
+    FIXED = "fixed"
+
+
+class Kind(enum.Enum):
+    """The kind of hold a handle takes."""
+
+    EXCLUSIVE = "exclusive"
+    SHARED = "shared"
+    PERMIT = "permit"
+
+
+class LockError(Exception):
+    """Base of every error this library raises."""
+
+
+class LockTimeout(LockError):
+    """``acquire()`` waited its whole ``wait_timeout`` and the key is still someone else's."""
+
+    def __init__(self, waited: float) -> None:
+        super().__init__(f"the lock was not granted within {waited:g} s")
+        self.waited = waited
+
+
+class NotHeld(LockError):
+    """The hold is not ours any more: lost before (``reason`` says why) or unknown to the server."""
+
+    def __init__(self, reason: Optional[LostReason]) -> None:
+        if reason is None:
+            text = "the lock is not held (the server does not know this owner)"
+        else:
+            text = f"the lock is not held any more: {reason.value}"
+        super().__init__(text)
+        self.reason = reason
+
+
+class LockServerError(LockError):
+    """The server refused the command; the message is the server's own error line."""
+
+
+class LockConnectionError(LockError):
+    """The server could not be reached, the connection broke, or a reply came too late."""
+
+
+class UnexpectedReply(LockError):
+    """The server answered something LOCK.* never answers."""
+
+
+Key = Union[str, bytes]
+
+
+def to_bytes(value: Key) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def lost_signal_channel(key: Key) -> bytes:
+    """The channel of ``key``'s lost-hold messages: ``lock.lost:{KEY}``, or ``lock.lost:KEY``
+    when KEY already contains ``{`` (Redisson's naming, so it hashes to the key's slot)."""
+    k = to_bytes(key)
+    return b"lock.lost:" + (k if b"{" in k else b"{" + k + b"}")
+
+
+@dataclass(frozen=True)
+class LostSignal:
+    """One lost-hold message: ``<reason> <token> <owner>`` (the owner is the rest, spaces too)."""
+
+    reason: LostReason
+    token: int
+    owner: bytes
+
+    @staticmethod
+    def parse(payload: bytes) -> Optional[LostSignal]:
+        """None for anything else, an unknown reason word included."""
+        parts = payload.split(b" ", 2)
+        if len(parts) != 3 or not parts[2]:
+            return None
+        reason = _SIGNAL_WORDS.get(parts[0])
+        if reason is None or not parts[1].isdigit():
+            return None
+        return LostSignal(reason, int(parts[1]), parts[2])
+
+
+def millis(seconds: float) -> int:
+    """Whole milliseconds, at least 1 (the server takes leases and timeouts in ms)."""
+    return max(1, int(seconds * 1000))
+
+
+def acquire_args(
+    key: bytes,
+    owner: bytes,
+    lease: float,
+    kind: Kind,
+    limit: int,
+    ephemeral: bool,
+    wait: Optional[float],
+    waits: bool,
+) -> list[Union[bytes, int, str]]:
+    """LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms].
+
+    ``waits`` False: one attempt. Else ``wait`` None waits forever (WAIT 0).
+    """
+    args: list[Union[bytes, int, str]] = ["LOCK.ACQUIRE", key, owner, millis(lease)]
+    if kind is Kind.SHARED:
+        args.append("SHARED")
+    elif kind is Kind.PERMIT:
+        args += ["LIMIT", limit]
+    if ephemeral:
+        args.append("EPHEMERAL")
+    args.append("ONCE")
+    if waits:
+        args += ["WAIT", 0 if wait is None else millis(wait)]
+    return args
+
+
+def parse_token(reply: object) -> Optional[int]:
+    if reply is None:
+        return None
+    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
+        return reply
+    raise UnexpectedReply(f"LOCK.ACQUIRE answered {reply!r}")
+
+
+def is_final(text: str) -> bool:
+    """Server errors after which the hold cannot be there any more (WRONGTYPE, "not a lock"), as
+    opposed to LOADING, BUSY, MASTERDOWN or a pause, which pass."""
+    return (text.startswith("ERR ") and "paused" not in text) or text.startswith("WRONGTYPE")
+
+
+def local_lease(lease: float) -> float:
+    """How long after a send the client still trusts the hold without hearing from the server."""
+    return lease - lease / 10
+
+
+def new_client_id() -> str:
+    return uuid.uuid4().hex
+
+
+LostCallback = Callable[[LostReason], None]
+
+
+class HoldStatus:
+    """Where one hold stands: active, then released or lost, once. Thread-safe.
+
+    ``on_change`` runs (outside the lock) when the hold is lost, with the reason.
+    """
+
+    def __init__(self, on_lost: Callable[[LostReason], None]) -> None:
+        self._lock = threading.Lock()
+        self._released = False
+        self.reason: Optional[LostReason] = None
+        self._on_lost = on_lost
+
+    def is_active(self) -> bool:
+        return not self._released and self.reason is None
+
+    def mark_lost(self, reason: LostReason, notify: bool = True) -> bool:
+        with self._lock:
+            if self._released or self.reason is not None:
+                return False
+            self.reason = reason
+        if notify:
+            self._on_lost(reason)
+        return True
+
+    def mark_released(self) -> Optional[NotHeld]:
+        """None on success; the error to raise if it was lost or released before."""
+        with self._lock:
+            if self.reason is not None:
+                return NotHeld(self.reason)
+            if self._released:
+                return NotHeld(None)
+            self._released = True
+            return None
+
+    def after_fork(self) -> None:
+        """In a forked child: the lock may have been held by a thread that does not exist here."""
+        self._lock = threading.Lock()
+
+
+class Deadline:
+    """The local lease end: the send time of the last command that set the lease, plus the
+    lease minus a drift margin."""
+
+    def __init__(self, lease: float, sent: float) -> None:
+        self._lease = local_lease(lease)
+        self.at = sent + self._lease
+
+    def extend(self, sent: float) -> None:
+        self.at = max(self.at, sent + self._lease)
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+
+def pid() -> int:
+    return os.getpid()

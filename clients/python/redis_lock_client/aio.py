@@ -1,0 +1,773 @@
+"""The asyncio library: AsyncLockClient, AsyncLock, AsyncLockGuard (redis.asyncio).
+
+The same semantics as the sync library, with tasks instead of threads. **The watchdog is a task
+on the event loop that acquired the hold: a loop blocked by synchronous code renews nothing.**
+When the loop runs again the watchdog first looks at the hold's local deadline (the send time of
+the last successful renewal + 90 % of the lease): if it passed, the hold is reported lost
+(``LostReason.UNREACHABLE``) without asking the server, since another owner may have been
+granted the key meanwhile. Keep blocking work off the loop (``asyncio.to_thread``) or take a
+lease longer than the longest block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+import weakref
+from types import TracebackType
+from typing import Any, Optional, Protocol, Union, cast
+
+import redis.asyncio as aredis
+from redis.asyncio.connection import ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._common import (
+    DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_LEASE,
+    RETRIES,
+    WAIT_MARGIN,
+    Deadline,
+    HoldStatus,
+    Key,
+    Kind,
+    LockConnectionError,
+    LockError,
+    LockServerError,
+    LockTimeout,
+    LostCallback,
+    LostReason,
+    LostSignal,
+    NotHeld,
+    Release,
+    Renewal,
+    UnexpectedReply,
+    acquire_args,
+    is_final,
+    lost_signal_channel,
+    millis,
+    new_client_id,
+    parse_token,
+    to_bytes,
+)
+from ._connect import own_kwargs, server_error
+
+log = logging.getLogger("redis_lock_client")
+
+_IO_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
+
+_forkable: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+class _RawConnection(Protocol):
+    """The part of redis.asyncio's (untyped) Connection the library uses."""
+
+    async def connect(self) -> None: ...
+    async def send_command(self, *args: Any, check_health: bool = True) -> None: ...
+    async def read_response(self, disable_decoding: bool = False, timeout: Any = None) -> Any: ...
+    async def disconnect(self, nowait: bool = False) -> None: ...
+
+
+class _Connector:
+    def __init__(self, cls: type[Any], kwargs: dict[str, Any], timeout: float) -> None:
+        self.cls = cls
+        self.kwargs = own_kwargs(kwargs, timeout)
+        self.timeout = timeout
+        self.pool = ConnectionPool(connection_class=cls, **self.kwargs)
+
+    async def new(self) -> _RawConnection:
+        conn = cast(_RawConnection, self.cls(**self.kwargs))
+        await conn.connect()
+        return conn
+
+    @staticmethod
+    async def call(conn: _RawConnection, args: list[Any], timeout: Optional[float]) -> Any:
+        try:
+            await conn.send_command(*args, check_health=False)
+            return await conn.read_response(timeout=math.inf if timeout is None else timeout)
+        except ResponseError as e:
+            raise server_error(e) from None
+        except _IO_ERRORS as e:
+            await conn.disconnect(nowait=True)
+            raise LockConnectionError(f"{args[0]}: {e}") from e
+        except asyncio.CancelledError:
+            await conn.disconnect(nowait=True)  # a half-read reply must never be read later
+            raise
+
+    async def query(self, args: list[Any]) -> Any:
+        try:
+            pooled = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            return await self.call(cast(_RawConnection, pooled), args, self.timeout)
+        finally:
+            await self.pool.release(pooled)
+
+
+class _OwnConnection:
+    """The connection an EPHEMERAL hold is bound to: never replaced; any error closes it."""
+
+    def __init__(self, conn: _RawConnection) -> None:
+        self.conn = conn
+        self.lock = asyncio.Lock()
+        self.broken = False
+
+    async def call(self, args: list[Any], timeout: Optional[float]) -> Any:
+        async with self.lock:
+            if self.broken:
+                raise LockConnectionError("the EPHEMERAL hold's connection is closed")
+            try:
+                return await _Connector.call(self.conn, args, timeout)
+            except (LockConnectionError, asyncio.CancelledError):
+                self.broken = True
+                raise
+
+    def alive(self) -> bool:
+        """False once the server closed it (the stream saw EOF)."""
+        reader = getattr(self.conn, "_reader", None)
+        if self.broken or reader is None or reader.at_eof():
+            self.broken = True
+        return not self.broken
+
+    async def close(self) -> None:
+        self.broken = True
+        await self.conn.disconnect(nowait=True)
+
+    def after_fork(self) -> None:
+        self.broken = True
+
+
+class _Hold:
+    def __init__(
+        self,
+        *,
+        client: AsyncLockClient,
+        key: bytes,
+        owner: bytes,
+        token: int,
+        lease: float,
+        renewal: Renewal,
+        own: Optional[_OwnConnection],
+        sent: float,
+        on_lost: Optional[LostCallback],
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.lease = lease
+        self.renewal = renewal
+        self.own = own
+        self.deadline = Deadline(lease, sent)
+        self.lost_event = asyncio.Event()
+        self.stop = asyncio.Event()
+        self.renewing = asyncio.Lock()
+        self.on_lost = on_lost
+        self.status = HoldStatus(self._lost)
+        self.pid = os.getpid()
+        self.loop = asyncio.get_running_loop()
+        self.task: Optional[asyncio.Task[None]] = None
+        _forkable.add(self)
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(_keep(self), name=f"redis-lock-watchdog:{self.token}")
+        hub = self.client._signals
+        if hub is not None:
+            await hub.watch(self)
+
+    def lose(self, reason: LostReason) -> None:
+        self.status.mark_lost(reason)
+
+    def _lost(self, reason: LostReason) -> None:
+        self.stop.set()
+        self.lost_event.set()
+        hub = self.client._signals
+        if hub is not None:
+            hub.unwatch(self)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(reason)
+            except Exception:  # noqa: BLE001
+                log.exception("the lost callback of lock %r raised", self.key)
+
+    async def send(self, args: list[Any]) -> Any:
+        if self.own is not None:
+            return await self.own.call(args, self.client.command_timeout)
+        return await self.client._commands.query(args)
+
+    async def end(self) -> None:
+        self.stop.set()
+        async with self.renewing:
+            pass
+        hub = self.client._signals
+        if hub is not None:
+            hub.unwatch(self)
+
+    def after_fork(self) -> None:
+        self.status.after_fork()
+        self.status.mark_lost(LostReason.FORKED, notify=False)
+        self.lost_event = asyncio.Event()
+        self.lost_event.set()
+        self.stop = asyncio.Event()
+        self.stop.set()
+        if self.own is not None:
+            self.own.after_fork()
+
+
+async def _wait_stop(hold: _Hold, seconds: float) -> bool:
+    if seconds <= 0:
+        return hold.stop.is_set()
+    try:
+        await asyncio.wait_for(hold.stop.wait(), seconds)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+async def _sleep(hold: _Hold, until: float) -> bool:
+    while True:
+        left = until - time.monotonic()
+        if left <= 0:
+            return hold.stop.is_set()
+        if hold.own is None:
+            return await _wait_stop(hold, left)
+        if await _wait_stop(hold, min(left, 0.1)):
+            return True
+        if not hold.own.alive():
+            hold.lose(LostReason.CONNECTION_CLOSED)
+            return True
+
+
+async def _keep(hold: _Hold) -> None:
+    try:
+        if hold.renewal is Renewal.FIXED:
+            while not await _wait_stop(hold, hold.deadline.left()):
+                if hold.deadline.left() <= 0:
+                    hold.lose(LostReason.LEASE_ENDED)
+                    return
+            return
+        await _watchdog(hold)
+    finally:
+        if hold.own is not None and hold.status.reason is not None:
+            await hold.own.close()
+
+
+async def _watchdog(hold: _Hold) -> None:
+    interval = max(hold.lease / 3, 0.001)
+    retry = min(interval, 0.1)
+    renew = ["LOCK.RENEW", hold.key, hold.owner, millis(hold.lease)]
+    next_at = time.monotonic() + interval
+    while True:
+        if await _sleep(hold, min(next_at, hold.deadline.at)):
+            return
+        # Also where a loop that was blocked past the deadline lands.
+        if hold.deadline.left() <= 0:
+            hold.lose(LostReason.UNREACHABLE)
+            return
+        async with hold.renewing:
+            if hold.stop.is_set():
+                return
+            sent = time.monotonic()
+            try:
+                reply = await hold.send(renew)
+            except LockServerError as e:
+                if is_final(str(e)):
+                    hold.lose(LostReason.HOLD_GONE)
+                    return
+                next_at = time.monotonic() + retry
+                continue
+            except LockConnectionError:
+                if hold.own is not None:
+                    hold.lose(LostReason.CONNECTION_CLOSED)
+                    return
+                next_at = time.monotonic() + retry
+                continue
+        if reply == 1:
+            hold.deadline.extend(sent)
+            next_at = sent + interval
+        elif reply == 0:
+            hold.lose(LostReason.HOLD_GONE)
+            return
+        else:
+            next_at = time.monotonic() + retry
+
+
+class _SignalHub:
+    """One pub/sub connection per client, read by one task; subscriptions are sent by the
+    acquiring task and confirmed to it by the reader."""
+
+    def __init__(self, connector: _Connector) -> None:
+        self._connector = connector
+        self._reset()
+        _forkable.add(self)
+
+    def _reset(self) -> None:
+        self._watched: dict[bytes, list[weakref.ref[_Hold]]] = {}
+        self._confirmed: dict[bytes, asyncio.Event] = {}
+        self._conn: Optional[_RawConnection] = None
+        self._connected: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task[None]] = None
+
+    async def watch(self, hold: _Hold) -> None:
+        channel = lost_signal_channel(hold.key)
+        entry = self._watched.setdefault(channel, [])
+        entry[:] = [r for r in entry if r() is not None]
+        entry.append(weakref.ref(hold))
+        event = self._confirmed.get(channel)
+        if event is None:
+            event = self._confirmed[channel] = asyncio.Event()
+            if self._task is None:
+                self._connected = asyncio.Event()
+                self._task = asyncio.create_task(self._run(), name="redis-lock-signal")
+            elif self._conn is not None:
+                await self._send("SUBSCRIBE", channel)
+        try:
+            await asyncio.wait_for(event.wait(), self._connector.timeout)
+        except asyncio.TimeoutError:
+            pass  # the watchdog still covers the hold
+
+    def unwatch(self, hold: _Hold) -> None:
+        channel = lost_signal_channel(hold.key)
+        entry = self._watched.get(channel)
+        if entry is None:
+            return
+        entry[:] = [r for r in entry if r() not in (None, hold)]
+        if entry:
+            return
+        del self._watched[channel]
+        self._confirmed.pop(channel, None)
+        if self._conn is not None:
+            asyncio.get_running_loop().create_task(self._send("UNSUBSCRIBE", channel))
+
+    async def _send(self, op: str, channel: bytes) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            await conn.send_command(op, channel, check_health=False)
+        except _IO_ERRORS:
+            pass  # the reader sees the broken connection, reconnects and subscribes again
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._conn is not None:
+            await self._conn.disconnect(nowait=True)
+            self._conn = None
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                conn = await self._connector.new()
+            except _IO_ERRORS:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.05
+            self._conn = conn
+            try:
+                for channel in list(self._confirmed):
+                    await conn.send_command("SUBSCRIBE", channel, check_health=False)
+                while True:
+                    self._handle(await conn.read_response(timeout=math.inf))
+            except _IO_ERRORS:
+                self._conn = None
+                await conn.disconnect(nowait=True)
+
+    def _handle(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel, payload = reply[0], reply[1], reply[2]
+        if kind == b"subscribe":
+            event = self._confirmed.get(channel)
+            if event is not None:
+                event.set()
+        elif kind == b"message" and isinstance(payload, bytes):
+            signal = LostSignal.parse(payload)
+            if signal is None:
+                return
+            for ref in list(self._watched.get(channel, [])):
+                hold = ref()
+                if hold is not None and hold.owner == signal.owner and hold.token == signal.token:
+                    hold.lose(signal.reason)
+
+    def after_fork(self) -> None:
+        self._reset()
+
+
+class AsyncLockClient:
+    """The asyncio twin of :class:`redis_lock_client.LockClient`: same constructors, same
+    connections (a pool, a fresh one per waiting acquire, one per EPHEMERAL hold, one pub/sub
+    connection read by one task). Create it, and use its locks, on one event loop."""
+
+    def __init__(
+        self,
+        redis_client: Optional[Union[aredis.Redis, ConnectionPool]] = None,
+        *,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        lost_signal: bool = True,
+        **connection_kwargs: Any,
+    ) -> None:
+        if redis_client is not None:
+            pool = (
+                redis_client
+                if isinstance(redis_client, ConnectionPool)
+                else redis_client.connection_pool
+            )
+            cls: type[Any] = pool.connection_class
+            kwargs = {**pool.connection_kwargs, **connection_kwargs}
+        else:
+            cls = aredis.Connection
+            kwargs = connection_kwargs
+        if command_timeout <= 0:
+            raise ValueError("command_timeout must be positive")
+        self.command_timeout = command_timeout
+        self._commands = _Connector(cls, kwargs, command_timeout)
+        self._signals: Optional[_SignalHub] = _SignalHub(self._commands) if lost_signal else None
+        self.id = new_client_id()
+        self._pid = os.getpid()
+        self._next = 0
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> AsyncLockClient:
+        command_timeout = kwargs.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT)
+        lost_signal = kwargs.pop("lost_signal", True)
+        return cls(
+            ConnectionPool.from_url(url, **kwargs),
+            command_timeout=command_timeout,
+            lost_signal=lost_signal,
+        )
+
+    async def aclose(self) -> None:
+        if self._signals is not None:
+            await self._signals.close()
+        await self._commands.pool.disconnect()
+
+    async def __aenter__(self) -> AsyncLockClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _owner(self) -> bytes:
+        if self._pid != os.getpid():  # a forked child: owners of its own
+            self.id, self._pid = new_client_id(), os.getpid()
+        self._next += 1
+        return f"{self.id}:{self._next}".encode()
+
+    def lock(self, key: Key, **options: Any) -> AsyncLock:
+        return AsyncLock(self, to_bytes(key), Kind.EXCLUSIVE, 0, **options)
+
+    def read_lock(self, key: Key, **options: Any) -> AsyncLock:
+        return AsyncLock(self, to_bytes(key), Kind.SHARED, 0, **options)
+
+    def semaphore(self, key: Key, limit: int, **options: Any) -> AsyncLock:
+        if not 1 <= limit <= 10000:
+            raise ValueError("limit must be between 1 and 10000")
+        return AsyncLock(self, to_bytes(key), Kind.PERMIT, limit, **options)
+
+
+class AsyncLock:
+    """The asyncio twin of :class:`redis_lock_client.Lock` (same options)."""
+
+    def __init__(
+        self,
+        client: AsyncLockClient,
+        key: bytes,
+        kind: Kind,
+        limit: int,
+        *,
+        lease: float = DEFAULT_LEASE,
+        renewal: Renewal = Renewal.WATCHDOG,
+        wait_timeout: Optional[float] = None,
+        ephemeral: bool = False,
+        on_lost: Optional[LostCallback] = None,
+    ) -> None:
+        if lease < 0.001:
+            raise ValueError("the lease must be at least 1 ms")
+        if wait_timeout is not None and wait_timeout < 0:
+            raise ValueError("wait_timeout must not be negative")
+        self.client = client
+        self.key = key
+        self.kind = kind
+        self.limit = limit
+        self.lease = lease
+        self.renewal = renewal
+        self.wait_timeout = wait_timeout
+        self.ephemeral = ephemeral
+        self.on_lost = on_lost
+        self.owner = client._owner()
+        self._gate = asyncio.Lock()
+        self._active: Optional[_Hold] = None
+        self._guards = 0
+        self._stack: list[AsyncLockGuard] = []
+        _forkable.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new owner holding nothing (see the sync Lock)."""
+        self._active, self._guards, self._stack = None, 0, []
+        self.owner = self.client._owner()
+
+    async def try_acquire(self) -> Optional[AsyncLockGuard]:
+        return await self._acquire(waits=False)
+
+    async def acquire(self) -> AsyncLockGuard:
+        guard = await self._acquire(waits=self.wait_timeout != 0)
+        if guard is None:
+            raise LockTimeout(self.wait_timeout or 0.0)
+        return guard
+
+    async def __aenter__(self) -> AsyncLockGuard:
+        guard = await self.acquire()
+        self._stack.append(guard)
+        return guard
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        await self._stack.pop().__aexit__(exc_type, exc, tb)
+
+    def _args(self, waits: bool, wait: Optional[float]) -> list[Any]:
+        return acquire_args(
+            self.key, self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
+        )
+
+    async def _acquire(self, waits: bool) -> Optional[AsyncLockGuard]:
+        async with self._gate:
+            current = self._active
+            if current is not None and not current.status.is_active():
+                current = None
+            sent = time.monotonic()
+            own: Optional[_OwnConnection] = None
+            if self.ephemeral:
+                reply, own = await self._send_ephemeral(current, waits)
+            else:
+                reply = await self._send_with_retries(waits)
+            try:
+                token = parse_token(reply)
+            except UnexpectedReply:
+                if own is not None and (current is None or own is not current.own):
+                    await own.close()
+                raise
+            return await self._settle(current, token, sent, own)
+
+    async def _send_with_retries(self, waits: bool) -> Any:
+        until = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+        attempt = 0
+        while True:
+            this_waits, wait = waits, self.wait_timeout
+            if waits and until is not None:
+                wait = until - time.monotonic()
+                if wait < 0.001:
+                    this_waits = False
+            try:
+                if this_waits:
+                    return await self._send_waiting(self._args(True, wait), wait)
+                return await self.client._commands.query(self._args(False, None))
+            except LockConnectionError:
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+
+    async def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
+        connector = self.client._commands
+        try:
+            conn = await connector.new()
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            return await connector.call(conn, args, None if wait is None else wait + WAIT_MARGIN)
+        finally:
+            await conn.disconnect(nowait=True)
+
+    async def _send_ephemeral(
+        self, current: Optional[_Hold], waits: bool
+    ) -> tuple[Any, Optional[_OwnConnection]]:
+        timeout: Optional[float] = self.client.command_timeout
+        if waits:
+            timeout = None if self.wait_timeout is None else self.wait_timeout + WAIT_MARGIN
+        args = self._args(waits, self.wait_timeout)
+        if current is not None and current.own is not None:
+            try:
+                return await current.own.call(args, timeout), current.own
+            except LockConnectionError:
+                current.lose(LostReason.CONNECTION_CLOSED)
+                raise
+        try:
+            own = _OwnConnection(await self.client._commands.new())
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            return await own.call(args, timeout), own
+        except (LockError, asyncio.CancelledError):
+            await own.close()
+            raise
+
+    async def _settle(
+        self,
+        current: Optional[_Hold],
+        token: Optional[int],
+        sent: float,
+        own: Optional[_OwnConnection],
+    ) -> Optional[AsyncLockGuard]:
+        if token is not None and current is not None and current.token == token:
+            if self._active is current:
+                self._guards += 1
+                current.deadline.extend(sent)
+                return AsyncLockGuard(self, current)
+        if current is not None:
+            current.lose(LostReason.HOLD_GONE)
+        old, self._active, self._guards = self._active, None, 0
+        if old is not None:
+            old.stop.set()
+        if token is None:
+            if own is not None:
+                await own.close()
+            return None
+        hold = _Hold(
+            client=self.client,
+            key=self.key,
+            owner=self.owner,
+            token=token,
+            lease=self.lease,
+            renewal=self.renewal,
+            own=own,
+            sent=sent,
+            on_lost=self.on_lost,
+        )
+        self._active, self._guards = hold, 1
+        await hold.start()
+        return AsyncLockGuard(self, hold)
+
+    def _end_guard(self, hold: _Hold) -> Optional[bool]:
+        if self._active is not hold:
+            return None
+        self._guards -= 1
+        if self._guards > 0:
+            return False
+        self._active = None
+        return True
+
+
+async def _release_quietly(hold: _Hold) -> None:
+    await hold.end()
+    try:
+        await hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+    except Exception:  # noqa: BLE001 - best effort: the lease ends it
+        log.debug("releasing an abandoned hold of %r failed", hold.key, exc_info=True)
+    finally:
+        if hold.own is not None:
+            await hold.own.close()
+
+
+def _abandon(handle: AsyncLock, hold: _Hold, pid: int) -> None:
+    """A guard was garbage-collected unreleased: stop its watchdog and release it from a task on
+    its loop (if that loop still runs; else the lease ends the hold)."""
+    if os.getpid() != pid or handle._end_guard(hold) is not True:
+        return
+    if hold.status.mark_released() is not None:
+        return
+    try:
+        hold.loop.call_soon_threadsafe(lambda: hold.loop.create_task(_release_quietly(hold)))
+    except RuntimeError:
+        pass  # the loop is closed
+
+
+class AsyncLockGuard:
+    """The asyncio twin of :class:`redis_lock_client.LockGuard`; ``lost`` is an
+    ``asyncio.Event`` (``await guard.lost.wait()``)."""
+
+    def __init__(self, handle: AsyncLock, hold: _Hold) -> None:
+        self._handle = handle
+        self._hold = hold
+        self._released = False
+        self._finalizer = weakref.finalize(self, _abandon, handle, hold, os.getpid())
+
+    @property
+    def token(self) -> int:
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
+    @property
+    def owner(self) -> bytes:
+        return self._hold.owner
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._hold.lost_event
+
+    @property
+    def lost_reason(self) -> Optional[LostReason]:
+        return self._hold.status.reason
+
+    async def release(self) -> Release:
+        if self._released:
+            return Release.ALREADY_RELEASED
+        self._released = True
+        self._finalizer.detach()
+        hold = self._hold
+        if hold.pid != os.getpid():
+            raise NotHeld(LostReason.FORKED)
+        last = self._handle._end_guard(hold)
+        if last is None:
+            raise NotHeld(hold.status.reason)
+        if not last:
+            if hold.status.reason is not None:
+                raise NotHeld(hold.status.reason)
+            return Release.STILL_HELD
+        error = hold.status.mark_released()
+        await hold.end()
+        if error is not None:
+            raise error
+        try:
+            reply = await hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+        finally:
+            if hold.own is not None:
+                await hold.own.close()
+        if reply is None:
+            raise NotHeld(None)
+        if not isinstance(reply, int):
+            raise UnexpectedReply(f"LOCK.RELEASE answered {reply!r}")
+        return Release.RELEASED
+
+    async def __aenter__(self) -> AsyncLockGuard:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            await self.release()
+        except LockError:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncLockGuard(key={self.key!r}, owner={self.owner!r}, token={self.token}, "
+            f"lost={self.lost_reason})"
+        )
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_forkable):
+        obj.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,863 @@
+"""The blocking (threaded) library: LockClient, Lock, LockGuard."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import weakref
+from types import TracebackType
+from typing import Any, Optional, Union, cast
+
+import redis
+from redis.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._common import (
+    DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_LEASE,
+    RETRIES,
+    WAIT_MARGIN,
+    Deadline,
+    HoldStatus,
+    Key,
+    Kind,
+    LockConnectionError,
+    LockError,
+    LockServerError,
+    LockTimeout,
+    LostCallback,
+    LostReason,
+    LostSignal,
+    NotHeld,
+    Release,
+    Renewal,
+    UnexpectedReply,
+    acquire_args,
+    is_final,
+    lost_signal_channel,
+    millis,
+    new_client_id,
+    parse_token,
+    to_bytes,
+)
+from ._connect import RawConnection, own_kwargs, server_error
+
+log = logging.getLogger("redis_lock_client")
+
+_IO_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+# Everything that must be disarmed in a forked child (see _after_fork_in_child).
+_forkable: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+class _Connector:
+    """Makes the library's connections (see _connect.py) and runs one command on one."""
+
+    def __init__(self, cls: type[AbstractConnection], kwargs: dict[str, Any], timeout: float):
+        self.cls = cls
+        self.kwargs = own_kwargs(kwargs, timeout)
+        self.timeout = timeout
+        self.pool = ConnectionPool(connection_class=cls, **self.kwargs)
+
+    def new(self) -> RawConnection:
+        conn = cast(RawConnection, self.cls(**self.kwargs))
+        conn.connect()
+        return conn
+
+    @staticmethod
+    def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -> Any:
+        """One command; a broken or timed-out connection is closed (no stale reply is read later)."""
+        try:
+            conn.send_command(*args, check_health=False)
+            return conn.read_response(timeout=timeout)
+        except ResponseError as e:
+            raise server_error(e) from None
+        except _IO_ERRORS as e:
+            conn.disconnect()
+            raise LockConnectionError(f"{args[0]}: {e}") from e
+
+    def query(self, args: list[Any]) -> Any:
+        """One command on a pooled connection (acquire without WAIT, renew, release)."""
+        try:
+            pooled = self.pool.get_connection()
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            return self.call(cast(RawConnection, pooled), args, self.timeout)
+        finally:
+            self.pool.release(pooled)
+
+
+class _OwnConnection:
+    """The connection an EPHEMERAL hold is bound to: never replaced, never reconnected. Any error
+    on it closes it for good (the server then ends the hold, if it has not already)."""
+
+    def __init__(self, conn: RawConnection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def call(self, args: list[Any], timeout: Optional[float]) -> Any:
+        with self.lock:
+            if self.broken:
+                raise LockConnectionError("the EPHEMERAL hold's connection is closed")
+            try:
+                return _Connector.call(self.conn, args, timeout)
+            except LockConnectionError:
+                self.broken = True
+                raise
+
+    def alive(self) -> bool:
+        """False once the server closed it (nothing else may arrive on an idle connection)."""
+        if not self.lock.acquire(blocking=False):
+            return True  # in use: the command's own outcome will tell
+        try:
+            if self.broken:
+                return False
+            if self.conn.can_read(timeout=0):
+                self.broken = True
+        except _IO_ERRORS:
+            self.broken = True
+        finally:
+            self.lock.release()
+        return not self.broken
+
+    def close(self) -> None:
+        with self.lock:
+            self.broken = True
+            self.conn.disconnect()
+
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.broken = True  # the parent's socket: never used, never shut down here
+
+
+class _Hold:
+    """One hold: what every guard of it, its watchdog thread and the signal listener share."""
+
+    def __init__(
+        self,
+        *,
+        client: LockClient,
+        key: bytes,
+        owner: bytes,
+        token: int,
+        lease: float,
+        renewal: Renewal,
+        own: Optional[_OwnConnection],
+        sent: float,
+        on_lost: Optional[LostCallback],
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.lease = lease
+        self.renewal = renewal
+        self.own = own
+        self.deadline = Deadline(lease, sent)
+        self.lost_event = threading.Event()
+        self.stop = threading.Event()
+        # Held while a renewal is in flight: a release waits for it, so nothing renews after.
+        self.renewing = threading.Lock()
+        self.on_lost = on_lost
+        self.status = HoldStatus(self._lost)
+        self.pid = os.getpid()
+        self.thread = threading.Thread(
+            target=_keep, args=(self,), name=f"redis-lock-watchdog:{token}", daemon=True
+        )
+        _forkable.add(self)
+
+    def start(self) -> None:
+        self.thread.start()
+        hub = self.client._hub()
+        if hub is not None:
+            hub.watch(self)
+
+    def lose(self, reason: LostReason) -> None:
+        self.status.mark_lost(reason)
+
+    def _lost(self, reason: LostReason) -> None:
+        self.stop.set()
+        self.lost_event.set()
+        hub = self.client._signals
+        if hub is not None:
+            hub.unwatch(self)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(reason)
+            except Exception:  # noqa: BLE001 - a callback's failure must not stop the library
+                log.exception("the lost callback of lock %r raised", self.key)
+
+    def send(self, args: list[Any]) -> Any:
+        if self.own is not None:
+            return self.own.call(args, self.client.command_timeout)
+        return self.client._commands.query(args)
+
+    def end(self) -> None:
+        """Released: stop the watchdog and wait out a renewal in flight."""
+        self.stop.set()
+        with self.renewing:
+            pass
+        hub = self.client._signals
+        if hub is not None:
+            hub.unwatch(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the hold is the parent's. Mark it lost without a callback, renew
+        nothing (the watchdog thread does not exist here), release nothing."""
+        self.renewing = threading.Lock()
+        self.status.after_fork()
+        self.status.mark_lost(LostReason.FORKED, notify=False)
+        # New events: a parent thread may have held an old one's internal lock at the fork.
+        self.stop = threading.Event()
+        self.stop.set()
+        self.lost_event = threading.Event()
+        self.lost_event.set()
+        if self.own is not None:
+            self.own.after_fork()
+
+
+def _keep(hold: _Hold) -> None:
+    """The watchdog thread: renews at lease/3 (or waits out a fixed lease)."""
+    try:
+        if hold.renewal is Renewal.FIXED:
+            while not hold.stop.wait(max(hold.deadline.left(), 0.0)):
+                if hold.deadline.left() <= 0:
+                    hold.lose(LostReason.LEASE_ENDED)
+                    return
+            return
+        _watchdog(hold)
+    finally:
+        if hold.own is not None and hold.status.reason is not None:
+            hold.own.close()
+
+
+def _sleep(hold: _Hold, until: float) -> bool:
+    """Waits until `until`; True if the hold was stopped. An EPHEMERAL hold's connection is
+    looked at every 100 ms meanwhile, so that its close is seen at once."""
+    while True:
+        left = until - time.monotonic()
+        if left <= 0:
+            return hold.stop.is_set()
+        if hold.own is None:
+            return hold.stop.wait(left)
+        if hold.stop.wait(min(left, 0.1)):
+            return True
+        if not hold.own.alive():
+            hold.lose(LostReason.CONNECTION_CLOSED)
+            return True
+
+
+def _watchdog(hold: _Hold) -> None:
+    interval = max(hold.lease / 3, 0.001)
+    retry = min(interval, 0.1)
+    renew = ["LOCK.RENEW", hold.key, hold.owner, millis(hold.lease)]
+    next_at = time.monotonic() + interval
+    while True:
+        if _sleep(hold, min(next_at, hold.deadline.at)):
+            return
+        if hold.deadline.left() <= 0:
+            hold.lose(LostReason.UNREACHABLE)
+            return
+        with hold.renewing:
+            if hold.stop.is_set():
+                return
+            sent = time.monotonic()
+            try:
+                reply = hold.send(renew)
+            except LockServerError as e:
+                if is_final(str(e)):
+                    hold.lose(LostReason.HOLD_GONE)
+                    return
+                next_at = time.monotonic() + retry
+                continue
+            except LockConnectionError:
+                if hold.own is not None:
+                    hold.lose(LostReason.CONNECTION_CLOSED)
+                    return
+                next_at = time.monotonic() + retry
+                continue
+        if reply == 1:
+            hold.deadline.extend(sent)
+            next_at = sent + interval
+        elif reply == 0:
+            hold.lose(LostReason.HOLD_GONE)
+            return
+        else:
+            next_at = time.monotonic() + retry
+
+
+class _SignalHub:
+    """The client's one pub/sub connection for the lost-hold signal, read by one thread.
+
+    Holds are watched by channel (one per key); a message marks a hold lost only if its owner
+    and token are the hold's. Pub/sub is at-most-once: a message sent while the connection is
+    down is gone, and the watchdog stays the backstop.
+    """
+
+    def __init__(self, connector: _Connector) -> None:
+        self._connector = connector
+        self._reset()
+        _forkable.add(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[bytes, list[weakref.ref[_Hold]]] = {}
+        self._confirmed: dict[bytes, threading.Event] = {}
+        self._pending: list[tuple[str, bytes]] = []
+        self._thread: Optional[threading.Thread] = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._closed = False
+
+    def watch(self, hold: _Hold) -> None:
+        """Subscribes to the hold's channel; returns once the server confirmed it (or after the
+        command timeout: the watchdog still covers the hold)."""
+        channel = lost_signal_channel(hold.key)
+        with self._lock:
+            entry = self._watched.setdefault(channel, [])
+            entry[:] = [r for r in entry if r() is not None]
+            entry.append(weakref.ref(hold))
+            event = self._confirmed.get(channel)
+            if event is None:
+                event = self._confirmed[channel] = threading.Event()
+                self._pending.append(("SUBSCRIBE", channel))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="redis-lock-signal", daemon=True
+                )
+                self._thread.start()
+        self._wake()
+        event.wait(self._connector.timeout)
+
+    def unwatch(self, hold: _Hold) -> None:
+        channel = lost_signal_channel(hold.key)
+        with self._lock:
+            entry = self._watched.get(channel)
+            if entry is None:
+                return
+            entry[:] = [r for r in entry if r() not in (None, hold)]
+            if entry:
+                return
+            del self._watched[channel]
+            self._confirmed.pop(channel, None)
+            self._pending.append(("UNSUBSCRIBE", channel))
+        self._wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _run(self) -> None:
+        conn: Optional[RawConnection] = None
+        delay = 0.05
+        while not self._closed:
+            if conn is None:
+                try:
+                    conn = self._connector.new()
+                except _IO_ERRORS:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                delay = 0.05
+                with self._lock:
+                    self._pending = [("SUBSCRIBE", c) for c in self._confirmed]
+            with self._lock:
+                ops, self._pending = self._pending, []
+            try:
+                for op, channel in ops:
+                    conn.send_command(op, channel, check_health=False)
+                while conn.can_read(timeout=0):
+                    self._handle(conn.read_response())
+                sock = getattr(conn, "_sock", None)
+                if sock is None:
+                    raise RedisConnectionError("the pub/sub connection closed")
+                ready, _, _ = select.select([sock, self._wake_r], [], [], 5.0)
+                if self._wake_r in ready:
+                    self._wake_r.recv(4096)
+            except _IO_ERRORS:
+                conn.disconnect()
+                conn = None
+        if conn is not None:
+            conn.disconnect()
+
+    def _handle(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel, payload = reply[0], reply[1], reply[2]
+        if kind == b"subscribe":
+            with self._lock:
+                event = self._confirmed.get(channel)
+            if event is not None:
+                event.set()
+        elif kind == b"message" and isinstance(payload, bytes):
+            signal = LostSignal.parse(payload)
+            if signal is None:
+                return
+            with self._lock:
+                refs = list(self._watched.get(channel, []))
+            for ref in refs:
+                hold = ref()
+                if hold is not None and hold.owner == signal.owner and hold.token == signal.token:
+                    hold.lose(signal.reason)
+
+    def after_fork(self) -> None:
+        """In a forked child: the listener thread does not exist here; start afresh on demand."""
+        self._reset()
+
+
+class LockClient:
+    """Makes lock handles on one server, with the library's own connections to it.
+
+    ``LockClient(redis.Redis(...))``, ``LockClient.from_url("redis://...")`` or
+    ``LockClient(host=..., port=...)``: the address, credentials and TLS are taken from what is
+    given; the library's connections use their own read timeout (``command_timeout``) and no
+    redis-py retries. Connections: a pool for ordinary commands (acquire without waiting,
+    renewals, releases), a fresh connection for each acquire that waits, one connection owned by
+    each EPHEMERAL hold, and (``lost_signal=True``, the default) one pub/sub connection read by
+    one thread for the server's lost-hold signal.
+
+    Each client has a random id; each handle it makes is its own owner ``<client id>:<n>``.
+    """
+
+    def __init__(
+        self,
+        redis_client: Optional[Union[redis.Redis, ConnectionPool]] = None,
+        *,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        lost_signal: bool = True,
+        **connection_kwargs: Any,
+    ) -> None:
+        if redis_client is not None:
+            pool = (
+                redis_client
+                if isinstance(redis_client, ConnectionPool)
+                else redis_client.connection_pool
+            )
+            cls: type[AbstractConnection] = pool.connection_class
+            kwargs = {**pool.connection_kwargs, **connection_kwargs}
+        else:
+            cls = redis.Connection
+            kwargs = connection_kwargs
+        if command_timeout <= 0:
+            raise ValueError("command_timeout must be positive")
+        self.command_timeout = command_timeout
+        self._commands = _Connector(cls, kwargs, command_timeout)
+        self._signals: Optional[_SignalHub] = _SignalHub(self._commands) if lost_signal else None
+        self.id = new_client_id()
+        self._pid = os.getpid()
+        self._next = 0
+        self._next_lock = threading.Lock()
+        _forkable.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new id, so that the child's owners are not the parent's."""
+        self._next_lock = threading.Lock()
+        self.id = new_client_id()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> LockClient:
+        """A client on ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
+        command_timeout = kwargs.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT)
+        lost_signal = kwargs.pop("lost_signal", True)
+        return cls(
+            ConnectionPool.from_url(url, **kwargs),
+            command_timeout=command_timeout,
+            lost_signal=lost_signal,
+        )
+
+    def _hub(self) -> Optional[_SignalHub]:
+        return self._signals
+
+    def close(self) -> None:
+        """Stops the signal listener and closes pooled connections. Holds keep their own."""
+        if self._signals is not None:
+            self._signals.close()
+        self._commands.pool.disconnect()
+
+    def __enter__(self) -> LockClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _owner(self) -> bytes:
+        if self._pid != os.getpid():
+            self.after_fork()
+            self._pid = os.getpid()
+        with self._next_lock:
+            self._next += 1
+            return f"{self.id}:{self._next}".encode()
+
+    def lock(self, key: Key, **options: Any) -> Lock:
+        """A handle on the exclusive lock of ``key`` (also the write side of its read-write
+        lock). Options: see :class:`Lock`."""
+        return Lock(self, to_bytes(key), Kind.EXCLUSIVE, 0, **options)
+
+    def read_lock(self, key: Key, **options: Any) -> Lock:
+        """A handle on a shared (read) hold of ``key``."""
+        return Lock(self, to_bytes(key), Kind.SHARED, 0, **options)
+
+    def semaphore(self, key: Key, limit: int, **options: Any) -> Lock:
+        """A handle on one permit of the counting semaphore ``key`` with ``limit`` permits."""
+        if not 1 <= limit <= 10000:
+            raise ValueError("limit must be between 1 and 10000")
+        return Lock(self, to_bytes(key), Kind.PERMIT, limit, **options)
+
+
+class Lock:
+    """A handle: one owner on one key, with its options.
+
+    - ``lease`` (seconds, default 30): renewed every ``lease / 3`` by a watchdog thread.
+    - ``renewal``: ``Renewal.WATCHDOG`` (default) or ``Renewal.FIXED`` (nothing renews; the hold
+      is reported lost, ``LEASE_ENDED``, at its lease end).
+    - ``wait_timeout`` (seconds, default None = until granted): how long ``acquire()`` waits in
+      the server (FIFO, no polling) before ``LockTimeout``.
+    - ``ephemeral``: the hold is bound to a connection the guard owns; its close (crash,
+      ``CLIENT KILL``) ends the hold in the server, and any error on it reports the hold lost.
+    - ``on_lost``: called once with the reason when a hold of this handle is lost, on the
+      library's thread that saw it (keep it short).
+
+    Re-entry is per handle: acquiring again through a handle that holds the key succeeds at once
+    with the same token; the hold ends with its last guard. Two handles are two owners.
+    """
+
+    def __init__(
+        self,
+        client: LockClient,
+        key: bytes,
+        kind: Kind,
+        limit: int,
+        *,
+        lease: float = DEFAULT_LEASE,
+        renewal: Renewal = Renewal.WATCHDOG,
+        wait_timeout: Optional[float] = None,
+        ephemeral: bool = False,
+        on_lost: Optional[LostCallback] = None,
+    ) -> None:
+        if lease < 0.001:
+            raise ValueError("the lease must be at least 1 ms")
+        if wait_timeout is not None and wait_timeout < 0:
+            raise ValueError("wait_timeout must not be negative")
+        self.client = client
+        self.key = key
+        self.kind = kind
+        self.limit = limit
+        self.lease = lease
+        self.renewal = renewal
+        self.wait_timeout = wait_timeout
+        self.ephemeral = ephemeral
+        self.on_lost = on_lost
+        self.owner = client._owner()
+        self._gate = threading.Lock()
+        self._slot = threading.Lock()
+        self._active: Optional[_Hold] = None
+        self._guards = 0
+        self._local = threading.local()
+        _forkable.add(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: the handle becomes a new owner holding nothing, so that nothing it
+        sends (a re-entry, a release) can touch the parent's holds."""
+        self._gate = threading.Lock()
+        self._slot = threading.Lock()
+        self._active, self._guards = None, 0
+        self._local = threading.local()
+        self.owner = self.client._owner()
+
+    def try_acquire(self) -> Optional[LockGuard]:
+        """Takes the key if it is free (or re-enters this handle's hold), without waiting;
+        None when another owner holds it or others wait for it."""
+        return self._acquire(waits=False)
+
+    def acquire(self) -> LockGuard:
+        """Takes the key, waiting in the server as long as ``wait_timeout`` allows (on a
+        connection of its own); raises ``LockTimeout`` when it passes."""
+        guard = self._acquire(waits=self.wait_timeout != 0)
+        if guard is None:
+            raise LockTimeout(self.wait_timeout or 0.0)
+        return guard
+
+    def __enter__(self) -> LockGuard:
+        guard = self.acquire()
+        stack: list[LockGuard] = self._local.__dict__.setdefault("stack", [])
+        stack.append(guard)
+        return guard
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        stack: list[LockGuard] = self._local.__dict__.setdefault("stack", [])
+        stack.pop().__exit__(exc_type, exc, tb)
+
+    def _args(self, waits: bool, wait: Optional[float]) -> list[Any]:
+        return acquire_args(
+            self.key, self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
+        )
+
+    def _acquire(self, waits: bool) -> Optional[LockGuard]:
+        with self._gate:
+            with self._slot:
+                current = self._active
+            if current is not None and not current.status.is_active():
+                current = None
+            sent = time.monotonic()
+            own: Optional[_OwnConnection] = None
+            if self.ephemeral:
+                reply, own = self._send_ephemeral(current, waits)
+            else:
+                reply = self._send_with_retries(waits)
+            try:
+                token = parse_token(reply)
+            except UnexpectedReply:
+                if own is not None and (current is None or own is not current.own):
+                    own.close()
+                raise
+            return self._settle(current, token, sent, own)
+
+    def _send_with_retries(self, waits: bool) -> Any:
+        until = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+        attempt = 0
+        while True:
+            this_waits, wait = waits, self.wait_timeout
+            if waits and until is not None:
+                wait = until - time.monotonic()
+                if wait < 0.001:
+                    this_waits = False  # a retry with no wait left: one last attempt
+            try:
+                if this_waits:
+                    return self._send_waiting(self._args(True, wait), wait)
+                return self.client._commands.query(self._args(False, None))
+            except LockConnectionError:
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+
+    def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
+        connector = self.client._commands
+        try:
+            conn = connector.new()
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            return connector.call(conn, args, None if wait is None else wait + WAIT_MARGIN)
+        finally:
+            conn.disconnect()
+
+    def _send_ephemeral(
+        self, current: Optional[_Hold], waits: bool
+    ) -> tuple[Any, Optional[_OwnConnection]]:
+        timeout: Optional[float] = self.client.command_timeout
+        if waits:
+            timeout = None if self.wait_timeout is None else self.wait_timeout + WAIT_MARGIN
+        args = self._args(waits, self.wait_timeout)
+        if current is not None and current.own is not None:
+            try:
+                return current.own.call(args, timeout), current.own
+            except LockConnectionError:
+                current.lose(LostReason.CONNECTION_CLOSED)
+                raise
+        try:
+            own = _OwnConnection(self.client._commands.new())
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            return own.call(args, timeout), own
+        except LockError:
+            own.close()
+            raise
+
+    def _settle(
+        self,
+        current: Optional[_Hold],
+        token: Optional[int],
+        sent: float,
+        own: Optional[_OwnConnection],
+    ) -> Optional[LockGuard]:
+        if token is not None and current is not None and current.token == token:
+            with self._slot:
+                if self._active is current:
+                    self._guards += 1
+                    current.deadline.extend(sent)
+                    return LockGuard(self, current)
+        # Whatever the handle held is gone: the server answered another token, or nil.
+        if current is not None:
+            current.lose(LostReason.HOLD_GONE)
+        with self._slot:
+            old, self._active, self._guards = self._active, None, 0
+        if old is not None:
+            old.stop.set()
+        if token is None:
+            if own is not None:
+                own.close()
+            return None
+        hold = _Hold(
+            client=self.client,
+            key=self.key,
+            owner=self.owner,
+            token=token,
+            lease=self.lease,
+            renewal=self.renewal,
+            own=own,
+            sent=sent,
+            on_lost=self.on_lost,
+        )
+        with self._slot:
+            self._active, self._guards = hold, 1
+        hold.start()
+        return LockGuard(self, hold)
+
+    def _end_guard(self, hold: _Hold) -> Optional[bool]:
+        """One guard of `hold` ends: True if it was the last, False if others remain, None if
+        the hold is no longer the handle's."""
+        with self._slot:
+            if self._active is not hold:
+                return None
+            self._guards -= 1
+            if self._guards > 0:
+                return False
+            self._active = None
+            return True
+
+
+def _abandon(handle: Lock, hold: _Hold, pid: int) -> None:
+    """A guard was garbage-collected unreleased: release it in the background (never in a forked
+    child, whose holds are the parent's)."""
+    if os.getpid() != pid:
+        return
+    if handle._end_guard(hold) and hold.status.mark_released() is None:
+        threading.Thread(target=_release_quietly, args=(hold,), daemon=True).start()
+
+
+def _release_quietly(hold: _Hold) -> None:
+    hold.end()
+    try:
+        hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+    except Exception:  # noqa: BLE001 - best effort (the client may be closing): the lease ends it
+        log.debug("releasing an abandoned hold of %r failed", hold.key, exc_info=True)
+    finally:
+        if hold.own is not None:
+            hold.own.close()
+
+
+class LockGuard:
+    """A hold on a key: its fencing token, its ``lost`` event, its release.
+
+    ``with`` releases it on exit. A guard that is garbage-collected unreleased is released in the
+    background; do not rely on that: use ``with`` or ``release()``.
+    """
+
+    def __init__(self, handle: Lock, hold: _Hold) -> None:
+        self._handle = handle
+        self._hold = hold
+        self._released = False
+        self._finalizer = weakref.finalize(self, _abandon, handle, hold, os.getpid())
+
+    @property
+    def token(self) -> int:
+        """The hold's fencing token: pass it with every write you protect, and have the resource
+        refuse a token lower than the highest it has seen."""
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
+    @property
+    def owner(self) -> bytes:
+        return self._hold.owner
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set when the hold is lost (never after a release): ``guard.lost.wait(timeout)``."""
+        return self._hold.lost_event
+
+    @property
+    def lost_reason(self) -> Optional[LostReason]:
+        return self._hold.status.reason
+
+    def release(self) -> Release:
+        """Releases this guard. The last guard of a hold stops the watchdog, waits out a renewal
+        in flight, and sends LOCK.RELEASE (never retried); earlier ones only count down.
+
+        Raises ``NotHeld`` when the hold was lost (with the reason) or the server no longer
+        knew it, ``LockConnectionError`` when the release could not be sent or answered (the
+        lease then ends the hold).
+        """
+        if self._released:
+            return Release.ALREADY_RELEASED
+        self._released = True
+        self._finalizer.detach()
+        hold = self._hold
+        if hold.pid != os.getpid():
+            raise NotHeld(LostReason.FORKED)
+        last = self._handle._end_guard(hold)
+        if last is None:
+            raise NotHeld(hold.status.reason)
+        if not last:
+            if hold.status.reason is not None:
+                raise NotHeld(hold.status.reason)
+            return Release.STILL_HELD
+        error = hold.status.mark_released()
+        hold.end()
+        if error is not None:
+            raise error
+        try:
+            reply = hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+        finally:
+            if hold.own is not None:
+                hold.own.close()
+        if reply is None:
+            raise NotHeld(None)
+        if not isinstance(reply, int):
+            raise UnexpectedReply(f"LOCK.RELEASE answered {reply!r}")
+        return Release.RELEASED
+
+    def __enter__(self) -> LockGuard:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        """Releases. ``NotHeld`` is raised if the hold was lost during the block, unless the
+        block itself raised (its exception is not masked)."""
+        try:
+            self.release()
+        except NotHeld:
+            if exc_type is None:
+                raise
+        except LockError:
+            if exc_type is None:
+                raise
+
+    def __repr__(self) -> str:
+        return (
+            f"LockGuard(key={self.key!r}, owner={self.owner!r}, token={self.token}, "
+            f"lost={self.lost_reason})"
+        )
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_forkable):
+        obj.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

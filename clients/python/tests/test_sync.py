@@ -1,0 +1,275 @@
+"""The sync library against a real server with the module (see conftest.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+
+import pytest
+
+from conftest import Server
+from redis_lock_client import (
+    LockClient,
+    LockTimeout,
+    LostReason,
+    NotHeld,
+    Release,
+)
+
+REDISSON_LOCK = (
+    "if (redis.call('exists', KEYS[1]) == 0) then "
+    "redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; "
+    "if (redis.call('hexists', KEYS[1], ARGV[2]) == 1) then "
+    "redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; "
+    "return redis.call('pttl', KEYS[1]);"
+)  # testkit/src/lock.rs REDISSON_LOCK
+
+
+@pytest.fixture
+def client(server: Server):
+    c = LockClient.from_url(server.url)
+    yield c
+    c.close()
+
+
+def info(server: Server, key: str) -> dict[bytes, object] | None:
+    reply = server.client().execute_command("LOCK.INFO", key)
+    if reply is None:
+        return None
+    return dict(zip(reply[::2], reply[1::2]))
+
+
+def test_try_acquire_answers_none_when_busy_and_acquire_takes_a_free_key(server, client, key):
+    guard = client.lock(key).acquire()
+    assert guard.token > 0
+    assert info(server, key)[b"owner"] == guard.owner
+    assert client.lock(key).try_acquire() is None
+    assert guard.release() is Release.RELEASED
+    assert info(server, key) is None
+
+
+def test_acquire_waits_in_the_server_and_is_granted_on_release(client, key):
+    held = client.lock(key).acquire()
+    threading.Timer(0.3, held.release).start()
+    start = time.monotonic()
+    guard = client.lock(key, wait_timeout=5).acquire()
+    assert 0.25 < time.monotonic() - start < 2
+    assert guard.token > held.token
+    guard.release()
+
+
+def test_acquire_raises_lock_timeout_when_the_wait_passes(client, key):
+    held = client.lock(key).acquire()
+    start = time.monotonic()
+    with pytest.raises(LockTimeout):
+        client.lock(key, wait_timeout=0.3).acquire()
+    assert 0.3 <= time.monotonic() - start < 2
+    held.release()
+
+
+def test_reentry_is_per_handle_counted_in_the_client_and_release_is_idempotent(server, client, key):
+    lock = client.lock(key)
+    first = lock.acquire()
+    second = lock.acquire()
+    assert second.token == first.token
+    assert info(server, key)[b"count"] == 1  # ONCE: the server sees one hold
+    assert client.lock(key).try_acquire() is None  # another handle is another owner
+    assert first.release() is Release.STILL_HELD
+    assert info(server, key)[b"owner"] == lock.owner
+    assert second.release() is Release.RELEASED
+    assert second.release() is Release.ALREADY_RELEASED
+    assert first.release() is Release.ALREADY_RELEASED
+    assert info(server, key) is None
+
+
+def test_with_block_releases_and_nests(server, client, key):
+    lock = client.lock(key)
+    with lock as outer:
+        with lock as inner:
+            assert inner.token == outer.token
+        assert info(server, key) is not None
+    assert info(server, key) is None
+
+
+def test_read_locks_share_and_exclude_the_writer(client, key):
+    r1 = client.read_lock(key).acquire()
+    r2 = client.read_lock(key).acquire()
+    writer = client.lock(key)
+    assert writer.try_acquire() is None
+    r1.release()
+    r2.release()
+    w = writer.try_acquire()
+    assert w is not None
+    assert client.read_lock(key).try_acquire() is None
+    w.release()
+
+
+def test_semaphore_grants_limit_permits(client, key):
+    a = client.semaphore(key, 2).acquire()
+    b = client.semaphore(key, 2).acquire()
+    assert client.semaphore(key, 2).try_acquire() is None
+    a.release()
+    c = client.semaphore(key, 2).try_acquire()
+    assert c is not None
+    b.release()
+    c.release()
+
+
+def test_watchdog_renews_across_leases_while_the_main_thread_spins_in_python(server, client, key):
+    guard = client.lock(key, lease=0.6).acquire()
+    before = server.commandstat("lock.renew")
+    start = time.monotonic()
+    n = 0
+    while time.monotonic() - start < 3.0:  # 5 leases of pure Python holding the GIL
+        n += 1
+    renewals = server.commandstat("lock.renew") - before
+    print(f"\nwatchdog under a busy GIL: {renewals} renewals in 3.0 s at lease 0.6 s "
+          f"(interval 0.2 s, so 15 expected); main loop ran {n} iterations")
+    assert renewals >= 12
+    assert not guard.lost.is_set()
+    assert info(server, key)[b"owner"] == guard.owner
+    guard.release()
+
+
+def test_nothing_renews_after_release(server, client, key):
+    guard = client.lock(key, lease=0.3).acquire()
+    time.sleep(0.5)
+    guard.release()
+    after = server.commandstat("lock.renew")
+    time.sleep(0.6)
+    assert server.commandstat("lock.renew") == after
+
+
+def test_force_release_is_reported_by_the_signal_within_100_ms(server, client, key):
+    seen: list[LostReason] = []
+    guard = client.lock(key, on_lost=seen.append).acquire()  # lease 30 s: no renewal soon
+    start = time.monotonic()
+    server.client().execute_command("LOCK.FORCERELEASE", key)
+    assert guard.lost.wait(0.1)
+    elapsed = time.monotonic() - start
+    print(f"\nlost signal: reported {elapsed * 1000:.1f} ms after LOCK.FORCERELEASE")
+    assert guard.lost_reason is LostReason.FORCE_RELEASED
+    assert seen == [LostReason.FORCE_RELEASED]
+    with pytest.raises(NotHeld) as e:
+        guard.release()
+    assert e.value.reason is LostReason.FORCE_RELEASED
+    assert guard.release() is Release.ALREADY_RELEASED
+
+
+def test_force_release_is_reported_by_the_watchdog_without_the_signal(server, key):
+    client = LockClient.from_url(server.url, lost_signal=False)
+    guard = client.lock(key, lease=0.6).acquire()
+    server.client().execute_command("LOCK.FORCERELEASE", key)
+    assert guard.lost.wait(1.0)
+    assert guard.lost_reason is LostReason.HOLD_GONE
+    client.close()
+
+
+def test_with_block_raises_not_held_when_the_hold_was_lost_inside(server, client, key):
+    with pytest.raises(NotHeld):
+        with client.lock(key) as guard:
+            server.client().execute_command("LOCK.FORCERELEASE", key)
+            assert guard.lost.wait(1.0)
+
+
+def test_ephemeral_hold_lives_on_its_own_connection_and_ends_with_it(server, client, key):
+    guard = client.lock(key, ephemeral=True, lease=30).acquire()
+    conn_id = info(server, key)[b"ephemeral"]
+    assert isinstance(conn_id, int)
+    server.client().execute_command("CLIENT", "KILL", "ID", conn_id)
+    assert guard.lost.wait(1.0)
+    assert guard.lost_reason in (LostReason.DISCONNECTED, LostReason.CONNECTION_CLOSED)
+    other = client.lock(key).try_acquire()  # the server ended it at once
+    assert other is not None
+    other.release()
+
+
+def test_ephemeral_close_is_seen_without_the_signal(server, key):
+    client = LockClient.from_url(server.url, lost_signal=False)
+    guard = client.lock(key, ephemeral=True, lease=30).acquire()
+    server.client().execute_command("CLIENT", "KILL", "ID", info(server, key)[b"ephemeral"])
+    assert guard.lost.wait(1.0)  # the watchdog looks at the connection every 100 ms
+    assert guard.lost_reason is LostReason.CONNECTION_CLOSED
+    client.close()
+
+
+def _child_after_fork(guard, lock, q) -> None:  # runs in the forked child
+    try:
+        reason = guard.lost_reason
+        try:
+            guard.release()
+            released = "released"
+        except NotHeld as e:
+            released = f"NotHeld {e.reason}"
+        time.sleep(1.0)  # a lease and more: nothing here renews
+        q.put((reason, guard.lost.is_set(), released, lock.try_acquire() is None))
+    except Exception as e:  # noqa: BLE001
+        q.put(repr(e))
+
+
+def test_a_forked_child_neither_renews_nor_releases_its_parents_hold(server, client, key):
+    lock = client.lock(key, lease=0.6)
+    guard = lock.acquire()
+    renews, releases = server.commandstat("lock.renew"), server.commandstat("lock.release")
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_child_after_fork, args=(guard, lock, q))
+    child.start()
+    result = q.get(timeout=10)
+    child.join(10)
+    # In the child: lost (FORKED), its release sent nothing, and the copied handle is a new
+    # owner there: its acquire is refused (the parent holds the key), not a re-entry.
+    assert result == (LostReason.FORKED, True, "NotHeld LostReason.FORKED", True)
+    assert server.commandstat("lock.release") == releases
+    assert not guard.lost.is_set()
+    assert info(server, key)[b"owner"] == guard.owner
+    # Renewals over that second came from the parent's watchdog only (about 5 at 0.2 s).
+    assert 3 <= server.commandstat("lock.renew") - renews <= 8
+    guard.release()
+
+
+def test_os_fork_child_has_no_watchdog_and_its_copies_are_lost(server, client, key):
+    guard = client.lock(key, lease=0.6).acquire()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = guard.lost_reason is LostReason.FORKED and guard.lost.is_set()
+        try:
+            guard.release()
+            ok = False
+        except NotHeld:
+            pass
+        os.write(w, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"1"
+    os.waitpid(pid, 0)
+    os.close(r)
+    time.sleep(0.7)
+    assert not guard.lost.is_set()
+    assert guard.release() is Release.RELEASED
+
+
+def test_a_python_hold_blocks_raw_lock_acquire_and_redissons_script(server, client, key):
+    guard = client.lock(key).acquire()
+    raw = server.client()
+    assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) is None
+    assert raw.eval(REDISSON_LOCK, 1, key, 30000, "redisson-uuid:1") > 0  # busy: its pttl
+    guard.release()
+    assert raw.eval(REDISSON_LOCK, 1, key, 30000, "redisson-uuid:1") is None  # acquired
+
+
+def test_raw_and_redisson_holds_block_the_python_library(server, client, key):
+    raw = server.client()
+    assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
+    assert client.lock(key).try_acquire() is None
+    raw.execute_command("LOCK.RELEASE", key, "other")
+    assert raw.eval(REDISSON_LOCK, 1, key, 30000, "redisson-uuid:1") is None
+    assert client.lock(key).try_acquire() is None
+    assert client.lock(key, wait_timeout=0.2).try_acquire() is None
+    raw.delete(key)
+    guard = client.lock(key).try_acquire()
+    assert guard is not None
+    guard.release()
