@@ -162,22 +162,27 @@ impl Outcome {
         }
     }
 
-    fn count(mut self, counter: Counter) -> Outcome {
-        self.counters.push(counter);
-        self
+    fn counted(reply: Reply, counters: &[Counter]) -> Outcome {
+        let mut outcome = Outcome::reply(reply);
+        for &counter in counters {
+            outcome.counters.push(counter);
+        }
+        outcome
     }
 
-    /// A write that also removes the holds whose lease ended: they are counted, and the room
-    /// they left goes to the waiters.
-    fn writing(mut self, live: &Live, lock: Lock) -> Outcome {
-        self.ended = live.ended.len();
-        self.lost
-            .extend(live.ended.iter().map(|h| Lost::of(h, LostReason::Expired)));
-        if !live.ended.is_empty() && self.freed.is_none() {
-            self.freed = Some(left(&lock));
+    /// Writes `lock`, which also removes the holds whose lease ended: they are counted, their
+    /// holders told, and the room they left goes to the waiters. In place: an outcome is large,
+    /// and the hot path moves it as little as it can.
+    fn write(&mut self, live: &Live, lock: Lock) {
+        if !live.ended.is_empty() {
+            self.ended = live.ended.len();
+            self.lost
+                .extend(live.ended.iter().map(|h| Lost::of(h, LostReason::Expired)));
+            if self.freed.is_none() {
+                self.freed = Some(left(&lock));
+            }
         }
         self.write = Some(lock);
-        self
     }
 }
 
@@ -290,7 +295,8 @@ pub fn acquire(
             outcome.bind = Some((granted.kind, token));
         }
     }
-    Ok(outcome.writing(live, new))
+    outcome.write(live, new);
+    Ok(outcome)
 }
 
 /// Not granted now: nil, or wait when the caller asked to and may.
@@ -300,22 +306,26 @@ fn busy(
     facts: &mut impl Facts,
 ) -> Result<Outcome, LockError> {
     if request.wait == Wait::No || !facts.can_block() {
-        return Ok(Outcome::reply(Reply::Null)
-            .count(Counter::Contended)
-            .count(Counter::AcquireNil));
+        return Ok(Outcome::counted(
+            Reply::Null,
+            &[Counter::Contended, Counter::AcquireNil],
+        ));
     }
     if facts.is_replica() {
         // A writable replica would queue a waiter that nothing there can ever grant.
         return Err(LockError::WaitOnReplica);
     }
-    Ok(Outcome::reply(Reply::Wait(live.seen())).count(Counter::Contended))
+    Ok(Outcome::counted(
+        Reply::Wait(live.seen()),
+        &[Counter::Contended],
+    ))
 }
 
 /// `LOCK.RELEASE`: one re-entry of the owner's hold less (its exclusive hold first); replies
 /// with the owner's remaining re-entries on the key, nil when it holds nothing.
 pub fn release(live: &Live, owner: &[u8]) -> Result<Outcome, LockError> {
     let Some((new, remaining)) = hold::release(live.lock(), owner) else {
-        return Ok(Outcome::reply(Reply::Null).count(Counter::ReleaseNotOwner));
+        return Ok(Outcome::counted(Reply::Null, &[Counter::ReleaseNotOwner]));
     };
     // The owner's hold this release ended (counted down to zero), if any: one release changes
     // one hold, so only the owner's own holds (two at most) are looked for in `new`.
@@ -341,20 +351,25 @@ pub fn release(live: &Live, owner: &[u8]) -> Result<Outcome, LockError> {
             outcome.freed = Some(left(&new));
         }
     }
-    Ok(outcome.writing(live, new))
+    outcome.write(live, new);
+    Ok(outcome)
 }
 
 /// `LOCK.RENEW`: every hold of the owner gets the lease end `now + lease_ms`; 1, or 0 when the
 /// owner holds nothing.
 pub fn renew(live: &Live, owner: &[u8], lease_ms: u64, now: UnixMs) -> Result<Outcome, LockError> {
     let Some(new) = hold::renew(live.lock(), owner, lease_ms, now) else {
-        return Ok(Outcome::reply(Reply::Integer(0)).count(Counter::RenewNotOwner));
+        return Ok(Outcome::counted(
+            Reply::Integer(0),
+            &[Counter::RenewNotOwner],
+        ));
     };
-    let mut outcome = Outcome::reply(Reply::Integer(1)).count(Counter::Renewed);
+    let mut outcome = Outcome::counted(Reply::Integer(1), &[Counter::Renewed]);
     outcome.event = Some(LockEvent::Renewed);
     // A shorter lease must move the waiters' lease check earlier.
     outcome.lease_end = Some(new.next_lease_end());
-    Ok(outcome.writing(live, new))
+    outcome.write(live, new);
+    Ok(outcome)
 }
 
 /// `LOCK.FORCERELEASE`: the whole lock goes, whoever holds it (1), or 0 when there is none. Only
@@ -363,7 +378,7 @@ pub fn force_release(live: &Live) -> Outcome {
     let Some(stored) = &live.stored else {
         return Outcome::reply(Reply::Integer(0));
     };
-    let mut outcome = Outcome::reply(Reply::Integer(1)).count(Counter::ForceReleased);
+    let mut outcome = Outcome::counted(Reply::Integer(1), &[Counter::ForceReleased]);
     outcome.unbind = Unbind::All(stored.lock.holds.iter().filter_map(|h| h.token).collect());
     // Every holder is told: those whose lease had ended (nobody removed their hold yet) that it
     // ran out, the others that it was taken from them.

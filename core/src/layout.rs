@@ -43,14 +43,20 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
     if negative && digits == b"0" {
         return None;
     }
-    let mut value: i128 = 0;
+    // At most 20 digits (checked above): u64 with checked steps holds every i64 magnitude and
+    // notices any overflow.
+    let mut magnitude: u64 = 0;
     for d in digits {
-        value = value * 10 + i128::from(d - b'0');
+        magnitude = magnitude
+            .checked_mul(10)?
+            .checked_add(u64::from(d - b'0'))?;
     }
     if negative {
-        value = -value;
+        // i64::MIN's magnitude is one more than i64::MAX.
+        0i64.checked_sub_unsigned(magnitude)
+    } else {
+        i64::try_from(magnitude).ok()
     }
-    i64::try_from(value).ok()
 }
 
 /// Parses a stored positive count or token (as written by HINCRBY/HSET): `1 ..= i64::MAX`.
