@@ -66,9 +66,14 @@ pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
 /// broadcast to every node (clients `SSUBSCRIBE` on the key's node). Pub/sub delivers at most
 /// once: a client library still renews and treats a refused renewal as the loss.
 ///
-/// Only the rare paths call this (a force release, a lease end, a closed connection, a key
+/// Not on a replica or while the server loads its data. Only the rare paths call this (a force release, a lease end, a closed connection, a key
 /// removed or replaced from outside): a release by the owner publishes nothing here.
 pub fn publish_lost(ctx: Ctx, name: &[u8], lost: &Lost) {
+    // A replica applies its master's effects (the master told the holders already), and a
+    // server loading its data replays history: neither tells anyone anything.
+    if ffi::is_replica(ctx) || ffi::is_loading(ctx) {
+        return;
+    }
     let mut channel = Vec::new();
     let publish = config::LOST_CHANNEL_PREFIX
         .with_text(|prefix| write_unlock_channel(prefix.as_bytes(), name, &mut channel));

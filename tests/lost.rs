@@ -283,3 +283,50 @@ fn an_empty_prefix_turns_the_signal_off() {
         format!("forcereleased {t} holder")
     );
 }
+
+#[test]
+fn a_replica_tells_nobody() {
+    // The master tells the holders; its replica applies the same effects (a DEL, an expiry)
+    // and must not tell them again, or wrongly (an owner's own release is a DEL there).
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let mut con = master.connect();
+    let mut on_replica = replica.connect();
+    let received = listen(&replica, &channel_of("k"));
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    assert_eq!(release(&mut con, "k", "holder"), Some(0));
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let _: i64 = redis::cmd("DEL").arg("k").query(&mut con).unwrap();
+    assert_eq!(wait_replicas(&mut con, 1, 5_000), 1);
+    nothing_before_marker(&mut on_replica, &received, "k");
+}
+
+#[test]
+fn reloading_the_data_tells_nobody() {
+    // DEBUG RELOAD replays what happened before: nobody lost anything now.
+    let server = Server::start_with(&["--appendonly", "yes", "--enable-debug-command", "yes"]);
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    for _ in 0..3 {
+        acquire(&mut con, "k", "holder", 60_000).unwrap();
+        let _: i64 = redis::cmd("DEL").arg("k").query(&mut con).unwrap();
+    }
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    // What the DELs sent (on servers with the key event), before the reload.
+    if reports_key_events() {
+        for _ in 0..3 {
+            assert!(next(&received, "a DEL").starts_with("deleted "));
+        }
+    }
+    let _: () = redis::cmd("DEBUG").arg("LOADAOF").query(&mut con).unwrap();
+    nothing_before_marker(&mut con, &received, "k");
+    assert!(
+        lock_info(&mut con, "k").is_some(),
+        "the hold survived the reload"
+    );
+}

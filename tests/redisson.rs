@@ -101,3 +101,46 @@ fn redisson_subscribers_are_woken_by_a_lock_release() {
     // Now the Redisson client retries its script and wins.
     assert_eq!(redisson_lock(&mut con, "k", "uuid-1:7", 30_000), None);
 }
+
+/// Review finding (F1): taking SHARED on one's own exclusive hold that Redisson's script took
+/// (no fencing token) or that was PERSISTed (no lease) wrote an exclusive hold with token or
+/// lease `0` into the multi-hold layout, which nothing could read back: every LOCK.* then
+/// answered "not a lock" and only DEL cleared the key. Now the downgrade is refused, the key is
+/// left as it was, and a re-entry (which gives the hold a token and a lease) makes it possible.
+#[test]
+fn a_downgrade_of_a_hold_without_token_or_lease_is_refused_and_leaves_the_lock_usable() {
+    let server = Server::start();
+    let mut con = server.connect();
+    const REFUSED: &str = "ERR the owner's exclusive hold has no fencing token or no lease (taken outside the module); re-enter it with LOCK.ACQUIRE before taking it SHARED";
+    // Redisson's script took it: no token.
+    assert_eq!(redisson_lock(&mut con, "m", "uuid:3", 30_000), None);
+    let before: Vec<String> = redis::cmd("HGETALL").arg("m").query(&mut con).unwrap();
+    assert_eq!(
+        error_of(
+            &mut con,
+            &[b"LOCK.ACQUIRE", b"m", b"uuid:3", b"5000", b"SHARED"]
+        ),
+        REFUSED
+    );
+    let after: Vec<String> = redis::cmd("HGETALL").arg("m").query(&mut con).unwrap();
+    assert_eq!(after, before, "the key is unchanged");
+    assert!(lock_info(&mut con, "m").is_some());
+    // Re-entered through the module it has a token and a lease: now the downgrade works.
+    acquire(&mut con, "m", "uuid:3", 30_000).unwrap();
+    acquire_with(&mut con, "m", "uuid:3", 5_000, &["SHARED"])
+        .unwrap()
+        .unwrap();
+    assert!(lock_info(&mut con, "m").is_some());
+    assert_eq!(release(&mut con, "m", "uuid:3"), Some(2));
+
+    // A module hold PERSISTed: no lease.
+    acquire(&mut con, "p", "o", 30_000).unwrap();
+    let _: i64 = redis::cmd("PERSIST").arg("p").query(&mut con).unwrap();
+    assert_eq!(
+        error_of(&mut con, &[b"LOCK.ACQUIRE", b"p", b"o", b"5000", b"SHARED"]),
+        REFUSED
+    );
+    assert_eq!(release(&mut con, "p", "o"), Some(0));
+    let exists: i64 = redis::cmd("EXISTS").arg("p").query(&mut con).unwrap();
+    assert_eq!(exists, 0);
+}

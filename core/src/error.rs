@@ -49,6 +49,10 @@ pub enum LockError {
     IsReadWrite,
     /// A shared holder asked for the exclusive hold: waiting would deadlock against itself.
     UpgradeRefused,
+    /// The exclusive holder asked for `SHARED` while its exclusive hold has no fencing token or
+    /// no lease (taken by Redisson's own script, or `PERSIST`ed): the multi-hold layout stores
+    /// both for every hold, so the downgrade would write a hold nothing could read back.
+    DowngradeNeedsLease,
     /// A shared key has the most holders a lock may have.
     TooManyHolders { max: u64 },
     /// `EPHEMERAL` inside a script or function: it has no connection to bind the hold to.
@@ -117,6 +121,9 @@ impl LockError {
             LockError::IsReadWrite => {
                 "ERR the key is a read-write lock; acquire it without LIMIT".into()
             }
+            LockError::DowngradeNeedsLease => {
+                "ERR the owner's exclusive hold has no fencing token or no lease (taken outside the module); re-enter it with LOCK.ACQUIRE before taking it SHARED".into()
+            }
             LockError::UpgradeRefused => {
                 "ERR the owner holds this key SHARED; release it before asking for it exclusively (no upgrade)".into()
             }
@@ -172,6 +179,7 @@ mod tests {
             LockError::IsSemaphore { limit: 3 },
             LockError::IsReadWrite,
             LockError::UpgradeRefused,
+            LockError::DowngradeNeedsLease,
             LockError::TooManyHolders { max: 3 },
             LockError::EphemeralInScript,
             LockError::HoldIsEphemeral,

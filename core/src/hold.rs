@@ -673,7 +673,12 @@ pub fn decide_on(
             new(How::New)
         }
         HoldKind::Shared => {
-            if standing.own(HoldKind::Exclusive).is_some() {
+            if let Some(exclusive) = standing.own(HoldKind::Exclusive) {
+                // The exclusive hold moves into the multi-hold layout, which stores a lease and
+                // a token for every hold.
+                if exclusive.token.is_none() || exclusive.expires_at.is_none() {
+                    return Err(LockError::DowngradeNeedsLease);
+                }
                 // Holding it exclusively already excludes everyone else: nobody to wait for.
                 return new(How::Downgraded);
             }

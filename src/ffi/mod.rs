@@ -502,6 +502,12 @@ pub fn is_replica(ctx: Ctx) -> bool {
     context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0
 }
 
+/// Whether the server is loading its data (startup, `DEBUG RELOAD`, `DEBUG LOADAOF`): what it
+/// replays happened before.
+pub fn is_loading(ctx: Ctx) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_LOADING != 0
+}
+
 pub fn is_cluster(ctx: Ctx) -> bool {
     context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0
 }

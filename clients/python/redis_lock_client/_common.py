@@ -46,7 +46,7 @@ class LostReason(enum.Enum):
     EXPIRED = "expired"
     #: Signal ``deleted``: DEL, UNLINK, RENAME or MOVE took the key away (Redis >= 7.2, Valkey).
     DELETED = "deleted"
-    #: Signal ``overwritten``: SET, RESTORE ... REPLACE or a RENAME onto it replaced the key.
+    #: Signal ``overwritten``: a command (SET) replaced the value in place.
     OVERWRITTEN = "overwritten"
     #: Signal ``evicted``: maxmemory evicted the key.
     EVICTED = "evicted"

@@ -27,12 +27,12 @@ pub enum LostReason {
     ConnectionClosed,
     /// Signal `forcereleased`: `LOCK.FORCERELEASE` removed the hold.
     ForceReleased,
-    /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, or `RENAME`/`MOVE` taking
-    /// it away). Sent by Redis >= 7.2 and Valkey only; `FLUSHDB`/`FLUSHALL` and `SWAPDB` send
+    /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, `RENAME`/`MOVE` taking it
+    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there). Sent by Redis >= 7.2 and Valkey only; `FLUSHDB`/`FLUSHALL` and `SWAPDB` send
     /// nothing (the watchdog reports those as [`LostReason::HoldGone`]).
     Deleted,
-    /// Signal `overwritten`: the key was overwritten (`SET`, `RESTORE ... REPLACE`, a `RENAME`
-    /// onto it). Redis >= 7.2 and Valkey only.
+    /// Signal `overwritten`: a command replaced the value in place (`SET`). Redis >= 7.2 and
+    /// Valkey only.
     Overwritten,
     /// Signal `evicted`: the server evicted the key under `maxmemory`.
     Evicted,

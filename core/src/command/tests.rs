@@ -499,3 +499,44 @@ fn force_release_removes_every_hold_and_forgets_every_binding() {
     assert_eq!(force_release(&missing()).reply, Reply::Integer(0));
     assert_eq!(force_release(&missing()).write, None);
 }
+
+#[test]
+fn a_downgrade_of_a_hold_without_token_or_lease_is_refused_and_writes_nothing() {
+    // Taken by Redisson's own script (no token), or PERSISTed (no lease): the multi-hold layout
+    // stores both for every hold, so the downgrade would write a key nothing reads back.
+    let no_token = rlock("me", 1, NOW + 10_000, None);
+    let mut no_lease = rlock("me", 1, NOW + 10_000, Some(9));
+    if let Some(stored) = no_lease.stored.as_mut() {
+        stored.expires_at = None;
+        if let Some(hold) = stored.lock.holds.first_mut() {
+            hold.expires_at = None;
+        }
+    }
+    for live in [no_token, no_lease] {
+        let mut server = Server::default();
+        assert_eq!(
+            acquire(
+                &live,
+                &request("me", Mode::Shared),
+                Queue::Empty,
+                NOW,
+                &mut server
+            ),
+            Err(LockError::DowngradeNeedsLease),
+            "{live:?}"
+        );
+        assert_eq!(server.tokens_taken, 0);
+    }
+    // With both, the exclusive holder takes it SHARED too.
+    let mut server = Server::default();
+    let outcome = acquire(
+        &rlock("me", 1, NOW + 10_000, Some(9)),
+        &request("me", Mode::Shared),
+        Queue::Empty,
+        NOW,
+        &mut server,
+    )
+    .unwrap();
+    assert_eq!(outcome.write.as_ref().map(|l| l.holds.len()), Some(2));
+    assert!(counters(&outcome).contains(&Counter::Downgraded));
+}
