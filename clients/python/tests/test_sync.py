@@ -65,7 +65,8 @@ def test_acquire_raises_lock_timeout_when_the_wait_passes(client, key):
     start = time.monotonic()
     with pytest.raises(LockTimeout):
         client.lock(key, wait_timeout=0.3).acquire()
-    assert 0.3 <= time.monotonic() - start < 2
+    # The server counts the wait on its millisecond clock: up to 1 ms early on ours.
+    assert 0.298 <= time.monotonic() - start < 2
     held.release()
 
 
