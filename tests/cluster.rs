@@ -326,11 +326,7 @@ fn unlock_messages_reach_sharded_subscribers_on_the_keys_node() {
 
         // A force-release.
         acquire(&mut direct, key, "a", 60_000).unwrap();
-        let removed: i64 = redis::cmd("LOCK.FORCERELEASE")
-            .arg(key)
-            .query(&mut direct)
-            .unwrap();
-        assert_eq!(removed, 1);
+        assert_eq!(force_release(&mut direct, key), 1);
         assert_eq!(
             sharded.message(SOON).as_deref(),
             Some("0"),
@@ -442,11 +438,7 @@ fn lost_hold_messages_go_to_the_keys_shard_only() {
             .unwrap();
 
         let token = acquire(&mut direct, key, "holder 1", 60_000).unwrap();
-        let removed: i64 = redis::cmd("LOCK.FORCERELEASE")
-            .arg(key)
-            .query(&mut direct)
-            .unwrap();
-        assert_eq!(removed, 1);
+        assert_eq!(force_release(&mut direct, key), 1);
         assert_eq!(
             sharded.message(SOON),
             Some(format!("forcereleased {token} holder 1")),

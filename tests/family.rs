@@ -75,13 +75,6 @@ fn renew(con: &mut Connection, key: &str, owner: &str, lease_ms: u64) -> i64 {
         .expect("LOCK.RENEW")
 }
 
-fn force_release(con: &mut Connection, key: &str) -> i64 {
-    redis::cmd("LOCK.FORCERELEASE")
-        .arg(key)
-        .query(con)
-        .expect("LOCK.FORCERELEASE")
-}
-
 /// One entry of LOCK.INFO's `holders` (RESP2).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Holder {

@@ -73,10 +73,7 @@ fn a_forced_release_tells_every_holder_with_its_token() {
     let b = acquire_with(&mut con, "k", "reader-b", 60_000, &["SHARED"])
         .unwrap()
         .unwrap();
-    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
-        .arg("k")
-        .query(&mut con)
-        .unwrap();
+    force_release(&mut con, "k");
     let mut told = vec![next(&received, "a"), next(&received, "b")];
     told.sort();
     // The owner is the rest of the message, spaces and all.
@@ -89,10 +86,7 @@ fn a_forced_release_tells_every_holder_with_its_token() {
     );
     // An exclusive key: one holder, one message.
     let t = acquire(&mut con, "k", "writer", 60_000).unwrap();
-    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
-        .arg("k")
-        .query(&mut con)
-        .unwrap();
+    force_release(&mut con, "k");
     assert_eq!(
         next(&received, "writer"),
         format!("forcereleased {t} writer")
@@ -258,10 +252,7 @@ fn an_empty_prefix_turns_the_signal_off() {
         .query(&mut con)
         .unwrap();
     acquire(&mut con, "k", "holder", 60_000).unwrap();
-    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
-        .arg("k")
-        .query(&mut con)
-        .unwrap();
+    force_release(&mut con, "k");
     acquire(&mut con, "k", "holder", 60_000).unwrap();
     let _: i64 = redis::cmd("DEL").arg("k").query(&mut con).unwrap();
     nothing_before_marker(&mut con, &received, "k");
@@ -274,10 +265,7 @@ fn an_empty_prefix_turns_the_signal_off() {
         .unwrap();
     let tagged = listen(&server, "app.lost:{user}:lock");
     let t = acquire(&mut con, "{user}:lock", "holder", 60_000).unwrap();
-    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
-        .arg("{user}:lock")
-        .query(&mut con)
-        .unwrap();
+    force_release(&mut con, "{user}:lock");
     assert_eq!(
         next(&tagged, "the tagged key"),
         format!("forcereleased {t} holder")
@@ -296,10 +284,7 @@ fn a_replica_tells_nobody() {
     acquire(&mut con, "k", "holder", 60_000).unwrap();
     assert_eq!(release(&mut con, "k", "holder"), Some(0));
     acquire(&mut con, "k", "holder", 60_000).unwrap();
-    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
-        .arg("k")
-        .query(&mut con)
-        .unwrap();
+    force_release(&mut con, "k");
     acquire(&mut con, "k", "holder", 60_000).unwrap();
     let _: i64 = redis::cmd("DEL").arg("k").query(&mut con).unwrap();
     assert_eq!(wait_replicas(&mut con, 1, 5_000), 1);

@@ -37,6 +37,14 @@ pub fn redisson_lock(con: &mut Connection, key: &str, owner: &str, lease: u64) -
         .unwrap()
 }
 
+/// `LOCK.FORCERELEASE key` → 1 when a lock was removed, 0 when there was none.
+pub fn force_release(con: &mut Connection, key: &str) -> i64 {
+    redis::cmd("LOCK.FORCERELEASE")
+        .arg(key)
+        .query(con)
+        .expect("LOCK.FORCERELEASE")
+}
+
 /// `LOCK.ACQUIRE key owner lease` → Some(token) or None.
 pub fn acquire(con: &mut Connection, key: &str, owner: &str, lease_ms: u64) -> Option<i64> {
     acquire_with(con, key, owner, lease_ms, &[]).expect("LOCK.ACQUIRE")
