@@ -23,8 +23,14 @@ thread_local! {
 #[derive(Default)]
 struct Names {
     fence_field: Option<OwnedString>,
+    /// `1` to `SMALL_COUNTS`, the re-entry counts nearly every write stores: made once, so a
+    /// grant creates no string for its count.
+    small_counts: Vec<OwnedString>,
     counters: Vec<SlotCounter>,
 }
+
+/// How many small counts are kept as ready-made strings (see `Names::small_counts`).
+const SMALL_COUNTS: u64 = 8;
 
 #[derive(Default)]
 struct SlotCounter {
@@ -32,13 +38,32 @@ struct SlotCounter {
     memory: SlotMemory,
 }
 
-fn with_fence_field<R>(f: impl FnOnce(RawString) -> R) -> R {
+/// The fence field's name, made once. Like every kept string here it is freed only at module
+/// unload (`release_cached_names`), which runs beside no command: the pointer outlives the
+/// command that asks for it.
+fn fence_field() -> RawString {
+    NAMES.with(|names| {
+        names
+            .borrow_mut()
+            .fence_field
+            .get_or_insert_with(|| OwnedString::new(FENCE_FIELD))
+            .as_ptr()
+    })
+}
+
+/// The kept Redis string of `count` for the small counts nearly every hold has (see
+/// [`fence_field`] for how long it lives); None for a larger count.
+fn small_count(count: u64) -> Option<RawString> {
+    if !(1..=SMALL_COUNTS).contains(&count) {
+        return None;
+    }
     NAMES.with(|names| {
         let mut names = names.borrow_mut();
-        let field = names
-            .fence_field
-            .get_or_insert_with(|| OwnedString::new(FENCE_FIELD));
-        f(field.as_ptr())
+        if names.small_counts.is_empty() {
+            names.small_counts = (1..=SMALL_COUNTS).map(OwnedString::from_u64).collect();
+        }
+        let index = usize::try_from(count - 1).ok()?;
+        names.small_counts.get(index).map(OwnedString::as_ptr)
     })
 }
 
@@ -141,7 +166,7 @@ fn read_own_rlock(
     fields: usize,
     expires_at: Option<u64>,
 ) -> Result<Option<Lock>, LockError> {
-    let (count, fence) = with_fence_field(|fence_field| key.hash_get2(owner, fence_field));
+    let (count, fence) = key.hash_get2(owner, fence_field());
     let Some(count) = count else {
         return Ok(None);
     };
@@ -269,9 +294,12 @@ fn write_rlock(
         ),
     };
     let lease_end = if lease_moved { hold.expires_at } else { None };
-    let count = OwnedString::from_i64(stored_integer(hold.count)?);
+    stored_integer(hold.count)?;
     let token = match hold.token.filter(|_| token_changed) {
-        Some(token) => Some(OwnedString::from_i64(stored_integer(token)?)),
+        Some(token) => {
+            stored_integer(token)?;
+            Some(OwnedString::from_u64(token))
+        }
         None => None,
     };
     lease_end.map(stored_integer).transpose()?;
@@ -283,23 +311,26 @@ fn write_rlock(
             owned_owner.as_ptr()
         }
     };
-    with_fence_field(|fence_field| {
-        let token = token.as_ref();
-        if count_changed {
-            key.hash_set_hold(owner, &count, token.map(|t| (fence_field, t)));
-            match token {
-                Some(t) => replicate::strings(
-                    ctx,
-                    c"HSET",
-                    &[key_name, owner, count.as_ptr(), fence_field, t.as_ptr()],
-                ),
-                None => replicate::strings(ctx, c"HSET", &[key_name, owner, count.as_ptr()]),
+    let fence_field = fence_field();
+    let token = token.as_ref().map(OwnedString::as_ptr);
+    if count_changed {
+        let made;
+        let count = match small_count(hold.count) {
+            Some(kept) => kept,
+            None => {
+                made = OwnedString::from_u64(hold.count);
+                made.as_ptr()
             }
-        } else if let Some(t) = token {
-            key.hash_set(fence_field, t.as_ptr());
-            replicate::strings(ctx, c"HSET", &[key_name, fence_field, t.as_ptr()]);
+        };
+        key.hash_set_hold(owner, count, token.map(|t| (fence_field, t)));
+        match token {
+            Some(t) => replicate::strings(ctx, c"HSET", &[key_name, owner, count, fence_field, t]),
+            None => replicate::strings(ctx, c"HSET", &[key_name, owner, count]),
         }
-    });
+    } else if let Some(t) = token {
+        key.hash_set(fence_field, t);
+        replicate::strings(ctx, c"HSET", &[key_name, fence_field, t]);
+    }
     match lease_end {
         Some(at) => set_lease_end(ctx, key, key_name, at),
         None => Ok(()),
@@ -326,8 +357,8 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
         };
         let grant = memory.next_token(db, stored, now)?;
         if let Some(bound) = grant.store_bound {
-            let mut digits = itoa_buffer();
-            let text = format_u64(bound, &mut digits);
+            let mut digits = [0u8; 20];
+            let text = crate::ffi::format_u64(bound, &mut digits);
             // A counter key overwritten with another type by a client is left alone (tokens
             // then come from the clock floor): replicate only what was written.
             if counter.string_write(text) {
@@ -352,9 +383,8 @@ pub fn set_lease_end(
     key_name: RawString,
     expires_at: u64,
 ) -> Result<(), LockError> {
-    let at = stored_integer(expires_at)?;
-    key.set_expires_at(at);
-    let at = OwnedString::from_i64(at);
+    key.set_expires_at(stored_integer(expires_at)?);
+    let at = OwnedString::from_u64(expires_at);
     replicate::strings(ctx, c"PEXPIREAT", &[key_name, at.as_ptr()]);
     Ok(())
 }
@@ -376,24 +406,4 @@ thread_local! {
 /// Whether the module is deleting a lock key right now (see [`delete`]).
 pub fn deleting() -> bool {
     DELETING.with(std::cell::Cell::get)
-}
-
-fn itoa_buffer() -> [u8; 20] {
-    [0; 20]
-}
-
-/// Formats `value` in decimal into `buf`, returning the digits (no allocation).
-fn format_u64(mut value: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        if let Some(slot) = buf.get_mut(at) {
-            *slot = b'0' + (value % 10) as u8;
-        }
-        value /= 10;
-        if value == 0 || at == 0 {
-            break;
-        }
-    }
-    buf.get(at..).unwrap_or_default()
 }
