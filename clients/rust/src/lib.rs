@@ -85,11 +85,12 @@ mod guard;
 mod hold;
 mod lock;
 mod lost;
+mod servers;
 mod signal;
 
 pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
 pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
-pub use lost::LostReason;
+pub use lost::{LostReason, LostWatch};
 pub use signal::{lost_signal_channel, LostSignal};
