@@ -79,6 +79,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod blocking;
 mod client;
 mod error;
 mod guard;
