@@ -108,9 +108,9 @@ pub fn publish_flushed(ctx: Ctx, db: Option<i32>) {
     if ffi::is_replica(ctx) || ffi::is_loading(ctx) {
         return;
     }
-    let Some(channel) = config::LOST_CHANNEL_PREFIX.with_text(|prefix| {
-        (!prefix.is_empty()).then(|| format!("{prefix}:flush").into_bytes())
-    }) else {
+    let Some(channel) = config::LOST_CHANNEL_PREFIX
+        .with_text(|prefix| (!prefix.is_empty()).then(|| format!("{prefix}:flush").into_bytes()))
+    else {
         return;
     };
     let message = match db {

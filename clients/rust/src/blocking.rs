@@ -66,7 +66,9 @@ impl Engine {
         }
         match &self.runtime {
             Some(runtime) => Ok(runtime.block_on(future)),
-            None => Err(LockError::InvalidArgument("the client's runtime has shut down")),
+            None => Err(LockError::InvalidArgument(
+                "the client's runtime has shut down",
+            )),
         }
     }
 }

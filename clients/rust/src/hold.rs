@@ -18,6 +18,8 @@ use crate::signal::SignalHub;
 /// `LOCK.INFO`): a multiplexed connection to the one server, replaced by a new one after it
 /// breaks, or the cluster connection, which routes by key, follows `MOVED`/`ASK` and reconnects
 /// by itself.
+// One per client, made once and never moved: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Commands {
     Single {
         client: redis::Client,

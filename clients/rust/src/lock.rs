@@ -413,7 +413,10 @@ impl Lock {
             HoldConn::Shared(_) => None,
         });
         match existing {
-            Some(mut conn) => (within(limit, cmd.query_async::<Value>(&mut conn)).await, None),
+            Some(mut conn) => (
+                within(limit, cmd.query_async::<Value>(&mut conn)).await,
+                None,
+            ),
             None => self.send_on_own_connection(&cmd, Pushes::Yes, limit).await,
         }
     }
@@ -453,12 +456,12 @@ impl Lock {
             }
             let reply = match limit {
                 None => cmd.query_async::<Value>(&mut own.conn).await,
-                Some(limit) => match tokio::time::timeout(limit, cmd.query_async(&mut own.conn))
-                    .await
-                {
-                    Ok(r) => r,
-                    Err(_) => return (Err(timed_out()), None),
-                },
+                Some(limit) => {
+                    match tokio::time::timeout(limit, cmd.query_async(&mut own.conn)).await {
+                        Ok(r) => r,
+                        Err(_) => return (Err(timed_out()), None),
+                    }
+                }
             };
             match &reply {
                 Err(e) if redirects < REDIRECTS => {

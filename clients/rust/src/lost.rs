@@ -28,8 +28,9 @@ pub enum LostReason {
     /// Signal `forcereleased`: `LOCK.FORCERELEASE` removed the hold.
     ForceReleased,
     /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, `RENAME`/`MOVE` taking it
-    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there). Sent by Redis >= 7.2 and Valkey only; `FLUSHDB`/`FLUSHALL` and `SWAPDB` send
-    /// nothing (the watchdog reports those as [`LostReason::HoldGone`]).
+    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there). Sent by Redis >= 7.2 and Valkey only.
+    /// A flush is [`LostReason::Flushed`]; `SWAPDB` sends nothing (the watchdog reports it as
+    /// [`LostReason::HoldGone`]).
     Deleted,
     /// Signal `overwritten`: a command replaced the value in place (`SET`). Redis >= 7.2 and
     /// Valkey only.
@@ -181,19 +182,17 @@ impl HoldStatus {
     }
 }
 
-fn wait_lost(mut rx: watch::Receiver<Status>) -> impl Future<Output = LostReason> + Send + 'static {
-    async move {
-        loop {
-            let now = *rx.borrow_and_update();
-            match now {
-                Status::Lost(r) => return r,
-                Status::Released => std::future::pending::<()>().await,
-                Status::Active => {}
-            }
-            if rx.changed().await.is_err() {
-                // Every guard and task of the hold is gone: nothing can report a loss.
-                std::future::pending::<()>().await;
-            }
+async fn wait_lost(mut rx: watch::Receiver<Status>) -> LostReason {
+    loop {
+        let now = *rx.borrow_and_update();
+        match now {
+            Status::Lost(r) => return r,
+            Status::Released => std::future::pending::<()>().await,
+            Status::Active => {}
+        }
+        if rx.changed().await.is_err() {
+            // Every guard and task of the hold is gone: nothing can report a loss.
+            std::future::pending::<()>().await;
         }
     }
 }

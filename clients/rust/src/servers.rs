@@ -96,7 +96,10 @@ fn seed_host(info: &ConnectionInfo) -> Option<String> {
 fn node_with(info: &ConnectionInfo, host: String, port: u16) -> Result<Node, LockError> {
     let mut addr = info.addr().clone();
     match &mut addr {
-        ConnectionAddr::Tcp(h, p) | ConnectionAddr::TcpTls { host: h, port: p, .. } => {
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => {
             *h = host;
             *p = port;
         }
@@ -107,8 +110,14 @@ fn node_with(info: &ConnectionInfo, host: String, port: u16) -> Result<Node, Loc
         }
     }
     let info = info.clone().set_addr(addr);
-    let resp2 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP2);
-    let resp3 = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+    let resp2 = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP2);
+    let resp3 = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
     Ok(Node {
         client: redis::Client::open(info.clone().set_redis_settings(resp2))
             .map_err(LockError::Connection)?,
@@ -206,7 +215,11 @@ mod tests {
             ])
         };
         let slots = Value::Array(vec![
-            Value::Array(vec![Value::Int(0), Value::Int(5460), node("10.0.0.1", 7000)]),
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7000),
+            ]),
             Value::Array(vec![
                 Value::Int(5461),
                 Value::Int(16383),

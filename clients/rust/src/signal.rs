@@ -328,7 +328,11 @@ fn flushed_db(payload: &[u8]) -> Option<FlushedDb> {
     if rest == b"all" {
         return Some(FlushedDb::All);
     }
-    std::str::from_utf8(rest).ok()?.parse().ok().map(FlushedDb::One)
+    std::str::from_utf8(rest)
+        .ok()?
+        .parse()
+        .ok()
+        .map(FlushedDb::One)
 }
 
 /// After a flush of its database: one `LOCK.INFO` tells whether the hold is still there. A
@@ -456,7 +460,10 @@ mod tests {
         )]);
         for reply in [&resp2, &resp3] {
             assert!(info_has_hold(reply, b"me", 7));
-            assert!(!info_has_hold(reply, b"me", 8), "a later hold of the same owner");
+            assert!(
+                !info_has_hold(reply, b"me", 8),
+                "a later hold of the same owner"
+            );
             assert!(!info_has_hold(reply, b"you", 7));
         }
         assert!(!info_has_hold(&Value::Nil, b"me", 7));

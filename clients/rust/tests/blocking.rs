@@ -91,7 +91,11 @@ fn the_watchdog_renews_while_the_calling_thread_is_busy() {
     drop(guard);
     let after = calls(&mut raw, "lock.renew");
     thread::sleep(Duration::from_millis(400));
-    assert_eq!(calls(&mut raw, "lock.renew"), after, "no renewal after the drop");
+    assert_eq!(
+        calls(&mut raw, "lock.renew"),
+        after,
+        "no renewal after the drop"
+    );
 }
 
 #[test]

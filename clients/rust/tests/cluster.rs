@@ -30,7 +30,11 @@ fn slot(key: &str) -> u16 {
         .unwrap()
         .get_connection()
         .unwrap();
-    let n: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut con).unwrap();
+    let n: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(&mut con)
+        .unwrap();
     u16::try_from(n).unwrap()
 }
 
@@ -47,7 +51,11 @@ async fn raw(cluster: &Cluster) -> ClusterConnection {
 }
 
 async fn info(con: &mut ClusterConnection, key: &str) -> Value {
-    redis::cmd("LOCK.INFO").arg(key).query_async(con).await.unwrap()
+    redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(con)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,7 +182,10 @@ async fn an_acquire_on_its_own_connection_follows_ask_while_the_slot_migrates() 
         .get_connection()
         .unwrap();
     let _: () = redis::cmd("ASKING").query(&mut on_target).unwrap();
-    let there: Value = redis::cmd("LOCK.INFO").arg(key).query(&mut on_target).unwrap();
+    let there: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query(&mut on_target)
+        .unwrap();
     assert_ne!(there, Value::Nil, "the hold is on the importing node");
     assert!(guard.token() > 0);
 }

@@ -739,7 +739,10 @@ async fn run_drops_the_work_when_the_hold_is_lost() {
         ),
         "{result:?}"
     );
-    assert!(dropped.load(Ordering::SeqCst), "the work's future was dropped");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the work's future was dropped"
+    );
     assert!(!finished.load(Ordering::SeqCst));
     assert!(started.elapsed() < Duration::from_secs(2));
 }
