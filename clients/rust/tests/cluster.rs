@@ -3,8 +3,6 @@
 //! `EPHEMERAL` hold on connections of their own to the key's node, `ASK` followed while a slot
 //! migrates, and the lost-hold signal heard with `SSUBSCRIBE` on the key's node.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use lock_testkit::Cluster;

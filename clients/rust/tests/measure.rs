@@ -116,7 +116,7 @@ async fn lost_signal_latency_forcerelease() {
     signal_latency(
         "FORCERELEASE",
         &["LOCK.FORCERELEASE", "k"],
-        LostReason::ForceReleased,
+        &[LostReason::ForceReleased],
         false,
     )
     .await;
