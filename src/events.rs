@@ -1,7 +1,7 @@
 //! Changes made outside the module (DEL, UNLINK, expiry, eviction, RENAME, MOVE, FLUSHDB/FLUSHALL,
 //! SWAPDB, Redisson's unlock script) must hand a lock to its waiters, and bound holds must follow
-//! their keys, and holders whose key is removed or replaced from outside must be told they lost
-//! it. Keyspace and server events tell us (`ffi::events` carries them here); nothing is written
+//! their keys, and holders whose key is removed or replaced from outside (or whose database is
+//! flushed) must be told they lost it. Keyspace and server events tell us (`ffi::events` carries them here); nothing is written
 //! inside them: changes are noted and the runtime processes them from a 0 ms timer (a lost-hold
 //! message is published at once: it writes no key).
 
@@ -96,7 +96,9 @@ impl ServerEvents for LockEvents {
         runtime::forget_bindings(ctx);
     }
 
+    /// The flush names no keys: the holders hear one message per flush and check their holds.
     fn flushed(ctx: Ctx, db: Option<i32>) {
+        notify::publish_flushed(ctx, db);
         runtime::flushed(ctx, db);
         runtime::notice(ctx, db.map_or(Change::All, Change::Db));
     }

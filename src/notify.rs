@@ -95,6 +95,33 @@ pub fn publish_lost(ctx: Ctx, name: &[u8], lost: &Lost) {
     }
 }
 
+/// Tells every holder in a flushed database that its holds may be gone: one message
+/// `flushed <db>` (`flushed all` for `FLUSHALL`) on `<lock.lost-channel-prefix>:flush`. A flush
+/// names no keys, and walking the keyspace for locks would stall the server, so the message names
+/// none either: a library that hears it checks each of its holds in that database with one read
+/// (`LOCK.INFO`). The channel has no `{`, and a key's channel always has one, so no key's channel
+/// can be this one. `PUBLISH` in cluster mode too (a broadcast to every node): a flush is rare,
+/// it flushes one node, and any node's subscribers hear it wherever they subscribed.
+///
+/// Not on a replica (its master told the holders) or while the server loads its data.
+pub fn publish_flushed(ctx: Ctx, db: Option<i32>) {
+    if ffi::is_replica(ctx) || ffi::is_loading(ctx) {
+        return;
+    }
+    let Some(channel) = config::LOST_CHANNEL_PREFIX
+        .with_text(|prefix| (!prefix.is_empty()).then(|| format!("{prefix}:flush").into_bytes()))
+    else {
+        return;
+    };
+    let message = match db {
+        Some(db) => format!("flushed {db}"),
+        None => "flushed all".to_string(),
+    };
+    let channel = OwnedString::new(&channel);
+    let message = OwnedString::new(message.as_bytes());
+    ffi::publish(ctx, channel.as_ptr(), message.as_ptr());
+}
+
 /// Whether lost-hold messages are sent (`lock.lost-channel-prefix` is not empty).
 pub fn lost_enabled() -> bool {
     config::LOST_CHANNEL_PREFIX.with_text(|prefix| !prefix.is_empty())

@@ -315,3 +315,95 @@ fn reloading_the_data_tells_nobody() {
         "the hold survived the reload"
     );
 }
+
+/// A marker published on the flush channel now is its next message: nothing came before it.
+fn nothing_on_flush_channel_before_marker(con: &mut Connection, received: &mpsc::Receiver<String>) {
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("lock.lost:flush")
+        .arg("marker")
+        .query(con)
+        .unwrap();
+    assert_eq!(next(received, "the marker"), "marker");
+}
+
+#[test]
+fn a_flush_tells_every_holder_once_on_the_flush_channel() {
+    // A flush names no keys: one message per flush, `flushed <db>` or `flushed all`, on
+    // `<prefix>:flush`, on every server (the flush event is older than Redis 7.0).
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, "lock.lost:flush");
+    let on_key = listen(&server, &channel_of("k"));
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    acquire(&mut con, "other", "holder", 60_000).unwrap();
+    let _: () = redis::cmd("FLUSHDB").query(&mut con).unwrap();
+    assert_eq!(next(&received, "FLUSHDB"), "flushed 0");
+    assert_eq!(lock_info(&mut con, "k"), None);
+    let _: () = redis::cmd("SELECT").arg(3).query(&mut con).unwrap();
+    let _: () = redis::cmd("FLUSHDB").arg("ASYNC").query(&mut con).unwrap();
+    assert_eq!(next(&received, "FLUSHDB ASYNC in db 3"), "flushed 3");
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    assert_eq!(next(&received, "FLUSHALL"), "flushed all");
+    let _: () = redis::cmd("FLUSHALL").arg("ASYNC").query(&mut con).unwrap();
+    assert_eq!(next(&received, "FLUSHALL ASYNC"), "flushed all");
+    nothing_on_flush_channel_before_marker(&mut con, &received);
+    // Nothing per key: the flush channel is the only one told.
+    nothing_before_marker(&mut con, &on_key, "k");
+
+    // Another prefix names another flush channel; an empty one sends nothing.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.lost-channel-prefix")
+        .arg("app.lost")
+        .query(&mut con)
+        .unwrap();
+    let app = listen(&server, "app.lost:flush");
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    assert_eq!(next(&app, "FLUSHALL under app.lost"), "flushed all");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.lost-channel-prefix")
+        .arg("")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    nothing_on_flush_channel_before_marker(&mut con, &received);
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("app.lost:flush")
+        .arg("marker")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(next(&app, "the marker"), "marker");
+}
+
+#[test]
+fn a_replica_does_not_repeat_its_masters_flush_message() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let mut con = master.connect();
+    let mut on_replica = replica.connect();
+    let received = listen(&replica, "lock.lost:flush");
+    let from_master = listen(&master, "lock.lost:flush");
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    assert_eq!(next(&from_master, "the master's FLUSHALL"), "flushed all");
+    assert_eq!(wait_replicas(&mut con, 1, 5_000), 1);
+    nothing_on_flush_channel_before_marker(&mut on_replica, &received);
+}
+
+#[test]
+fn debug_reload_sends_the_flush_message_and_keeps_the_holds() {
+    // Redis's DEBUG RELOAD empties the data (the flush event) before loading it back: the
+    // message goes out, and a library's check (LOCK.INFO, answered after the reload) finds its
+    // holds. Valkey 9 fires no flush event there: nothing is sent.
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut con = server.connect();
+    let received = listen(&server, "lock.lost:flush");
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).unwrap();
+    if server_kind() == ServerKind::Redis {
+        assert_eq!(next(&received, "DEBUG RELOAD"), "flushed all");
+    }
+    nothing_on_flush_channel_before_marker(&mut con, &received);
+    assert!(lock_info(&mut con, "k").is_some(), "the hold survived");
+}

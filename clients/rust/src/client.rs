@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
-use redis::ProtocolVersion;
+use redis::cluster::ClusterClientBuilder;
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::error::LockError;
 use crate::hold::Commands;
 use crate::lock::{Kind, Lock};
+use crate::servers::Servers;
 use crate::signal::SignalHub;
 
 /// The default time an ordinary command (acquire without waiting, renew, release) may take
@@ -44,9 +46,8 @@ pub struct LockClient {
 }
 
 pub(crate) struct ClientInner {
-    pub(crate) client: redis::Client,
-    /// The same server over RESP3, for connections that need pushes (EPHEMERAL, pub/sub).
-    pub(crate) resp3: redis::Client,
+    /// Where waiting acquires and `EPHEMERAL` holds open their own connections.
+    pub(crate) servers: Servers,
     pub(crate) commands: Arc<Commands>,
     pub(crate) id: String,
     next_handle: AtomicU64,
@@ -56,9 +57,15 @@ pub(crate) struct ClientInner {
 
 /// Settings of a [`LockClient`] beyond the defaults.
 pub struct LockClientBuilder {
-    client: redis::Client,
+    target: Target,
     command_timeout: Duration,
     lost_signal: bool,
+}
+
+/// One server, or the seed nodes of a cluster.
+enum Target {
+    Single(redis::Client),
+    Cluster(Vec<ConnectionInfo>),
 }
 
 impl LockClientBuilder {
@@ -74,10 +81,11 @@ impl LockClientBuilder {
     /// `EPHEMERAL` connection's close or a lease end is reported at once, with the server's
     /// reason ([`LostReason`](crate::LostReason)).
     ///
-    /// **The server does not publish this signal yet**: with a server that does not, this only
-    /// costs a `SUBSCRIBE` and an `UNSUBSCRIBE` per hold. Standalone servers only (`SUBSCRIBE`;
-    /// cluster mode's sharded `SSUBSCRIBE` is not implemented). Pub/sub is at-most-once: the
-    /// watchdog stays the backstop for a message that is never delivered.
+    /// Standalone it `SUBSCRIBE`s; in a cluster it `SSUBSCRIBE`s on the key's node (the server
+    /// `SPUBLISH`es there). It also subscribes to `lock.lost:flush`: on `flushed <db>` (a
+    /// `FLUSHDB`/`FLUSHALL`) it checks each hold in that database at once with `LOCK.INFO` and
+    /// reports those gone as [`LostReason::Flushed`](crate::LostReason::Flushed). Pub/sub is
+    /// at-most-once: the watchdog stays the backstop for a message that is never delivered.
     pub fn listen_for_lost_signal(mut self) -> Self {
         self.lost_signal = true;
         self
@@ -85,20 +93,50 @@ impl LockClientBuilder {
 
     /// Connects (one `PING` on the shared connection) and returns the client.
     pub async fn build(self) -> Result<LockClient, LockError> {
-        let info = self.client.get_connection_info().clone();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let resp3 = redis::Client::open(info.set_redis_settings(settings))
-            .map_err(LockError::Connection)?;
-        let commands = Arc::new(Commands::new(self.client.clone(), self.command_timeout));
+        let (servers, commands, signals) = match self.target {
+            Target::Single(client) => {
+                let info = client.get_connection_info().clone();
+                let settings = info
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(ProtocolVersion::RESP3);
+                let resp3 = redis::Client::open(info.set_redis_settings(settings))
+                    .map_err(LockError::Connection)?;
+                let db = client.get_connection_info().redis_settings().db();
+                let commands = Commands::new(client.clone(), self.command_timeout);
+                let signals = self
+                    .lost_signal
+                    .then(|| SignalHub::single(resp3.clone(), db));
+                (Servers::Single { client, resp3 }, commands, signals)
+            }
+            Target::Cluster(seeds) => {
+                let Some(seed) = seeds.first().cloned() else {
+                    return Err(LockError::InvalidArgument("a cluster needs a seed node"));
+                };
+                let conn = ClusterClientBuilder::new(seeds.clone())
+                    .connection_timeout(self.command_timeout)
+                    .response_timeout(self.command_timeout)
+                    .build()
+                    .map_err(LockError::Connection)?
+                    .get_async_connection()
+                    .await
+                    .map_err(LockError::Connection)?;
+                let signals = self.lost_signal.then(|| SignalHub::cluster(seeds));
+                (
+                    Servers::Cluster {
+                        info: seed,
+                        conn: conn.clone(),
+                    },
+                    Commands::Cluster(conn),
+                    signals,
+                )
+            }
+        };
+        let commands = Arc::new(commands);
         commands.query(&redis::cmd("PING")).await?;
-        let signals = self.lost_signal.then(|| SignalHub::new(resp3.clone()));
         Ok(LockClient {
             inner: Arc::new(ClientInner {
-                client: self.client,
-                resp3,
+                servers,
                 commands,
                 id: random_id(),
                 next_handle: AtomicU64::new(1),
@@ -124,10 +162,43 @@ impl LockClient {
     /// Settings beyond the defaults: see [`LockClientBuilder`].
     pub fn builder(client: redis::Client) -> LockClientBuilder {
         LockClientBuilder {
-            client,
+            target: Target::Single(client),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             lost_signal: false,
         }
+    }
+
+    /// A client of a Redis Cluster with the default settings, from the URLs of one or more of
+    /// its nodes (`redis://127.0.0.1:7000/`; the others are found from these).
+    pub async fn cluster<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> Result<LockClient, LockError> {
+        LockClient::cluster_builder(nodes)?.build().await
+    }
+
+    /// [`LockClient::cluster`] with settings beyond the defaults. In a cluster, ordinary
+    /// commands go through the `redis` crate's cluster connection (routed by key, `MOVED` and
+    /// `ASK` followed); a waiting acquire and an `EPHEMERAL` hold get a connection of their own
+    /// to the master of the key's slot; the lost-hold signal is heard with `SSUBSCRIBE` on that
+    /// node.
+    pub fn cluster_builder<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> Result<LockClientBuilder, LockError> {
+        let seeds = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(LockError::Connection)?;
+        Ok(LockClientBuilder {
+            target: Target::Cluster(seeds),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            lost_signal: false,
+        })
+    }
+
+    /// Whether this client talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.servers.is_cluster()
     }
 
     /// This client's random unique id (32 hex digits), the prefix of its handles' owners.

@@ -8,7 +8,7 @@ use redis::Value;
 use crate::error::LockError;
 use crate::hold::HoldCore;
 use crate::lock::{GuardEnd, HandleState};
-use crate::lost::LostReason;
+use crate::lost::{LostReason, LostWatch};
 
 /// What [`LockGuard::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,11 @@ impl LockGuard {
     /// beside the work.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.core.status.lost()
+    }
+
+    /// A [`LostWatch`] of this hold: its loss, without borrowing the guard.
+    pub fn watch(&self) -> LostWatch {
+        self.core.status.watch()
     }
 
     /// Releases this guard. The last guard of a hold sends `LOCK.RELEASE` (after stopping the

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, PushKind, Value};
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
@@ -13,17 +14,24 @@ use crate::error::LockError;
 use crate::lost::{HoldStatus, LostReason};
 use crate::signal::SignalHub;
 
-/// The client's shared connection for ordinary commands (acquire without WAIT, renew, release).
-/// A multiplexed connection, replaced by a new one after it breaks.
-pub(crate) struct Commands {
-    client: redis::Client,
-    config: AsyncConnectionConfig,
-    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+/// The client's shared connection for ordinary commands (acquire without WAIT, renew, release,
+/// `LOCK.INFO`): a multiplexed connection to the one server, replaced by a new one after it
+/// breaks, or the cluster connection, which routes by key, follows `MOVED`/`ASK` and reconnects
+/// by itself.
+// One per client, made once and never moved: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Commands {
+    Single {
+        client: redis::Client,
+        config: AsyncConnectionConfig,
+        conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    },
+    Cluster(ClusterConnection),
 }
 
 impl Commands {
     pub(crate) fn new(client: redis::Client, timeout: Duration) -> Commands {
-        Commands {
+        Commands::Single {
             client,
             config: AsyncConnectionConfig::new()
                 .set_response_timeout(Some(timeout))
@@ -32,30 +40,41 @@ impl Commands {
         }
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, LockError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
-        }
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(LockError::Connection)?;
-        *slot = Some(conn.clone());
-        Ok(conn)
-    }
-
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
-        let mut conn = self.connection().await?;
-        let reply = cmd.query_async::<Value>(&mut conn).await;
-        if let Err(e) = &reply {
-            if e.code().is_none() {
-                // Broken or timed out: the next command starts on a new connection.
-                *self.conn.lock().await = None;
+        match self {
+            Commands::Cluster(conn) => cmd
+                .query_async::<Value>(&mut conn.clone())
+                .await
+                .map_err(LockError::from),
+            Commands::Single {
+                client,
+                config,
+                conn: slot,
+            } => {
+                let mut conn = {
+                    let mut slot = slot.lock().await;
+                    match slot.as_ref() {
+                        Some(conn) => conn.clone(),
+                        None => {
+                            let conn = client
+                                .get_multiplexed_async_connection_with_config(config)
+                                .await
+                                .map_err(LockError::Connection)?;
+                            *slot = Some(conn.clone());
+                            conn
+                        }
+                    }
+                };
+                let reply = cmd.query_async::<Value>(&mut conn).await;
+                if let Err(e) = &reply {
+                    if e.code().is_none() {
+                        // Broken or timed out: the next command starts on a new connection.
+                        *slot.lock().await = None;
+                    }
+                }
+                reply.map_err(LockError::from)
             }
         }
-        reply.map_err(LockError::from)
     }
 }
 
@@ -249,28 +268,35 @@ fn is_final(text: &str) -> bool {
     (text.starts_with("ERR ") && !text.contains("paused")) || text.starts_with("WRONGTYPE")
 }
 
-/// An `EPHEMERAL` hold's connection: opened with a push channel, so that its close is seen at
-/// once, not at the next renewal.
+/// A connection of its own: a waiting acquire's, or an `EPHEMERAL` hold's.
+pub(crate) struct OwnConnection {
+    pub(crate) conn: MultiplexedConnection,
+    /// The push channel of an `EPHEMERAL` hold's connection, so that its close is seen at once,
+    /// not at the next renewal.
+    pub(crate) pushes: Option<mpsc::UnboundedReceiver<redis::PushInfo>>,
+}
+
+/// Opens a connection of its own to `client`'s server, with a push channel if `pushes` (the
+/// client must speak RESP3 then). No response timeout: the caller bounds each command.
 pub(crate) async fn own_connection(
-    resp3: &redis::Client,
+    client: &redis::Client,
+    pushes: bool,
     timeout: Duration,
-) -> Result<
-    (
-        MultiplexedConnection,
-        mpsc::UnboundedReceiver<redis::PushInfo>,
-    ),
-    LockError,
-> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let config = AsyncConnectionConfig::new()
-        .set_push_sender(tx)
+) -> Result<OwnConnection, LockError> {
+    let mut config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(None);
-    let conn = resp3
+    let mut rx = None;
+    if pushes {
+        let (tx, receiver) = mpsc::unbounded_channel();
+        config = config.set_push_sender(tx);
+        rx = Some(receiver);
+    }
+    let conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(LockError::Connection)?;
-    Ok((conn, rx))
+    Ok(OwnConnection { conn, pushes: rx })
 }
 
 /// Reports an `EPHEMERAL` hold lost when its connection closes.

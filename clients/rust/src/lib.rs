@@ -68,10 +68,23 @@
 //! # async fn write_with_fence(_token: u64) {}
 //! ```
 //!
+//! # Scoped work, blocking code, clusters
+//!
+//! - [`Lock::run`] acquires, runs the work beside the hold's loss, drops the work's future if
+//!   the hold is lost (answering [`LockError::NotHeld`] with the reason), releases otherwise.
+//! - [`blocking`] is the same API for code without a runtime: a client owns a one-thread tokio
+//!   runtime where the watchdog and the signal run while the caller's thread is busy.
+//! - [`LockClient::cluster`] talks to a Redis Cluster: commands routed by key (`MOVED`/`ASK`
+//!   followed by the `redis` crate's cluster connection), a waiting acquire and an `EPHEMERAL`
+//!   hold on a connection of their own to the key's master (`MOVED`/`ASK` followed there too),
+//!   the lost-hold signal with `SSUBSCRIBE` on that node.
+//!
 //! # Not (yet) supported
 //!
-//! Redis Cluster (commands go to the one server of the [`redis::Client`]); the lost-hold signal
-//! on sharded pub/sub; a blocking (non-async) API.
+//! Sentinel; TLS and unix sockets untested; a custom `lock.lost-channel-prefix` (the library
+//! listens on the default `lock.lost`); in a cluster, an `EPHEMERAL` hold whose slot migrates is
+//! reported lost ([`LostReason::ConnectionClosed`]) at its next renewal, since its connection is
+//! to the old node.
 
 #![deny(missing_docs)]
 #![cfg_attr(
@@ -79,17 +92,19 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod blocking;
 mod client;
 mod error;
 mod guard;
 mod hold;
 mod lock;
 mod lost;
+mod servers;
 mod signal;
 
 pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
 pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
-pub use lost::LostReason;
+pub use lost::{LostReason, LostWatch};
 pub use signal::{lost_signal_channel, LostSignal};

@@ -4,15 +4,15 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use redis::{AsyncConnectionConfig, Cmd, Value};
+use redis::{Cmd, Value};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::client::ClientInner;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::{self, millis, HoldConn, HoldCore, NewHold, Renewal};
-use crate::lost::LostReason;
+use crate::hold::{self, millis, HoldConn, HoldCore, NewHold, OwnConnection, Renewal};
+use crate::lost::{LostReason, LostWatch};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -238,6 +238,52 @@ impl Lock {
         }
     }
 
+    /// Runs `work` while holding the key: acquires (as [`Lock::acquire`]), calls
+    /// `work(token, lost)` and polls its future beside the hold's loss. If the hold is lost
+    /// first, the work's future is dropped at once (at its next `.await`: code between two
+    /// awaits is not interrupted) and the answer is [`LockError::NotHeld`] with the reason;
+    /// otherwise the hold is released and the work's output returned.
+    ///
+    /// `lost` is a [`LostWatch`] for work that must check before a step it cannot undo (or hand
+    /// to a thread of its own). Pass `token` with every write to the protected resource.
+    ///
+    /// A hold found lost at the release (after the work finished) is also
+    /// [`LockError::NotHeld`]: nothing then proves the work ran under the lock to its end. A
+    /// release that cannot be sent is not an error of the work: the hold ends at its lease end.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let lock = client.lock("reports:daily");
+    /// let rows = lock
+    ///     .run(|token, _lost| async move {
+    ///         // ... write with `token` as the fence ...
+    ///         42
+    ///     })
+    ///     .await?; // Err(LockError::NotHeld { lost: Some(reason) }) if the hold was lost
+    /// # let _ = rows; Ok(()) }
+    /// ```
+    pub async fn run<T, F, Fut>(&self, work: F) -> Result<T, LockError>
+    where
+        F: FnOnce(u64, LostWatch) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let mut guard = self.acquire().await?;
+        let lost = guard.lost();
+        let output = tokio::select! {
+            biased;
+            reason = lost => {
+                // Dropping the guard here (the error path) stops the watchdog; nothing to
+                // release.
+                return Err(LockError::NotHeld { lost: Some(reason) });
+            }
+            output = work(guard.token(), guard.watch()) => output,
+        };
+        match guard.release().await {
+            Ok(_) | Err(LockError::Connection(_)) => Ok(output),
+            Err(e) => Err(e),
+        }
+    }
+
     fn acquire_cmd(&self, wait: Option<Wait>) -> Cmd {
         let mut cmd = redis::cmd("LOCK.ACQUIRE");
         cmd.arg(&self.state.key)
@@ -339,24 +385,13 @@ impl Lock {
         }
     }
 
-    /// A waiting acquire, on a connection opened for it and closed after it.
+    /// A waiting acquire, on a connection opened for it (to the key's node) and closed after it.
     async fn send_waiting(&self, cmd: &Cmd, wait: Wait) -> Result<Value, LockError> {
-        let client = &self.state.client;
-        let read_timeout = match wait {
+        let limit = match wait {
             Wait::Forever => None,
             Wait::Timeout(t) => Some(t + WAIT_MARGIN),
         };
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(client.command_timeout))
-            .set_response_timeout(read_timeout);
-        let mut conn = client
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(LockError::Connection)?;
-        cmd.query_async::<Value>(&mut conn)
-            .await
-            .map_err(LockError::from)
+        self.send_on_own_connection(cmd, Pushes::No, limit).await.0
     }
 
     /// An `EPHEMERAL` acquire: on the current hold's own connection (a re-entry), or on a new
@@ -367,35 +402,83 @@ impl Lock {
         wait: Option<Wait>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
         let client = &self.state.client;
-        let existing = current.and_then(|c| match &c.conn {
-            HoldConn::Own(conn) => Some(conn.clone()),
-            HoldConn::Shared(_) => None,
-        });
-        let (mut conn, pushes) = match existing {
-            Some(conn) => (conn, None),
-            None => match hold::own_connection(&client.resp3, client.command_timeout).await {
-                Ok((conn, pushes)) => (conn, Some(pushes)),
-                Err(e) => return (Err(e), None),
-            },
-        };
         let limit = match wait {
             None => Some(client.command_timeout),
             Some(Wait::Forever) => None,
             Some(Wait::Timeout(t)) => Some(t + WAIT_MARGIN),
         };
         let cmd = self.acquire_cmd(wait);
-        let query = cmd.query_async::<Value>(&mut conn);
-        let reply = match limit {
-            None => query.await.map_err(LockError::from),
-            Some(limit) => match tokio::time::timeout(limit, query).await {
-                Ok(r) => r.map_err(LockError::from),
-                Err(_) => Err(LockError::Connection(redis::RedisError::from(
-                    io::Error::new(io::ErrorKind::TimedOut, "LOCK.ACQUIRE got no reply in time"),
-                ))),
-            },
+        let existing = current.and_then(|c| match &c.conn {
+            HoldConn::Own(conn) => Some(conn.clone()),
+            HoldConn::Shared(_) => None,
+        });
+        match existing {
+            Some(mut conn) => (
+                within(limit, cmd.query_async::<Value>(&mut conn)).await,
+                None,
+            ),
+            None => self.send_on_own_connection(&cmd, Pushes::Yes, limit).await,
+        }
+    }
+
+    /// Sends `cmd` on a new connection to the node that serves the key (the one server, or the
+    /// master of the key's slot), following `MOVED` and `ASK` (with `ASKING`) to another node
+    /// while a slot moves. Returns the connection the answer came on.
+    async fn send_on_own_connection(
+        &self,
+        cmd: &Cmd,
+        pushes: Pushes,
+        limit: Option<Duration>,
+    ) -> (Result<Value, LockError>, Option<OwnConnection>) {
+        let client = &self.state.client;
+        let mut node = match client.servers.node_of(&self.state.key).await {
+            Ok(node) => node,
+            Err(e) => return (Err(e), None),
         };
-        let own = pushes.map(|pushes| OwnConnection { conn, pushes });
-        (reply, own)
+        let mut asking = false;
+        let mut redirects = 0;
+        loop {
+            let (target, push) = match pushes {
+                Pushes::Yes => (&node.resp3, true),
+                Pushes::No => (&node.client, false),
+            };
+            let mut own = match hold::own_connection(target, push, client.command_timeout).await {
+                Ok(own) => own,
+                Err(e) => return (Err(e), None),
+            };
+            if asking {
+                if let Err(e) = redis::cmd("ASKING")
+                    .query_async::<Value>(&mut own.conn)
+                    .await
+                {
+                    return (Err(LockError::from(e)), None);
+                }
+            }
+            let reply = match limit {
+                None => cmd.query_async::<Value>(&mut own.conn).await,
+                Some(limit) => {
+                    match tokio::time::timeout(limit, cmd.query_async(&mut own.conn)).await {
+                        Ok(r) => r,
+                        Err(_) => return (Err(timed_out()), None),
+                    }
+                }
+            };
+            match &reply {
+                Err(e) if redirects < REDIRECTS => {
+                    if let Some((address, _slot)) = e.redirect_node() {
+                        asking = e.code() == Some("ASK");
+                        node = match client.servers.node_at(address) {
+                            Ok(node) => node,
+                            Err(e) => return (Err(e), None),
+                        };
+                        redirects += 1;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            return (reply.map_err(LockError::from), Some(own));
+        }
     }
 
     /// Turns the server's answer into a guard: a re-entry of the current hold, or a new hold
@@ -433,7 +516,7 @@ impl Lock {
         let (conn, pushes) = match own {
             Some(mut own) => {
                 own.conn.set_response_timeout(client.command_timeout);
-                (HoldConn::Own(own.conn), Some(own.pushes))
+                (HoldConn::Own(own.conn), own.pushes)
             }
             None => (HoldConn::Shared(client.commands.clone()), None),
         };
@@ -469,10 +552,36 @@ impl Lock {
     }
 }
 
-/// A new connection an `EPHEMERAL` acquire was sent on, and its push channel.
-struct OwnConnection {
-    conn: redis::aio::MultiplexedConnection,
-    pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+/// Whether a connection of its own needs the server's pushes (RESP3): an `EPHEMERAL` hold's
+/// does, to see its close at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pushes {
+    Yes,
+    No,
+}
+
+/// How many `MOVED`/`ASK` redirects one acquire on a connection of its own follows.
+const REDIRECTS: u32 = 3;
+
+fn timed_out() -> LockError {
+    LockError::Connection(redis::RedisError::from(io::Error::new(
+        io::ErrorKind::TimedOut,
+        "LOCK.ACQUIRE got no reply in time",
+    )))
+}
+
+/// `query` within `limit` (none: as long as it takes).
+async fn within(
+    limit: Option<Duration>,
+    query: impl std::future::Future<Output = redis::RedisResult<Value>>,
+) -> Result<Value, LockError> {
+    match limit {
+        None => query.await.map_err(LockError::from),
+        Some(limit) => match tokio::time::timeout(limit, query).await {
+            Ok(r) => r.map_err(LockError::from),
+            Err(_) => Err(timed_out()),
+        },
+    }
 }
 
 /// `LOCK.ACQUIRE`'s reply: a token > 0, or nil.

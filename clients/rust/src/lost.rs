@@ -28,8 +28,9 @@ pub enum LostReason {
     /// Signal `forcereleased`: `LOCK.FORCERELEASE` removed the hold.
     ForceReleased,
     /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, `RENAME`/`MOVE` taking it
-    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there). Sent by Redis >= 7.2 and Valkey only; `FLUSHDB`/`FLUSHALL` and `SWAPDB` send
-    /// nothing (the watchdog reports those as [`LostReason::HoldGone`]).
+    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there). Sent by Redis >= 7.2 and Valkey only.
+    /// A flush is [`LostReason::Flushed`]; `SWAPDB` sends nothing (the watchdog reports it as
+    /// [`LostReason::HoldGone`]).
     Deleted,
     /// Signal `overwritten`: a command replaced the value in place (`SET`). Redis >= 7.2 and
     /// Valkey only.
@@ -40,6 +41,9 @@ pub enum LostReason {
     Disconnected,
     /// Signal `expired`: the lease ran out on the server.
     Expired,
+    /// Signal `flushed <db>` on `<prefix>:flush`: `FLUSHDB` or `FLUSHALL` emptied the hold's
+    /// database, and the check the library made at once (`LOCK.INFO`) no longer found the hold.
+    Flushed,
 }
 
 impl LostReason {
@@ -71,7 +75,30 @@ impl fmt::Display for LostReason {
             LostReason::Evicted => "the key was evicted",
             LostReason::Disconnected => "the EPHEMERAL hold's connection closed (server)",
             LostReason::Expired => "the lease ran out on the server",
+            LostReason::Flushed => "the database was flushed (FLUSHDB/FLUSHALL)",
         })
+    }
+}
+
+/// A view of one hold's loss that the work running under it can keep: see
+/// [`Lock::run`](crate::Lock::run). Cheap to clone; it does not keep the hold.
+#[derive(Debug, Clone)]
+pub struct LostWatch {
+    rx: watch::Receiver<Status>,
+}
+
+impl LostWatch {
+    /// `Some(reason)` once the hold is known to be lost.
+    pub fn reason(&self) -> Option<LostReason> {
+        match *self.rx.borrow() {
+            Status::Lost(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Resolves with the reason when the hold is lost; never once it is released.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        wait_lost(self.rx.clone())
     }
 }
 
@@ -145,20 +172,27 @@ impl HoldStatus {
 
     /// Resolves with the reason when the hold is lost; never resolves once it is released.
     pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.tx.subscribe();
-        async move {
-            loop {
-                let now = *rx.borrow_and_update();
-                match now {
-                    Status::Lost(r) => return r,
-                    Status::Released => std::future::pending::<()>().await,
-                    Status::Active => {}
-                }
-                if rx.changed().await.is_err() {
-                    // Every guard and task of the hold is gone: nothing can report a loss.
-                    std::future::pending::<()>().await;
-                }
-            }
+        wait_lost(self.tx.subscribe())
+    }
+
+    pub(crate) fn watch(&self) -> LostWatch {
+        LostWatch {
+            rx: self.tx.subscribe(),
+        }
+    }
+}
+
+async fn wait_lost(mut rx: watch::Receiver<Status>) -> LostReason {
+    loop {
+        let now = *rx.borrow_and_update();
+        match now {
+            Status::Lost(r) => return r,
+            Status::Released => std::future::pending::<()>().await,
+            Status::Active => {}
+        }
+        if rx.changed().await.is_err() {
+            // Every guard and task of the hold is gone: nothing can report a loss.
+            std::future::pending::<()>().await;
         }
     }
 }

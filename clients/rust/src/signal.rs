@@ -1,10 +1,16 @@
-//! Consuming the server's lost-hold signal (issue #20 part 1; the server does not publish it yet).
+//! Consuming the server's lost-hold signal.
 //!
-//! When a hold ends by anything but its owner's own `LOCK.RELEASE`, the module is to publish
+//! When a hold ends by anything but its owner's own `LOCK.RELEASE`, the module publishes
 //! `<reason> <token> <owner>` on `lock.lost:{KEY}` (`lock.lost:KEY` when KEY contains `{`,
-//! Redisson's channel naming). The client keeps one pub/sub connection and subscribes to the
-//! channel of each key it holds while it holds it; a message marks a hold lost only if its owner
-//! and token are this hold's.
+//! Redisson's channel naming): `PUBLISH` standalone, `SPUBLISH` in a cluster. The client keeps
+//! one pub/sub connection (standalone) or one RESP3 cluster connection (which sends each
+//! `SSUBSCRIBE` to the channel's node and subscribes again after a reconnect or a slot move), and
+//! subscribes to the channel of each key it holds while it holds it; a message marks a hold lost
+//! only if its owner and token are this hold's.
+//!
+//! A flush names no keys: the module sends one `flushed <db>` (or `flushed all`) on
+//! `lock.lost:flush` (classic `PUBLISH`, in a cluster too), and the client checks each of its
+//! holds in that database with `LOCK.INFO`, a read that changes nothing.
 //!
 //! Pub/sub is at-most-once: a message published while the connection is down is gone. The
 //! watchdog stays the backstop; the signal only makes the common case fast.
@@ -14,11 +20,16 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, PushKind};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, ConnectionInfo, ProtocolVersion, PushKind, Value};
 use tokio::sync::mpsc;
 
 use crate::hold::HoldCore;
 use crate::lost::LostReason;
+
+/// The channel of the flush message (`<prefix>:flush`: no `{`, so no key's channel is this one).
+pub const FLUSH_CHANNEL: &[u8] = b"lock.lost:flush";
 
 /// The channel the server publishes a key's lost-hold messages on: `lock.lost:{KEY}`, or
 /// `lock.lost:KEY` when KEY already contains `{` (so the channel hashes to the key's slot).
@@ -68,10 +79,53 @@ impl LostSignal {
 
 /// The client's one pub/sub connection and the holds it watches, by channel.
 pub(crate) struct SignalHub {
-    client: redis::Client,
+    servers: HubServers,
+    /// The database this client's holds live in (0 in a cluster): a flush of another is not ours.
+    db: i64,
     state: Mutex<HubState>,
     /// Serializes (re)connecting, subscribing and unsubscribing.
-    conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    conn: tokio::sync::Mutex<Option<PubSub>>,
+}
+
+enum HubServers {
+    /// `client` speaks RESP3 (pushes arrive on the connection that subscribed).
+    Single(redis::Client),
+    Cluster(Vec<ConnectionInfo>),
+}
+
+/// A connection that receives pushes.
+enum PubSub {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl PubSub {
+    async fn subscribe_key(&mut self, channels: &[Vec<u8>]) -> redis::RedisResult<()> {
+        match self {
+            PubSub::Single(c) => c.subscribe(channels).await,
+            PubSub::Cluster(c) => {
+                // One SSUBSCRIBE per channel: the channels of a cluster's keys are in many slots.
+                for channel in channels {
+                    c.ssubscribe(channel).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn unsubscribe_key(&mut self, channel: &[u8]) -> redis::RedisResult<()> {
+        match self {
+            PubSub::Single(c) => c.unsubscribe(channel).await,
+            PubSub::Cluster(c) => c.sunsubscribe(channel).await,
+        }
+    }
+
+    async fn subscribe_flush(&mut self) -> redis::RedisResult<()> {
+        match self {
+            PubSub::Single(c) => c.subscribe(FLUSH_CHANNEL).await,
+            PubSub::Cluster(c) => c.subscribe(FLUSH_CHANNEL).await,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -81,9 +135,18 @@ struct HubState {
 
 impl SignalHub {
     /// `client` must speak RESP3 (pushes arrive on the connection that subscribed).
-    pub(crate) fn new(client: redis::Client) -> Arc<SignalHub> {
+    pub(crate) fn single(client: redis::Client, db: i64) -> Arc<SignalHub> {
+        SignalHub::new(HubServers::Single(client), db)
+    }
+
+    pub(crate) fn cluster(seeds: Vec<ConnectionInfo>) -> Arc<SignalHub> {
+        SignalHub::new(HubServers::Cluster(seeds), 0)
+    }
+
+    fn new(servers: HubServers, db: i64) -> Arc<SignalHub> {
         Arc::new(SignalHub {
-            client,
+            servers,
+            db,
             state: Mutex::new(HubState::default()),
             conn: tokio::sync::Mutex::new(None),
         })
@@ -103,7 +166,7 @@ impl SignalHub {
         if first {
             let mut guard = self.conn.lock().await;
             let conn = self.connection(&mut guard).await?;
-            conn.subscribe(&channel).await?;
+            conn.subscribe_key(&[channel]).await?;
         }
         Ok(())
     }
@@ -128,23 +191,38 @@ impl SignalHub {
             let mut guard = self.conn.lock().await;
             if let Some(conn) = guard.as_mut() {
                 // A failure leaves a subscription nobody reads: harmless, and a reconnect drops it.
-                let _ = conn.unsubscribe(&channel).await;
+                let _ = conn.unsubscribe_key(&channel).await;
             }
         }
     }
 
-    /// The pub/sub connection, connecting (and starting its reader) if there is none.
+    /// The pub/sub connection, connecting (subscribed to the flush channel, its reader started)
+    /// if there is none.
     async fn connection<'a>(
         self: &Arc<Self>,
-        slot: &'a mut Option<MultiplexedConnection>,
-    ) -> redis::RedisResult<&'a mut MultiplexedConnection> {
+        slot: &'a mut Option<PubSub>,
+    ) -> redis::RedisResult<&'a mut PubSub> {
         if slot.is_none() {
             let (tx, rx) = mpsc::unbounded_channel();
-            let config = AsyncConnectionConfig::new().set_push_sender(tx);
-            let conn = self
-                .client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let mut conn = match &self.servers {
+                HubServers::Single(client) => {
+                    let config = AsyncConnectionConfig::new().set_push_sender(tx);
+                    PubSub::Single(
+                        client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await?,
+                    )
+                }
+                HubServers::Cluster(seeds) => PubSub::Cluster(
+                    ClusterClientBuilder::new(seeds.clone())
+                        .use_protocol(ProtocolVersion::RESP3)
+                        .push_sender(tx)
+                        .build()?
+                        .get_async_connection()
+                        .await?,
+                ),
+            };
+            conn.subscribe_flush().await?;
             self.start_reader(rx);
             *slot = Some(conn);
         }
@@ -158,18 +236,36 @@ impl SignalHub {
         tokio::spawn(read_pushes(Arc::downgrade(self), rx));
     }
 
+    fn watched_holds(&self, channel: Option<&[u8]>) -> Vec<Arc<HoldCore>> {
+        let state = lock_state(&self.state);
+        match channel {
+            Some(channel) => state
+                .watched
+                .get(channel)
+                .map(|entry| entry.iter().filter_map(Weak::upgrade).collect())
+                .unwrap_or_default(),
+            None => state
+                .watched
+                .values()
+                .flatten()
+                .filter_map(Weak::upgrade)
+                .collect(),
+        }
+    }
+
     fn dispatch(&self, channel: &[u8], payload: &[u8]) {
+        if channel == FLUSH_CHANNEL {
+            if flushed_db(payload).is_some_and(|db| db.covers(self.db)) {
+                for hold in self.watched_holds(None) {
+                    tokio::spawn(check_after_flush(hold));
+                }
+            }
+            return;
+        }
         let Some(signal) = LostSignal::parse(payload) else {
             return;
         };
-        let holds: Vec<Arc<HoldCore>> = {
-            let state = lock_state(&self.state);
-            match state.watched.get(channel) {
-                Some(entry) => entry.iter().filter_map(Weak::upgrade).collect(),
-                None => return,
-            }
-        };
-        for hold in holds {
+        for hold in self.watched_holds(Some(channel)) {
             if hold.owner.as_bytes() == signal.owner.as_slice() && hold.token == signal.token {
                 hold.lose(signal.reason);
             }
@@ -195,7 +291,7 @@ impl SignalHub {
                     return;
                 }
                 if let Ok(conn) = self.connection(&mut guard).await {
-                    if conn.subscribe(&channels).await.is_ok() {
+                    if conn.subscribe_key(&channels).await.is_ok() {
                         return;
                     }
                 }
@@ -203,6 +299,85 @@ impl SignalHub {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(2));
         }
+    }
+
+    fn is_cluster(&self) -> bool {
+        matches!(self.servers, HubServers::Cluster(_))
+    }
+}
+
+/// The database a flush message names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FlushedDb {
+    All,
+    One(i64),
+}
+
+impl FlushedDb {
+    fn covers(self, db: i64) -> bool {
+        match self {
+            FlushedDb::All => true,
+            FlushedDb::One(n) => n == db,
+        }
+    }
+}
+
+/// `flushed <db>` or `flushed all`.
+fn flushed_db(payload: &[u8]) -> Option<FlushedDb> {
+    let rest = payload.strip_prefix(b"flushed ")?;
+    if rest == b"all" {
+        return Some(FlushedDb::All);
+    }
+    std::str::from_utf8(rest)
+        .ok()?
+        .parse()
+        .ok()
+        .map(FlushedDb::One)
+}
+
+/// After a flush of its database: one `LOCK.INFO` tells whether the hold is still there. A
+/// failed check says nothing (the watchdog's next renewal will).
+async fn check_after_flush(hold: Arc<HoldCore>) {
+    if !hold.status.is_active() {
+        return;
+    }
+    let mut cmd = redis::cmd("LOCK.INFO");
+    cmd.arg(&hold.key);
+    if let Ok(reply) = hold.conn.query(&cmd).await {
+        if !info_has_hold(&reply, hold.owner.as_bytes(), hold.token) {
+            hold.lose(LostReason::Flushed);
+        }
+    }
+}
+
+/// Whether a `LOCK.INFO` reply (nil, or name/value pairs as a RESP2 flat array or a RESP3 map)
+/// lists a hold of `owner` with `token` among its `holders`.
+fn info_has_hold(reply: &Value, owner: &[u8], token: u64) -> bool {
+    let Some(holders) = field(reply, b"holders") else {
+        return false;
+    };
+    let Value::Array(holders) = holders else {
+        return false;
+    };
+    holders.iter().any(|h| {
+        matches!(field(h, b"owner"), Some(Value::BulkString(o)) if o.as_slice() == owner)
+            && matches!(field(h, b"token"), Some(Value::Int(t)) if u64::try_from(*t).ok() == Some(token))
+    })
+}
+
+fn field<'a>(value: &'a Value, name: &[u8]) -> Option<&'a Value> {
+    let is_name = |v: &Value| match v {
+        Value::BulkString(b) => b.as_slice() == name,
+        Value::SimpleString(s) => s.as_bytes() == name,
+        _ => false,
+    };
+    match value {
+        Value::Map(pairs) => pairs.iter().find(|(k, _)| is_name(k)).map(|(_, v)| v),
+        Value::Array(items) => items.chunks(2).find_map(|pair| match pair {
+            [k, v] if is_name(k) => Some(v),
+            _ => None,
+        }),
+        _ => None,
     }
 }
 
@@ -223,7 +398,8 @@ async fn read_pushes(hub: Weak<SignalHub>, mut rx: mpsc::UnboundedReceiver<redis
                     hub.dispatch(channel, payload);
                 }
             }
-            PushKind::Disconnection => {
+            // The cluster connection reconnects and subscribes again by itself.
+            PushKind::Disconnection if !hub.is_cluster() => {
                 hub.start_resubscribe();
                 return;
             }
@@ -243,6 +419,54 @@ mod tests {
             lost_signal_channel(b"{tenant}:orders"),
             b"lock.lost:{tenant}:orders"
         );
+    }
+
+    #[test]
+    fn flush_messages_name_a_database() {
+        let cases: [(&[u8], Option<FlushedDb>); 5] = [
+            (b"flushed all", Some(FlushedDb::All)),
+            (b"flushed 0", Some(FlushedDb::One(0))),
+            (b"flushed 15", Some(FlushedDb::One(15))),
+            (b"flushed", None),
+            (b"deleted 1 w", None),
+        ];
+        for (payload, want) in cases {
+            assert_eq!(flushed_db(payload), want);
+        }
+        assert!(FlushedDb::All.covers(3));
+        assert!(!FlushedDb::One(0).covers(3));
+    }
+
+    #[test]
+    fn info_is_read_in_both_protocols() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![
+            bulk("mode"),
+            bulk("exclusive"),
+            bulk("holders"),
+            Value::Array(vec![Value::Array(vec![
+                bulk("owner"),
+                bulk("me"),
+                bulk("token"),
+                Value::Int(7),
+            ])]),
+        ]);
+        let resp3 = Value::Map(vec![(
+            bulk("holders"),
+            Value::Array(vec![Value::Map(vec![
+                (bulk("owner"), bulk("me")),
+                (bulk("token"), Value::Int(7)),
+            ])]),
+        )]);
+        for reply in [&resp2, &resp3] {
+            assert!(info_has_hold(reply, b"me", 7));
+            assert!(
+                !info_has_hold(reply, b"me", 8),
+                "a later hold of the same owner"
+            );
+            assert!(!info_has_hold(reply, b"you", 7));
+        }
+        assert!(!info_has_hold(&Value::Nil, b"me", 7));
     }
 
     #[test]

@@ -2,6 +2,8 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -598,4 +600,149 @@ async fn the_example_runs() {
     );
     assert!(stdout.contains("counter = 30"), "{stdout}");
     assert!(stdout.contains("refused the stale token"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_reports_a_flush_of_the_holds_database_only() {
+    // The server sends one `flushed <db>` on lock.lost:flush; the client checks each hold in
+    // that database (LOCK.INFO) and reports those gone. The lease is long: not the watchdog.
+    let server = Server::start();
+    let open = |db: u8| {
+        LockClient::builder(redis::Client::open(format!("{}{db}", server.url())).unwrap())
+            .listen_for_lost_signal()
+            .build()
+    };
+    let (in_db0, in_db1) = (open(0).await.unwrap(), open(1).await.unwrap());
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let g0 = in_db0.lock("k").acquire().await.unwrap();
+    let g1 = in_db1.lock("k").acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the subscriptions
+    let _: () = redis::cmd("FLUSHDB").query_async(&mut raw).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_millis(500), g0.lost())
+        .await
+        .expect("the flush is reported within 500 ms");
+    assert_eq!(reason, LostReason::Flushed);
+    // Db 1 was not flushed: its holder checked nothing (another db) and still holds.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(g1.lost_reason(), None);
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_millis(500), g1.lost())
+        .await
+        .expect("FLUSHALL is reported within 500 ms");
+    assert_eq!(reason, LostReason::Flushed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_message_does_not_report_a_hold_that_is_still_there() {
+    // The message is only a cue: a hold the check still finds is not reported (here the message
+    // is published by hand, with nothing flushed).
+    let server = Server::start();
+    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
+        .listen_for_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let guard = client.lock("k").acquire().await.unwrap();
+    let semaphore = client.semaphore("s", 2).acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = calls(&mut raw, "lock.info").await;
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg("lock.lost:flush")
+        .arg("flushed all")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while calls(&mut raw, "lock.info").await < before + 2 {
+        assert!(Instant::now() < deadline, "the holds were never checked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(guard.lost_reason(), None);
+    assert_eq!(semaphore.lost_reason(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_returns_the_works_output_and_releases() {
+    let (_server, client, mut raw) = setup().await;
+    let lock = client.lock("k");
+    let token = lock
+        .run(|token, lost| async move {
+            assert_eq!(lost.reason(), None);
+            token
+        })
+        .await
+        .unwrap();
+    assert!(token > 0);
+    assert!(is_free(&mut raw, "k").await, "released after the work");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_drops_the_work_when_the_hold_is_lost() {
+    struct Dropped(Arc<AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let server = Server::start();
+    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
+        .listen_for_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let dropped = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let (d, f) = (dropped.clone(), finished.clone());
+    let work = tokio::spawn({
+        let lock = client.lock("k");
+        async move {
+            lock.run(|_token, _lost| async move {
+                let _witness = Dropped(d);
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                f.store(true, Ordering::SeqCst);
+            })
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await; // held, subscribed
+    let started = Instant::now();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(2), work)
+        .await
+        .expect("run ends on the loss, not after the work")
+        .unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(LockError::NotHeld {
+                lost: Some(LostReason::ForceReleased)
+            })
+        ),
+        "{result:?}"
+    );
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the work's future was dropped"
+    );
+    assert!(!finished.load(Ordering::SeqCst));
+    assert!(started.elapsed() < Duration::from_secs(2));
 }

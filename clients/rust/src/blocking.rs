@@ -1,0 +1,311 @@
+//! A blocking twin of the async API, for code without an async runtime (as `reqwest::blocking`
+//! is to `reqwest`): the same handles and guard, each call waiting for its answer.
+//!
+//! It is a thin layer over the async core: a [`LockClient`] owns a small tokio runtime (one
+//! worker thread, `redis-lock`) shared by its handles and guards. Each call runs the async call on
+//! the caller's thread with `block_on`; the watchdog, the lost-hold signal and an `EPHEMERAL`
+//! hold's connection watcher are tasks on the worker thread, so they keep working while the
+//! caller's thread is busy (or asleep) in its own work. The runtime ends with the last client,
+//! handle or guard that uses it.
+//!
+//! Do not call it from async code (inside a tokio runtime): it answers
+//! [`LockError::InvalidArgument`] there instead of blocking a runtime thread. Use the async API.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::blocking::LockClient;
+//!
+//! # fn main() -> Result<(), redis_lock_client::LockError> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/")?;
+//! let lock = client.lock("orders:42").lease(Duration::from_secs(10));
+//! let guard = lock.acquire()?;          // waits in the server
+//! let token = guard.token();            // the fence for every write
+//! std::thread::sleep(Duration::from_secs(30)); // busy: the watchdog renews meanwhile
+//! if let Some(reason) = guard.lost_reason() {
+//!     eprintln!("lost the lock ({reason}): do not write");
+//! }
+//! drop(guard);                          // releases (waits for the answer)
+//! # let _ = token; Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::IntoConnectionInfo;
+use tokio::runtime::Runtime;
+
+use crate::error::LockError;
+use crate::guard::Release;
+use crate::lock::Kind;
+use crate::lost::{LostReason, LostWatch};
+
+/// The runtime the blocking API runs the async core on.
+struct Engine {
+    runtime: Option<Runtime>,
+}
+
+impl Engine {
+    fn start() -> Result<Arc<Engine>, LockError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("redis-lock")
+            .enable_all()
+            .build()
+            .map_err(|e| LockError::Connection(redis::RedisError::from(e)))?;
+        Ok(Arc::new(Engine {
+            runtime: Some(runtime),
+        }))
+    }
+
+    /// Runs `future` to its end on the caller's thread.
+    fn block_on<F: std::future::Future>(&self, future: F) -> Result<F::Output, LockError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(LockError::InvalidArgument(
+                "the blocking API was called from async code: use the async API there",
+            ));
+        }
+        match &self.runtime {
+            Some(runtime) => Ok(runtime.block_on(future)),
+            None => Err(LockError::InvalidArgument(
+                "the client's runtime has shut down",
+            )),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Without waiting for its tasks, and without the panic a runtime dropped inside async
+        // code would raise. Every guard holds the engine, so no hold is left behind.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The blocking [`crate::LockClient`]: the same connections and identity, and an owned runtime.
+#[derive(Clone)]
+pub struct LockClient {
+    inner: crate::LockClient,
+    engine: Arc<Engine>,
+}
+
+impl LockClient {
+    /// A client with the default settings on `client`'s server. Connects once to check it.
+    pub fn new(client: redis::Client) -> Result<LockClient, LockError> {
+        LockClient::from_builder(crate::LockClient::builder(client))
+    }
+
+    /// [`LockClient::new`] from a URL such as `redis://127.0.0.1:6379/`.
+    pub fn open(url: &str) -> Result<LockClient, LockError> {
+        let client = redis::Client::open(url).map_err(LockError::Connection)?;
+        LockClient::new(client)
+    }
+
+    /// A client of a Redis Cluster, from the URLs of one or more of its nodes.
+    pub fn cluster<T: IntoConnectionInfo>(
+        nodes: impl IntoIterator<Item = T>,
+    ) -> Result<LockClient, LockError> {
+        LockClient::from_builder(crate::LockClient::cluster_builder(nodes)?)
+    }
+
+    /// A client with the settings of an async builder
+    /// ([`LockClient::builder`](crate::LockClient::builder),
+    /// [`LockClient::cluster_builder`](crate::LockClient::cluster_builder)).
+    pub fn from_builder(builder: crate::LockClientBuilder) -> Result<LockClient, LockError> {
+        let engine = Engine::start()?;
+        let inner = engine.block_on(builder.build())??;
+        Ok(LockClient { inner, engine })
+    }
+
+    /// This client's random unique id, the prefix of its handles' owners.
+    pub fn id(&self) -> &str {
+        self.inner.id()
+    }
+
+    /// A handle on the exclusive lock of `key`.
+    pub fn lock(&self, key: impl AsRef<[u8]>) -> Lock {
+        self.wrap(self.inner.lock(key))
+    }
+
+    /// A handle on a shared (read) hold of `key`.
+    pub fn read_lock(&self, key: impl AsRef<[u8]>) -> Lock {
+        self.wrap(self.inner.read_lock(key))
+    }
+
+    /// A handle on one permit of the semaphore `key` with `limit` permits.
+    pub fn semaphore(&self, key: impl AsRef<[u8]>, limit: u32) -> Lock {
+        self.wrap(self.inner.semaphore(key, limit))
+    }
+
+    fn wrap(&self, inner: crate::Lock) -> Lock {
+        Lock {
+            inner,
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// The blocking [`crate::Lock`]: one owner on one key, with its options.
+#[derive(Clone)]
+pub struct Lock {
+    inner: crate::Lock,
+    engine: Arc<Engine>,
+}
+
+impl Lock {
+    /// See [`crate::Lock::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.inner = self.inner.lease(lease);
+        self
+    }
+
+    /// See [`crate::Lock::fixed_lease`].
+    pub fn fixed_lease(mut self, lease: Duration) -> Self {
+        self.inner = self.inner.fixed_lease(lease);
+        self
+    }
+
+    /// See [`crate::Lock::wait_timeout`].
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`crate::Lock::ephemeral`]: the hold ends in the server when its connection (owned by
+    /// the guard, served by the client's runtime thread) closes — also when the process dies.
+    pub fn ephemeral(mut self) -> Self {
+        self.inner = self.inner.ephemeral();
+        self
+    }
+
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        self.inner.key()
+    }
+
+    /// The owner string this handle sends.
+    pub fn owner(&self) -> &str {
+        self.inner.owner()
+    }
+
+    /// The kind of hold this handle takes.
+    pub fn kind(&self) -> Kind {
+        self.inner.kind()
+    }
+
+    /// Takes the key if it is free, without waiting: `Ok(None)` when busy.
+    pub fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
+        let guard = self.engine.block_on(self.inner.try_acquire())??;
+        Ok(guard.map(|g| self.wrap(g)))
+    }
+
+    /// Takes the key, waiting in the server as long as [`Lock::wait_timeout`] allows
+    /// ([`LockError::Timeout`] then). The calling thread blocks meanwhile.
+    pub fn acquire(&self) -> Result<LockGuard, LockError> {
+        let guard = self.engine.block_on(self.inner.acquire())??;
+        Ok(self.wrap(guard))
+    }
+
+    /// Acquires, runs `work` on the calling thread, releases. A thread cannot be interrupted, so
+    /// `work` is given the guard to check ([`LockGuard::lost_reason`]) before each step it
+    /// cannot undo; if the hold was lost by the time it returns, the answer is
+    /// [`LockError::NotHeld`] with the reason (its output is dropped: nothing proves it ran under
+    /// the lock). The async [`crate::Lock::run`] cancels the work instead.
+    pub fn run<T>(&self, work: impl FnOnce(&LockGuard) -> T) -> Result<T, LockError> {
+        let mut guard = self.acquire()?;
+        let output = work(&guard);
+        if let Some(reason) = guard.lost_reason() {
+            return Err(LockError::NotHeld { lost: Some(reason) });
+        }
+        match guard.release() {
+            Ok(_) | Err(LockError::Connection(_)) => Ok(output),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn wrap(&self, inner: crate::LockGuard) -> LockGuard {
+        LockGuard {
+            inner: Some(inner),
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// The blocking [`crate::LockGuard`]. Dropping it releases the hold and waits for the answer
+/// (at most the command timeout), so the key is free when the drop returns.
+pub struct LockGuard {
+    inner: Option<crate::LockGuard>,
+    engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl LockGuard {
+    fn guard(&self) -> Option<&crate::LockGuard> {
+        self.inner.as_ref()
+    }
+
+    /// The hold's fencing token (0 only after a release).
+    pub fn token(&self) -> u64 {
+        self.guard().map_or(0, crate::LockGuard::token)
+    }
+
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        self.guard().map_or(&[], crate::LockGuard::key)
+    }
+
+    /// The owner string the hold is held under.
+    pub fn owner(&self) -> &str {
+        self.guard().map_or("", crate::LockGuard::owner)
+    }
+
+    /// `Some(reason)` once the hold is known to be lost. Cheap: check it before each write.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.guard().and_then(crate::LockGuard::lost_reason)
+    }
+
+    /// Blocks until the hold is lost (`Some(reason)`) or `timeout` passes (`None`): for a
+    /// thread that watches the hold while others work.
+    pub fn wait_lost(&self, timeout: Duration) -> Option<LostReason> {
+        let lost = self.guard()?.lost();
+        // The timer is made inside the runtime (tokio's timers need one).
+        self.engine
+            .block_on(async move { tokio::time::timeout(timeout, lost).await })
+            .ok()?
+            .ok()
+    }
+
+    /// A [`LostWatch`] of this hold, for async code elsewhere in the process.
+    pub fn watch(&self) -> Option<LostWatch> {
+        self.guard().map(crate::LockGuard::watch)
+    }
+
+    /// See [`crate::LockGuard::release`]: [`Release::Released`], [`Release::StillHeld`] or
+    /// [`Release::AlreadyReleased`], or [`LockError::NotHeld`] after a loss.
+    pub fn release(&mut self) -> Result<Release, LockError> {
+        let engine = self.engine.clone();
+        match self.inner.as_mut() {
+            Some(guard) => engine.block_on(guard.release())?,
+            None => Ok(Release::AlreadyReleased),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.inner.take() else {
+            return;
+        };
+        // Release and wait for it; from async code (where blocking is refused) the async guard's
+        // own drop sends the release in the background instead.
+        let _ = self.engine.block_on(async move {
+            let _ = guard.release().await;
+        });
+    }
+}

@@ -1,0 +1,234 @@
+//! Where commands go: one server, or the masters of a Redis Cluster.
+//!
+//! Ordinary commands (acquire without waiting, renew, release, `LOCK.INFO`) go through one shared
+//! connection: a multiplexed connection to the one server, or the `redis` crate's cluster
+//! connection, which routes each command by its key and follows `MOVED` and `ASK`. A waiting
+//! acquire and an `EPHEMERAL` hold need a connection of their own to the node that serves the
+//! key (a blocked command would hold up everything behind it on a shared connection, and an
+//! `EPHEMERAL` hold lives exactly as long as its connection): [`Servers::node_of`] finds that
+//! node (`CLUSTER SLOTS`), and [`Servers::node_at`] follows a redirect to another.
+
+use redis::cluster_async::ClusterConnection;
+use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, Value};
+
+use crate::error::LockError;
+
+/// The servers a client talks to.
+pub(crate) enum Servers {
+    /// One server (standalone, or a master without cluster mode).
+    Single {
+        client: redis::Client,
+        resp3: redis::Client,
+    },
+    /// A Redis Cluster: `info` is a seed node's settings (credentials, database, TLS), which
+    /// every node connection reuses with the node's address.
+    Cluster {
+        info: ConnectionInfo,
+        conn: ClusterConnection,
+    },
+}
+
+/// One node, as a client for RESP2 connections (waiting acquires) and one for RESP3 connections
+/// (those that need pushes: `EPHEMERAL` holds).
+#[derive(Clone)]
+pub(crate) struct Node {
+    pub(crate) client: redis::Client,
+    pub(crate) resp3: redis::Client,
+}
+
+impl Servers {
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Servers::Cluster { .. })
+    }
+
+    /// The node that serves `key` now (the one server, or the master of the key's slot).
+    pub(crate) async fn node_of(&self, key: &[u8]) -> Result<Node, LockError> {
+        match self {
+            Servers::Single { client, resp3 } => Ok(Node {
+                client: client.clone(),
+                resp3: resp3.clone(),
+            }),
+            Servers::Cluster { info, conn } => {
+                let slots: Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut conn.clone())
+                    .await?;
+                let (host, port) = master_of(&slots, key_slot(key)).ok_or_else(|| {
+                    LockError::UnexpectedReply(format!(
+                        "CLUSTER SLOTS names no master for slot {}",
+                        key_slot(key)
+                    ))
+                })?;
+                let host = if host.is_empty() || host == "?" {
+                    // The node does not know its own address: it is the seed's host.
+                    seed_host(info).unwrap_or(host)
+                } else {
+                    host
+                };
+                node_with(info, host, port)
+            }
+        }
+    }
+
+    /// The node a `MOVED` or `ASK` redirect names (`host:port`).
+    pub(crate) fn node_at(&self, address: &str) -> Result<Node, LockError> {
+        let Servers::Cluster { info, .. } = self else {
+            return Err(LockError::UnexpectedReply(format!(
+                "a redirect to {address} from a server that is not in cluster mode"
+            )));
+        };
+        let (host, port) = address
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
+            .ok_or_else(|| LockError::UnexpectedReply(format!("redirect to {address}")))?;
+        node_with(info, host, port)
+    }
+}
+
+fn seed_host(info: &ConnectionInfo) -> Option<String> {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => Some(host.clone()),
+        _ => None,
+    }
+}
+
+/// The seed's settings with another node's address.
+fn node_with(info: &ConnectionInfo, host: String, port: u16) -> Result<Node, LockError> {
+    let mut addr = info.addr().clone();
+    match &mut addr {
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => {
+            *h = host;
+            *p = port;
+        }
+        _ => {
+            return Err(LockError::InvalidArgument(
+                "a cluster is reached over TCP, not a unix socket",
+            ))
+        }
+    }
+    let info = info.clone().set_addr(addr);
+    let resp2 = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP2);
+    let resp3 = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    Ok(Node {
+        client: redis::Client::open(info.clone().set_redis_settings(resp2))
+            .map_err(LockError::Connection)?,
+        resp3: redis::Client::open(info.set_redis_settings(resp3))
+            .map_err(LockError::Connection)?,
+    })
+}
+
+/// The master of `slot` in a `CLUSTER SLOTS` reply: `[[low, high, [host, port, id, ...],
+/// replica...], ...]`.
+fn master_of(slots: &Value, slot: u16) -> Option<(String, u16)> {
+    let Value::Array(ranges) = slots else {
+        return None;
+    };
+    ranges.iter().find_map(|range| {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let [Value::Int(low), Value::Int(high), Value::Array(master), ..] = fields.as_slice()
+        else {
+            return None;
+        };
+        if !(*low..=*high).contains(&i64::from(slot)) {
+            return None;
+        }
+        let [host, Value::Int(port), ..] = master.as_slice() else {
+            return None;
+        };
+        let host = match host {
+            Value::BulkString(b) => String::from_utf8(b.clone()).ok()?,
+            Value::SimpleString(s) => s.clone(),
+            _ => return None,
+        };
+        Some((host, u16::try_from(*port).ok()?))
+    })
+}
+
+/// The cluster slot of a key: CRC16 (XMODEM) of the key, or of its hash tag (the part between
+/// the first `{` and the next `}`, when not empty), modulo 16384.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = key.get(open + 1..)?;
+            let close = rest.iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| rest.get(..close)).flatten()
+        })
+        .unwrap_or(key);
+    crc16(hashed) % 16_384
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in data {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_cluster_spec() {
+        // The spec's check value, and hash tags as the spec defines them.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        let cases: [(&[u8], &[u8]); 5] = [
+            (b"{user1000}.following", b"user1000"),
+            (b"foo{}{bar}", b"foo{}{bar}"),
+            (b"foo{{bar}}zap", b"{bar"),
+            (b"foo{bar}{zap}", b"bar"),
+            (b"no tag", b"no tag"),
+        ];
+        for (key, hashed) in cases {
+            assert_eq!(key_slot(key), crc16(hashed) % 16_384);
+        }
+    }
+
+    #[test]
+    fn the_master_of_a_slot_is_read_from_cluster_slots() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let slots = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("10.0.0.1", 7000),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                node("10.0.0.2", 7001),
+                node("10.0.0.3", 7002),
+            ]),
+        ]);
+        assert_eq!(master_of(&slots, 0), Some(("10.0.0.1".into(), 7000)));
+        assert_eq!(master_of(&slots, 5461), Some(("10.0.0.2".into(), 7001)));
+        assert_eq!(master_of(&Value::Array(vec![]), 1), None);
+    }
+}
