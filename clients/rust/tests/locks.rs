@@ -23,6 +23,22 @@ async fn setup() -> (Server, LockClient, MultiplexedConnection) {
 }
 
 /// `INFO commandstats` calls of one command (0 when it never ran).
+/// [`setup`] with a client that listens for the server's lost-hold signal.
+async fn setup_listening() -> (Server, LockClient, MultiplexedConnection) {
+    let server = Server::start();
+    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
+        .listen_for_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    (server, client, raw)
+}
+
 async fn calls(raw: &mut MultiplexedConnection, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -447,18 +463,8 @@ async fn fixed_lease_is_reported_lost_at_its_end_and_never_renewed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_signal_message_for_this_hold_marks_it_lost() {
-    // The server does not publish yet; the test publishes the message the server will.
-    let server = Server::start();
-    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
-        .listen_for_lost_signal()
-        .build()
-        .await
-        .unwrap();
-    let mut raw = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    // The test publishes the message itself: the library acts on the message whoever sends it.
+    let (_server, client, mut raw) = setup_listening().await;
     let guard = client.lock("orders:42").acquire().await.unwrap();
     let channel = "lock.lost:{orders:42}";
     // Wait for the subscription.
@@ -520,17 +526,7 @@ async fn a_lost_signal_message_for_this_hold_marks_it_lost() {
 /// removed or replaced by another command, on Redis 7.0: `observed_everywhere` false), nothing
 /// may be reported within 300 ms either: no false reason, and the watchdog stays the backstop.
 async fn lost_by_signal_after(end: &[&str], want: LostReason, observed_everywhere: bool) {
-    let server = Server::start();
-    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
-        .listen_for_lost_signal()
-        .build()
-        .await
-        .unwrap();
-    let mut raw = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let (_server, client, mut raw) = setup_listening().await;
     let guard = client.lock("k").acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await; // the subscription
     let lost = guard.lost();
@@ -640,17 +636,7 @@ async fn signal_reports_a_flush_of_the_holds_database_only() {
 async fn a_flush_message_does_not_report_a_hold_that_is_still_there() {
     // The message is only a cue: a hold the check still finds is not reported (here the message
     // is published by hand, with nothing flushed).
-    let server = Server::start();
-    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
-        .listen_for_lost_signal()
-        .build()
-        .await
-        .unwrap();
-    let mut raw = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let (_server, client, mut raw) = setup_listening().await;
     let guard = client.lock("k").acquire().await.unwrap();
     let semaphore = client.semaphore("s", 2).acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -694,17 +680,7 @@ async fn run_drops_the_work_when_the_hold_is_lost() {
             self.0.store(true, Ordering::SeqCst);
         }
     }
-    let server = Server::start();
-    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
-        .listen_for_lost_signal()
-        .build()
-        .await
-        .unwrap();
-    let mut raw = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let (_server, client, mut raw) = setup_listening().await;
     let dropped = Arc::new(AtomicBool::new(false));
     let finished = Arc::new(AtomicBool::new(false));
     let (d, f) = (dropped.clone(), finished.clone());
