@@ -642,7 +642,6 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_CloseKey }.is_some(),
             { raw::RedisModule_CreateCommand }.is_some(),
             { raw::RedisModule_CreateString }.is_some(),
-            { raw::RedisModule_CreateStringFromLongLong }.is_some(),
             { raw::RedisModule_CreateTimer }.is_some(),
             { raw::RedisModule_DeleteKey }.is_some(),
             { raw::RedisModule_FreeCallReply }.is_some(),
