@@ -19,7 +19,12 @@ async fn main() -> Result<(), LockError> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     let args: Vec<String> = std::env::args().skip(1).collect();
     let client = LockClient::open(&url).await?;
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["try", key] => match client.lock(*key).try_acquire().await? {
             None => println!("busy"),
             Some(mut guard) => {
