@@ -135,18 +135,19 @@ fn keyspace_events_can_be_switched_off() {
     assert!(pubsub.get_message().is_err(), "no event was expected");
 }
 
-/// The README's `ACL SETUSER` lines (section *ACL*), each split into its arguments: the tests
-/// create users exactly as the README tells readers to.
+/// The `ACL SETUSER` lines of docs/operations.md (section *ACL*, moved there from the README),
+/// each split into its arguments: the tests create users exactly as the docs tell readers to.
 fn readme_acl_lines() -> Vec<Vec<String>> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+            .expect("docs/operations.md");
     let lines: Vec<Vec<String>> = readme
         .lines()
         .filter(|l| l.starts_with("ACL SETUSER "))
         .map(|l| l.split_whitespace().map(str::to_string).collect())
         .collect();
     let users: Vec<&str> = lines.iter().map(|l| l[2].as_str()).collect();
-    assert_eq!(users, ["app", "ops"], "the README's ACL lines");
+    assert_eq!(users, ["app", "ops"], "the ACL lines of docs/operations.md");
     lines
 }
 

@@ -50,6 +50,9 @@ class LostReason(enum.Enum):
     OVERWRITTEN = "overwritten"
     #: Signal ``evicted``: maxmemory evicted the key.
     EVICTED = "evicted"
+    #: Signal ``flushed <db>`` (FLUSHDB/FLUSHALL), after which ``LOCK.INFO key`` no longer showed
+    #: this owner with this token: the flush took the hold.
+    FLUSHED = "flushed"
 
 
 _SIGNAL_WORDS = {
@@ -134,11 +137,51 @@ def to_bytes(value: Key) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
+#: The default of the server's ``lock.lost-channel-prefix``.
+LOST_PREFIX = b"lock.lost"
+
+
+def flush_channel() -> bytes:
+    """The channel of the server's flush message, ``lock.lost:flush`` (no braces: the server
+    sends it with classic PUBLISH, which in a cluster reaches every node)."""
+    return LOST_PREFIX + b":flush"
+
+
+def parse_flush(payload: bytes) -> Optional[Union[int, str]]:
+    """``flushed <db>`` → the db number; ``flushed all`` → ``"all"``; anything else → None."""
+    parts = payload.split(b" ")
+    if len(parts) != 2 or parts[0] != b"flushed":
+        return None
+    if parts[1] == b"all":
+        return "all"
+    return int(parts[1]) if parts[1].isdigit() else None
+
+
+def flush_covers(db: Union[int, str], client_db: int) -> bool:
+    return db == "all" or db == client_db
+
+
+def shows_hold(info: object, owner: bytes, token: int) -> bool:
+    """Whether a RESP2 ``LOCK.INFO`` reply has a holder entry with this owner and token."""
+    if not isinstance(info, list):
+        return False
+    fields = dict(zip(info[::2], info[1::2]))
+    holders = fields.get(b"holders")
+    if not isinstance(holders, list):
+        return False
+    for entry in holders:
+        if isinstance(entry, list):
+            holder = dict(zip(entry[::2], entry[1::2]))
+            if holder.get(b"owner") == owner and holder.get(b"token") == token:
+                return True
+    return False
+
+
 def lost_signal_channel(key: Key) -> bytes:
     """The channel of ``key``'s lost-hold messages: ``lock.lost:{KEY}``, or ``lock.lost:KEY``
     when KEY already contains ``{`` (Redisson's naming, so it hashes to the key's slot)."""
     k = to_bytes(key)
-    return b"lock.lost:" + (k if b"{" in k else b"{" + k + b"}")
+    return LOST_PREFIX + b":" + (k if b"{" in k else b"{" + k + b"}")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol
 
 from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
+from redis.exceptions import AskError, ResponseError
 from redis.retry import Retry
 
 from ._common import LockServerError
@@ -44,11 +44,19 @@ def own_kwargs(connection_kwargs: dict[str, Any], command_timeout: float) -> dic
     return kwargs
 
 
+class Redirected(LockServerError):
+    """MOVED or ASK: in a cluster, the key's slot is served by another node. The library
+    refreshes its slot map and sends the command again (to the node that now serves the key)."""
+
+
 def server_error(e: ResponseError) -> LockServerError:
     """The server's own error line (redis-py strips known codes such as ERR; put it back)."""
     code: Optional[str] = getattr(e, "status_code", None)
     text = str(e)
-    return LockServerError(f"{code} {text}" if code else text)
+    line = f"{code} {text}" if code else text
+    if isinstance(e, AskError):
+        return Redirected(line)
+    return LockServerError(line)
 
 
 class RawConnection(Protocol):

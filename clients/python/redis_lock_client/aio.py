@@ -20,8 +20,11 @@ import weakref
 from types import TracebackType
 from typing import Any, Optional, Protocol, Union, cast
 
+import redis
 import redis.asyncio as aredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import ConnectionPool
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -47,14 +50,18 @@ from ._common import (
     Renewal,
     UnexpectedReply,
     acquire_args,
+    flush_channel,
+    flush_covers,
     is_final,
     lost_signal_channel,
     millis,
     new_client_id,
+    parse_flush,
     parse_token,
+    shows_hold,
     to_bytes,
 )
-from ._connect import own_kwargs, server_error
+from ._connect import Redirected, own_kwargs, server_error
 
 log = logging.getLogger("redis_lock_client")
 
@@ -172,13 +179,14 @@ class _Hold:
         self.pid = os.getpid()
         self.loop = asyncio.get_running_loop()
         self.task: Optional[asyncio.Task[None]] = None
+        self.hub: Optional[_SignalHub] = None
         _forkable.add(self)
 
     async def start(self) -> None:
         self.task = asyncio.create_task(_keep(self), name=f"redis-lock-watchdog:{self.token}")
-        hub = self.client._signals
-        if hub is not None:
-            await hub.watch(self)
+        self.hub = (await self.client._node_for(self.key)).signals
+        if self.hub is not None:
+            await self.hub.watch(self)
 
     def lose(self, reason: LostReason) -> None:
         self.status.mark_lost(reason)
@@ -186,9 +194,8 @@ class _Hold:
     def _lost(self, reason: LostReason) -> None:
         self.stop.set()
         self.lost_event.set()
-        hub = self.client._signals
-        if hub is not None:
-            hub.unwatch(self)
+        if self.hub is not None:
+            self.hub.unwatch(self)
         if self.on_lost is not None:
             try:
                 self.on_lost(reason)
@@ -198,15 +205,14 @@ class _Hold:
     async def send(self, args: list[Any]) -> Any:
         if self.own is not None:
             return await self.own.call(args, self.client.command_timeout)
-        return await self.client._commands.query(args)
+        return await self.client._query(self.key, args)
 
     async def end(self) -> None:
         self.stop.set()
         async with self.renewing:
             pass
-        hub = self.client._signals
-        if hub is not None:
-            hub.unwatch(self)
+        if self.hub is not None:
+            self.hub.unwatch(self)
 
     def after_fork(self) -> None:
         self.status.after_fork()
@@ -298,11 +304,18 @@ async def _watchdog(hold: _Hold) -> None:
 
 
 class _SignalHub:
-    """One pub/sub connection per client, read by one task; subscriptions are sent by the
-    acquiring task and confirmed to it by the reader."""
+    """One pub/sub connection per client (per master in a cluster), read by one task;
+    subscriptions are sent by the acquiring task and confirmed to it by the reader. In a cluster
+    the key channels are shard channels (``SSUBSCRIBE``). The flush channel (classic
+    ``SUBSCRIBE``) is subscribed first on every connection: on ``flushed <db>`` the holds
+    watched here are checked with ``LOCK.INFO`` and reported ``FLUSHED`` when gone."""
 
-    def __init__(self, connector: _Connector) -> None:
+    def __init__(self, client: AsyncLockClient, connector: _Connector, sharded: bool) -> None:
+        self._client = client
         self._connector = connector
+        self._subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        self._unsubscribe = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
+        self._db = int(connector.kwargs.get("db", 0) or 0)
         self._reset()
         _forkable.add(self)
 
@@ -312,6 +325,7 @@ class _SignalHub:
         self._conn: Optional[_RawConnection] = None
         self._connected: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task[None]] = None
+        self._verifying: set[asyncio.Task[None]] = set()
 
     async def watch(self, hold: _Hold) -> None:
         channel = lost_signal_channel(hold.key)
@@ -325,7 +339,7 @@ class _SignalHub:
                 self._connected = asyncio.Event()
                 self._task = asyncio.create_task(self._run(), name="redis-lock-signal")
             elif self._conn is not None:
-                await self._send("SUBSCRIBE", channel)
+                await self._send(self._subscribe, channel)
         try:
             await asyncio.wait_for(event.wait(), self._connector.timeout)
         except asyncio.TimeoutError:
@@ -342,7 +356,7 @@ class _SignalHub:
         del self._watched[channel]
         self._confirmed.pop(channel, None)
         if self._conn is not None:
-            asyncio.get_running_loop().create_task(self._send("UNSUBSCRIBE", channel))
+            asyncio.get_running_loop().create_task(self._send(self._unsubscribe, channel))
 
     async def _send(self, op: str, channel: bytes) -> None:
         conn = self._conn
@@ -373,10 +387,16 @@ class _SignalHub:
             delay = 0.05
             self._conn = conn
             try:
+                # The flush channel first: confirmed before any key's channel is.
+                await conn.send_command("SUBSCRIBE", flush_channel(), check_health=False)
                 for channel in list(self._confirmed):
-                    await conn.send_command("SUBSCRIBE", channel, check_health=False)
+                    await conn.send_command(self._subscribe, channel, check_health=False)
                 while True:
-                    self._handle(await conn.read_response(timeout=math.inf))
+                    try:
+                        reply = await conn.read_response(timeout=math.inf)
+                    except ResponseError:
+                        continue  # e.g. MOVED for a key whose channel is in another slot
+                    self._handle(reply)
             except _IO_ERRORS:
                 self._conn = None
                 await conn.disconnect(nowait=True)
@@ -385,11 +405,16 @@ class _SignalHub:
         if not isinstance(reply, list) or len(reply) < 3:
             return
         kind, channel, payload = reply[0], reply[1], reply[2]
-        if kind == b"subscribe":
+        if kind in (b"subscribe", b"ssubscribe"):
             event = self._confirmed.get(channel)
             if event is not None:
                 event.set()
-        elif kind == b"message" and isinstance(payload, bytes):
+        elif kind in (b"message", b"smessage") and isinstance(payload, bytes):
+            if channel == flush_channel():
+                db = parse_flush(payload)
+                if db is not None and flush_covers(db, self._db):
+                    self._verify_all()
+                return
             signal = LostSignal.parse(payload)
             if signal is None:
                 return
@@ -398,39 +423,67 @@ class _SignalHub:
                 if hold is not None and hold.owner == signal.owner and hold.token == signal.token:
                     hold.lose(signal.reason)
 
+    def _verify_all(self) -> None:
+        holds = [h for refs in self._watched.values() for r in refs if (h := r()) is not None]
+        if holds:
+            task = asyncio.get_running_loop().create_task(self._client._verify(holds))
+            self._verifying.add(task)
+            task.add_done_callback(self._verifying.discard)
+
     def after_fork(self) -> None:
         self._reset()
 
 
+class _Node:
+    """One server (a cluster: one master): its connections and its signal listener."""
+
+    def __init__(self, client: AsyncLockClient, connector: _Connector, sharded: bool) -> None:
+        self.commands = connector
+        self.signals = _SignalHub(client, connector, sharded) if client._lost_signal else None
+
+    async def close(self) -> None:
+        if self.signals is not None:
+            await self.signals.close()
+        await self.commands.pool.disconnect()
+
+
 class AsyncLockClient:
-    """The asyncio twin of :class:`redis_lock_client.LockClient`: same constructors, same
-    connections (a pool, a fresh one per waiting acquire, one per EPHEMERAL hold, one pub/sub
-    connection read by one task). Create it, and use its locks, on one event loop."""
+    """The asyncio twin of :class:`redis_lock_client.LockClient`: same constructors (and
+    ``redis.asyncio.cluster.RedisCluster``), same connections (per server or cluster master: a
+    pool, a fresh one per waiting acquire, one per EPHEMERAL hold, one pub/sub connection read by
+    one task). Create it, and use its locks, on one event loop."""
 
     def __init__(
         self,
-        redis_client: Optional[Union[aredis.Redis, ConnectionPool]] = None,
+        redis_client: Optional[Union[aredis.Redis, ConnectionPool, RedisCluster]] = None,
         *,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         lost_signal: bool = True,
         **connection_kwargs: Any,
     ) -> None:
-        if redis_client is not None:
-            pool = (
-                redis_client
-                if isinstance(redis_client, ConnectionPool)
-                else redis_client.connection_pool
-            )
-            cls: type[Any] = pool.connection_class
-            kwargs = {**pool.connection_kwargs, **connection_kwargs}
-        else:
-            cls = aredis.Connection
-            kwargs = connection_kwargs
         if command_timeout <= 0:
             raise ValueError("command_timeout must be positive")
         self.command_timeout = command_timeout
-        self._commands = _Connector(cls, kwargs, command_timeout)
-        self._signals: Optional[_SignalHub] = _SignalHub(self._commands) if lost_signal else None
+        self._lost_signal = lost_signal
+        self._extra = connection_kwargs
+        self._cluster: Optional[RedisCluster] = None
+        self._nodes: dict[str, _Node] = {}
+        self._single: Optional[_Node] = None
+        if isinstance(redis_client, RedisCluster):
+            self._cluster = redis_client
+        else:
+            if redis_client is not None:
+                pool = (
+                    redis_client
+                    if isinstance(redis_client, ConnectionPool)
+                    else redis_client.connection_pool
+                )
+                cls: type[Any] = pool.connection_class
+                kwargs = {**pool.connection_kwargs, **connection_kwargs}
+            else:
+                cls = aredis.Connection
+                kwargs = connection_kwargs
+            self._single = _Node(self, _Connector(cls, kwargs, command_timeout), sharded=False)
         self.id = new_client_id()
         self._pid = os.getpid()
         self._next = 0
@@ -445,10 +498,62 @@ class AsyncLockClient:
             lost_signal=lost_signal,
         )
 
+    async def _node_for(self, key: bytes) -> _Node:
+        if self._single is not None:
+            return self._single
+        cluster = cast(RedisCluster, self._cluster)
+        try:
+            await cluster.initialize()  # loads the slot map once; at once afterwards
+            node = cluster.nodes_manager.get_node_from_slot(key_slot(key))
+        except redis.RedisError as e:
+            raise LockConnectionError(f"no node serves {key!r}: {e}") from e
+        known = self._nodes.get(node.name)
+        if known is None:
+            kwargs = {**node.connection_kwargs, **self._extra}
+            connector = _Connector(node.connection_class, kwargs, self.command_timeout)
+            known = self._nodes[node.name] = _Node(self, connector, sharded=True)
+        return known
+
+    async def _refresh(self) -> None:
+        if self._cluster is None:
+            return
+        try:
+            await self._cluster.nodes_manager.initialize()
+        except redis.RedisError as e:
+            raise LockConnectionError(f"cluster slot map: {e}") from e
+
+    async def _query(self, key: bytes, args: list[Any]) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await (await self._node_for(key)).commands.query(args)
+            except Redirected:
+                if self._cluster is None or attempt >= RETRIES:
+                    raise
+                attempt += 1
+                await self._refresh()
+
+    async def _verify(self, holds: list[_Hold]) -> None:
+        """After a flush message: see LockClient._verify."""
+        for hold in holds:
+            if not hold.status.is_active():
+                continue
+            try:
+                reply = await self._query(hold.key, ["LOCK.INFO", hold.key])
+            except LockServerError as e:
+                if is_final(str(e)):
+                    hold.lose(LostReason.FLUSHED)
+                continue
+            except LockError:
+                continue
+            if not shows_hold(reply, hold.owner, hold.token):
+                hold.lose(LostReason.FLUSHED)
+
     async def aclose(self) -> None:
-        if self._signals is not None:
-            await self._signals.close()
-        await self._commands.pool.disconnect()
+        nodes = [self._single] if self._single is not None else list(self._nodes.values())
+        for node in nodes:
+            if node is not None:
+                await node.close()
 
     async def __aenter__(self) -> AsyncLockClient:
         return self
@@ -573,14 +678,19 @@ class AsyncLock:
             try:
                 if this_waits:
                     return await self._send_waiting(self._args(True, wait), wait)
-                return await self.client._commands.query(self._args(False, None))
+                return await self.client._query(self.key, self._args(False, None))
             except LockConnectionError:
                 if attempt >= RETRIES:
                     raise
                 attempt += 1
+            except Redirected:
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+                await self.client._refresh()
 
     async def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
-        connector = self.client._commands
+        connector = (await self.client._node_for(self.key)).commands
         try:
             conn = await connector.new()
         except _IO_ERRORS as e:
@@ -603,15 +713,23 @@ class AsyncLock:
             except LockConnectionError:
                 current.lose(LostReason.CONNECTION_CLOSED)
                 raise
-        try:
-            own = _OwnConnection(await self.client._commands.new())
-        except _IO_ERRORS as e:
-            raise LockConnectionError(f"connect: {e}") from e
-        try:
-            return await own.call(args, timeout), own
-        except (LockError, asyncio.CancelledError):
-            await own.close()
-            raise
+        attempt = 0
+        while True:
+            try:
+                own = _OwnConnection(await (await self.client._node_for(self.key)).commands.new())
+            except _IO_ERRORS as e:
+                raise LockConnectionError(f"connect: {e}") from e
+            try:
+                return await own.call(args, timeout), own
+            except Redirected:
+                await own.close()
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+                await self.client._refresh()
+            except (LockError, asyncio.CancelledError):
+                await own.close()
+                raise
 
     async def _settle(
         self,

@@ -13,6 +13,8 @@ from types import TracebackType
 from typing import Any, Optional, Union, cast
 
 import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -39,14 +41,18 @@ from ._common import (
     Renewal,
     UnexpectedReply,
     acquire_args,
+    flush_channel,
+    flush_covers,
     is_final,
     lost_signal_channel,
     millis,
     new_client_id,
+    parse_flush,
     parse_token,
+    shows_hold,
     to_bytes,
 )
-from ._connect import RawConnection, own_kwargs, server_error
+from ._connect import RawConnection, Redirected, own_kwargs, server_error
 
 log = logging.getLogger("redis_lock_client")
 
@@ -169,6 +175,8 @@ class _Hold:
         self.on_lost = on_lost
         self.status = HoldStatus(self._lost)
         self.pid = os.getpid()
+        # The signal listener of the key's node (standalone: the client's one), set by start().
+        self.hub: Optional[_SignalHub] = None
         self.thread = threading.Thread(
             target=_keep, args=(self,), name=f"redis-lock-watchdog:{token}", daemon=True
         )
@@ -176,9 +184,9 @@ class _Hold:
 
     def start(self) -> None:
         self.thread.start()
-        hub = self.client._hub()
-        if hub is not None:
-            hub.watch(self)
+        self.hub = self.client._node_for(self.key).signals
+        if self.hub is not None:
+            self.hub.watch(self)
 
     def lose(self, reason: LostReason) -> None:
         self.status.mark_lost(reason)
@@ -186,9 +194,8 @@ class _Hold:
     def _lost(self, reason: LostReason) -> None:
         self.stop.set()
         self.lost_event.set()
-        hub = self.client._signals
-        if hub is not None:
-            hub.unwatch(self)
+        if self.hub is not None:
+            self.hub.unwatch(self)
         if self.on_lost is not None:
             try:
                 self.on_lost(reason)
@@ -198,16 +205,15 @@ class _Hold:
     def send(self, args: list[Any]) -> Any:
         if self.own is not None:
             return self.own.call(args, self.client.command_timeout)
-        return self.client._commands.query(args)
+        return self.client._query(self.key, args)
 
     def end(self) -> None:
         """Released: stop the watchdog and wait out a renewal in flight."""
         self.stop.set()
         with self.renewing:
             pass
-        hub = self.client._signals
-        if hub is not None:
-            hub.unwatch(self)
+        if self.hub is not None:
+            self.hub.unwatch(self)
 
     def after_fork(self) -> None:
         """In a forked child: the hold is the parent's. Mark it lost without a callback, renew
@@ -295,15 +301,23 @@ def _watchdog(hold: _Hold) -> None:
 
 
 class _SignalHub:
-    """The client's one pub/sub connection for the lost-hold signal, read by one thread.
+    """One pub/sub connection (per node in a cluster) for the lost-hold signal, read by one thread.
 
     Holds are watched by channel (one per key); a message marks a hold lost only if its owner
-    and token are the hold's. Pub/sub is at-most-once: a message sent while the connection is
-    down is gone, and the watchdog stays the backstop.
+    and token are the hold's. In a cluster the channels are shard channels (``SSUBSCRIBE`` on
+    the key's node), as the server sends them with ``SPUBLISH``. The connection also listens to
+    the flush channel (classic ``SUBSCRIBE``; a cluster ``PUBLISH`` reaches every node): on
+    ``flushed <db>`` every hold watched here is checked at once with ``LOCK.INFO`` and reported
+    ``FLUSHED`` if the server no longer shows it. Pub/sub is at-most-once: a message sent while
+    the connection is down is gone, and the watchdog stays the backstop.
     """
 
-    def __init__(self, connector: _Connector) -> None:
+    def __init__(self, client: LockClient, connector: _Connector, sharded: bool) -> None:
+        self._client = client
         self._connector = connector
+        self._subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        self._unsubscribe = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
+        self._db = int(connector.kwargs.get("db", 0) or 0)
         self._reset()
         _forkable.add(self)
 
@@ -327,7 +341,7 @@ class _SignalHub:
             event = self._confirmed.get(channel)
             if event is None:
                 event = self._confirmed[channel] = threading.Event()
-                self._pending.append(("SUBSCRIBE", channel))
+                self._pending.append((self._subscribe, channel))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="redis-lock-signal", daemon=True
@@ -347,7 +361,7 @@ class _SignalHub:
                 return
             del self._watched[channel]
             self._confirmed.pop(channel, None)
-            self._pending.append(("UNSUBSCRIBE", channel))
+            self._pending.append((self._unsubscribe, channel))
         self._wake()
 
     def close(self) -> None:
@@ -373,14 +387,19 @@ class _SignalHub:
                     continue
                 delay = 0.05
                 with self._lock:
-                    self._pending = [("SUBSCRIBE", c) for c in self._confirmed]
+                    # The flush channel first: confirmed before any key's channel is.
+                    self._pending = [("SUBSCRIBE", flush_channel())]
+                    self._pending += [(self._subscribe, c) for c in self._confirmed]
             with self._lock:
                 ops, self._pending = self._pending, []
             try:
                 for op, channel in ops:
                     conn.send_command(op, channel, check_health=False)
                 while conn.can_read(timeout=0):
-                    self._handle(conn.read_response())
+                    try:
+                        self._handle(conn.read_response())
+                    except ResponseError:
+                        pass  # e.g. MOVED for a key whose channel is in another slot
                 sock = getattr(conn, "_sock", None)
                 if sock is None:
                     raise RedisConnectionError("the pub/sub connection closed")
@@ -397,12 +416,17 @@ class _SignalHub:
         if not isinstance(reply, list) or len(reply) < 3:
             return
         kind, channel, payload = reply[0], reply[1], reply[2]
-        if kind == b"subscribe":
+        if kind in (b"subscribe", b"ssubscribe"):
             with self._lock:
                 event = self._confirmed.get(channel)
             if event is not None:
                 event.set()
-        elif kind == b"message" and isinstance(payload, bytes):
+        elif kind in (b"message", b"smessage") and isinstance(payload, bytes):
+            if channel == flush_channel():
+                db = parse_flush(payload)
+                if db is not None and flush_covers(db, self._db):
+                    self._verify_all()
+                return
             signal = LostSignal.parse(payload)
             if signal is None:
                 return
@@ -413,49 +437,83 @@ class _SignalHub:
                 if hold is not None and hold.owner == signal.owner and hold.token == signal.token:
                     hold.lose(signal.reason)
 
+    def _verify_all(self) -> None:
+        """After a flush: every hold watched here is checked, on a thread of its own (the
+        listener keeps reading), with LOCK.INFO, which changes nothing."""
+        with self._lock:
+            holds = [h for refs in self._watched.values() for r in refs if (h := r()) is not None]
+        if holds:
+            threading.Thread(
+                target=self._client._verify, args=(holds,), name="redis-lock-flush", daemon=True
+            ).start()
+
     def after_fork(self) -> None:
         """In a forked child: the listener thread does not exist here; start afresh on demand."""
         self._reset()
 
 
-class LockClient:
-    """Makes lock handles on one server, with the library's own connections to it.
+class _Node:
+    """One server (a cluster: one master): its connections and its signal listener."""
 
-    ``LockClient(redis.Redis(...))``, ``LockClient.from_url("redis://...")`` or
-    ``LockClient(host=..., port=...)``: the address, credentials and TLS are taken from what is
-    given; the library's connections use their own read timeout (``command_timeout``) and no
-    redis-py retries. Connections: a pool for ordinary commands (acquire without waiting,
-    renewals, releases), a fresh connection for each acquire that waits, one connection owned by
-    each EPHEMERAL hold, and (``lost_signal=True``, the default) one pub/sub connection read by
-    one thread for the server's lost-hold signal.
+    def __init__(self, client: LockClient, connector: _Connector, sharded: bool) -> None:
+        self.commands = connector
+        self.signals = _SignalHub(client, connector, sharded) if client._lost_signal else None
+
+    def close(self) -> None:
+        if self.signals is not None:
+            self.signals.close()
+        self.commands.pool.disconnect()
+
+
+class LockClient:
+    """Makes lock handles on one server or one Redis Cluster, with the library's own
+    connections to it.
+
+    ``LockClient(redis.Redis(...))``, ``LockClient(redis.cluster.RedisCluster(...))``,
+    ``LockClient.from_url("redis://...")`` or ``LockClient(host=..., port=...)``: the address,
+    credentials and TLS are taken from what is given; the library's connections use their own
+    read timeout (``command_timeout``) and no redis-py retries. Connections, per server (in a
+    cluster: per master, each command going to the master that serves its key, a MOVED reply
+    refreshing the slot map): a pool for ordinary commands (acquire without waiting, renewals,
+    releases), a fresh connection for each acquire that waits, one connection owned by each
+    EPHEMERAL hold, and (``lost_signal=True``, the default) one pub/sub connection read by one
+    thread for the server's lost-hold signal (``SSUBSCRIBE`` in a cluster) and flush message.
 
     Each client has a random id; each handle it makes is its own owner ``<client id>:<n>``.
     """
 
     def __init__(
         self,
-        redis_client: Optional[Union[redis.Redis, ConnectionPool]] = None,
+        redis_client: Optional[Union[redis.Redis, ConnectionPool, RedisCluster]] = None,
         *,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         lost_signal: bool = True,
         **connection_kwargs: Any,
     ) -> None:
-        if redis_client is not None:
-            pool = (
-                redis_client
-                if isinstance(redis_client, ConnectionPool)
-                else redis_client.connection_pool
-            )
-            cls: type[AbstractConnection] = pool.connection_class
-            kwargs = {**pool.connection_kwargs, **connection_kwargs}
-        else:
-            cls = redis.Connection
-            kwargs = connection_kwargs
         if command_timeout <= 0:
             raise ValueError("command_timeout must be positive")
         self.command_timeout = command_timeout
-        self._commands = _Connector(cls, kwargs, command_timeout)
-        self._signals: Optional[_SignalHub] = _SignalHub(self._commands) if lost_signal else None
+        self._lost_signal = lost_signal
+        self._extra = connection_kwargs
+        self._cluster: Optional[RedisCluster] = None
+        self._nodes: dict[str, _Node] = {}
+        self._nodes_lock = threading.Lock()
+        self._single: Optional[_Node] = None
+        if isinstance(redis_client, RedisCluster):
+            self._cluster = redis_client
+        else:
+            if redis_client is not None:
+                pool = (
+                    redis_client
+                    if isinstance(redis_client, ConnectionPool)
+                    else redis_client.connection_pool
+                )
+                cls: type[AbstractConnection] = pool.connection_class
+                kwargs = {**pool.connection_kwargs, **connection_kwargs}
+            else:
+                cls = redis.Connection
+                kwargs = connection_kwargs
+            self._single = _Node(self, _Connector(cls, kwargs, command_timeout), sharded=False)
         self.id = new_client_id()
         self._pid = os.getpid()
         self._next = 0
@@ -465,6 +523,7 @@ class LockClient:
     def after_fork(self) -> None:
         """In a forked child: a new id, so that the child's owners are not the parent's."""
         self._next_lock = threading.Lock()
+        self._nodes_lock = threading.Lock()
         self.id = new_client_id()
 
     @classmethod
@@ -478,14 +537,74 @@ class LockClient:
             lost_signal=lost_signal,
         )
 
-    def _hub(self) -> Optional[_SignalHub]:
-        return self._signals
+    def _node_for(self, key: bytes) -> _Node:
+        """The server that serves ``key`` (standalone: the one server)."""
+        if self._single is not None:
+            return self._single
+        cluster = cast(RedisCluster, self._cluster)
+        try:
+            node = cluster.nodes_manager.get_node_from_slot(key_slot(key))
+        except redis.RedisError as e:
+            raise LockConnectionError(f"no node serves {key!r}: {e}") from e
+        with self._nodes_lock:
+            known = self._nodes.get(node.name)
+            if known is None:
+                pool = node.redis_connection.connection_pool
+                kwargs = {**pool.connection_kwargs, **self._extra}
+                connector = _Connector(pool.connection_class, kwargs, self.command_timeout)
+                known = self._nodes[node.name] = _Node(self, connector, sharded=True)
+            return known
+
+    def _refresh(self) -> None:
+        """A MOVED/ASK reply: the slot map is stale (a resharding, a failover); load it again."""
+        if self._cluster is None:
+            return
+        try:
+            self._cluster.nodes_manager.initialize()
+        except redis.RedisError as e:
+            raise LockConnectionError(f"cluster slot map: {e}") from e
+
+    def _query(self, key: bytes, args: list[Any]) -> Any:
+        """One command on a pooled connection to the key's server, sent again (up to twice)
+        to the right node after a MOVED/ASK."""
+        attempt = 0
+        while True:
+            try:
+                return self._node_for(key).commands.query(args)
+            except Redirected:
+                if self._cluster is None or attempt >= RETRIES:
+                    raise
+                attempt += 1
+                self._refresh()
+
+    def _verify(self, holds: list[_Hold]) -> None:
+        """After a flush message: each hold still active is looked up with LOCK.INFO (a read
+        that changes nothing) and reported FLUSHED unless the server still shows its owner with
+        its token. A connection error leaves it to the watchdog."""
+        for hold in holds:
+            if not hold.status.is_active():
+                continue
+            try:
+                reply = self._query(hold.key, ["LOCK.INFO", hold.key])
+            except LockServerError as e:
+                if is_final(str(e)):
+                    hold.lose(LostReason.FLUSHED)
+                continue
+            except LockError:
+                continue
+            if not shows_hold(reply, hold.owner, hold.token):
+                hold.lose(LostReason.FLUSHED)
+
+    def _all_nodes(self) -> list[_Node]:
+        if self._single is not None:
+            return [self._single]
+        with self._nodes_lock:
+            return list(self._nodes.values())
 
     def close(self) -> None:
-        """Stops the signal listener and closes pooled connections. Holds keep their own."""
-        if self._signals is not None:
-            self._signals.close()
-        self._commands.pool.disconnect()
+        """Stops the signal listeners and closes pooled connections. Holds keep their own."""
+        for node in self._all_nodes():
+            node.close()
 
     def __enter__(self) -> LockClient:
         return self
@@ -642,14 +761,19 @@ class Lock:
             try:
                 if this_waits:
                     return self._send_waiting(self._args(True, wait), wait)
-                return self.client._commands.query(self._args(False, None))
+                return self.client._query(self.key, self._args(False, None))
             except LockConnectionError:
                 if attempt >= RETRIES:
                     raise
                 attempt += 1
+            except Redirected:
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+                self.client._refresh()
 
     def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
-        connector = self.client._commands
+        connector = self.client._node_for(self.key).commands
         try:
             conn = connector.new()
         except _IO_ERRORS as e:
@@ -672,15 +796,23 @@ class Lock:
             except LockConnectionError:
                 current.lose(LostReason.CONNECTION_CLOSED)
                 raise
-        try:
-            own = _OwnConnection(self.client._commands.new())
-        except _IO_ERRORS as e:
-            raise LockConnectionError(f"connect: {e}") from e
-        try:
-            return own.call(args, timeout), own
-        except LockError:
-            own.close()
-            raise
+        attempt = 0
+        while True:
+            try:
+                own = _OwnConnection(self.client._node_for(self.key).commands.new())
+            except _IO_ERRORS as e:
+                raise LockConnectionError(f"connect: {e}") from e
+            try:
+                return own.call(args, timeout), own
+            except Redirected:
+                own.close()
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+                self.client._refresh()
+            except LockError:
+                own.close()
+                raise
 
     def _settle(
         self,

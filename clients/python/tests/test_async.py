@@ -20,6 +20,7 @@ def info(server: Server, key: str):
     return None if reply is None else dict(zip(reply[::2], reply[1::2]))
 
 
+@pytest.mark.scenario("acquire-try", "release-idempotent")
 def test_async_acquire_try_and_release(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url) as client:
@@ -31,6 +32,7 @@ def test_async_acquire_try_and_release(server, key):
     run(main())
 
 
+@pytest.mark.scenario("acquire-wait", "acquire-timeout")
 def test_async_wait_is_granted_on_release_and_times_out(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url) as client:
@@ -52,6 +54,7 @@ def test_async_wait_is_granted_on_release_and_times_out(server, key):
     run(main())
 
 
+@pytest.mark.scenario("reentry")
 def test_async_reentry_and_context_manager(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url) as client:
@@ -65,6 +68,7 @@ def test_async_reentry_and_context_manager(server, key):
     run(main())
 
 
+@pytest.mark.scenario("read-write", "semaphore")
 def test_async_read_write_and_semaphore(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url) as client:
@@ -82,6 +86,7 @@ def test_async_read_write_and_semaphore(server, key):
     run(main())
 
 
+@pytest.mark.scenario("watchdog", "no-renewal-after-release")
 def test_async_watchdog_renews_and_stops_after_release(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url) as client:
@@ -97,6 +102,7 @@ def test_async_watchdog_renews_and_stops_after_release(server, key):
     run(main())
 
 
+@pytest.mark.scenario("lost-unreachable")
 def test_async_blocked_loop_reports_the_hold_unreachable_when_it_resumes(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url, lost_signal=False) as client:
@@ -109,6 +115,7 @@ def test_async_blocked_loop_reports_the_hold_unreachable_when_it_resumes(server,
     run(main())
 
 
+@pytest.mark.scenario("lost-forcereleased")
 def test_async_force_release_is_reported_by_the_signal_within_100_ms(server, key):
     async def main() -> None:
         seen: list[LostReason] = []
@@ -121,6 +128,7 @@ def test_async_force_release_is_reported_by_the_signal_within_100_ms(server, key
     run(main())
 
 
+@pytest.mark.scenario("lost-hold-gone")
 def test_async_force_release_is_reported_by_the_watchdog_without_the_signal(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url, lost_signal=False) as client:
@@ -131,6 +139,7 @@ def test_async_force_release_is_reported_by_the_watchdog_without_the_signal(serv
     run(main())
 
 
+@pytest.mark.scenario("ephemeral-owned-connection", "lost-disconnected")
 @pytest.mark.parametrize("signal", [True, False])
 def test_async_ephemeral_hold_ends_with_its_connection(server, key, signal):
     async def main() -> None:

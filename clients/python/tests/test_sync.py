@@ -41,6 +41,7 @@ def info(server: Server, key: str) -> dict[bytes, object] | None:
     return dict(zip(reply[::2], reply[1::2]))
 
 
+@pytest.mark.scenario("acquire-try")
 def test_try_acquire_answers_none_when_busy_and_acquire_takes_a_free_key(server, client, key):
     guard = client.lock(key).acquire()
     assert guard.token > 0
@@ -50,6 +51,7 @@ def test_try_acquire_answers_none_when_busy_and_acquire_takes_a_free_key(server,
     assert info(server, key) is None
 
 
+@pytest.mark.scenario("acquire-wait")
 def test_acquire_waits_in_the_server_and_is_granted_on_release(client, key):
     held = client.lock(key).acquire()
     threading.Timer(0.3, held.release).start()
@@ -60,6 +62,7 @@ def test_acquire_waits_in_the_server_and_is_granted_on_release(client, key):
     guard.release()
 
 
+@pytest.mark.scenario("acquire-timeout")
 def test_acquire_raises_lock_timeout_when_the_wait_passes(client, key):
     held = client.lock(key).acquire()
     start = time.monotonic()
@@ -70,6 +73,7 @@ def test_acquire_raises_lock_timeout_when_the_wait_passes(client, key):
     held.release()
 
 
+@pytest.mark.scenario("reentry", "release-idempotent")
 def test_reentry_is_per_handle_counted_in_the_client_and_release_is_idempotent(server, client, key):
     lock = client.lock(key)
     first = lock.acquire()
@@ -85,6 +89,7 @@ def test_reentry_is_per_handle_counted_in_the_client_and_release_is_idempotent(s
     assert info(server, key) is None
 
 
+@pytest.mark.scenario("reentry")
 def test_with_block_releases_and_nests(server, client, key):
     lock = client.lock(key)
     with lock as outer:
@@ -94,6 +99,7 @@ def test_with_block_releases_and_nests(server, client, key):
     assert info(server, key) is None
 
 
+@pytest.mark.scenario("read-write")
 def test_read_locks_share_and_exclude_the_writer(client, key):
     r1 = client.read_lock(key).acquire()
     r2 = client.read_lock(key).acquire()
@@ -107,6 +113,7 @@ def test_read_locks_share_and_exclude_the_writer(client, key):
     w.release()
 
 
+@pytest.mark.scenario("semaphore")
 def test_semaphore_grants_limit_permits(client, key):
     a = client.semaphore(key, 2).acquire()
     b = client.semaphore(key, 2).acquire()
@@ -118,6 +125,7 @@ def test_semaphore_grants_limit_permits(client, key):
     c.release()
 
 
+@pytest.mark.scenario("watchdog")
 def test_watchdog_renews_across_leases_while_the_main_thread_spins_in_python(server, client, key):
     guard = client.lock(key, lease=0.6).acquire()
     before = server.commandstat("lock.renew")
@@ -134,6 +142,7 @@ def test_watchdog_renews_across_leases_while_the_main_thread_spins_in_python(ser
     guard.release()
 
 
+@pytest.mark.scenario("no-renewal-after-release")
 def test_nothing_renews_after_release(server, client, key):
     guard = client.lock(key, lease=0.3).acquire()
     time.sleep(0.5)
@@ -143,6 +152,7 @@ def test_nothing_renews_after_release(server, client, key):
     assert server.commandstat("lock.renew") == after
 
 
+@pytest.mark.scenario("lost-forcereleased")
 def test_force_release_is_reported_by_the_signal_within_100_ms(server, client, key):
     seen: list[LostReason] = []
     guard = client.lock(key, on_lost=seen.append).acquire()  # lease 30 s: no renewal soon
@@ -159,6 +169,7 @@ def test_force_release_is_reported_by_the_signal_within_100_ms(server, client, k
     assert guard.release() is Release.ALREADY_RELEASED
 
 
+@pytest.mark.scenario("lost-hold-gone")
 def test_force_release_is_reported_by_the_watchdog_without_the_signal(server, key):
     client = LockClient.from_url(server.url, lost_signal=False)
     guard = client.lock(key, lease=0.6).acquire()
@@ -168,6 +179,7 @@ def test_force_release_is_reported_by_the_watchdog_without_the_signal(server, ke
     client.close()
 
 
+@pytest.mark.scenario("lost-exit-raises")
 def test_with_block_raises_not_held_when_the_hold_was_lost_inside(server, client, key):
     with pytest.raises(NotHeld):
         with client.lock(key) as guard:
@@ -175,6 +187,7 @@ def test_with_block_raises_not_held_when_the_hold_was_lost_inside(server, client
             assert guard.lost.wait(1.0)
 
 
+@pytest.mark.scenario("ephemeral-owned-connection", "lost-disconnected")
 def test_ephemeral_hold_lives_on_its_own_connection_and_ends_with_it(server, client, key):
     guard = client.lock(key, ephemeral=True, lease=30).acquire()
     conn_id = info(server, key)[b"ephemeral"]
@@ -187,6 +200,7 @@ def test_ephemeral_hold_lives_on_its_own_connection_and_ends_with_it(server, cli
     other.release()
 
 
+@pytest.mark.scenario("ephemeral-owned-connection", "lost-disconnected")
 def test_ephemeral_close_is_seen_without_the_signal(server, key):
     client = LockClient.from_url(server.url, lost_signal=False)
     guard = client.lock(key, ephemeral=True, lease=30).acquire()
@@ -210,6 +224,7 @@ def _child_after_fork(guard, lock, q) -> None:  # runs in the forked child
         q.put(repr(e))
 
 
+@pytest.mark.scenario("lost-forked")
 def test_a_forked_child_neither_renews_nor_releases_its_parents_hold(server, client, key):
     lock = client.lock(key, lease=0.6)
     guard = lock.acquire()
@@ -231,6 +246,7 @@ def test_a_forked_child_neither_renews_nor_releases_its_parents_hold(server, cli
     guard.release()
 
 
+@pytest.mark.scenario("lost-forked")
 def test_os_fork_child_has_no_watchdog_and_its_copies_are_lost(server, client, key):
     guard = client.lock(key, lease=0.6).acquire()
     r, w = os.pipe()
@@ -253,6 +269,7 @@ def test_os_fork_child_has_no_watchdog_and_its_copies_are_lost(server, client, k
     assert guard.release() is Release.RELEASED
 
 
+@pytest.mark.scenario("interop-raw", "interop-redisson")
 def test_a_python_hold_blocks_raw_lock_acquire_and_redissons_script(server, client, key):
     guard = client.lock(key).acquire()
     raw = server.client()
@@ -262,6 +279,7 @@ def test_a_python_hold_blocks_raw_lock_acquire_and_redissons_script(server, clie
     assert raw.eval(REDISSON_LOCK, 1, key, 30000, "redisson-uuid:1") is None  # acquired
 
 
+@pytest.mark.scenario("interop-raw", "interop-redisson")
 def test_raw_and_redisson_holds_block_the_python_library(server, client, key):
     raw = server.client()
     assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
@@ -274,3 +292,25 @@ def test_raw_and_redisson_holds_block_the_python_library(server, client, key):
     guard = client.lock(key).try_acquire()
     assert guard is not None
     guard.release()
+
+
+
+@pytest.mark.scenario("wait-own-connection")
+def test_a_wait_does_not_hold_up_the_clients_other_commands(server, client, key):
+    held = client.lock(key).acquire()
+    got: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(client.lock(key, wait_timeout=5).acquire()), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + 2
+    while info(server, key)[b"waiters"] != 1:  # the wait is queued in the server
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    start = time.monotonic()
+    other = client.lock(key + ":other").acquire()  # the same client, meanwhile
+    assert other.release() is Release.RELEASED
+    assert time.monotonic() - start < 1.0  # not behind the 5 s wait
+    held.release()
+    waiter.join(5)
+    assert len(got) == 1
+    got[0].release()  # type: ignore[attr-defined]

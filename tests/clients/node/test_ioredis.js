@@ -154,6 +154,55 @@ async function keysOnEveryNode(prefix) {
   return keys;
 }
 
+test('SHARED and LIMIT: readers share, a semaphore counts permits; LOCK.INFO has no top-level owner', async () => {
+  const redis = new Redis({ host: HOST, port: PORT });
+  const key = unique('ioredis:shared');
+  const t1 = await redis.call('LOCK.ACQUIRE', key, 'reader-1', 30000, 'SHARED');
+  const t2 = await redis.call('LOCK.ACQUIRE', key, 'reader-2', 30000, 'SHARED');
+  check(typeof t1 === 'number' && t2 > t1, `tokens ${t1} ${t2}`);
+  check((await redis.call('LOCK.ACQUIRE', key, 'writer', 30000)) === null, 'writer: null');
+  const info = await redis.call('LOCK.INFO', key);
+  check(JSON.stringify(info.filter((_, i) => i % 2 === 0)) === '["waiters","mode","holders"]', JSON.stringify(info));
+  const holder = info[5][0];
+  check(JSON.stringify(holder.filter((_, i) => i % 2 === 0)) === '["owner","mode","count","ttl","token","ephemeral"]', JSON.stringify(holder));
+  await redis.call('LOCK.FORCERELEASE', key);
+  const sem = unique('ioredis:limit');
+  check(typeof (await redis.call('LOCK.ACQUIRE', sem, 'a', 30000, 'LIMIT', 2)) === 'number', 'a');
+  check(typeof (await redis.call('LOCK.ACQUIRE', sem, 'b', 30000, 'LIMIT', 2)) === 'number', 'b');
+  check((await redis.call('LOCK.ACQUIRE', sem, 'c', 30000, 'LIMIT', 2)) === null, 'c: null');
+  check(fields(await redis.call('LOCK.INFO', sem)).limit === 2, 'limit 2');
+  await redis.call('LOCK.FORCERELEASE', sem);
+  redis.disconnect();
+});
+
+test('EPHEMERAL: a silent reconnect drops the hold (PING works, RENEW answers 0)', async () => {
+  const redis = new Redis({ host: HOST, port: PORT });
+  const key = unique('ioredis:ephemeral');
+  check(typeof (await redis.call('LOCK.ACQUIRE', key, 'worker-1', 30000, 'EPHEMERAL')) === 'number', 'token');
+  const id = await redis.client('ID');
+  check(fields(await redis.call('LOCK.INFO', key)).ephemeral === id, 'bound to this connection');
+  await admin.client('KILL', 'ID', id);
+  await sleep(300);
+  check((await redis.ping()) === 'PONG', 'the client reconnected by itself');
+  check((await redis.client('ID')) !== id, 'on a new connection');
+  check((await redis.call('LOCK.RENEW', key, 'worker-1', 30000)) === 0, 'RENEW: 0, the hold is gone');
+  check((await redis.call('LOCK.INFO', key)) === null, 'free');
+  redis.disconnect();
+});
+
+test('EPHEMERAL on a dedicated connection without reconnect: its loss is an error, not silence', async () => {
+  const holder = new Redis({ host: HOST, port: PORT, retryStrategy: () => null });
+  holder.on('error', () => {});
+  const key = unique('ioredis:ephemeral-dedicated');
+  await holder.call('LOCK.ACQUIRE', key, 'worker-1', 30000, 'EPHEMERAL');
+  check((await holder.call('LOCK.RENEW', key, 'worker-1', 30000)) === 1, 'renewed on it');
+  await admin.client('KILL', 'ID', await holder.client('ID'));
+  await sleep(200);
+  const error = await holder.call('LOCK.RENEW', key, 'worker-1', 30000).then(() => null, (e) => e);
+  check(error && /closed/i.test(error.message), `the next renewal fails: ${error}`);
+  check((await admin.call('LOCK.INFO', key)) === null, 'the hold ended with the connection');
+});
+
 test('cluster: LOCK.* goes to an arbitrary node and follows MOVED; results are right', async () => {
   const cluster = new Redis.Cluster([{ host: HOST, port: CLUSTER[0] }]);
   const keys = Object.values(await keysOnEveryNode(unique('ioredis:cluster')));

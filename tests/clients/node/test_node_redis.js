@@ -135,6 +135,67 @@ async function keysOnEveryNode(prefix) {
   return keys;
 }
 
+test('SHARED and LIMIT: readers share, a semaphore counts permits; LOCK.INFO has no top-level owner', async () => {
+  const client = await createClient({ url }).connect();
+  const key = unique('node-redis:shared');
+  const t1 = await client.sendCommand(['LOCK.ACQUIRE', key, 'reader-1', '30000', 'SHARED']);
+  const t2 = await client.sendCommand(['LOCK.ACQUIRE', key, 'reader-2', '30000', 'SHARED']);
+  check(typeof t1 === 'number' && t2 > t1, `tokens ${t1} ${t2}`);
+  check((await client.sendCommand(['LOCK.ACQUIRE', key, 'writer', '30000'])) === null, 'writer: null');
+  const info = await client.sendCommand(['LOCK.INFO', key]);
+  check(info.mode === 'shared' && !('owner' in info) && info.holders.length === 2, JSON.stringify(info));
+  check(JSON.stringify(Object.keys(info.holders[0])) === '["owner","mode","count","ttl","token","ephemeral"]', JSON.stringify(info));
+  await client.sendCommand(['LOCK.FORCERELEASE', key]);
+  const sem = unique('node-redis:limit');
+  check(typeof (await client.sendCommand(['LOCK.ACQUIRE', sem, 'a', '30000', 'LIMIT', '2'])) === 'number', 'a');
+  check(typeof (await client.sendCommand(['LOCK.ACQUIRE', sem, 'b', '30000', 'LIMIT', '2'])) === 'number', 'b');
+  check((await client.sendCommand(['LOCK.ACQUIRE', sem, 'c', '30000', 'LIMIT', '2'])) === null, 'c: null');
+  const semInfo = await client.sendCommand(['LOCK.INFO', sem]);
+  check(semInfo.mode === 'semaphore' && semInfo.limit === 2, JSON.stringify(semInfo));
+  await client.sendCommand(['LOCK.FORCERELEASE', sem]);
+  await client.close();
+});
+
+test('EPHEMERAL: a silent reconnect drops the hold (PING works, RENEW answers 0)', async () => {
+  const client = createClient({ url });
+  client.on('error', () => {});
+  await client.connect();
+  const key = unique('node-redis:ephemeral');
+  check(typeof (await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000', 'EPHEMERAL'])) === 'number', 'token');
+  const id = await client.sendCommand(['CLIENT', 'ID']);
+  check((await client.sendCommand(['LOCK.INFO', key])).ephemeral === id, 'bound to this connection');
+  await admin.sendCommand(['CLIENT', 'KILL', 'ID', String(id)]);
+  await sleep(300);
+  check((await client.ping()) === 'PONG', 'the client reconnected by itself');
+  check((await client.sendCommand(['LOCK.RENEW', key, 'worker-1', '30000'])) === 0, 'RENEW: 0, the hold is gone');
+  check((await client.sendCommand(['LOCK.INFO', key])) === null, 'free');
+  await client.close();
+});
+
+test('a WAIT holds up every other command of its client; on client.duplicate() it does not', async () => {
+  const key = unique('node-redis:wait-blocks');
+  await admin.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+  const client = await createClient({ url }).connect();
+  const waiting = client.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '1000']);
+  await sleep(50);
+  let t = Date.now();
+  await client.ping();
+  const blocked = Date.now() - t;
+  check((await waiting) === null, 'the WAIT timed out');
+  check(blocked >= 800, `PING waited behind the WAIT: ${blocked} ms`);
+  const waiter = await client.duplicate().connect();
+  const waited = waiter.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '1000']);
+  await sleep(50);
+  t = Date.now();
+  await client.ping();
+  const free = Date.now() - t;
+  check((await waited) === null, 'the WAIT timed out');
+  check(free < 500, `PING answered at once: ${free} ms`);
+  await admin.sendCommand(['LOCK.RELEASE', key, 'worker-1']);
+  await waiter.close();
+  await client.close();
+});
+
 test('cluster: sendCommand(key, false, [...]) goes straight to the key\'s node, WAIT included', async () => {
   const keys = await keysOnEveryNode(unique('node-redis:cluster'));
   const before = await movedPerNode();

@@ -327,6 +327,180 @@ def pattern_with_lock_renews_fences_and_releases():
     check(new > old and store.write(new, 1) and not store.write(old, 2), "the stale token is refused")
 
 
+# --- the lock family and LOCK.INFO's shape ----------------------------------------------------
+
+EXCLUSIVE_FIELDS = [b"owner", b"count", b"ttl", b"token", b"ephemeral", b"waiters", b"mode", b"holders"]
+HOLDER_FIELDS = [b"owner", b"mode", b"count", b"ttl", b"token", b"ephemeral"]
+
+
+@case
+def LOCK_INFO_fields_in_order_under_RESP2_for_each_kind_of_key():
+    r = redis.Redis(host=HOST, port=PORT, protocol=2)
+    key = unique("py:info-shape")
+    token = r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+    info = r.execute_command("LOCK.INFO", key)
+    check(info[::2] == EXCLUSIVE_FIELDS, f"exclusive: {info!r}")
+    holder = info[-1][0]
+    check(holder[::2] == HOLDER_FIELDS, f"holder entry: {holder!r}")
+    check(holder[1::2][:2] == [b"worker-1", b"exclusive"] and holder[11] is None, f"{holder!r}")
+    check(info[7] == token and info[9] is None, "token, ephemeral nil")
+    r.execute_command("LOCK.RELEASE", key, "worker-1")
+    r.execute_command("LOCK.ACQUIRE", key, "reader-1", 30000, "SHARED")
+    info = r.execute_command("LOCK.INFO", key)
+    check(info[::2] == [b"waiters", b"mode", b"holders"], f"shared: {info!r}")
+    r.execute_command("LOCK.FORCERELEASE", key)
+    r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "LIMIT", 3)
+    info = r.execute_command("LOCK.INFO", key)
+    check(info[::2] == [b"waiters", b"mode", b"limit", b"holders"], f"semaphore: {info!r}")
+    r.execute_command("LOCK.FORCERELEASE", key)
+
+
+@case
+def SHARED_readers_share_and_exclude_a_writer():
+    r = redis.Redis(host=HOST, port=PORT)
+    key = unique("py:shared")
+    t1 = r.execute_command("LOCK.ACQUIRE", key, "reader-1", 30000, "SHARED")  # a token
+    t2 = r.execute_command("LOCK.ACQUIRE", key, "reader-2", 30000, "SHARED")
+    check(isinstance(t1, int) and t2 > t1, f"tokens {t1} {t2}")
+    check(r.execute_command("LOCK.ACQUIRE", key, "writer", 30000) is None, "writer: None")
+    info = r.execute_command("LOCK.INFO", key)  # RESP3: a dict, no top-level owner
+    check(info[b"mode"] == b"shared" and b"owner" not in info, f"{info!r}")
+    check(sorted(h[b"owner"] for h in info[b"holders"]) == [b"reader-1", b"reader-2"], f"{info!r}")
+    check(r.execute_command("LOCK.RELEASE", key, "reader-1") == 0, "reader-1 holds nothing now")
+    check(r.execute_command("LOCK.RELEASE", key, "reader-2") == 0, "reader-2 too")
+    check(isinstance(r.execute_command("LOCK.ACQUIRE", key, "writer", 30000), int), "writer")
+    check(r.execute_command("LOCK.ACQUIRE", key, "reader-3", 30000, "SHARED") is None, "reader: None")
+    r.execute_command("LOCK.RELEASE", key, "writer")
+
+
+@case
+def LIMIT_counts_permits():
+    r = redis.Redis(host=HOST, port=PORT)
+    key = unique("py:limit")
+    check(isinstance(r.execute_command("LOCK.ACQUIRE", key, "a", 30000, "LIMIT", 2), int), "a")
+    check(isinstance(r.execute_command("LOCK.ACQUIRE", key, "b", 30000, "LIMIT", 2), int), "b")
+    check(r.execute_command("LOCK.ACQUIRE", key, "c", 30000, "LIMIT", 2) is None, "c: None")
+    info = r.execute_command("LOCK.INFO", key)
+    check(info[b"mode"] == b"semaphore" and info[b"limit"] == 2 and len(info[b"holders"]) == 2, f"{info!r}")
+    r.execute_command("LOCK.RELEASE", key, "a")
+    check(isinstance(r.execute_command("LOCK.ACQUIRE", key, "c", 30000, "LIMIT", 2), int), "c")
+    r.execute_command("LOCK.FORCERELEASE", key)
+
+
+# --- EPHEMERAL ----------------------------------------------------------------------------------
+
+
+def held(key):
+    return admin().execute_command("LOCK.INFO", key) is not None
+
+
+@case
+def EPHEMERAL_on_a_dedicated_connection_renewed_on_it_lives_until_that_connection_closes():
+    holder = redis.Redis(host=HOST, port=PORT, single_connection_client=True)
+    key = unique("py:ephemeral")
+    token = holder.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+    check(isinstance(token, int), f"token {token!r}")
+    info = holder.execute_command("LOCK.INFO", key)
+    check(info[b"ephemeral"] == holder.client_id(), f"bound to this connection: {info!r}")
+    check(holder.execute_command("LOCK.RENEW", key, "worker-1", 30000) == 1, "renewed on it")
+    holder.close()
+    time.sleep(0.1)
+    check(not held(key), "ended with the connection")
+
+
+@case
+def EPHEMERAL_through_a_pool_is_dropped_when_redis_py_closes_its_connection():
+    # A redis.Redis that goes out of scope closes its pool: the hold ends.
+    def scoped(key):
+        r = redis.Redis(host=HOST, port=PORT)
+        r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+
+    key = unique("py:eph-scope")
+    scoped(key)
+    import gc
+    gc.collect()
+    time.sleep(0.1)
+    check(not held(key), "out of scope: dropped")
+    # pool.disconnect() (what close() does) drops it too.
+    r = redis.Redis(host=HOST, port=PORT)
+    key = unique("py:eph-disconnect")
+    r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+    check(held(key), "held")
+    r.connection_pool.disconnect()
+    time.sleep(0.1)
+    check(not held(key), "pool.disconnect(): dropped")
+    # Another thread's command that times out on the same pooled connection (the acquire
+    # returned it to the pool, the thread took it next): redis-py closes it, the hold ends.
+    r = redis.Redis(host=HOST, port=PORT, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    key = unique("py:eph-timeout")
+    r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+    errors = []
+
+    def slow():
+        try:
+            r.execute_command("BLPOP", unique("py:nolist"), 2)
+        except redis.TimeoutError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    t.join()
+    time.sleep(0.1)
+    check(len(errors) == 1 and not held(key), "a timed-out command elsewhere dropped it")
+    check(r.ping(), "and the client goes on as if nothing happened")
+
+
+@case
+def EPHEMERAL_asyncio_aclose_and_leaving_async_with_drop_the_hold():
+    async def main():
+        key = unique("py:eph-aclose")
+        r = redis.asyncio.Redis(host=HOST, port=PORT)
+        await r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+        check(held(key), "held")
+        await r.aclose()
+        await asyncio.sleep(0.1)
+        check(not held(key), "aclose(): dropped")
+        key = unique("py:eph-async-with")
+        async with redis.asyncio.Redis(host=HOST, port=PORT) as r:
+            await r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+            check(held(key), "held inside")
+        await asyncio.sleep(0.1)
+        check(not held(key), "leaving async with: dropped")
+
+    asyncio.run(main())
+
+
+@case
+def EPHEMERAL_server_timeout_closes_an_idle_holder_unless_renewals_go_on_its_connection():
+    a = admin()
+    old = a.config_get("timeout")["timeout"]
+    a.config_set("timeout", 2)
+    try:
+        # Renewals every 1.5 s from ANOTHER connection: the holder's connection is idle for
+        # the server, which closes it after 2 s, and the hold ends with it.
+        holder = redis.Redis(host=HOST, port=PORT, single_connection_client=True)
+        other = redis.Redis(host=HOST, port=PORT)
+        key = unique("py:eph-idle")
+        holder.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+        renewed = []
+        for _ in range(3):
+            time.sleep(1.5)
+            renewed.append(other.execute_command("LOCK.RENEW", key, "worker-1", 30000))
+        check(renewed[0] == 1 and renewed[-1] == 0 and not held(key), f"renewals {renewed}")
+        holder.close()
+        # Renewals ON the holding connection keep it active: the hold lives.
+        holder = redis.Redis(host=HOST, port=PORT, single_connection_client=True)
+        key = unique("py:eph-renewed")
+        holder.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+        for _ in range(3):
+            time.sleep(1.5)
+            check(holder.execute_command("LOCK.RENEW", key, "worker-1", 30000) == 1, "renewed")
+        check(held(key), "still held after 4.5 s")
+        holder.close()
+    finally:
+        a.config_set("timeout", old)
+
+
 # --- cluster ---------------------------------------------------------------------------------
 
 
@@ -389,13 +563,23 @@ def cluster_sync_commands_go_straight_to_the_key_s_node():
     check(waiter.execute_command("LOCK.RELEASE", key, "worker-2") == 0, "release")
 
 
+def moved_total():
+    return sum(m for m, _ in node_stats().values())
+
+
 @case
-def cluster_asyncio_commands_go_straight_to_the_key_s_node():
+def cluster_asyncio_first_command_may_be_redirected_then_every_command_is_direct():
     async def main():
-        rc = redis.asyncio.cluster.RedisCluster(host=HOST, port=CLUSTER[0])
-        # Load the slot map and command table before the first command.
-        await rc.initialize()
         keys = keys_on_every_node(unique("py:acluster"))
+        # Without initialize(): the first command is sent before the client knows the slot
+        # map, so it may land on another node (one MOVED); from then on every command is direct.
+        rc = redis.asyncio.cluster.RedisCluster(host=HOST, port=CLUSTER[0])
+        first_key = keys[CLUSTER[2]]
+        before = moved_total()
+        check(await rc.execute_command("LOCK.INFO", first_key) is None, "first command")
+        first = moved_total() - before
+        check(first <= 1, f"first command: {first} MOVED")
+        print(f"# asyncio cluster without initialize(): first command {first} MOVED", flush=True)
         before = node_stats()
         for key in keys.values():
             check(isinstance(await rc.execute_command("LOCK.ACQUIRE", key, "w", 30000), int), "token")
@@ -403,11 +587,29 @@ def cluster_asyncio_commands_go_straight_to_the_key_s_node():
             check(await rc.execute_command("LOCK.RELEASE", key, "w") == 0, "release")
         after = node_stats()
         for port in CLUSTER:
-            check(after[port][0] == before[port][0], f"no MOVED on {port}")
+            check(after[port][0] == before[port][0], f"no MOVED on {port}: {before} -> {after}")
             check(after[port][1] - before[port][1] == 1, f"one acquire on {port}")
+        await rc.aclose()
+        # With initialize() first, the first command is direct too.
+        rc = redis.asyncio.cluster.RedisCluster(host=HOST, port=CLUSTER[0])
+        await rc.initialize()
+        before = moved_total()
+        check(await rc.execute_command("LOCK.INFO", first_key) is None, "first command")
+        check(moved_total() == before, "initialize(): no MOVED")
         await rc.aclose()
 
     asyncio.run(main())
+
+
+@case
+def cluster_EPHEMERAL_through_RedisCluster_is_dropped_by_close():
+    rc = RedisCluster(host=HOST, port=CLUSTER[0])
+    key = unique("py:cluster-eph")
+    rc.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+    check(rc.execute_command("LOCK.INFO", key) is not None, "held")
+    rc.close()
+    time.sleep(0.1)
+    check(RedisCluster(host=HOST, port=CLUSTER[0]).execute_command("LOCK.INFO", key) is None, "dropped")
 
 
 if __name__ == "__main__":

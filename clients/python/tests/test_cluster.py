@@ -1,0 +1,137 @@
+"""The library on a real 3-master Redis Cluster (see conftest.py's cluster fixture)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+import redis.asyncio.cluster
+
+from conftest import Cluster
+from redis_lock_client import AsyncLockClient, LockClient, LockTimeout, LostReason, lost_signal_channel
+
+# Keys whose slots fall on each of the three masters.
+KEYS = ["{a}:lock", "{b}:lock", "{c}:lock"]
+
+
+def unique(tag: str) -> str:
+    return "{" + tag + "}:" + uuid.uuid4().hex
+
+
+def info(cluster: Cluster, key: str):
+    reply = cluster.node_of(key).client().execute_command("LOCK.INFO", key)
+    return None if reply is None else dict(zip(reply[::2], reply[1::2]))
+
+
+@pytest.fixture
+def client(cluster: Cluster):
+    c = LockClient(cluster.redis_cluster())
+    yield c
+    c.close()
+
+
+@pytest.mark.scenario("cluster-routing")
+def test_commands_go_to_the_keys_master_with_no_moved(cluster, client):
+    assert {cluster.node_of(k).port for k in KEYS} == set(cluster.ports)  # one key per master
+    moved = cluster.errorstat("MOVED")
+    for tag in ("a", "b", "c"):
+        key = unique(tag)
+        guard = client.lock(key).acquire()
+        assert info(cluster, key)[b"owner"] == guard.owner  # on the key's own master
+        assert client.lock(key).try_acquire() is None
+        guard.release()
+        assert info(cluster, key) is None
+    assert cluster.errorstat("MOVED") == moved
+
+
+@pytest.mark.scenario("cluster-wait")
+def test_a_wait_blocks_on_its_own_connection_to_the_keys_master(cluster, client):
+    key = unique("b")
+    held = client.lock(key).acquire()
+    node = cluster.node_of(key)
+    threading.Timer(0.3, held.release).start()
+    start = time.monotonic()
+    guard = client.lock(key, wait_timeout=5).acquire()
+    assert 0.25 < time.monotonic() - start < 3
+    assert guard.token > held.token
+    assert node.commandstat("lock.acquire") >= 3
+    with pytest.raises(LockTimeout):
+        client.lock(key, wait_timeout=0.2).acquire()
+    guard.release()
+
+
+@pytest.mark.scenario("cluster-ephemeral")
+def test_ephemeral_hold_lives_on_a_guard_owned_connection_to_the_keys_master(cluster, client):
+    key = unique("c")
+    guard = client.lock(key, ephemeral=True).acquire()
+    node = cluster.node_of(key)
+    conn_id = info(cluster, key)[b"ephemeral"]
+    assert isinstance(conn_id, int)
+    node.client().execute_command("CLIENT", "KILL", "ID", conn_id)
+    assert guard.lost.wait(1.0)
+    assert guard.lost_reason in (LostReason.DISCONNECTED, LostReason.CONNECTION_CLOSED)
+    assert info(cluster, key) is None  # the server ended it with the connection
+
+
+@pytest.mark.scenario("cluster-signal")
+def test_the_lost_signal_is_heard_by_ssubscribe_on_the_keys_master(cluster, client):
+    for tag in ("a", "b", "c"):
+        key = unique(tag)
+        guard = client.lock(key).acquire()  # lease 30 s: no renewal can notice
+        node = cluster.node_of(key)
+        shard = node.client().execute_command("PUBSUB", "SHARDNUMSUB", lost_signal_channel(key))
+        assert shard[1] == 1  # subscribed on the key's own master, with SSUBSCRIBE
+        node.client().execute_command("LOCK.FORCERELEASE", key)
+        assert guard.lost.wait(0.1)
+        assert guard.lost_reason is LostReason.FORCE_RELEASED
+
+
+@pytest.mark.scenario("cluster-flushed")
+def test_a_flush_message_on_any_node_reaches_the_holds_of_the_flushed_master(cluster, client):
+    key = unique("a")
+    guard = client.lock(key).acquire()
+    kept = client.lock(unique("b")).acquire()
+    node = cluster.node_of(key)
+    node.client().execute_command("FLUSHALL")
+    # Classic PUBLISH in a cluster reaches every node (the server's message is not on this
+    # branch yet: the test sends it as the server will).
+    cluster.nodes[2].client().publish("lock.lost:flush", "flushed all")
+    assert guard.lost.wait(1.0)
+    assert guard.lost_reason is LostReason.FLUSHED
+    time.sleep(0.2)
+    assert not kept.lost.is_set()
+    kept.release()
+
+
+@pytest.mark.scenario("cluster-routing", "cluster-wait", "cluster-ephemeral", "cluster-signal")
+def test_async_cluster_client_routes_waits_and_hears_the_signal(cluster):
+    async def main() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        moved = cluster.errorstat("MOVED")
+        async with AsyncLockClient(rc) as client:
+            for tag in ("a", "b", "c"):
+                key = unique(tag)
+                held = await client.lock(key).acquire()
+                assert info(cluster, key)[b"owner"] == held.owner
+
+                async def later() -> None:
+                    await asyncio.sleep(0.3)
+                    await held.release()
+                task = asyncio.create_task(later())
+                guard = await client.lock(key, wait_timeout=5).acquire()
+                assert guard.token > held.token
+                await task
+                cluster.node_of(key).client().execute_command("LOCK.FORCERELEASE", key)
+                await asyncio.wait_for(guard.lost.wait(), 0.1)
+                assert guard.lost_reason is LostReason.FORCE_RELEASED
+            key = unique("c")
+            eph = await client.lock(key, ephemeral=True).acquire()
+            cluster.node_of(key).client().execute_command(
+                "CLIENT", "KILL", "ID", info(cluster, key)[b"ephemeral"])
+            await asyncio.wait_for(eph.lost.wait(), 1.0)
+        assert cluster.errorstat("MOVED") == moved
+        await rc.aclose()
+    asyncio.run(main())
