@@ -327,7 +327,11 @@ fn bad_input_gets_redis_style_errors_and_changes_nothing() {
         ),
         (
             vec![b"LOCK.ACQUIRE", b"held", b"__fence__", b"10"],
-            "ERR owners '__fence__' and '__mode__' are reserved for the lock's own fields",
+            "ERR owners 'mode', '__fence__' and '__mode__' are reserved for the lock's own fields",
+        ),
+        (
+            vec![b"LOCK.ACQUIRE", b"held", b"mode", b"10"],
+            "ERR owners 'mode', '__fence__' and '__mode__' are reserved for the lock's own fields",
         ),
         (
             vec![b"LOCK.ACQUIRE", b"held", b"b", b"10", b"NOWAIT"],
