@@ -13,8 +13,14 @@ fn acquire_stores_redissons_layout_with_a_lease() {
     assert!(token > 0);
     let count: String = con.hget("orders:1", "svc-a:thread-7").unwrap();
     assert_eq!(count, "1");
-    let fence: i64 = con.hget("orders:1", "__fence__").unwrap();
-    assert_eq!(fence, token);
+    let mode: String = con.hget("orders:1", "mode").unwrap();
+    assert_eq!(
+        mode,
+        format!("exclusive:{token}"),
+        "the token, in Redisson's mode field"
+    );
+    let len: i64 = con.hlen("orders:1").unwrap();
+    assert_eq!(len, 2);
     let pttl: i64 = con.pttl("orders:1").unwrap();
     assert!(pttl > 9_000 && pttl <= 10_000, "pttl {pttl}");
 }
