@@ -8,19 +8,20 @@ use lock_testkit::*;
 
 const LOCKS: usize = 20;
 
-/// Every lock's fields (sorted) and absolute expiry.
-type Snapshot = Vec<(Vec<(Vec<u8>, Vec<u8>)>, i64)>;
+/// A hash's fields (sorted) and absolute expiry.
+type Stored = (Vec<(Vec<u8>, Vec<u8>)>, i64);
 
-fn snapshot(con: &mut Connection) -> Snapshot {
+fn stored_fields(con: &mut Connection, key: &str) -> Stored {
+    let mut fields: Vec<(Vec<u8>, Vec<u8>)> = con.hgetall(key).unwrap();
+    fields.sort();
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
+    (fields, at)
+}
+
+/// Every lock's fields and expiry.
+fn snapshot(con: &mut Connection) -> Vec<Stored> {
     (0..LOCKS)
-        .map(|i| {
-            let key = format!("lock:{i}");
-            let fields: Vec<(Vec<u8>, Vec<u8>)> = con.hgetall(&key).unwrap();
-            let mut fields = fields;
-            fields.sort();
-            let at: i64 = redis::cmd("PEXPIRETIME").arg(&key).query(con).unwrap();
-            (fields, at)
-        })
+        .map(|i| stored_fields(con, &format!("lock:{i}")))
         .collect()
 }
 
@@ -97,7 +98,7 @@ fn thousands_of_malformed_calls_leave_the_server_up_and_every_lock_unchanged() {
             .unwrap();
         let _: () = con.pexpire(&key, 600_000).unwrap();
     }
-    let bad_before: Vec<(Vec<(Vec<u8>, Vec<u8>)>, i64)> = (1..=3)
+    let bad_before: Vec<Stored> = (1..=3)
         .map(|i| stored_fields(&mut con, &format!("badmode:{i}")))
         .collect();
     let before = snapshot(&mut con);
@@ -157,12 +158,4 @@ fn thousands_of_malformed_calls_leave_the_server_up_and_every_lock_unchanged() {
         );
     }
     assert!(errors > 4_000);
-}
-
-/// A hash's fields (sorted) and absolute expiry.
-fn stored_fields(con: &mut Connection, key: &str) -> (Vec<(Vec<u8>, Vec<u8>)>, i64) {
-    let mut fields: Vec<(Vec<u8>, Vec<u8>)> = con.hgetall(key).unwrap();
-    fields.sort();
-    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
-    (fields, at)
 }
