@@ -4,9 +4,10 @@
 
 use std::cell::RefCell;
 
-use lock_core::hold::{self, Lock, Write, MAX_MULTI_FIELDS, MAX_RLOCK_FIELDS, MODE_FIELD};
-use lock_core::layout::parse_positive;
-use lock_core::layout::FENCE_FIELD;
+use lock_core::hold::{
+    self, FieldNames, Lock, Write, MAX_MULTI_FIELDS, MAX_RLOCK_FIELDS, MODE_FIELD,
+};
+use lock_core::layout::{format_exclusive_mode, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD};
 use lock_core::slot::{counter_key, key_slot, SLOTS};
 use lock_core::token::SlotMemory;
 use lock_core::LockError;
@@ -14,7 +15,7 @@ use lock_core::LockError;
 use crate::ffi::{replicate, Ctx, Key, KeyKind, OwnedString, RawString};
 
 thread_local! {
-    /// The fence field name and, per slot, the counter key's name (created once and reused so
+    /// The mode and old fence field names and, per slot, the counter key's name (created once and reused so
     /// that the hot path allocates no key names) and what this process remembers of the slot's
     /// tokens (see `lock_core::token::SlotMemory`).
     static NAMES: RefCell<Names> = RefCell::new(Names::default());
@@ -22,6 +23,7 @@ thread_local! {
 
 #[derive(Default)]
 struct Names {
+    mode_field: Option<OwnedString>,
     fence_field: Option<OwnedString>,
     /// `1` to `SMALL_COUNTS`, the re-entry counts nearly every write stores: made once, so a
     /// grant creates no string for its count.
@@ -38,9 +40,20 @@ struct SlotCounter {
     memory: SlotMemory,
 }
 
-/// The fence field's name, made once. Like every kept string here it is freed only at module
+/// The mode field's name, made once. Like every kept string here it is freed only at module
 /// unload (`release_cached_names`), which runs beside no command: the pointer outlives the
 /// command that asks for it.
+fn mode_field() -> RawString {
+    NAMES.with(|names| {
+        names
+            .borrow_mut()
+            .mode_field
+            .get_or_insert_with(|| OwnedString::new(MODE_FIELD))
+            .as_ptr()
+    })
+}
+
+/// The old layout's fence field name (see [`mode_field`] for how long it lives).
 fn fence_field() -> RawString {
     NAMES.with(|names| {
         names
@@ -52,7 +65,7 @@ fn fence_field() -> RawString {
 }
 
 /// The kept Redis string of `count` for the small counts nearly every hold has (see
-/// [`fence_field`] for how long it lives); None for a larger count.
+/// [`mode_field`] for how long it lives); None for a larger count.
 fn small_count(count: u64) -> Option<RawString> {
     if !(1..=SMALL_COUNTS).contains(&count) {
         return None;
@@ -114,8 +127,9 @@ pub use lock_core::hold::StoredLock;
 /// error, and a hash bigger than a lock can be is refused before any field is read.
 ///
 /// With `owner` (the requester's own field name), Redisson's `RLock` layout costs O(1): one
-/// `HashGet` of the owner's field and the fence; when those two are the whole hash, the lock is
-/// decoded from them. Otherwise every field is read: O(1) for a hash of at most two fields,
+/// `HashGet` of the owner's field and the mode; when those two are the whole hash, the lock is
+/// decoded from them (a key in the old layout, whose token is in the fence field instead, costs
+/// one `HashGet` more). Otherwise every field is read: O(1) for a hash of at most two fields,
 /// O(holds) for a multi-hold key. Both end in `hold::decode`, so every read follows one rule.
 pub fn read_lock(key: &Key, owner: Option<Owner>) -> Result<Option<StoredLock>, LockError> {
     match key.kind() {
@@ -132,13 +146,19 @@ pub fn read_lock(key: &Key, owner: Option<Owner>) -> Result<Option<StoredLock>, 
                         OwnLease::Kept => key.expires_at(),
                         OwnLease::Replaced => None,
                     };
-                    if let Some(lock) = read_own_rlock(key, owner.name, fields, expires_at)? {
-                        return Ok(Some(StoredLock { lock, expires_at }));
+                    if let Some((lock, names)) =
+                        read_own_rlock(key, owner.name, fields, expires_at)?
+                    {
+                        return Ok(Some(StoredLock {
+                            lock,
+                            expires_at,
+                            names,
+                        }));
                     }
                 }
-            } else {
-                let mode = OwnedString::new(MODE_FIELD);
-                if key.hash_get(mode.as_ptr()).is_none() {
+            } else if key.hash_get(mode_field()).is_none() {
+                let legacy = OwnedString::new(LEGACY_MODE_FIELD);
+                if key.hash_get(legacy.as_ptr()).is_none() {
                     return Err(LockError::NotALock);
                 }
             }
@@ -150,36 +170,44 @@ pub fn read_lock(key: &Key, owner: Option<Owner>) -> Result<Option<StoredLock>, 
                 all.sort();
                 all.dedup_by(|a, b| a.0 == b.0);
             }
-            let expires_at = key.expires_at();
-            let lock = hold::decode(&all, expires_at)?;
-            Ok(Some(StoredLock { lock, expires_at }))
+            hold::decode_stored(&all, key.expires_at()).map(Some)
         }
         KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
     }
 }
 
-/// The `RLock` layout held by `owner`, read in O(1): None when the owner's field and the fence
-/// are not the whole hash (another owner holds it, or it is not this layout).
+/// The `RLock` layout held by `owner`, read in O(1), with the names it is stored under: None
+/// when the owner's field and the mode (or, in the old layout, the fence) are not the whole hash
+/// (another owner holds it, or it is not this layout).
 fn read_own_rlock(
     key: &Key,
     owner: RawString,
     fields: usize,
     expires_at: Option<u64>,
-) -> Result<Option<Lock>, LockError> {
-    let (count, fence) = key.hash_get2(owner, fence_field());
+) -> Result<Option<(Lock, FieldNames)>, LockError> {
+    let (count, mode) = key.hash_get2(owner, mode_field());
     let Some(count) = count else {
         return Ok(None);
     };
-    if fields != 1 + usize::from(fence.is_some()) {
+    let (token, names) = match mode {
+        Some(mode) => (Some((MODE_FIELD, mode)), FieldNames::Current),
+        // No mode: Redisson's own hold (the owner alone), or the old layout's fence beside it.
+        None if fields == 2 => match key.hash_get(fence_field()) {
+            Some(fence) => (Some((FENCE_FIELD, fence)), FieldNames::Legacy),
+            None => return Ok(None),
+        },
+        None => (None, FieldNames::Current),
+    };
+    if fields != 1 + usize::from(token.is_some()) {
         return Ok(None);
     }
     let owner = crate::ffi::bytes_of(&owner);
-    let fence = fence.as_ref().map(|f| (FENCE_FIELD, f.bytes()));
-    hold::decode_rlock(
-        std::iter::once((owner, count.bytes())).chain(fence),
+    let token = token.as_ref().map(|(field, value)| (*field, value.bytes()));
+    let lock = hold::decode_rlock(
+        std::iter::once((owner, count.bytes())).chain(token),
         expires_at,
-    )
-    .map(Some)
+    )?;
+    Ok(Some((lock, names)))
 }
 
 /// The requester's own field name, for the O(1) read of Redisson's layout, and whether the
@@ -228,7 +256,7 @@ pub fn write_lock(
             None => Some(None),
             Some(old) => match old.lock.holds.as_slice() {
                 [was] if old.lock.is_rlock_layout() && was.owner == hold.owner => {
-                    Some(Some((was, old.expires_at)))
+                    Some(Some((was, old.expires_at, old.names)))
                 }
                 _ => None,
             },
@@ -244,7 +272,12 @@ pub fn write_lock(
         }
         return Ok(());
     }
-    let writes = hold::writes(old.map(|o| &o.lock), old.and_then(|o| o.expires_at), new);
+    let writes = hold::writes(
+        old.map(|o| &o.lock),
+        old.and_then(|o| o.expires_at),
+        old.map_or(FieldNames::Current, |o| o.names),
+        new,
+    );
     for write in writes {
         match write {
             Write::Delete => delete(ctx, key, key_name),
@@ -274,31 +307,38 @@ pub fn write_lock(
 }
 
 /// [`write_lock`] within Redisson's layout, for one owner: a new hold, a re-entry, a count
-/// down, a renew, a token given to a hold Redisson's script took. `HSET owner count [fence
-/// token]` for what changed, then `PEXPIREAT` when the lease moved. The hot path: no field name
-/// is allocated (the owner's is the command's own argument, the fence's is cached).
+/// down, a renew, a token given to a hold Redisson's script took. `HSET owner count [mode
+/// exclusive:<token>]` for what changed, then `PEXPIREAT` when the lease moved. A key in the old
+/// layout gets its token written into `mode` and its fence field removed (`HDEL`), so it never
+/// holds both. The hot path: no field name is allocated (the owner's is the command's own
+/// argument, the mode's is cached).
 fn write_rlock(
     ctx: Ctx,
     key: &Key,
     key_name: RawString,
     owner: Option<RawString>,
-    before: Option<(&hold::Hold, Option<u64>)>,
+    before: Option<(&hold::Hold, Option<u64>, FieldNames)>,
     hold: &hold::Hold,
 ) -> Result<(), LockError> {
-    let (count_changed, token_changed, lease_moved) = match before {
-        None => (true, hold.token.is_some(), true),
-        Some((was, expires_at)) => (
-            was.count != hold.count,
-            was.token != hold.token,
-            expires_at != hold.expires_at,
-        ),
+    let (count_changed, token_changed, lease_moved, legacy) = match before {
+        None => (true, hold.token.is_some(), true, false),
+        Some((was, expires_at, names)) => {
+            let legacy = names == FieldNames::Legacy;
+            (
+                was.count != hold.count,
+                was.token != hold.token || legacy,
+                expires_at != hold.expires_at,
+                legacy,
+            )
+        }
     };
     let lease_end = if lease_moved { hold.expires_at } else { None };
     stored_integer(hold.count)?;
-    let token = match hold.token.filter(|_| token_changed) {
+    let mode = match hold.token.filter(|_| token_changed) {
         Some(token) => {
             stored_integer(token)?;
-            Some(OwnedString::from_u64(token))
+            let mut buf = [0u8; 30];
+            Some(OwnedString::new(format_exclusive_mode(token, &mut buf)))
         }
         None => None,
     };
@@ -311,8 +351,8 @@ fn write_rlock(
             owned_owner.as_ptr()
         }
     };
-    let fence_field = fence_field();
-    let token = token.as_ref().map(OwnedString::as_ptr);
+    let mode_field = mode_field();
+    let mode = mode.as_ref().map(OwnedString::as_ptr);
     if count_changed {
         let made;
         let count = match small_count(hold.count) {
@@ -322,14 +362,19 @@ fn write_rlock(
                 made.as_ptr()
             }
         };
-        key.hash_set_hold(owner, count, token.map(|t| (fence_field, t)));
-        match token {
-            Some(t) => replicate::strings(ctx, c"HSET", &[key_name, owner, count, fence_field, t]),
+        key.hash_set_hold(owner, count, mode.map(|m| (mode_field, m)));
+        match mode {
+            Some(m) => replicate::strings(ctx, c"HSET", &[key_name, owner, count, mode_field, m]),
             None => replicate::strings(ctx, c"HSET", &[key_name, owner, count]),
         }
-    } else if let Some(t) = token {
-        key.hash_set(fence_field, t);
-        replicate::strings(ctx, c"HSET", &[key_name, fence_field, t]);
+    } else if let Some(m) = mode {
+        key.hash_set(mode_field, m);
+        replicate::strings(ctx, c"HSET", &[key_name, mode_field, m]);
+    }
+    if legacy {
+        let fence_field = fence_field();
+        key.hash_delete(fence_field);
+        replicate::strings(ctx, c"HDEL", &[key_name, fence_field]);
     }
     match lease_end {
         Some(at) => set_lease_end(ctx, key, key_name, at),

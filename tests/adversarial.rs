@@ -1498,12 +1498,16 @@ impl Disrupter {
             8 | 9 => {
                 self.count("HSET");
                 self.bump_epoch();
-                let field = match self.rng.gen_range(0..3) {
+                let field = match self.rng.gen_range(0..4) {
                     0 => "__fence__".to_string(),
                     1 => self.holder_of(db, key).unwrap_or_else(|| "x-0".into()),
+                    2 => "mode".to_string(),
                     _ => self.shared.owner("x"),
                 };
-                let value = match self.rng.gen_range(0..8) {
+                let value = match self.rng.gen_range(0..11) {
+                    8 => format!("exclusive:{}", now_ms() * 1_000),
+                    9 => "exclusive:".to_string(),
+                    10 => "read".to_string(),
                     0 => "0".to_string(),
                     1 => "-1".to_string(),
                     2 => "01".to_string(),
@@ -1518,7 +1522,7 @@ impl Disrupter {
                 self.count("HDEL");
                 self.bump_epoch();
                 let field = if self.rng.gen_bool(0.5) {
-                    "__fence__".to_string()
+                    ["__fence__", "mode"][self.rng.gen_range(0..2)].to_string()
                 } else {
                     self.holder_of(db, key).unwrap_or_else(|| "x-0".into())
                 };
@@ -1691,7 +1695,7 @@ impl Disrupter {
         items
             .iter()
             .filter_map(|v| redis::from_redis_value::<String>(v).ok())
-            .find(|f| f != "__fence__")
+            .find(|f| f != "__fence__" && f != "mode" && f != "__mode__")
     }
 
     fn counter_name(&mut self) -> String {
@@ -2239,9 +2243,19 @@ fn expected_info(stored: &Stored) -> Expected {
             let mut holder = None;
             let mut token = None;
             for pair in stored.value.chunks(2) {
-                if pair[0] == b"__fence__" {
-                    token =
-                        Some(positive(&pair[1]).ok_or("ERR the hash at this key is not a lock")?);
+                // The token: `mode` = `exclusive:<token>`, or the old layout's `__fence__`.
+                let stored_token = if pair[0] == b"mode" {
+                    Some(pair[1].strip_prefix(b"exclusive:").and_then(positive))
+                } else if pair[0] == b"__fence__" {
+                    Some(positive(&pair[1]))
+                } else {
+                    None
+                };
+                if let Some(t) = stored_token {
+                    if token.is_some() {
+                        return Err("ERR the hash at this key is not a lock");
+                    }
+                    token = Some(t.ok_or("ERR the hash at this key is not a lock")?);
                 } else if holder.is_some() {
                     return Err("ERR the hash at this key is not a lock");
                 } else {
@@ -2268,16 +2282,38 @@ struct StoredHold {
     token: i64,
 }
 
-/// A hash with `__mode__` read as the README's *How a lock is stored* lays it out: the
-/// semaphore's limit (None for a read-write lock) and every stored hold, or the error LOCK.INFO
-/// must give.
+/// Whether a hash is a multi-hold key as the README's *How a lock is stored* lays it out: it has
+/// the old `__mode__` field, or a `mode` that is not an exclusive key's `exclusive:<token>`.
+fn is_multi(stored: &Stored) -> bool {
+    stored.kind == "hash"
+        && stored.value.chunks(2).any(|p| {
+            p[0] == b"__mode__"
+                || (p[0] == b"mode"
+                    && p[1]
+                        .strip_prefix(b"exclusive:")
+                        .and_then(positive)
+                        .is_none())
+        })
+}
+
+/// A multi-hold hash (see [`is_multi`]) read as the README's *How a lock is stored* lays it
+/// out: the semaphore's limit (None for a read-write lock) and every stored hold, or the error
+/// LOCK.INFO must give.
 fn decode_multi(stored: &Stored) -> Result<(Option<i64>, Vec<StoredHold>), &'static str> {
     const NOT_A_LOCK: &str = "ERR the hash at this key is not a lock";
     let mut limit = None;
     let mut holds = Vec::new();
+    let mode_fields = stored
+        .value
+        .chunks(2)
+        .filter(|p| p[0] == b"mode" || p[0] == b"__mode__")
+        .count();
+    if mode_fields > 1 {
+        return Err(NOT_A_LOCK);
+    }
     for pair in stored.value.chunks(2) {
         let (field, value) = (&pair[0], &pair[1]);
-        if field == b"__mode__" {
+        if field == b"__mode__" || field == b"mode" {
             if value != b"rw" {
                 let n = value
                     .strip_prefix(b"semaphore:")
@@ -2476,7 +2512,7 @@ fn check_lock_hashes(url: &str, problems: &mut Vec<String>) -> u64 {
                 continue; // it expired in between
             }
             checked += 1;
-            if before.kind == "hash" && before.value.chunks(2).any(|p| p[0] == b"__mode__") {
+            if is_multi(&before) {
                 let expected = decode_multi(&before);
                 let agrees = match (&expected, &info) {
                     (Ok((limit, holds)), _) => {

@@ -13,8 +13,14 @@ fn acquire_stores_redissons_layout_with_a_lease() {
     assert!(token > 0);
     let count: String = con.hget("orders:1", "svc-a:thread-7").unwrap();
     assert_eq!(count, "1");
-    let fence: i64 = con.hget("orders:1", "__fence__").unwrap();
-    assert_eq!(fence, token);
+    let mode: String = con.hget("orders:1", "mode").unwrap();
+    assert_eq!(
+        mode,
+        format!("exclusive:{token}"),
+        "the token, in Redisson's mode field"
+    );
+    let len: i64 = con.hlen("orders:1").unwrap();
+    assert_eq!(len, 2);
     let pttl: i64 = con.pttl("orders:1").unwrap();
     assert!(pttl > 9_000 && pttl <= 10_000, "pttl {pttl}");
 }
@@ -327,7 +333,11 @@ fn bad_input_gets_redis_style_errors_and_changes_nothing() {
         ),
         (
             vec![b"LOCK.ACQUIRE", b"held", b"__fence__", b"10"],
-            "ERR owners '__fence__' and '__mode__' are reserved for the lock's own fields",
+            "ERR owners 'mode', '__fence__' and '__mode__' are reserved for the lock's own fields",
+        ),
+        (
+            vec![b"LOCK.ACQUIRE", b"held", b"mode", b"10"],
+            "ERR owners 'mode', '__fence__' and '__mode__' are reserved for the lock's own fields",
         ),
         (
             vec![b"LOCK.ACQUIRE", b"held", b"b", b"10", b"NOWAIT"],

@@ -706,7 +706,7 @@ fn downgrade_is_granted_while_a_writer_waits_and_releases_exclusive_first() {
         "shared re-entry"
     );
     let fields = hash_of(&mut con, "k");
-    assert_eq!(field(&fields, "__mode__"), Some("rw"));
+    assert_eq!(field(&fields, "mode"), Some("rw"));
     let (xc, _, xt) = parse_hold(field(&fields, "x:a").expect("x:a"));
     let (sc, _, st) = parse_hold(field(&fields, "s:a").expect("s:a"));
     assert_eq!((xc, xt, sc, st), (2, tx, 2, ts));
@@ -750,7 +750,7 @@ fn downgrade_is_granted_while_a_writer_waits_and_releases_exclusive_first() {
     assert_eq!(
         hash_of(&mut con, "k"),
         [
-            ("__fence__".to_string(), tw.to_string()),
+            ("mode".to_string(), format!("exclusive:{tw}")),
             ("w".to_string(), "1".to_string())
         ]
     );
@@ -822,7 +822,7 @@ fn the_stored_layout_per_kind_and_redisson_sees_shared_and_semaphore_keys_busy()
     assert_eq!(
         hash_of(&mut con, "ex"),
         [
-            ("__fence__".to_string(), t.to_string()),
+            ("mode".to_string(), format!("exclusive:{t}")),
             ("worker-1".to_string(), "1".to_string())
         ]
     );
@@ -835,9 +835,9 @@ fn the_stored_layout_per_kind_and_redisson_sees_shared_and_semaphore_keys_busy()
     let fields = hash_of(&mut con, "rw");
     assert_eq!(
         fields.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>(),
-        ["__mode__", "s:a", "s:b"]
+        ["mode", "s:a", "s:b"]
     );
-    assert_eq!(field(&fields, "__mode__"), Some("rw"));
+    assert_eq!(field(&fields, "mode"), Some("rw"));
     let (ca, ea, ka) = parse_hold(field(&fields, "s:a").unwrap());
     let (cb, eb, kb) = parse_hold(field(&fields, "s:b").unwrap());
     assert_eq!((ca, ka, cb, kb), (1, ta, 2, tb));
@@ -852,9 +852,9 @@ fn the_stored_layout_per_kind_and_redisson_sees_shared_and_semaphore_keys_busy()
     let fields = hash_of(&mut con, "sem");
     assert_eq!(
         fields.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>(),
-        ["__mode__", "p:p1"]
+        ["mode", "p:p1"]
     );
-    assert_eq!(field(&fields, "__mode__"), Some("semaphore:3"));
+    assert_eq!(field(&fields, "mode"), Some("semaphore:3"));
     let (cp, ep, kp) = parse_hold(field(&fields, "p:p1").unwrap());
     assert_eq!((cp, kp), (1, tp));
     assert_eq!(pexpiretime(&mut con, "sem"), ep);
@@ -866,7 +866,7 @@ fn the_stored_layout_per_kind_and_redisson_sees_shared_and_semaphore_keys_busy()
     let fields = hash_of(&mut con, "down");
     assert_eq!(
         fields.iter().map(|(f, _)| f.as_str()).collect::<Vec<_>>(),
-        ["__mode__", "s:d", "x:d"]
+        ["mode", "s:d", "x:d"]
     );
     assert_eq!(parse_hold(field(&fields, "x:d").unwrap()).2, tx);
     for (key, owner) in [

@@ -316,8 +316,10 @@ fn a_hash_with_an_invalid_mode_is_not_a_lock_for_any_command() {
     let server = Server::start();
     let mut con = server.connect();
     con.set_read_timeout(Some(SOON)).unwrap();
-    // `__mode__ 1` with a lease looks most like a held lock.
-    let keys: [ModeHash; 3] = [
+    // `__mode__ 1` with a lease looks most like a held lock. The same for today's `mode`
+    // field, whose only value on an exclusive key is `exclusive:<token>`, never beside the old
+    // fence field.
+    let keys: [ModeHash; 10] = [
         ("mode-5", &[("__mode__", "5")], None),
         (
             "mode-5-fence",
@@ -325,6 +327,33 @@ fn a_hash_with_an_invalid_mode_is_not_a_lock_for_any_command() {
             None,
         ),
         ("mode-1-lease", &[("__mode__", "1")], Some(600_000)),
+        ("new-mode-5", &[("mode", "5")], None),
+        (
+            "new-mode-1-lease",
+            &[("a", "1"), ("mode", "1")],
+            Some(600_000),
+        ),
+        (
+            "exclusive-abc",
+            &[("a", "1"), ("mode", "exclusive:abc")],
+            Some(600_000),
+        ),
+        (
+            "exclusive-empty",
+            &[("a", "1"), ("mode", "exclusive:")],
+            Some(600_000),
+        ),
+        ("bogus", &[("a", "1"), ("mode", "bogus")], Some(600_000)),
+        (
+            "mode-and-fence",
+            &[("a", "1"), ("mode", "exclusive:7"), ("__fence__", "7")],
+            Some(600_000),
+        ),
+        (
+            "both-modes",
+            &[("mode", "rw"), ("__mode__", "rw")],
+            Some(600_000),
+        ),
     ];
     let mut wrong = Vec::new();
     for (key, fields, lease) in keys {
@@ -395,8 +424,14 @@ fn a_hash_with_an_invalid_mode_is_not_a_lock_for_any_command() {
 fn a_hash_with_only_a_valid_mode_is_a_free_lock_for_every_command() {
     let server = Server::start();
     let mut con = server.connect();
-    for mode in ["rw", "semaphore:2"] {
-        let _: () = con.hset("k", "__mode__", mode).unwrap();
+    // Under today's field name and the old one (which the first write renames).
+    for (mode_field, mode) in [
+        ("mode", "rw"),
+        ("mode", "semaphore:2"),
+        ("__mode__", "rw"),
+        ("__mode__", "semaphore:2"),
+    ] {
+        let _: () = con.hset("k", mode_field, mode).unwrap();
         assert!(lock_info(&mut con, "k").is_none(), "{mode}");
         assert_eq!(release(&mut con, "k", "a"), None, "{mode}");
         let renewed: i64 = redis::cmd("LOCK.RENEW")
@@ -407,7 +442,7 @@ fn a_hash_with_only_a_valid_mode_is_a_free_lock_for_every_command() {
             .unwrap();
         assert_eq!(renewed, 0, "{mode}");
         let fields: Vec<(String, String)> = con.hgetall("k").unwrap();
-        assert_eq!(fields, [("__mode__".to_string(), mode.to_string())]);
+        assert_eq!(fields, [(mode_field.to_string(), mode.to_string())]);
         let pttl: i64 = con.pttl("k").unwrap();
         assert_eq!(pttl, -1, "{mode}");
         // Taken exclusively, it becomes the RLock layout.
@@ -417,8 +452,8 @@ fn a_hash_with_only_a_valid_mode_is_a_free_lock_for_every_command() {
         let mut fields: Vec<(String, String)> = con.hgetall("k").unwrap();
         fields.sort();
         let want = [
-            ("__fence__".to_string(), token.to_string()),
             ("a".to_string(), "1".to_string()),
+            ("mode".to_string(), format!("exclusive:{token}")),
         ];
         assert_eq!(fields, want, "{mode}");
         assert_eq!(

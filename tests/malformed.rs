@@ -8,24 +8,25 @@ use lock_testkit::*;
 
 const LOCKS: usize = 20;
 
-/// Every lock's fields (sorted) and absolute expiry.
-type Snapshot = Vec<(Vec<(Vec<u8>, Vec<u8>)>, i64)>;
+/// A hash's fields (sorted) and absolute expiry.
+type Stored = (Vec<(Vec<u8>, Vec<u8>)>, i64);
 
-fn snapshot(con: &mut Connection) -> Snapshot {
+fn stored_fields(con: &mut Connection, key: &str) -> Stored {
+    let mut fields: Vec<(Vec<u8>, Vec<u8>)> = con.hgetall(key).unwrap();
+    fields.sort();
+    let at: i64 = redis::cmd("PEXPIRETIME").arg(key).query(con).unwrap();
+    (fields, at)
+}
+
+/// Every lock's fields and expiry.
+fn snapshot(con: &mut Connection) -> Vec<Stored> {
     (0..LOCKS)
-        .map(|i| {
-            let key = format!("lock:{i}");
-            let fields: Vec<(Vec<u8>, Vec<u8>)> = con.hgetall(&key).unwrap();
-            let mut fields = fields;
-            fields.sort();
-            let at: i64 = redis::cmd("PEXPIRETIME").arg(&key).query(con).unwrap();
-            (fields, at)
-        })
+        .map(|i| stored_fields(con, &format!("lock:{i}")))
         .collect()
 }
 
 fn junk(rng: &mut StdRng) -> Vec<u8> {
-    let palette: [&[u8]; 24] = [
+    let palette: [&[u8]; 29] = [
         b"",
         b"0",
         b"-1",
@@ -40,6 +41,11 @@ fn junk(rng: &mut StdRng) -> Vec<u8> {
         b"wait",
         b"NX",
         b"__fence__",
+        b"mode",
+        b"__mode__",
+        b"badmode:1",
+        b"badmode:2",
+        b"badmode:3",
         b"\0",
         b"\xff\xfe",
         b"lock:3",
@@ -83,6 +89,18 @@ fn thousands_of_malformed_calls_leave_the_server_up_and_every_lock_unchanged() {
         .hset_multiple("notalock", &[("a", "1"), ("b", "2")])
         .unwrap();
     let _: () = con.rpush("list", "x").unwrap();
+    // Hashes whose `mode` no lock has: not a lock, and left as they are.
+    let bad_modes = ["exclusive:abc", "exclusive:", "bogus"];
+    for (i, mode) in bad_modes.iter().enumerate() {
+        let key = format!("badmode:{}", i + 1);
+        let _: () = con
+            .hset_multiple(&key, &[("w", "1"), ("mode", mode)])
+            .unwrap();
+        let _: () = con.pexpire(&key, 600_000).unwrap();
+    }
+    let bad_before: Vec<Stored> = (1..=3)
+        .map(|i| stored_fields(&mut con, &format!("badmode:{i}")))
+        .collect();
     let before = snapshot(&mut con);
 
     let seed: u64 = std::env::var("LOCK_FUZZ_SEED")
@@ -130,5 +148,14 @@ fn thousands_of_malformed_calls_leave_the_server_up_and_every_lock_unchanged() {
     eprintln!("malformed calls: {errors} errors, {answered} other replies");
     assert!(server.is_alive(), "the server died; log:\n{}", server.log());
     assert_eq!(snapshot(&mut con), before, "an existing lock changed");
+    for (i, was) in bad_before.iter().enumerate() {
+        let key = format!("badmode:{}", i + 1);
+        assert_eq!(&stored_fields(&mut con, &key), was, "{key} changed");
+        assert_eq!(
+            error_of(&mut con, &[b"LOCK.INFO", key.as_bytes()]),
+            NOT_A_LOCK,
+            "{key}"
+        );
+    }
     assert!(errors > 4_000);
 }

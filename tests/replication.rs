@@ -262,3 +262,51 @@ fn a_counter_with_a_ttl_keeps_it_on_the_replica() {
     let value_r: String = r.get(&counter).unwrap();
     assert_eq!(value_m, value_r);
 }
+
+/// A key in the old layout (`__fence__`, `__mode__`) converted by its next write: the rename
+/// reaches the replica as the master did it (HSET of `mode`, HDEL of the old field).
+#[test]
+fn converting_a_key_from_the_old_layout_reaches_the_replica() {
+    let master = Server::start();
+    let replica = Server::replica_of(&master);
+    let (mut m, mut r) = (master.connect(), replica.connect());
+    let now: Vec<i64> = redis::cmd("TIME").query(&mut m).unwrap();
+    let end = now[0] * 1000 + now[1] / 1000 + 60_000;
+    let _: () = redis::cmd("HSET")
+        .arg("x")
+        .arg("a")
+        .arg(1)
+        .arg("__fence__")
+        .arg(42)
+        .query(&mut m)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("s")
+        .arg("__mode__")
+        .arg("rw")
+        .arg("s:a")
+        .arg(format!("1:{end}:43"))
+        .query(&mut m)
+        .unwrap();
+    for key in ["x", "s"] {
+        let _: i64 = redis::cmd("PEXPIREAT")
+            .arg(key)
+            .arg(end)
+            .query(&mut m)
+            .unwrap();
+    }
+    assert_replica_matches(&mut m, &mut r, "x");
+    assert_eq!(acquire(&mut m, "x", "a", 30_000), Some(42));
+    acquire_with(&mut m, "s", "b", 30_000, &["SHARED"])
+        .unwrap()
+        .unwrap();
+    for key in ["x", "s"] {
+        assert_replica_matches(&mut m, &mut r, key);
+        let fields: Vec<String> = r.hkeys(key).unwrap();
+        assert!(
+            fields.contains(&"mode".to_string())
+                && !fields.iter().any(|f| f == "__fence__" || f == "__mode__"),
+            "{key}: {fields:?}"
+        );
+    }
+}

@@ -61,8 +61,8 @@ fn the_release_hands_over_in_the_same_command_and_newcomers_cannot_barge() {
         ttl > 59_000,
         "the new holder's lease starts at the handoff: {ttl}"
     );
-    let stored: i64 = con.hget("k", "__fence__").unwrap();
-    assert_eq!(stored, token);
+    let stored: String = con.hget("k", "mode").unwrap();
+    assert_eq!(stored, format!("exclusive:{token}"));
 
     // With waiters queued, a free-looking moment never lets a newcomer in.
     let w2 = Waiter::start(&server, "k", "w2", 60_000, 0);
@@ -606,11 +606,15 @@ fn once_makes_a_retried_wait_harmless() {
         assert!(eventually(SOON, || waiters(&mut con) == 1));
         release(&mut con, key, "holder");
         drop(first);
-        let granted: i64 = redis::cmd("HGET")
+        let granted: String = redis::cmd("HGET")
             .arg(key)
-            .arg("__fence__")
+            .arg("mode")
             .query(&mut con)
             .unwrap();
+        let granted: i64 = granted
+            .strip_prefix("exclusive:")
+            .and_then(|t| t.parse().ok())
+            .expect("exclusive:<token>");
         thread::sleep(Duration::from_millis(200));
         let mut retry = server.connect();
         let mut cmd = redis::cmd("LOCK.ACQUIRE");

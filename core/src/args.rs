@@ -6,7 +6,7 @@
 
 pub use crate::kind::Reentry;
 use crate::kind::{Mode, MAX_LIMIT};
-use crate::layout::{is_reserved_key, FENCE_FIELD, MODE_FIELD};
+use crate::layout::{is_reserved_key, is_reserved_owner};
 pub use crate::layout::{parse_i64, parse_positive};
 use crate::LockError;
 
@@ -110,7 +110,7 @@ impl<'a> ArgCursor<'a> {
         if owner.is_empty() {
             return Err(LockError::EmptyOwner);
         }
-        if owner == FENCE_FIELD || owner == MODE_FIELD {
+        if is_reserved_owner(owner) {
             return Err(LockError::ReservedOwner);
         }
         Ok(owner)
@@ -349,6 +349,7 @@ mod tests {
                 Err(LockError::Syntax),
             ),
             ("LOCK.ACQUIRE k __mode__ 100", Err(LockError::ReservedOwner)),
+            ("LOCK.ACQUIRE k mode 100", Err(LockError::ReservedOwner)),
         ];
         for (line, want) in cases {
             assert_eq!(parse(line), want, "{line}");
@@ -423,7 +424,7 @@ mod tests {
 
     #[test]
     fn owner_equal_to_the_fence_field_is_refused() {
-        let refs: Vec<&[u8]> = vec![b"LOCK.RELEASE", b"k", FENCE_FIELD];
+        let refs: Vec<&[u8]> = vec![b"LOCK.RELEASE", b"k", crate::layout::FENCE_FIELD];
         assert_eq!(parse_release(&refs), Err(LockError::ReservedOwner));
     }
 

@@ -80,9 +80,10 @@ impl LockError {
             LockError::TimeoutOutOfRange => "ERR timeout is negative or out of range".into(),
             LockError::EmptyOwner => "ERR owner must not be empty".into(),
             LockError::ReservedOwner => format!(
-                "ERR owners '{}' and '{}' are reserved for the lock's own fields",
+                "ERR owners '{}', '{}' and '{}' are reserved for the lock's own fields",
+                crate::layout::MODE_FIELD_DISPLAY,
                 crate::layout::FENCE_FIELD_DISPLAY,
-                crate::hold::MODE_FIELD_DISPLAY
+                crate::layout::LEGACY_MODE_FIELD_DISPLAY
             ),
             LockError::ReservedKey => format!(
                 "ERR keys starting with '{}' are reserved for the lock module's fencing-token counters",

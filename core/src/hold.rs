@@ -1,19 +1,27 @@
 //! The lock family: one hold, three kinds.
 //!
 //! A key held by one owner exclusively keeps Redisson's `RLock` layout (the holder's field holds
-//! its re-entry count, [`FENCE_FIELD`] its fencing token, and the key's expiry is the lease; the
-//! store reads it in O(1), see [`decode_rlock`]). Every other lock — shared holds, a semaphore, an
-//! exclusive holder that also took the key `SHARED` — is stored as a hash with a mode field and
-//! one field per hold:
+//! its re-entry count, and the key's expiry is the lease; the store reads it in O(1), see
+//! [`decode_rlock`]), with one more field, [`MODE_FIELD`] = `exclusive:<token>`, carrying the
+//! fencing token. Every other lock — shared holds, a semaphore, an exclusive holder that also
+//! took the key `SHARED` — is stored as a hash with the mode field and one field per hold:
 //!
 //! ```text
-//! __mode__    rw | semaphore:<n>
+//! mode        rw | semaphore:<n>
 //! x:<owner>   <count>:<lease-end-ms>:<token>     the exclusive hold (a downgrade)
 //! s:<owner>   <count>:<lease-end-ms>:<token>     a shared hold
 //! p:<owner>   <count>:<lease-end-ms>:<token>     a permit
 //! ```
 //!
-//! and the key's own expiry is the latest lease end. This module decodes either layout into a
+//! and the key's own expiry is the latest lease end. Redisson's `RReadWriteLock` reads the same
+//! `mode` field and takes a key only when it is missing (or `read`/`write`): none of these
+//! values, so every module key is busy to it.
+//!
+//! Keys written before the token moved into `mode` have the old names: the token in
+//! [`FENCE_FIELD`] (`__fence__`), the multi-hold mode in [`LEGACY_MODE_FIELD`] (`__mode__`). They
+//! are still read ([`FieldNames::Legacy`]), and the key's next write renames them ([`writes`]).
+//!
+//! This module decodes either layout into a
 //! [`Lock`], decides what a request does to it, and says which fields to write ([`writes`]).
 //! Everything is plain data: the adapter reads, asks, writes.
 
@@ -22,7 +30,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use smallvec::SmallVec;
 
 pub use crate::kind::{Family, HoldKind, Mode, Queue, Reentry, MAX_HOLDERS, MAX_LIMIT};
-use crate::layout::{parse_positive, FENCE_FIELD};
+use crate::layout::{parse_exclusive_mode, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD};
 pub use crate::layout::{MODE_FIELD, MODE_FIELD_DISPLAY};
 use crate::{LockError, UnixMs};
 
@@ -30,7 +38,8 @@ use crate::{LockError, UnixMs};
 /// of a downgrade); a hash with more is refused before any field is read.
 pub const MAX_MULTI_FIELDS: usize = MAX_HOLDERS + 2;
 
-/// The most fields Redisson's `RLock` layout has: its holder and the fence.
+/// The most fields Redisson's `RLock` layout has: its holder and the mode (or, in the old layout,
+/// the fence).
 pub const MAX_RLOCK_FIELDS: usize = 2;
 
 /// A lock's holds: one inline (an exclusive lock, the hot path, allocates nothing), more on the
@@ -230,20 +239,54 @@ pub type Fields = [(Vec<u8>, Vec<u8>)];
 /// Decodes any lock layout. `expires_at` is the key's expiry (it is the lease of an `RLock`
 /// layout hold). Anything that is not exactly a lock is [`LockError::NotALock`].
 pub fn decode(fields: &Fields, expires_at: Option<UnixMs>) -> Result<Lock, LockError> {
-    match fields.iter().find(|(f, _)| f.as_slice() == MODE_FIELD) {
-        Some((_, mode)) => decode_multi(fields, mode),
-        None => decode_rlock(
+    let mut mode: Option<(&[u8], &[u8])> = None;
+    for (field, value) in fields {
+        let field = field.as_slice();
+        if field == MODE_FIELD || field == LEGACY_MODE_FIELD {
+            // Both names at once is no layout (one name twice is a hash scan's twin).
+            if mode.is_some_and(|(seen, _)| seen != field) {
+                return Err(LockError::NotALock);
+            }
+            mode = Some((field, value.as_slice()));
+        }
+    }
+    match mode {
+        Some((field, value))
+            if field == LEGACY_MODE_FIELD || parse_exclusive_mode(value).is_none() =>
+        {
+            decode_multi(fields, field, value)
+        }
+        _ => decode_rlock(
             fields.iter().map(|(f, v)| (f.as_slice(), v.as_slice())),
             expires_at,
         ),
     }
 }
 
-/// Decodes a hash of at most [`MAX_RLOCK_FIELDS`] fields without the mode field, read as
-/// (field, value) pairs: Redisson's `RLock` layout — one holder field whose value is a positive
-/// re-entry count, and optionally the fence field holding a positive token — or
-/// [`LockError::NotALock`]. The store's O(1) read of an exclusive lock ends here too, so every
-/// read of this layout follows one rule.
+/// Decodes a lock as read from its key's fields, with the names it is stored under (see
+/// [`FieldNames`]).
+pub fn decode_stored(fields: &Fields, expires_at: Option<UnixMs>) -> Result<StoredLock, LockError> {
+    let lock = decode(fields, expires_at)?;
+    let names = if fields
+        .iter()
+        .any(|(f, _)| f.as_slice() == FENCE_FIELD || f.as_slice() == LEGACY_MODE_FIELD)
+    {
+        FieldNames::Legacy
+    } else {
+        FieldNames::Current
+    };
+    Ok(StoredLock {
+        lock,
+        expires_at,
+        names,
+    })
+}
+
+/// Decodes a hash of at most [`MAX_RLOCK_FIELDS`] fields, read as (field, value) pairs:
+/// Redisson's `RLock` layout — one holder field whose value is a positive re-entry count, and
+/// optionally the token: [`MODE_FIELD`] = `exclusive:<token>`, or in the old layout
+/// [`FENCE_FIELD`] = `<token>` — or [`LockError::NotALock`]. The store's O(1) read of an
+/// exclusive lock ends here too, so every read of this layout follows one rule.
 pub fn decode_rlock<'a>(
     fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
     expires_at: Option<UnixMs>,
@@ -251,17 +294,23 @@ pub fn decode_rlock<'a>(
     let mut token = None;
     let mut holder = None;
     for (field, value) in fields {
-        // One fence, one holder, no mode field: anything else is not this layout.
-        let slot_taken = if field == FENCE_FIELD {
+        // One token (in the mode or the old fence field), one holder, no old mode field:
+        // anything else is not this layout.
+        let token_field = field == MODE_FIELD || field == FENCE_FIELD;
+        let slot_taken = if token_field {
             token.is_some()
         } else {
-            holder.is_some() || field == MODE_FIELD
+            holder.is_some() || field == LEGACY_MODE_FIELD
         };
         if slot_taken {
             return Err(LockError::NotALock);
         }
+        if field == MODE_FIELD {
+            token = Some(parse_exclusive_mode(value).ok_or(LockError::NotALock)?);
+            continue;
+        }
         let value = parse_positive(value).ok_or(LockError::NotALock)?;
-        if field == FENCE_FIELD {
+        if token_field {
             token = Some(value);
         } else {
             holder = Some((field, value));
@@ -288,11 +337,11 @@ fn decode_family(mode: &[u8]) -> Option<Family> {
     (limit <= MAX_LIMIT).then_some(Family::Semaphore { limit })
 }
 
-fn decode_multi(fields: &Fields, mode: &[u8]) -> Result<Lock, LockError> {
+fn decode_multi(fields: &Fields, mode_field: &[u8], mode: &[u8]) -> Result<Lock, LockError> {
     let family = decode_family(mode).ok_or(LockError::NotALock)?;
     let mut lock = Lock::empty(family);
     for (field, value) in fields {
-        if field.as_slice() == MODE_FIELD {
+        if field.as_slice() == mode_field {
             continue;
         }
         let hold = decode_hold(field, value).ok_or(LockError::NotALock)?;
@@ -365,6 +414,12 @@ fn is_consistent(lock: &Lock) -> bool {
 
 /// The fields a lock is stored as (field → value), without the key's expiry.
 pub fn encode(lock: &Lock) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    encode_as(lock, FieldNames::Current)
+}
+
+/// The fields a lock is stored as under `names`: the module writes [`FieldNames::Current`];
+/// [`FieldNames::Legacy`] is what a key written before has (so that [`writes`] removes it).
+fn encode_as(lock: &Lock, names: FieldNames) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut fields = BTreeMap::new();
     if lock.holds.is_empty() {
         return fields;
@@ -373,12 +428,16 @@ pub fn encode(lock: &Lock) -> BTreeMap<Vec<u8>, Vec<u8>> {
         for hold in &lock.holds {
             fields.insert(hold.owner.to_vec(), hold.count.to_string().into_bytes());
             if let Some(token) = hold.token {
-                fields.insert(FENCE_FIELD.to_vec(), token.to_string().into_bytes());
+                let (field, value) = match names {
+                    FieldNames::Current => (MODE_FIELD, format!("exclusive:{token}")),
+                    FieldNames::Legacy => (FENCE_FIELD, token.to_string()),
+                };
+                fields.insert(field.to_vec(), value.into_bytes());
             }
         }
         return fields;
     }
-    fields.insert(MODE_FIELD.to_vec(), mode_value(lock.family));
+    fields.insert(names.mode_field().to_vec(), mode_value(lock.family));
     for hold in &lock.holds {
         let (name, value) = multi_field(hold);
         fields.insert(name, value);
@@ -427,9 +486,15 @@ pub enum Write {
     ExpireAt(UnixMs),
 }
 
-/// The writes that turn the stored lock `old` (None: no key) into `new`: only the fields that
-/// change, and the expiry when it moves.
-pub fn writes(old: Option<&Lock>, old_expires_at: Option<UnixMs>, new: &Lock) -> Vec<Write> {
+/// The writes that turn the stored lock `old` (None: no key), stored under `names`, into `new`:
+/// only the fields that change, and the expiry when it moves. A key with the old names gets the
+/// current ones (the old fields removed), so it never holds both.
+pub fn writes(
+    old: Option<&Lock>,
+    old_expires_at: Option<UnixMs>,
+    names: FieldNames,
+    new: &Lock,
+) -> Vec<Write> {
     if new.holds.is_empty() {
         return if old.is_some() {
             vec![Write::Delete]
@@ -438,12 +503,12 @@ pub fn writes(old: Option<&Lock>, old_expires_at: Option<UnixMs>, new: &Lock) ->
         };
     }
     if let Some(old) = old.filter(|old| stays_multi(old, new)) {
-        return multi_writes(old, old_expires_at, new);
+        return multi_writes(old, old_expires_at, names, new);
     }
-    let mut before = old.map(encode).unwrap_or_default();
+    let mut before = old.map(|o| encode_as(o, names)).unwrap_or_default();
     if let Some(old) = old.filter(|o| o.holds.is_empty()) {
         // Only a multi-hold key decodes to a lock without holds: its mode field is stored.
-        before.insert(MODE_FIELD.to_vec(), mode_value(old.family));
+        before.insert(names.mode_field().to_vec(), mode_value(old.family));
     }
     let after = encode(new);
     let mut out = Vec::new();
@@ -482,24 +547,34 @@ fn stays_multi(old: &Lock, new: &Lock) -> bool {
 
 /// [`writes`] between two multi-hold locks: O(holds), formatting only the holds that changed
 /// (a command on a key of 10,000 holds writes one or two of them).
-fn multi_writes(old: &Lock, old_expires_at: Option<UnixMs>, new: &Lock) -> Vec<Write> {
+fn multi_writes(
+    old: &Lock,
+    old_expires_at: Option<UnixMs>,
+    names: FieldNames,
+    new: &Lock,
+) -> Vec<Write> {
     let mut before: HashMap<(HoldKind, &[u8]), &Hold> = old
         .holds
         .iter()
         .map(|h| ((h.kind, h.owner.as_slice()), h))
         .collect();
-    let set: Vec<(Vec<u8>, Vec<u8>)> = new
+    let mut set: Vec<(Vec<u8>, Vec<u8>)> = new
         .holds
         .iter()
         .filter(|h| before.remove(&(h.kind, h.owner.as_slice())) != Some(*h))
         .map(multi_field)
         .collect();
-    let removed: Vec<Vec<u8>> = old
+    let mut removed: Vec<Vec<u8>> = old
         .holds
         .iter()
         .filter(|h| before.contains_key(&(h.kind, h.owner.as_slice())))
         .map(multi_field_name)
         .collect();
+    if names == FieldNames::Legacy {
+        // The old mode field is renamed: `mode` set, `__mode__` removed.
+        set.push((MODE_FIELD.to_vec(), mode_value(new.family)));
+        removed.push(LEGACY_MODE_FIELD.to_vec());
+    }
     let mut out = Vec::new();
     if !set.is_empty() {
         out.push(Write::Set(set));
@@ -933,11 +1008,34 @@ impl Lost {
     }
 }
 
-/// A lock as read from its key, with the key's expiry (the lease of an `RLock`-layout hold).
+/// A lock as read from its key, with the key's expiry (the lease of an `RLock`-layout hold) and
+/// the field names it is stored under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredLock {
     pub lock: Lock,
     pub expires_at: Option<UnixMs>,
+    pub names: FieldNames,
+}
+
+/// The names a key's own fields are stored under.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FieldNames {
+    /// `mode` (`exclusive:<token>`, `rw`, `semaphore:<n>`): what the module writes.
+    #[default]
+    Current,
+    /// The old layout: the token in `__fence__`, a multi-hold key's mode in `__mode__`. Read as
+    /// before; the next write renames them.
+    Legacy,
+}
+
+impl FieldNames {
+    /// The name of a multi-hold key's mode field.
+    fn mode_field(self) -> &'static [u8] {
+        match self {
+            FieldNames::Current => MODE_FIELD,
+            FieldNames::Legacy => LEGACY_MODE_FIELD,
+        }
+    }
 }
 
 #[cfg(test)]

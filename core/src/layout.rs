@@ -1,16 +1,50 @@
 //! What the module stores and the names it reserves, shared by the parser, the state machine,
-//! the lock family and the token counters: the fence and mode fields, the counter namespace,
-//! and how stored integers are read. Kept apart so that `args` and `hold` depend on it
+//! the lock family and the token counters: the mode field (and the old layout's names), the
+//! counter namespace, and how stored integers are read. Kept apart so that `args` and `hold` depend on it
 //! rather than on each other.
 
-/// The hash field that carries the fencing token of the current hold.
+/// The hash field naming what a lock key is: `exclusive:<token>` for one exclusive hold in
+/// Redisson's `RLock` layout (the value carries the hold's fencing token), `rw` or
+/// `semaphore:<n>` for a multi-hold key (see [`crate::hold`]). It has the name Redisson's
+/// `RReadWriteLock` scripts read, and none of these values is one they take (`read`, `write`):
+/// to them every module key is busy.
+pub const MODE_FIELD: &[u8] = b"mode";
+pub const MODE_FIELD_DISPLAY: &str = "mode";
+
+/// How `mode`'s value starts on an exclusive key in Redisson's `RLock` layout.
+pub const EXCLUSIVE_MODE_PREFIX: &[u8] = b"exclusive:";
+
+/// The field that carried the fencing token of an `RLock`-layout key before the token moved into
+/// `mode` (the old layout): still read, and removed by the key's next module write.
 pub const FENCE_FIELD: &[u8] = b"__fence__";
 pub const FENCE_FIELD_DISPLAY: &str = "__fence__";
 
-/// The hash field naming what a multi-hold key is (`rw` or `semaphore:<n>`, see
-/// [`crate::hold`]). A hash that has it is never in Redisson's `RLock` layout.
-pub const MODE_FIELD: &[u8] = b"__mode__";
-pub const MODE_FIELD_DISPLAY: &str = "__mode__";
+/// The name the mode field of a multi-hold key had before it became `mode` (the old layout):
+/// still read, and renamed by the key's next module write.
+pub const LEGACY_MODE_FIELD: &[u8] = b"__mode__";
+pub const LEGACY_MODE_FIELD_DISPLAY: &str = "__mode__";
+
+/// Whether an owner name is one of the lock's own fields, which no LOCK.* command accepts as an
+/// owner.
+pub fn is_reserved_owner(owner: &[u8]) -> bool {
+    owner == MODE_FIELD || owner == FENCE_FIELD || owner == LEGACY_MODE_FIELD
+}
+
+/// The token in `mode`'s value `exclusive:<token>` (None for any other value). Costs what
+/// parsing the token alone costs: a prefix compare, no allocation.
+pub fn parse_exclusive_mode(value: &[u8]) -> Option<u64> {
+    parse_positive(value.strip_prefix(EXCLUSIVE_MODE_PREFIX)?)
+}
+
+/// Writes `exclusive:<token>` into `buf` and returns it (no allocation: `exclusive:` and at most
+/// 20 digits always fit).
+pub fn format_exclusive_mode(token: u64, buf: &mut [u8; 30]) -> &[u8] {
+    use std::io::Write;
+    let mut rest: &mut [u8] = buf;
+    let _ = write!(rest, "exclusive:{token}");
+    let used = 30 - rest.len();
+    buf.get(..used).unwrap_or_default()
+}
 
 /// Keys starting with this belong to the module (the per-slot token counters,
 /// `__lock_fence__{<tag>}`): no LOCK.* command accepts one as a lock key, so a lock can never
@@ -99,6 +133,36 @@ mod tests {
             parse_positive(b"9223372036854775807"),
             Some(MAX_STORED_INTEGER)
         );
+    }
+
+    #[test]
+    fn the_exclusive_mode_value_carries_the_token() {
+        let mut buf = [0u8; 30];
+        for token in [1, 7, 1_732_370_000_123_004, MAX_STORED_INTEGER] {
+            let text = format_exclusive_mode(token, &mut buf).to_vec();
+            assert_eq!(text, format!("exclusive:{token}").into_bytes());
+            assert_eq!(parse_exclusive_mode(&text), Some(token));
+        }
+        let refused: [&[u8]; 7] = [
+            b"exclusive:",
+            b"exclusive:abc",
+            b"exclusive:0",
+            b"exclusive:-1",
+            b"exclusive",
+            b"bogus",
+            b"7",
+        ];
+        for value in refused {
+            assert_eq!(parse_exclusive_mode(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn the_lock_fields_are_reserved_owners() {
+        for owner in [&b"mode"[..], b"__fence__", b"__mode__"] {
+            assert!(is_reserved_owner(owner));
+        }
+        assert!(!is_reserved_owner(b"modes"));
     }
 
     #[test]

@@ -10,7 +10,10 @@ use lock_core::command::{self, Facts, Live, Reply};
 use lock_core::hold::{self, Family, Hold, HoldKind, Lock, Mode, StoredLock};
 use lock_core::key::ClientId;
 use lock_core::kind::Queue;
-use lock_core::layout::{is_reserved_key, FENCE_FIELD, MAX_STORED_INTEGER, MODE_FIELD};
+use lock_core::layout::{
+    is_reserved_key, is_reserved_owner, FENCE_FIELD, LEGACY_MODE_FIELD, MAX_STORED_INTEGER,
+    MODE_FIELD,
+};
 use lock_core::token::SlotMemory;
 use lock_core::LockError;
 use proptest::prelude::*;
@@ -72,6 +75,8 @@ fn positive_text() -> impl Strategy<Value = Vec<u8>> {
         Just(b"9223372036854775807".to_vec()),
         Just(b"9223372036854775808".to_vec()),
         (1u64..=MAX_STORED_INTEGER).prop_map(|n| n.to_string().into_bytes()),
+        (1u64..=MAX_STORED_INTEGER).prop_map(|n| format!("exclusive:{n}").into_bytes()),
+        Just(b"exclusive:".to_vec()),
         proptest::collection::vec(any::<u8>(), 0..12),
     ]
 }
@@ -81,6 +86,7 @@ fn field_name() -> impl Strategy<Value = Vec<u8>> {
         Just(b"owner".to_vec()),
         Just(MODE_FIELD.to_vec()),
         Just(FENCE_FIELD.to_vec()),
+        Just(LEGACY_MODE_FIELD.to_vec()),
         proptest::collection::vec(any::<u8>(), 1..12),
     ]
 }
@@ -167,7 +173,7 @@ proptest! {
                 let [held] = lock.holds.as_slice() else {
                     return Err(TestCaseError::fail("one hold"));
                 };
-                prop_assert!(held.owner.as_slice() != MODE_FIELD && held.owner.as_slice() != FENCE_FIELD);
+                prop_assert!(!is_reserved_owner(held.owner.as_slice()));
                 prop_assert!((1..=MAX_STORED_INTEGER).contains(&held.count));
                 prop_assert!(held.token.is_none_or(|t| (1..=MAX_STORED_INTEGER).contains(&t)));
                 prop_assert_eq!(fields.len(), 1 + usize::from(held.token.is_some()));
@@ -201,6 +207,7 @@ proptest! {
                     holds: smallvec::smallvec![Hold { owner: holder.to_vec().into(), kind: HoldKind::Exclusive, count, expires_at, token }],
                 },
                 expires_at,
+                names: Default::default(),
             }),
             now,
         );

@@ -280,17 +280,17 @@ impl Key {
         (OwnedString::adopt(va), OwnedString::adopt(vb))
     }
 
-    /// Writes `owner = count` and, when given, the fence field.
+    /// Writes `owner = count` and, when given, the mode field (`exclusive:<token>`).
     pub fn hash_set_hold(
         &self,
         owner: RawString,
         count: RawString,
-        fence: Option<(RawString, RawString)>,
+        mode: Option<(RawString, RawString)>,
     ) {
         // SAFETY: an open writable key (created as a hash when empty); field/value pairs end
         // with NULL.
         unsafe {
-            match fence {
+            match mode {
                 Some((field, token)) => api!(RedisModule_HashSet)(
                     self.0,
                     raw::REDISMODULE_HASH_NONE as c_int,

@@ -30,7 +30,8 @@ for transcript in "$here"/*.txt; do
     fi
   done <"$transcript"
   # Values that change from run to run (ttl) are written as <ms> in the transcript.
-  normalize() { sed -E -e 's/\(integer\) [0-9]{3,}$/(integer) <ms>/' -e 's/^([0-9]+\) )"[0-9]{10,}"$/\1"<token>"/' "$1"; }
+  normalize() { sed -E -e 's/\(integer\) [0-9]{3,}$/(integer) <ms>/' -e 's/^([0-9]+\) )"[0-9]{10,}"$/\1"<token>"/' \
+    -e 's/^([0-9]+\) )"exclusive:[0-9]{10,}"$/\1"exclusive:<token>"/' "$1"; }
   if diff -u <(normalize "$transcript") <(normalize "$actual") >"$dir/diff"; then
     echo "cli: $(basename "$transcript") ok"
     passed=$((passed + 1))

@@ -345,7 +345,7 @@ impl Memory {
             out.push_str(&format!(
                 "| {} | {} | {} |\n",
                 match entry.approach {
-                    Approach::Module => "LOCK.ACQUIRE (Redisson hash + `__fence__` field)",
+                    Approach::Module => "LOCK.ACQUIRE (Redisson hash + `mode` field)",
                     Approach::Redisson => "Redisson lock script (hash, 1 field, TTL)",
                     _ => "SET NX PX (string, TTL)",
                 },

@@ -58,7 +58,14 @@ fn rlock(owner: &str, count: u64, expires_at: UnixMs, token: Option<u64>) -> Liv
 }
 
 fn stored(lock: Lock, expires_at: Option<UnixMs>) -> Live {
-    Live::new(Some(StoredLock { lock, expires_at }), NOW)
+    Live::new(
+        Some(StoredLock {
+            lock,
+            expires_at,
+            names: Default::default(),
+        }),
+        NOW,
+    )
 }
 
 fn missing() -> Live {

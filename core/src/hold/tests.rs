@@ -410,6 +410,127 @@ fn decode_refuses_every_malformed_lock_as_not_a_lock() {
 }
 
 #[test]
+fn decode_reads_the_token_from_the_mode_field_and_the_old_names_too() {
+    let cases = [
+        (
+            "mode carries the token",
+            fields(&[("w", "2"), ("mode", "exclusive:4")]),
+            FieldNames::Current,
+            rw(vec![hold("w", HoldKind::Exclusive, 2, END, 4)]),
+        ),
+        (
+            "the old layout: the token in the fence field",
+            fields(&[("w", "2"), ("__fence__", "4")]),
+            FieldNames::Legacy,
+            rw(vec![hold("w", HoldKind::Exclusive, 2, END, 4)]),
+        ),
+        (
+            "shared holders under mode",
+            fields(&[("mode", "rw"), ("s:a", &value(1, END, 5))]),
+            FieldNames::Current,
+            rw(vec![hold("a", HoldKind::Shared, 1, END, 5)]),
+        ),
+        (
+            "shared holders under the old mode field",
+            fields(&[("__mode__", "rw"), ("s:a", &value(1, END, 5))]),
+            FieldNames::Legacy,
+            rw(vec![hold("a", HoldKind::Shared, 1, END, 5)]),
+        ),
+        (
+            "Redisson's own hold: no token, nothing to rename",
+            fields(&[("w", "1")]),
+            FieldNames::Current,
+            rw(vec![Hold {
+                token: None,
+                ..hold("w", HoldKind::Exclusive, 1, END, 0)
+            }]),
+        ),
+    ];
+    for (case, stored, names, lock) in cases {
+        let read = decode_stored(&stored, Some(END)).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!((read.lock, read.names), (lock, names), "{case}");
+    }
+    let ok = value(1, END, 5);
+    let refused = [
+        (
+            "a token in mode and in the fence",
+            fields(&[("w", "1"), ("mode", "exclusive:4"), ("__fence__", "4")]),
+        ),
+        (
+            "mode and the old mode field",
+            fields(&[("mode", "rw"), ("__mode__", "rw"), ("s:a", &ok)]),
+        ),
+        (
+            "exclusive mode on a multi-hold key",
+            fields(&[("mode", "exclusive:4"), ("s:a", &ok), ("s:b", &ok)]),
+        ),
+        (
+            "exclusive mode without a holder",
+            fields(&[("mode", "exclusive:4")]),
+        ),
+        (
+            "exclusive mode in the old field",
+            fields(&[("w", "1"), ("__mode__", "exclusive:4")]),
+        ),
+        (
+            "token not a number",
+            fields(&[("w", "1"), ("mode", "exclusive:abc")]),
+        ),
+        (
+            "token missing",
+            fields(&[("w", "1"), ("mode", "exclusive:")]),
+        ),
+        ("token 0", fields(&[("w", "1"), ("mode", "exclusive:0")])),
+        ("a bare token in mode", fields(&[("w", "1"), ("mode", "4")])),
+        ("unknown mode", fields(&[("w", "1"), ("mode", "bogus")])),
+        (
+            "Redisson's read mode",
+            fields(&[("mode", "read"), ("w", "1")]),
+        ),
+    ];
+    for (case, stored) in refused {
+        assert_eq!(
+            decode(&stored, Some(END)),
+            Err(LockError::NotALock),
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn a_write_to_a_key_with_the_old_names_renames_them() {
+    let x = hold("a", HoldKind::Exclusive, 1, END, 4);
+    let x2 = hold("a", HoldKind::Exclusive, 2, END + 10, 4);
+    let s = hold("b", HoldKind::Shared, 1, END, 5);
+    let s2 = hold("c", HoldKind::Shared, 1, END, 6);
+    let cases = [
+        (
+            "a re-entry of the old RLock layout: mode set, fence removed",
+            rw(vec![x.clone()]),
+            rw(vec![x2.clone()]),
+            vec![
+                set(&[("a", "2"), ("mode", "exclusive:4")]),
+                remove(&["__fence__"]),
+                Write::ExpireAt(END + 10),
+            ],
+        ),
+        (
+            "a second shared holder: its field, and mode renamed",
+            rw(vec![s.clone()]),
+            rw(vec![s.clone(), s2.clone()]),
+            vec![
+                set(&[("s:c", &value(1, END, 6)), ("mode", "rw")]),
+                remove(&["__mode__"]),
+            ],
+        ),
+    ];
+    for (case, old, new, want) in cases {
+        let w = writes(Some(&old), Some(END), FieldNames::Legacy, &new);
+        assert_eq!(w, want, "{case}");
+    }
+}
+
+#[test]
 fn decode_refuses_more_shared_holders_than_a_lock_may_have() {
     let mut stored = fields(&[("__mode__", "rw")]);
     for i in 0..MAX_HOLDERS {
@@ -470,9 +591,17 @@ fn encode_then_decode_gives_the_lock_back() {
         let back = decode(&stored, lock.last_lease_end()).unwrap_or_else(|e| panic!("{case}: {e}"));
         assert_eq!(sorted(back), sorted(lock.clone()), "{case}");
         assert_eq!(
-            stored.iter().any(|(f, _)| f.as_slice() == MODE_FIELD),
+            stored
+                .iter()
+                .any(|(f, v)| f.as_slice() == MODE_FIELD && !v.starts_with(b"exclusive:")),
             !lock.is_rlock_layout(),
             "{case}: the mode field names a multi-hold key"
+        );
+        assert!(
+            !stored
+                .iter()
+                .any(|(f, _)| f.as_slice() == FENCE_FIELD || f.as_slice() == LEGACY_MODE_FIELD),
+            "{case}: the old names are never written"
         );
     }
 }
@@ -489,7 +618,7 @@ fn encode_writes_the_rlock_layout_byte_for_byte() {
     let stored: Vec<_> = encode(&lock).into_iter().collect();
     assert_eq!(
         stored,
-        fields(&[("__fence__", "1732370000123004"), ("worker-1", "1")])
+        fields(&[("mode", "exclusive:1732370000123004"), ("worker-1", "1")])
     );
     assert!(encode(&rw(vec![])).is_empty(), "no holds: nothing stored");
 }
@@ -507,7 +636,10 @@ fn writes_turn_the_stored_lock_into_the_new_one_with_only_what_changed() {
             None,
             None,
             rw(vec![a_x.clone()]),
-            vec![set(&[("__fence__", "4"), ("a", "1")]), Write::ExpireAt(END)],
+            vec![
+                set(&[("a", "1"), ("mode", "exclusive:4")]),
+                Write::ExpireAt(END),
+            ],
         ),
         (
             "a new shared lock: mode, hold and expiry",
@@ -515,7 +647,7 @@ fn writes_turn_the_stored_lock_into_the_new_one_with_only_what_changed() {
             None,
             rw(vec![a.clone()]),
             vec![
-                set(&[("__mode__", "rw"), ("s:a", &value(1, END, 4))]),
+                set(&[("mode", "rw"), ("s:a", &value(1, END, 4))]),
                 Write::ExpireAt(END),
             ],
         ),
@@ -525,7 +657,7 @@ fn writes_turn_the_stored_lock_into_the_new_one_with_only_what_changed() {
             None,
             sem(2, vec![hold("a", HoldKind::Permit, 1, END, 4)]),
             vec![
-                set(&[("__mode__", "semaphore:2"), ("p:a", &value(1, END, 4))]),
+                set(&[("mode", "semaphore:2"), ("p:a", &value(1, END, 4))]),
                 Write::ExpireAt(END),
             ],
         ),
@@ -588,11 +720,11 @@ fn writes_turn_the_stored_lock_into_the_new_one_with_only_what_changed() {
             rw(vec![a_x.clone(), a_s.clone()]),
             vec![
                 set(&[
-                    ("__mode__", "rw"),
+                    ("mode", "rw"),
                     ("s:a", &value(1, END + 200, 6)),
                     ("x:a", &value(1, END, 4)),
                 ]),
-                remove(&["__fence__", "a"]),
+                remove(&["a"]),
                 Write::ExpireAt(END + 200),
             ],
         ),
@@ -602,8 +734,8 @@ fn writes_turn_the_stored_lock_into_the_new_one_with_only_what_changed() {
             Some(END + 200),
             rw(vec![a_x.clone()]),
             vec![
-                set(&[("__fence__", "4"), ("a", "1")]),
-                remove(&["__mode__", "s:a", "x:a"]),
+                set(&[("a", "1"), ("mode", "exclusive:4")]),
+                remove(&["s:a", "x:a"]),
                 Write::ExpireAt(END),
             ],
         ),
@@ -619,7 +751,7 @@ fn writes_turn_the_stored_lock_into_the_new_one_with_only_what_changed() {
         ),
     ];
     for (case, old, old_expires_at, new, want) in cases {
-        let w = writes(old.as_ref(), old_expires_at, &new);
+        let w = writes(old.as_ref(), old_expires_at, FieldNames::Current, &new);
         assert_eq!(w, want, "{case}");
         let stored = old.as_ref().map(encode).unwrap_or_default();
         let after = run_writes(stored, &w).unwrap_or_default();
@@ -1485,24 +1617,35 @@ fn writes_on_a_key_with_only_its_mode_field_leave_exactly_the_new_lock() {
         ("rw", Family::ReadWrite),
         ("semaphore:2", Family::Semaphore { limit: 2 }),
     ] {
-        let stored: BTreeMap<_, _> = fields(&[("__mode__", mode)]).into_iter().collect();
-        let old = decode(&stored.clone().into_iter().collect::<Vec<_>>(), None).unwrap();
-        assert_eq!(
-            old,
-            Lock {
-                family,
-                holds: smallvec::smallvec![]
+        for (field, names) in [
+            ("mode", FieldNames::Current),
+            ("__mode__", FieldNames::Legacy),
+        ] {
+            let stored: BTreeMap<_, _> = fields(&[(field, mode)]).into_iter().collect();
+            let read =
+                decode_stored(&stored.clone().into_iter().collect::<Vec<_>>(), None).unwrap();
+            assert_eq!(read.names, names);
+            let old = read.lock;
+            assert_eq!(
+                old,
+                Lock {
+                    family,
+                    holds: smallvec::smallvec![]
+                }
+            );
+            for new in [&x, &s, &p] {
+                let w = writes(Some(&old), None, names, new);
+                let after = run_writes(stored.clone(), &w).expect("not deleted");
+                assert_eq!(after, encode(new), "{mode} -> {new:?}: {w:?}");
+                assert!(w.contains(&Write::ExpireAt(END)), "{mode} -> {new:?}");
+                let back = decode(&after.into_iter().collect::<Vec<_>>(), Some(END));
+                assert_eq!(back.as_ref(), Ok(new), "{mode} -> {new:?}");
             }
-        );
-        for new in [&x, &s, &p] {
-            let w = writes(Some(&old), None, new);
-            let after = run_writes(stored.clone(), &w).expect("not deleted");
-            assert_eq!(after, encode(new), "{mode} -> {new:?}: {w:?}");
-            assert!(w.contains(&Write::ExpireAt(END)), "{mode} -> {new:?}");
-            let back = decode(&after.into_iter().collect::<Vec<_>>(), Some(END));
-            assert_eq!(back.as_ref(), Ok(new), "{mode} -> {new:?}");
+            assert_eq!(
+                writes(Some(&old), None, names, &rw(vec![])),
+                [Write::Delete]
+            );
         }
-        assert_eq!(writes(Some(&old), None, &rw(vec![])), [Write::Delete]);
     }
 }
 
@@ -1547,17 +1690,20 @@ mod writes_model {
         /// what `new` is stored as (the fast diff between multi-hold locks included).
         #[test]
         fn writes_leave_exactly_the_new_lock(old in any_lock(), new in any_lock()) {
-            let mut stored = encode(&old);
-            if old.holds.is_empty() {
-                // A stored multi-hold key without holds keeps its mode field.
-                stored.insert(MODE_FIELD.to_vec(), mode_value(old.family));
-            }
-            let w = writes(Some(&old), old.last_lease_end(), &new);
-            let after = run_writes(stored, &w);
-            if new.holds.is_empty() {
-                prop_assert_eq!(after, None);
-            } else {
-                prop_assert_eq!(after, Some(encode(&new)), "{:?}", w);
+            // A key stored under the old names too: the writes leave exactly the new layout.
+            for names in [FieldNames::Current, FieldNames::Legacy] {
+                let mut stored = encode_as(&old, names);
+                if old.holds.is_empty() {
+                    // A stored multi-hold key without holds keeps its mode field.
+                    stored.insert(names.mode_field().to_vec(), mode_value(old.family));
+                }
+                let w = writes(Some(&old), old.last_lease_end(), names, &new);
+                let after = run_writes(stored, &w);
+                if new.holds.is_empty() {
+                    prop_assert_eq!(after, None);
+                } else {
+                    prop_assert_eq!(after, Some(encode(&new)), "{:?} {:?}", names, w);
+                }
             }
         }
     }

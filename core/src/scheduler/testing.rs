@@ -146,6 +146,7 @@ impl Port<u32> for FakePort {
             Some(lock) => Read::Lock(Some(StoredLock {
                 expires_at: lock.last_lease_end(),
                 lock,
+                names: Default::default(),
             })),
         }
     }
