@@ -100,7 +100,7 @@ impl LockError {
             }
             LockError::CountOverflow => "ERR re-entry count would overflow".into(),
             LockError::TokensExhausted => format!(
-                "ERR fencing tokens exhausted: this key's '{}{{...}}' counter is at the largest integer; see the README (fencing-token counters)",
+                "ERR fencing tokens exhausted: this key's '{}{{...}}' counter is at the largest integer; see docs/commands.md (fencing-token counters)",
                 crate::layout::RESERVED_KEY_PREFIX_DISPLAY
             ),
             LockError::OutOfMemory => {
