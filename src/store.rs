@@ -7,7 +7,9 @@ use std::cell::RefCell;
 use lock_core::hold::{
     self, FieldNames, Lock, Write, MAX_MULTI_FIELDS, MAX_RLOCK_FIELDS, MODE_FIELD,
 };
-use lock_core::layout::{format_exclusive_mode, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD};
+use lock_core::layout::{
+    format_exclusive_mode, format_u64, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD,
+};
 use lock_core::slot::{counter_key, key_slot, SLOTS};
 use lock_core::token::SlotMemory;
 use lock_core::LockError;
@@ -403,7 +405,7 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
         let grant = memory.next_token(db, stored, now)?;
         if let Some(bound) = grant.store_bound {
             let mut digits = [0u8; 20];
-            let text = crate::ffi::format_u64(bound, &mut digits);
+            let text = format_u64(bound, &mut digits);
             // A counter key overwritten with another type by a client is left alone (tokens
             // then come from the clock floor): replicate only what was written.
             if counter.string_write(text) {

@@ -245,24 +245,14 @@ fn an_empty_prefix_turns_the_signal_off() {
     let server = Server::start();
     let mut con = server.connect();
     let received = listen(&server, &channel_of("k"));
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("lock.lost-channel-prefix")
-        .arg("")
-        .query(&mut con)
-        .unwrap();
+    set_lost_prefix(&mut con, "");
     acquire(&mut con, "k", "holder", 60_000).unwrap();
     force_release(&mut con, "k");
     acquire(&mut con, "k", "holder", 60_000).unwrap();
     let _: i64 = redis::cmd("DEL").arg("k").query(&mut con).unwrap();
     nothing_before_marker(&mut con, &received, "k");
     // Another prefix names another channel, with the key's hash tag kept.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("lock.lost-channel-prefix")
-        .arg("app.lost")
-        .query(&mut con)
-        .unwrap();
+    set_lost_prefix(&mut con, "app.lost");
     let tagged = listen(&server, "app.lost:{user}:lock");
     let t = acquire(&mut con, "{user}:lock", "holder", 60_000).unwrap();
     force_release(&mut con, "{user}:lock");
@@ -316,6 +306,16 @@ fn reloading_the_data_tells_nobody() {
     );
 }
 
+/// `CONFIG SET lock.lost-channel-prefix <prefix>` (empty: the signal off).
+fn set_lost_prefix(con: &mut Connection, prefix: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.lost-channel-prefix")
+        .arg(prefix)
+        .query(con)
+        .unwrap();
+}
+
 /// A marker published on the flush channel now is its next message: nothing came before it.
 fn nothing_on_flush_channel_before_marker(con: &mut Connection, received: &mpsc::Receiver<String>) {
     let _: i64 = redis::cmd("PUBLISH")
@@ -351,21 +351,11 @@ fn a_flush_tells_every_holder_once_on_the_flush_channel() {
     nothing_before_marker(&mut con, &on_key, "k");
 
     // Another prefix names another flush channel; an empty one sends nothing.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("lock.lost-channel-prefix")
-        .arg("app.lost")
-        .query(&mut con)
-        .unwrap();
+    set_lost_prefix(&mut con, "app.lost");
     let app = listen(&server, "app.lost:flush");
     let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
     assert_eq!(next(&app, "FLUSHALL under app.lost"), "flushed all");
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("lock.lost-channel-prefix")
-        .arg("")
-        .query(&mut con)
-        .unwrap();
+    set_lost_prefix(&mut con, "");
     let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
     nothing_on_flush_channel_before_marker(&mut con, &received);
     let _: i64 = redis::cmd("PUBLISH")

@@ -267,13 +267,10 @@ pub fn decode(fields: &Fields, expires_at: Option<UnixMs>) -> Result<Lock, LockE
 /// [`FieldNames`]).
 pub fn decode_stored(fields: &Fields, expires_at: Option<UnixMs>) -> Result<StoredLock, LockError> {
     let lock = decode(fields, expires_at)?;
-    let names = if fields
-        .iter()
-        .any(|(f, _)| f.as_slice() == FENCE_FIELD || f.as_slice() == LEGACY_MODE_FIELD)
-    {
-        FieldNames::Legacy
-    } else {
-        FieldNames::Current
+    let legacy = |field: &[u8]| field == FENCE_FIELD || field == LEGACY_MODE_FIELD;
+    let names = match fields.iter().any(|(f, _)| legacy(f)) {
+        true => FieldNames::Legacy,
+        false => FieldNames::Current,
     };
     Ok(StoredLock {
         lock,

@@ -37,13 +37,34 @@ pub fn parse_exclusive_mode(value: &[u8]) -> Option<u64> {
 }
 
 /// Writes `exclusive:<token>` into `buf` and returns it (no allocation: `exclusive:` and at most
-/// 20 digits always fit).
+/// 20 digits always fit). On the hot path: every new exclusive hold stores it.
 pub fn format_exclusive_mode(token: u64, buf: &mut [u8; 30]) -> &[u8] {
-    use std::io::Write;
-    let mut rest: &mut [u8] = buf;
-    let _ = write!(rest, "exclusive:{token}");
-    let used = 30 - rest.len();
-    buf.get(..used).unwrap_or_default()
+    let mut digits = [0u8; 20];
+    let digits = format_u64(token, &mut digits);
+    let len = EXCLUSIVE_MODE_PREFIX.len() + digits.len();
+    let (prefix, rest) = buf.split_at_mut(EXCLUSIVE_MODE_PREFIX.len());
+    prefix.copy_from_slice(EXCLUSIVE_MODE_PREFIX);
+    if let Some(tail) = rest.get_mut(..digits.len()) {
+        tail.copy_from_slice(digits);
+    }
+    buf.get(..len).unwrap_or_default()
+}
+
+/// Formats `value` in decimal into `buf` and returns the digits: what the module stores for
+/// counts, tokens and times, without the formatting machinery or an allocation.
+pub fn format_u64(mut value: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        if let Some(slot) = buf.get_mut(at) {
+            *slot = b'0' + (value % 10) as u8;
+        }
+        value /= 10;
+        if value == 0 || at == 0 {
+            break;
+        }
+    }
+    buf.get(at..).unwrap_or_default()
 }
 
 /// Keys starting with this belong to the module (the per-slot token counters,
@@ -154,6 +175,14 @@ mod tests {
         ];
         for value in refused {
             assert_eq!(parse_exclusive_mode(value), None, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn integers_are_formatted_as_their_decimal_digits() {
+        let mut buf = [0u8; 20];
+        for value in [0, 1, 9, 10, 1_732_370_000_123_004, u64::MAX] {
+            assert_eq!(format_u64(value, &mut buf), value.to_string().as_bytes());
         }
     }
 

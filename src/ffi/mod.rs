@@ -147,7 +147,7 @@ impl OwnedString {
     /// or time, a third of the string's whole cost on the hot path.
     pub fn from_u64(value: u64) -> Self {
         let mut digits = [0u8; 20];
-        OwnedString::new(format_u64(value, &mut digits))
+        OwnedString::new(lock_core::layout::format_u64(value, &mut digits))
     }
 
     /// Takes ownership of a string Redis returned to us (HashGet), or one given up with
@@ -516,22 +516,6 @@ pub fn is_loading(ctx: Ctx) -> bool {
 pub fn is_cluster(ctx: Ctx) -> bool {
     static CLUSTER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *CLUSTER.get_or_init(|| context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0)
-}
-
-/// Formats `value` in decimal into `buf`, returning the digits (no allocation).
-pub fn format_u64(mut value: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        if let Some(slot) = buf.get_mut(at) {
-            *slot = b'0' + (value % 10) as u8;
-        }
-        value /= 10;
-        if value == 0 || at == 0 {
-            break;
-        }
-    }
-    buf.get(at..).unwrap_or_default()
 }
 
 /// The `CLUSTER NODES` text, through RM_Call. Only for rare paths (a handoff in cluster mode
