@@ -150,8 +150,9 @@ pub struct Request<'a> {
     pub bind: Option<ClientId>,
 }
 
-/// Queues the current client on `key` and blocks it.
-pub fn enqueue(ctx: Ctx, key: LockKey, request: Request<'_>, seen: Seen) -> Result<(), LockError> {
+/// Queues the current client on its key — on every key at once for a multi-key acquire — and
+/// blocks it. `keys`: each key with what the acquire saw there.
+pub fn enqueue(ctx: Ctx, keys: &[(LockKey, Seen)], request: Request<'_>) -> Result<(), LockError> {
     let Request {
         owner,
         lease_ms,
@@ -162,17 +163,18 @@ pub fn enqueue(ctx: Ctx, key: LockKey, request: Request<'_>, seen: Seen) -> Resu
     let now = now_ms();
     with_scheduler(ctx, |scheduler, mut port| {
         let max = config::max_waiters_per_key();
-        scheduler.has_room(&key, owner, max)?;
+        for (key, _) in keys {
+            scheduler.has_room(key, owner, max)?;
+        }
         let handle = wait::block::<Runtime>(ctx).ok_or(LockError::Internal)?;
         let new = NewWait {
             handle,
-            key: &key,
+            keys,
             owner,
             lease_ms,
             wait,
             mode,
             bind,
-            seen,
         };
         match scheduler.enqueue(&mut port, new, max, now) {
             Ok(_) => bump(&STATS.waits_started),
@@ -429,9 +431,11 @@ pub fn reset() {
 /// the context of the command, timer or callback that called it. It decides nothing.
 struct RedisPort {
     ctx: Ctx,
-    /// The key read last, still open, so that the write that follows the read goes to exactly
-    /// what was read (nothing can change it in between: it is one call on the main thread).
-    open: Option<OpenLock>,
+    /// The key (or the keys of one multi-key decision) read last, still open, so that the
+    /// write that follows the read goes to exactly what was read (nothing can change it in
+    /// between: it is one call on the main thread). A new read closes them: a handle is never
+    /// kept open across another decision's writes.
+    open: Vec<OpenLock>,
 }
 
 struct OpenLock {
@@ -442,7 +446,35 @@ struct OpenLock {
 
 impl RedisPort {
     fn new(ctx: Ctx) -> RedisPort {
-        RedisPort { ctx, open: None }
+        RedisPort {
+            ctx,
+            open: Vec::new(),
+        }
+    }
+
+    /// Opens `key` (kept open for the write that follows) and reads its lock.
+    fn open_and_read(&mut self, key: &LockKey, check_route: bool) -> Read {
+        let ctx = self.ctx;
+        with_db(ctx, key.db, || {
+            let name = OwnedString::new(&key.name);
+            let handle = Key::open(ctx, name.as_ptr());
+            let read = match store::read_lock(&handle, None) {
+                Ok(None) if check_route => match slot_left(ctx, key) {
+                    Some(redirect) => Read::Moved(redirect),
+                    None => Read::Lock(None),
+                },
+                Ok(stored) => Read::Lock(stored),
+                Err(_) => Read::NotALock {
+                    expires_at: handle.expires_at(),
+                },
+            };
+            self.open.push(OpenLock {
+                key: key.clone(),
+                name,
+                handle,
+            });
+            read
+        })
     }
 }
 
@@ -458,28 +490,15 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn read(&mut self, key: &LockKey, check_route: bool) -> Read {
-        let ctx = self.ctx;
-        self.open = None;
-        with_db(ctx, key.db, || {
-            let name = OwnedString::new(&key.name);
-            let handle = Key::open(ctx, name.as_ptr());
-            let read = match store::read_lock(&handle, None) {
-                Ok(None) if check_route => match slot_left(ctx, key) {
-                    Some(redirect) => Read::Moved(redirect),
-                    None => Read::Lock(None),
-                },
-                Ok(stored) => Read::Lock(stored),
-                Err(_) => Read::NotALock {
-                    expires_at: handle.expires_at(),
-                },
-            };
-            self.open = Some(OpenLock {
-                key: key.clone(),
-                name,
-                handle,
-            });
-            read
-        })
+        self.open.clear();
+        self.open_and_read(key, check_route)
+    }
+
+    fn read_many(&mut self, keys: &[LockKey], check_route: bool) -> Vec<Read> {
+        self.open.clear();
+        keys.iter()
+            .map(|key| self.open_and_read(key, check_route))
+            .collect()
     }
 
     fn write(
@@ -489,11 +508,12 @@ impl Port<Blocked> for RedisPort {
         new: &Lock,
     ) -> Result<(), LockError> {
         let ctx = self.ctx;
-        let open = self
+        let at = self
             .open
-            .take()
-            .filter(|open| open.key == *key)
+            .iter()
+            .position(|open| open.key == *key)
             .ok_or(LockError::Internal)?;
+        let open = self.open.swap_remove(at);
         with_db(ctx, key.db, || {
             store::write_lock(ctx, &open.handle, open.name.as_ptr(), None, old, new)
         })

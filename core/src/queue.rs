@@ -8,6 +8,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
+use smallvec::SmallVec;
+
 use crate::deadlines::DeadlineKey;
 use crate::key::ClientId;
 pub use crate::key::LockKey;
@@ -17,12 +19,16 @@ use crate::{LockError, UnixMs};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WaiterId(u64);
 
-/// One blocked `LOCK.ACQUIRE ... WAIT`. `H` is the server's handle for the blocked client.
+/// One blocked `LOCK.ACQUIRE ... WAIT` (or `LOCK.MACQUIRE ... WAIT`, queued on several keys at
+/// once). `H` is the server's handle for the blocked client.
 #[derive(Debug)]
 pub struct Waiter<H> {
     pub id: WaiterId,
     pub handle: H,
     pub key: LockKey,
+    /// A multi-key request's other keys (empty for one key). The waiter stands in the queue of
+    /// each of its keys, entered in one step, and is granted only when it heads every one.
+    pub others: Box<[LockKey]>,
     pub owner: Box<[u8]>,
     pub lease_ms: u64,
     /// What it asks for: exclusive, shared or a permit.
@@ -44,12 +50,24 @@ struct KeyQueue {
     lease_check: Option<DeadlineKey>,
 }
 
+impl<H> Waiter<H> {
+    /// Every key it waits on, its first key first.
+    pub fn keys(&self) -> impl Iterator<Item = &LockKey> {
+        std::iter::once(&self.key).chain(self.others.iter())
+    }
+
+    /// Whether it waits on several keys at once.
+    pub fn is_multi(&self) -> bool {
+        !self.others.is_empty()
+    }
+}
+
 /// What a removal left behind for the caller to cancel.
 #[derive(Debug)]
 pub struct Removed<H> {
     pub waiter: Waiter<H>,
-    /// The key's queue became empty; this was its lease check, now unneeded.
-    pub orphaned_lease_check: Option<DeadlineKey>,
+    /// Queues that became empty: their lease checks, now unneeded.
+    pub orphaned_lease_checks: SmallVec<[DeadlineKey; 1]>,
 }
 
 #[derive(Debug)]
@@ -78,6 +96,8 @@ impl<H> Default for WaitQueues<H> {
 pub struct NewWaiter<'a, H> {
     pub handle: H,
     pub key: &'a LockKey,
+    /// A multi-key request's other keys (distinct, none equal to `key`).
+    pub others: &'a [LockKey],
     pub owner: &'a [u8],
     pub lease_ms: u64,
     pub mode: Mode,
@@ -86,20 +106,24 @@ pub struct NewWaiter<'a, H> {
 }
 
 impl<H: Copy + Eq + Hash> WaitQueues<H> {
-    /// Queues a waiter at the tail of its key's queue.
+    /// Queues a waiter at the tail of its key's queue — of each of its keys' queues, in one step,
+    /// so that the queues agree on the order of any two waiters that share keys.
     pub fn push(&mut self, new: NewWaiter<'_, H>, max_per_key: u64) -> Result<WaiterId, LockError> {
-        if self.len(new.key) as u64 >= max_per_key {
+        let keys = || std::iter::once(new.key).chain(new.others.iter());
+        if keys().any(|key| self.len(key) as u64 >= max_per_key) {
             return Err(LockError::TooManyWaiters { max: max_per_key });
         }
-        if !self.queues.contains_key(new.key) {
-            *self.names.entry(new.key.name.clone()).or_default() += 1;
-        }
-        let queue = self.queues.entry(new.key.clone()).or_default();
         self.next_id += 1;
         let id = WaiterId(self.next_id);
-        queue.order.push_back(id);
-        queue.live += 1;
-        queue.owners.insert(new.owner.into(), id);
+        for key in keys() {
+            if !self.queues.contains_key(key) {
+                *self.names.entry(key.name.clone()).or_default() += 1;
+            }
+            let queue = self.queues.entry(key.clone()).or_default();
+            queue.order.push_back(id);
+            queue.live += 1;
+            queue.owners.insert(new.owner.into(), id);
+        }
         self.by_handle.insert(new.handle, id);
         self.waiters.insert(
             id,
@@ -107,6 +131,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
                 id,
                 handle: new.handle,
                 key: new.key.clone(),
+                others: new.others.into(),
                 owner: new.owner.into(),
                 lease_ms: new.lease_ms,
                 mode: new.mode,
@@ -126,10 +151,14 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
                 self.by_handle.remove(&waiter.handle);
                 queue.live -= 1;
                 queue.owners.remove(&waiter.owner);
-                let orphaned_lease_check = self.drop_queue_if_empty(key);
+                let mut orphaned_lease_checks = SmallVec::new();
+                orphaned_lease_checks.extend(self.drop_queue_if_empty(key));
+                for other in waiter.keys().filter(|k| *k != key) {
+                    orphaned_lease_checks.extend(self.leave_queue(other, &waiter.owner));
+                }
                 return Some(Removed {
                     waiter,
-                    orphaned_lease_check,
+                    orphaned_lease_checks,
                 });
             }
         }
@@ -172,24 +201,39 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         queue.order.iter().find_map(|id| self.waiters.get(id))
     }
 
-    /// Removes a waiter wherever it is in its queue (timeout, disconnect, CLIENT UNBLOCK).
+    /// Removes a waiter wherever it is in its queues (timeout, disconnect, CLIENT UNBLOCK, a
+    /// multi-key grant).
     pub fn remove(&mut self, id: WaiterId) -> Option<Removed<H>> {
         let waiter = self.waiters.remove(&id)?;
         self.by_handle.remove(&waiter.handle);
-        let key = waiter.key.clone();
-        if let Some(queue) = self.queues.get_mut(&key) {
+        let mut orphaned_lease_checks = SmallVec::new();
+        for key in waiter.keys() {
+            orphaned_lease_checks.extend(self.leave_queue(key, &waiter.owner));
+        }
+        Some(Removed {
+            waiter,
+            orphaned_lease_checks,
+        })
+    }
+
+    /// A waiter (already out of `waiters`) leaves `key`'s queue: its slot in the order is
+    /// skipped when it reaches the head, or compacted away. Returns the queue's lease check if
+    /// the queue emptied.
+    fn leave_queue(&mut self, key: &LockKey, owner: &[u8]) -> Option<DeadlineKey> {
+        if let Some(queue) = self.queues.get_mut(key) {
             queue.live = queue.live.saturating_sub(1);
-            queue.owners.remove(&waiter.owner);
+            queue.owners.remove(owner);
             if queue.order.len() > 2 * queue.live + 32 {
                 let waiters = &self.waiters;
                 queue.order.retain(|id| waiters.contains_key(id));
             }
         }
-        let orphaned_lease_check = self.drop_queue_if_empty(&key);
-        Some(Removed {
-            waiter,
-            orphaned_lease_check,
-        })
+        self.drop_queue_if_empty(key)
+    }
+
+    /// Whether `id` is the longest-waiting live waiter of `key`.
+    pub fn heads(&self, key: &LockKey, id: WaiterId) -> bool {
+        self.front(key).map(|w| w.id) == Some(id)
     }
 
     /// The waiter with this client handle.
@@ -296,6 +340,7 @@ mod tests {
             NewWaiter {
                 handle,
                 key: k,
+                others: &[],
                 owner: format!("owner-{handle}").as_bytes(),
                 lease_ms: 100,
                 mode: Mode::Exclusive,
@@ -374,6 +419,7 @@ mod tests {
         let over = NewWaiter {
             handle: 3,
             key: &a0,
+            others: &[],
             owner: b"o",
             lease_ms: 1,
             mode: Mode::Exclusive,
@@ -406,6 +452,7 @@ mod tests {
         let new = |h| NewWaiter {
             handle: h,
             key: &a,
+            others: &[],
             owner: b"o",
             lease_ms: 1,
             mode: Mode::Exclusive,
@@ -445,7 +492,7 @@ mod tests {
         assert_eq!(q.set_lease_check(&a, Some(check)), None);
         assert_eq!(q.lease_check(&a), Some(check));
         let removed = q.pop_front(&a).unwrap();
-        assert_eq!(removed.orphaned_lease_check, Some(check));
+        assert_eq!(removed.orphaned_lease_checks.as_slice(), [check]);
     }
 
     #[test]

@@ -110,7 +110,7 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let bind = (request.binding == Binding::Connection).then(|| ffi::client_id(ctx));
     runtime::enqueue(
         ctx,
-        key,
+        &[(key, seen)],
         runtime::Request {
             owner: request.owner,
             lease_ms: request.lease_ms,
@@ -118,6 +118,5 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
             mode: request.mode,
             bind,
         },
-        seen,
     )
 }

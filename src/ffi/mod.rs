@@ -595,6 +595,14 @@ pub mod reply {
         unsafe { api!(RedisModule_ReplyWithArray)(ctx, len as std::os::raw::c_long) };
     }
 
+    /// An array of integers (a multi-key grant's tokens, a multi-key release's counts).
+    pub fn integers(ctx: Ctx, values: &[i64]) {
+        array(ctx, values.len() as i64);
+        for &value in values {
+            integer(ctx, value);
+        }
+    }
+
     /// A map in RESP3, a flat array of name/value in RESP2 (Redis does the translation).
     pub fn map(ctx: Ctx, pairs: i64) {
         // SAFETY: as above.

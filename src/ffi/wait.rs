@@ -112,6 +112,16 @@ extern "C" fn on_reply(ctx: Ctx, _argv: *mut RawString, _argc: c_int) -> c_int {
                 Ok(token) => reply::integer(ctx, token),
                 Err(_) => reply::error(ctx, &lock_core::LockError::Internal.reply()),
             },
+            Answer::GrantedAll { holds, .. } => {
+                let tokens: Option<Vec<i64>> = holds
+                    .iter()
+                    .map(|(_, token)| i64::try_from(*token).ok())
+                    .collect();
+                match tokens {
+                    Some(tokens) => reply::integers(ctx, &tokens),
+                    None => reply::error(ctx, &lock_core::LockError::Internal.reply()),
+                }
+            }
             Answer::TimedOut => reply::null(ctx),
             Answer::Refused(message) => reply::error(ctx, message),
         }
@@ -149,13 +159,20 @@ extern "C" fn on_free<E: Events>(ctx: Ctx, privdata: *mut c_void) {
         }
         // SAFETY: privdata is the Box<Delivery> from `unblock`; Redis hands it back exactly once.
         let delivery = unsafe { Box::from_raw(privdata.cast::<Delivery>()) };
-        if let Answer::Granted {
-            token, key, kind, ..
-        } = delivery.outcome
-        {
-            if !delivery.delivered.get() {
-                E::grant_undelivered(ctx, GrantRef { key, kind, token });
+        if delivery.delivered.get() {
+            return;
+        }
+        match delivery.outcome {
+            Answer::Granted {
+                token, key, kind, ..
+            } => E::grant_undelivered(ctx, GrantRef { key, kind, token }),
+            // Every key of a multi-key grant is passed on.
+            Answer::GrantedAll { holds, kind, .. } => {
+                for (key, token) in holds {
+                    E::grant_undelivered(ctx, GrantRef { key, kind, token });
+                }
             }
+            Answer::TimedOut | Answer::Refused(_) => {}
         }
     });
 }

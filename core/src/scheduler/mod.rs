@@ -119,6 +119,12 @@ pub enum Answer {
         owner: Box<[u8]>,
         kind: HoldKind,
     },
+    /// A multi-key request got every key at once: each key with its token, in the order asked.
+    GrantedAll {
+        holds: Vec<(LockKey, u64)>,
+        owner: Box<[u8]>,
+        kind: HoldKind,
+    },
     TimedOut,
     /// An error reply (a redirect, or why nobody can be granted the key).
     Refused(String),
@@ -164,6 +170,9 @@ pub trait Port<H> {
     /// Reads the lock at `key`. With `check_route` a missing key whose slot left this node (a
     /// background handoff in a cluster) reads as [`Read::Moved`].
     fn read(&mut self, key: &LockKey, check_route: bool) -> Read;
+    /// Reads several keys (distinct) together, each as [`Port::read`], for one multi-key
+    /// decision: every one may then be written.
+    fn read_many(&mut self, keys: &[LockKey], check_route: bool) -> Vec<Read>;
     /// Turns the lock last read from `key` (`old`, as read) into `new`: writes, and replicates
     /// as plain commands, only what changes.
     fn write(
@@ -214,16 +223,15 @@ pub enum Change {
 /// One blocked acquire, as the adapter hands it in.
 pub struct NewWait<'a, H> {
     pub handle: H,
-    pub key: &'a LockKey,
+    /// The keys it waits for (one, or the distinct keys of a `LOCK.MACQUIRE`), each with what
+    /// the acquire saw there.
+    pub keys: &'a [(LockKey, Seen)],
     pub owner: &'a [u8],
     pub lease_ms: u64,
     pub wait: Wait,
     pub mode: Mode,
     /// `EPHEMERAL`: the connection a grant is bound to.
     pub bind: Option<ClientId>,
-    /// What the acquire saw: the lock's lease end, or that it was free (waiters are queued on
-    /// a free key only between an outside change and its recheck).
-    pub seen: Seen,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,12 +290,15 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         Ok(())
     }
 
-    /// Queues a blocked client at the tail of its key's queue.
+    /// Queues a blocked client at the tail of its key's queue — of every key's queue at once,
+    /// for a multi-key request.
     ///
     /// An owner waits at most once per key. If it already waits (a client that gave up on its
     /// `WAIT` without closing the connection, and asked again), the new request takes the
     /// earlier one's place in the queue, and the earlier one is answered with an error at once,
-    /// instead of being granted the lock later on behalf of a caller that has gone.
+    /// instead of being granted the lock later on behalf of a caller that has gone. A request
+    /// for other keys than the earlier one's cannot take its place (the queues would disagree on
+    /// the order): the earlier one is answered the same and the new one queues at the tail.
     pub fn enqueue(
         &mut self,
         port: &mut impl Port<H>,
@@ -295,7 +306,22 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         max_per_key: u64,
         now: UnixMs,
     ) -> Result<WaiterId, LockError> {
-        let id = match self.queues.queued_owner(new.key, new.owner) {
+        let ((first, _), rest) = new.keys.split_first().ok_or(LockError::Internal)?;
+        let mut earlier: Vec<WaiterId> = new
+            .keys
+            .iter()
+            .filter_map(|(key, _)| self.queues.queued_owner(key, new.owner))
+            .collect();
+        earlier.sort_unstable();
+        earlier.dedup();
+        let same_keys = |w: &Waiter<H>| {
+            w.others.len() == rest.len() && new.keys.iter().all(|(k, _)| w.keys().any(|q| q == k))
+        };
+        let in_place = match earlier.as_slice() {
+            [id] if self.queues.get(*id).is_some_and(same_keys) => Some(*id),
+            _ => None,
+        };
+        let id = match in_place {
             Some(id) => {
                 let (old, old_timeout) = self
                     .queues
@@ -308,18 +334,28 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 port.answer(old, Answer::Refused(REPLACED.to_string()));
                 id
             }
-            None => self.queues.push(
-                NewWaiter {
-                    handle: new.handle,
-                    key: new.key,
-                    owner: new.owner,
-                    lease_ms: new.lease_ms,
-                    mode: new.mode,
-                    bind: new.bind,
-                    now,
-                },
-                max_per_key,
-            )?,
+            None => {
+                for id in earlier {
+                    if let Some(old) = self.remove_waiter(id, now) {
+                        port.note(Note::Replaced);
+                        port.answer(old.handle, Answer::Refused(REPLACED.to_string()));
+                    }
+                }
+                let others: Vec<LockKey> = rest.iter().map(|(key, _)| key.clone()).collect();
+                self.queues.push(
+                    NewWaiter {
+                        handle: new.handle,
+                        key: first,
+                        others: &others,
+                        owner: new.owner,
+                        lease_ms: new.lease_ms,
+                        mode: new.mode,
+                        bind: new.bind,
+                        now,
+                    },
+                    max_per_key,
+                )?
+            }
         };
         if let Wait::For(ms) = new.wait {
             let deadline = self
@@ -329,13 +365,15 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 w.timeout = Some(deadline);
             }
         }
-        match new.seen {
-            Seen::Free => {
-                self.deadlines.insert(now, Due::Recheck(new.key.clone()));
-            }
-            Seen::Held { next_lease_end } => {
-                if self.queues.lease_check(new.key).is_none() {
-                    self.schedule_lease_check(new.key, next_lease_end, now);
+        for (key, seen) in new.keys {
+            match seen {
+                Seen::Free => {
+                    self.deadlines.insert(now, Due::Recheck(key.clone()));
+                }
+                Seen::Held { next_lease_end } => {
+                    if self.queues.lease_check(key).is_none() {
+                        self.schedule_lease_check(key, *next_lease_end, now);
+                    }
                 }
             }
         }
@@ -389,13 +427,45 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// again (from the timer: this may run where the server forbids writes): shared requests
     /// queued behind a departed exclusive one may fit now.
     fn remove_waiter(&mut self, id: WaiterId, now: UnixMs) -> Option<Waiter<H>> {
-        let key = self.queues.get(id)?.key.clone();
-        let was_head = self.queues.front(&key).map(|w| w.id) == Some(id);
+        let headed = self.headed_keys(id, None);
         let removed = self.queues.remove(id)?;
         let waiter = self.forget(removed);
-        if was_head && self.queues.has_waiters(&key) {
-            self.deadlines.insert(now, Due::Recheck(key));
+        self.recheck_heads(headed, now);
+        Some(waiter)
+    }
+
+    /// The keys (but `except`) whose queue `id` heads: when it leaves, who is behind it there
+    /// may fit now.
+    fn headed_keys(&self, id: WaiterId, except: Option<&LockKey>) -> Vec<LockKey> {
+        let Some(waiter) = self.queues.get(id) else {
+            return Vec::new();
+        };
+        waiter
+            .keys()
+            .filter(|key| Some(*key) != except && self.queues.heads(key, id))
+            .cloned()
+            .collect()
+    }
+
+    /// Looks again, from the timer, at each of these keys that still has waiters.
+    fn recheck_heads(&mut self, keys: Vec<LockKey>, now: UnixMs) {
+        for key in keys {
+            if self.queues.has_waiters(&key) {
+                self.deadlines.insert(now, Due::Recheck(key));
+            }
         }
+    }
+
+    /// Takes the head waiter of `key` out of every queue it stands in; a multi-key waiter's
+    /// other keys are looked at again where it stood first.
+    fn take_front(&mut self, key: &LockKey, now: UnixMs) -> Option<Waiter<H>> {
+        let headed = match self.queues.front(key) {
+            Some(head) if head.is_multi() => self.headed_keys(head.id, Some(key)),
+            _ => Vec::new(),
+        };
+        let removed = self.queues.pop_front(key)?;
+        let waiter = self.forget(removed);
+        self.recheck_heads(headed, now);
         Some(waiter)
     }
 
@@ -491,6 +561,12 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return false;
             }
         }
+        if let Some(head) = self.queues.front(key).filter(|w| w.is_multi()) {
+            let id = head.id;
+            if head.keys().all(|k| self.queues.heads(k, id)) {
+                return self.pump_multi(port, id, key, now, cause, origin);
+            }
+        }
         let stored = match port.read(key, origin == Origin::Background) {
             Read::Lock(stored) => stored,
             Read::NotALock { expires_at } => {
@@ -498,7 +574,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return false;
             }
             Read::Moved(redirect) => {
-                self.refuse_all(port, key, &redirect, Note::Redirected);
+                self.refuse_all(port, key, &redirect, Note::Redirected, now);
                 return false;
             }
         };
@@ -509,12 +585,20 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         let mut granted: Vec<(Waiter<H>, u64, HoldKind)> = Vec::new();
         let mut stop = Stop::Held;
         while let Some(head) = self.queues.front(key) {
+            if head.is_multi() {
+                // A multi-key request waits here until it heads every one of its queues (it
+                // heads none of the others yet, or this run granted others first): nobody
+                // behind it passes it. Once this run is written, the key is looked at again.
+                if !granted.is_empty() {
+                    self.deadlines.insert(now, Due::Recheck(key.clone()));
+                }
+                break;
+            }
             let mode = head.mode;
             let decision = run.decide(&head.owner, mode, head.lease_ms, now);
             let grant = match decision {
                 Err(error) => {
-                    if let Some(removed) = self.queues.pop_front(key) {
-                        let waiter = self.forget(removed);
+                    if let Some(waiter) = self.take_front(key, now) {
                         port.note(Note::Mismatched);
                         port.answer(waiter.handle, Answer::Refused(error.reply()));
                     }
@@ -534,10 +618,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 },
             };
             run.apply(&head.owner, mode, &grant, token);
-            let Some(removed) = self.queues.pop_front(key) else {
+            let Some(waiter) = self.take_front(key, now) else {
                 break;
             };
-            granted.push((self.forget(removed), token, mode.kind()));
+            granted.push((waiter, token, mode.kind()));
             let next_may_follow = matches!(
                 (mode, self.queues.front(key).map(|w| w.mode)),
                 (Mode::Shared, Some(Mode::Shared)) | (Mode::Limit(_), Some(Mode::Limit(_)))
@@ -554,7 +638,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     port.note(Note::Refused);
                     port.answer(waiter.handle, Answer::Refused(reply.clone()));
                 }
-                self.refuse_all(port, key, &reply, Note::Refused);
+                self.refuse_all(port, key, &reply, Note::Refused, now);
                 return false;
             }
         }
@@ -598,7 +682,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             );
         }
         match stop {
-            Stop::Refused(error) => self.refuse_all(port, key, &error.reply(), Note::Refused),
+            Stop::Refused(error) => self.refuse_all(port, key, &error.reply(), Note::Refused, now),
             Stop::Held => self.schedule_lease_check(key, run.lock().next_lease_end(), now),
         }
         granted_any
@@ -681,9 +765,15 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     }
 
     /// Answers every waiter of `key` with an error (a redirect, or nobody can be granted it).
-    fn refuse_all(&mut self, port: &mut impl Port<H>, key: &LockKey, reply: &str, note: Note) {
-        while let Some(removed) = self.queues.pop_front(key) {
-            let waiter = self.forget(removed);
+    fn refuse_all(
+        &mut self,
+        port: &mut impl Port<H>,
+        key: &LockKey,
+        reply: &str,
+        note: Note,
+        now: UnixMs,
+    ) {
+        while let Some(waiter) = self.take_front(key, now) {
             port.note(note.clone());
             port.answer(waiter.handle, Answer::Refused(reply.to_string()));
         }
@@ -694,7 +784,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         if let Some(timeout) = removed.waiter.timeout {
             self.deadlines.remove(timeout);
         }
-        if let Some(check) = removed.orphaned_lease_check {
+        for check in removed.orphaned_lease_checks {
             self.deadlines.remove(check);
         }
         removed.waiter
@@ -725,6 +815,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 /// [`Lock`](crate::hold::Lock) decided by the real rules (`hold::decide`), a clock the test
 /// moves, and every effect recorded in order.
 mod bindings;
+mod multi;
 
 #[cfg(test)]
 mod testing;
@@ -743,3 +834,9 @@ mod tests;
 /// holds are gone; once everyone is done nothing stays scheduled.
 #[cfg(test)]
 mod model;
+
+#[cfg(test)]
+mod multi_model;
+
+#[cfg(test)]
+mod multi_tests;

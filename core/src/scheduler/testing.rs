@@ -151,6 +151,10 @@ impl Port<u32> for FakePort {
         }
     }
 
+    fn read_many(&mut self, keys: &[LockKey], check_route: bool) -> Vec<Read> {
+        keys.iter().map(|key| self.read(key, check_route)).collect()
+    }
+
     fn write(
         &mut self,
         key: &LockKey,
@@ -270,28 +274,110 @@ pub fn wait_as(
     wait: Wait,
     bind: Option<ClientId>,
 ) -> Result<WaiterId, LockError> {
+    wait_multi(
+        s,
+        port,
+        handle,
+        std::slice::from_ref(key),
+        owner,
+        mode,
+        lease_ms,
+        wait,
+        bind,
+    )
+}
+
+/// As [`wait_as`], on several keys at once (`LOCK.MACQUIRE ... WAIT`).
+#[allow(clippy::too_many_arguments)]
+pub fn wait_multi(
+    s: &mut Scheduler<u32>,
+    port: &mut FakePort,
+    handle: u32,
+    keys: &[LockKey],
+    owner: &str,
+    mode: Mode,
+    lease_ms: u64,
+    wait: Wait,
+    bind: Option<ClientId>,
+) -> Result<WaiterId, LockError> {
     let now = port.now;
-    let seen = match port.lock(key) {
-        None => Seen::Free,
-        Some(l) => Seen::Held {
-            next_lease_end: l.next_lease_end(),
-        },
-    };
+    let keys: Vec<(LockKey, Seen)> = keys
+        .iter()
+        .map(|key| {
+            // As the command sees it (`command::Live`): holds whose lease ended do not count.
+            let mut lock = port.lock(key).cloned().unwrap_or_else(Lock::free);
+            lock.take_ended(now);
+            let seen = if lock.holds.is_empty() {
+                Seen::Free
+            } else {
+                Seen::Held {
+                    next_lease_end: lock.next_lease_end(),
+                }
+            };
+            (key.clone(), seen)
+        })
+        .collect();
     s.enqueue(
         port,
         NewWait {
             handle,
-            key,
+            keys: &keys,
             owner: owner.as_bytes(),
             lease_ms,
             wait,
             mode,
             bind,
-            seen,
         },
         100_000,
         now,
     )
+}
+
+/// A client's own multi-key acquire (no wait), all or nothing, with the real rules: no
+/// barging past any key's waiters. The tokens, or None when any key is busy.
+pub fn acquire_multi(
+    port: &mut FakePort,
+    keys: &[(LockKey, bool)],
+    owner: &str,
+    mode: Mode,
+    lease_ms: u64,
+) -> Result<Option<Vec<u64>>, LockError> {
+    let now = port.now;
+    let mut grants = Vec::new();
+    for (key, waiting) in keys {
+        let lock = port.lock(key).cloned().unwrap_or_else(Lock::free);
+        let queue = if *waiting {
+            Queue::Waiting
+        } else {
+            Queue::Empty
+        };
+        match hold::decide(
+            &lock,
+            owner.as_bytes(),
+            mode,
+            lease_ms,
+            Reentry::Counted,
+            queue,
+            now,
+        )? {
+            Decision::Busy => return Ok(None),
+            Decision::Grant(g) => grants.push((key.clone(), lock, g)),
+        }
+    }
+    let mut tokens = Vec::new();
+    for (key, lock, g) in grants {
+        let token = match g.token {
+            Some(token) => token,
+            None => {
+                port.last_token += 1;
+                port.last_token
+            }
+        };
+        let new = hold::apply(&lock, owner.as_bytes(), mode, &g, token);
+        port.keys.insert(key, new);
+        tokens.push(token);
+    }
+    Ok(Some(tokens))
 }
 
 /// Moves the clock to `to`, firing the one timer at each deadline on the way, as the

@@ -1,0 +1,218 @@
+//! Multi-key waiters, case by case (the model in `multi_model` covers random mixes).
+
+use super::testing::*;
+use super::*;
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(0, name.as_bytes())
+}
+
+fn exclusive(s: &mut Scheduler<u32>, port: &mut FakePort, h: u32, keys: &[LockKey], owner: &str) {
+    wait_multi(
+        s,
+        port,
+        h,
+        keys,
+        owner,
+        Mode::Exclusive,
+        1_000,
+        Wait::Forever,
+        None,
+    )
+    .unwrap();
+}
+
+fn take(port: &mut FakePort, k: &LockKey, owner: &str) -> u64 {
+    port.acquire(k, owner, Mode::Exclusive, 60_000, false)
+        .unwrap()
+        .unwrap()
+}
+
+fn all_granted(answer: &Answer) -> Vec<(LockKey, u64)> {
+    match answer {
+        Answer::GrantedAll { holds, .. } => holds.clone(),
+        other => panic!("not a multi-key grant: {other:?}"),
+    }
+}
+
+#[test]
+fn a_multi_key_waiter_gets_every_key_at_once_when_the_last_one_frees() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    take(&mut port, &a, "x");
+    take(&mut port, &b, "y");
+    exclusive(&mut s, &mut port, 1, &[b.clone(), a.clone()], "m");
+    release(&mut s, &mut port, &a);
+    assert!(
+        port.answers().is_empty(),
+        "b is still held: nothing is granted"
+    );
+    assert!(port.lock(&a).is_none(), "a stays free, written by nobody");
+    release(&mut s, &mut port, &b);
+    let answers = port.answers();
+    assert_eq!(answers.len(), 1);
+    let holds = all_granted(&answers[0].1);
+    // In the order asked, a token each, and both written before the answer.
+    assert_eq!(
+        holds.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+        [b.clone(), a.clone()]
+    );
+    for (k, token) in &holds {
+        let lock = port.lock(k).cloned().unwrap();
+        assert_eq!(lock.holds[0].owner.as_slice(), b"m");
+        assert_eq!(lock.holds[0].token, Some(*token));
+    }
+    assert_eq!(s.waiting(), 0);
+}
+
+#[test]
+fn nobody_passes_a_multi_key_waiter_on_a_key_it_waits_for() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    take(&mut port, &b, "y");
+    exclusive(&mut s, &mut port, 1, &[a.clone(), b.clone()], "m");
+    // a is free, but m waits for it: a later waiter on a alone queues behind m...
+    wait(&mut s, &mut port, 2, &a, "late", 1_000, Wait::Forever).unwrap();
+    advance_to(&mut s, &mut port, 2_000);
+    assert!(port.answers().is_empty());
+    // ...and a direct acquire sees the queue (the command passes Queue::Waiting).
+    assert_eq!(
+        port.acquire(&a, "direct", Mode::Exclusive, 1_000, s.waiters_on(&a) > 0),
+        Ok(None)
+    );
+    release(&mut s, &mut port, &b);
+    let answers = port.answers();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].0, 1);
+}
+
+#[test]
+fn requests_in_opposite_key_orders_do_not_deadlock() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    take(&mut port, &a, "x");
+    exclusive(&mut s, &mut port, 1, &[a.clone(), b.clone()], "first");
+    exclusive(&mut s, &mut port, 2, &[b.clone(), a.clone()], "second");
+    release(&mut s, &mut port, &a);
+    assert_eq!(port.answers().len(), 1, "the first to arrive gets both");
+    assert_eq!(port.answers()[0].0, 1);
+    release_owner(&mut s, &mut port, &a, b"first");
+    assert_eq!(port.answers().len(), 1, "second still needs b");
+    release_owner(&mut s, &mut port, &b, b"first");
+    assert_eq!(port.answers().len(), 2);
+    assert_eq!(port.answers()[1].0, 2);
+}
+
+#[test]
+fn a_multi_key_waiter_that_times_out_leaves_every_queue_and_the_next_is_looked_at() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    take(&mut port, &a, "x");
+    wait_multi(
+        &mut s,
+        &mut port,
+        1,
+        &[a.clone(), b.clone()],
+        "m",
+        Mode::Exclusive,
+        1_000,
+        Wait::For(50),
+        None,
+    )
+    .unwrap();
+    // b is free; this waiter only stands behind m.
+    wait(&mut s, &mut port, 2, &b, "behind", 1_000, Wait::Forever).unwrap();
+    let deadline = port.now + 50;
+    advance_to(&mut s, &mut port, deadline);
+    let answers = port.answers();
+    assert_eq!(answers[0], (1, Answer::TimedOut));
+    assert!(
+        matches!(answers[1], (2, Answer::Granted { .. })),
+        "{answers:?}"
+    );
+    assert_eq!(s.waiters_on(&a), 0);
+}
+
+#[test]
+fn a_shared_multi_key_request_joins_shared_holders() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    port.acquire(&a, "reader", Mode::Shared, 60_000, false)
+        .unwrap();
+    take(&mut port, &b, "x");
+    wait_multi(
+        &mut s,
+        &mut port,
+        1,
+        &[a.clone(), b.clone()],
+        "m",
+        Mode::Shared,
+        1_000,
+        Wait::Forever,
+        None,
+    )
+    .unwrap();
+    release(&mut s, &mut port, &b);
+    assert_eq!(port.answers().len(), 1);
+    assert_eq!(port.lock(&a).unwrap().holds.len(), 2, "beside the reader");
+}
+
+#[test]
+fn a_multi_key_request_that_does_not_fit_a_key_is_refused_and_unblocks_the_rest() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    port.acquire(&a, "p", Mode::Limit(2), 60_000, false)
+        .unwrap();
+    take(&mut port, &b, "x");
+    exclusive(&mut s, &mut port, 1, &[a.clone(), b.clone()], "m");
+    wait(&mut s, &mut port, 2, &b, "behind", 1_000, Wait::Forever).unwrap();
+    release(&mut s, &mut port, &b);
+    let answers = port.answers();
+    assert!(
+        matches!(&answers[0], (1, Answer::Refused(e)) if e.contains("semaphore")),
+        "{answers:?}"
+    );
+    let now = port.now;
+    advance_to(&mut s, &mut port, now);
+    assert!(matches!(port.answers()[1], (2, Answer::Granted { .. })));
+}
+
+#[test]
+fn asking_again_for_the_same_keys_keeps_the_place_and_for_other_keys_goes_to_the_tail() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    take(&mut port, &a, "x");
+    exclusive(&mut s, &mut port, 1, &[a.clone(), b.clone()], "m");
+    exclusive(&mut s, &mut port, 2, std::slice::from_ref(&a), "other");
+    exclusive(&mut s, &mut port, 3, &[b.clone(), a.clone()], "m");
+    assert_eq!(
+        port.answers()[0],
+        (1, Answer::Refused(REPLACED.to_string()))
+    );
+    release(&mut s, &mut port, &a);
+    assert_eq!(
+        port.answers()[1].0,
+        3,
+        "same keys: the same place, ahead of 'other'"
+    );
+    // 'm' asks again for a only: a request for other keys queues at the tail.
+    let mut s2 = Scheduler::default();
+    let mut port2 = FakePort::default();
+    take(&mut port2, &a, "x");
+    exclusive(&mut s2, &mut port2, 1, &[a.clone(), b.clone()], "m");
+    exclusive(&mut s2, &mut port2, 2, std::slice::from_ref(&a), "other");
+    exclusive(&mut s2, &mut port2, 3, std::slice::from_ref(&a), "m");
+    assert_eq!(
+        port2.answers()[0],
+        (1, Answer::Refused(REPLACED.to_string()))
+    );
+    release(&mut s2, &mut port2, &a);
+    assert_eq!(port2.answers()[1].0, 2, "other keys: behind 'other'");
+}
