@@ -458,3 +458,44 @@ fn lost_hold_messages_go_to_the_keys_shard_only() {
         assert!(there.get_message().is_err(), "{key}: no broadcast");
     }
 }
+
+#[test]
+fn a_multi_key_acquire_takes_keys_of_one_slot_and_refuses_others_as_crossslot() {
+    let cluster = Cluster::start(3);
+    let keys = ["{acct}:1", "{acct}:2"];
+    let slot = key_slot(b"acct");
+    let mut node = cluster.node_for_slot(slot).connect();
+    let tokens: Vec<i64> = redis::cmd("LOCK.MACQUIRE")
+        .arg(2)
+        .arg(&keys)
+        .arg("o")
+        .arg(60_000)
+        .query(&mut node)
+        .unwrap();
+    assert_eq!(tokens.len(), 2);
+    // Keys of different slots: Redis's own CROSSSLOT, found through the key spec.
+    let (a, b) = ("a", "b");
+    assert_ne!(key_slot(a.as_bytes()), key_slot(b.as_bytes()));
+    let mut on_a = cluster.node_for_slot(key_slot(a.as_bytes())).connect();
+    let e = error_of(
+        &mut on_a,
+        &[
+            b"LOCK.MACQUIRE",
+            b"2",
+            a.as_bytes(),
+            b.as_bytes(),
+            b"o",
+            b"1000",
+        ],
+    );
+    assert!(e.starts_with("CROSSSLOT"), "{e}");
+    // And a cluster client routes the command by its keys.
+    let mut client = cluster.client();
+    let released: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
+        .arg(2)
+        .arg(&keys)
+        .arg("o")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(released, [Some(0), Some(0)]);
+}

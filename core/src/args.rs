@@ -126,6 +126,28 @@ impl<'a> ArgCursor<'a> {
         }
     }
 
+    /// `numkeys key [key ...]`: distinct lock keys, at most [`MAX_MULTI_KEYS`].
+    pub fn keys(&mut self) -> Result<Vec<&'a [u8]>, LockError> {
+        let out_of_range = LockError::NumKeysOutOfRange {
+            max: MAX_MULTI_KEYS as u64,
+        };
+        let count = parse_i64(self.bytes()?).ok_or(LockError::NotAnInteger)?;
+        let count = match usize::try_from(count) {
+            Ok(n) if (1..=MAX_MULTI_KEYS).contains(&n) && n <= self.rest.len() => n,
+            _ => return Err(out_of_range),
+        };
+        let mut keys: Vec<&'a [u8]> = Vec::with_capacity(count);
+        for _ in 0..count {
+            let key = self.key()?;
+            // At most 64 keys: a scan costs less than a set.
+            if keys.contains(&key) {
+                return Err(LockError::DuplicateKey);
+            }
+            keys.push(key);
+        }
+        Ok(keys)
+    }
+
     /// The next argument if there is one.
     pub fn option(&mut self) -> Option<&'a [u8]> {
         self.rest.next().copied()
@@ -151,6 +173,93 @@ pub fn parse_acquire<'a>(
     let key = args.key()?;
     let owner = args.owner()?;
     let lease_ms = args.lease(max_lease_ms)?;
+    let options = acquire_options(&mut args)?;
+    Ok(AcquireRequest {
+        key,
+        owner,
+        lease_ms,
+        wait: options.wait,
+        reentry: options.reentry,
+        mode: options.mode,
+        binding: options.binding,
+    })
+}
+
+/// The most keys one multi-key command takes.
+pub const MAX_MULTI_KEYS: usize = 64;
+
+/// `LOCK.MACQUIRE numkeys key [key ...] owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE]
+/// [WAIT timeout-ms]`: one request per key, in the order given (distinct keys).
+pub fn parse_macquire<'a>(
+    argv: &'a [&'a [u8]],
+    max_lease_ms: u64,
+) -> Result<Vec<AcquireRequest<'a>>, LockError> {
+    let mut args = ArgCursor::new(argv, 4, usize::MAX)?;
+    let keys = args.keys()?;
+    let owner = args.owner()?;
+    let lease_ms = args.lease(max_lease_ms)?;
+    let options = acquire_options(&mut args)?;
+    Ok(keys
+        .into_iter()
+        .map(|key| AcquireRequest {
+            key,
+            owner,
+            lease_ms,
+            wait: options.wait,
+            reentry: options.reentry,
+            mode: options.mode,
+            binding: options.binding,
+        })
+        .collect())
+}
+
+/// A multi-key release or renew: its keys, the owner, and the lease (renew only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MultiOwnerRequest<'a> {
+    pub keys: Vec<&'a [u8]>,
+    pub owner: &'a [u8],
+    pub lease_ms: u64,
+}
+
+/// `LOCK.MRELEASE numkeys key [key ...] owner`
+pub fn parse_mrelease<'a>(argv: &'a [&'a [u8]]) -> Result<MultiOwnerRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 3, usize::MAX)?;
+    let keys = args.keys()?;
+    let owner = args.owner()?;
+    args.finish()?;
+    Ok(MultiOwnerRequest {
+        keys,
+        owner,
+        lease_ms: 0,
+    })
+}
+
+/// `LOCK.MRENEW numkeys key [key ...] owner lease-ms`
+pub fn parse_mrenew<'a>(
+    argv: &'a [&'a [u8]],
+    max_lease_ms: u64,
+) -> Result<MultiOwnerRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 4, usize::MAX)?;
+    let keys = args.keys()?;
+    let owner = args.owner()?;
+    let lease_ms = args.lease(max_lease_ms)?;
+    args.finish()?;
+    Ok(MultiOwnerRequest {
+        keys,
+        owner,
+        lease_ms,
+    })
+}
+
+/// The options of an acquire, one or many keys.
+struct AcquireOptions {
+    wait: Wait,
+    reentry: Reentry,
+    mode: Mode,
+    binding: Binding,
+}
+
+fn acquire_options(args: &mut ArgCursor<'_>) -> Result<AcquireOptions, LockError> {
     let mut wait = Wait::No;
     let mut reentry = Reentry::Counted;
     let mut mode = Mode::Exclusive;
@@ -181,11 +290,7 @@ pub fn parse_acquire<'a>(
             return Err(LockError::Syntax);
         }
     }
-    args.finish()?;
-    Ok(AcquireRequest {
-        key,
-        owner,
-        lease_ms,
+    Ok(AcquireOptions {
         wait,
         reentry,
         mode,

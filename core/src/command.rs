@@ -248,12 +248,79 @@ pub fn acquire(
         queue,
         now,
     )?;
-    let granted = match decision {
-        Decision::Grant(granted) => granted,
+    match decision {
+        Decision::Grant(granted) => grant(live, request, &granted, facts),
         // Holds whose lease ended stay until a write or the waiters' lease check removes them:
         // a refused acquire writes nothing.
-        Decision::Busy => return busy(live, request, facts),
-    };
+        Decision::Busy => busy(live, request, facts),
+    }
+}
+
+/// What `LOCK.MACQUIRE` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllOrNothing {
+    /// Every key is granted: an outcome per key, in the order asked.
+    Granted(Vec<Outcome>),
+    /// Some key is busy: nothing is written. `outcome` replies nil or queues the caller on
+    /// every key, each of which it saw as `seen` says.
+    NotNow {
+        outcome: Box<Outcome>,
+        seen: Vec<Seen>,
+    },
+}
+
+/// `LOCK.MACQUIRE`: the one acquire rule on every key; every key or none. A key that refuses
+/// the request (an error) refuses it whole; a busy key makes it wait on every key (or nil).
+pub fn acquire_all<F: Facts>(
+    lives: &[Live],
+    requests: &[AcquireRequest<'_>],
+    queues: &[Queue],
+    now: UnixMs,
+    facts: &mut [F],
+) -> Result<AllOrNothing, LockError> {
+    let mut decisions = Vec::with_capacity(lives.len());
+    for ((live, request), queue) in lives.iter().zip(requests).zip(queues) {
+        decisions.push(hold::decide(
+            live.lock(),
+            request.owner,
+            request.mode,
+            request.lease_ms,
+            request.reentry,
+            *queue,
+            now,
+        )?);
+    }
+    if decisions.contains(&Decision::Busy) {
+        let (Some(live), Some(request), Some(facts)) =
+            (lives.first(), requests.first(), facts.first_mut())
+        else {
+            return Err(LockError::Internal);
+        };
+        let outcome = busy(live, request, facts)?;
+        let seen = lives.iter().map(Live::seen).collect();
+        return Ok(AllOrNothing::NotNow {
+            outcome: Box::new(outcome),
+            seen,
+        });
+    }
+    let mut outcomes = Vec::with_capacity(lives.len());
+    for (((live, request), decision), facts) in
+        lives.iter().zip(requests).zip(&decisions).zip(facts)
+    {
+        if let Decision::Grant(granted) = decision {
+            outcomes.push(grant(live, request, granted, facts)?);
+        }
+    }
+    Ok(AllOrNothing::Granted(outcomes))
+}
+
+/// A granted acquire: the new hold (or re-entry), its token, and what to announce.
+fn grant(
+    live: &Live,
+    request: &AcquireRequest<'_>,
+    granted: &hold::Granted,
+    facts: &mut impl Facts,
+) -> Result<Outcome, LockError> {
     if granted.how == How::Reentered {
         // A re-entry keeps what the hold is: an `EPHEMERAL` hold is re-entered with
         // `EPHEMERAL`, a plain one without (a hold taken before a restart or failover is bound
@@ -274,7 +341,7 @@ pub fn acquire(
         Some(token) => token,
         None => facts.next_token()?,
     };
-    let new = hold::apply(live.lock(), request.owner, request.mode, &granted, token);
+    let new = hold::apply(live.lock(), request.owner, request.mode, granted, token);
     let mut outcome = Outcome::reply(Reply::Integer(token));
     outcome.lease_end = Some(new.next_lease_end());
     if granted.how == How::Reentered {

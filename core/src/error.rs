@@ -13,6 +13,10 @@ pub enum LockError {
     Syntax,
     /// A number that does not parse as an integer.
     NotAnInteger,
+    /// A multi-key command's `numkeys` outside `1..=max` (or more than the arguments given).
+    NumKeysOutOfRange { max: u64 },
+    /// A multi-key command names a key twice.
+    DuplicateKey,
     /// A lease outside `1..=max`.
     LeaseOutOfRange { max_ms: u64 },
     /// A negative or absurd `WAIT` timeout.
@@ -73,6 +77,10 @@ impl LockError {
                 format!("ERR wrong number of arguments for '{cmd}' command")
             }
             LockError::Syntax => "ERR syntax error".into(),
+            LockError::NumKeysOutOfRange { max } => {
+                format!("ERR numkeys must be between 1 and {max}, and no more than the keys given")
+            }
+            LockError::DuplicateKey => "ERR a key is named twice: each key is locked once".into(),
             LockError::NotAnInteger => "ERR value is not an integer or out of range".into(),
             LockError::LeaseOutOfRange { max_ms } => {
                 format!("ERR lease must be between 1 and {max_ms} milliseconds")

@@ -10,18 +10,22 @@ use crate::ffi::Ctx;
 
 mod acquire;
 mod info;
+mod multi;
 mod outcome;
 mod release;
 mod renew;
 
 /// Every command, each by its one spec (name, handler, flags, docs, key spec) written above
 /// its handler.
-const SPECS: [&CommandSpec; 5] = [
+const SPECS: [&CommandSpec; 8] = [
     &acquire::SPEC,
     &release::SPEC,
     &renew::SPEC,
     &info::SPEC,
     &release::FORCE_SPEC,
+    &multi::ACQUIRE_SPEC,
+    &multi::RELEASE_SPEC,
+    &multi::RENEW_SPEC,
 ];
 
 /// The arguments several commands share, as COMMAND DOCS shows them.

@@ -4,7 +4,7 @@
 //! waiters (else publish the unlock), reply. The lock itself is written by `store::write_lock`,
 //! the writer the scheduler's grants use too.
 
-use lock_core::command::{Counter, Facts, Live, LockEvent, Outcome, Reply};
+use lock_core::command::{Counter, Counters, Facts, Live, LockEvent, Outcome, Reply};
 use lock_core::key::ClientId;
 use lock_core::scheduler::Seen;
 use lock_core::LockError;
@@ -27,13 +27,25 @@ impl<'a> Target<'a> {
     /// The key at argument 1, and the owner at argument 2 when the command has one (with what
     /// the command does to the lease of the owner's own exclusive hold: see `store::OwnLease`).
     pub fn open(ctx: Ctx, args: &Args<'_>, name: &'a [u8], owner: Option<OwnLease>) -> Target<'a> {
-        let key_name = args.string(1);
+        Target::open_at(ctx, args, 1, name, owner.map(|lease| (2, lease)))
+    }
+
+    /// The key at argument `at`, and the owner at the given argument (a multi-key command's
+    /// keys and owner stand elsewhere).
+    pub fn open_at(
+        ctx: Ctx,
+        args: &Args<'_>,
+        at: usize,
+        name: &'a [u8],
+        owner: Option<(usize, OwnLease)>,
+    ) -> Target<'a> {
+        let key_name = args.string(at);
         Target {
             key: Key::open(ctx, key_name),
             key_name,
             name,
-            owner: owner.map(|lease| Owner {
-                name: args.string(2),
+            owner: owner.map(|(at, lease)| Owner {
+                name: args.string(at),
                 lease,
             }),
         }
@@ -82,8 +94,78 @@ pub fn carry_out(
     live: &Live,
     outcome: Outcome,
 ) -> Result<Option<Seen>, LockError> {
+    let written = write(ctx, target, live, outcome)?;
+    let reply = finish(ctx, written);
+    match reply {
+        Replied::Wait(seen) => return Ok(Some(seen)),
+        Replied::Integer(value) => reply::integer(ctx, value),
+        Replied::Null => reply::null(ctx),
+    }
+    Ok(None)
+}
+
+/// What a command replies once its outcome is carried out.
+#[derive(Debug, Clone, Copy)]
+pub enum Replied {
+    Integer(i64),
+    Null,
+    Wait(Seen),
+}
+
+/// An outcome whose lock is written and whose key is closed: what is left to carry out.
+pub struct Written<'a> {
+    key_name: RawString,
+    name: &'a [u8],
+    outcome: Outcome,
+    integer: Option<i64>,
+}
+
+/// Writes the outcome's lock and closes the key. A multi-key command writes every key first,
+/// then finishes each: nothing the scheduler does on one key (a handoff opens keys) runs while
+/// another key of the command is still open.
+pub fn write<'a>(
+    ctx: Ctx,
+    target: Target<'a>,
+    live: &Live,
+    outcome: Outcome,
+) -> Result<Written<'a>, LockError> {
+    // Checked before anything is written: a reply Redis cannot carry fails the command whole.
+    let integer = match outcome.reply {
+        Reply::Integer(value) => Some(store::stored_integer(value)?),
+        Reply::Null | Reply::Wait(_) => None,
+    };
+    let Target {
+        key,
+        key_name,
+        name,
+        owner,
+    } = target;
+    if let Some(new) = &outcome.write {
+        let owner = owner.map(|o| o.name);
+        store::write_lock(ctx, &key, key_name, owner, live.stored.as_ref(), new)?;
+    }
+    // Closed before the scheduler runs: a handoff opens the key again.
+    drop(key);
+    Ok(Written {
+        key_name,
+        name,
+        outcome,
+        integer,
+    })
+}
+
+/// The rest of a written outcome, in order: bind or unbind its holds, count and announce the
+/// holds whose lease ended, tell holders they lost their holds, raise the event, move the
+/// counters, move the waiters' lease check, hand the room to waiters (else publish the unlock).
+pub fn finish(ctx: Ctx, written: Written<'_>) -> Replied {
+    let Written {
+        key_name,
+        name,
+        outcome,
+        integer,
+    } = written;
     let Outcome {
-        write,
+        write: _,
         bind,
         unbind,
         ended,
@@ -94,23 +176,6 @@ pub fn carry_out(
         freed,
         reply,
     } = outcome;
-    // Checked before anything is written: a reply Redis cannot carry fails the command whole.
-    let integer = match reply {
-        Reply::Integer(value) => Some(store::stored_integer(value)?),
-        Reply::Null | Reply::Wait(_) => None,
-    };
-    let Target {
-        key,
-        key_name,
-        name,
-        owner,
-    } = target;
-    if let Some(new) = &write {
-        let owner = owner.map(|o| o.name);
-        store::write_lock(ctx, &key, key_name, owner, live.stored.as_ref(), new)?;
-    }
-    // Closed before the scheduler runs: a handoff opens the key again.
-    drop(key);
     if let Some((kind, token)) = bind {
         runtime::bind(ctx, name, kind, token);
     }
@@ -127,9 +192,7 @@ pub fn carry_out(
     if let Some(event) = event {
         notify::event(ctx, event_name(event), key_name);
     }
-    for counter in counters.iter() {
-        bump(counter_of(counter));
-    }
+    count(counters);
     if let Some(next_lease_end) = lease_end {
         runtime::lease_changed(ctx, name, next_lease_end);
     }
@@ -137,11 +200,17 @@ pub fn carry_out(
         runtime::lock_freed(ctx, key_name, name, left);
     }
     match (reply, integer) {
-        (Reply::Wait(seen), _) => return Ok(Some(seen)),
-        (_, Some(value)) => reply::integer(ctx, value),
-        _ => reply::null(ctx),
+        (Reply::Wait(seen), _) => Replied::Wait(seen),
+        (_, Some(value)) => Replied::Integer(value),
+        _ => Replied::Null,
     }
-    Ok(None)
+}
+
+/// Moves the `INFO lock` counters of an outcome.
+pub fn count(counters: Counters) {
+    for counter in counters.iter() {
+        bump(counter_of(counter));
+    }
 }
 
 fn event_name(event: LockEvent) -> &'static std::ffi::CStr {

@@ -14,6 +14,8 @@ use super::{api, Ctx};
 #[derive(Clone, Copy)]
 pub enum ArgKind {
     Key,
+    /// `key [key ...]` after a `numkeys` argument at position 1 (a multi-key command).
+    Keys,
     Text,
     Integer,
     /// `WAIT timeout-ms`: a token followed by its value.
@@ -77,6 +79,11 @@ fn c_args(args: &[ArgDoc]) -> *mut raw::RedisModuleCommandArg {
                     c_arg.key_spec_index = 0;
                     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY
                 }
+                ArgKind::Keys => {
+                    c_arg.key_spec_index = 0;
+                    c_arg.flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE as c_int;
+                    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY
+                }
                 ArgKind::Text => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
                 ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
                 ArgKind::Tokened(token) => {
@@ -96,16 +103,29 @@ fn c_args(args: &[ArgDoc]) -> *mut raw::RedisModuleCommandArg {
     Box::leak(out.into_boxed_slice()).as_mut_ptr()
 }
 
-fn c_key_specs(flags: u32) -> *mut raw::RedisModuleCommandKeySpec {
+/// Whether the command takes `numkeys key [key ...]` at position 1.
+fn counted_keys(spec: &CommandSpec) -> bool {
+    spec.args.iter().any(|a| matches!(a.kind, ArgKind::Keys))
+}
+
+fn c_key_specs(flags: u32, counted: bool) -> *mut raw::RedisModuleCommandKeySpec {
     // SAFETY: plain C structs; zero is "unset" and terminates the array.
     let mut spec: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
     spec.flags = u64::from(flags);
     spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
     spec.bs.index.pos = 1;
-    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    spec.fk.range.lastkey = 0;
-    spec.fk.range.keystep = 1;
-    spec.fk.range.limit = 0;
+    if counted {
+        // Like EVAL's: the count at position 1, the keys right after it.
+        spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+        spec.fk.keynum.keynumidx = 0;
+        spec.fk.keynum.firstkey = 1;
+        spec.fk.keynum.keystep = 1;
+    } else {
+        spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+        spec.fk.range.lastkey = 0;
+        spec.fk.range.keystep = 1;
+        spec.fk.range.limit = 0;
+    }
     // SAFETY: as above.
     let terminator: raw::RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
     Box::leak(vec![spec, terminator].into_boxed_slice()).as_mut_ptr()
@@ -117,9 +137,16 @@ fn c_key_specs(flags: u32) -> *mut raw::RedisModuleCommandKeySpec {
 /// then attaches its docs. False if a command could not be created; docs that could not be
 /// attached are logged, not fatal: the commands work without them.
 pub fn register(ctx: Ctx, specs: &[&CommandSpec]) -> bool {
-    let created = specs
-        .iter()
-        .all(|spec| super::create_command(ctx, spec.name, spec.handler, spec.flags));
+    let created = specs.iter().all(|spec| {
+        // A multi-key command's keys are found by its key spec (movable keys), not by a
+        // fixed (first, last, step).
+        let keys = if counted_keys(spec) {
+            (0, 0, 0)
+        } else {
+            (1, 1, 1)
+        };
+        super::create_command(ctx, spec.name, spec.handler, spec.flags, keys)
+    });
     if created && !attach(ctx, specs) {
         super::log::warning("could not attach COMMAND DOCS to LOCK.* commands");
     }
@@ -148,7 +175,7 @@ fn attach(ctx: Ctx, docs: &[&CommandSpec]) -> bool {
             history: ptr::null_mut(),
             tips: ptr::null(),
             arity: doc.arity,
-            key_specs: c_key_specs(doc.key_flags),
+            key_specs: c_key_specs(doc.key_flags, counted_keys(doc)),
             args: c_args(doc.args),
         }));
         // SAFETY: every pointer in `info` is static or leaked, so it outlives the call (and

@@ -469,6 +469,23 @@ pub fn now_ms() -> u64 {
     u64::try_from(ms).unwrap_or(0)
 }
 
+/// Whether Redis only asks where the command's keys are (a `getkeys-api` command). Redis 7.0's
+/// cluster routing finds keys by the legacy (first, last, step) or by this call, not by the key
+/// spec: a multi-key command answers it, or a node would run it on keys of other slots.
+pub fn is_keys_position_request(ctx: Ctx) -> bool {
+    // SAFETY: ctx is the context of the command being asked about.
+    unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx) != 0 }
+}
+
+/// Reports argument `pos` as a key (only inside a keys-position request).
+pub fn key_at(ctx: Ctx, pos: usize) {
+    let Ok(pos) = c_int::try_from(pos) else {
+        return;
+    };
+    // SAFETY: ctx is the context of a keys-position request.
+    unsafe { api!(RedisModule_KeyAtPos)(ctx, pos) };
+}
+
 pub fn context_flags(ctx: Ctx) -> u32 {
     // SAFETY: ctx is live for this call.
     let f = unsafe { api!(RedisModule_GetContextFlags)(ctx) };
@@ -648,6 +665,8 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_GetSelectedDb }.is_some(),
             { raw::RedisModule_HashGet }.is_some(),
             { raw::RedisModule_HashSet }.is_some(),
+            { raw::RedisModule_IsKeysPositionRequest }.is_some(),
+            { raw::RedisModule_KeyAtPos }.is_some(),
             { raw::RedisModule_KeyType }.is_some(),
             { raw::RedisModule_Log }.is_some(),
             { raw::RedisModule_Milliseconds }.is_some(),
@@ -725,10 +744,24 @@ pub type CommandHandler = extern "C" fn(Ctx, *mut RawString, c_int) -> c_int;
 
 /// Registers a command with the key positions (1, 1, 1): every LOCK.* command takes its key
 /// first. False if Redis refused it.
-pub fn create_command(ctx: Ctx, name: &CStr, handler: CommandHandler, flags: &CStr) -> bool {
+/// Registers a command with its legacy (first key, last key, step).
+pub fn create_command(
+    ctx: Ctx,
+    name: &CStr,
+    handler: CommandHandler,
+    flags: &CStr,
+    (first, last, step): (c_int, c_int, c_int),
+) -> bool {
     // SAFETY: ctx is the load context; name and flags are C strings Redis copies.
     unsafe {
-        api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), Some(handler), flags.as_ptr(), 1, 1, 1)
-            == raw::REDISMODULE_OK as c_int
+        api!(RedisModule_CreateCommand)(
+            ctx,
+            name.as_ptr(),
+            Some(handler),
+            flags.as_ptr(),
+            first,
+            last,
+            step,
+        ) == raw::REDISMODULE_OK as c_int
     }
 }
