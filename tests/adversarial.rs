@@ -284,7 +284,7 @@ struct Shared {
     /// Client ids the disrupter must not kill (the test's own admin connections).
     protected: Mutex<BTreeSet<i64>>,
     /// Clients the disrupter sent a plain `CLIENT UNBLOCK` (a hang after one is the Redis 7.0
-    /// race the README describes).
+    /// race docs/commands.md describes, in *Waiting: how it works*).
     unblocked: Mutex<BTreeSet<i64>>,
     /// `LOCK_ADV_TRACE=<file>`: every step and operation, in order.
     trace: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
@@ -569,8 +569,8 @@ fn lock_call(
                 "{who} {text}: no answer within {} s{}",
                 READ_TIMEOUT.as_secs(),
                 if unblocked {
-                    " (this client was sent a plain CLIENT UNBLOCK: the Redis 7.0 race the \
-                     README describes, a grant's reply lost)"
+                    " (this client was sent a plain CLIENT UNBLOCK: the Redis 7.0 race \
+                     docs/commands.md describes, a grant's reply lost)"
                 } else {
                     ""
                 }
@@ -1948,8 +1948,8 @@ impl Disrupter {
         let id = pool[self.rng.gen_range(0..pool.len())];
         if (4..=6).contains(&choice) && in_runs.contains(&id) {
             // A run's waiters are granted together, so a plain CLIENT UNBLOCK is likelier to
-            // meet its grant in one event-loop turn: the Redis 7.0 race the README describes,
-            // which loses the reply. Unblock with an error instead.
+            // meet its grant in one event-loop turn: the Redis 7.0 race docs/commands.md
+            // describes, which loses the reply. Unblock with an error instead.
             choice = 7;
         }
         let was_blocked = blocked.contains(&id);
@@ -2022,9 +2022,9 @@ impl Disrupter {
         if clear_first {
             // Give the unload a chance: unblock every waiter (Redis refuses to unload a module
             // that has blocked clients) with an error (a plain CLIENT UNBLOCK right after a
-            // grant loses the reply on Redis 7.0, see the README), then hold new LOCK.* writes
-            // back. Not the other way round: CLIENT UNBLOCK of a client held back by a pause
-            // crashes Redis 7.0.
+            // grant loses the reply on Redis 7.0, see docs/commands.md), then hold new LOCK.*
+            // writes back. Not the other way round: CLIENT UNBLOCK of a client held back by a
+            // pause crashes Redis 7.0.
             for id in self.blocked_waiters() {
                 self.exec(0, redis::cmd("CLIENT").arg("UNBLOCK").arg(id).arg("ERROR"));
             }
@@ -2282,8 +2282,9 @@ struct StoredHold {
     token: i64,
 }
 
-/// Whether a hash is a multi-hold key as the README's *How a lock is stored* lays it out: it has
-/// the old `__mode__` field, or a `mode` that is not an exclusive key's `exclusive:<token>`.
+/// Whether a hash is a multi-hold key as docs/commands.md's *How a lock is stored* lays it out:
+/// it has the old `__mode__` field, or a `mode` that is not an exclusive key's
+/// `exclusive:<token>`.
 fn is_multi(stored: &Stored) -> bool {
     stored.kind == "hash"
         && stored.value.chunks(2).any(|p| {
@@ -2296,9 +2297,9 @@ fn is_multi(stored: &Stored) -> bool {
         })
 }
 
-/// A multi-hold hash (see [`is_multi`]) read as the README's *How a lock is stored* lays it
-/// out: the semaphore's limit (None for a read-write lock) and every stored hold, or the error
-/// LOCK.INFO must give.
+/// A multi-hold hash (see [`is_multi`]) read as docs/commands.md's *How a lock is stored*
+/// lays it out: the semaphore's limit (None for a read-write lock) and every stored hold, or
+/// the error LOCK.INFO must give.
 fn decode_multi(stored: &Stored) -> Result<(Option<i64>, Vec<StoredHold>), &'static str> {
     const NOT_A_LOCK: &str = "ERR the hash at this key is not a lock";
     let mut limit = None;

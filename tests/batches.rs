@@ -796,7 +796,7 @@ fn a_moved_ephemeral_hold_ends_with_its_connection() {
     let moved: i64 = redis::cmd("MOVE").arg("k").arg(1).query(&mut db0).unwrap();
     assert_eq!(moved, 1);
     // Valkey 8.1.8 leaves the client that ran MOVE selected on the destination database (see
-    // the README's caution): this connection reads db 0 again whatever the server.
+    // the caution in docs/operations.md): this connection reads db 0 again whatever the server.
     redis::cmd("SELECT").arg(0).query::<()>(&mut db0).unwrap();
 
     assert!(lock_info(&mut db0, "k").is_none());

@@ -7,9 +7,9 @@
 //! without releasing, while a disrupter DELs lock keys, FLUSHes, `CLIENT KILL`s waiters and
 //! holders' connections, and runs `redis-cli` processes that it SIGKILLs while they wait or
 //! hold, or SIGSTOPs past their lease. Every holder of the exclusive and read-write keys uses a
-//! fenced resource, as the README tells users to do: a writer (exclusive holder) is refused
-//! when its token is lower than the highest the resource has seen, a reader (shared holder)
-//! when its token is lower than the last writer's.
+//! fenced resource, as docs/guarantees.md tells users to do: a writer (exclusive holder) is
+//! refused when its token is lower than the highest the resource has seen, a reader (shared
+//! holder) when its token is lower than the last writer's.
 //!
 //! The checker then verifies, per key, with the client-side times of each hold (from the grant
 //! reply to the release request, which lie inside the server's own hold):

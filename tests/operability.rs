@@ -137,11 +137,10 @@ fn keyspace_events_can_be_switched_off() {
 
 /// The `ACL SETUSER` lines of docs/operations.md (section *ACL*, moved there from the README),
 /// each split into its arguments: the tests create users exactly as the docs tell readers to.
-fn readme_acl_lines() -> Vec<Vec<String>> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
-            .expect("docs/operations.md");
-    let lines: Vec<Vec<String>> = readme
+fn documented_acl_lines() -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .expect("docs/operations.md");
+    let lines: Vec<Vec<String>> = doc
         .lines()
         .filter(|l| l.starts_with("ACL SETUSER "))
         .map(|l| l.split_whitespace().map(str::to_string).collect())
@@ -151,9 +150,9 @@ fn readme_acl_lines() -> Vec<Vec<String>> {
     lines
 }
 
-/// Runs the README's `ACL SETUSER` lines.
-fn create_users_as_the_readme_says(admin: &mut Connection) {
-    for line in readme_acl_lines() {
+/// Runs the `ACL SETUSER` lines of docs/operations.md.
+fn create_users_as_the_docs_say(admin: &mut Connection) {
+    for line in documented_acl_lines() {
         let _: () = redis::cmd(&line[0])
             .arg(&line[1..])
             .query(admin)
@@ -175,7 +174,7 @@ fn connect_as(server: &Server, user: &str, password: &str) -> Connection {
 fn acl_confines_applications_to_their_keys_and_can_deny_force_release() {
     let server = Server::start();
     let mut admin = server.connect();
-    create_users_as_the_readme_says(&mut admin);
+    create_users_as_the_docs_say(&mut admin);
     let mut app = connect_as(&server, "app", "app-secret");
     assert!(acquire(&mut app, "app:orders", "w1", 10_000).is_some());
     let outside = error_of(&mut app, &[b"LOCK.ACQUIRE", b"billing:1", b"w1", b"100"]);
@@ -194,14 +193,14 @@ fn acl_confines_applications_to_their_keys_and_can_deny_force_release() {
 
 /// Issue 18, finding 7: the README granted the application `&redisson_lock__channel:*`, so with
 /// SUBSCRIBE or PSUBSCRIBE it saw the unlock messages, and so the key names, of every tenant's
-/// locks (`redisson_lock__channel:{billing:payroll-run-2026-11}`). The README's user now gets
-/// its own keys' channels only: it receives its own unlock messages, and SUBSCRIBE and
-/// PSUBSCRIBE to another tenant's channels are refused for the channel's sake.
+/// locks (`redisson_lock__channel:{billing:payroll-run-2026-11}`). The user docs/operations.md
+/// now creates gets its own keys' channels only: it receives its own unlock messages, and
+/// SUBSCRIBE and PSUBSCRIBE to another tenant's channels are refused for the channel's sake.
 #[test]
 fn acl_confines_applications_to_their_own_unlock_channels() {
     let server = Server::start();
     let mut admin = server.connect();
-    create_users_as_the_readme_says(&mut admin);
+    create_users_as_the_docs_say(&mut admin);
     let mut app = connect_as(&server, "app", "app-secret");
     let theirs = "redisson_lock__channel:{billing:payroll-run-2026-11}";
     for (command, channel) in [

@@ -115,7 +115,7 @@ fn after_failover_locks_keep_owner_token_and_lease_end_and_tokens_keep_rising() 
     );
     release(&mut m, "released", "r").unwrap();
 
-    // The pattern the README documents: WAIT 1 after the acquire confirms the grant.
+    // The pattern docs/guarantees.md documents: WAIT 1 after the acquire confirms the grant.
     assert_eq!(wait_replicas(&mut m, 1, 5_000), 1);
     let all_keys = ["orders:1", "orders:2", "{user:7}:profile", "handoff"];
     let before: Vec<StoredLock> = all_keys.iter().map(|k| stored_lock(&mut m, k)).collect();

@@ -71,7 +71,7 @@ fn eighteen_thousand_waiters_spread_over_a_thousand_keys_work() {
     eprintln!("memory per blocked waiter, its idle connection excluded: {per_waiter} B");
     // Bounded, and most of it is Redis's: on 7.0 RM_BlockClient holds temporary clients with
     // 16 KB reply buffers while a client is blocked (about 35 KB in all). The module's queue
-    // entry is a few hundred bytes (see README, "Limits").
+    // entry is a few hundred bytes (see docs/commands.md, "Limits").
     assert!(per_waiter < 64 * 1024, "{per_waiter} B per waiter");
 
     // Every key hands over to its first waiter at its release.

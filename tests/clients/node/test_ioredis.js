@@ -33,12 +33,25 @@ test('acquire, renew, LOCK.INFO (flat array by default), release', async () => {
   redis.disconnect();
 });
 
-test('replyMapping "resp3": LOCK.INFO is an object', async () => {
+test('replyMapping "resp3": LOCK.INFO is an object, ephemeral, mode and holders included', async () => {
   const redis = new Redis({ host: HOST, port: PORT, replyMapping: 'resp3' });
   const key = unique('ioredis:resp3');
   const token = await redis.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
   const info = await redis.call('LOCK.INFO', key);
   check(!Array.isArray(info) && info.owner === 'worker-1' && info.token === token, JSON.stringify(info));
+  const names = '["owner","count","ttl","token","ephemeral","waiters","mode","holders"]';
+  check(JSON.stringify(Object.keys(info)) === names, JSON.stringify(info));
+  check(info.count === 1 && info.ephemeral === null && info.waiters === 0 && info.mode === 'exclusive', JSON.stringify(info));
+  check(Array.isArray(info.holders) && info.holders.length === 1, JSON.stringify(info));
+  const holder = info.holders[0];
+  check(JSON.stringify(Object.keys(holder)) === '["owner","mode","count","ttl","token","ephemeral"]', JSON.stringify(holder));
+  check(holder.owner === 'worker-1' && holder.mode === 'exclusive' && holder.token === token && holder.ephemeral === null, JSON.stringify(holder));
+  await redis.call('LOCK.RELEASE', key, 'worker-1');
+  // An EPHEMERAL hold: ephemeral is the holding connection's client id.
+  await redis.call('LOCK.ACQUIRE', key, 'worker-1', 30000, 'EPHEMERAL');
+  const id = await redis.client('ID');
+  const bound = await redis.call('LOCK.INFO', key);
+  check(bound.ephemeral === id && bound.holders[0].ephemeral === id, `${id}: ${JSON.stringify(bound)}`);
   await redis.call('LOCK.RELEASE', key, 'worker-1');
   redis.disconnect();
 });
@@ -96,6 +109,74 @@ test('on a client-side timeout, disconnect: the waiter leaves the queue', async 
   check(fields(await admin.call('LOCK.INFO', key)).waiters === 0, 'no waiter left');
   check((await admin.call('LOCK.RELEASE', key, 'worker-1')) === 0, 'free after release');
   check((await admin.call('LOCK.INFO', key)) === null, 'nobody was granted');
+});
+
+// A client that gave up on its WAIT (commandTimeout) but kept its connection asks again. On
+// another connection, the new request takes the abandoned one's place in the queue and the
+// abandoned one is answered with an error, so the lock is not granted to both.
+test('a WAIT given up on, asked again on another connection: the retry takes its place (lock_wait_replaced)', async () => {
+  const key = unique('ioredis:replaced');
+  await admin.call('LOCK.ACQUIRE', key, 'holder', 30000);
+  const app = new Redis({ host: HOST, port: PORT, commandTimeout: 300 });
+  const error = await app.call('LOCK.ACQUIRE', key, 'app', 30000, 'WAIT', 10000, 'ONCE').then(() => null, (e) => e);
+  check(error && /timed out/i.test(error.message), `gave up: ${error}`);
+  const other = new Redis({ host: HOST, port: PORT, retryStrategy: () => null });
+  const otherGranted = other.call('LOCK.ACQUIRE', key, 'other', 30000, 'WAIT', 10000);
+  await sleep(100);
+  check(fields(await admin.call('LOCK.INFO', key)).waiters === 2, 'the abandoned request and "other" wait');
+  const before = await lockStats();
+  const waiting = new Redis({ host: HOST, port: PORT, retryStrategy: () => null });
+  const retry = waiting.call('LOCK.ACQUIRE', key, 'app', 30000, 'WAIT', 10000, 'ONCE');
+  await sleep(100);
+  const after = await lockStats();
+  check(after.lock_wait_replaced - before.lock_wait_replaced === 1, 'the abandoned request was replaced');
+  check(fields(await admin.call('LOCK.INFO', key)).waiters === 2, 'no third waiter');
+  const t = Date.now();
+  check((await app.ping()) === 'PONG' && Date.now() - t < 200, 'the abandoned request was answered');
+  await admin.call('LOCK.RELEASE', key, 'holder');
+  const token = await retry;
+  const f = fields(await admin.call('LOCK.INFO', key));
+  check(typeof token === 'number' && f.owner === 'app' && f.token === token && f.count === 1, `retry granted: ${JSON.stringify(f)}`);
+  check(f.waiters === 1, 'ahead of "other", which still waits');
+  check((await waiting.call('LOCK.RELEASE', key, 'app')) === 0, 'one release frees it');
+  check((await otherGranted) > token, '"other" is next');
+  check(fields(await admin.call('LOCK.INFO', key)).owner === 'other', 'granted to "other", not to the abandoned request');
+  await admin.call('LOCK.FORCERELEASE', key);
+  for (const c of [app, other, waiting]) c.disconnect();
+});
+
+// Asked again on the connection it gave up on, the retry is not read by Redis while the
+// abandoned WAIT blocks that connection: it runs once that WAIT is granted, and finds the lock
+// held by its own owner. ONCE returns that hold's token without counting; without ONCE the
+// retry counts as a re-entry and one release no longer frees the lock.
+test('a WAIT given up on, asked again on the same connection: runs after the grant; ONCE does not count it', async () => {
+  for (const once of [true, false]) {
+    const key = unique('ioredis:same-connection');
+    await admin.call('LOCK.ACQUIRE', key, 'holder', 30000);
+    const app = new Redis({ host: HOST, port: PORT, commandTimeout: 1000 });
+    const args = [key, 'app', 30000, 'WAIT', 10000, ...(once ? ['ONCE'] : [])];
+    const error = await app.call('LOCK.ACQUIRE', ...args).then(() => null, (e) => e);
+    check(error && /timed out/i.test(error.message), `gave up: ${error}`);
+    const before = await lockStats();
+    const retry = app.call('LOCK.ACQUIRE', ...args);
+    await sleep(100);
+    const after = await lockStats();
+    check(after.lock_wait_replaced === before.lock_wait_replaced, 'nothing replaced');
+    check(fields(await admin.call('LOCK.INFO', key)).waiters === 1, 'one waiter: the abandoned request');
+    await admin.call('LOCK.RELEASE', key, 'holder');
+    const token = await retry;
+    const f = fields(await admin.call('LOCK.INFO', key));
+    check(f.owner === 'app' && f.token === token, `the retry answers the abandoned request's hold: ${JSON.stringify(f)}`);
+    if (once) {
+      check(f.count === 1, `ONCE: count ${f.count}`);
+      check((await app.call('LOCK.RELEASE', key, 'app')) === 0, 'ONCE: one release frees it');
+    } else {
+      check(f.count === 2, `without ONCE: count ${f.count}`);
+      check((await app.call('LOCK.RELEASE', key, 'app')) === 1, 'without ONCE: still held after one release');
+    }
+    await admin.call('LOCK.FORCERELEASE', key);
+    app.disconnect();
+  }
 });
 
 async function killDuringWait(options) {

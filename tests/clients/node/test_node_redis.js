@@ -5,7 +5,7 @@
 // lock key as sendCommand's firstKey so the command goes straight to the key's node.
 'use strict';
 
-const { createClient, createCluster } = require('redis');
+const { createClient, createClientPool, createCluster } = require('redis');
 const { HOST, PORT, CLUSTER, test, run, check, sleep, unique, parseInfo } = require('./harness');
 
 const url = `redis://${HOST}:${PORT}`;
@@ -22,6 +22,8 @@ test('acquire, renew, LOCK.INFO (object under RESP3, the default), release', asy
   const info = await client.sendCommand(['LOCK.INFO', key]);
   check(!Array.isArray(info) && info.owner === 'worker-1' && info.count === 1, JSON.stringify(info));
   check(info.token === token && info.waiters === 0 && info.ttl > 0 && info.ttl <= 30000, JSON.stringify(info));
+  const names = '["owner","count","ttl","token","ephemeral","waiters","mode","holders"]';
+  check(JSON.stringify(Object.keys(info)) === names && info.ephemeral === null && info.mode === 'exclusive', JSON.stringify(info));
   check((await client.sendCommand(['LOCK.RELEASE', key, 'worker-1'])) === 0, 'release: 0');
   check((await client.sendCommand(['LOCK.INFO', key])) === null, 'free: null');
   let error = null;
@@ -170,6 +172,50 @@ test('EPHEMERAL: a silent reconnect drops the hold (PING works, RENEW answers 0)
   check((await client.sendCommand(['LOCK.RENEW', key, 'worker-1', '30000'])) === 0, 'RENEW: 0, the hold is gone');
   check((await client.sendCommand(['LOCK.INFO', key])) === null, 'free');
   await client.close();
+});
+
+// createClientPool (defaults: minimum 1, cleanupDelay 3000) hands each command to whichever of
+// its clients is free, opening more while all are busy, and 3 s after the last one comes back
+// idle it closes the idle clients above its minimum: the EPHEMERAL holds taken on them end.
+// Here four tasks each keep a pooled client for 300 ms, so the pool opens four and each hold is
+// on a client of its own; which three clients it closes is the pool's choice.
+test('EPHEMERAL through createClientPool: the pool closes its idle clients after 3 s, and their holds end', async () => {
+  const pool = createClientPool({ url });
+  pool.on('error', () => {});
+  await pool.connect();
+  const keys = [0, 1, 2, 3].map((i) => unique(`node-redis:pool-${i}`));
+  const t = Date.now();
+  await Promise.all(
+    keys.map((key) =>
+      pool.execute(async (client) => {
+        await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000', 'EPHEMERAL']);
+        await sleep(300);
+      })
+    )
+  );
+  check(pool.totalClients === 4, `four clients: ${pool.totalClients}`);
+  const bound = [];
+  for (const key of keys) bound.push((await admin.sendCommand(['LOCK.INFO', key])).ephemeral);
+  check(new Set(bound).size === 4, `one hold per client: ${bound}`);
+  const heldKeys = async () => {
+    const out = [];
+    for (const key of keys) if ((await admin.sendCommand(['LOCK.INFO', key])) !== null) out.push(key);
+    return out;
+  };
+  await sleep(2000);
+  check((await heldKeys()).length === 4, 'all four held 2 s after the last command');
+  let left = keys;
+  while (left.length > 1 && Date.now() - t < 7000) {
+    await sleep(100);
+    left = await heldKeys();
+  }
+  const lostAt = Date.now() - t;
+  check(left.length === 1 && lostAt >= 3200, `three holds lost at ${lostAt} ms: ${left.length} left`);
+  check(pool.totalClients === 1, `the pool kept one client: ${pool.totalClients}`);
+  const kept = await pool.sendCommand(['CLIENT', 'ID']);
+  check(kept === bound[keys.indexOf(left[0])], `the hold left is on the client kept (${kept}): ${bound}`);
+  check((await pool.sendCommand(['LOCK.RELEASE', left[0], 'worker-1'])) === 0, 'release');
+  await pool.close();
 });
 
 test('a WAIT holds up every other command of its client; on client.duplicate() it does not', async () => {

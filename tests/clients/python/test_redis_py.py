@@ -327,6 +327,35 @@ def pattern_with_lock_renews_fences_and_releases():
     check(new > old and store.write(new, 1) and not store.write(old, 2), "the stale token is refused")
 
 
+@case
+def fencing_one_resource_with_two_token_families_refuses_the_one_and_lets_stale_tokens_of_the_other_through():
+    # Redisson's RFencedLock numbers its holds 1, 2, 3, ... from a counter of its own; an INCR
+    # counter stands in for it here. The module's tokens never fall below the server clock in
+    # microseconds (about 1.8e15).
+    r = admin()
+    key = unique("py:fence-families")
+    counter = unique("py:fence-counter")
+    stale = r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
+    r.execute_command("LOCK.RELEASE", key, "worker-1")
+    current = r.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000)
+    r.execute_command("LOCK.RELEASE", key, "worker-2")
+    check(current > stale >= (time.time() - 60) * 1_000_000, f"module tokens {stale} {current}")
+    counted = [r.incr(counter) for _ in range(1000)]
+    check(counted[:3] == [1, 2, 3], f"the counter's tokens {counted[:3]}")
+    # A resource that has seen a module token refuses every token of the counter.
+    store = FencedStore()
+    check(store.write(current, "module"), "the module holder's write")
+    check(not any(store.write(t, "counter") for t in counted), "every counter token is refused")
+    check(store.refused == len(counted), f"refused {store.refused}")
+    # A counter token says nothing about a module token: after the counter's holders wrote, the
+    # superseded module hold's token passes the fence; fenced with module tokens only, it does not.
+    store = FencedStore()
+    check(all(store.write(t, "counter") for t in counted), "the counter's holders write in turn")
+    check(store.write(stale, "stale"), "a stale module token passes a fence that saw counter tokens")
+    store = FencedStore()
+    check(store.write(current, "module") and not store.write(stale, "stale"), "one family: refused")
+
+
 # --- the lock family and LOCK.INFO's shape ----------------------------------------------------
 
 EXCLUSIVE_FIELDS = [b"owner", b"count", b"ttl", b"token", b"ephemeral", b"waiters", b"mode", b"holders"]
@@ -366,6 +395,7 @@ def SHARED_readers_share_and_exclude_a_writer():
     info = r.execute_command("LOCK.INFO", key)  # RESP3: a dict, no top-level owner
     check(info[b"mode"] == b"shared" and b"owner" not in info, f"{info!r}")
     check(sorted(h[b"owner"] for h in info[b"holders"]) == [b"reader-1", b"reader-2"], f"{info!r}")
+    check([h[b"mode"] for h in info[b"holders"]] == [b"shared", b"shared"], f"holder mode: {info!r}")
     check(r.execute_command("LOCK.RELEASE", key, "reader-1") == 0, "reader-1 holds nothing now")
     check(r.execute_command("LOCK.RELEASE", key, "reader-2") == 0, "reader-2 too")
     check(isinstance(r.execute_command("LOCK.ACQUIRE", key, "writer", 30000), int), "writer")
@@ -382,6 +412,7 @@ def LIMIT_counts_permits():
     check(r.execute_command("LOCK.ACQUIRE", key, "c", 30000, "LIMIT", 2) is None, "c: None")
     info = r.execute_command("LOCK.INFO", key)
     check(info[b"mode"] == b"semaphore" and info[b"limit"] == 2 and len(info[b"holders"]) == 2, f"{info!r}")
+    check([h[b"mode"] for h in info[b"holders"]] == [b"permit", b"permit"], f"holder mode: {info!r}")
     r.execute_command("LOCK.RELEASE", key, "a")
     check(isinstance(r.execute_command("LOCK.ACQUIRE", key, "c", 30000, "LIMIT", 2), int), "c")
     r.execute_command("LOCK.FORCERELEASE", key)
@@ -421,14 +452,21 @@ def EPHEMERAL_through_a_pool_is_dropped_when_redis_py_closes_its_connection():
     gc.collect()
     time.sleep(0.1)
     check(not held(key), "out of scope: dropped")
-    # pool.disconnect() (what close() does) drops it too.
-    r = redis.Redis(host=HOST, port=PORT)
-    key = unique("py:eph-disconnect")
-    r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
-    check(held(key), "held")
-    r.connection_pool.disconnect()
-    time.sleep(0.1)
-    check(not held(key), "pool.disconnect(): dropped")
+    # pool.disconnect() (what close() does) drops it too, and the client goes on working on a
+    # new connection.
+    for how in ("pool.disconnect()", "close()"):
+        r = redis.Redis(host=HOST, port=PORT)
+        key = unique("py:eph-disconnect")
+        r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+        bound = r.execute_command("LOCK.INFO", key)[b"ephemeral"]
+        check(bound == r.client_id(), "held on the pool's connection")
+        if how == "close()":
+            r.close()
+        else:
+            r.connection_pool.disconnect()
+        time.sleep(0.1)
+        check(not held(key), f"{how}: dropped")
+        check(r.ping() and r.client_id() != bound, f"{how}: the client goes on, on a new connection")
     # Another thread's command that times out on the same pooled connection (the acquire
     # returned it to the pool, the thread took it next): redis-py closes it, the hold ends.
     r = redis.Redis(host=HOST, port=PORT, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
@@ -456,16 +494,47 @@ def EPHEMERAL_asyncio_aclose_and_leaving_async_with_drop_the_hold():
         key = unique("py:eph-aclose")
         r = redis.asyncio.Redis(host=HOST, port=PORT)
         await r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
-        check(held(key), "held")
+        bound = (await r.execute_command("LOCK.INFO", key))[b"ephemeral"]
+        check(held(key) and bound == await r.client_id(), "held on the client's connection")
         await r.aclose()
         await asyncio.sleep(0.1)
         check(not held(key), "aclose(): dropped")
+        check(await r.ping() and await r.client_id() != bound, "aclose(): the client goes on")
+        await r.aclose()
         key = unique("py:eph-async-with")
         async with redis.asyncio.Redis(host=HOST, port=PORT) as r:
             await r.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
-            check(held(key), "held inside")
+            bound = (await r.execute_command("LOCK.INFO", key))[b"ephemeral"]
+            check(held(key) and bound == await r.client_id(), "held inside, on the client's connection")
         await asyncio.sleep(0.1)
         check(not held(key), "leaving async with: dropped")
+        check(await r.ping() and await r.client_id() != bound, "after async with: the client goes on")
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+@case
+def EPHEMERAL_asyncio_single_connection_client_keeps_every_command_on_the_holding_connection():
+    async def main():
+        holder = redis.asyncio.Redis(host=HOST, port=PORT, single_connection_client=True)
+        key = unique("py:eph-async-single")
+        await holder.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+        bound = (await holder.execute_command("LOCK.INFO", key))[b"ephemeral"]
+        # Commands of concurrent tasks, renewals included, all go over the holding connection.
+        ids = await asyncio.gather(*[holder.client_id() for _ in range(5)])
+        renewals = [holder.execute_command("LOCK.RENEW", key, "worker-1", 30000) for _ in range(5)]
+        check(set(ids) == {bound}, f"one connection: {ids}, hold on {bound}")
+        check(await asyncio.gather(*renewals) == [1] * 5, "renewed on it")
+        # Without it, concurrent commands take a pooled connection each.
+        pooled = redis.asyncio.Redis(host=HOST, port=PORT)
+        ids = await asyncio.gather(*[pooled.client_id() for _ in range(5)])
+        check(len(set(ids)) == 5, f"the default client: {ids}")
+        await pooled.aclose()
+        check(held(key), "still held")
+        await holder.aclose()
+        await asyncio.sleep(0.1)
+        check(not held(key), "ended with its connection")
 
     asyncio.run(main())
 
@@ -609,7 +678,41 @@ def cluster_EPHEMERAL_through_RedisCluster_is_dropped_by_close():
     check(rc.execute_command("LOCK.INFO", key) is not None, "held")
     rc.close()
     time.sleep(0.1)
-    check(RedisCluster(host=HOST, port=CLUSTER[0]).execute_command("LOCK.INFO", key) is None, "dropped")
+    fresh = RedisCluster(host=HOST, port=CLUSTER[0])
+    check(fresh.execute_command("LOCK.INFO", key) is None, "dropped")
+    # redis-py 8.1.0's close() leaves the object without a default node: a command it sends to
+    # another node than its key's fails with AttributeError, until it reloads its slot map.
+    check(rc.get_default_node() is None, "no default node after close()")
+    outcomes = []
+    for i in range(25):
+        try:
+            rc.execute_command("LOCK.INFO", f"{key}:{i}")
+            outcomes.append(".")
+        except AttributeError:
+            outcomes.append("A")
+    outcomes = "".join(outcomes)
+    check("A" in outcomes[:20] and outcomes.endswith("....."), f"after close(): {outcomes}")
+    check(fresh.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000) is not None, "a new client works")
+    fresh.execute_command("LOCK.RELEASE", key, "worker-1")
+
+
+@case
+def cluster_asyncio_EPHEMERAL_is_dropped_by_aclose_and_the_client_goes_on():
+    async def main():
+        rc = redis.asyncio.cluster.RedisCluster(host=HOST, port=CLUSTER[0])
+        key = unique("py:acluster-eph")
+        await rc.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+        check(await rc.execute_command("LOCK.INFO", key) is not None, "held")
+        await rc.aclose()
+        await asyncio.sleep(0.1)
+        check(RedisCluster(host=HOST, port=CLUSTER[0]).execute_command("LOCK.INFO", key) is None, "dropped")
+        for i in range(10):
+            check(await rc.execute_command("LOCK.INFO", f"{key}:{i}") is None, "the client goes on")
+        check(await rc.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000) is not None, "acquire")
+        check(await rc.execute_command("LOCK.RELEASE", key, "worker-1") == 0, "release")
+        await rc.aclose()
+
+    asyncio.run(main())
 
 
 if __name__ == "__main__":
