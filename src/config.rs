@@ -34,6 +34,11 @@ pub const DEFAULT_UNLOCK_MESSAGE: &str = "0";
 pub static LOST_CHANNEL_PREFIX: StringOption = StringOption::new();
 pub const DEFAULT_LOST_CHANNEL_PREFIX: &str = "lock.lost";
 
+/// `lock.leader-channel-prefix`: observers of an election key hear each new leader and each
+/// proclamation on `<prefix>:{<key>}`; empty disables these messages.
+pub static LEADER_CHANNEL_PREFIX: StringOption = StringOption::new();
+pub const DEFAULT_LEADER_CHANNEL_PREFIX: &str = "lock.leader";
+
 /// `lock.keyspace-events`: emit `lock.*` keyspace events (delivered when
 /// `notify-keyspace-events` enables hash events, `h`).
 pub static KEYSPACE_EVENTS: AtomicBool = AtomicBool::new(true);
@@ -120,6 +125,7 @@ pub fn release_strings() {
     UNLOCK_CHANNEL_PREFIX.replace_shown(None);
     UNLOCK_MESSAGE.replace_shown(None);
     LOST_CHANNEL_PREFIX.replace_shown(None);
+    LEADER_CHANNEL_PREFIX.replace_shown(None);
 }
 
 /// The prefix and message, copied out (only on a full release).
@@ -130,12 +136,13 @@ pub fn unlock_publication() -> (String, String) {
 pub fn describe() -> String {
     let (prefix, message) = unlock_publication();
     format!(
-        "max-lease-ms={} max-waiters-per-key={} unlock-channel-prefix='{}' unlock-message='{}' lost-channel-prefix='{}' keyspace-events={}",
+        "max-lease-ms={} max-waiters-per-key={} unlock-channel-prefix='{}' unlock-message='{}' lost-channel-prefix='{}' leader-channel-prefix='{}' keyspace-events={}",
         max_lease_ms(),
         max_waiters_per_key(),
         prefix,
         message,
         LOST_CHANNEL_PREFIX.text(),
+        LEADER_CHANNEL_PREFIX.text(),
         if keyspace_events() { "yes" } else { "no" }
     )
 }

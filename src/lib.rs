@@ -19,6 +19,7 @@ use redis_module::{redis_module, Context, InfoContext, RedisResult, RedisString,
 
 mod commands;
 mod config;
+mod election;
 mod events;
 mod ffi;
 use ffi::guard;
@@ -99,6 +100,7 @@ redis_module! {
             ["unlock-channel-prefix", &config::UNLOCK_CHANNEL_PREFIX, config::DEFAULT_UNLOCK_CHANNEL_PREFIX, ConfigurationFlags::DEFAULT, None],
             ["unlock-message", &config::UNLOCK_MESSAGE, config::DEFAULT_UNLOCK_MESSAGE, ConfigurationFlags::DEFAULT, None],
             ["lost-channel-prefix", &config::LOST_CHANNEL_PREFIX, config::DEFAULT_LOST_CHANNEL_PREFIX, ConfigurationFlags::DEFAULT, None],
+            ["leader-channel-prefix", &config::LEADER_CHANNEL_PREFIX, config::DEFAULT_LEADER_CHANNEL_PREFIX, ConfigurationFlags::DEFAULT, None],
         ],
         bool: [
             ["keyspace-events", &config::KEYSPACE_EVENTS, true, ConfigurationFlags::DEFAULT, None],

@@ -122,6 +122,30 @@ pub fn publish_flushed(ctx: Ctx, db: Option<i32>) {
     ffi::publish(ctx, channel.as_ptr(), message.as_ptr());
 }
 
+/// Tells the observers of an election key (`elected <epoch> <owner>`, `proclaimed <epoch>
+/// <value>`) on `<lock.leader-channel-prefix>:{<key>}`: `PUBLISH` on a standalone server,
+/// `SPUBLISH` in cluster mode (to the key's shard only, as the lost-hold message). Messages of
+/// one key are published in the order its leaders changed, by the one thread that changes them.
+/// Not on a replica (its master told the observers) or while the server loads its data.
+pub fn publish_leader(ctx: Ctx, name: &[u8], message: &[u8]) {
+    if ffi::is_replica(ctx) || ffi::is_loading(ctx) {
+        return;
+    }
+    let mut channel = Vec::new();
+    let publish = config::LEADER_CHANNEL_PREFIX
+        .with_text(|prefix| write_unlock_channel(prefix.as_bytes(), name, &mut channel));
+    if !publish {
+        return;
+    }
+    let channel = OwnedString::new(&channel);
+    let message = OwnedString::new(message);
+    if ffi::is_cluster(ctx) {
+        ffi::publish_shard(ctx, channel.as_ptr(), message.as_ptr());
+    } else {
+        ffi::publish(ctx, channel.as_ptr(), message.as_ptr());
+    }
+}
+
 /// Whether lost-hold messages are sent (`lock.lost-channel-prefix` is not empty).
 pub fn lost_enabled() -> bool {
     config::LOST_CHANNEL_PREFIX.with_text(|prefix| !prefix.is_empty())

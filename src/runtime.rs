@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use lock_core::args::Wait;
 use lock_core::binding::{ClientId, GrantRef};
+use lock_core::election::Campaign;
 use lock_core::hold::{HoldKind, Lock, Lost, Mode, StoredLock};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
@@ -23,7 +24,7 @@ use lock_core::LockError;
 use crate::ffi::wait::{self, Blocked};
 use crate::ffi::{self, now_ms, with_db, Ctx, Key, OwnedString, RawString};
 use crate::stats::{add, bump, STATS};
-use crate::{config, log, notify, store};
+use crate::{config, election, log, notify, store};
 
 /// Changes noted by keyspace events before the inbox is processed. A storm of events (a script
 /// deleting a million keys while someone waits) collapses into one look at every waited key.
@@ -148,6 +149,8 @@ pub struct Request<'a> {
     pub mode: Mode,
     /// `EPHEMERAL`: the connection its grant is bound to.
     pub bind: Option<ClientId>,
+    /// `LOCK.CAMPAIGN`: its grant is announced to the key's observers.
+    pub campaign: Option<Campaign>,
 }
 
 /// Queues the current client on its key — on every key at once for a multi-key acquire — and
@@ -159,6 +162,7 @@ pub fn enqueue(ctx: Ctx, keys: &[(LockKey, Seen)], request: Request<'_>) -> Resu
         wait,
         mode,
         bind,
+        campaign,
     } = request;
     let now = now_ms();
     with_scheduler(ctx, |scheduler, mut port| {
@@ -175,6 +179,7 @@ pub fn enqueue(ctx: Ctx, keys: &[(LockKey, Seen)], request: Request<'_>) -> Resu
             wait,
             mode,
             bind,
+            campaign,
         };
         match scheduler.enqueue(&mut port, new, max, now) {
             Ok(_) => bump(&STATS.waits_started),
@@ -556,6 +561,13 @@ impl Port<Blocked> for RedisPort {
 
     fn lost(&mut self, key: &LockKey, lost: &Lost) {
         notify::publish_lost(self.ctx, &key.name, lost);
+    }
+
+    fn elected(&mut self, key: &LockKey, token: u64, owner: &[u8], value: Option<&[u8]>) {
+        let ctx = self.ctx;
+        with_db(ctx, key.db, || {
+            election::announce(ctx, &key.name, token, owner, value)
+        });
     }
 
     fn answer(&mut self, handle: Blocked, answer: Answer) {

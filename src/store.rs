@@ -4,13 +4,14 @@
 
 use std::cell::RefCell;
 
+use lock_core::election;
 use lock_core::hold::{
     self, FieldNames, Lock, Write, MAX_MULTI_FIELDS, MAX_RLOCK_FIELDS, MODE_FIELD,
 };
 use lock_core::layout::{
     format_exclusive_mode, format_u64, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD,
 };
-use lock_core::slot::{counter_key, key_slot, SLOTS};
+use lock_core::slot::{counter_key, key_slot, leaders_key, SLOTS};
 use lock_core::token::SlotMemory;
 use lock_core::LockError;
 
@@ -415,6 +416,33 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
         }
         Ok(grant.token)
     })
+}
+
+/// Stores what the leader of `epoch` proclaims for the election key `lock_key` (in the slot's
+/// hash of proclamations, replicated as `HSET`). A key there that is not a hash (a client
+/// wrote one) is left alone: the value is then only announced, not kept.
+pub fn write_proclaimed(ctx: Ctx, lock_key: &[u8], epoch: u64, value: &[u8]) {
+    let name = OwnedString::new(&leaders_key(key_slot(lock_key)));
+    let key = Key::open(ctx, name.as_ptr());
+    if !matches!(key.kind(), KeyKind::Hash | KeyKind::Missing) {
+        return;
+    }
+    let field = OwnedString::new(lock_key);
+    let stored = OwnedString::new(&election::encode_proclaimed(epoch, value));
+    key.hash_set(field.as_ptr(), stored.as_ptr());
+    drop(key);
+    replicate::key_and_strings(ctx, c"HSET", name.as_ptr(), &[field, stored]);
+}
+
+/// The proclamation stored for `lock_key`, as stored (`<epoch>:<value>`), if any.
+pub fn read_proclaimed(ctx: Ctx, lock_key: &[u8]) -> Option<Vec<u8>> {
+    let name = OwnedString::new(&leaders_key(key_slot(lock_key)));
+    let key = Key::open_read(ctx, name.as_ptr());
+    if key.kind() != KeyKind::Hash {
+        return None;
+    }
+    let field = OwnedString::new(lock_key);
+    key.hash_get(field.as_ptr()).map(|v| v.bytes().to_vec())
 }
 
 /// A count, token or time as the signed 64-bit integer Redis stores. The core never produces a

@@ -499,3 +499,45 @@ fn a_multi_key_acquire_takes_keys_of_one_slot_and_refuses_others_as_crossslot() 
         .unwrap();
     assert_eq!(released, [Some(0), Some(0)]);
 }
+
+/// Leader election in a cluster: observers `SSUBSCRIBE` to the key's leader channel on the
+/// key's node and hear each election and proclamation there; nothing is broadcast.
+#[test]
+fn leader_messages_go_to_the_keys_shard_only() {
+    let cluster = Cluster::start(3);
+    let key = "service:{billing}";
+    let channel =
+        String::from_utf8(unlock_channel(b"lock.leader", key.as_bytes()).unwrap()).unwrap();
+    let node = cluster.node_for_slot(key_slot(key.as_bytes()));
+    let mut sharded = ShardSubscriber::start(node.port, &channel);
+    let other = cluster.nodes.iter().find(|n| n.port != node.port).unwrap();
+    let mut classic_there = other.connect();
+    let mut there = classic_there.as_pubsub();
+    there.subscribe(&channel).unwrap();
+    there
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut client = cluster.client();
+    let epoch: i64 = redis::cmd("LOCK.CAMPAIGN")
+        .arg(key)
+        .arg("node-a")
+        .arg(60_000)
+        .arg("VALUE")
+        .arg("10.0.0.1:80")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(
+        sharded.message(SOON),
+        Some(format!("elected {epoch} node-a"))
+    );
+    assert_eq!(
+        sharded.message(SOON),
+        Some(format!("proclaimed {epoch} 10.0.0.1:80"))
+    );
+    let leader: (String, i64, Option<String>) = redis::cmd("LOCK.LEADER")
+        .arg(key)
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(leader, ("node-a".into(), epoch, Some("10.0.0.1:80".into())));
+    assert!(there.get_message().is_err(), "no broadcast");
+}

@@ -365,7 +365,14 @@ fn command_docs_and_key_specs_describe_every_command() {
         "lock.renew",
         "lock.info",
         "lock.forcerelease",
+        "lock.macquire",
+        "lock.mrelease",
+        "lock.mrenew",
+        "lock.campaign",
+        "lock.proclaim",
+        "lock.leader",
     ] {
+        let multi = matches!(cmd, "lock.macquire" | "lock.mrelease" | "lock.mrenew");
         let out = Command::new(cli_bin())
             .args(["-p", &server.port.to_string(), "COMMAND", "DOCS", cmd])
             .output()
@@ -379,6 +386,20 @@ fn command_docs_and_key_specs_describe_every_command() {
             "key_spec_index",
         ] {
             assert!(text.contains(field), "{cmd} docs lack {field}: {text}");
+        }
+        if multi {
+            // numkeys first: tests/multikey.rs checks several keys.
+            let keys: Vec<String> = redis::cmd("COMMAND")
+                .arg("GETKEYS")
+                .arg(cmd)
+                .arg(1)
+                .arg("the-key")
+                .arg("o")
+                .arg(5)
+                .query(&mut con)
+                .unwrap();
+            assert_eq!(keys, ["the-key"], "{cmd}");
+            continue;
         }
         let keys: Vec<String> = redis::cmd("COMMAND")
             .arg("GETKEYS")
@@ -396,6 +417,16 @@ fn command_docs_and_key_specs_describe_every_command() {
                     .arg("the-key")
                     .arg("o")
                     .arg(5)
+                    .query(&mut con)
+            })
+            .or_else(|_| {
+                redis::cmd("COMMAND")
+                    .arg("GETKEYS")
+                    .arg(cmd)
+                    .arg("the-key")
+                    .arg("o")
+                    .arg(5)
+                    .arg("v")
                     .query(&mut con)
             })
             .or_else(|_| {

@@ -213,6 +213,95 @@ pub fn parse_macquire<'a>(
         .collect())
 }
 
+/// `LOCK.CAMPAIGN`: an exclusive acquire that never counts a re-entry, and the value the
+/// leader proclaims with its election (if any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignRequest<'a> {
+    pub acquire: AcquireRequest<'a>,
+    pub value: Option<&'a [u8]>,
+}
+
+/// `LOCK.CAMPAIGN key candidate lease-ms [EPHEMERAL] [WAIT timeout-ms] [VALUE value]`
+pub fn parse_campaign<'a>(
+    argv: &'a [&'a [u8]],
+    max_lease_ms: u64,
+) -> Result<CampaignRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 3, usize::MAX)?;
+    let key = args.key()?;
+    let owner = args.owner()?;
+    let lease_ms = args.lease(max_lease_ms)?;
+    let mut wait = Wait::No;
+    let mut binding = Binding::Lease;
+    let mut value = None;
+    while let Some(option) = args.option() {
+        if option.eq_ignore_ascii_case(b"EPHEMERAL") && binding == Binding::Lease {
+            binding = Binding::Connection;
+        } else if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
+            wait = wait_timeout(args.bytes().map_err(|_| LockError::Syntax)?)?;
+        } else if option.eq_ignore_ascii_case(b"VALUE") && value.is_none() {
+            value = Some(proclaimed_value(
+                args.bytes().map_err(|_| LockError::Syntax)?,
+            )?);
+        } else {
+            return Err(LockError::Syntax);
+        }
+    }
+    Ok(CampaignRequest {
+        acquire: AcquireRequest {
+            key,
+            owner,
+            lease_ms,
+            wait,
+            reentry: Reentry::Once,
+            mode: Mode::Exclusive,
+            binding,
+        },
+        value,
+    })
+}
+
+/// `LOCK.PROCLAIM key candidate epoch value`
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProclaimRequest<'a> {
+    pub key: &'a [u8],
+    pub owner: &'a [u8],
+    pub epoch: u64,
+    pub value: &'a [u8],
+}
+
+pub fn parse_proclaim<'a>(argv: &'a [&'a [u8]]) -> Result<ProclaimRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 4, 4)?;
+    let key = args.key()?;
+    let owner = args.owner()?;
+    let epoch = parse_positive(args.bytes()?).ok_or(LockError::NotAnInteger)?;
+    let value = proclaimed_value(args.bytes()?)?;
+    args.finish()?;
+    Ok(ProclaimRequest {
+        key,
+        owner,
+        epoch,
+        value,
+    })
+}
+
+fn proclaimed_value(value: &[u8]) -> Result<&[u8], LockError> {
+    if value.len() > crate::election::MAX_VALUE_BYTES {
+        return Err(LockError::ValueTooLong {
+            max: crate::election::MAX_VALUE_BYTES as u64,
+        });
+    }
+    Ok(value)
+}
+
+fn wait_timeout(timeout: &[u8]) -> Result<Wait, LockError> {
+    let timeout = parse_i64(timeout).ok_or(LockError::NotAnInteger)?;
+    match u64::try_from(timeout) {
+        Ok(0) => Ok(Wait::Forever),
+        Ok(ms) if ms <= MAX_WAIT_TIMEOUT_MS => Ok(Wait::For(ms)),
+        _ => Err(LockError::TimeoutOutOfRange),
+    }
+}
+
 /// A multi-key release or renew: its keys, the owner, and the lease (renew only).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MultiOwnerRequest<'a> {
@@ -279,13 +368,7 @@ fn acquire_options(args: &mut ArgCursor<'_>) -> Result<AcquireOptions, LockError
                 _ => return Err(LockError::LimitOutOfRange),
             };
         } else if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
-            let timeout = args.bytes().map_err(|_| LockError::Syntax)?;
-            let timeout = parse_i64(timeout).ok_or(LockError::NotAnInteger)?;
-            wait = match u64::try_from(timeout) {
-                Ok(0) => Wait::Forever,
-                Ok(ms) if ms <= MAX_WAIT_TIMEOUT_MS => Wait::For(ms),
-                _ => return Err(LockError::TimeoutOutOfRange),
-            };
+            wait = wait_timeout(args.bytes().map_err(|_| LockError::Syntax)?)?;
         } else {
             return Err(LockError::Syntax);
         }

@@ -17,6 +17,8 @@ pub enum LockError {
     NumKeysOutOfRange { max: u64 },
     /// A multi-key command names a key twice.
     DuplicateKey,
+    /// A proclaimed value longer than `max` bytes.
+    ValueTooLong { max: u64 },
     /// A lease outside `1..=max`.
     LeaseOutOfRange { max_ms: u64 },
     /// A negative or absurd `WAIT` timeout.
@@ -81,6 +83,9 @@ impl LockError {
                 format!("ERR numkeys must be between 1 and {max}, and no more than the keys given")
             }
             LockError::DuplicateKey => "ERR a key is named twice: each key is locked once".into(),
+            LockError::ValueTooLong { max } => {
+                format!("ERR a proclaimed value is at most {max} bytes")
+            }
             LockError::NotAnInteger => "ERR value is not an integer or out of range".into(),
             LockError::LeaseOutOfRange { max_ms } => {
                 format!("ERR lease must be between 1 and {max_ms} milliseconds")

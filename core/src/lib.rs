@@ -21,6 +21,7 @@ pub mod channel;
 pub mod cluster;
 pub mod command;
 pub mod deadlines;
+pub mod election;
 pub mod error;
 pub mod hold;
 pub mod key;

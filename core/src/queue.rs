@@ -11,6 +11,7 @@ use std::hash::Hash;
 use smallvec::SmallVec;
 
 use crate::deadlines::DeadlineKey;
+use crate::election::Campaign;
 use crate::key::ClientId;
 pub use crate::key::LockKey;
 use crate::kind::Mode;
@@ -35,6 +36,8 @@ pub struct Waiter<H> {
     pub mode: Mode,
     /// `EPHEMERAL`: the connection its grant will be bound to.
     pub bind: Option<ClientId>,
+    /// `LOCK.CAMPAIGN`: its grant is announced to the key's observers.
+    pub campaign: Option<Campaign>,
     pub enqueued_at: UnixMs,
     /// The scheduled timeout, absent for `WAIT 0`.
     pub timeout: Option<DeadlineKey>,
@@ -102,6 +105,7 @@ pub struct NewWaiter<'a, H> {
     pub lease_ms: u64,
     pub mode: Mode,
     pub bind: Option<ClientId>,
+    pub campaign: Option<Campaign>,
     pub now: UnixMs,
 }
 
@@ -136,6 +140,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
                 lease_ms: new.lease_ms,
                 mode: new.mode,
                 bind: new.bind,
+                campaign: new.campaign,
                 enqueued_at: new.now,
                 timeout: None,
             },
@@ -183,12 +188,14 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         lease_ms: u64,
         mode: Mode,
         bind: Option<ClientId>,
+        campaign: Option<Campaign>,
     ) -> Option<(H, Option<DeadlineKey>)> {
         let waiter = self.waiters.get_mut(&id)?;
         let old = std::mem::replace(&mut waiter.handle, handle);
         waiter.lease_ms = lease_ms;
         waiter.mode = mode;
         waiter.bind = bind;
+        waiter.campaign = campaign;
         let timeout = waiter.timeout.take();
         self.by_handle.remove(&old);
         self.by_handle.insert(handle, id);
@@ -345,6 +352,7 @@ mod tests {
                 lease_ms: 100,
                 mode: Mode::Exclusive,
                 bind: None,
+                campaign: None,
                 now: 0,
             },
             100_000,
@@ -390,7 +398,7 @@ mod tests {
         push(&mut q, 3, &a);
         assert_eq!(q.queued_owner(&a, b"owner-2"), Some(second));
         assert_eq!(
-            q.replace(second, 20, 7, Mode::Exclusive, None),
+            q.replace(second, 20, 7, Mode::Exclusive, None, None),
             Some((2, None))
         );
         assert!(q.remove_by_handle(2).is_none(), "the old handle is gone");
@@ -424,6 +432,7 @@ mod tests {
             lease_ms: 1,
             mode: Mode::Exclusive,
             bind: None,
+            campaign: None,
             now: 0,
         };
         assert!(q.push(over, 0).is_err());
@@ -457,6 +466,7 @@ mod tests {
             lease_ms: 1,
             mode: Mode::Exclusive,
             bind: None,
+            campaign: None,
             now: 0,
         };
         q.push(new(1), 2).unwrap();

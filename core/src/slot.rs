@@ -71,6 +71,24 @@ pub fn counter_key(slot: u16) -> Vec<u8> {
     name
 }
 
+const LEADERS_PREFIX: &[u8] = b"__lock_fence__leaders{";
+
+/// The name of the hash that keeps the values leaders proclaimed for the election keys of
+/// `slot` (field: the election key, value: the epoch and the value): `__lock_fence__leaders{<tag>}`,
+/// in the reserved namespace and in the slot (it replicates, persists and migrates with the
+/// keys it describes).
+pub fn leaders_key(slot: u16) -> Vec<u8> {
+    let tag = slot_tags()
+        .get(usize::from(slot) % SLOTS)
+        .copied()
+        .unwrap_or_default();
+    let mut name = Vec::with_capacity(LEADERS_PREFIX.len() + 5);
+    name.extend_from_slice(LEADERS_PREFIX);
+    name.extend_from_slice(tag.as_bytes());
+    name.push(b'}');
+    name
+}
+
 /// A tag of at most four base-36 characters, stored inline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tag {

@@ -117,6 +117,7 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
             wait: request.wait,
             mode: request.mode,
             bind,
+            campaign: None,
         },
     )
 }

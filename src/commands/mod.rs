@@ -9,6 +9,7 @@ use crate::ffi::command_info::{arg, ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::Ctx;
 
 mod acquire;
+mod election;
 mod info;
 mod multi;
 mod outcome;
@@ -17,7 +18,7 @@ mod renew;
 
 /// Every command, each by its one spec (name, handler, flags, docs, key spec) written above
 /// its handler.
-const SPECS: [&CommandSpec; 8] = [
+const SPECS: [&CommandSpec; 11] = [
     &acquire::SPEC,
     &release::SPEC,
     &renew::SPEC,
@@ -26,6 +27,9 @@ const SPECS: [&CommandSpec; 8] = [
     &multi::ACQUIRE_SPEC,
     &multi::RELEASE_SPEC,
     &multi::RENEW_SPEC,
+    &election::CAMPAIGN_SPEC,
+    &election::PROCLAIM_SPEC,
+    &election::LEADER_SPEC,
 ];
 
 /// The arguments several commands share, as COMMAND DOCS shows them.
@@ -53,6 +57,15 @@ fn refuse_while_paused() -> Result<(), LockError> {
         return Err(LockError::WritesPaused);
     }
     Ok(())
+}
+
+/// Whether clients wait on `key` (an acquire must not pass them).
+fn queue_at(key: &lock_core::queue::LockKey) -> lock_core::kind::Queue {
+    if crate::runtime::waiters_on(key) > 0 {
+        lock_core::kind::Queue::Waiting
+    } else {
+        lock_core::kind::Queue::Empty
+    }
 }
 
 /// Whether the calling context may block: not inside MULTI, Lua/functions, or a module call.

@@ -279,6 +279,7 @@ fn queue_on_all(
             wait: first.wait,
             mode: first.mode,
             bind,
+            campaign: None,
         },
     )
 }

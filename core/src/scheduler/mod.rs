@@ -17,6 +17,7 @@ use std::hash::Hash;
 use crate::args::Wait;
 use crate::binding::{Bindings, ClientId, GrantRef};
 use crate::deadlines::{DeadlineKey, Deadlines};
+use crate::election::Campaign;
 use crate::hold::{self, Decision, HoldKind, Lock, Lost, LostReason, Mode, Run, StoredLock};
 use crate::kind::Left;
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
@@ -191,6 +192,9 @@ pub trait Port<H> {
     fn publish_unlock(&mut self, key: &LockKey);
     /// Tells a holder it lost its hold of `key` (the lost-hold message).
     fn lost(&mut self, key: &LockKey, lost: &Lost);
+    /// A campaigning waiter became the leader of `key` in epoch `token`: store the value it
+    /// proclaims (if any) and tell the key's observers.
+    fn elected(&mut self, key: &LockKey, token: u64, owner: &[u8], value: Option<&[u8]>);
     fn answer(&mut self, handle: H, answer: Answer);
     fn note(&mut self, note: Note);
 }
@@ -232,6 +236,8 @@ pub struct NewWait<'a, H> {
     pub mode: Mode,
     /// `EPHEMERAL`: the connection a grant is bound to.
     pub bind: Option<ClientId>,
+    /// `LOCK.CAMPAIGN`: the grant is announced to the key's observers.
+    pub campaign: Option<Campaign>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,7 +331,14 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             Some(id) => {
                 let (old, old_timeout) = self
                     .queues
-                    .replace(id, new.handle, new.lease_ms, new.mode, new.bind)
+                    .replace(
+                        id,
+                        new.handle,
+                        new.lease_ms,
+                        new.mode,
+                        new.bind,
+                        new.campaign,
+                    )
                     .ok_or(LockError::Internal)?;
                 if let Some(timeout) = old_timeout {
                     self.deadlines.remove(timeout);
@@ -351,6 +364,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                         lease_ms: new.lease_ms,
                         mode: new.mode,
                         bind: new.bind,
+                        campaign: new.campaign,
                         now,
                     },
                     max_per_key,
@@ -671,6 +685,9 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             if let Some(client) = waiter.bind {
                 self.bind(port, client, key, kind, token, now);
             }
+            if let Some(campaign) = &waiter.campaign {
+                port.elected(key, token, &waiter.owner, campaign.value.as_deref());
+            }
             port.answer(
                 waiter.handle,
                 Answer::Granted {
@@ -840,3 +857,6 @@ mod multi_model;
 
 #[cfg(test)]
 mod multi_tests;
+
+#[cfg(test)]
+mod election_tests;

@@ -24,6 +24,13 @@ pub enum Effect {
         key: LockKey,
         lost: Lost,
     },
+    /// A campaigning waiter became the leader.
+    Elected {
+        key: LockKey,
+        token: u64,
+        owner: Vec<u8>,
+        value: Option<Vec<u8>>,
+    },
     Answered {
         handle: u32,
         answer: Answer,
@@ -220,6 +227,15 @@ impl Port<u32> for FakePort {
         self.effects.push(Effect::Published { key: key.clone() });
     }
 
+    fn elected(&mut self, key: &LockKey, token: u64, owner: &[u8], value: Option<&[u8]>) {
+        self.effects.push(Effect::Elected {
+            key: key.clone(),
+            token,
+            owner: owner.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+        });
+    }
+
     fn lost(&mut self, key: &LockKey, lost: &Lost) {
         self.effects.push(Effect::Lost {
             key: key.clone(),
@@ -327,6 +343,7 @@ pub fn wait_multi(
             wait,
             mode,
             bind,
+            campaign: None,
         },
         100_000,
         now,
