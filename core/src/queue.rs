@@ -230,8 +230,17 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         if let Some(queue) = self.queues.get_mut(key) {
             queue.live = queue.live.saturating_sub(1);
             queue.owners.remove(owner);
+            let waiters = &self.waiters;
+            // Departed slots at the head go at once: finding the head never walks past them
+            // (a multi-key grant leaves one at the head of each of its other keys).
+            while queue
+                .order
+                .front()
+                .is_some_and(|id| !waiters.contains_key(id))
+            {
+                queue.order.pop_front();
+            }
             if queue.order.len() > 2 * queue.live + 32 {
-                let waiters = &self.waiters;
                 queue.order.retain(|id| waiters.contains_key(id));
             }
         }

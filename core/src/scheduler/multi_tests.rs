@@ -216,3 +216,35 @@ fn asking_again_for_the_same_keys_keeps_the_place_and_for_other_keys_goes_to_the
     release(&mut s2, &mut port2, &a);
     assert_eq!(port2.answers()[1].0, 2, "other keys: behind 'other'");
 }
+
+#[test]
+fn twenty_thousand_multi_key_waiters_are_granted_one_by_one() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    take(&mut port, &a, "x");
+    let n = 20_000u32;
+    for h in 0..n {
+        exclusive(
+            &mut s,
+            &mut port,
+            h,
+            &[a.clone(), b.clone()],
+            &format!("m{h}"),
+        );
+    }
+    port.effects.clear();
+    release(&mut s, &mut port, &a);
+    for h in 0..n {
+        let answers = port.answers();
+        assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0].0, h, "in arrival order");
+        port.effects.clear();
+        let owner = format!("m{h}");
+        release_owner(&mut s, &mut port, &a, owner.as_bytes());
+        release_owner(&mut s, &mut port, &b, owner.as_bytes());
+        let now = port.now;
+        advance_to(&mut s, &mut port, now);
+    }
+    assert_eq!(s.waiting(), 0);
+}
