@@ -124,7 +124,7 @@ struct Args {
 }
 
 /// The names `--only` takes, in the order the scenarios run.
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "throughput",
     "contention",
     "deadlines",
@@ -133,6 +133,7 @@ const SCENARIOS: [&str; 8] = [
     "rw",
     "semaphore",
     "crash",
+    "multikey",
 ];
 
 fn usage() -> ! {
@@ -219,6 +220,7 @@ fn main() {
     let semaphore = wanted("semaphore")
         .then(|| scenarios::family::run(&bench, scenarios::family::Workload::Semaphore));
     let crash = wanted("crash").then(|| scenarios::crash::run(&bench));
+    let multikey = wanted("multikey").then(|| scenarios::multikey::run(&bench));
 
     let results = report::Results {
         throughput,
@@ -229,6 +231,7 @@ fn main() {
         rw,
         semaphore,
         crash,
+        multikey,
     };
     let wall = bench.started.elapsed();
     let chart = results

@@ -11,6 +11,7 @@ use crate::scenarios::crash::Crash;
 use crate::scenarios::deadlines::{Deadlines, Kind};
 use crate::scenarios::family::Family;
 use crate::scenarios::memory::Memory;
+use crate::scenarios::multikey::MultiKey;
 use crate::scenarios::scaling::Scaling;
 use crate::scenarios::throughput::Throughput;
 use crate::stats::Spread;
@@ -34,6 +35,7 @@ pub struct Results {
     pub rw: Option<Family>,
     pub semaphore: Option<Family>,
     pub crash: Option<Crash>,
+    pub multikey: Option<MultiKey>,
 }
 
 /// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
@@ -276,6 +278,9 @@ pub fn render(
     }
     if let Some(crash) = &results.crash {
         out.push_str(&crash.section(plan));
+    }
+    if let Some(multikey) = &results.multikey {
+        out.push_str(&multikey.section());
     }
     out.push_str(&method());
     out

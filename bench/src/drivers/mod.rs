@@ -5,6 +5,7 @@
 
 pub mod family;
 mod module;
+pub mod multikey;
 mod polling;
 mod redisson;
 

@@ -7,6 +7,7 @@ pub mod crash;
 pub mod deadlines;
 pub mod family;
 pub mod memory;
+pub mod multikey;
 pub mod scaling;
 pub mod throughput;
 
