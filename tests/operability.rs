@@ -179,6 +179,28 @@ fn acl_confines_applications_to_their_keys_and_can_deny_force_release() {
     assert!(acquire(&mut app, "app:orders", "w1", 10_000).is_some());
     let outside = error_of(&mut app, &[b"LOCK.ACQUIRE", b"billing:1", b"w1", b"100"]);
     assert!(outside.starts_with("NOPERM"), "{outside}");
+    // Every key of a multi-key command is checked: one outside the pattern refuses it whole.
+    let tokens: Vec<i64> = redis::cmd("LOCK.MACQUIRE")
+        .arg(2)
+        .arg(&["app:a", "app:b"])
+        .arg("w1")
+        .arg(10_000)
+        .query(&mut app)
+        .unwrap();
+    assert_eq!(tokens.len(), 2);
+    let mixed = error_of(
+        &mut app,
+        &[
+            b"LOCK.MACQUIRE",
+            b"2",
+            b"app:c",
+            b"billing:1",
+            b"w1",
+            b"100",
+        ],
+    );
+    assert!(mixed.starts_with("NOPERM"), "{mixed}");
+    assert!(!admin.exists::<_, bool>("app:c").unwrap());
     let force = error_of(&mut app, &[b"LOCK.FORCERELEASE", b"app:orders"]);
     assert!(force.starts_with("NOPERM"), "{force}");
     let mut ops = connect_as(&server, "ops", "ops-secret");
@@ -549,4 +571,77 @@ fn held_leases_that_run_out_are_counted_where_the_server_reports_expiries() {
         assert_eq!(counted, None, "no count where expiries are not seen");
         assert!(announced.is_empty(), "{announced:?}");
     }
+}
+
+/// docs/operations.md, *Elections*: the permissions it names are enough to campaign, proclaim,
+/// renew and resign, and to observe the key's leader channel; nothing else is needed.
+#[test]
+fn acl_permissions_the_docs_name_for_elections_are_enough() {
+    let server = Server::start();
+    let mut admin = server.connect();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "cand",
+            "on",
+            ">c",
+            "~app:*",
+            "resetchannels",
+            "+lock.campaign",
+            "+lock.proclaim",
+            "+lock.renew",
+            "+lock.release",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "obs",
+            "on",
+            ">o",
+            "~app:*",
+            "resetchannels",
+            "&lock.leader:{app:*}",
+            "&lock.leader:app:*",
+            "+lock.leader",
+            "+subscribe",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let mut cand = connect_as(&server, "cand", "c");
+    let mut obs = connect_as(&server, "obs", "o");
+    let mut observer = connect_as(&server, "obs", "o");
+    let mut pubsub = observer.as_pubsub();
+    pubsub.subscribe("lock.leader:{app:svc}").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let epoch: i64 = redis::cmd("LOCK.CAMPAIGN")
+        .arg(&["app:svc", "node-a", "10000", "VALUE", "v1"])
+        .query(&mut cand)
+        .unwrap();
+    let message: String = pubsub.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(message, format!("elected {epoch} node-a"));
+    let proclaimed: i64 = redis::cmd("LOCK.PROCLAIM")
+        .arg("app:svc")
+        .arg("node-a")
+        .arg(epoch)
+        .arg("v2")
+        .query(&mut cand)
+        .unwrap();
+    assert_eq!(proclaimed, 1);
+    let renewed: i64 = redis::cmd("LOCK.RENEW")
+        .arg(&["app:svc", "node-a", "10000"])
+        .query(&mut cand)
+        .unwrap();
+    assert_eq!(renewed, 1);
+    let leader: (String, i64, String) = redis::cmd("LOCK.LEADER")
+        .arg("app:svc")
+        .query(&mut obs)
+        .unwrap();
+    assert_eq!(leader, ("node-a".into(), epoch, "v2".into()));
+    let denied = error_of(&mut obs, &[b"LOCK.CAMPAIGN", b"app:svc", b"o", b"100"]);
+    assert!(denied.starts_with("NOPERM"), "{denied}");
+    assert_eq!(release(&mut cand, "app:svc", "node-a"), Some(0));
 }
