@@ -15,6 +15,7 @@ use lock_core::args::Wait;
 use lock_core::binding::{ClientId, GrantRef};
 use lock_core::election::Campaign;
 use lock_core::hold::{HoldKind, Lock, Lost, Mode, StoredLock};
+use lock_core::kind::Reentry;
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
     Answer, Change, Event, NewWait, Note, Port, Read, Scheduler, Seen, Writes,
@@ -147,6 +148,8 @@ pub struct Request<'a> {
     pub lease_ms: u64,
     pub wait: Wait,
     pub mode: Mode,
+    /// `ONCE`: a key its owner holds already is not re-entered with a count (multi-key).
+    pub reentry: Reentry,
     /// `EPHEMERAL`: the connection its grant is bound to.
     pub bind: Option<ClientId>,
     /// `LOCK.CAMPAIGN`: its grant is announced to the key's observers.
@@ -161,6 +164,7 @@ pub fn enqueue(ctx: Ctx, keys: &[(LockKey, Seen)], request: Request<'_>) -> Resu
         lease_ms,
         wait,
         mode,
+        reentry,
         bind,
         campaign,
     } = request;
@@ -178,6 +182,7 @@ pub fn enqueue(ctx: Ctx, keys: &[(LockKey, Seen)], request: Request<'_>) -> Resu
             lease_ms,
             wait,
             mode,
+            reentry,
             bind,
             campaign,
         };

@@ -364,3 +364,186 @@ fn a_grant_reaches_the_aof_and_a_replica_as_one_transaction() {
         assert_replica_matches(&mut con, &mut rcon, key);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Found by review (each fails on the code before its fix).
+
+/// A waiting 64-key request keeps its owner once, not once per key (an 8 MB owner cost 558 MB).
+#[test]
+fn a_waiting_request_keeps_its_owner_once() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k0", "x", 60_000).unwrap();
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+    let owner = "o".repeat(1 << 20);
+    let before = used_memory(&mut con);
+    let mut waiter = server.connect();
+    let id = client_id(&mut waiter);
+    let mut cmd = redis::cmd("LOCK.MACQUIRE");
+    cmd.arg(64)
+        .arg(&keys)
+        .arg(&owner)
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(0);
+    let pending = thread::spawn(move || cmd.query::<Option<Vec<i64>>>(&mut waiter));
+    assert!(eventually(SOON, || waiters(&mut con) == 1));
+    let grown = used_memory(&mut con) - before;
+    // The owner arrives once as the command's argument and is kept once by the queue: a few
+    // MB, not the 65 MB of a copy per key.
+    assert!(grown < 16 << 20, "one waiter took {grown} bytes");
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut con)
+        .unwrap();
+    assert!(pending.join().unwrap().is_err());
+}
+
+/// A key the owner holds plainly is not re-entered by an EPHEMERAL multi-key request (and the
+/// reverse): refused at once, as a one-key re-entry is, even when another key is busy.
+#[test]
+fn a_multi_key_request_keeps_what_each_held_key_is() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "plain", "o", 60_000).unwrap();
+    acquire(&mut con, "busy", "x", 60_000).unwrap();
+    let e = error_of(
+        &mut con,
+        &[
+            b"LOCK.MACQUIRE",
+            b"2",
+            b"plain",
+            b"busy",
+            b"o",
+            b"60000",
+            b"EPHEMERAL",
+            b"WAIT",
+            b"100",
+        ],
+    );
+    assert!(e.contains("not EPHEMERAL"), "{e}");
+    assert_eq!(waiters(&mut con), 0);
+    let count: i64 = redis::cmd("HGET")
+        .arg("plain")
+        .arg("o")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(count, 1);
+}
+
+/// `ONCE` holds when the request waits: a key the owner holds is not counted twice.
+#[test]
+fn once_is_kept_by_a_waiting_multi_key_request() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "mine", "o", 60_000).unwrap();
+    acquire(&mut con, "theirs", "x", 60_000).unwrap();
+    let (_, rx) = wait_in_thread(&server, &["mine", "theirs"], "o", &["ONCE", "WAIT", "0"]);
+    wait_until_queued(&mut con, 1);
+    release(&mut con, "theirs", "x");
+    rx.recv_timeout(SOON).unwrap().0.unwrap().unwrap();
+    let released: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
+        .arg(2)
+        .arg(&["mine", "theirs"])
+        .arg("o")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(released, [Some(0), Some(0)], "one release frees both");
+}
+
+/// A retry that lists the same keys in another order gets the tokens in its own order.
+#[test]
+fn a_retry_in_another_key_order_gets_its_tokens_in_that_order() {
+    let server = Server::start();
+    let mut con = server.connect();
+    // Far apart tokens for a and b: a's slot counter is set high.
+    let counter = String::from_utf8(lock_core::slot::counter_key(lock_core::slot::key_slot(
+        b"a",
+    )))
+    .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&counter)
+        .arg("1895533760042000")
+        .query(&mut con)
+        .unwrap();
+    acquire(&mut con, "a", "x", 60_000).unwrap();
+    acquire(&mut con, "b", "x", 60_000).unwrap();
+    let (_, first) = wait_in_thread(&server, &["a", "b"], "o", &["WAIT", "0"]);
+    wait_until_queued(&mut con, 1);
+    let (_, retry) = wait_in_thread(&server, &["b", "a"], "o", &["WAIT", "0"]);
+    assert!(first.recv_timeout(SOON).unwrap().0.is_err(), "replaced");
+    let _: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
+        .arg(2)
+        .arg(&["a", "b"])
+        .arg("x")
+        .query(&mut con)
+        .unwrap();
+    let tokens = retry.recv_timeout(SOON).unwrap().0.unwrap().unwrap();
+    let token_of =
+        |con: &mut Connection, key: &str| lock_info(con, key).map(|i| info_int(&i, "token"));
+    assert_eq!(Some(tokens[0]), token_of(&mut con, "b"));
+    assert_eq!(Some(tokens[1]), token_of(&mut con, "a"));
+}
+
+/// A `LOCK.MRELEASE` whose first key's handoff gives a waiter both keys does not announce the
+/// second key as free (its unlock message would wake Redisson waiters for a held lock).
+#[test]
+fn a_key_handed_on_by_a_multi_key_release_is_not_announced_free() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut sub = server.connect();
+    let mut pubsub = sub.as_pubsub();
+    pubsub.subscribe("redisson_lock__channel:{b}").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    macquire(&mut con, &["a", "b"], "o", 60_000, &[])
+        .unwrap()
+        .unwrap();
+    let (_, rx) = wait_in_thread(&server, &["a", "b"], "w", &["WAIT", "0"]);
+    wait_until_queued(&mut con, 1);
+    let _: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
+        .arg(2)
+        .arg(&["a", "b"])
+        .arg("o")
+        .query(&mut con)
+        .unwrap();
+    rx.recv_timeout(SOON).unwrap().0.unwrap().unwrap();
+    assert_eq!(holder(&mut con, "b").as_deref(), Some("w"));
+    assert!(
+        pubsub.get_message().is_err(),
+        "b was announced free while w held it"
+    );
+}
+
+/// A request refused on its second key takes no token on its first (no counter is written).
+#[test]
+fn a_refused_request_takes_no_token() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k2", "o", 60_000).unwrap();
+    let counter = String::from_utf8(lock_core::slot::counter_key(lock_core::slot::key_slot(
+        b"k1",
+    )))
+    .unwrap();
+    assert!(!exists(&mut con, &counter));
+    let e = error_of(
+        &mut con,
+        &[
+            b"LOCK.MACQUIRE",
+            b"2",
+            b"k1",
+            b"k2",
+            b"o",
+            b"60000",
+            b"EPHEMERAL",
+        ],
+    );
+    assert!(e.contains("not EPHEMERAL"), "{e}");
+    assert!(
+        !exists(&mut con, &counter),
+        "a counter was written for a refused request"
+    );
+}

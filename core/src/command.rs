@@ -290,6 +290,14 @@ pub fn acquire_all<F: Facts>(
             now,
         )?);
     }
+    // Every check that can refuse the request runs on every key before anything is taken: a
+    // token taken for one key before another refuses would write its counter for nothing.
+    for (request, (decision, facts)) in requests.iter().zip(decisions.iter().zip(facts.iter())) {
+        if let Decision::Grant(granted) = decision {
+            // Checked even when the request will wait: the re-entry happens at its grant.
+            check_reentry(request, granted, facts)?;
+        }
+    }
     if decisions.contains(&Decision::Busy) {
         let (Some(live), Some(request), Some(facts)) =
             (lives.first(), requests.first(), facts.first_mut())
@@ -303,15 +311,47 @@ pub fn acquire_all<F: Facts>(
             seen,
         });
     }
+    for (decision, facts) in decisions.iter().zip(facts.iter_mut()) {
+        if let Decision::Grant(granted) = decision {
+            check_memory(granted, facts)?;
+        }
+    }
     let mut outcomes = Vec::with_capacity(lives.len());
     for (((live, request), decision), facts) in
         lives.iter().zip(requests).zip(&decisions).zip(facts)
     {
         if let Decision::Grant(granted) = decision {
-            outcomes.push(grant(live, request, granted, facts)?);
+            outcomes.push(take(live, request, granted, facts)?);
         }
     }
     Ok(AllOrNothing::Granted(outcomes))
+}
+
+/// A re-entry keeps what the hold is: an `EPHEMERAL` hold is re-entered with `EPHEMERAL`, a
+/// plain one without (a hold taken before a restart or failover is bound to nothing).
+fn check_reentry(
+    request: &AcquireRequest<'_>,
+    granted: &hold::Granted,
+    facts: &impl Facts,
+) -> Result<(), LockError> {
+    if granted.how != How::Reentered {
+        return Ok(());
+    }
+    let bound = granted.token.and_then(|t| facts.bound_client(t));
+    match (bound, request.binding) {
+        (Some(_), Binding::Lease) => Err(LockError::HoldIsEphemeral),
+        (None, Binding::Connection) => Err(LockError::HoldIsNotEphemeral),
+        _ => Ok(()),
+    }
+}
+
+/// A new hold takes memory: refused over maxmemory like any deny-oom command. A re-entry,
+/// renew or release must keep working then (the command is not deny-oom).
+fn check_memory(granted: &hold::Granted, facts: &impl Facts) -> Result<(), LockError> {
+    if granted.how != How::Reentered && facts.out_of_memory() {
+        return Err(LockError::OutOfMemory);
+    }
+    Ok(())
 }
 
 /// A granted acquire: the new hold (or re-entry), its token, and what to announce.
@@ -321,21 +361,18 @@ fn grant(
     granted: &hold::Granted,
     facts: &mut impl Facts,
 ) -> Result<Outcome, LockError> {
-    if granted.how == How::Reentered {
-        // A re-entry keeps what the hold is: an `EPHEMERAL` hold is re-entered with
-        // `EPHEMERAL`, a plain one without (a hold taken before a restart or failover is bound
-        // to nothing).
-        let bound = granted.token.and_then(|t| facts.bound_client(t));
-        match (bound, request.binding) {
-            (Some(_), Binding::Lease) => return Err(LockError::HoldIsEphemeral),
-            (None, Binding::Connection) => return Err(LockError::HoldIsNotEphemeral),
-            _ => {}
-        }
-    } else if facts.out_of_memory() {
-        // A new hold takes memory: refused over maxmemory like any deny-oom command. A
-        // re-entry, renew or release must keep working then (the command is not deny-oom).
-        return Err(LockError::OutOfMemory);
-    }
+    check_reentry(request, granted, facts)?;
+    check_memory(granted, facts)?;
+    take(live, request, granted, facts)
+}
+
+/// A grant that passed its checks: its token (a new one when it needs one) and the outcome.
+fn take(
+    live: &Live,
+    request: &AcquireRequest<'_>,
+    granted: &hold::Granted,
+    facts: &mut impl Facts,
+) -> Result<Outcome, LockError> {
     // A hold taken by Redisson's own script has no token yet: it gets one now.
     let token = match granted.token {
         Some(token) => token,

@@ -838,13 +838,14 @@ impl Run {
         owner: &[u8],
         mode: Mode,
         lease_ms: u64,
+        reentry: Reentry,
         now: UnixMs,
     ) -> Result<Decision, LockError> {
         decide_on(
             &self.standing(owner),
             mode,
             lease_ms,
-            Reentry::Counted,
+            reentry,
             Queue::Empty,
             now,
         )

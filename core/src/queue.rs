@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
+use std::rc::Rc;
 
 use smallvec::SmallVec;
 
@@ -14,7 +15,7 @@ use crate::deadlines::DeadlineKey;
 use crate::election::Campaign;
 use crate::key::ClientId;
 pub use crate::key::LockKey;
-use crate::kind::Mode;
+use crate::kind::{Mode, Reentry};
 use crate::{LockError, UnixMs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,10 +31,15 @@ pub struct Waiter<H> {
     /// A multi-key request's other keys (empty for one key). The waiter stands in the queue of
     /// each of its keys, entered in one step, and is granted only when it heads every one.
     pub others: Box<[LockKey]>,
-    pub owner: Box<[u8]>,
+    /// One copy, shared with the owner index of each of its keys' queues (a 64-key waiter
+    /// with a large owner name keeps it once, not 65 times).
+    pub owner: Rc<[u8]>,
     pub lease_ms: u64,
     /// What it asks for: exclusive, shared or a permit.
     pub mode: Mode,
+    /// `ONCE`: where its owner holds a key already (a multi-key request), the grant does not
+    /// count a re-entry.
+    pub reentry: Reentry,
     /// `EPHEMERAL`: the connection its grant will be bound to.
     pub bind: Option<ClientId>,
     /// `LOCK.CAMPAIGN`: its grant is announced to the key's observers.
@@ -48,7 +54,7 @@ struct KeyQueue {
     order: VecDeque<WaiterId>,
     live: usize,
     /// The queued waiter of each owner (an owner waits at most once per key).
-    owners: HashMap<Box<[u8]>, WaiterId>,
+    owners: HashMap<Rc<[u8]>, WaiterId>,
     /// The scheduled check of the holder's lease end, kept only while waiters are queued.
     lease_check: Option<DeadlineKey>,
 }
@@ -104,6 +110,7 @@ pub struct NewWaiter<'a, H> {
     pub owner: &'a [u8],
     pub lease_ms: u64,
     pub mode: Mode,
+    pub reentry: Reentry,
     pub bind: Option<ClientId>,
     pub campaign: Option<Campaign>,
     pub now: UnixMs,
@@ -119,6 +126,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         }
         self.next_id += 1;
         let id = WaiterId(self.next_id);
+        let owner: Rc<[u8]> = new.owner.into();
         for key in keys() {
             if !self.queues.contains_key(key) {
                 *self.names.entry(key.name.clone()).or_default() += 1;
@@ -126,7 +134,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
             let queue = self.queues.entry(key.clone()).or_default();
             queue.order.push_back(id);
             queue.live += 1;
-            queue.owners.insert(new.owner.into(), id);
+            queue.owners.insert(Rc::clone(&owner), id);
         }
         self.by_handle.insert(new.handle, id);
         self.waiters.insert(
@@ -136,9 +144,10 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
                 handle: new.handle,
                 key: new.key.clone(),
                 others: new.others.into(),
-                owner: new.owner.into(),
+                owner,
                 lease_ms: new.lease_ms,
                 mode: new.mode,
+                reentry: new.reentry,
                 bind: new.bind,
                 campaign: new.campaign,
                 enqueued_at: new.now,
@@ -161,6 +170,9 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
                 for other in waiter.keys().filter(|k| *k != key) {
                     orphaned_lease_checks.extend(self.leave_queue(other, &waiter.owner));
                 }
+                // Slots of waiters that already left, right behind it, go too: finding the
+                // head never walks past them.
+                self.drop_dead_head(key);
                 return Some(Removed {
                     waiter,
                     orphaned_lease_checks,
@@ -184,18 +196,20 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
     pub fn replace(
         &mut self,
         id: WaiterId,
-        handle: H,
-        lease_ms: u64,
-        mode: Mode,
-        bind: Option<ClientId>,
-        campaign: Option<Campaign>,
+        new: NewWaiter<'_, H>,
     ) -> Option<(H, Option<DeadlineKey>)> {
         let waiter = self.waiters.get_mut(&id)?;
-        let old = std::mem::replace(&mut waiter.handle, handle);
-        waiter.lease_ms = lease_ms;
-        waiter.mode = mode;
-        waiter.bind = bind;
-        waiter.campaign = campaign;
+        let old = std::mem::replace(&mut waiter.handle, new.handle);
+        let handle = new.handle;
+        waiter.lease_ms = new.lease_ms;
+        waiter.mode = new.mode;
+        waiter.reentry = new.reentry;
+        waiter.bind = new.bind;
+        waiter.campaign = new.campaign;
+        // The same keys, perhaps listed in another order: the answer follows the new order
+        // (its places in the queues are the waiter's, whatever the order).
+        waiter.key = new.key.clone();
+        waiter.others = new.others.into();
         let timeout = waiter.timeout.take();
         self.by_handle.remove(&old);
         self.by_handle.insert(handle, id);
@@ -245,6 +259,19 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
             }
         }
         self.drop_queue_if_empty(key)
+    }
+
+    fn drop_dead_head(&mut self, key: &LockKey) {
+        let waiters = &self.waiters;
+        if let Some(queue) = self.queues.get_mut(key) {
+            while queue
+                .order
+                .front()
+                .is_some_and(|id| !waiters.contains_key(id))
+            {
+                queue.order.pop_front();
+            }
+        }
     }
 
     /// Whether `id` is the longest-waiting live waiter of `key`.
@@ -360,6 +387,7 @@ mod tests {
                 owner: format!("owner-{handle}").as_bytes(),
                 lease_ms: 100,
                 mode: Mode::Exclusive,
+                reentry: Reentry::Counted,
                 bind: None,
                 campaign: None,
                 now: 0,
@@ -407,7 +435,21 @@ mod tests {
         push(&mut q, 3, &a);
         assert_eq!(q.queued_owner(&a, b"owner-2"), Some(second));
         assert_eq!(
-            q.replace(second, 20, 7, Mode::Exclusive, None, None),
+            q.replace(
+                second,
+                NewWaiter {
+                    handle: 20,
+                    key: &a,
+                    others: &[],
+                    owner: b"owner-2",
+                    lease_ms: 7,
+                    mode: Mode::Exclusive,
+                    reentry: Reentry::Counted,
+                    bind: None,
+                    campaign: None,
+                    now: 0,
+                }
+            ),
             Some((2, None))
         );
         assert!(q.remove_by_handle(2).is_none(), "the old handle is gone");
@@ -440,6 +482,7 @@ mod tests {
             owner: b"o",
             lease_ms: 1,
             mode: Mode::Exclusive,
+            reentry: Reentry::Counted,
             bind: None,
             campaign: None,
             now: 0,
@@ -474,6 +517,7 @@ mod tests {
             owner: b"o",
             lease_ms: 1,
             mode: Mode::Exclusive,
+            reentry: Reentry::Counted,
             bind: None,
             campaign: None,
             now: 0,

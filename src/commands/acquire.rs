@@ -116,6 +116,7 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
             lease_ms: request.lease_ms,
             wait: request.wait,
             mode: request.mode,
+            reentry: request.reentry,
             bind,
             campaign: None,
         },

@@ -72,9 +72,11 @@ pub const PROCLAIM_SPEC: CommandSpec = CommandSpec {
     handler: proclaim,
     flags: c"write fast",
     summary: c"The leader of an epoch publishes a value for the key's observers; 0 when the candidate does not lead in that epoch.",
-    complexity: c"O(1)",
+    complexity: c"O(1) for an election key (an exclusive hold); O(N) in the holders of a shared or semaphore key.",
     arity: 5,
-    key_flags: raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS,
+    // It writes the key's proclamation (kept beside the key, in its slot): a user needs write
+    // access to the election key to proclaim.
+    key_flags: raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_UPDATE,
     args: &[
         KEY,
         CANDIDATE,
@@ -159,6 +161,7 @@ fn run_campaign(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
             lease_ms: request.lease_ms,
             wait: request.wait,
             mode: request.mode,
+            reentry: request.reentry,
             bind,
             campaign: Some(Campaign {
                 value: campaign.value.map(Into::into),

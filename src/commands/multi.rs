@@ -183,12 +183,16 @@ fn carry_out_all(
 ) -> Result<Vec<Replied>, LockError> {
     let mut written = Vec::with_capacity(targets.len());
     for ((target, live), outcome) in targets.into_iter().zip(lives).zip(outcomes) {
+        // Nothing here fails once the core decided (its checks ran on every key first): the
+        // only error is a number Redis cannot store, which the core never produces.
         written.push(outcome::write(ctx, target, live, outcome)?);
     }
-    Ok(written
-        .into_iter()
-        .map(|w| outcome::finish(ctx, w))
-        .collect())
+    let (replies, rooms): (Vec<_>, Vec<_>) =
+        written.into_iter().map(|w| outcome::finish(ctx, w)).unzip();
+    for room in rooms.into_iter().flatten() {
+        outcome::hand_off_after_others(ctx, room);
+    }
+    Ok(replies)
 }
 
 fn reply_all(ctx: Ctx, replies: &[Replied]) {
@@ -278,6 +282,7 @@ fn queue_on_all(
             lease_ms: first.lease_ms,
             wait: first.wait,
             mode: first.mode,
+            reentry: first.reentry,
             bind,
             campaign: None,
         },

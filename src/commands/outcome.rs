@@ -4,12 +4,12 @@
 //! waiters (else publish the unlock), reply. The lock itself is written by `store::write_lock`,
 //! the writer the scheduler's grants use too.
 
-use lock_core::command::{Counter, Counters, Facts, Live, LockEvent, Outcome, Reply};
+use lock_core::command::{Counter, Counters, Facts, Left, Live, LockEvent, Outcome, Reply};
 use lock_core::key::ClientId;
 use lock_core::scheduler::Seen;
 use lock_core::LockError;
 
-use crate::ffi::{self, reply, Args, Ctx, Key, RawString};
+use crate::ffi::{self, reply, Args, Ctx, Key, KeyKind, RawString};
 use crate::stats::{add, bump, STATS};
 use crate::store::{OwnLease, Owner};
 use crate::{notify, runtime, store};
@@ -95,7 +95,10 @@ pub fn carry_out(
     outcome: Outcome,
 ) -> Result<Option<Seen>, LockError> {
     let written = write(ctx, target, live, outcome)?;
-    let reply = finish(ctx, written);
+    let (reply, room) = finish(ctx, written);
+    if let Some(room) = room {
+        hand_off(ctx, room);
+    }
     match reply {
         Replied::Wait(seen) => return Ok(Some(seen)),
         Replied::Integer(value) => reply::integer(ctx, value),
@@ -154,10 +157,33 @@ pub fn write<'a>(
     })
 }
 
+/// Room a command made on a key: handed to the waiters by [`hand_off`].
+pub struct Room<'a> {
+    key_name: RawString,
+    name: &'a [u8],
+    left: Left,
+}
+
+/// Hands the room to the key's waiters, else publishes the unlock (`runtime::lock_freed`).
+pub fn hand_off(ctx: Ctx, room: Room<'_>) {
+    runtime::lock_freed(ctx, room.key_name, room.name, room.left);
+}
+
+/// [`hand_off`] for one of several keys a command freed: a handoff of an earlier key may have
+/// granted this one too (a waiter that asked for both), and then it is not free to announce.
+pub fn hand_off_after_others(ctx: Ctx, room: Room<'_>) {
+    if room.left == Left::Nothing && Key::open_read(ctx, room.key_name).kind() != KeyKind::Missing {
+        return;
+    }
+    hand_off(ctx, room);
+}
+
 /// The rest of a written outcome, in order: bind or unbind its holds, count and announce the
 /// holds whose lease ended, tell holders they lost their holds, raise the event, move the
-/// counters, move the waiters' lease check, hand the room to waiters (else publish the unlock).
-pub fn finish(ctx: Ctx, written: Written<'_>) -> Replied {
+/// counters, move the waiters' lease check; and the room it made, for [`hand_off`] (a
+/// multi-key command finishes every key before it hands any room on, so that a handoff never
+/// comes between another key's events).
+pub fn finish<'a>(ctx: Ctx, written: Written<'a>) -> (Replied, Option<Room<'a>>) {
     let Written {
         key_name,
         name,
@@ -196,14 +222,17 @@ pub fn finish(ctx: Ctx, written: Written<'_>) -> Replied {
     if let Some(next_lease_end) = lease_end {
         runtime::lease_changed(ctx, name, next_lease_end);
     }
-    if let Some(left) = freed {
-        runtime::lock_freed(ctx, key_name, name, left);
-    }
-    match (reply, integer) {
+    let room = freed.map(|left| Room {
+        key_name,
+        name,
+        left,
+    });
+    let replied = match (reply, integer) {
         (Reply::Wait(seen), _) => Replied::Wait(seen),
         (_, Some(value)) => Replied::Integer(value),
         _ => Replied::Null,
-    }
+    };
+    (replied, room)
 }
 
 /// Moves the `INFO lock` counters of an outcome.

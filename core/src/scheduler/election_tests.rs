@@ -34,6 +34,7 @@ fn a_campaigning_waiter_is_announced_as_elected_when_granted() {
                 lease_ms: 1_000,
                 wait: Wait::Forever,
                 mode: Mode::Exclusive,
+                reentry: crate::kind::Reentry::Once,
                 bind: None,
                 campaign: c,
             },

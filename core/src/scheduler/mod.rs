@@ -20,6 +20,7 @@ use crate::deadlines::{DeadlineKey, Deadlines};
 use crate::election::Campaign;
 use crate::hold::{self, Decision, HoldKind, Lock, Lost, LostReason, Mode, Run, StoredLock};
 use crate::kind::Left;
+use crate::kind::Reentry;
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
 use crate::{LockError, UnixMs};
 
@@ -234,6 +235,8 @@ pub struct NewWait<'a, H> {
     pub lease_ms: u64,
     pub wait: Wait,
     pub mode: Mode,
+    /// `ONCE`: a key its owner holds already is not re-entered with a count (multi-key).
+    pub reentry: Reentry,
     /// `EPHEMERAL`: the connection a grant is bound to.
     pub bind: Option<ClientId>,
     /// `LOCK.CAMPAIGN`: the grant is announced to the key's observers.
@@ -327,19 +330,23 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             [id] if self.queues.get(*id).is_some_and(same_keys) => Some(*id),
             _ => None,
         };
+        let others: Vec<LockKey> = rest.iter().map(|(key, _)| key.clone()).collect();
+        let waiter = NewWaiter {
+            handle: new.handle,
+            key: first,
+            others: &others,
+            owner: new.owner,
+            lease_ms: new.lease_ms,
+            mode: new.mode,
+            reentry: new.reentry,
+            bind: new.bind,
+            campaign: new.campaign,
+            now,
+        };
         let id = match in_place {
             Some(id) => {
-                let (old, old_timeout) = self
-                    .queues
-                    .replace(
-                        id,
-                        new.handle,
-                        new.lease_ms,
-                        new.mode,
-                        new.bind,
-                        new.campaign,
-                    )
-                    .ok_or(LockError::Internal)?;
+                let (old, old_timeout) =
+                    self.queues.replace(id, waiter).ok_or(LockError::Internal)?;
                 if let Some(timeout) = old_timeout {
                     self.deadlines.remove(timeout);
                 }
@@ -354,21 +361,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                         port.answer(old.handle, Answer::Refused(REPLACED.to_string()));
                     }
                 }
-                let others: Vec<LockKey> = rest.iter().map(|(key, _)| key.clone()).collect();
-                self.queues.push(
-                    NewWaiter {
-                        handle: new.handle,
-                        key: first,
-                        others: &others,
-                        owner: new.owner,
-                        lease_ms: new.lease_ms,
-                        mode: new.mode,
-                        bind: new.bind,
-                        campaign: new.campaign,
-                        now,
-                    },
-                    max_per_key,
-                )?
+                self.queues.push(waiter, max_per_key)?
             }
         };
         if let Wait::For(ms) = new.wait {
@@ -598,20 +591,23 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         let mut run = Run::new(lock);
         let mut granted: Vec<(Waiter<H>, u64, HoldKind)> = Vec::new();
         let mut stop = Stop::Held;
+        let mut refused_any = false;
         while let Some(head) = self.queues.front(key) {
             if head.is_multi() {
                 // A multi-key request waits here until it heads every one of its queues (it
-                // heads none of the others yet, or this run granted others first): nobody
-                // behind it passes it. Once this run is written, the key is looked at again.
-                if !granted.is_empty() {
+                // heads none of the others yet, or this run granted or refused others first):
+                // nobody behind it passes it. Once this run is written, the key is looked at
+                // again.
+                if !granted.is_empty() || refused_any {
                     self.deadlines.insert(now, Due::Recheck(key.clone()));
                 }
                 break;
             }
             let mode = head.mode;
-            let decision = run.decide(&head.owner, mode, head.lease_ms, now);
+            let decision = run.decide(&head.owner, mode, head.lease_ms, head.reentry, now);
             let grant = match decision {
                 Err(error) => {
+                    refused_any = true;
                     if let Some(waiter) = self.take_front(key, now) {
                         port.note(Note::Mismatched);
                         port.answer(waiter.handle, Answer::Refused(error.reply()));
@@ -693,7 +689,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 Answer::Granted {
                     token,
                     key: key.clone(),
-                    owner: waiter.owner,
+                    owner: Box::from(&*waiter.owner),
                     kind,
                 },
             );

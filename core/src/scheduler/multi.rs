@@ -2,7 +2,9 @@
 //! step, granted every key at one instant once it heads every one of those queues and every key
 //! has room for it.
 //!
-//! Why no mix of requests can deadlock: a request enters all its queues at once, at their
+//! Why no mix of requests can deadlock (among requests that hold none of the keys they wait
+//! for; a waiter that holds a key another waiter needs is the classic hold-and-wait, see
+//! docs/multi-key.md): a request enters all its queues at once, at their
 //! tails, and keeps its place (ids only grow), so every queue lists its waiters in the order
 //! they arrived. Of all waiting requests, the one that arrived first heads every queue it
 //! stands in; nobody is granted a key past it, so the holds in its way only end (by release,
@@ -12,9 +14,11 @@
 use std::hash::Hash;
 
 use super::{Answer, Cause, Due, Event, Note, Origin, Port, Read, Scheduler};
-use crate::hold::{Decision, Granted, Hold, Lost, LostReason, Run, StoredLock};
+use crate::hold::{Decision, Granted, Hold, How, Lost, LostReason, Run, StoredLock};
+use crate::key::ClientId;
 use crate::kind::Mode;
 use crate::queue::{LockKey, WaiterId};
+use crate::LockError;
 use crate::UnixMs;
 
 /// One key of a multi-key request, as read for its decision.
@@ -47,7 +51,13 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             return false;
         };
         let keys: Vec<LockKey> = waiter.keys().cloned().collect();
-        let (owner, mode, lease_ms) = (waiter.owner.clone(), waiter.mode, waiter.lease_ms);
+        let (owner, mode, lease_ms, reentry, bind) = (
+            waiter.owner.clone(),
+            waiter.mode,
+            waiter.lease_ms,
+            waiter.reentry,
+            waiter.bind,
+        );
         let reads = port.read_many(&keys, origin == Origin::Background);
         let mut states = Vec::with_capacity(keys.len());
         for (key, read) in keys.into_iter().zip(reads) {
@@ -75,8 +85,17 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 .map_or_else(crate::hold::Lock::free, |s| s.lock.clone());
             let ended = lock.take_ended(now);
             let run = Run::new(lock);
-            let grant = match run.decide(&owner, mode, lease_ms, now) {
-                Ok(Decision::Grant(grant)) => Some(grant),
+            let grant = match run.decide(&owner, mode, lease_ms, reentry, now) {
+                Ok(Decision::Grant(grant)) => {
+                    // A key the owner holds already is re-entered only as it is held: an
+                    // EPHEMERAL hold with EPHEMERAL, a plain one without (as a command's
+                    // re-entry; see command::acquire).
+                    if let Some(error) = self.binding_mismatch(&key, &grant, bind) {
+                        self.refuse_multi(port, id, &error.reply(), Note::Mismatched, now);
+                        return false;
+                    }
+                    Some(grant)
+                }
                 Ok(Decision::Busy) => None,
                 Err(error) => {
                     // The request does not fit what this key is (a semaphore, say).
@@ -113,6 +132,25 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             self.schedule_lease_check(&state.key, next, now);
         }
         false
+    }
+
+    /// Why a grant that re-enters a hold the owner has on `key` must be refused: it would
+    /// change whether the hold is bound to a connection (as a command's re-entry is refused).
+    fn binding_mismatch(
+        &self,
+        key: &LockKey,
+        grant: &Granted,
+        bind: Option<ClientId>,
+    ) -> Option<LockError> {
+        if grant.how != How::Reentered {
+            return None;
+        }
+        let bound = grant.token.and_then(|t| self.bound_client(key, t));
+        match (bound, bind) {
+            (Some(_), None) => Some(LockError::HoldIsEphemeral),
+            (None, Some(_)) => Some(LockError::HoldIsNotEphemeral),
+            _ => None,
+        }
     }
 
     /// A token for every key that needs a new one, each applied to its key's run. None (the
@@ -207,7 +245,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             waiter.handle,
             Answer::GrantedAll {
                 holds,
-                owner: waiter.owner,
+                owner: Box::from(&*waiter.owner),
                 kind,
             },
         );

@@ -248,3 +248,47 @@ fn twenty_thousand_multi_key_waiters_are_granted_one_by_one() {
     }
     assert_eq!(s.waiting(), 0);
 }
+
+/// Review finding: a one-key waiter ahead of a multi-key request is refused (it asks for what
+/// the key cannot give it now); the request behind it then heads every queue and fits, and is
+/// looked at again at once, not at the next lease end.
+#[test]
+fn a_multi_key_request_behind_a_refused_waiter_is_looked_at_again() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let (a, b) = (key("a"), key("b"));
+    take(&mut port, &b, "x");
+    // s waits for b exclusively; w (shared, a and b) waits behind it.
+    wait(&mut s, &mut port, 1, &b, "s", 1_000, Wait::Forever).unwrap();
+    wait_multi(
+        &mut s,
+        &mut port,
+        2,
+        &[b.clone(), a.clone()],
+        "w",
+        Mode::Shared,
+        1_000,
+        Wait::Forever,
+        None,
+    )
+    .unwrap();
+    let now = port.now;
+    advance_to(&mut s, &mut port, now);
+    assert!(port.answers().is_empty());
+    // b becomes a shared key held by s (s may not upgrade) and t, from outside.
+    port.keys.remove(&b);
+    port.acquire(&b, "s", Mode::Shared, 60_000, false).unwrap();
+    port.acquire(&b, "t", Mode::Shared, 60_000, false).unwrap();
+    let now = port.now;
+    s.keys_changed(&mut port, vec![Change::Key(b.clone(), Cause::Freed)], now);
+    advance_to(&mut s, &mut port, now);
+    let answers = port.answers();
+    assert!(
+        matches!(&answers[0], (1, Answer::Refused(_))),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers.get(1), Some((2, Answer::GrantedAll { .. }))),
+        "w heads both queues and fits: {answers:?}"
+    );
+}

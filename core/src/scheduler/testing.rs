@@ -342,6 +342,7 @@ pub fn wait_multi(
             lease_ms,
             wait,
             mode,
+            reentry: crate::kind::Reentry::Counted,
             bind,
             campaign: None,
         },
