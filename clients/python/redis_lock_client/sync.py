@@ -309,8 +309,9 @@ class _SignalHub:
     """One pub/sub connection (per node in a cluster) for the lost-hold signal, read by one thread.
 
     Holds are watched by channel (one per key; a multi-key hold on each of its keys' channels); a
-    message marks a hold lost only if its owner and its token on that key are the hold's. In a cluster the channels are shard channels (``SSUBSCRIBE`` on
-    the key's node), as the server sends them with ``SPUBLISH``. The connection also listens to
+    message marks a hold lost only if its owner and its token on that key are the hold's. In a
+    cluster the channels are shard channels (``SSUBSCRIBE`` on the key's node), as the server
+    sends them with ``SPUBLISH``. The connection also listens to
     the flush channel (classic ``SUBSCRIBE``; a cluster ``PUBLISH`` reaches every node): on
     ``flushed <db>`` every hold watched here is checked at once with ``LOCK.INFO`` and reported
     ``FLUSHED`` if the server no longer shows it. Pub/sub is at-most-once: a message sent while

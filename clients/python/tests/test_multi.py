@@ -5,8 +5,12 @@ test_cluster.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +115,8 @@ def test_a_wait_stands_in_every_queue_and_is_granted_when_the_held_key_frees(ser
     free = info(server, a)
     assert free is None or b"owner" not in free  # the free key is not taken alone meanwhile
     assert not got
+    other = client.lock(key + ":other").try_acquire()  # the same client, meanwhile
+    assert other is not None and other.release() is Release.RELEASED
     held.release()
     waiter.join(10)
     assert len(got) == 1
@@ -305,3 +311,29 @@ def test_async_ephemeral_multi_hold_ends_with_its_connection(server, key, signal
             await asyncio.wait_for(guard.lost.wait(), 1.0)
             assert info(server, a) is None and info(server, b) is None
     asyncio.run(main())
+
+
+@pytest.mark.scenario("multi-lost")
+def test_async_blocked_loop_reports_a_multi_key_hold_unreachable(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url, lost_signal=False) as client:
+            guard = await client.multi_lock([key + ":a", key + ":b"], lease=0.5).acquire()
+            time.sleep(0.8)  # blocks the loop: the watchdog task cannot run
+            await asyncio.wait_for(guard.lost.wait(), 0.5)
+            assert guard.lost_reason is LostReason.UNREACHABLE
+            with pytest.raises(NotHeld):
+                await guard.release()
+    asyncio.run(main())
+
+
+def test_the_readmes_multi_key_example_runs(server):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Several keys at once", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    code = code.replace("redis://127.0.0.1:6379/", server.url)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    tokens = [int(t) for t in re.findall(r"\d+", out.getvalue())]
+    assert len(tokens) == 2 and all(t > 0 for t in tokens)
+    assert info(server, "{acct}:alice") is None and info(server, "{acct}:bob") is None
