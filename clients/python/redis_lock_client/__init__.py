@@ -22,13 +22,15 @@ from ._common import (
     UnexpectedReply,
     lost_signal_channel,
 )
-from .aio import AsyncLock, AsyncLockClient, AsyncLockGuard
-from .sync import Lock, LockClient, LockGuard
+from .aio import AsyncLock, AsyncLockClient, AsyncLockGuard, AsyncMultiLock, AsyncMultiLockGuard
+from .sync import Lock, LockClient, LockGuard, MultiLock, MultiLockGuard
 
 __all__ = [
     "AsyncLock",
     "AsyncLockClient",
     "AsyncLockGuard",
+    "AsyncMultiLock",
+    "AsyncMultiLockGuard",
     "DEFAULT_COMMAND_TIMEOUT",
     "DEFAULT_LEASE",
     "Kind",
@@ -39,6 +41,8 @@ __all__ = [
     "LockGuard",
     "LockServerError",
     "LockTimeout",
+    "MultiLock",
+    "MultiLockGuard",
     "LostReason",
     "LostSignal",
     "NotHeld",

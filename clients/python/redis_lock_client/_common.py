@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 #: The default lease (Redisson's 30 s), renewed by the watchdog every 10 s.
 DEFAULT_LEASE = 30.0
@@ -209,38 +209,108 @@ def millis(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def acquire_args(
-    key: bytes,
-    owner: bytes,
-    lease: float,
-    kind: Kind,
-    limit: int,
-    ephemeral: bool,
-    wait: Optional[float],
-    waits: bool,
-) -> list[Union[bytes, int, str]]:
-    """LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms].
-
-    ``waits`` False: one attempt. Else ``wait`` None waits forever (WAIT 0).
-    """
-    args: list[Union[bytes, int, str]] = ["LOCK.ACQUIRE", key, owner, millis(lease)]
-    if kind is Kind.SHARED:
-        args.append("SHARED")
-    elif kind is Kind.PERMIT:
-        args += ["LIMIT", limit]
-    if ephemeral:
-        args.append("EPHEMERAL")
-    args.append("ONCE")
-    if waits:
-        args += ["WAIT", 0 if wait is None else millis(wait)]
-    return args
+#: The most keys one multi-key command takes (the server's limit).
+MAX_KEYS = 64
 
 
-def parse_token(reply: object) -> Optional[int]:
-    if reply is None:
-        return None
-    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
-        return reply
+def multi_keys(keys: Sequence[Key]) -> tuple[bytes, ...]:
+    """The keys of a multi-key handle as bytes: 1 to 64 of them, distinct (ValueError else); a
+    bare str or bytes is refused (TypeError), as it would be read as a sequence of characters."""
+    if isinstance(keys, (str, bytes, bytearray)):
+        raise TypeError("keys must be a sequence of keys, not one key")
+    out = tuple(to_bytes(k) for k in keys)
+    if not 1 <= len(out) <= MAX_KEYS:
+        raise ValueError(f"a multi-key lock takes 1 to {MAX_KEYS} keys, not {len(out)}")
+    if len(set(out)) != len(out):
+        raise ValueError("the keys of a multi-key lock must be distinct")
+    return out
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """The keys a handle holds and the commands that hold them: one key with ``LOCK.ACQUIRE``,
+    ``LOCK.RENEW``, ``LOCK.RELEASE`` (``multi`` False), or 1 to 64 keys with ``LOCK.MACQUIRE``,
+    ``LOCK.MRENEW``, ``LOCK.MRELEASE`` (``multi`` True; all or nothing, a token per key in the
+    order of ``keys``). In a cluster every key is in one slot (else the server answers
+    CROSSSLOT), so the first key routes them all."""
+
+    keys: tuple[bytes, ...]
+    multi: bool
+
+    @property
+    def route(self) -> bytes:
+        """The key whose slot the commands are sent to."""
+        return self.keys[0]
+
+    def _head(self, command: str) -> list[Union[bytes, int, str]]:
+        if self.multi:
+            return [f"LOCK.M{command}", len(self.keys), *self.keys]
+        return [f"LOCK.{command}", self.keys[0]]
+
+    def acquire(
+        self,
+        owner: bytes,
+        lease: float,
+        kind: Kind,
+        limit: int,
+        ephemeral: bool,
+        wait: Optional[float],
+        waits: bool,
+    ) -> list[Union[bytes, int, str]]:
+        """LOCK.[M]ACQUIRE keys owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms].
+
+        ``waits`` False: one attempt. Else ``wait`` None waits forever (WAIT 0).
+        """
+        args = self._head("ACQUIRE") + [owner, millis(lease)]
+        if kind is Kind.SHARED:
+            args.append("SHARED")
+        elif kind is Kind.PERMIT:
+            args += ["LIMIT", limit]
+        if ephemeral:
+            args.append("EPHEMERAL")
+        args.append("ONCE")
+        if waits:
+            args += ["WAIT", 0 if wait is None else millis(wait)]
+        return args
+
+    def tokens(self, reply: object) -> Optional[tuple[int, ...]]:
+        """The acquire's reply: None when not granted, else a token per key."""
+        if reply is None:
+            return None
+        if not self.multi:
+            return (_token(reply, reply),)
+        if not isinstance(reply, list) or len(reply) != len(self.keys):
+            raise UnexpectedReply(f"LOCK.MACQUIRE answered {reply!r}")
+        return tuple(_token(t, reply) for t in reply)
+
+    def renew(self, owner: bytes, lease: float) -> list[Union[bytes, int, str]]:
+        return self._head("RENEW") + [owner, millis(lease)]
+
+    def renewed(self, reply: object) -> Optional[bool]:
+        """True: every key renewed; False: the owner holds nothing on some key (the hold is
+        lost); None: an answer LOCK.[M]RENEW never gives (the watchdog tries again)."""
+        replies = reply if self.multi and isinstance(reply, list) else [reply]
+        if len(replies) != len(self.keys) or any(r not in (0, 1) for r in replies):
+            return None
+        return all(r == 1 for r in replies)
+
+    def release(self, owner: bytes) -> list[Union[bytes, int, str]]:
+        return self._head("RELEASE") + [owner]
+
+    def released(self, reply: object) -> bool:
+        """True: every key released (or counted down); False: the owner held nothing on some
+        key (the others are released all the same)."""
+        replies = reply if self.multi and isinstance(reply, list) else [reply]
+        if len(replies) != len(self.keys) or not all(
+            r is None or (isinstance(r, int) and not isinstance(r, bool)) for r in replies
+        ):
+            raise UnexpectedReply(f"{self._head('RELEASE')[0]!s} answered {reply!r}")
+        return all(r is not None for r in replies)
+
+
+def _token(value: object, reply: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
     raise UnexpectedReply(f"LOCK.ACQUIRE answered {reply!r}")
 
 

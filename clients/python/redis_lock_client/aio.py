@@ -1,4 +1,5 @@
-"""The asyncio library: AsyncLockClient, AsyncLock, AsyncLockGuard (redis.asyncio).
+"""The asyncio library: AsyncLockClient, AsyncLock, AsyncLockGuard, AsyncMultiLock,
+AsyncMultiLockGuard (redis.asyncio).
 
 The same semantics as the sync library, with tasks instead of threads. **The watchdog is a task
 on the event loop that acquired the hold: a loop blocked by synchronous code renews nothing.**
@@ -18,7 +19,7 @@ import os
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Optional, Protocol, Union, cast
+from typing import Any, Generic, Optional, Protocol, Sequence, TypeVar, Union, cast
 
 import redis
 import redis.asyncio as aredis
@@ -37,6 +38,7 @@ from ._common import (
     Deadline,
     HoldStatus,
     Key,
+    KeySet,
     Kind,
     LockConnectionError,
     LockError,
@@ -49,15 +51,13 @@ from ._common import (
     Release,
     Renewal,
     UnexpectedReply,
-    acquire_args,
     flush_channel,
     flush_covers,
     is_final,
     lost_signal_channel,
-    millis,
+    multi_keys,
     new_client_id,
     parse_flush,
-    parse_token,
     shows_hold,
     to_bytes,
 )
@@ -154,9 +154,9 @@ class _Hold:
         self,
         *,
         client: AsyncLockClient,
-        key: bytes,
+        keys: KeySet,
         owner: bytes,
-        token: int,
+        tokens: tuple[int, ...],
         lease: float,
         renewal: Renewal,
         own: Optional[_OwnConnection],
@@ -164,9 +164,13 @@ class _Hold:
         on_lost: Optional[LostCallback],
     ) -> None:
         self.client = client
-        self.key = key
+        self.keys = keys
+        self.key = keys.route
         self.owner = owner
-        self.token = token
+        self.tokens = tokens
+        self.token = tokens[0]
+        # Each key's lost-hold channel and this hold's token there.
+        self.channels = {lost_signal_channel(k): t for k, t in zip(keys.keys, tokens)}
         self.lease = lease
         self.renewal = renewal
         self.own = own
@@ -200,7 +204,7 @@ class _Hold:
             try:
                 self.on_lost(reason)
             except Exception:  # noqa: BLE001
-                log.exception("the lost callback of lock %r raised", self.key)
+                log.exception("the lost callback of lock %r raised", self.keys.keys)
 
     async def send(self, args: list[Any]) -> Any:
         if self.own is not None:
@@ -266,7 +270,7 @@ async def _keep(hold: _Hold) -> None:
 async def _watchdog(hold: _Hold) -> None:
     interval = max(hold.lease / 3, 0.001)
     retry = min(interval, 0.1)
-    renew = ["LOCK.RENEW", hold.key, hold.owner, millis(hold.lease)]
+    renew = hold.keys.renew(hold.owner, hold.lease)
     next_at = time.monotonic() + interval
     while True:
         if await _sleep(hold, min(next_at, hold.deadline.at)):
@@ -293,10 +297,11 @@ async def _watchdog(hold: _Hold) -> None:
                     return
                 next_at = time.monotonic() + retry
                 continue
-        if reply == 1:
+        renewed = hold.keys.renewed(reply)
+        if renewed:
             hold.deadline.extend(sent)
             next_at = sent + interval
-        elif reply == 0:
+        elif renewed is False:  # one key is enough: the hold is all its keys or nothing
             hold.lose(LostReason.HOLD_GONE)
             return
         else:
@@ -328,35 +333,41 @@ class _SignalHub:
         self._verifying: set[asyncio.Task[None]] = set()
 
     async def watch(self, hold: _Hold) -> None:
-        channel = lost_signal_channel(hold.key)
-        entry = self._watched.setdefault(channel, [])
-        entry[:] = [r for r in entry if r() is not None]
-        entry.append(weakref.ref(hold))
-        event = self._confirmed.get(channel)
-        if event is None:
-            event = self._confirmed[channel] = asyncio.Event()
-            if self._task is None:
-                self._connected = asyncio.Event()
-                self._task = asyncio.create_task(self._run(), name="redis-lock-signal")
-            elif self._conn is not None:
-                await self._send(self._subscribe, channel)
+        """Subscribes to the hold's channels (a multi-key hold: one per key) and waits for the
+        confirmations, up to the command timeout."""
+        events: list[asyncio.Event] = []
+        for channel in hold.channels:
+            entry = self._watched.setdefault(channel, [])
+            entry[:] = [r for r in entry if r() is not None]
+            entry.append(weakref.ref(hold))
+            event = self._confirmed.get(channel)
+            if event is None:
+                event = self._confirmed[channel] = asyncio.Event()
+                if self._task is None:
+                    self._connected = asyncio.Event()
+                    self._task = asyncio.create_task(self._run(), name="redis-lock-signal")
+                elif self._conn is not None:
+                    await self._send(self._subscribe, channel)
+            events.append(event)
         try:
-            await asyncio.wait_for(event.wait(), self._connector.timeout)
+            await asyncio.wait_for(
+                asyncio.gather(*(e.wait() for e in events)), self._connector.timeout
+            )
         except asyncio.TimeoutError:
             pass  # the watchdog still covers the hold
 
     def unwatch(self, hold: _Hold) -> None:
-        channel = lost_signal_channel(hold.key)
-        entry = self._watched.get(channel)
-        if entry is None:
-            return
-        entry[:] = [r for r in entry if r() not in (None, hold)]
-        if entry:
-            return
-        del self._watched[channel]
-        self._confirmed.pop(channel, None)
-        if self._conn is not None:
-            asyncio.get_running_loop().create_task(self._send(self._unsubscribe, channel))
+        for channel in hold.channels:
+            entry = self._watched.get(channel)
+            if entry is None:
+                continue
+            entry[:] = [r for r in entry if r() not in (None, hold)]
+            if entry:
+                continue
+            del self._watched[channel]
+            self._confirmed.pop(channel, None)
+            if self._conn is not None:
+                asyncio.get_running_loop().create_task(self._send(self._unsubscribe, channel))
 
     async def _send(self, op: str, channel: bytes) -> None:
         conn = self._conn
@@ -420,11 +431,16 @@ class _SignalHub:
                 return
             for ref in list(self._watched.get(channel, [])):
                 hold = ref()
-                if hold is not None and hold.owner == signal.owner and hold.token == signal.token:
+                if (
+                    hold is not None
+                    and hold.owner == signal.owner
+                    and hold.channels.get(channel) == signal.token
+                ):
                     hold.lose(signal.reason)
 
     def _verify_all(self) -> None:
-        holds = [h for refs in self._watched.values() for r in refs if (h := r()) is not None]
+        found = [h for refs in self._watched.values() for r in refs if (h := r()) is not None]
+        holds = list({id(h): h for h in found}.values())  # a multi-key hold once
         if holds:
             task = asyncio.get_running_loop().create_task(self._client._verify(holds))
             self._verifying.add(task)
@@ -536,18 +552,19 @@ class AsyncLockClient:
     async def _verify(self, holds: list[_Hold]) -> None:
         """After a flush message: see LockClient._verify."""
         for hold in holds:
-            if not hold.status.is_active():
-                continue
-            try:
-                reply = await self._query(hold.key, ["LOCK.INFO", hold.key])
-            except LockServerError as e:
-                if is_final(str(e)):
+            for key, token in zip(hold.keys.keys, hold.tokens):
+                if not hold.status.is_active():
+                    break
+                try:
+                    reply = await self._query(hold.key, ["LOCK.INFO", key])
+                except LockServerError as e:
+                    if is_final(str(e)):
+                        hold.lose(LostReason.FLUSHED)
+                    break
+                except LockError:
+                    break
+                if not shows_hold(reply, hold.owner, token):
                     hold.lose(LostReason.FLUSHED)
-                continue
-            except LockError:
-                continue
-            if not shows_hold(reply, hold.owner, hold.token):
-                hold.lose(LostReason.FLUSHED)
 
     async def aclose(self) -> None:
         nodes = [self._single] if self._single is not None else list(self._nodes.values())
@@ -578,14 +595,25 @@ class AsyncLockClient:
             raise ValueError("limit must be between 1 and 10000")
         return AsyncLock(self, to_bytes(key), Kind.PERMIT, limit, **options)
 
+    def multi_lock(
+        self, keys: Sequence[Key], *, shared: bool = False, **options: Any
+    ) -> AsyncMultiLock:
+        """The asyncio twin of :meth:`redis_lock_client.LockClient.multi_lock`."""
+        checked = KeySet(multi_keys(keys), multi=True)
+        kind = Kind.SHARED if shared else Kind.EXCLUSIVE
+        return AsyncMultiLock(self, tuple(keys), checked, kind, **options)
 
-class AsyncLock:
-    """The asyncio twin of :class:`redis_lock_client.Lock` (same options)."""
+
+_G = TypeVar("_G", bound="_AsyncGuard")
+
+
+class _AsyncHandle(Generic[_G]):
+    """What AsyncLock and AsyncMultiLock share (see the sync _Handle)."""
 
     def __init__(
         self,
         client: AsyncLockClient,
-        key: bytes,
+        keys: KeySet,
         kind: Kind,
         limit: int,
         *,
@@ -600,7 +628,7 @@ class AsyncLock:
         if wait_timeout is not None and wait_timeout < 0:
             raise ValueError("wait_timeout must not be negative")
         self.client = client
-        self.key = key
+        self.keys = keys
         self.kind = kind
         self.limit = limit
         self.lease = lease
@@ -612,24 +640,27 @@ class AsyncLock:
         self._gate = asyncio.Lock()
         self._active: Optional[_Hold] = None
         self._guards = 0
-        self._stack: list[AsyncLockGuard] = []
+        self._stack: list[_G] = []
         _forkable.add(self)
+
+    def _guard(self, hold: _Hold) -> _G:
+        raise NotImplementedError
 
     def after_fork(self) -> None:
         """In a forked child: a new owner holding nothing (see the sync Lock)."""
         self._active, self._guards, self._stack = None, 0, []
         self.owner = self.client._owner()
 
-    async def try_acquire(self) -> Optional[AsyncLockGuard]:
+    async def try_acquire(self) -> Optional[_G]:
         return await self._acquire(waits=False)
 
-    async def acquire(self) -> AsyncLockGuard:
+    async def acquire(self) -> _G:
         guard = await self._acquire(waits=self.wait_timeout != 0)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
         return guard
 
-    async def __aenter__(self) -> AsyncLockGuard:
+    async def __aenter__(self) -> _G:
         guard = await self.acquire()
         self._stack.append(guard)
         return guard
@@ -643,11 +674,11 @@ class AsyncLock:
         await self._stack.pop().__aexit__(exc_type, exc, tb)
 
     def _args(self, waits: bool, wait: Optional[float]) -> list[Any]:
-        return acquire_args(
-            self.key, self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
+        return self.keys.acquire(
+            self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
         )
 
-    async def _acquire(self, waits: bool) -> Optional[AsyncLockGuard]:
+    async def _acquire(self, waits: bool) -> Optional[_G]:
         async with self._gate:
             current = self._active
             if current is not None and not current.status.is_active():
@@ -659,12 +690,12 @@ class AsyncLock:
             else:
                 reply = await self._send_with_retries(waits)
             try:
-                token = parse_token(reply)
+                tokens = self.keys.tokens(reply)
             except UnexpectedReply:
                 if own is not None and (current is None or own is not current.own):
                     await own.close()
                 raise
-            return await self._settle(current, token, sent, own)
+            return await self._settle(current, tokens, sent, own)
 
     async def _send_with_retries(self, waits: bool) -> Any:
         until = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
@@ -678,7 +709,7 @@ class AsyncLock:
             try:
                 if this_waits:
                     return await self._send_waiting(self._args(True, wait), wait)
-                return await self.client._query(self.key, self._args(False, None))
+                return await self.client._query(self.keys.route, self._args(False, None))
             except LockConnectionError:
                 if attempt >= RETRIES:
                     raise
@@ -690,7 +721,7 @@ class AsyncLock:
                 await self.client._refresh()
 
     async def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
-        connector = (await self.client._node_for(self.key)).commands
+        connector = (await self.client._node_for(self.keys.route)).commands
         try:
             conn = await connector.new()
         except _IO_ERRORS as e:
@@ -716,7 +747,8 @@ class AsyncLock:
         attempt = 0
         while True:
             try:
-                own = _OwnConnection(await (await self.client._node_for(self.key)).commands.new())
+                node = await self.client._node_for(self.keys.route)
+                own = _OwnConnection(await node.commands.new())
             except _IO_ERRORS as e:
                 raise LockConnectionError(f"connect: {e}") from e
             try:
@@ -734,29 +766,29 @@ class AsyncLock:
     async def _settle(
         self,
         current: Optional[_Hold],
-        token: Optional[int],
+        tokens: Optional[tuple[int, ...]],
         sent: float,
         own: Optional[_OwnConnection],
-    ) -> Optional[AsyncLockGuard]:
-        if token is not None and current is not None and current.token == token:
+    ) -> Optional[_G]:
+        if tokens is not None and current is not None and current.tokens == tokens:
             if self._active is current:
                 self._guards += 1
                 current.deadline.extend(sent)
-                return AsyncLockGuard(self, current)
+                return self._guard(current)
         if current is not None:
             current.lose(LostReason.HOLD_GONE)
         old, self._active, self._guards = self._active, None, 0
         if old is not None:
             old.stop.set()
-        if token is None:
+        if tokens is None:
             if own is not None:
                 await own.close()
             return None
         hold = _Hold(
             client=self.client,
-            key=self.key,
+            keys=self.keys,
             owner=self.owner,
-            token=token,
+            tokens=tokens,
             lease=self.lease,
             renewal=self.renewal,
             own=own,
@@ -765,7 +797,7 @@ class AsyncLock:
         )
         self._active, self._guards = hold, 1
         await hold.start()
-        return AsyncLockGuard(self, hold)
+        return self._guard(hold)
 
     def _end_guard(self, hold: _Hold) -> Optional[bool]:
         if self._active is not hold:
@@ -777,18 +809,49 @@ class AsyncLock:
         return True
 
 
+class AsyncLock(_AsyncHandle["AsyncLockGuard"]):
+    """The asyncio twin of :class:`redis_lock_client.Lock` (same options)."""
+
+    def __init__(
+        self, client: AsyncLockClient, key: bytes, kind: Kind, limit: int, **options: Any
+    ) -> None:
+        super().__init__(client, KeySet((key,), multi=False), kind, limit, **options)
+        self.key = key
+
+    def _guard(self, hold: _Hold) -> AsyncLockGuard:
+        return AsyncLockGuard(self, hold)
+
+
+class AsyncMultiLock(_AsyncHandle["AsyncMultiLockGuard"]):
+    """The asyncio twin of :class:`redis_lock_client.MultiLock` (same options)."""
+
+    def __init__(
+        self,
+        client: AsyncLockClient,
+        given: tuple[Key, ...],
+        keys: KeySet,
+        kind: Kind,
+        **options: Any,
+    ) -> None:
+        super().__init__(client, keys, kind, 0, **options)
+        self.given = given
+
+    def _guard(self, hold: _Hold) -> AsyncMultiLockGuard:
+        return AsyncMultiLockGuard(self, hold)
+
+
 async def _release_quietly(hold: _Hold) -> None:
     await hold.end()
     try:
-        await hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+        await hold.send(hold.keys.release(hold.owner))
     except Exception:  # noqa: BLE001 - best effort: the lease ends it
-        log.debug("releasing an abandoned hold of %r failed", hold.key, exc_info=True)
+        log.debug("releasing an abandoned hold of %r failed", hold.keys.keys, exc_info=True)
     finally:
         if hold.own is not None:
             await hold.own.close()
 
 
-def _abandon(handle: AsyncLock, hold: _Hold, pid: int) -> None:
+def _abandon(handle: _AsyncHandle[Any], hold: _Hold, pid: int) -> None:
     """A guard was garbage-collected unreleased: stop its watchdog and release it from a task on
     its loop (if that loop still runs; else the lease ends the hold)."""
     if os.getpid() != pid or handle._end_guard(hold) is not True:
@@ -801,23 +864,25 @@ def _abandon(handle: AsyncLock, hold: _Hold, pid: int) -> None:
         pass  # the loop is closed
 
 
-class AsyncLockGuard:
-    """The asyncio twin of :class:`redis_lock_client.LockGuard`; ``lost`` is an
-    ``asyncio.Event`` (``await guard.lost.wait()``)."""
+async def _release_rest(hold: _Hold) -> None:
+    """A lost multi-key hold: see the sync _release_rest."""
+    try:
+        await hold.send(hold.keys.release(hold.owner))
+    except LockError:
+        log.debug("releasing the rest of lost hold %r failed", hold.keys.keys, exc_info=True)
+    finally:
+        if hold.own is not None:
+            await hold.own.close()
 
-    def __init__(self, handle: AsyncLock, hold: _Hold) -> None:
+
+class _AsyncGuard:
+    """What AsyncLockGuard and AsyncMultiLockGuard share."""
+
+    def __init__(self, handle: _AsyncHandle[Any], hold: _Hold) -> None:
         self._handle = handle
         self._hold = hold
         self._released = False
         self._finalizer = weakref.finalize(self, _abandon, handle, hold, os.getpid())
-
-    @property
-    def token(self) -> int:
-        return self._hold.token
-
-    @property
-    def key(self) -> bytes:
-        return self._hold.key
 
     @property
     def owner(self) -> bytes:
@@ -839,6 +904,13 @@ class AsyncLockGuard:
         hold = self._hold
         if hold.pid != os.getpid():
             raise NotHeld(LostReason.FORKED)
+        if hold.keys.multi:
+            # As in the sync guard: no acquire of this handle between count-down and MRELEASE.
+            async with self._handle._gate:
+                return await self._release(hold)
+        return await self._release(hold)
+
+    async def _release(self, hold: _Hold) -> Release:
         last = self._handle._end_guard(hold)
         if last is None:
             raise NotHeld(hold.status.reason)
@@ -849,19 +921,19 @@ class AsyncLockGuard:
         error = hold.status.mark_released()
         await hold.end()
         if error is not None:
+            if hold.keys.multi:
+                await _release_rest(hold)
             raise error
         try:
-            reply = await hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+            reply = await hold.send(hold.keys.release(hold.owner))
         finally:
             if hold.own is not None:
                 await hold.own.close()
-        if reply is None:
+        if not hold.keys.released(reply):
             raise NotHeld(None)
-        if not isinstance(reply, int):
-            raise UnexpectedReply(f"LOCK.RELEASE answered {reply!r}")
         return Release.RELEASED
 
-    async def __aenter__(self) -> AsyncLockGuard:
+    async def __aenter__(self: _G) -> _G:
         return self
 
     async def __aexit__(
@@ -876,10 +948,43 @@ class AsyncLockGuard:
             if exc_type is None:
                 raise
 
+
+class AsyncLockGuard(_AsyncGuard):
+    """The asyncio twin of :class:`redis_lock_client.LockGuard`; ``lost`` is an
+    ``asyncio.Event`` (``await guard.lost.wait()``)."""
+
+    @property
+    def token(self) -> int:
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
     def __repr__(self) -> str:
         return (
             f"AsyncLockGuard(key={self.key!r}, owner={self.owner!r}, token={self.token}, "
             f"lost={self.lost_reason})"
+        )
+
+
+class AsyncMultiLockGuard(_AsyncGuard):
+    """The asyncio twin of :class:`redis_lock_client.MultiLockGuard`."""
+
+    @property
+    def tokens(self) -> dict[Key, int]:
+        """Each key's fencing token, keyed by the keys as given, in that order."""
+        handle = cast(AsyncMultiLock, self._handle)
+        return dict(zip(handle.given, self._hold.tokens))
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return self._hold.keys.keys
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncMultiLockGuard(keys={self.keys!r}, owner={self.owner!r}, "
+            f"tokens={self._hold.tokens}, lost={self.lost_reason})"
         )
 
 

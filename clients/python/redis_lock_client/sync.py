@@ -1,4 +1,4 @@
-"""The blocking (threaded) library: LockClient, Lock, LockGuard."""
+"""The blocking (threaded) library: LockClient, Lock, LockGuard, MultiLock, MultiLockGuard."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import Any, Optional, Union, cast
+from typing import Any, Generic, Optional, Sequence, TypeVar, Union, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -28,6 +28,7 @@ from ._common import (
     Deadline,
     HoldStatus,
     Key,
+    KeySet,
     Kind,
     LockConnectionError,
     LockError,
@@ -40,15 +41,13 @@ from ._common import (
     Release,
     Renewal,
     UnexpectedReply,
-    acquire_args,
     flush_channel,
     flush_covers,
     is_final,
     lost_signal_channel,
-    millis,
+    multi_keys,
     new_client_id,
     parse_flush,
-    parse_token,
     shows_hold,
     to_bytes,
 )
@@ -145,15 +144,16 @@ class _OwnConnection:
 
 
 class _Hold:
-    """One hold: what every guard of it, its watchdog thread and the signal listener share."""
+    """One hold (of one key, or of several taken together): what every guard of it, its
+    watchdog thread and the signal listener share."""
 
     def __init__(
         self,
         *,
         client: LockClient,
-        key: bytes,
+        keys: KeySet,
         owner: bytes,
-        token: int,
+        tokens: tuple[int, ...],
         lease: float,
         renewal: Renewal,
         own: Optional[_OwnConnection],
@@ -161,9 +161,13 @@ class _Hold:
         on_lost: Optional[LostCallback],
     ) -> None:
         self.client = client
-        self.key = key
+        self.keys = keys
+        self.key = keys.route
         self.owner = owner
-        self.token = token
+        self.tokens = tokens
+        self.token = tokens[0]
+        # Each key's lost-hold channel and this hold's token there.
+        self.channels = {lost_signal_channel(k): t for k, t in zip(keys.keys, tokens)}
         self.lease = lease
         self.renewal = renewal
         self.own = own
@@ -175,10 +179,10 @@ class _Hold:
         self.on_lost = on_lost
         self.status = HoldStatus(self._lost)
         self.pid = os.getpid()
-        # The signal listener of the key's node (standalone: the client's one), set by start().
+        # The signal listener of the keys' node (standalone: the client's one), set by start().
         self.hub: Optional[_SignalHub] = None
         self.thread = threading.Thread(
-            target=_keep, args=(self,), name=f"redis-lock-watchdog:{token}", daemon=True
+            target=_keep, args=(self,), name=f"redis-lock-watchdog:{self.token}", daemon=True
         )
         _forkable.add(self)
 
@@ -200,7 +204,7 @@ class _Hold:
             try:
                 self.on_lost(reason)
             except Exception:  # noqa: BLE001 - a callback's failure must not stop the library
-                log.exception("the lost callback of lock %r raised", self.key)
+                log.exception("the lost callback of lock %r raised", self.keys.keys)
 
     def send(self, args: list[Any]) -> Any:
         if self.own is not None:
@@ -264,7 +268,7 @@ def _sleep(hold: _Hold, until: float) -> bool:
 def _watchdog(hold: _Hold) -> None:
     interval = max(hold.lease / 3, 0.001)
     retry = min(interval, 0.1)
-    renew = ["LOCK.RENEW", hold.key, hold.owner, millis(hold.lease)]
+    renew = hold.keys.renew(hold.owner, hold.lease)
     next_at = time.monotonic() + interval
     while True:
         if _sleep(hold, min(next_at, hold.deadline.at)):
@@ -290,10 +294,11 @@ def _watchdog(hold: _Hold) -> None:
                     return
                 next_at = time.monotonic() + retry
                 continue
-        if reply == 1:
+        renewed = hold.keys.renewed(reply)
+        if renewed:
             hold.deadline.extend(sent)
             next_at = sent + interval
-        elif reply == 0:
+        elif renewed is False:  # one key is enough: the hold is all its keys or nothing
             hold.lose(LostReason.HOLD_GONE)
             return
         else:
@@ -303,9 +308,10 @@ def _watchdog(hold: _Hold) -> None:
 class _SignalHub:
     """One pub/sub connection (per node in a cluster) for the lost-hold signal, read by one thread.
 
-    Holds are watched by channel (one per key); a message marks a hold lost only if its owner
-    and token are the hold's. In a cluster the channels are shard channels (``SSUBSCRIBE`` on
-    the key's node), as the server sends them with ``SPUBLISH``. The connection also listens to
+    Holds are watched by channel (one per key; a multi-key hold on each of its keys' channels); a
+    message marks a hold lost only if its owner and its token on that key are the hold's. In a
+    cluster the channels are shard channels (``SSUBSCRIBE`` on the key's node), as the server
+    sends them with ``SPUBLISH``. The connection also listens to
     the flush channel (classic ``SUBSCRIBE``; a cluster ``PUBLISH`` reaches every node): on
     ``flushed <db>`` every hold watched here is checked at once with ``LOCK.INFO`` and reported
     ``FLUSHED`` if the server no longer shows it. Pub/sub is at-most-once: a message sent while
@@ -331,37 +337,41 @@ class _SignalHub:
         self._closed = False
 
     def watch(self, hold: _Hold) -> None:
-        """Subscribes to the hold's channel; returns once the server confirmed it (or after the
-        command timeout: the watchdog still covers the hold)."""
-        channel = lost_signal_channel(hold.key)
+        """Subscribes to the hold's channels; returns once the server confirmed them (or after
+        the command timeout: the watchdog still covers the hold)."""
+        events: list[threading.Event] = []
         with self._lock:
-            entry = self._watched.setdefault(channel, [])
-            entry[:] = [r for r in entry if r() is not None]
-            entry.append(weakref.ref(hold))
-            event = self._confirmed.get(channel)
-            if event is None:
-                event = self._confirmed[channel] = threading.Event()
-                self._pending.append((self._subscribe, channel))
+            for channel in hold.channels:
+                entry = self._watched.setdefault(channel, [])
+                entry[:] = [r for r in entry if r() is not None]
+                entry.append(weakref.ref(hold))
+                event = self._confirmed.get(channel)
+                if event is None:
+                    event = self._confirmed[channel] = threading.Event()
+                    self._pending.append((self._subscribe, channel))
+                events.append(event)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="redis-lock-signal", daemon=True
                 )
                 self._thread.start()
         self._wake()
-        event.wait(self._connector.timeout)
+        until = time.monotonic() + self._connector.timeout
+        for event in events:
+            event.wait(max(until - time.monotonic(), 0.0))
 
     def unwatch(self, hold: _Hold) -> None:
-        channel = lost_signal_channel(hold.key)
         with self._lock:
-            entry = self._watched.get(channel)
-            if entry is None:
-                return
-            entry[:] = [r for r in entry if r() not in (None, hold)]
-            if entry:
-                return
-            del self._watched[channel]
-            self._confirmed.pop(channel, None)
-            self._pending.append((self._unsubscribe, channel))
+            for channel in hold.channels:
+                entry = self._watched.get(channel)
+                if entry is None:
+                    continue
+                entry[:] = [r for r in entry if r() not in (None, hold)]
+                if entry:
+                    continue
+                del self._watched[channel]
+                self._confirmed.pop(channel, None)
+                self._pending.append((self._unsubscribe, channel))
         self._wake()
 
     def close(self) -> None:
@@ -434,14 +444,19 @@ class _SignalHub:
                 refs = list(self._watched.get(channel, []))
             for ref in refs:
                 hold = ref()
-                if hold is not None and hold.owner == signal.owner and hold.token == signal.token:
+                if (
+                    hold is not None
+                    and hold.owner == signal.owner
+                    and hold.channels.get(channel) == signal.token
+                ):
                     hold.lose(signal.reason)
 
     def _verify_all(self) -> None:
         """After a flush: every hold watched here is checked, on a thread of its own (the
         listener keeps reading), with LOCK.INFO, which changes nothing."""
         with self._lock:
-            holds = [h for refs in self._watched.values() for r in refs if (h := r()) is not None]
+            found = [h for refs in self._watched.values() for r in refs if (h := r()) is not None]
+        holds = list({id(h): h for h in found}.values())  # a multi-key hold once
         if holds:
             threading.Thread(
                 target=self._client._verify, args=(holds,), name="redis-lock-flush", daemon=True
@@ -579,21 +594,23 @@ class LockClient:
 
     def _verify(self, holds: list[_Hold]) -> None:
         """After a flush message: each hold still active is looked up with LOCK.INFO (a read
-        that changes nothing) and reported FLUSHED unless the server still shows its owner with
-        its token. A connection error leaves it to the watchdog."""
+        that changes nothing) on each of its keys, and reported FLUSHED unless the server still
+        shows its owner with its token on every one. A connection error leaves it to the
+        watchdog."""
         for hold in holds:
-            if not hold.status.is_active():
-                continue
-            try:
-                reply = self._query(hold.key, ["LOCK.INFO", hold.key])
-            except LockServerError as e:
-                if is_final(str(e)):
+            for key, token in zip(hold.keys.keys, hold.tokens):
+                if not hold.status.is_active():
+                    break
+                try:
+                    reply = self._query(hold.key, ["LOCK.INFO", key])
+                except LockServerError as e:
+                    if is_final(str(e)):
+                        hold.lose(LostReason.FLUSHED)
+                    break
+                except LockError:
+                    break
+                if not shows_hold(reply, hold.owner, token):
                     hold.lose(LostReason.FLUSHED)
-                continue
-            except LockError:
-                continue
-            if not shows_hold(reply, hold.owner, hold.token):
-                hold.lose(LostReason.FLUSHED)
 
     def _all_nodes(self) -> list[_Node]:
         if self._single is not None:
@@ -635,28 +652,27 @@ class LockClient:
             raise ValueError("limit must be between 1 and 10000")
         return Lock(self, to_bytes(key), Kind.PERMIT, limit, **options)
 
+    def multi_lock(self, keys: Sequence[Key], *, shared: bool = False, **options: Any) -> MultiLock:
+        """A handle on several keys held together, all or nothing (``LOCK.MACQUIRE``): exclusive
+        holds, or shared (read) holds with ``shared=True``. 1 to 64 distinct keys; in a cluster
+        all in one slot (use a hash tag: ``{order:42}:a``, ``{order:42}:b``). Options: see
+        :class:`Lock`."""
+        checked = KeySet(multi_keys(keys), multi=True)
+        kind = Kind.SHARED if shared else Kind.EXCLUSIVE
+        return MultiLock(self, tuple(keys), checked, kind, **options)
 
-class Lock:
-    """A handle: one owner on one key, with its options.
 
-    - ``lease`` (seconds, default 30): renewed every ``lease / 3`` by a watchdog thread.
-    - ``renewal``: ``Renewal.WATCHDOG`` (default) or ``Renewal.FIXED`` (nothing renews; the hold
-      is reported lost, ``LEASE_ENDED``, at its lease end).
-    - ``wait_timeout`` (seconds, default None = until granted): how long ``acquire()`` waits in
-      the server (FIFO, no polling) before ``LockTimeout``.
-    - ``ephemeral``: the hold is bound to a connection the guard owns; its close (crash,
-      ``CLIENT KILL``) ends the hold in the server, and any error on it reports the hold lost.
-    - ``on_lost``: called once with the reason when a hold of this handle is lost, on the
-      library's thread that saw it (keep it short).
+_G = TypeVar("_G", bound="_Guard")
 
-    Re-entry is per handle: acquiring again through a handle that holds the key succeeds at once
-    with the same token; the hold ends with its last guard. Two handles are two owners.
-    """
+
+class _Handle(Generic[_G]):
+    """What a handle on one key and a handle on several share: its owner, its options, its
+    acquire (waiting, retries, EPHEMERAL), its re-entries. The commands come from ``keys``."""
 
     def __init__(
         self,
         client: LockClient,
-        key: bytes,
+        keys: KeySet,
         kind: Kind,
         limit: int,
         *,
@@ -671,7 +687,7 @@ class Lock:
         if wait_timeout is not None and wait_timeout < 0:
             raise ValueError("wait_timeout must not be negative")
         self.client = client
-        self.key = key
+        self.keys = keys
         self.kind = kind
         self.limit = limit
         self.lease = lease
@@ -680,38 +696,43 @@ class Lock:
         self.ephemeral = ephemeral
         self.on_lost = on_lost
         self.owner = client._owner()
-        self._gate = threading.Lock()
+        # Serialises this handle's acquires (and a multi-key hold's last release); reentrant, so
+        # that an on_lost callback run inside an acquire may release.
+        self._gate = threading.RLock()
         self._slot = threading.Lock()
         self._active: Optional[_Hold] = None
         self._guards = 0
         self._local = threading.local()
         _forkable.add(self)
 
+    def _guard(self, hold: _Hold) -> _G:
+        raise NotImplementedError
+
     def after_fork(self) -> None:
         """In a forked child: the handle becomes a new owner holding nothing, so that nothing it
         sends (a re-entry, a release) can touch the parent's holds."""
-        self._gate = threading.Lock()
+        self._gate = threading.RLock()
         self._slot = threading.Lock()
         self._active, self._guards = None, 0
         self._local = threading.local()
         self.owner = self.client._owner()
 
-    def try_acquire(self) -> Optional[LockGuard]:
-        """Takes the key if it is free (or re-enters this handle's hold), without waiting;
-        None when another owner holds it or others wait for it."""
+    def try_acquire(self) -> Optional[_G]:
+        """Takes the key(s) if free (or re-enters this handle's hold), without waiting; None
+        when another owner holds one or others wait for one."""
         return self._acquire(waits=False)
 
-    def acquire(self) -> LockGuard:
-        """Takes the key, waiting in the server as long as ``wait_timeout`` allows (on a
+    def acquire(self) -> _G:
+        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (on a
         connection of its own); raises ``LockTimeout`` when it passes."""
         guard = self._acquire(waits=self.wait_timeout != 0)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
         return guard
 
-    def __enter__(self) -> LockGuard:
+    def __enter__(self) -> _G:
         guard = self.acquire()
-        stack: list[LockGuard] = self._local.__dict__.setdefault("stack", [])
+        stack: list[_G] = self._local.__dict__.setdefault("stack", [])
         stack.append(guard)
         return guard
 
@@ -721,15 +742,15 @@ class Lock:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        stack: list[LockGuard] = self._local.__dict__.setdefault("stack", [])
+        stack: list[_G] = self._local.__dict__.setdefault("stack", [])
         stack.pop().__exit__(exc_type, exc, tb)
 
     def _args(self, waits: bool, wait: Optional[float]) -> list[Any]:
-        return acquire_args(
-            self.key, self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
+        return self.keys.acquire(
+            self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
         )
 
-    def _acquire(self, waits: bool) -> Optional[LockGuard]:
+    def _acquire(self, waits: bool) -> Optional[_G]:
         with self._gate:
             with self._slot:
                 current = self._active
@@ -742,12 +763,12 @@ class Lock:
             else:
                 reply = self._send_with_retries(waits)
             try:
-                token = parse_token(reply)
+                tokens = self.keys.tokens(reply)
             except UnexpectedReply:
                 if own is not None and (current is None or own is not current.own):
                     own.close()
                 raise
-            return self._settle(current, token, sent, own)
+            return self._settle(current, tokens, sent, own)
 
     def _send_with_retries(self, waits: bool) -> Any:
         until = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
@@ -761,7 +782,7 @@ class Lock:
             try:
                 if this_waits:
                     return self._send_waiting(self._args(True, wait), wait)
-                return self.client._query(self.key, self._args(False, None))
+                return self.client._query(self.keys.route, self._args(False, None))
             except LockConnectionError:
                 if attempt >= RETRIES:
                     raise
@@ -773,7 +794,7 @@ class Lock:
                 self.client._refresh()
 
     def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
-        connector = self.client._node_for(self.key).commands
+        connector = self.client._node_for(self.keys.route).commands
         try:
             conn = connector.new()
         except _IO_ERRORS as e:
@@ -799,7 +820,7 @@ class Lock:
         attempt = 0
         while True:
             try:
-                own = _OwnConnection(self.client._node_for(self.key).commands.new())
+                own = _OwnConnection(self.client._node_for(self.keys.route).commands.new())
             except _IO_ERRORS as e:
                 raise LockConnectionError(f"connect: {e}") from e
             try:
@@ -817,32 +838,32 @@ class Lock:
     def _settle(
         self,
         current: Optional[_Hold],
-        token: Optional[int],
+        tokens: Optional[tuple[int, ...]],
         sent: float,
         own: Optional[_OwnConnection],
-    ) -> Optional[LockGuard]:
-        if token is not None and current is not None and current.token == token:
+    ) -> Optional[_G]:
+        if tokens is not None and current is not None and current.tokens == tokens:
             with self._slot:
                 if self._active is current:
                     self._guards += 1
                     current.deadline.extend(sent)
-                    return LockGuard(self, current)
-        # Whatever the handle held is gone: the server answered another token, or nil.
+                    return self._guard(current)
+        # Whatever the handle held is gone: the server answered other tokens, or nil.
         if current is not None:
             current.lose(LostReason.HOLD_GONE)
         with self._slot:
             old, self._active, self._guards = self._active, None, 0
         if old is not None:
             old.stop.set()
-        if token is None:
+        if tokens is None:
             if own is not None:
                 own.close()
             return None
         hold = _Hold(
             client=self.client,
-            key=self.key,
+            keys=self.keys,
             owner=self.owner,
-            token=token,
+            tokens=tokens,
             lease=self.lease,
             renewal=self.renewal,
             own=own,
@@ -852,7 +873,7 @@ class Lock:
         with self._slot:
             self._active, self._guards = hold, 1
         hold.start()
-        return LockGuard(self, hold)
+        return self._guard(hold)
 
     def _end_guard(self, hold: _Hold) -> Optional[bool]:
         """One guard of `hold` ends: True if it was the last, False if others remain, None if
@@ -867,7 +888,60 @@ class Lock:
             return True
 
 
-def _abandon(handle: Lock, hold: _Hold, pid: int) -> None:
+class Lock(_Handle["LockGuard"]):
+    """A handle: one owner on one key, with its options.
+
+    - ``lease`` (seconds, default 30): renewed every ``lease / 3`` by a watchdog thread.
+    - ``renewal``: ``Renewal.WATCHDOG`` (default) or ``Renewal.FIXED`` (nothing renews; the hold
+      is reported lost, ``LEASE_ENDED``, at its lease end).
+    - ``wait_timeout`` (seconds, default None = until granted): how long ``acquire()`` waits in
+      the server (FIFO, no polling) before ``LockTimeout``.
+    - ``ephemeral``: the hold is bound to a connection the guard owns; its close (crash,
+      ``CLIENT KILL``) ends the hold in the server, and any error on it reports the hold lost.
+    - ``on_lost``: called once with the reason when a hold of this handle is lost, on the
+      library's thread that saw it (keep it short).
+
+    Re-entry is per handle: acquiring again through a handle that holds the key succeeds at once
+    with the same token; the hold ends with its last guard. Two handles are two owners.
+    """
+
+    def __init__(
+        self, client: LockClient, key: bytes, kind: Kind, limit: int, **options: Any
+    ) -> None:
+        super().__init__(client, KeySet((key,), multi=False), kind, limit, **options)
+        self.key = key
+
+    def _guard(self, hold: _Hold) -> LockGuard:
+        return LockGuard(self, hold)
+
+
+class MultiLock(_Handle["MultiLockGuard"]):
+    """A handle: one owner on several keys held together (``client.multi_lock(keys)``), with
+    the options of :class:`Lock`.
+
+    ``acquire()`` takes every key at one instant or none (``LOCK.MACQUIRE``); a wait stands in
+    every key's FIFO queue at once and is granted when it heads them all, so two handles taking
+    the same keys in opposite orders cannot deadlock. The hold is one hold: one watchdog renews
+    every key with one ``LOCK.MRENEW``, it is lost when any key's hold is lost, and its release
+    (``LOCK.MRELEASE``) frees every key. Re-entry is per handle, as for :class:`Lock`.
+    """
+
+    def __init__(
+        self,
+        client: LockClient,
+        given: tuple[Key, ...],
+        keys: KeySet,
+        kind: Kind,
+        **options: Any,
+    ) -> None:
+        super().__init__(client, keys, kind, 0, **options)
+        self.given = given
+
+    def _guard(self, hold: _Hold) -> MultiLockGuard:
+        return MultiLockGuard(self, hold)
+
+
+def _abandon(handle: _Handle[Any], hold: _Hold, pid: int) -> None:
     """A guard was garbage-collected unreleased: release it in the background (never in a forked
     child, whose holds are the parent's)."""
     if os.getpid() != pid:
@@ -879,36 +953,34 @@ def _abandon(handle: Lock, hold: _Hold, pid: int) -> None:
 def _release_quietly(hold: _Hold) -> None:
     hold.end()
     try:
-        hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+        hold.send(hold.keys.release(hold.owner))
     except Exception:  # noqa: BLE001 - best effort (the client may be closing): the lease ends it
-        log.debug("releasing an abandoned hold of %r failed", hold.key, exc_info=True)
+        log.debug("releasing an abandoned hold of %r failed", hold.keys.keys, exc_info=True)
     finally:
         if hold.own is not None:
             hold.own.close()
 
 
-class LockGuard:
-    """A hold on a key: its fencing token, its ``lost`` event, its release.
+def _release_rest(hold: _Hold) -> None:
+    """A lost multi-key hold: LOCK.MRELEASE for the keys the owner may still hold (it ends the
+    owner's holds only, nobody else's). Best effort: a failure leaves them to their lease."""
+    try:
+        hold.send(hold.keys.release(hold.owner))
+    except LockError:
+        log.debug("releasing the rest of lost hold %r failed", hold.keys.keys, exc_info=True)
+    finally:
+        if hold.own is not None:
+            hold.own.close()
 
-    ``with`` releases it on exit. A guard that is garbage-collected unreleased is released in the
-    background; do not rely on that: use ``with`` or ``release()``.
-    """
 
-    def __init__(self, handle: Lock, hold: _Hold) -> None:
+class _Guard:
+    """What the guard of one key and the guard of several share: ``lost``, the release, ``with``."""
+
+    def __init__(self, handle: _Handle[Any], hold: _Hold) -> None:
         self._handle = handle
         self._hold = hold
         self._released = False
         self._finalizer = weakref.finalize(self, _abandon, handle, hold, os.getpid())
-
-    @property
-    def token(self) -> int:
-        """The hold's fencing token: pass it with every write you protect, and have the resource
-        refuse a token lower than the highest it has seen."""
-        return self._hold.token
-
-    @property
-    def key(self) -> bytes:
-        return self._hold.key
 
     @property
     def owner(self) -> bytes:
@@ -925,11 +997,14 @@ class LockGuard:
 
     def release(self) -> Release:
         """Releases this guard. The last guard of a hold stops the watchdog, waits out a renewal
-        in flight, and sends LOCK.RELEASE (never retried); earlier ones only count down.
+        in flight, and sends LOCK.RELEASE (LOCK.MRELEASE for several keys; never retried);
+        earlier ones only count down.
 
         Raises ``NotHeld`` when the hold was lost (with the reason) or the server no longer
-        knew it, ``LockConnectionError`` when the release could not be sent or answered (the
-        lease then ends the hold).
+        knew it (on any of its keys), ``LockConnectionError`` when the release could not be
+        sent or answered (the lease then ends the hold). A multi-key hold lost on some of its
+        keys may still hold the others: its last release sends LOCK.MRELEASE all the same
+        (frees them at once instead of at their lease end), then raises ``NotHeld``.
         """
         if self._released:
             return Release.ALREADY_RELEASED
@@ -938,6 +1013,14 @@ class LockGuard:
         hold = self._hold
         if hold.pid != os.getpid():
             raise NotHeld(LostReason.FORKED)
+        if hold.keys.multi:
+            # No acquire of this handle (same owner) may be granted between the count-down and
+            # the LOCK.MRELEASE, which would end it.
+            with self._handle._gate:
+                return self._release(hold)
+        return self._release(hold)
+
+    def _release(self, hold: _Hold) -> Release:
         last = self._handle._end_guard(hold)
         if last is None:
             raise NotHeld(hold.status.reason)
@@ -948,19 +1031,19 @@ class LockGuard:
         error = hold.status.mark_released()
         hold.end()
         if error is not None:
+            if hold.keys.multi:
+                _release_rest(hold)
             raise error
         try:
-            reply = hold.send(["LOCK.RELEASE", hold.key, hold.owner])
+            reply = hold.send(hold.keys.release(hold.owner))
         finally:
             if hold.own is not None:
                 hold.own.close()
-        if reply is None:
+        if not hold.keys.released(reply):
             raise NotHeld(None)
-        if not isinstance(reply, int):
-            raise UnexpectedReply(f"LOCK.RELEASE answered {reply!r}")
         return Release.RELEASED
 
-    def __enter__(self) -> LockGuard:
+    def __enter__(self: _G) -> _G:
         return self
 
     def __exit__(
@@ -980,10 +1063,52 @@ class LockGuard:
             if exc_type is None:
                 raise
 
+
+class LockGuard(_Guard):
+    """A hold on a key: its fencing token, its ``lost`` event, its release.
+
+    ``with`` releases it on exit. A guard that is garbage-collected unreleased is released in the
+    background; do not rely on that: use ``with`` or ``release()``.
+    """
+
+    @property
+    def token(self) -> int:
+        """The hold's fencing token: pass it with every write you protect, and have the resource
+        refuse a token lower than the highest it has seen."""
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
     def __repr__(self) -> str:
         return (
             f"LockGuard(key={self.key!r}, owner={self.owner!r}, token={self.token}, "
             f"lost={self.lost_reason})"
+        )
+
+
+class MultiLockGuard(_Guard):
+    """A hold on several keys: a fencing token per key, one ``lost`` event, one release.
+
+    ``with`` releases every key on exit; the rest is as for :class:`LockGuard`.
+    """
+
+    @property
+    def tokens(self) -> dict[Key, int]:
+        """Each key's fencing token, keyed by the keys as given to ``multi_lock`` (str stays
+        str), in that order: ``guard.tokens["a"]``. Fence each key's writes with its own."""
+        handle = cast(MultiLock, self._handle)
+        return dict(zip(handle.given, self._hold.tokens))
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return self._hold.keys.keys
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiLockGuard(keys={self.keys!r}, owner={self.owner!r}, "
+            f"tokens={self._hold.tokens}, lost={self.lost_reason})"
         )
 
 

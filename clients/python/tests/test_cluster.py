@@ -11,7 +11,16 @@ import pytest
 import redis.asyncio.cluster
 
 from conftest import Cluster
-from redis_lock_client import AsyncLockClient, LockClient, LockTimeout, LostReason, lost_signal_channel
+from redis_lock_client import (
+    AsyncLockClient,
+    LockClient,
+    LockServerError,
+    LockTimeout,
+    LostReason,
+    NotHeld,
+    Release,
+    lost_signal_channel,
+)
 
 # Keys whose slots fall on each of the three masters.
 KEYS = ["{a}:lock", "{b}:lock", "{c}:lock"]
@@ -131,5 +140,63 @@ def test_async_cluster_client_routes_waits_and_hears_the_signal(cluster):
                 "CLIENT", "KILL", "ID", info(cluster, key)[b"ephemeral"])
             await asyncio.wait_for(eph.lost.wait(), 1.0)
         assert cluster.errorstat("MOVED") == moved
+        await rc.aclose()
+    asyncio.run(main())
+
+
+@pytest.mark.scenario("multi-cluster")
+def test_a_multi_key_lock_in_one_slot_goes_to_its_master_waits_and_hears_the_signal(cluster, client):
+    tag = uuid.uuid4().hex
+    a, b = "{" + tag + "}:a", "{" + tag + "}:b"  # one hash tag: one slot
+    node = cluster.node_of(a)
+    moved = cluster.errorstat("MOVED")
+    held = client.lock(b).acquire()
+    calls = node.commandstat("lock.macquire")
+    threading.Timer(0.3, held.release).start()
+    guard = client.multi_lock([a, b], wait_timeout=10).acquire()  # waits for b on its master
+    assert node.commandstat("lock.macquire") == calls + 1
+    assert guard.tokens[b] > held.token
+    assert info(cluster, a)[b"owner"] == info(cluster, b)[b"owner"] == guard.owner
+    for k in (a, b):  # each key's channel, with SSUBSCRIBE on the slot's master
+        assert node.client().execute_command("PUBSUB", "SHARDNUMSUB", lost_signal_channel(k))[1] == 1
+    node.client().execute_command("LOCK.FORCERELEASE", b)
+    assert guard.lost.wait(1.0)
+    assert guard.lost_reason is LostReason.FORCE_RELEASED
+    with pytest.raises(NotHeld):
+        guard.release()
+    assert info(cluster, a) is None  # the release after the loss freed the other key
+    again = client.multi_lock([b, a]).acquire()
+    assert again.release() is Release.RELEASED
+    assert info(cluster, a) is None and info(cluster, b) is None
+    assert cluster.errorstat("MOVED") == moved
+
+
+@pytest.mark.scenario("multi-cluster")
+def test_keys_of_different_slots_raise_the_servers_crossslot_and_hold_nothing(cluster, client):
+    a, b = unique("a"), unique("b")  # two slots, on two masters
+    assert cluster.node_of(a).port != cluster.node_of(b).port
+    with pytest.raises(LockServerError) as e:
+        client.multi_lock([a, b]).try_acquire()
+    assert str(e.value).startswith("CROSSSLOT")
+    with pytest.raises(LockServerError, match="^CROSSSLOT"):
+        client.multi_lock([a, b], wait_timeout=1).acquire()  # the waiting path too
+    assert info(cluster, a) is None and info(cluster, b) is None
+
+
+@pytest.mark.scenario("multi-cluster")
+def test_async_multi_key_lock_in_a_cluster(cluster):
+    async def main() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        async with AsyncLockClient(rc) as client:
+            tag = uuid.uuid4().hex
+            a, b = "{" + tag + "}:a", "{" + tag + "}:b"
+            guard = await client.multi_lock([a, b], ephemeral=True).acquire()
+            assert info(cluster, a)[b"owner"] == info(cluster, b)[b"owner"] == guard.owner
+            assert info(cluster, a)[b"token"] == guard.tokens[a]
+            cluster.node_of(a).client().execute_command("LOCK.FORCERELEASE", a)
+            await asyncio.wait_for(guard.lost.wait(), 1.0)
+            assert guard.lost_reason is LostReason.FORCE_RELEASED
+            with pytest.raises(LockServerError, match="^CROSSSLOT"):
+                await client.multi_lock([unique("a"), unique("c")]).try_acquire()
         await rc.aclose()
     asyncio.run(main())
