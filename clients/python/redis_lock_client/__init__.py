@@ -4,12 +4,15 @@
 >>> client = LockClient.from_url("redis://127.0.0.1:6379/")
 >>> with client.lock("orders:42", lease=10, wait_timeout=5) as guard:
 ...     write(guard.token)   # the fencing token
+>>> with client.election("svc").campaign(value="10.0.0.1:80") as leadership:
+...     serve(fence=leadership.epoch)   # leader election: the epoch is a fencing token
 """
 
 from ._common import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_LEASE,
     Kind,
+    Leader,
     LockConnectionError,
     LockError,
     LockServerError,
@@ -20,20 +23,45 @@ from ._common import (
     Release,
     Renewal,
     UnexpectedReply,
+    leader_channel,
     lost_signal_channel,
 )
-from .aio import AsyncLock, AsyncLockClient, AsyncLockGuard, AsyncMultiLock, AsyncMultiLockGuard
-from .sync import Lock, LockClient, LockGuard, MultiLock, MultiLockGuard
+from .aio import (
+    AsyncElection,
+    AsyncLeadership,
+    AsyncLock,
+    AsyncLockClient,
+    AsyncLockGuard,
+    AsyncMultiLock,
+    AsyncMultiLockGuard,
+    AsyncObserver,
+)
+from .sync import (
+    Election,
+    Leadership,
+    Lock,
+    LockClient,
+    LockGuard,
+    MultiLock,
+    MultiLockGuard,
+    Observer,
+)
 
 __all__ = [
+    "AsyncElection",
+    "AsyncLeadership",
     "AsyncLock",
     "AsyncLockClient",
     "AsyncLockGuard",
     "AsyncMultiLock",
     "AsyncMultiLockGuard",
+    "AsyncObserver",
     "DEFAULT_COMMAND_TIMEOUT",
     "DEFAULT_LEASE",
+    "Election",
     "Kind",
+    "Leader",
+    "Leadership",
     "Lock",
     "LockClient",
     "LockConnectionError",
@@ -46,8 +74,10 @@ __all__ = [
     "LostReason",
     "LostSignal",
     "NotHeld",
+    "Observer",
     "Release",
     "Renewal",
     "UnexpectedReply",
+    "leader_channel",
     "lost_signal_channel",
 ]

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 #: The default lease (Redisson's 30 s), renewed by the watchdog every 10 s.
 DEFAULT_LEASE = 30.0
@@ -177,11 +177,27 @@ def shows_hold(info: object, owner: bytes, token: int) -> bool:
     return False
 
 
+def _key_channel(prefix: bytes, key: Key) -> bytes:
+    """``PREFIX:{KEY}``, or ``PREFIX:KEY`` when KEY already contains ``{`` (Redisson's naming,
+    so that the channel hashes to the key's slot)."""
+    k = to_bytes(key)
+    return prefix + b":" + (k if b"{" in k else b"{" + k + b"}")
+
+
 def lost_signal_channel(key: Key) -> bytes:
     """The channel of ``key``'s lost-hold messages: ``lock.lost:{KEY}``, or ``lock.lost:KEY``
     when KEY already contains ``{`` (Redisson's naming, so it hashes to the key's slot)."""
-    k = to_bytes(key)
-    return LOST_PREFIX + b":" + (k if b"{" in k else b"{" + k + b"}")
+    return _key_channel(LOST_PREFIX, key)
+
+
+#: The default of the server's ``lock.leader-channel-prefix``.
+LEADER_PREFIX = b"lock.leader"
+
+
+def leader_channel(key: Key) -> bytes:
+    """The channel of election ``key``'s announcements: ``lock.leader:{KEY}``, or
+    ``lock.leader:KEY`` when KEY already contains ``{`` (named as the lost-hold channel)."""
+    return _key_channel(LEADER_PREFIX, key)
 
 
 @dataclass(frozen=True)
@@ -388,3 +404,111 @@ class Deadline:
 
 def pid() -> int:
     return os.getpid()
+
+
+class Leader(NamedTuple):
+    """Who leads an election key: the candidate, its epoch (the fencing token of its hold) and
+    the value it proclaimed in that epoch (None if none yet)."""
+
+    candidate: bytes
+    epoch: int
+    value: Optional[bytes]
+
+
+def parse_leader(reply: object) -> Optional[Leader]:
+    """A ``LOCK.LEADER`` reply: ``[leader, epoch, value|nil]``, or nil when nobody leads."""
+    if reply is None:
+        return None
+    if (
+        isinstance(reply, list)
+        and len(reply) == 3
+        and isinstance(reply[0], bytes)
+        and isinstance(reply[1], int)
+        and not isinstance(reply[1], bool)
+        and reply[1] > 0
+        and (reply[2] is None or isinstance(reply[2], bytes))
+    ):
+        return Leader(reply[0], reply[1], reply[2])
+    raise UnexpectedReply(f"LOCK.LEADER answered {reply!r}")
+
+
+def campaign_args(
+    key: bytes,
+    candidate: bytes,
+    lease: float,
+    ephemeral: bool,
+    wait: Optional[float],
+    waits: bool,
+    value: Optional[bytes],
+) -> list[Union[bytes, int, str]]:
+    """LOCK.CAMPAIGN key candidate lease [EPHEMERAL] [WAIT ms] [VALUE value] (ONCE is implied:
+    a campaign never counts a re-entry, so it is safe to send again). ``waits`` False: one
+    attempt; else ``wait`` None waits forever (WAIT 0)."""
+    args: list[Union[bytes, int, str]] = ["LOCK.CAMPAIGN", key, candidate, millis(lease)]
+    if ephemeral:
+        args.append("EPHEMERAL")
+    if waits:
+        args += ["WAIT", 0 if wait is None else millis(wait)]
+    if value is not None:
+        args += ["VALUE", value]
+    return args
+
+
+def proclaimed(reply: object) -> bool:
+    """A ``LOCK.PROCLAIM`` reply: True (1) when the value was published, False (0) when the
+    candidate does not lead in that epoch."""
+    if reply in (0, 1) and not isinstance(reply, bool):
+        return reply == 1
+    raise UnexpectedReply(f"LOCK.PROCLAIM answered {reply!r}")
+
+
+class LeaderFeed:
+    """What an observer yields, from the leader read and the messages of the leader channel
+    (shared by the sync and asyncio observers).
+
+    The observer subscribes first, then reads ``LOCK.LEADER`` (``read``), then hands every
+    message to ``message``. Each returns the leader to yield, or None. Epochs only rise, so
+    nothing of an epoch below the last one yielded is yielded again; within one epoch a
+    proclamation is yielded when its value differs from the last yielded (a message published
+    before the read may thus repeat, right after a (re)connection, a value of the current epoch
+    that the read already superseded: the last one yielded is the current one). ``message``
+    sets ``stale`` when the message cannot be placed (a proclamation of an epoch whose
+    election was missed): the observer then reads ``LOCK.LEADER`` again.
+    """
+
+    def __init__(self) -> None:
+        self.last: Optional[Leader] = None
+        self.stale = False
+
+    def _offer(self, leader: Leader) -> Optional[Leader]:
+        last = self.last
+        if last is not None and (
+            leader.epoch < last.epoch or (leader.epoch == last.epoch and leader == last)
+        ):
+            return None
+        if last is not None and leader.epoch == last.epoch and leader.value is None:
+            return None  # an election message of the epoch already seen (its value is known)
+        self.last = leader
+        return leader
+
+    def read(self, leader: Optional[Leader]) -> Optional[Leader]:
+        self.stale = False
+        return None if leader is None else self._offer(leader)
+
+    def message(self, payload: bytes) -> Optional[Leader]:
+        word, _, rest = payload.partition(b" ")
+        epoch_text, _, tail = rest.partition(b" ")
+        if not epoch_text.isdigit():
+            return None
+        epoch = int(epoch_text)
+        if word == b"elected" and tail:
+            return self._offer(Leader(tail, epoch, None))
+        if word == b"proclaimed":
+            last = self.last
+            if last is None or epoch > last.epoch:
+                self.stale = True  # whose value is it? LOCK.LEADER says
+                return None
+            if epoch < last.epoch:
+                return None
+            return self._offer(Leader(last.candidate, epoch, tail))
+        return None

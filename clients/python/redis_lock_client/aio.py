@@ -1,5 +1,5 @@
 """The asyncio library: AsyncLockClient, AsyncLock, AsyncLockGuard, AsyncMultiLock,
-AsyncMultiLockGuard (redis.asyncio).
+AsyncMultiLockGuard, AsyncElection, AsyncLeadership, AsyncObserver (redis.asyncio).
 
 The same semantics as the sync library, with tasks instead of threads. **The watchdog is a task
 on the event loop that acquired the hold: a loop blocked by synchronous code renews nothing.**
@@ -40,6 +40,8 @@ from ._common import (
     Key,
     KeySet,
     Kind,
+    Leader,
+    LeaderFeed,
     LockConnectionError,
     LockError,
     LockServerError,
@@ -51,13 +53,17 @@ from ._common import (
     Release,
     Renewal,
     UnexpectedReply,
+    campaign_args,
     flush_channel,
     flush_covers,
     is_final,
+    leader_channel,
     lost_signal_channel,
     multi_keys,
     new_client_id,
     parse_flush,
+    parse_leader,
+    proclaimed,
     shows_hold,
     to_bytes,
 )
@@ -603,6 +609,27 @@ class AsyncLockClient:
         kind = Kind.SHARED if shared else Kind.EXCLUSIVE
         return AsyncMultiLock(self, tuple(keys), checked, kind, **options)
 
+    def election(
+        self,
+        key: Key,
+        candidate: Optional[Key] = None,
+        *,
+        lease: float = DEFAULT_LEASE,
+        renewal: Renewal = Renewal.WATCHDOG,
+        ephemeral: bool = True,
+        on_lost: Optional[LostCallback] = None,
+    ) -> AsyncElection:
+        """The asyncio twin of :meth:`redis_lock_client.LockClient.election`."""
+        return AsyncElection(
+            self,
+            to_bytes(key),
+            None if candidate is None else to_bytes(candidate),
+            lease=lease,
+            renewal=renewal,
+            ephemeral=ephemeral,
+            on_lost=on_lost,
+        )
+
 
 _G = TypeVar("_G", bound="_AsyncGuard")
 
@@ -622,6 +649,7 @@ class _AsyncHandle(Generic[_G]):
         wait_timeout: Optional[float] = None,
         ephemeral: bool = False,
         on_lost: Optional[LostCallback] = None,
+        owner: Optional[bytes] = None,
     ) -> None:
         if lease < 0.001:
             raise ValueError("the lease must be at least 1 ms")
@@ -636,12 +664,16 @@ class _AsyncHandle(Generic[_G]):
         self.wait_timeout = wait_timeout
         self.ephemeral = ephemeral
         self.on_lost = on_lost
-        self.owner = client._owner()
+        self._named = owner
+        self.owner = client._owner() if owner is None else owner
         self._gate = asyncio.Lock()
         self._active: Optional[_Hold] = None
         self._guards = 0
         self._stack: list[_G] = []
         _forkable.add(self)
+
+    #: See the sync _Handle: False for an election's leadership.
+    _counts_reentry = True
 
     def _guard(self, hold: _Hold) -> _G:
         raise NotImplementedError
@@ -649,13 +681,13 @@ class _AsyncHandle(Generic[_G]):
     def after_fork(self) -> None:
         """In a forked child: a new owner holding nothing (see the sync Lock)."""
         self._active, self._guards, self._stack = None, 0, []
-        self.owner = self.client._owner()
+        self.owner = self.client._owner() if self._named is None else self._named
 
     async def try_acquire(self) -> Optional[_G]:
-        return await self._acquire(waits=False)
+        return await self._acquire(False, self.wait_timeout)
 
     async def acquire(self) -> _G:
-        guard = await self._acquire(waits=self.wait_timeout != 0)
+        guard = await self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
         return guard
@@ -673,12 +705,14 @@ class _AsyncHandle(Generic[_G]):
     ) -> None:
         await self._stack.pop().__aexit__(exc_type, exc, tb)
 
-    def _args(self, waits: bool, wait: Optional[float]) -> list[Any]:
+    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
         return self.keys.acquire(
             self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
         )
 
-    async def _acquire(self, waits: bool) -> Optional[_G]:
+    async def _acquire(
+        self, waits: bool, wait_timeout: Optional[float], value: Optional[bytes] = None
+    ) -> Optional[_G]:
         async with self._gate:
             current = self._active
             if current is not None and not current.status.is_active():
@@ -686,9 +720,9 @@ class _AsyncHandle(Generic[_G]):
             sent = time.monotonic()
             own: Optional[_OwnConnection] = None
             if self.ephemeral:
-                reply, own = await self._send_ephemeral(current, waits)
+                reply, own = await self._send_ephemeral(current, waits, wait_timeout, value)
             else:
-                reply = await self._send_with_retries(waits)
+                reply = await self._send_with_retries(waits, wait_timeout, value)
             try:
                 tokens = self.keys.tokens(reply)
             except UnexpectedReply:
@@ -697,19 +731,21 @@ class _AsyncHandle(Generic[_G]):
                 raise
             return await self._settle(current, tokens, sent, own)
 
-    async def _send_with_retries(self, waits: bool) -> Any:
-        until = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+    async def _send_with_retries(
+        self, waits: bool, wait_timeout: Optional[float], value: Optional[bytes]
+    ) -> Any:
+        until = None if wait_timeout is None else time.monotonic() + wait_timeout
         attempt = 0
         while True:
-            this_waits, wait = waits, self.wait_timeout
+            this_waits, wait = waits, wait_timeout
             if waits and until is not None:
                 wait = until - time.monotonic()
                 if wait < 0.001:
                     this_waits = False
             try:
                 if this_waits:
-                    return await self._send_waiting(self._args(True, wait), wait)
-                return await self.client._query(self.keys.route, self._args(False, None))
+                    return await self._send_waiting(self._args(True, wait, value), wait)
+                return await self.client._query(self.keys.route, self._args(False, None, value))
             except LockConnectionError:
                 if attempt >= RETRIES:
                     raise
@@ -732,12 +768,16 @@ class _AsyncHandle(Generic[_G]):
             await conn.disconnect(nowait=True)
 
     async def _send_ephemeral(
-        self, current: Optional[_Hold], waits: bool
+        self,
+        current: Optional[_Hold],
+        waits: bool,
+        wait_timeout: Optional[float],
+        value: Optional[bytes],
     ) -> tuple[Any, Optional[_OwnConnection]]:
         timeout: Optional[float] = self.client.command_timeout
         if waits:
-            timeout = None if self.wait_timeout is None else self.wait_timeout + WAIT_MARGIN
-        args = self._args(waits, self.wait_timeout)
+            timeout = None if wait_timeout is None else wait_timeout + WAIT_MARGIN
+        args = self._args(waits, wait_timeout, value)
         if current is not None and current.own is not None:
             try:
                 return await current.own.call(args, timeout), current.own
@@ -772,7 +812,8 @@ class _AsyncHandle(Generic[_G]):
     ) -> Optional[_G]:
         if tokens is not None and current is not None and current.tokens == tokens:
             if self._active is current:
-                self._guards += 1
+                if self._counts_reentry:
+                    self._guards += 1
                 current.deadline.extend(sent)
                 return self._guard(current)
         if current is not None:
@@ -986,6 +1027,218 @@ class AsyncMultiLockGuard(_AsyncGuard):
             f"AsyncMultiLockGuard(keys={self.keys!r}, owner={self.owner!r}, "
             f"tokens={self._hold.tokens}, lost={self.lost_reason})"
         )
+
+
+class _AsyncCandidate(_AsyncHandle["AsyncLeadership"]):
+    """The hold of a campaign (see the sync _Candidate)."""
+
+    _counts_reentry = False
+
+    def __init__(self, election: AsyncElection, **options: Any) -> None:
+        keys = KeySet((election.key,), multi=False)
+        super().__init__(election.client, keys, Kind.EXCLUSIVE, 0, **options)
+        self.election = election
+        self._leadership: Optional[AsyncLeadership] = None
+
+    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
+        return campaign_args(
+            self.election.key, self.owner, self.lease, self.ephemeral, wait, waits, value
+        )
+
+    def _guard(self, hold: _Hold) -> AsyncLeadership:
+        current = self._leadership
+        if current is None or current._hold is not hold:
+            current = self._leadership = AsyncLeadership(self, hold)
+        return current
+
+
+class AsyncElection:
+    """The asyncio twin of :class:`redis_lock_client.Election`: ``await campaign()``,
+    ``await leader()``, ``async for leader in election.observe()``."""
+
+    def __init__(
+        self, client: AsyncLockClient, key: bytes, candidate: Optional[bytes], **options: Any
+    ) -> None:
+        self.client = client
+        self.key = key
+        self._candidate = _AsyncCandidate(self, owner=candidate, **options)
+
+    @property
+    def candidate(self) -> bytes:
+        return self._candidate.owner
+
+    async def campaign(
+        self, value: Optional[Key] = None, timeout: Optional[float] = None
+    ) -> AsyncLeadership:
+        """See :meth:`redis_lock_client.Election.campaign`."""
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must not be negative")
+        data = None if value is None else to_bytes(value)
+        leadership = await self._candidate._acquire(timeout != 0, timeout, data)
+        if leadership is None:
+            raise LockTimeout(timeout or 0.0)
+        return leadership
+
+    async def leader(self) -> Optional[Leader]:
+        return parse_leader(await self.client._query(self.key, ["LOCK.LEADER", self.key]))
+
+    def observe(self) -> AsyncObserver:
+        """``async with election.observe() as leaders: async for leader in leaders: ...``"""
+        return AsyncObserver(self.client, self.key)
+
+
+class AsyncLeadership(_AsyncGuard):
+    """The asyncio twin of :class:`redis_lock_client.Leadership`; ``lost`` is an
+    ``asyncio.Event``."""
+
+    @property
+    def epoch(self) -> int:
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
+    @property
+    def candidate(self) -> bytes:
+        return self._hold.owner
+
+    async def proclaim(self, value: Key) -> bool:
+        """See :meth:`redis_lock_client.Leadership.proclaim`."""
+        hold = self._hold
+        if self._released or not hold.status.is_active():
+            return False
+        if hold.deadline.left() <= 0:
+            hold.lose(LostReason.UNREACHABLE)
+            return False
+        args = ["LOCK.PROCLAIM", hold.key, hold.owner, hold.token, to_bytes(value)]
+        try:
+            reply = await hold.send(args)
+        except LockConnectionError:
+            if hold.own is None:
+                raise
+            hold.lose(LostReason.CONNECTION_CLOSED)
+            return False
+        if proclaimed(reply):
+            return True
+        hold.lose(LostReason.HOLD_GONE)
+        return False
+
+    async def resign(self) -> Release:
+        return await self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncLeadership(key={self.key!r}, candidate={self.candidate!r}, "
+            f"epoch={self.epoch}, lost={self.lost_reason})"
+        )
+
+
+class AsyncObserver:
+    """The asyncio twin of :class:`redis_lock_client.Observer`: an async iterator of
+    :class:`Leader`; ``aclose()`` (or ``async with``) ends it."""
+
+    def __init__(self, client: AsyncLockClient, key: bytes) -> None:
+        self._client = client
+        self._key = key
+        self._channel = leader_channel(key)
+        self._subscribe = "SSUBSCRIBE" if client._cluster is not None else "SUBSCRIBE"
+        self._feed = LeaderFeed()
+        self._ready: list[Leader] = []
+        self._conn: Optional[_RawConnection] = None
+        self._closed = False
+
+    def __aiter__(self) -> AsyncObserver:
+        return self
+
+    async def __anext__(self) -> Leader:
+        delay = 0.05
+        while True:
+            if self._closed:
+                await self._drop()
+                raise StopAsyncIteration
+            if self._ready:
+                return self._ready.pop(0)
+            conn = self._conn
+            if conn is None:
+                try:
+                    await self._connect()
+                    delay = 0.05
+                except LockError:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                continue
+            try:
+                reply = await conn.read_response(timeout=math.inf)
+            except ResponseError:
+                continue
+            except _IO_ERRORS:
+                await self._drop()
+                continue
+            except asyncio.CancelledError:
+                await self._drop()  # a half-read reply must never be read later
+                raise
+            await self._take(reply)
+
+    async def _connect(self) -> None:
+        connector = (await self._client._node_for(self._key)).commands
+        try:
+            conn = await connector.new()
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            reply = await connector.call(conn, [self._subscribe, self._channel], connector.timeout)
+            if not (isinstance(reply, list) and reply[1:2] == [self._channel]):
+                raise UnexpectedReply(f"{self._subscribe} answered {reply!r}")
+            leader = parse_leader(
+                await self._client._query(self._key, ["LOCK.LEADER", self._key])
+            )
+        except Redirected:
+            await conn.disconnect(nowait=True)
+            await self._client._refresh()
+            raise
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        self._conn = conn
+        self._push(self._feed.read(leader))
+
+    async def _take(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel, payload = reply[0], reply[1], reply[2]
+        if kind not in (b"message", b"smessage") or channel != self._channel:
+            return
+        if not isinstance(payload, bytes):
+            return
+        self._push(self._feed.message(payload))
+        if self._feed.stale:
+            try:
+                reply = await self._client._query(self._key, ["LOCK.LEADER", self._key])
+            except LockError:
+                return
+            self._push(self._feed.read(parse_leader(reply)))
+
+    def _push(self, leader: Optional[Leader]) -> None:
+        if leader is not None:
+            self._ready.append(leader)
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.disconnect(nowait=True)
+
+    async def aclose(self) -> None:
+        """Ends the iteration and closes the connection (cancel a task blocked in
+        ``__anext__`` to stop it at once)."""
+        self._closed = True
+        await self._drop()
+
+    async def __aenter__(self) -> AsyncObserver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 def _after_fork_in_child() -> None:

@@ -1,4 +1,5 @@
-"""The blocking (threaded) library: LockClient, Lock, LockGuard, MultiLock, MultiLockGuard."""
+"""The blocking (threaded) library: LockClient, Lock, LockGuard, MultiLock, MultiLockGuard,
+Election, Leadership, Observer."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from ._common import (
     Key,
     KeySet,
     Kind,
+    Leader,
+    LeaderFeed,
     LockConnectionError,
     LockError,
     LockServerError,
@@ -41,13 +44,17 @@ from ._common import (
     Release,
     Renewal,
     UnexpectedReply,
+    campaign_args,
     flush_channel,
     flush_covers,
     is_final,
+    leader_channel,
     lost_signal_channel,
     multi_keys,
     new_client_id,
     parse_flush,
+    parse_leader,
+    proclaimed,
     shows_hold,
     to_bytes,
 )
@@ -661,6 +668,28 @@ class LockClient:
         kind = Kind.SHARED if shared else Kind.EXCLUSIVE
         return MultiLock(self, tuple(keys), checked, kind, **options)
 
+    def election(
+        self,
+        key: Key,
+        candidate: Optional[Key] = None,
+        *,
+        lease: float = DEFAULT_LEASE,
+        renewal: Renewal = Renewal.WATCHDOG,
+        ephemeral: bool = True,
+        on_lost: Optional[LostCallback] = None,
+    ) -> Election:
+        """A handle on the election ``key`` (``LOCK.CAMPAIGN``/``PROCLAIM``/``LEADER``), as
+        ``candidate`` (default: a name of its own, ``<client id>:<n>``). See :class:`Election`."""
+        return Election(
+            self,
+            to_bytes(key),
+            None if candidate is None else to_bytes(candidate),
+            lease=lease,
+            renewal=renewal,
+            ephemeral=ephemeral,
+            on_lost=on_lost,
+        )
+
 
 _G = TypeVar("_G", bound="_Guard")
 
@@ -681,6 +710,7 @@ class _Handle(Generic[_G]):
         wait_timeout: Optional[float] = None,
         ephemeral: bool = False,
         on_lost: Optional[LostCallback] = None,
+        owner: Optional[bytes] = None,
     ) -> None:
         if lease < 0.001:
             raise ValueError("the lease must be at least 1 ms")
@@ -695,7 +725,8 @@ class _Handle(Generic[_G]):
         self.wait_timeout = wait_timeout
         self.ephemeral = ephemeral
         self.on_lost = on_lost
-        self.owner = client._owner()
+        self._named = owner
+        self.owner = client._owner() if owner is None else owner
         # Serialises this handle's acquires (and a multi-key hold's last release); reentrant, so
         # that an on_lost callback run inside an acquire may release.
         self._gate = threading.RLock()
@@ -704,6 +735,10 @@ class _Handle(Generic[_G]):
         self._guards = 0
         self._local = threading.local()
         _forkable.add(self)
+
+    #: Whether acquiring again while holding counts one more guard (locks), or returns the one
+    #: guard of the hold (an election's leadership, never counted, as LOCK.CAMPAIGN).
+    _counts_reentry = True
 
     def _guard(self, hold: _Hold) -> _G:
         raise NotImplementedError
@@ -715,17 +750,18 @@ class _Handle(Generic[_G]):
         self._slot = threading.Lock()
         self._active, self._guards = None, 0
         self._local = threading.local()
-        self.owner = self.client._owner()
+        # A name given by the application stays (it is the application's to keep unique).
+        self.owner = self.client._owner() if self._named is None else self._named
 
     def try_acquire(self) -> Optional[_G]:
         """Takes the key(s) if free (or re-enters this handle's hold), without waiting; None
         when another owner holds one or others wait for one."""
-        return self._acquire(waits=False)
+        return self._acquire(False, self.wait_timeout)
 
     def acquire(self) -> _G:
         """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (on a
         connection of its own); raises ``LockTimeout`` when it passes."""
-        guard = self._acquire(waits=self.wait_timeout != 0)
+        guard = self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
         return guard
@@ -745,12 +781,17 @@ class _Handle(Generic[_G]):
         stack: list[_G] = self._local.__dict__.setdefault("stack", [])
         stack.pop().__exit__(exc_type, exc, tb)
 
-    def _args(self, waits: bool, wait: Optional[float]) -> list[Any]:
+    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
+        """The acquire command; ``value`` is a campaign's (see ``_Candidate``)."""
         return self.keys.acquire(
             self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
         )
 
-    def _acquire(self, waits: bool) -> Optional[_G]:
+    def _acquire(
+        self, waits: bool, wait_timeout: Optional[float], value: Optional[bytes] = None
+    ) -> Optional[_G]:
+        """One acquire (or campaign): ``waits`` False is one attempt; else it waits up to
+        ``wait_timeout`` (None: until granted)."""
         with self._gate:
             with self._slot:
                 current = self._active
@@ -759,9 +800,9 @@ class _Handle(Generic[_G]):
             sent = time.monotonic()
             own: Optional[_OwnConnection] = None
             if self.ephemeral:
-                reply, own = self._send_ephemeral(current, waits)
+                reply, own = self._send_ephemeral(current, waits, wait_timeout, value)
             else:
-                reply = self._send_with_retries(waits)
+                reply = self._send_with_retries(waits, wait_timeout, value)
             try:
                 tokens = self.keys.tokens(reply)
             except UnexpectedReply:
@@ -770,19 +811,21 @@ class _Handle(Generic[_G]):
                 raise
             return self._settle(current, tokens, sent, own)
 
-    def _send_with_retries(self, waits: bool) -> Any:
-        until = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+    def _send_with_retries(
+        self, waits: bool, wait_timeout: Optional[float], value: Optional[bytes]
+    ) -> Any:
+        until = None if wait_timeout is None else time.monotonic() + wait_timeout
         attempt = 0
         while True:
-            this_waits, wait = waits, self.wait_timeout
+            this_waits, wait = waits, wait_timeout
             if waits and until is not None:
                 wait = until - time.monotonic()
                 if wait < 0.001:
                     this_waits = False  # a retry with no wait left: one last attempt
             try:
                 if this_waits:
-                    return self._send_waiting(self._args(True, wait), wait)
-                return self.client._query(self.keys.route, self._args(False, None))
+                    return self._send_waiting(self._args(True, wait, value), wait)
+                return self.client._query(self.keys.route, self._args(False, None, value))
             except LockConnectionError:
                 if attempt >= RETRIES:
                     raise
@@ -805,12 +848,16 @@ class _Handle(Generic[_G]):
             conn.disconnect()
 
     def _send_ephemeral(
-        self, current: Optional[_Hold], waits: bool
+        self,
+        current: Optional[_Hold],
+        waits: bool,
+        wait_timeout: Optional[float],
+        value: Optional[bytes],
     ) -> tuple[Any, Optional[_OwnConnection]]:
         timeout: Optional[float] = self.client.command_timeout
         if waits:
-            timeout = None if self.wait_timeout is None else self.wait_timeout + WAIT_MARGIN
-        args = self._args(waits, self.wait_timeout)
+            timeout = None if wait_timeout is None else wait_timeout + WAIT_MARGIN
+        args = self._args(waits, wait_timeout, value)
         if current is not None and current.own is not None:
             try:
                 return current.own.call(args, timeout), current.own
@@ -845,7 +892,8 @@ class _Handle(Generic[_G]):
         if tokens is not None and current is not None and current.tokens == tokens:
             with self._slot:
                 if self._active is current:
-                    self._guards += 1
+                    if self._counts_reentry:
+                        self._guards += 1
                     current.deadline.extend(sent)
                     return self._guard(current)
         # Whatever the handle held is gone: the server answered other tokens, or nil.
@@ -1110,6 +1158,281 @@ class MultiLockGuard(_Guard):
             f"MultiLockGuard(keys={self.keys!r}, owner={self.owner!r}, "
             f"tokens={self._hold.tokens}, lost={self.lost_reason})"
         )
+
+
+class _Candidate(_Handle["Leadership"]):
+    """The hold of a campaign: a :class:`Lock` handle whose acquire is ``LOCK.CAMPAIGN`` (same
+    watchdog, lost signal, EPHEMERAL connection, waits and retries), and whose re-entry is
+    never counted (campaigning again while leading returns the same leadership)."""
+
+    _counts_reentry = False
+
+    def __init__(self, election: Election, **options: Any) -> None:
+        keys = KeySet((election.key,), multi=False)
+        super().__init__(election.client, keys, Kind.EXCLUSIVE, 0, **options)
+        self.election = election
+        self._leadership: Optional[Leadership] = None
+
+    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
+        return campaign_args(
+            self.election.key, self.owner, self.lease, self.ephemeral, wait, waits, value
+        )
+
+    def _guard(self, hold: _Hold) -> Leadership:
+        current = self._leadership
+        if current is None or current._hold is not hold:
+            current = self._leadership = Leadership(self, hold)
+        return current
+
+
+class Election:
+    """A handle on one election key, for one candidate (``client.election(key, candidate)``):
+    campaign for it, read its leader, observe its leaders.
+
+    - ``campaign(value=None, timeout=None)`` waits in the server's FIFO queue until this
+      candidate leads and returns its :class:`Leadership` (the epoch, ``lost``, ``proclaim``,
+      ``resign``); ``LockTimeout`` when ``timeout`` (seconds; 0 = one attempt) passes first.
+      The leadership is a hold like a :class:`Lock`'s: the watchdog renews it every
+      ``lease / 3``, and it is reported lost as any hold is.
+    - ``ephemeral`` (default True): the leadership is bound to a connection the leadership owns,
+      so a crashed or killed process stops leading at once, not at its lease end.
+    - ``leader()`` reads who leads now; ``observe()`` follows every change.
+
+    The candidate is its name: two handles (or processes) campaigning under one name are one
+    candidate to the server, and both would think they lead. Leave ``candidate`` unset (each
+    handle gets a name of its own) or give each process its own.
+    """
+
+    def __init__(
+        self, client: LockClient, key: bytes, candidate: Optional[bytes], **options: Any
+    ) -> None:
+        self.client = client
+        self.key = key
+        self._candidate = _Candidate(self, owner=candidate, **options)
+
+    @property
+    def candidate(self) -> bytes:
+        """The name this handle campaigns under (``LOCK.LEADER`` shows it while it leads)."""
+        return self._candidate.owner
+
+    def campaign(self, value: Optional[Key] = None, timeout: Optional[float] = None) -> Leadership:
+        """Blocks until this candidate leads (``LOCK.CAMPAIGN ... WAIT``, on a connection of its
+        own) and returns its leadership; with ``value``, proclaims it with the election. Raises
+        ``LockTimeout`` when ``timeout`` passes (0: one attempt, no wait). Campaigning again
+        while leading returns the same leadership (the epoch is kept; ``value`` is proclaimed).
+        """
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must not be negative")
+        data = None if value is None else to_bytes(value)
+        leadership = self._candidate._acquire(timeout != 0, timeout, data)
+        if leadership is None:
+            raise LockTimeout(timeout or 0.0)
+        return leadership
+
+    def leader(self) -> Optional[Leader]:
+        """Who leads now (``LOCK.LEADER``): ``Leader(candidate, epoch, value)``, or None."""
+        return parse_leader(self.client._query(self.key, ["LOCK.LEADER", self.key]))
+
+    def observe(self) -> Observer:
+        """Follows the key's leaders: an iterator of :class:`Leader`, in order (see
+        :class:`Observer`). ``with election.observe() as leaders: for leader in leaders: ...``"""
+        return Observer(self.client, self.key)
+
+
+class Leadership(_Guard):
+    """This candidate leads: its ``epoch`` (the fencing token of its hold), ``lost`` (a
+    ``threading.Event``, set when it is deposed: lease ended, connection closed, forced out),
+    ``proclaim(value)``, ``resign()``. ``with`` resigns on exit."""
+
+    @property
+    def epoch(self) -> int:
+        """The epoch: a fencing token, above every earlier leader's. Pass it with every write
+        the leader makes, and have the resource refuse an epoch below the highest it has seen."""
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
+    @property
+    def candidate(self) -> bytes:
+        return self._hold.owner
+
+    def proclaim(self, value: Key) -> bool:
+        """Publishes ``value`` (at most 4096 bytes) for observers (``LOCK.PROCLAIM``): True, or
+        False when this leadership is over: resigned, lost, past its local deadline (it is then
+        reported lost, ``UNREACHABLE``), or refused by the server because the candidate no
+        longer leads in this epoch (reported lost, ``HOLD_GONE``). A deposed leader's
+        proclamation is never published."""
+        hold = self._hold
+        if self._released or not hold.status.is_active():
+            return False
+        if hold.deadline.left() <= 0:
+            hold.lose(LostReason.UNREACHABLE)
+            return False
+        args = ["LOCK.PROCLAIM", hold.key, hold.owner, hold.token, to_bytes(value)]
+        try:
+            reply = hold.send(args)
+        except LockConnectionError:
+            if hold.own is None:
+                raise
+            hold.lose(LostReason.CONNECTION_CLOSED)  # the server ends the hold with it
+            return False
+        if proclaimed(reply):
+            return True
+        hold.lose(LostReason.HOLD_GONE)
+        return False
+
+    def resign(self) -> Release:
+        """Stops leading (``LOCK.RELEASE``): the next candidate in the queue is elected at once.
+        As ``release()``: raises ``NotHeld`` if the leadership was lost before."""
+        return self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"Leadership(key={self.key!r}, candidate={self.candidate!r}, epoch={self.epoch}, "
+            f"lost={self.lost_reason})"
+        )
+
+
+class Observer:
+    """The leaders of one election key, in the order they led: an iterator of :class:`Leader`
+    (``election.observe()``).
+
+    It subscribes to the key's leader channel on a connection of its own (``SSUBSCRIBE`` on the
+    key's master in a cluster), then reads ``LOCK.LEADER`` and yields the current leader, then a
+    leader per message: each newly elected candidate (``value`` None), and each value it
+    proclaims. It never yields an epoch below the last it yielded, nor the same leader twice in
+    a row. When the connection breaks it connects again, subscribes, and reads ``LOCK.LEADER``
+    again (pub/sub is at most once: what was published meanwhile is gone, the read tells the
+    current leader). The end of a leadership is not announced: the next election is.
+
+    ``next()`` blocks; ``close()`` (from any thread) ends the iteration; ``with`` closes.
+    """
+
+    def __init__(self, client: LockClient, key: bytes) -> None:
+        self._client = client
+        self._key = key
+        self._channel = leader_channel(key)
+        self._subscribe = "SSUBSCRIBE" if client._cluster is not None else "SUBSCRIBE"
+        self._feed = LeaderFeed()
+        self._ready: list[Leader] = []
+        self._conn: Optional[RawConnection] = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._reading = False
+
+    def __iter__(self) -> Observer:
+        return self
+
+    def __next__(self) -> Leader:
+        delay = 0.05
+        while True:
+            if self._closed:
+                self._drop(self._conn)
+                raise StopIteration
+            if self._ready:
+                return self._ready.pop(0)
+            conn = self._conn
+            if conn is None:
+                try:
+                    self._connect()
+                    delay = 0.05
+                except LockError:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                continue
+            with self._lock:
+                if self._closed:
+                    continue
+                self._reading = True
+            try:
+                reply = conn.read_response(timeout=None)
+            except ResponseError:
+                continue
+            except _IO_ERRORS:
+                self._drop(conn)
+                continue
+            finally:
+                self._reading = False
+            self._take(reply)
+
+    def _connect(self) -> None:
+        """Subscribes, then reads the leader (in that order: nothing is missed in between)."""
+        connector = self._client._node_for(self._key).commands
+        try:
+            conn = connector.new()
+        except _IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            reply = connector.call(conn, [self._subscribe, self._channel], connector.timeout)
+            if not (isinstance(reply, list) and reply[1:2] == [self._channel]):
+                raise UnexpectedReply(f"{self._subscribe} answered {reply!r}")
+            leader = parse_leader(self._client._query(self._key, ["LOCK.LEADER", self._key]))
+        except Redirected:
+            conn.disconnect()
+            self._client._refresh()
+            raise
+        except BaseException:
+            conn.disconnect()
+            raise
+        with self._lock:
+            if self._closed:
+                conn.disconnect()
+                return
+            self._conn = conn
+        self._push(self._feed.read(leader))
+
+    def _take(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel, payload = reply[0], reply[1], reply[2]
+        if kind not in (b"message", b"smessage") or channel != self._channel:
+            return
+        if not isinstance(payload, bytes):
+            return
+        self._push(self._feed.message(payload))
+        if self._feed.stale:
+            try:
+                leader = parse_leader(self._client._query(self._key, ["LOCK.LEADER", self._key]))
+            except LockError:
+                return  # the next message or reconnection tells
+            self._push(self._feed.read(leader))
+
+    def _push(self, leader: Optional[Leader]) -> None:
+        if leader is not None:
+            self._ready.append(leader)
+
+    def _drop(self, conn: Optional[RawConnection]) -> None:
+        with self._lock:
+            if conn is None or self._conn is not conn:
+                return
+            self._conn = None
+        conn.disconnect()
+
+    def close(self) -> None:
+        """Ends the iteration; a ``next()`` blocked in another thread returns at once (the
+        socket is shut down under it, and that thread closes the connection)."""
+        with self._lock:
+            self._closed = True
+            conn, reading = self._conn, self._reading
+        if conn is None:
+            return
+        if reading:
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        else:
+            self._drop(conn)
+
+    def __enter__(self) -> Observer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _after_fork_in_child() -> None:
