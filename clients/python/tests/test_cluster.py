@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 import uuid
@@ -13,12 +14,14 @@ import redis.asyncio.cluster
 from conftest import Cluster
 from redis_lock_client import (
     AsyncLockClient,
+    Leader,
     LockClient,
     LockServerError,
     LockTimeout,
     LostReason,
     NotHeld,
     Release,
+    leader_channel,
     lost_signal_channel,
 )
 
@@ -198,5 +201,71 @@ def test_async_multi_key_lock_in_a_cluster(cluster):
             assert guard.lost_reason is LostReason.FORCE_RELEASED
             with pytest.raises(LockServerError, match="^CROSSSLOT"):
                 await client.multi_lock([unique("a"), unique("c")]).try_acquire()
+        await rc.aclose()
+    asyncio.run(main())
+
+
+def next_within(observer, bound: float = 5.0):
+    """The observer's next leader, failing (not hanging) when none comes within `bound`."""
+    out: "queue.Queue[object]" = queue.Queue()
+    threading.Thread(target=lambda: out.put(next(observer)), daemon=True).start()
+    return out.get(timeout=bound)
+
+
+@pytest.mark.scenario("election-cluster")
+def test_a_campaign_goes_to_the_keys_master_and_an_observer_follows_it_there(cluster, client):
+    moved = cluster.errorstat("MOVED")
+    for tag in ("a", "b", "c"):
+        key = unique(tag)
+        node = cluster.node_of(key)
+        a, b = client.election(key, "node-a"), client.election(key, "node-b")
+        with a.observe() as observer:
+            first = a.campaign(value="addr-a")
+            assert info(cluster, key)[b"owner"] == b"node-a"  # on the key's own master
+            assert info(cluster, key)[b"token"] == first.epoch
+            # The observer subscribed before it read: on the key's master, with SSUBSCRIBE.
+            leaders = [next_within(observer)]
+            shard = node.client().execute_command("PUBSUB", "SHARDNUMSUB", leader_channel(key))
+            assert shard[1] == 1
+            if leaders[0].value is None:  # it subscribed before the campaign: both messages
+                leaders.append(next_within(observer))
+            assert leaders[-1] == Leader(b"node-a", first.epoch, b"addr-a")
+            waiting = threading.Thread(target=lambda: first.resign())
+            threading.Timer(0.2, waiting.start).start()
+            second = b.campaign(timeout=10)  # waits on its own connection to the master
+            assert second.epoch > first.epoch
+            assert next_within(observer) == Leader(b"node-b", second.epoch, None)
+            assert second.proclaim("addr-b")
+            assert next_within(observer) == Leader(b"node-b", second.epoch, b"addr-b")
+            assert b.leader() == Leader(b"node-b", second.epoch, b"addr-b")
+            second.resign()
+    assert cluster.errorstat("MOVED") == moved
+
+
+@pytest.mark.scenario("election-cluster")
+def test_async_election_in_a_cluster(cluster):
+    async def main() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        moved = cluster.errorstat("MOVED")
+        async with AsyncLockClient(rc) as client:
+            key = unique("c")
+            node = cluster.node_of(key)
+            election = client.election(key, "node-a")
+            async with election.observe() as observer:
+                leadership = await election.campaign()
+                assert isinstance(info(cluster, key)[b"ephemeral"], int)
+                first = await asyncio.wait_for(observer.__anext__(), 5)
+                assert first == Leader(b"node-a", leadership.epoch, None)
+                shard = node.client().execute_command("PUBSUB", "SHARDNUMSUB", leader_channel(key))
+                assert shard[1] == 1
+                assert await leadership.proclaim("addr-a")
+                proclaimed = await asyncio.wait_for(observer.__anext__(), 5)
+                assert proclaimed == Leader(b"node-a", leadership.epoch, b"addr-a")
+                assert await election.leader() == Leader(b"node-a", leadership.epoch, b"addr-a")
+                node.client().execute_command(
+                    "CLIENT", "KILL", "ID", info(cluster, key)[b"ephemeral"])
+                await asyncio.wait_for(leadership.lost.wait(), 1.0)
+                assert await election.leader() is None
+        assert cluster.errorstat("MOVED") == moved
         await rc.aclose()
     asyncio.run(main())
