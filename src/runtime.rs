@@ -11,7 +11,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lock_core::args::Wait;
+use lock_core::args::{AcquireRequest, Binding, Wait};
 use lock_core::binding::{ClientId, GrantRef};
 use lock_core::election::Campaign;
 use lock_core::hold::{HoldKind, Lock, Lost, Mode, StoredLock};
@@ -154,6 +154,22 @@ pub struct Request<'a> {
     pub bind: Option<ClientId>,
     /// `LOCK.CAMPAIGN`: its grant is announced to the key's observers.
     pub campaign: Option<Campaign>,
+}
+
+impl<'a> Request<'a> {
+    /// What the calling client's acquire asks for, as it waits (bound to the calling
+    /// connection with `EPHEMERAL`).
+    pub fn of(ctx: Ctx, request: &AcquireRequest<'a>, campaign: Option<Campaign>) -> Self {
+        Request {
+            owner: request.owner,
+            lease_ms: request.lease_ms,
+            wait: request.wait,
+            mode: request.mode,
+            reentry: request.reentry,
+            bind: (request.binding == Binding::Connection).then(|| ffi::client_id(ctx)),
+            campaign,
+        }
+    }
 }
 
 /// Queues the current client on its key — on every key at once for a multi-key acquire — and

@@ -54,6 +54,15 @@ fn wait_in_thread(
     (id, rx)
 }
 
+fn mrelease(con: &mut Connection, keys: &[&str], owner: &str) -> Vec<Option<i64>> {
+    redis::cmd("LOCK.MRELEASE")
+        .arg(keys.len())
+        .arg(keys)
+        .arg(owner)
+        .query(con)
+        .unwrap()
+}
+
 fn exists(con: &mut Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query::<i64>(con).unwrap() == 1
 }
@@ -107,12 +116,7 @@ fn every_key_or_none_with_a_token_per_key_in_the_order_asked() {
         .query(&mut con)
         .unwrap();
     assert_eq!(renewed, [1, 0, 1]);
-    let released: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
-        .arg(3)
-        .arg(&["a", "busy", "b"])
-        .arg("o")
-        .query(&mut con)
-        .unwrap();
+    let released = mrelease(&mut con, &["a", "busy", "b"], "o");
     assert_eq!(released, [Some(0), None, Some(0)]);
     assert!(!exists(&mut con, "a") && !exists(&mut con, "b"));
     assert_eq!(holder(&mut con, "busy").as_deref(), Some("x"));
@@ -157,12 +161,7 @@ fn a_multi_key_waiter_is_granted_every_key_at_once_and_nobody_passes_it() {
         late.recv_timeout(Duration::from_millis(200)).is_err(),
         "late passed m"
     );
-    let _: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
-        .arg(2)
-        .arg(&["a", "b"])
-        .arg("m")
-        .query(&mut con)
-        .unwrap();
+    let _ = mrelease(&mut con, &["a", "b"], "m");
     assert!(late.recv_timeout(SOON).unwrap().unwrap().is_some());
 }
 
@@ -185,12 +184,7 @@ fn requests_in_opposite_key_orders_all_finish() {
                     .unwrap()
                     .expect("granted within the wait");
                 assert_eq!(tokens.len(), 3);
-                let released: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
-                    .arg(3)
-                    .arg(keys)
-                    .arg(&owner)
-                    .query(&mut con)
-                    .unwrap();
+                let released = mrelease(&mut con, keys, &owner);
                 assert_eq!(
                     released,
                     [Some(0); 3],
@@ -444,12 +438,7 @@ fn once_is_kept_by_a_waiting_multi_key_request() {
     wait_until_queued(&mut con, 1);
     release(&mut con, "theirs", "x");
     rx.recv_timeout(SOON).unwrap().0.unwrap().unwrap();
-    let released: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
-        .arg(2)
-        .arg(&["mine", "theirs"])
-        .arg("o")
-        .query(&mut con)
-        .unwrap();
+    let released = mrelease(&mut con, &["mine", "theirs"], "o");
     assert_eq!(released, [Some(0), Some(0)], "one release frees both");
 }
 
@@ -474,12 +463,7 @@ fn a_retry_in_another_key_order_gets_its_tokens_in_that_order() {
     wait_until_queued(&mut con, 1);
     let (_, retry) = wait_in_thread(&server, &["b", "a"], "o", &["WAIT", "0"]);
     assert!(first.recv_timeout(SOON).unwrap().0.is_err(), "replaced");
-    let _: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
-        .arg(2)
-        .arg(&["a", "b"])
-        .arg("x")
-        .query(&mut con)
-        .unwrap();
+    let _ = mrelease(&mut con, &["a", "b"], "x");
     let tokens = retry.recv_timeout(SOON).unwrap().0.unwrap().unwrap();
     let token_of =
         |con: &mut Connection, key: &str| lock_info(con, key).map(|i| info_int(&i, "token"));
@@ -504,12 +488,7 @@ fn a_key_handed_on_by_a_multi_key_release_is_not_announced_free() {
         .unwrap();
     let (_, rx) = wait_in_thread(&server, &["a", "b"], "w", &["WAIT", "0"]);
     wait_until_queued(&mut con, 1);
-    let _: Vec<Option<i64>> = redis::cmd("LOCK.MRELEASE")
-        .arg(2)
-        .arg(&["a", "b"])
-        .arg("o")
-        .query(&mut con)
-        .unwrap();
+    let _ = mrelease(&mut con, &["a", "b"], "o");
     rx.recv_timeout(SOON).unwrap().0.unwrap().unwrap();
     assert_eq!(holder(&mut con, "b").as_deref(), Some("w"));
     assert!(

@@ -107,18 +107,9 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     };
     // Not granted, and the client asked to wait and may: queue it.
     let key = waiting_key.unwrap_or_else(|| LockKey::new(ffi::selected_db(ctx), request.key));
-    let bind = (request.binding == Binding::Connection).then(|| ffi::client_id(ctx));
     runtime::enqueue(
         ctx,
         &[(key, seen)],
-        runtime::Request {
-            owner: request.owner,
-            lease_ms: request.lease_ms,
-            wait: request.wait,
-            mode: request.mode,
-            reentry: request.reentry,
-            bind,
-            campaign: None,
-        },
+        runtime::Request::of(ctx, &request, None),
     )
 }

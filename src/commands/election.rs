@@ -152,21 +152,13 @@ fn run_campaign(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
         }
         return Ok(());
     };
-    let bind = (request.binding == Binding::Connection).then(|| ffi::client_id(ctx));
+    let announce = Campaign {
+        value: campaign.value.map(Into::into),
+    };
     runtime::enqueue(
         ctx,
         &[(key, seen)],
-        runtime::Request {
-            owner: request.owner,
-            lease_ms: request.lease_ms,
-            wait: request.wait,
-            mode: request.mode,
-            reentry: request.reentry,
-            bind,
-            campaign: Some(Campaign {
-                value: campaign.value.map(Into::into),
-            }),
-        },
+        runtime::Request::of(ctx, request, Some(announce)),
     )
 }
 

@@ -273,20 +273,7 @@ fn queue_on_all(
         .map(|r| LockKey::new(db, r.key))
         .zip(seen)
         .collect();
-    let bind = (first.binding == Binding::Connection).then(|| ffi::client_id(ctx));
-    runtime::enqueue(
-        ctx,
-        &keys,
-        runtime::Request {
-            owner: first.owner,
-            lease_ms: first.lease_ms,
-            wait: first.wait,
-            mode: first.mode,
-            reentry: first.reentry,
-            bind,
-            campaign: None,
-        },
-    )
+    runtime::enqueue(ctx, &keys, runtime::Request::of(ctx, first, None))
 }
 
 fn run_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
