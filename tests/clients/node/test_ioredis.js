@@ -20,7 +20,9 @@ test('acquire, renew, LOCK.INFO (flat array by default), release', async () => {
   const redis = new Redis({ host: HOST, port: PORT });
   const key = unique('ioredis:basic');
   const token = await redis.call('LOCK.ACQUIRE', key, 'worker-1', 30000); // number, or null if busy
-  check(typeof token === 'number' && token > 0, `token ${token}`);
+  check(Number.isSafeInteger(token) && token > 0, `token ${token}`);
+  // RESP3 on the wire by default (HELLO 3), its maps flattened by replyMapping "legacy".
+  check(/ resp=3\s*$/.test(await redis.client('INFO')), `the connection speaks RESP3: ${await redis.client('INFO')}`);
   check((await redis.call('LOCK.ACQUIRE', key, 'worker-2', 30000)) === null, 'busy: null');
   check((await redis.call('LOCK.RENEW', key, 'worker-1', 30000)) === 1, 'renew: 1');
   const info = await redis.call('LOCK.INFO', key);
@@ -309,6 +311,35 @@ test('cluster: LOCK.* goes to an arbitrary node and follows MOVED; results are r
   check((await waiter.call('LOCK.RELEASE', key, 'worker-2')) === 0, 'release');
   cluster.disconnect();
   waiter.disconnect();
+});
+
+// A Redis.Cluster keeps one connection per node, so a WAIT sent through it holds up every later
+// command of that object to the same node, the release that would end the wait included: the
+// release is answered only when the WAIT gives up. cluster.duplicate() for the waits avoids it.
+test('cluster: a WAIT holds up its Redis.Cluster\'s later commands to that node; on cluster.duplicate() it does not', async () => {
+  const key = Object.values(await keysOnEveryNode(unique('ioredis:cluster-hold-up')))[1];
+  const cluster = new Redis.Cluster([{ host: HOST, port: CLUSTER[0] }]);
+  const waitAndRelease = async (waiter) => {
+    await cluster.call('LOCK.ACQUIRE', key, 'worker-1', 30000);
+    const t = Date.now();
+    const waited = waiter.call('LOCK.ACQUIRE', key, 'worker-2', 30000, 'WAIT', 1500);
+    await sleep(300);
+    const released = await cluster.call('LOCK.RELEASE', key, 'worker-1');
+    const releasedAt = Date.now() - t;
+    const token = await waited;
+    await cluster.call('LOCK.FORCERELEASE', key);
+    return { released, releasedAt, token };
+  };
+  const same = await waitAndRelease(cluster);
+  check(same.token === null, `the WAIT on the same object timed out: ${JSON.stringify(same)}`);
+  check(same.released === 0, `the release freed the lock only after the wait gave up: ${JSON.stringify(same)}`);
+  check(same.releasedAt >= 1400, `the release waited for the WAIT: ${same.releasedAt} ms`);
+  const waiter = cluster.duplicate();
+  const other = await waitAndRelease(waiter);
+  check(other.released === 0 && other.releasedAt < 1000, `the release was answered at once: ${JSON.stringify(other)}`);
+  check(typeof other.token === 'number', `the WAIT on the duplicate was granted: ${JSON.stringify(other)}`);
+  waiter.disconnect();
+  cluster.disconnect();
 });
 
 run().finally(() => admin.disconnect());

@@ -16,7 +16,7 @@ test('acquire, renew, LOCK.INFO (object under RESP3, the default), release', asy
   const client = await createClient({ url }).connect();
   const key = unique('node-redis:basic');
   const token = await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000']); // number or null
-  check(typeof token === 'number' && token > 0, `token ${token}`);
+  check(Number.isSafeInteger(token) && token > 0, `token ${token}`);
   check((await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000'])) === null, 'busy: null');
   check((await client.sendCommand(['LOCK.RENEW', key, 'worker-1', '30000'])) === 1, 'renew: 1');
   const info = await client.sendCommand(['LOCK.INFO', key]);
@@ -75,7 +75,7 @@ test('socketTimeout below the WAIT closes the client for good; the waiter leaves
   await client.connect();
   let error = null;
   await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '10000']).catch((e) => (error = e));
-  check(error && /timeout/i.test(error.message), `rejected: ${error}`);
+  check(error && error.constructor.name === 'SocketTimeoutError', `rejected: ${error && error.constructor.name}: ${error}`);
   await sleep(200);
   check(!client.isOpen, 'the client is closed');
   const later = await client.ping().then(() => null, (e) => e);
@@ -158,9 +158,11 @@ test('SHARED and LIMIT: readers share, a semaphore counts permits; LOCK.INFO has
   await client.close();
 });
 
-test('EPHEMERAL: a silent reconnect drops the hold (PING works, RENEW answers 0)', async () => {
+test('EPHEMERAL: a silent reconnect drops the hold (PING works, RENEW answers 0); the client emits error and reconnecting', async () => {
   const client = createClient({ url });
-  client.on('error', () => {});
+  const events = [];
+  client.on('error', (e) => events.push(`error: ${e.message}`));
+  client.on('reconnecting', () => events.push('reconnecting'));
   await client.connect();
   const key = unique('node-redis:ephemeral');
   check(typeof (await client.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000', 'EPHEMERAL'])) === 'number', 'token');
@@ -168,10 +170,29 @@ test('EPHEMERAL: a silent reconnect drops the hold (PING works, RENEW answers 0)
   check((await client.sendCommand(['LOCK.INFO', key])).ephemeral === id, 'bound to this connection');
   await admin.sendCommand(['CLIENT', 'KILL', 'ID', String(id)]);
   await sleep(300);
+  check(events[0] === 'error: Socket closed unexpectedly' && events[1] === 'reconnecting', `at the drop, before any command: ${events}`);
   check((await client.ping()) === 'PONG', 'the client reconnected by itself');
   check((await client.sendCommand(['LOCK.RENEW', key, 'worker-1', '30000'])) === 0, 'RENEW: 0, the hold is gone');
   check((await client.sendCommand(['LOCK.INFO', key])) === null, 'free');
   await client.close();
+});
+
+// The dedicated connection with reconnectStrategy: false: the drop closes the client for good, so
+// the holder's next renewal rejects (ClientClosedError) instead of answering on a new connection.
+test('EPHEMERAL on a client with reconnectStrategy: false: the drop closes it, the next renewal rejects', async () => {
+  const holder = createClient({ url, socket: { reconnectStrategy: false } });
+  const errors = [];
+  holder.on('error', (e) => errors.push(e.message));
+  await holder.connect();
+  const key = unique('node-redis:ephemeral-no-reconnect');
+  await holder.sendCommand(['LOCK.ACQUIRE', key, 'worker-1', '30000', 'EPHEMERAL']);
+  check((await holder.sendCommand(['LOCK.RENEW', key, 'worker-1', '30000'])) === 1, 'renewed on it');
+  await admin.sendCommand(['CLIENT', 'KILL', 'ID', String(await holder.sendCommand(['CLIENT', 'ID']))]);
+  await sleep(300);
+  check(errors.join() === 'Socket closed unexpectedly' && !holder.isOpen, `closed: ${errors} ${holder.isOpen}`);
+  const error = await holder.sendCommand(['LOCK.RENEW', key, 'worker-1', '30000']).then(() => null, (e) => e);
+  check(error && error.constructor.name === 'ClientClosedError', `the next renewal rejects: ${error}`);
+  check((await admin.sendCommand(['LOCK.INFO', key])) === null, 'the hold ended with the connection');
 });
 
 // createClientPool (defaults: minimum 1, cleanupDelay 3000) hands each command to whichever of
@@ -265,6 +286,58 @@ test('cluster: sendCommand(key, false, [...]) goes straight to the key\'s node, 
   for (const port of CLUSTER) check(after[port] === before[port], `no MOVED on ${port}`);
   await cluster.close();
   await waiter.close();
+});
+
+// A cluster object keeps one connection per node, so a WAIT sent through it holds up every later
+// command of that object to the same node, the release that would end the wait included: the
+// release is answered only when the WAIT gives up. A second cluster object
+// (cluster.duplicate().connect()) for the waits avoids it.
+test('cluster: a WAIT holds up its cluster object\'s later commands to that node; on cluster.duplicate() it does not', async () => {
+  const key = (await keysOnEveryNode(unique('node-redis:cluster-hold-up')))[1];
+  const cluster = await createCluster({ rootNodes: [{ url: `redis://${HOST}:${CLUSTER[0]}` }] }).connect();
+  const waitAndRelease = async (waiter) => {
+    await cluster.sendCommand(key, false, ['LOCK.ACQUIRE', key, 'worker-1', '30000']);
+    const t = Date.now();
+    const waited = waiter.sendCommand(key, false, ['LOCK.ACQUIRE', key, 'worker-2', '30000', 'WAIT', '1500']);
+    await sleep(300);
+    const released = await cluster.sendCommand(key, false, ['LOCK.RELEASE', key, 'worker-1']);
+    const releasedAt = Date.now() - t;
+    const token = await waited;
+    await cluster.sendCommand(key, false, ['LOCK.FORCERELEASE', key]);
+    return { released, releasedAt, token };
+  };
+  const same = await waitAndRelease(cluster);
+  check(same.token === null, `the WAIT on the same object timed out: ${JSON.stringify(same)}`);
+  check(same.released === 0, `the release freed the lock only after the wait gave up: ${JSON.stringify(same)}`);
+  check(same.releasedAt >= 1400, `the release waited for the WAIT: ${same.releasedAt} ms`);
+  const waiter = await cluster.duplicate().connect();
+  const other = await waitAndRelease(waiter);
+  check(other.released === 0 && other.releasedAt < 1000, `the release was answered at once: ${JSON.stringify(other)}`);
+  check(typeof other.token === 'number', `the WAIT on the duplicate was granted: ${JSON.stringify(other)}`);
+  await waiter.close();
+  await cluster.close();
+});
+
+test('cluster: LOCK.INFO and LOCK.LEADER are the read-only LOCK.* commands (isReadonly true)', async () => {
+  const key = (await keysOnEveryNode(unique('node-redis:cluster-readonly')))[2];
+  const cluster = await createCluster({ rootNodes: [{ url: `redis://${HOST}:${CLUSTER[0]}` }] }).connect();
+  const c = await createClient({ url: `redis://${HOST}:${CLUSTER[0]}`, RESP: 2 }).connect();
+  const readonly = (await c.sendCommand(['COMMAND']))
+    .filter(([name, , flags]) => String(name).startsWith('lock.') && flags.includes('readonly'))
+    .map(([name]) => String(name))
+    .sort();
+  await c.close();
+  check(JSON.stringify(readonly) === '["lock.info","lock.leader"]', `read-only: ${readonly}`);
+  const before = await movedPerNode();
+  check((await cluster.sendCommand(key, true, ['LOCK.LEADER', key])) === null, 'nobody leads');
+  const epoch = await cluster.sendCommand(key, false, ['LOCK.CAMPAIGN', key, 'candidate-1', '30000']);
+  const leader = await cluster.sendCommand(key, true, ['LOCK.LEADER', key]);
+  check(leader[0] === 'candidate-1' && leader[1] === epoch, JSON.stringify(leader));
+  check((await cluster.sendCommand(key, true, ['LOCK.INFO', key])).owner === 'candidate-1', 'info');
+  const after = await movedPerNode();
+  for (const port of CLUSTER) check(after[port] === before[port], `no MOVED on ${port}`);
+  await cluster.sendCommand(key, false, ['LOCK.FORCERELEASE', key]);
+  await cluster.close();
 });
 
 (async () => {

@@ -70,6 +70,39 @@ test 'read_timeout below the WAIT dies and closes the connection: the waiter lea
   $admin->$release($key, 'worker-1');
 };
 
+# EPHEMERAL: a Redis object closes its connection when it is destroyed (out of scope). With the
+# defaults (no reconnect) a drop makes every later command die, which is the loss; with
+# `reconnect => N` it reconnects silently and only LOCK.RENEW's 0 tells. The dedicated pattern:
+# one object kept referenced for as long as the hold lives, renewals on it, no `reconnect`.
+test 'EPHEMERAL: renewals on a dedicated Redis keep the hold; its drop dies; reconnect => N hides it; out of scope ends it' => sub {
+  my $admin = Redis->new(server => $server);
+  my $holder = Redis->new(server => $server);
+  my ($client) = ('client');
+  my $key = unique('perl:ephemeral');
+  $holder->$acquire($key, 'worker-1', 30000, 'EPHEMERAL');
+  my $id = $holder->$client('ID');
+  for (1 .. 3) { sleep 0.2; check($holder->$renew($key, 'worker-1', 30000) == 1, 'renewed') }
+  check(fields($admin, $key)->{ephemeral} == $id, 'held on the holder\'s connection');
+  $admin->$client('KILL', 'ID', $id);
+  sleep 0.1;
+  check(!defined $admin->$info($key), 'gone with the connection');
+  check(!eval { $holder->$renew($key, 'worker-1', 30000); 1 }, "the next renewal dies: $@");
+  check(!defined $holder->ping, 'no reconnect: ping answers undef');
+  check(!eval { $holder->$renew($key, 'worker-1', 30000); 1 }, "and a renewal still dies: $@");
+
+  my $reconnecting = Redis->new(server => $server, reconnect => 2);
+  $key = unique('perl:ephemeral-reconnect');
+  $reconnecting->$acquire($key, 'worker-1', 30000, 'EPHEMERAL');
+  $admin->$client('KILL', 'ID', $reconnecting->$client('ID'));
+  sleep 0.1;
+  check($reconnecting->$renew($key, 'worker-1', 30000) == 0, 'reconnect => 2: no error, the renewal answers 0');
+
+  $key = unique('perl:ephemeral-scoped');
+  { my $scoped = Redis->new(server => $server); $scoped->$acquire($key, 'worker-1', 30000, 'EPHEMERAL') }
+  sleep 0.1;
+  check(!defined $admin->$info($key), 'the object went out of scope, its connection closed: the hold is gone');
+};
+
 my $failed = 0;
 for my $case (@cases) {
   my ($name, $fn) = @$case;

@@ -109,6 +109,55 @@ test('no-timeout', 'OPT_READ_TIMEOUT -1: a WAIT is answered after more than 60 s
     $admin->rawCommand('LOCK.FORCERELEASE', $key);
 });
 
+// EPHEMERAL: a Redis object closes its connection when it is destroyed (out of scope, unset, the
+// end of the script or request), and by default (OPT_MAX_RETRIES 10) reconnects silently after a
+// drop. The dedicated pattern: one Redis object kept referenced for as long as the hold lives,
+// renewals on it, OPT_MAX_RETRIES 0 so a drop throws instead of reconnecting.
+function scoped_ephemeral(string $key): void
+{
+    client()->rawCommand('LOCK.ACQUIRE', $key, 'worker-1', 30000, 'EPHEMERAL');
+}
+
+test('main', 'EPHEMERAL: renewals on a dedicated Redis (OPT_MAX_RETRIES 0) keep the hold; its drop throws', function () {
+    $admin = client();
+    $holder = client();
+    $holder->setOption(Redis::OPT_MAX_RETRIES, 0);
+    $key = unique('phpredis:ephemeral');
+    $holder->rawCommand('LOCK.ACQUIRE', $key, 'worker-1', 30000, 'EPHEMERAL');
+    $id = $holder->rawCommand('CLIENT', 'ID');
+    for ($i = 0; $i < 3; $i++) {
+        usleep(200000);
+        check($holder->rawCommand('LOCK.RENEW', $key, 'worker-1', 30000) === 1, 'renewed');
+    }
+    check(fields($admin->rawCommand('LOCK.INFO', $key))['ephemeral'] === $id, 'held on the holder\'s connection');
+    $admin->rawCommand('CLIENT', 'KILL', 'ID', $id);
+    usleep(100000);
+    check($admin->rawCommand('LOCK.INFO', $key) === false, 'gone with the connection');
+    try {
+        $holder->rawCommand('LOCK.RENEW', $key, 'worker-1', 30000);
+        throw new RuntimeException('expected the renewal to throw');
+    } catch (RedisException $e) {
+        check($e->getMessage() === 'Connection lost', $e->getMessage());
+    }
+});
+
+test('main', 'EPHEMERAL with the defaults: a drop reconnects silently; a Redis object out of scope ends the hold', function () {
+    $admin = client();
+    $redis = client();
+    check($redis->getOption(Redis::OPT_MAX_RETRIES) === 10, 'OPT_MAX_RETRIES 10 by default');
+    $key = unique('phpredis:ephemeral-default');
+    $redis->rawCommand('LOCK.ACQUIRE', $key, 'worker-1', 30000, 'EPHEMERAL');
+    $id = $redis->rawCommand('CLIENT', 'ID');
+    $admin->rawCommand('CLIENT', 'KILL', 'ID', $id);
+    usleep(100000);
+    check($redis->rawCommand('LOCK.RENEW', $key, 'worker-1', 30000) === 0, 'no error: the renewal ran on a new connection, 0');
+    check($redis->rawCommand('CLIENT', 'ID') !== $id, 'a new connection');
+    $key = unique('phpredis:ephemeral-scoped');
+    scoped_ephemeral($key);
+    usleep(100000);
+    check($admin->rawCommand('LOCK.INFO', $key) === false, 'the object went out of scope, its connection closed: the hold is gone');
+});
+
 function moved_total(): int
 {
     global $HOST, $CLUSTER;

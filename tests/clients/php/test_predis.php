@@ -128,4 +128,40 @@ test('main', 'cluster: LOCK.* is refused until a key handler is registered, then
     check(moved_total() === $before, 'no MOVED');
 });
 
+// EPHEMERAL: a Predis\Client closes its connection when it is destroyed (out of scope, unset,
+// the end of the script or request). After a drop the next command throws
+// ConnectionException and the one after it connects again, silently. The dedicated pattern: one
+// client kept referenced for as long as the hold lives, renewals on it, any ConnectionException
+// on it taken as the loss.
+function scoped_ephemeral(string $key): void
+{
+    client()->executeRaw(['LOCK.ACQUIRE', $key, 'worker-1', 30000, 'EPHEMERAL']);
+}
+
+test('main', 'EPHEMERAL: renewals on a dedicated client keep the hold; its drop throws, then it reconnects; out of scope ends the hold', function () {
+    $admin = client();
+    $holder = client();
+    $key = unique('predis:ephemeral');
+    $holder->executeRaw(['LOCK.ACQUIRE', $key, 'worker-1', 30000, 'EPHEMERAL']);
+    $id = $holder->executeRaw(['CLIENT', 'ID']);
+    for ($i = 0; $i < 3; $i++) {
+        usleep(200000);
+        check($holder->executeRaw(['LOCK.RENEW', $key, 'worker-1', 30000]) === 1, 'renewed');
+    }
+    check(fields($admin->executeRaw(['LOCK.INFO', $key]))['ephemeral'] === $id, 'held on the holder\'s connection');
+    $admin->executeRaw(['CLIENT', 'KILL', 'ID', $id]);
+    usleep(100000);
+    check($admin->executeRaw(['LOCK.INFO', $key]) === null, 'gone with the connection');
+    try {
+        $holder->executeRaw(['LOCK.RENEW', $key, 'worker-1', 30000]);
+        throw new RuntimeException('expected the renewal to throw');
+    } catch (Predis\Connection\ConnectionException $e) {
+    }
+    check($holder->executeRaw(['LOCK.RENEW', $key, 'worker-1', 30000]) === 0, 'the command after it reconnects: 0');
+    $key = unique('predis:ephemeral-scoped');
+    scoped_ephemeral($key);
+    usleep(100000);
+    check($admin->executeRaw(['LOCK.INFO', $key]) === null, 'the client went out of scope, its connection closed: the hold is gone');
+});
+
 run_cases();

@@ -152,6 +152,47 @@ async def on_a_client_side_timeout_close_the_client_and_the_waiter_leaves_the_qu
     await admin.close()
 
 
+# EPHEMERAL: a GlideClient is one connection, and glide reconnects it by itself after a drop:
+# the next command runs on the new connection, and only LOCK.RENEW's 0 tells the hold is gone.
+# Its request timeouts keep the connection, so they do not end a hold; close() does.
+@case
+@sync
+async def EPHEMERAL_renewals_and_a_request_timeout_on_a_dedicated_client_keep_the_hold_a_drop_reconnects_silently_close_ends_it():
+    admin = await client()
+    holder = await client()
+    key = unique("glide:ephemeral")
+    await holder.custom_command(["LOCK.ACQUIRE", key, "worker-1", "30000", "EPHEMERAL"])
+    client_id = await holder.custom_command(["CLIENT", "ID"])
+    for _ in range(3):
+        await asyncio.sleep(0.2)
+        check(await holder.custom_command(["LOCK.RENEW", key, "worker-1", "30000"]) == 1, "renewed")
+    # A request timeout (250 ms by default) on the holder keeps its connection, and the hold.
+    busy = unique("glide:ephemeral-busy")
+    await admin.custom_command(["LOCK.ACQUIRE", busy, "other", "30000"])
+    try:
+        await holder.custom_command(["LOCK.ACQUIRE", busy, "worker-1", "30000", "WAIT", "600"])
+        raise AssertionError("expected a request timeout")
+    except GlideTimeoutError:
+        pass
+    await asyncio.sleep(0.6)  # the abandoned WAIT gives up on the server
+    info = await admin.custom_command(["LOCK.INFO", key])
+    check(info[b"ephemeral"] == client_id, f"held on the holder's connection {client_id}: {info!r}")
+    check(await holder.custom_command(["CLIENT", "ID"]) == client_id, "the same connection")
+    await admin.custom_command(["LOCK.FORCERELEASE", busy])
+    await admin.custom_command(["CLIENT", "KILL", "ID", str(client_id)])
+    await asyncio.sleep(0.3)
+    check(await admin.custom_command(["LOCK.INFO", key]) is None, "gone with the connection")
+    renewed = await holder.custom_command(["LOCK.RENEW", key, "worker-1", "30000"])
+    check(renewed == 0, f"no error: the renewal ran on a new connection and answers 0: {renewed!r}")
+    check(await holder.custom_command(["CLIENT", "ID"]) != client_id, "a new connection")
+    key = unique("glide:ephemeral-close")
+    await holder.custom_command(["LOCK.ACQUIRE", key, "worker-1", "30000", "EPHEMERAL"])
+    await holder.close()
+    await asyncio.sleep(0.1)
+    check(await admin.custom_command(["LOCK.INFO", key]) is None, "close() ended the hold")
+    await admin.close()
+
+
 async def moved_per_node():
     out = {}
     for port in CLUSTER:

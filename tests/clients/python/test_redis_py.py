@@ -65,6 +65,10 @@ def sync_acquire_renew_info_release_RESP3_default():
     check(info[b"owner"] == b"worker-1" and info[b"count"] == 1, f"{info!r}")
     check(info[b"token"] == token and info[b"waiters"] == 0, f"{info!r}")
     check(0 < info[b"ttl"] <= 30000, f"{info!r}")
+    names = [b"owner", b"count", b"ttl", b"token", b"ephemeral", b"waiters", b"mode", b"holders"]
+    check(list(info) == names, f"the fields the guide's comment shows: {list(info)!r}")
+    check(info[b"ephemeral"] is None and info[b"mode"] == b"exclusive", f"{info!r}")
+    check(info[b"holders"][0][b"owner"] == b"worker-1", f"{info!r}")
     check(r.execute_command("LOCK.RELEASE", key, "worker-1") == 0, "release: 0 = free")
     check(r.execute_command("LOCK.RELEASE", key, "worker-1") is None, "not held: None")
     check(r.execute_command("LOCK.RENEW", key, "worker-1", 30000) == 0, "not held: renew 0")
@@ -439,6 +443,35 @@ def EPHEMERAL_on_a_dedicated_connection_renewed_on_it_lives_until_that_connectio
     check(not held(key), "ended with the connection")
 
 
+# The dedicated connection dropped (CLIENT KILL stands in for a network cut or a server-side
+# close). With the default retry, redis-py reconnects silently: the next command succeeds on a new
+# connection and only LOCK.RENEW's 0 tells the hold is gone. With retry=Retry(NoBackoff(), 0) the
+# first command after the drop raises redis.ConnectionError; the one after it reconnects.
+@case
+def EPHEMERAL_dedicated_connection_killed_default_retry_reconnects_silently_no_retry_raises_ConnectionError():
+    for retry in (None, Retry(NoBackoff(), 0)):
+        options = {} if retry is None else {"retry": retry}
+        holder = redis.Redis(host=HOST, port=PORT, single_connection_client=True, **options)
+        key = unique("py:ephemeral-killed")
+        holder.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+        first_id = holder.client_id()
+        admin().client_kill_filter(_id=first_id)
+        time.sleep(0.1)
+        check(not held(key), "the hold ended with the connection")
+        if retry is None:
+            renewed = holder.execute_command("LOCK.RENEW", key, "worker-1", 30000)
+            check(renewed == 0, f"default: the renewal goes through on a new connection and answers 0: {renewed!r}")
+            check(holder.client_id() != first_id, "a new connection")
+        else:
+            try:
+                holder.execute_command("LOCK.RENEW", key, "worker-1", 30000)
+                raise AssertionError("no retry: the renewal should have raised")
+            except redis.ConnectionError:
+                pass
+            check(holder.ping() is True and holder.client_id() != first_id, "the next command reconnects")
+        holder.close()
+
+
 @case
 def EPHEMERAL_through_a_pool_is_dropped_when_redis_py_closes_its_connection():
     # A redis.Redis that goes out of scope closes its pool: the hold ends.
@@ -625,11 +658,16 @@ def cluster_sync_commands_go_straight_to_the_key_s_node():
     first = rc.execute_command("LOCK.ACQUIRE", key, "worker-1", 30000)
     t = threading.Thread(target=lambda: (time.sleep(0.3), rc.execute_command("LOCK.RELEASE", key, "worker-1")))
     waiter = RedisCluster(host=HOST, port=CLUSTER[0], socket_timeout=None, retry=Retry(NoBackoff(), 0))
+    before = node_stats()
     t.start()
     token = waiter.execute_command("LOCK.ACQUIRE", key, "worker-2", 30000, "WAIT", 10000)
     t.join()
     check(isinstance(token, int) and token > first, f"granted {token!r}")
     check(waiter.execute_command("LOCK.RELEASE", key, "worker-2") == 0, "release")
+    after = node_stats()
+    for port in CLUSTER:
+        check(after[port][0] == before[port][0], f"WAIT: no MOVED on {port}: {before} -> {after}")
+    check(after[CLUSTER[1]][1] - before[CLUSTER[1]][1] == 1, f"the WAIT ran on the key's node: {before} -> {after}")
 
 
 def moved_total():

@@ -32,6 +32,8 @@ test "acquire, renew, LOCK.INFO (flat array), release" do
   check(info.is_a?(Array) && info.length == 16, "shape #{info.inspect}")
   f = fields(info)
   check(f["owner"] == "worker-1" && f["count"] == 1 && f["token"] == token && f["waiters"] == 0, f.inspect)
+  check(f.keys == %w[owner count ttl token ephemeral waiters mode holders], "names in order: #{f.keys}")
+  check(f["ephemeral"].nil? && f["mode"] == "exclusive" && fields(f["holders"][0])["owner"] == "worker-1", f.inspect)
   check(redis.call("lock.release", key, "worker-1") == 0, "release")
   check(redis.call("lock.info", key).nil?, "free")
 end
@@ -99,6 +101,53 @@ test "a read timeout with reconnect_attempts 0 raises and closes: the waiter lea
   sleep 0.1
   check(fields(admin.call("lock.info", key))["waiters"] == 0, "no waiter left")
   admin.call("lock.release", key, "worker-1")
+end
+
+# EPHEMERAL: a Redis object is one connection, shared by every thread that uses the object, and
+# redis-rb replaces it behind the caller's back: a command that times out closes it (the next
+# command reconnects), and after a drop the next command reconnects silently
+# (reconnect_attempts 1, the default). The dedicated pattern: a Redis object of its own for the
+# hold, renewals on it, reconnect_attempts: 0 so a drop raises Redis::ConnectionError instead.
+test "EPHEMERAL: renewals on a dedicated Redis (reconnect_attempts: 0) keep the hold, and its drop raises" do
+  holder = Redis.new(host: HOST, port: PORT, reconnect_attempts: 0)
+  key = unique("redis-rb:ephemeral")
+  holder.call("lock.acquire", key, "worker-1", 30000, "EPHEMERAL")
+  id = holder.call("client", "id")
+  3.times { sleep 0.2; check(holder.call("lock.renew", key, "worker-1", 30000) == 1, "renewed") }
+  check(fields(admin.call("lock.info", key))["ephemeral"] == id, "held on the holder's connection")
+  admin.call("client", "kill", "id", id)
+  sleep 0.1
+  check(admin.call("lock.info", key).nil?, "gone with the connection")
+  begin
+    holder.call("lock.renew", key, "worker-1", 30000)
+    raise "expected the renewal to raise"
+  rescue Redis::ConnectionError
+  end
+  check(holder.call("lock.renew", key, "worker-1", 30000) == 0, "the command after it reconnects: 0")
+end
+
+test "EPHEMERAL on a Redis with its defaults: a drop reconnects silently; another thread's timed-out command closes the connection" do
+  redis = Redis.new(host: HOST, port: PORT)
+  key = unique("redis-rb:ephemeral-default")
+  redis.call("lock.acquire", key, "worker-1", 30000, "EPHEMERAL")
+  admin.call("client", "kill", "id", redis.call("client", "id"))
+  sleep 0.1
+  check(redis.call("lock.renew", key, "worker-1", 30000) == 0, "no error: the renewal ran on a new connection, 0")
+
+  shared = Redis.new(host: HOST, port: PORT, read_timeout: 0.3)
+  key = unique("redis-rb:ephemeral-shared")
+  busy = unique("redis-rb:ephemeral-busy")
+  admin.call("lock.acquire", busy, "other", 30000)
+  shared.call("lock.acquire", key, "worker-1", 30000, "EPHEMERAL")
+  check(!admin.call("lock.info", key).nil?, "held")
+  Thread.new do
+    shared.call("lock.acquire", busy, "worker-2", 30000, "WAIT", 1000)
+  rescue Redis::TimeoutError
+  end.join
+  sleep 0.1
+  check(admin.call("lock.info", key).nil?, "the timed-out command closed the shared connection: the hold is gone")
+  check(shared.ping == "PONG", "and the object goes on, on a new connection")
+  admin.call("lock.forcerelease", busy)
 end
 
 def moved_per_node

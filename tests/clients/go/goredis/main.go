@@ -9,6 +9,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -172,6 +173,73 @@ func clusterRedirected() {
 	fmt.Printf("# go-redis cluster: %d of %d LOCK.* calls were redirected (MOVED)\n", m, calls)
 }
 
+func held(admin processor, key string) bool { return info(admin, key) != nil }
+
+// EPHEMERAL: a redis.Client is a pool that closes connections behind the caller's back: one idle
+// for IdleTimeout (5 min by default, reaped every IdleCheckFrequency, 1 min), and one whose
+// command failed or timed out. Its next command then runs on a new connection, silently. The
+// dedicated pattern: a client of its own with PoolSize 1, renewals on it (so its one connection
+// is never idle), any error on it taken as the loss, and the next renewal's 0 as the loss too.
+func ephemeral() {
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	def := redis.NewClient(&redis.Options{Addr: addr})
+	opt := reflect.ValueOf(def).Elem().FieldByName("baseClient").FieldByName("opt").Elem()
+	check(time.Duration(opt.FieldByName("IdleTimeout").Int()) == 5*time.Minute, "default IdleTimeout 5 min")
+	check(time.Duration(opt.FieldByName("IdleCheckFrequency").Int()) == time.Minute, "default idle check every minute")
+	check(opt.FieldByName("PoolSize").Int() == 10, "default PoolSize 10")
+	def.Close()
+
+	// The idle reaper, scaled down: renewals on the dedicated client keep its connection busy.
+	holder := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, IdleTimeout: 500 * time.Millisecond, IdleCheckFrequency: 100 * time.Millisecond})
+	defer holder.Close()
+	key := unique("go-redis:ephemeral")
+	_, err := do(holder, "LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+	check(err == nil, "acquire %v", err)
+	id, _ := do(holder, "CLIENT", "ID")
+	for i := 0; i < 8; i++ {
+		time.Sleep(200 * time.Millisecond)
+		v, err := do(holder, "LOCK.RENEW", key, "worker-1", 30000)
+		check(v == int64(1) && err == nil, "renewal %d: %v %v", i, v, err)
+	}
+	check(info(admin, key)["ephemeral"] == id, "1.6 s later, still held on the same connection %v: %v", id, info(admin, key))
+	time.Sleep(1200 * time.Millisecond) // no renewal: the connection idles past IdleTimeout
+	check(!held(admin, key), "the idle reaper closed the holding connection: the hold is gone")
+	v, err := do(holder, "LOCK.RENEW", key, "worker-1", 30000)
+	check(err == nil && v == int64(0), "the next renewal runs on a new connection and answers 0: %v %v", v, err)
+
+	// A command that times out on the client closes the connection it ran on.
+	busy := unique("go-redis:ephemeral-busy")
+	do(admin, "LOCK.ACQUIRE", busy, "other", 30000)
+	short := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, ReadTimeout: 300 * time.Millisecond})
+	defer short.Close()
+	key = unique("go-redis:ephemeral-timeout")
+	do(short, "LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+	check(held(admin, key), "held")
+	_, err = do(short, "LOCK.ACQUIRE", busy, "worker-1", 30000, "WAIT", 1000)
+	check(err != nil && strings.Contains(err.Error(), "timeout"), "timed out: %v", err)
+	time.Sleep(100 * time.Millisecond)
+	check(!held(admin, key), "the timed-out command's connection was closed: the hold is gone")
+	v, err = do(short, "PING")
+	check(err == nil && v == "PONG", "and the client goes on: %v %v", v, err)
+	do(admin, "LOCK.FORCERELEASE", busy)
+
+	// The holding connection dropped: the next renewal fails (MaxRetries 0); the one after it
+	// reconnects and answers 0.
+	killed := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})
+	defer killed.Close()
+	key = unique("go-redis:ephemeral-killed")
+	do(killed, "LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL")
+	id, _ = do(killed, "CLIENT", "ID")
+	do(admin, "CLIENT", "KILL", "ID", id)
+	time.Sleep(100 * time.Millisecond)
+	check(!held(admin, key), "gone with the connection")
+	_, err = do(killed, "LOCK.RENEW", key, "worker-1", 30000)
+	check(err != nil, "the next renewal fails: %v", err)
+	v, err = do(killed, "LOCK.RENEW", key, "worker-1", 30000)
+	check(err == nil && v == int64(0), "the one after it reconnects and answers 0: %v %v", v, err)
+}
+
 func main() {
 	failed := 0
 	for _, t := range []struct {
@@ -182,6 +250,7 @@ func main() {
 		{"defaults: a WAIT over 3 s fails at the 3 s ReadTimeout; the waiter leaves the queue", defaultReadTimeout},
 		{"ReadTimeout above the WAIT (or -1): timeout nil after the full WAIT, granted returns the token", readTimeoutAboveTheWait},
 		{"cluster: LOCK.* is sent to an arbitrary node and follows MOVED; WAIT works", clusterRedirected},
+		{"EPHEMERAL: renewals on a PoolSize 1 client keep the hold; the idle reaper, a timed-out command and a drop each end it", ephemeral},
 	} {
 		func() {
 			defer func() {

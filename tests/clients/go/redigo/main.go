@@ -126,6 +126,62 @@ func readTimeoutAndDoWithTimeout() {
 	admin.Do("LOCK.RELEASE", key, "worker-1")
 }
 
+// EPHEMERAL: redigo never reconnects a Conn. The dedicated pattern: a redis.Dial'd Conn of its
+// own, kept open for as long as the hold lives, renewals on it; an error on it leaves it broken
+// (c.Err() != nil), which is the loss. A redis.Pool closes connections behind the caller's
+// back: Close() on a pooled Conn closes it for real while the pool keeps MaxIdle (0 by default)
+// idle ones, and Get() closes an idle one older than IdleTimeout.
+func ephemeral() {
+	admin := dial()
+	defer admin.Close()
+	held := func(key string) bool { return lockInfo(admin, key) != nil }
+
+	holder := dial()
+	key := unique("redigo:ephemeral")
+	must(holder.Do("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL"))
+	for i := 0; i < 3; i++ {
+		time.Sleep(200 * time.Millisecond)
+		check(must(redis.Int64(holder.Do("LOCK.RENEW", key, "worker-1", 30000))).(int64) == 1, "renewal %d", i)
+	}
+	id := must(redis.Int64(holder.Do("CLIENT", "ID"))).(int64)
+	check(lockInfo(admin, key)["ephemeral"] == id, "held on the dedicated connection")
+	must(admin.Do("CLIENT", "KILL", "ID", id))
+	time.Sleep(100 * time.Millisecond)
+	check(!held(key), "gone with the connection")
+	_, err := holder.Do("LOCK.RENEW", key, "worker-1", 30000)
+	check(err != nil && holder.Err() != nil, "the next renewal fails and the Conn stays broken: %v", err)
+	_, err = holder.Do("PING")
+	check(err != nil, "no reconnect: %v", err)
+	holder.Close()
+
+	// A Pool with its defaults (MaxIdle 0): Close() closes the connection, and the hold with it.
+	pool := &redis.Pool{Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
+	defer pool.Close()
+	c := pool.Get()
+	key = unique("redigo:ephemeral-pool")
+	must(c.Do("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL"))
+	check(held(key), "held")
+	c.Close()
+	time.Sleep(100 * time.Millisecond)
+	check(!held(key), "MaxIdle 0: Close() closed the connection; the hold is gone")
+
+	// MaxIdle 1, IdleTimeout 300 ms: the connection waits idle in the pool, and the first Get()
+	// after 300 ms closes it.
+	pool = &redis.Pool{MaxIdle: 1, IdleTimeout: 300 * time.Millisecond, Dial: func() (redis.Conn, error) { return redis.Dial("tcp", addr) }}
+	defer pool.Close()
+	c = pool.Get()
+	key = unique("redigo:ephemeral-idle")
+	must(c.Do("LOCK.ACQUIRE", key, "worker-1", 30000, "EPHEMERAL"))
+	c.Close()
+	time.Sleep(500 * time.Millisecond)
+	check(held(key), "kept idle in the pool: still held")
+	c = pool.Get()
+	must(c.Do("PING"))
+	c.Close()
+	time.Sleep(100 * time.Millisecond)
+	check(!held(key), "Get() closed the stale idle connection: the hold is gone")
+}
+
 func main() {
 	failed := 0
 	for _, t := range []struct {
@@ -135,6 +191,7 @@ func main() {
 		{"acquire, renew, LOCK.INFO (flat array; StringMap fails on its integers), release", basics},
 		{"WAIT with defaults: granted returns the token, timeout nil", waitWithDefaults},
 		{"DialReadTimeout below the WAIT closes the connection; DoWithTimeout lifts it for one command", readTimeoutAndDoWithTimeout},
+		{"EPHEMERAL: a dedicated Conn keeps the hold and never reconnects; a Pool's Close() (MaxIdle 0) and IdleTimeout end it", ephemeral},
 	} {
 		func() {
 			defer func() {
