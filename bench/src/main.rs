@@ -1,6 +1,7 @@
 //! `make bench`: the lock module next to the two recipes it replaces — Redisson's RLock scripts
 //! (waiting by pub/sub) and `SET NX PX` with sleep-and-retry polling — with plain `SET`/`DEL` as
-//! the floor, all against one `redis-server` build in one run. The machine is shared, so the
+//! the floor, all against one `redis-server` build in one run; and the Rust client library
+//! (`clients/rust`) against the raw commands it sends. The machine is shared, so the
 //! report gives ratios measured side by side and medians over repetitions with their min–max.
 //!
 //! `cargo run --release -p lock-bench -- --module <abs path to libredis_lock.so> [--quick]
@@ -48,6 +49,8 @@ pub struct Plan {
     pub crash_ephemeral_samples: usize,
     pub crash_lease_samples: usize,
     pub crash_lease_ms: u64,
+    /// Acquire+release pairs per side and repetition in the Rust library scenario.
+    pub library_pairs: usize,
 }
 
 impl Plan {
@@ -73,6 +76,7 @@ impl Plan {
             crash_ephemeral_samples: 20,
             crash_lease_samples: 3,
             crash_lease_ms: 5000,
+            library_pairs: 10_000,
         }
     }
 
@@ -98,6 +102,7 @@ impl Plan {
             crash_ephemeral_samples: 20,
             crash_lease_samples: 3,
             crash_lease_ms: 2000,
+            library_pairs: 2_000,
         }
     }
 }
@@ -124,7 +129,7 @@ struct Args {
 }
 
 /// The names `--only` takes, in the order the scenarios run.
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "throughput",
     "contention",
     "deadlines",
@@ -133,6 +138,7 @@ const SCENARIOS: [&str; 8] = [
     "rw",
     "semaphore",
     "crash",
+    "library",
 ];
 
 fn usage() -> ! {
@@ -219,6 +225,7 @@ fn main() {
     let semaphore = wanted("semaphore")
         .then(|| scenarios::family::run(&bench, scenarios::family::Workload::Semaphore));
     let crash = wanted("crash").then(|| scenarios::crash::run(&bench));
+    let library = wanted("library").then(|| scenarios::library::run(&bench));
 
     let results = report::Results {
         throughput,
@@ -229,6 +236,7 @@ fn main() {
         rw,
         semaphore,
         crash,
+        library,
     };
     let wall = bench.started.elapsed();
     let chart = results

@@ -10,6 +10,7 @@ use crate::scenarios::contention::Contention;
 use crate::scenarios::crash::Crash;
 use crate::scenarios::deadlines::{Deadlines, Kind};
 use crate::scenarios::family::Family;
+use crate::scenarios::library::Library;
 use crate::scenarios::memory::Memory;
 use crate::scenarios::scaling::Scaling;
 use crate::scenarios::throughput::Throughput;
@@ -34,6 +35,7 @@ pub struct Results {
     pub rw: Option<Family>,
     pub semaphore: Option<Family>,
     pub crash: Option<Crash>,
+    pub library: Option<Library>,
 }
 
 /// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
@@ -104,6 +106,9 @@ fn targets(results: &Results) -> Vec<Target> {
     }
     for family in [&results.rw, &results.semaphore].into_iter().flatten() {
         all.extend(family.targets());
+    }
+    if let Some(l) = &results.library {
+        all.extend(l.targets());
     }
     all
 }
@@ -276,6 +281,9 @@ pub fn render(
     }
     if let Some(crash) = &results.crash {
         out.push_str(&crash.section(plan));
+    }
+    if let Some(library) = &results.library {
+        out.push_str(&library.section());
     }
     out.push_str(&method());
     out
