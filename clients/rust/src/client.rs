@@ -10,6 +10,7 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::error::LockError;
 use crate::hold::Commands;
+use crate::keeper::Keepers;
 use crate::lock::{Kind, Lock};
 use crate::servers::Servers;
 use crate::signal::SignalHub;
@@ -53,6 +54,8 @@ pub(crate) struct ClientInner {
     next_handle: AtomicU64,
     pub(crate) command_timeout: Duration,
     pub(crate) signals: Option<Arc<SignalHub>>,
+    /// The tasks that renew this client's holds, one per runtime.
+    pub(crate) keepers: Keepers,
 }
 
 /// Settings of a [`LockClient`] beyond the defaults.
@@ -142,6 +145,7 @@ impl LockClientBuilder {
                 next_handle: AtomicU64::new(1),
                 command_timeout: self.command_timeout,
                 signals,
+                keepers: Keepers::new(),
             }),
         })
     }
@@ -227,7 +231,7 @@ impl LockClient {
     fn handle(&self, key: &[u8], kind: Kind) -> Lock {
         let n = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
         let owner: Arc<str> = format!("{}:{n}", self.inner.id).into();
-        Lock::new(self.inner.clone(), key.to_vec(), owner, kind)
+        Lock::new(self.inner.clone(), key, owner, kind)
     }
 }
 

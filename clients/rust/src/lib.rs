@@ -13,8 +13,9 @@
 //!
 //! # Safe defaults
 //!
-//! - **Watchdog.** A hold's lease (30 s by default) is renewed every third of a lease by a task
-//!   of its own, whatever the application's task is doing. `LOCK.RENEW` answering 0 (the hold is
+//! - **Watchdog.** A hold's lease (30 s by default) is renewed every third of a lease by the
+//!   client's keeper, a task of its own (one per runtime) that holds every hold's due time,
+//!   whatever the application's task is doing. `LOCK.RENEW` answering 0 (the hold is
 //!   gone), or no successful renewal for a lease (counted from the *send* time of the last one,
 //!   minus a tenth for clock drift), reports the hold lost. Nothing renews after a release.
 //! - **Waiting never blocks other commands.** An acquire that waits (`LOCK.ACQUIRE ... WAIT`)
@@ -31,8 +32,8 @@
 //!
 //! # Runtime and cancellation
 //!
-//! The watchdog is a tokio task: on a multi-threaded runtime it renews while the application's
-//! task is busy, even blocked. On a `current_thread` runtime a task that blocks the thread
+//! The watchdog is a tokio task (the keeper, on the runtime the hold was acquired on): on a
+//! multi-threaded runtime it renews while the application's task is busy, even blocked. On a `current_thread` runtime a task that blocks the thread
 //! blocks the watchdog too (use `spawn_blocking` for blocking work). Dropping an
 //! [`Lock::acquire`] future that waits closes its connection, and the server forgets the waiter;
 //! dropping one mid-flight otherwise may leave a hold the application never saw, which ends at its
@@ -97,6 +98,7 @@ mod client;
 mod error;
 mod guard;
 mod hold;
+mod keeper;
 mod lock;
 mod lost;
 mod servers;

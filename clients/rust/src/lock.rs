@@ -1,7 +1,8 @@
 //! Lock handles: one owner identity on one key, and how it acquires.
 
+use std::borrow::Cow;
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use redis::{Cmd, Value};
@@ -80,13 +81,18 @@ pub struct Lock {
     renewal: Renewal,
     wait: Wait,
     ephemeral: bool,
+    /// `LOCK.ACQUIRE` without `WAIT` as these options make it, built once (a builder method
+    /// that changes an option clears it).
+    acquire: OnceLock<Cmd>,
 }
 
 /// What all clones of a handle share: its identity and its current hold.
 pub(crate) struct HandleState {
     client: Arc<ClientInner>,
-    key: Vec<u8>,
+    key: Arc<[u8]>,
     owner: Arc<str>,
+    /// `LOCK.RELEASE key owner`, the same for every hold of the handle.
+    release: Arc<Cmd>,
     kind: Kind,
     /// One acquire at a time per handle (the server lets an owner wait once per key anyway).
     gate: tokio::sync::Mutex<()>,
@@ -101,8 +107,10 @@ pub(crate) struct ActiveHold {
 }
 
 impl ActiveHold {
-    /// Stops the hold's tasks (no renewal after this) and its signal subscription.
+    /// Takes the hold off its keeper's schedule and stops its tasks (no renewal after this) and
+    /// its signal subscription.
     pub(crate) fn stop(self) {
+        self.core.keeper.cancel(&self.core);
         for task in &self.tasks {
             task.abort();
         }
@@ -150,12 +158,15 @@ impl HandleState {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Arc<ClientInner>, key: Vec<u8>, owner: Arc<str>, kind: Kind) -> Lock {
+    pub(crate) fn new(client: Arc<ClientInner>, key: &[u8], owner: Arc<str>, kind: Kind) -> Lock {
+        let mut release = redis::cmd("LOCK.RELEASE");
+        release.arg(key).arg(owner.as_bytes());
         Lock {
             state: Arc::new(HandleState {
                 client,
-                key,
+                key: key.into(),
                 owner,
+                release: Arc::new(release),
                 kind,
                 gate: tokio::sync::Mutex::new(()),
                 slot: Mutex::new(None),
@@ -164,6 +175,7 @@ impl Lock {
             renewal: Renewal::Watchdog,
             wait: Wait::Forever,
             ephemeral: false,
+            acquire: OnceLock::new(),
         }
     }
 
@@ -173,6 +185,7 @@ impl Lock {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Watchdog;
+        self.acquire = OnceLock::new();
         self
     }
 
@@ -181,6 +194,7 @@ impl Lock {
     pub fn fixed_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Fixed;
+        self.acquire = OnceLock::new();
         self
     }
 
@@ -198,6 +212,7 @@ impl Lock {
     /// well above a third of the lease — and with [`Lock::fixed_lease`] nothing is sent at all.
     pub fn ephemeral(mut self) -> Self {
         self.ephemeral = true;
+        self.acquire = OnceLock::new();
         self
     }
 
@@ -284,34 +299,36 @@ impl Lock {
         }
     }
 
-    fn acquire_cmd(&self, wait: Option<Wait>) -> Cmd {
-        let mut cmd = redis::cmd("LOCK.ACQUIRE");
-        cmd.arg(&self.state.key)
-            .arg(self.state.owner.as_bytes())
-            .arg(millis(self.lease));
-        match self.state.kind {
-            Kind::Exclusive => {}
-            Kind::Shared => {
-                cmd.arg("SHARED");
+    /// `LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms]`.
+    fn acquire_cmd(&self, wait: Option<Wait>) -> Cow<'_, Cmd> {
+        let base = self.acquire.get_or_init(|| {
+            let mut cmd = redis::cmd("LOCK.ACQUIRE");
+            cmd.arg(&*self.state.key)
+                .arg(self.state.owner.as_bytes())
+                .arg(millis(self.lease));
+            match self.state.kind {
+                Kind::Exclusive => {}
+                Kind::Shared => {
+                    cmd.arg("SHARED");
+                }
+                Kind::Permit { limit } => {
+                    cmd.arg("LIMIT").arg(limit);
+                }
             }
-            Kind::Permit { limit } => {
-                cmd.arg("LIMIT").arg(limit);
+            if self.ephemeral {
+                cmd.arg("EPHEMERAL");
             }
-        }
-        if self.ephemeral {
-            cmd.arg("EPHEMERAL");
-        }
-        cmd.arg("ONCE");
-        match wait {
-            None | Some(Wait::Timeout(Duration::ZERO)) => {}
-            Some(Wait::Forever) => {
-                cmd.arg("WAIT").arg(0);
-            }
-            Some(Wait::Timeout(t)) => {
-                cmd.arg("WAIT").arg(millis(t));
-            }
-        }
-        cmd
+            cmd.arg("ONCE");
+            cmd
+        });
+        let ms = match wait {
+            None | Some(Wait::Timeout(Duration::ZERO)) => return Cow::Borrowed(base),
+            Some(Wait::Forever) => 0,
+            Some(Wait::Timeout(t)) => millis(t),
+        };
+        let mut cmd = base.clone();
+        cmd.arg("WAIT").arg(ms);
+        Cow::Owned(cmd)
     }
 
     async fn acquire_inner(&self, wait: Option<Wait>) -> Result<Option<LockGuard>, LockError> {
@@ -523,13 +540,17 @@ impl Lock {
         let core = HoldCore::new(NewHold {
             key: state.key.clone(),
             owner: state.owner.clone(),
+            release: state.release.clone(),
             token,
             lease: self.lease,
             conn,
             sent,
             signals: client.signals.clone(),
+            renewal: self.renewal,
+            keeper: client.keepers.current(),
         });
-        let mut tasks = vec![tokio::spawn(hold::keep(core.clone(), self.renewal))];
+        core.start_keeping(sent);
+        let mut tasks = Vec::new();
         if let Some(pushes) = pushes {
             tasks.push(tokio::spawn(hold::watch_connection(
                 Arc::downgrade(&core),

@@ -342,7 +342,7 @@ async fn check_after_flush(hold: Arc<HoldCore>) {
         return;
     }
     let mut cmd = redis::cmd("LOCK.INFO");
-    cmd.arg(&hold.key);
+    cmd.arg(&*hold.key);
     if let Ok(reply) = hold.conn.query(&cmd).await {
         if !info_has_hold(&reply, hold.owner.as_bytes(), hold.token) {
             hold.lose(LostReason::Flushed);

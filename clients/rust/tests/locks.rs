@@ -722,3 +722,47 @@ async fn run_drops_the_work_when_the_hold_is_lost() {
     assert!(!finished.load(Ordering::SeqCst));
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+#[test]
+fn holds_taken_on_a_second_runtime_are_kept_after_the_first_one_ended() {
+    // A client's holds are renewed by a keeper task per runtime. The first runtime (where the
+    // client connected and its first keeper started) ends; a hold then taken on a second
+    // runtime is kept by a keeper there.
+    let server = Server::start();
+    let one_worker = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = one_worker();
+    let client = first
+        .block_on(LockClient::open(&server.url()))
+        .expect("client");
+    first.block_on(async {
+        let mut guard = client.lock("warm").acquire().await.unwrap();
+        guard.release().await.unwrap();
+    });
+    drop(first);
+    let second = one_worker();
+    second.block_on(async {
+        let mut raw = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let before = calls(&mut raw, "lock.renew").await;
+        let mut guard = client
+            .lock("k")
+            .lease(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1000)).await; // 3 leases
+        assert_eq!(guard.lost_reason(), None);
+        let renewals = calls(&mut raw, "lock.renew").await - before;
+        assert!(renewals >= 5, "renewals: {renewals}");
+        assert_eq!(guard.release().await.unwrap(), Release::Released);
+    });
+}
