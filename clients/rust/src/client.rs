@@ -129,6 +129,7 @@ impl LockClientBuilder {
                     Servers::Cluster {
                         info: seed,
                         conn: conn.clone(),
+                        slots: std::sync::Mutex::new(None),
                     },
                     Commands::Cluster(conn),
                     signals,
@@ -183,8 +184,9 @@ impl LockClient {
     /// [`LockClient::cluster`] with settings beyond the defaults. In a cluster, ordinary
     /// commands go through the `redis` crate's cluster connection (routed by key, `MOVED` and
     /// `ASK` followed); a waiting acquire and an `EPHEMERAL` hold get a connection of their own
-    /// to the master of the key's slot; the lost-hold signal is heard with `SSUBSCRIBE` on that
-    /// node.
+    /// to the master of the key's slot, found in the client's copy of the slot map (read with
+    /// `CLUSTER SLOTS` when first needed, dropped by a `MOVED`; `MOVED` and `ASK` are followed
+    /// there too); the lost-hold signal is heard with `SSUBSCRIBE` on that node.
     pub fn cluster_builder<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
     ) -> Result<LockClientBuilder, LockError> {

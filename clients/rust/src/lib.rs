@@ -77,8 +77,9 @@
 //!   runtime where the watchdog and the signal run while the caller's thread is busy.
 //! - [`LockClient::cluster`] talks to a Redis Cluster: commands routed by key (`MOVED`/`ASK`
 //!   followed by the `redis` crate's cluster connection), a waiting acquire and an `EPHEMERAL`
-//!   hold on a connection of their own to the key's master (`MOVED`/`ASK` followed there too),
-//!   the lost-hold signal with `SSUBSCRIBE` on that node.
+//!   hold on a connection of their own to the key's master, found in the client's copy of the
+//!   slot map (`MOVED`/`ASK` followed there too; a `MOVED` drops the copy, read again when next
+//!   needed), the lost-hold signal with `SSUBSCRIBE` on that node.
 //!
 //! # Not (yet) supported
 //!

@@ -14,6 +14,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::{self, millis, HoldConn, HoldCore, NewHold, OwnConnection, Renewal};
 use crate::lost::{LostReason, LostWatch};
+use crate::servers::Found;
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -439,17 +440,21 @@ impl Lock {
     }
 
     /// Sends `cmd` on a new connection to the node that serves the key (the one server, or the
-    /// master of the key's slot), following `MOVED` and `ASK` (with `ASKING`) to another node
-    /// while a slot moves. Returns the connection the answer came on.
+    /// master of the key's slot in the client's slot map), following `MOVED` (the slot moved:
+    /// the map is dropped, to be read again by the next lookup) and `ASK` (with `ASKING`: the
+    /// slot is moving) to another node. A node of the map that cannot be reached also drops the
+    /// map, and the node is looked up once more: nothing was sent to it. Returns the connection
+    /// the answer came on.
     async fn send_on_own_connection(
         &self,
         cmd: &Cmd,
         pushes: Pushes,
         limit: Option<Duration>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
-        let client = &self.state.client;
-        let mut node = match client.servers.node_of(&self.state.key).await {
-            Ok(node) => node,
+        let servers = &self.state.client.servers;
+        let timeout = self.state.client.command_timeout;
+        let (mut node, mut found) = match servers.node_of(&self.state.key).await {
+            Ok(found) => found,
             Err(e) => return (Err(e), None),
         };
         let mut asking = false;
@@ -459,8 +464,16 @@ impl Lock {
                 Pushes::Yes => (&node.resp3, true),
                 Pushes::No => (&node.client, false),
             };
-            let mut own = match hold::own_connection(target, push, client.command_timeout).await {
+            let mut own = match hold::own_connection(target, push, timeout).await {
                 Ok(own) => own,
+                Err(_) if found == Found::FromSlotMap => {
+                    servers.forget_slots();
+                    (node, found) = match servers.node_of(&self.state.key).await {
+                        Ok((node, _)) => (node, Found::Sure),
+                        Err(e) => return (Err(e), None),
+                    };
+                    continue;
+                }
                 Err(e) => return (Err(e), None),
             };
             if asking {
@@ -484,10 +497,14 @@ impl Lock {
                 Err(e) if redirects < REDIRECTS => {
                     if let Some((address, _slot)) = e.redirect_node() {
                         asking = e.code() == Some("ASK");
-                        node = match client.servers.node_at(address) {
+                        if !asking {
+                            servers.forget_slots();
+                        }
+                        node = match servers.node_at(address, &node) {
                             Ok(node) => node,
                             Err(e) => return (Err(e), None),
                         };
+                        found = Found::Sure;
                         redirects += 1;
                         continue;
                     }
