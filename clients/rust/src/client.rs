@@ -63,6 +63,7 @@ pub struct LockClientBuilder {
     target: Target,
     command_timeout: Duration,
     lost_signal: bool,
+    lost_prefix: String,
 }
 
 /// One server, or the seed nodes of a cluster.
@@ -89,13 +90,47 @@ impl LockClientBuilder {
     /// `FLUSHDB`/`FLUSHALL`) it checks each hold in that database at once with `LOCK.INFO` and
     /// reports those gone as [`LostReason::Flushed`](crate::LostReason::Flushed). Pub/sub is
     /// at-most-once: the watchdog stays the backstop for a message that is never delivered.
+    ///
+    /// The channels are the server's default (`lock.lost:{<key>}`, `lock.lost:flush`); for a
+    /// server whose `lock.lost-channel-prefix` is another, see
+    /// [`LockClientBuilder::lost_signal_prefix`].
     pub fn listen_for_lost_signal(mut self) -> Self {
         self.lost_signal = true;
         self
     }
 
+    /// Listens for the lost-hold signal (as [`LockClientBuilder::listen_for_lost_signal`]) of
+    /// a server whose `lock.lost-channel-prefix` is `prefix` instead of the default
+    /// [`lock.lost`](crate::DEFAULT_LOST_SIGNAL_PREFIX): on `<prefix>:{<key>}` and
+    /// `<prefix>:flush`. It must be the server's prefix (`CONFIG GET lock.lost-channel-prefix`):
+    /// with another, no message is heard, and only the watchdog reports losses. An empty
+    /// prefix (the server's signal turned off) is refused by [`LockClientBuilder::build`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+    /// use redis_lock_client::LockClient;
+    ///
+    /// // The server runs with `lock.lost-channel-prefix billing.lost`.
+    /// let client = LockClient::builder(redis::Client::open("redis://127.0.0.1:6379/")?)
+    ///     .lost_signal_prefix("billing.lost")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn lost_signal_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.lost_signal = true;
+        self.lost_prefix = prefix.into();
+        self
+    }
+
     /// Connects (one `PING` on the shared connection) and returns the client.
     pub async fn build(self) -> Result<LockClient, LockError> {
+        if self.lost_signal && self.lost_prefix.is_empty() {
+            return Err(LockError::InvalidArgument(
+                "an empty lost-signal prefix: the server sends no lost-hold signal with one",
+            ));
+        }
+        let prefix = self.lost_prefix.as_bytes();
         let (servers, commands, signals) = match self.target {
             Target::Single(client) => {
                 let info = client.get_connection_info().clone();
@@ -109,7 +144,7 @@ impl LockClientBuilder {
                 let commands = Commands::new(client.clone(), self.command_timeout);
                 let signals = self
                     .lost_signal
-                    .then(|| SignalHub::single(resp3.clone(), db));
+                    .then(|| SignalHub::single(resp3.clone(), db, prefix));
                 (Servers::Single { client, resp3 }, commands, signals)
             }
             Target::Cluster(seeds) => {
@@ -124,7 +159,7 @@ impl LockClientBuilder {
                     .get_async_connection()
                     .await
                     .map_err(LockError::Connection)?;
-                let signals = self.lost_signal.then(|| SignalHub::cluster(seeds));
+                let signals = self.lost_signal.then(|| SignalHub::cluster(seeds, prefix));
                 (
                     Servers::Cluster {
                         info: seed,
@@ -170,6 +205,7 @@ impl LockClient {
             target: Target::Single(client),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             lost_signal: false,
+            lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
         }
     }
 
@@ -199,6 +235,7 @@ impl LockClient {
             target: Target::Cluster(seeds),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             lost_signal: false,
+            lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
         })
     }
 

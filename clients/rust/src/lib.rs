@@ -80,13 +80,14 @@
 //!   hold on a connection of their own to the key's master, found in the client's copy of the
 //!   slot map (`MOVED`/`ASK` followed there too; a `MOVED` drops the copy, read again when next
 //!   needed), the lost-hold signal with `SSUBSCRIBE` on that node.
+//! - [`LockClientBuilder::lost_signal_prefix`] listens to a server whose
+//!   `lock.lost-channel-prefix` is not the default `lock.lost`.
 //!
 //! # Not (yet) supported
 //!
-//! Sentinel; TLS and unix sockets untested; a custom `lock.lost-channel-prefix` (the library
-//! listens on the default `lock.lost`); in a cluster, an `EPHEMERAL` hold whose slot migrates is
-//! reported lost ([`LostReason::ConnectionClosed`]) at its next renewal, since its connection is
-//! to the old node.
+//! Sentinel; TLS and unix sockets untested; in a cluster, an `EPHEMERAL` hold whose slot
+//! migrates is reported lost ([`LostReason::ConnectionClosed`]) at its next renewal, since its
+//! connection is to the old node.
 
 #![deny(missing_docs)]
 #![cfg_attr(
@@ -110,4 +111,6 @@ pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
 pub use lost::{LostReason, LostWatch};
-pub use signal::{lost_signal_channel, LostSignal};
+pub use signal::{
+    lost_signal_channel, lost_signal_channel_with_prefix, LostSignal, DEFAULT_LOST_SIGNAL_PREFIX,
+};
