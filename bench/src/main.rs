@@ -1,6 +1,7 @@
 //! `make bench`: the lock module next to the two recipes it replaces — Redisson's RLock scripts
 //! (waiting by pub/sub) and `SET NX PX` with sleep-and-retry polling — with plain `SET`/`DEL` as
-//! the floor, all against one `redis-server` build in one run. The machine is shared, so the
+//! the floor, all against one `redis-server` build in one run; and the Rust client library
+//! (`clients/rust`) against the raw commands it sends. The machine is shared, so the
 //! report gives ratios measured side by side and medians over repetitions with their min–max.
 //!
 //! `cargo run --release -p lock-bench -- --module <abs path to libredis_lock.so> [--quick]
@@ -48,6 +49,8 @@ pub struct Plan {
     pub crash_ephemeral_samples: usize,
     pub crash_lease_samples: usize,
     pub crash_lease_ms: u64,
+    /// Acquire+release pairs per side and repetition in the Rust library scenario.
+    pub library_pairs: usize,
 }
 
 impl Plan {
@@ -73,6 +76,7 @@ impl Plan {
             crash_ephemeral_samples: 20,
             crash_lease_samples: 3,
             crash_lease_ms: 5000,
+            library_pairs: 10_000,
         }
     }
 
@@ -98,6 +102,7 @@ impl Plan {
             crash_ephemeral_samples: 20,
             crash_lease_samples: 3,
             crash_lease_ms: 2000,
+            library_pairs: 2_000,
         }
     }
 }
@@ -134,6 +139,7 @@ const SCENARIOS: [&str; 9] = [
     "semaphore",
     "crash",
     "multikey",
+    "library",
 ];
 
 fn usage() -> ! {
@@ -221,6 +227,7 @@ fn main() {
         .then(|| scenarios::family::run(&bench, scenarios::family::Workload::Semaphore));
     let crash = wanted("crash").then(|| scenarios::crash::run(&bench));
     let multikey = wanted("multikey").then(|| scenarios::multikey::run(&bench));
+    let library = wanted("library").then(|| scenarios::library::run(&bench));
 
     let results = report::Results {
         throughput,
@@ -232,6 +239,7 @@ fn main() {
         semaphore,
         crash,
         multikey,
+        library,
     };
     let wall = bench.started.elapsed();
     let chart = results

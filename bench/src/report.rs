@@ -10,6 +10,7 @@ use crate::scenarios::contention::Contention;
 use crate::scenarios::crash::Crash;
 use crate::scenarios::deadlines::{Deadlines, Kind};
 use crate::scenarios::family::Family;
+use crate::scenarios::library::Library;
 use crate::scenarios::memory::Memory;
 use crate::scenarios::multikey::MultiKey;
 use crate::scenarios::scaling::Scaling;
@@ -36,6 +37,7 @@ pub struct Results {
     pub semaphore: Option<Family>,
     pub crash: Option<Crash>,
     pub multikey: Option<MultiKey>,
+    pub library: Option<Library>,
 }
 
 /// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
@@ -106,6 +108,9 @@ fn targets(results: &Results) -> Vec<Target> {
     }
     for family in [&results.rw, &results.semaphore].into_iter().flatten() {
         all.extend(family.targets());
+    }
+    if let Some(l) = &results.library {
+        all.extend(l.targets());
     }
     all
 }
@@ -281,6 +286,9 @@ pub fn render(
     }
     if let Some(multikey) = &results.multikey {
         out.push_str(&multikey.section());
+    }
+    if let Some(library) = &results.library {
+        out.push_str(&library.section());
     }
     out.push_str(&method());
     out

@@ -1,11 +1,13 @@
-//! The five scenarios of issue 6, and three for the lock family of docs/lock-family.md
-//! (read-write lock, semaphore, holder crashes). Each one starts its own server, measures every
-//! approach on it, and returns its results with a Markdown section (and the targets it judges).
+//! The five scenarios of issue 6, three for the lock family of docs/lock-family.md (read-write
+//! lock, semaphore, holder crashes), and one for the Rust client library. Each one starts its
+//! own server, measures every approach on it, and returns its results with a Markdown section
+//! (and the targets it judges).
 
 pub mod contention;
 pub mod crash;
 pub mod deadlines;
 pub mod family;
+pub mod library;
 pub mod memory;
 pub mod multikey;
 pub mod scaling;

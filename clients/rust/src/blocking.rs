@@ -299,7 +299,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let Some(mut guard) = self.inner.take() else {
+        let Some(mut guard) = self.inner.take().filter(|g| !g.is_released()) else {
             return;
         };
         // Release and wait for it; from async code (where blocking is refused) the async guard's

@@ -10,6 +10,7 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use crate::error::LockError;
 use crate::hold::Commands;
+use crate::keeper::Keepers;
 use crate::lock::{Kind, Lock};
 use crate::servers::Servers;
 use crate::signal::SignalHub;
@@ -53,6 +54,8 @@ pub(crate) struct ClientInner {
     next_handle: AtomicU64,
     pub(crate) command_timeout: Duration,
     pub(crate) signals: Option<Arc<SignalHub>>,
+    /// The tasks that renew this client's holds, one per runtime.
+    pub(crate) keepers: Keepers,
 }
 
 /// Settings of a [`LockClient`] beyond the defaults.
@@ -60,6 +63,7 @@ pub struct LockClientBuilder {
     target: Target,
     command_timeout: Duration,
     lost_signal: bool,
+    lost_prefix: String,
 }
 
 /// One server, or the seed nodes of a cluster.
@@ -86,13 +90,47 @@ impl LockClientBuilder {
     /// `FLUSHDB`/`FLUSHALL`) it checks each hold in that database at once with `LOCK.INFO` and
     /// reports those gone as [`LostReason::Flushed`](crate::LostReason::Flushed). Pub/sub is
     /// at-most-once: the watchdog stays the backstop for a message that is never delivered.
+    ///
+    /// The channels are the server's default (`lock.lost:{<key>}`, `lock.lost:flush`); for a
+    /// server whose `lock.lost-channel-prefix` is another, see
+    /// [`LockClientBuilder::lost_signal_prefix`].
     pub fn listen_for_lost_signal(mut self) -> Self {
         self.lost_signal = true;
         self
     }
 
+    /// Listens for the lost-hold signal (as [`LockClientBuilder::listen_for_lost_signal`]) of
+    /// a server whose `lock.lost-channel-prefix` is `prefix` instead of the default
+    /// [`lock.lost`](crate::DEFAULT_LOST_SIGNAL_PREFIX): on `<prefix>:{<key>}` and
+    /// `<prefix>:flush`. It must be the server's prefix (`CONFIG GET lock.lost-channel-prefix`):
+    /// with another, no message is heard, and only the watchdog reports losses. An empty
+    /// prefix (the server's signal turned off) is refused by [`LockClientBuilder::build`].
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+    /// use redis_lock_client::LockClient;
+    ///
+    /// // The server runs with `lock.lost-channel-prefix billing.lost`.
+    /// let client = LockClient::builder(redis::Client::open("redis://127.0.0.1:6379/")?)
+    ///     .lost_signal_prefix("billing.lost")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn lost_signal_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.lost_signal = true;
+        self.lost_prefix = prefix.into();
+        self
+    }
+
     /// Connects (one `PING` on the shared connection) and returns the client.
     pub async fn build(self) -> Result<LockClient, LockError> {
+        if self.lost_signal && self.lost_prefix.is_empty() {
+            return Err(LockError::InvalidArgument(
+                "an empty lost-signal prefix: the server sends no lost-hold signal with one",
+            ));
+        }
+        let prefix = self.lost_prefix.as_bytes();
         let (servers, commands, signals) = match self.target {
             Target::Single(client) => {
                 let info = client.get_connection_info().clone();
@@ -106,7 +144,7 @@ impl LockClientBuilder {
                 let commands = Commands::new(client.clone(), self.command_timeout);
                 let signals = self
                     .lost_signal
-                    .then(|| SignalHub::single(resp3.clone(), db));
+                    .then(|| SignalHub::single(resp3.clone(), db, prefix));
                 (Servers::Single { client, resp3 }, commands, signals)
             }
             Target::Cluster(seeds) => {
@@ -121,11 +159,12 @@ impl LockClientBuilder {
                     .get_async_connection()
                     .await
                     .map_err(LockError::Connection)?;
-                let signals = self.lost_signal.then(|| SignalHub::cluster(seeds));
+                let signals = self.lost_signal.then(|| SignalHub::cluster(seeds, prefix));
                 (
                     Servers::Cluster {
                         info: seed,
                         conn: conn.clone(),
+                        slots: std::sync::Mutex::new(None),
                     },
                     Commands::Cluster(conn),
                     signals,
@@ -142,6 +181,7 @@ impl LockClientBuilder {
                 next_handle: AtomicU64::new(1),
                 command_timeout: self.command_timeout,
                 signals,
+                keepers: Keepers::new(),
             }),
         })
     }
@@ -165,6 +205,7 @@ impl LockClient {
             target: Target::Single(client),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             lost_signal: false,
+            lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
         }
     }
 
@@ -179,8 +220,9 @@ impl LockClient {
     /// [`LockClient::cluster`] with settings beyond the defaults. In a cluster, ordinary
     /// commands go through the `redis` crate's cluster connection (routed by key, `MOVED` and
     /// `ASK` followed); a waiting acquire and an `EPHEMERAL` hold get a connection of their own
-    /// to the master of the key's slot; the lost-hold signal is heard with `SSUBSCRIBE` on that
-    /// node.
+    /// to the master of the key's slot, found in the client's copy of the slot map (read with
+    /// `CLUSTER SLOTS` when first needed, dropped by a `MOVED`; `MOVED` and `ASK` are followed
+    /// there too); the lost-hold signal is heard with `SSUBSCRIBE` on that node.
     pub fn cluster_builder<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
     ) -> Result<LockClientBuilder, LockError> {
@@ -193,6 +235,7 @@ impl LockClient {
             target: Target::Cluster(seeds),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             lost_signal: false,
+            lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
         })
     }
 
@@ -227,7 +270,7 @@ impl LockClient {
     fn handle(&self, key: &[u8], kind: Kind) -> Lock {
         let n = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
         let owner: Arc<str> = format!("{}:{n}", self.inner.id).into();
-        Lock::new(self.inner.clone(), key.to_vec(), owner, kind)
+        Lock::new(self.inner.clone(), key, owner, kind)
     }
 }
 

@@ -70,6 +70,11 @@ impl LockGuard {
         }
     }
 
+    /// Whether [`LockGuard::release`] was called (or the guard dropped).
+    pub(crate) fn is_released(&self) -> bool {
+        self.released
+    }
+
     /// The hold's fencing token: larger than every earlier hold's token on this key. Pass it with
     /// every write to the protected resource, and have the resource refuse a token lower than
     /// the highest it has seen.
@@ -133,7 +138,7 @@ impl LockGuard {
                 if let Err(lost) = marked {
                     return Err(LockError::NotHeld { lost });
                 }
-                match self.core.conn.query(&self.core.release_cmd()).await? {
+                match self.core.conn.query(self.core.release_cmd()).await? {
                     Value::Int(_) => Ok(Release::Released),
                     Value::Nil => Err(LockError::NotHeld { lost: None }),
                     other => Err(LockError::UnexpectedReply(format!(
@@ -159,7 +164,7 @@ impl Drop for LockGuard {
                 // Once the runtime has shut down the task never runs, and the lease ends the
                 // hold instead.
                 runtime.spawn(async move {
-                    let _ = core.conn.query(&core.release_cmd()).await;
+                    let _ = core.conn.query(core.release_cmd()).await;
                 });
             }
         }

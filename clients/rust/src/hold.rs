@@ -1,16 +1,18 @@
 //! One hold as the client sees it (token, connection, local deadline, status), the connections
-//! commands go through, and the tasks that keep a hold alive or notice its end.
+//! commands go through, and the task that notices an `EPHEMERAL` hold's connection close (the
+//! keeper, `keeper.rs`, keeps holds alive).
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, PushKind, Value};
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 
 use crate::error::LockError;
+use crate::keeper::{Keeper, Place};
 use crate::lost::{HoldStatus, LostReason};
 use crate::signal::SignalHub;
 
@@ -24,7 +26,10 @@ pub(crate) enum Commands {
     Single {
         client: redis::Client,
         config: AsyncConnectionConfig,
-        conn: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+        /// The current connection: cloned under this lock (no await while it is held).
+        conn: Mutex<Option<MultiplexedConnection>>,
+        /// Held while (re)connecting, so that one task connects and the others wait for it.
+        connecting: tokio::sync::Mutex<()>,
     },
     Cluster(ClusterConnection),
 }
@@ -36,7 +41,8 @@ impl Commands {
             config: AsyncConnectionConfig::new()
                 .set_response_timeout(Some(timeout))
                 .set_connection_timeout(Some(timeout)),
-            conn: tokio::sync::Mutex::new(None),
+            conn: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -50,18 +56,24 @@ impl Commands {
                 client,
                 config,
                 conn: slot,
+                connecting,
             } => {
-                let mut conn = {
-                    let mut slot = slot.lock().await;
-                    match slot.as_ref() {
-                        Some(conn) => conn.clone(),
-                        None => {
-                            let conn = client
-                                .get_multiplexed_async_connection_with_config(config)
-                                .await
-                                .map_err(LockError::Connection)?;
-                            *slot = Some(conn.clone());
-                            conn
+                let current = relock(slot).clone();
+                let mut conn = match current {
+                    Some(conn) => conn,
+                    None => {
+                        let _connecting = connecting.lock().await;
+                        let current = relock(slot).clone();
+                        match current {
+                            Some(conn) => conn,
+                            None => {
+                                let conn = client
+                                    .get_multiplexed_async_connection_with_config(config)
+                                    .await
+                                    .map_err(LockError::Connection)?;
+                                *relock(slot) = Some(conn.clone());
+                                conn
+                            }
                         }
                     }
                 };
@@ -69,13 +81,18 @@ impl Commands {
                 if let Err(e) = &reply {
                     if e.code().is_none() {
                         // Broken or timed out: the next command starts on a new connection.
-                        *slot.lock().await = None;
+                        *relock(slot) = None;
                     }
                 }
                 reply.map_err(LockError::from)
             }
         }
     }
+}
+
+fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Only whole values are stored under these locks: a poisoned one is used as it is.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The connection a hold's renewals and release go through.
@@ -100,7 +117,7 @@ impl HoldConn {
         }
     }
 
-    fn is_own(&self) -> bool {
+    pub(crate) fn is_own(&self) -> bool {
         matches!(self, HoldConn::Own(_))
     }
 }
@@ -116,8 +133,10 @@ pub(crate) enum Renewal {
 
 /// One hold: what every guard of it, its tasks and the signal listener share.
 pub(crate) struct HoldCore {
-    pub(crate) key: Vec<u8>,
+    pub(crate) key: Arc<[u8]>,
     pub(crate) owner: Arc<str>,
+    /// `LOCK.RELEASE key owner` (the handle's).
+    release: Arc<Cmd>,
     pub(crate) token: u64,
     pub(crate) lease: Duration,
     pub(crate) conn: HoldConn,
@@ -128,17 +147,24 @@ pub(crate) struct HoldCore {
     /// The runtime the hold was acquired on: a guard dropped anywhere releases through it.
     pub(crate) runtime: Option<tokio::runtime::Handle>,
     pub(crate) signals: Option<Arc<SignalHub>>,
+    /// How the lease is kept, and who keeps it.
+    pub(crate) renewal: Renewal,
+    pub(crate) keeper: Arc<Keeper>,
+    place: Mutex<Place>,
 }
 
 /// What a hold is built from.
 pub(crate) struct NewHold {
-    pub(crate) key: Vec<u8>,
+    pub(crate) key: Arc<[u8]>,
     pub(crate) owner: Arc<str>,
+    pub(crate) release: Arc<Cmd>,
     pub(crate) token: u64,
     pub(crate) lease: Duration,
     pub(crate) conn: HoldConn,
     pub(crate) sent: Instant,
     pub(crate) signals: Option<Arc<SignalHub>>,
+    pub(crate) renewal: Renewal,
+    pub(crate) keeper: Arc<Keeper>,
 }
 
 impl HoldCore {
@@ -147,6 +173,7 @@ impl HoldCore {
         Arc::new(HoldCore {
             key: n.key,
             owner: n.owner,
+            release: n.release,
             token: n.token,
             lease: n.lease,
             conn: n.conn,
@@ -154,7 +181,25 @@ impl HoldCore {
             deadline: Mutex::new(deadline),
             runtime: tokio::runtime::Handle::try_current().ok(),
             signals: n.signals,
+            renewal: n.renewal,
+            keeper: n.keeper,
+            place: Mutex::new(Place::default()),
         })
+    }
+
+    /// Puts the new hold on its keeper's schedule: the first renewal a third of a lease after
+    /// the acquire's send, or the end of a fixed lease.
+    pub(crate) fn start_keeping(self: &Arc<Self>, sent: Instant) {
+        let at = match self.renewal {
+            Renewal::Watchdog => sent + crate::keeper::renew_interval(self.lease),
+            Renewal::Fixed => self.deadline(),
+        };
+        self.keeper.schedule(self, at);
+    }
+
+    /// Its place with the keeper (only under the keeper's schedule lock).
+    pub(crate) fn place(&self) -> MutexGuard<'_, Place> {
+        self.place.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks the hold lost (no effect once it was released or lost).
@@ -162,7 +207,7 @@ impl HoldCore {
         self.status.mark_lost(reason);
     }
 
-    fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -172,18 +217,16 @@ impl HoldCore {
         *d = (*d).max(sent + local_lease(self.lease));
     }
 
-    fn renew_cmd(&self) -> Cmd {
+    pub(crate) fn renew_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("LOCK.RENEW");
-        cmd.arg(&self.key)
+        cmd.arg(&*self.key)
             .arg(self.owner.as_bytes())
             .arg(millis(self.lease));
         cmd
     }
 
-    pub(crate) fn release_cmd(&self) -> Cmd {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
-        cmd.arg(&self.key).arg(self.owner.as_bytes());
-        cmd
+    pub(crate) fn release_cmd(&self) -> &Cmd {
+        &self.release
     }
 }
 
@@ -196,76 +239,6 @@ fn local_lease(lease: Duration) -> Duration {
 /// Whole milliseconds, at least 1 (the server takes leases and timeouts in ms).
 pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// Keeps the hold alive (watchdog) or reports its lease end (fixed lease).
-pub(crate) async fn keep(hold: Arc<HoldCore>, renewal: Renewal) {
-    match renewal {
-        Renewal::Fixed => loop {
-            sleep_until(hold.deadline()).await;
-            if Instant::now() >= hold.deadline() {
-                hold.lose(LostReason::LeaseEnded);
-                return;
-            }
-        },
-        Renewal::Watchdog => watchdog(hold).await,
-    }
-}
-
-/// Renews at a third of the lease on its own task, so a busy application task cannot starve
-/// it. Ends when the hold is released (the releaser also aborts it) or lost.
-async fn watchdog(hold: Arc<HoldCore>) {
-    let interval = (hold.lease / 3).max(Duration::from_millis(1));
-    let retry = interval.min(Duration::from_millis(100));
-    let mut next = Instant::now() + interval;
-    loop {
-        tokio::select! {
-            _ = sleep_until(next) => {}
-            _ = sleep_until(hold.deadline()) => {
-                hold.lose(LostReason::Unreachable);
-                return;
-            }
-        }
-        if !hold.status.is_active() {
-            return;
-        }
-        let sent = Instant::now();
-        let cmd = hold.renew_cmd();
-        let reply = tokio::select! {
-            r = hold.conn.query(&cmd) => r,
-            _ = sleep_until(hold.deadline()) => {
-                hold.lose(LostReason::Unreachable);
-                return;
-            }
-        };
-        match reply {
-            Ok(Value::Int(1)) => {
-                hold.extend(sent);
-                next = sent + interval;
-            }
-            Ok(Value::Int(0)) => {
-                hold.lose(LostReason::HoldGone);
-                return;
-            }
-            Err(LockError::Server(text)) if is_final(&text) => {
-                // WRONGTYPE, "not a lock": the key holds something else now.
-                hold.lose(LostReason::HoldGone);
-                return;
-            }
-            Err(_) if hold.conn.is_own() => {
-                // An EPHEMERAL hold lives and dies with its connection.
-                hold.lose(LostReason::ConnectionClosed);
-                return;
-            }
-            _ => next = Instant::now() + retry,
-        }
-    }
-}
-
-/// Server errors after which the hold cannot be there any more (as opposed to LOADING, BUSY,
-/// MASTERDOWN, ... which pass).
-fn is_final(text: &str) -> bool {
-    (text.starts_with("ERR ") && !text.contains("paused")) || text.starts_with("WRONGTYPE")
 }
 
 /// A connection of its own: a waiting acquire's, or an `EPHEMERAL` hold's.

@@ -13,8 +13,9 @@
 //!
 //! # Safe defaults
 //!
-//! - **Watchdog.** A hold's lease (30 s by default) is renewed every third of a lease by a task
-//!   of its own, whatever the application's task is doing. `LOCK.RENEW` answering 0 (the hold is
+//! - **Watchdog.** A hold's lease (30 s by default) is renewed every third of a lease by the
+//!   client's keeper, a task of its own (one per runtime) that holds every hold's due time,
+//!   whatever the application's task is doing. `LOCK.RENEW` answering 0 (the hold is
 //!   gone), or no successful renewal for a lease (counted from the *send* time of the last one,
 //!   minus a tenth for clock drift), reports the hold lost. Nothing renews after a release.
 //! - **Waiting never blocks other commands.** An acquire that waits (`LOCK.ACQUIRE ... WAIT`)
@@ -31,8 +32,8 @@
 //!
 //! # Runtime and cancellation
 //!
-//! The watchdog is a tokio task: on a multi-threaded runtime it renews while the application's
-//! task is busy, even blocked. On a `current_thread` runtime a task that blocks the thread
+//! The watchdog is a tokio task (the keeper, on the runtime the hold was acquired on): on a
+//! multi-threaded runtime it renews while the application's task is busy, even blocked. On a `current_thread` runtime a task that blocks the thread
 //! blocks the watchdog too (use `spawn_blocking` for blocking work). Dropping an
 //! [`Lock::acquire`] future that waits closes its connection, and the server forgets the waiter;
 //! dropping one mid-flight otherwise may leave a hold the application never saw, which ends at its
@@ -76,15 +77,17 @@
 //!   runtime where the watchdog and the signal run while the caller's thread is busy.
 //! - [`LockClient::cluster`] talks to a Redis Cluster: commands routed by key (`MOVED`/`ASK`
 //!   followed by the `redis` crate's cluster connection), a waiting acquire and an `EPHEMERAL`
-//!   hold on a connection of their own to the key's master (`MOVED`/`ASK` followed there too),
-//!   the lost-hold signal with `SSUBSCRIBE` on that node.
+//!   hold on a connection of their own to the key's master, found in the client's copy of the
+//!   slot map (`MOVED`/`ASK` followed there too; a `MOVED` drops the copy, read again when next
+//!   needed), the lost-hold signal with `SSUBSCRIBE` on that node.
+//! - [`LockClientBuilder::lost_signal_prefix`] listens to a server whose
+//!   `lock.lost-channel-prefix` is not the default `lock.lost`.
 //!
 //! # Not (yet) supported
 //!
-//! Sentinel; TLS and unix sockets untested; a custom `lock.lost-channel-prefix` (the library
-//! listens on the default `lock.lost`); in a cluster, an `EPHEMERAL` hold whose slot migrates is
-//! reported lost ([`LostReason::ConnectionClosed`]) at its next renewal, since its connection is
-//! to the old node.
+//! Sentinel; TLS and unix sockets untested; in a cluster, an `EPHEMERAL` hold whose slot
+//! migrates is reported lost ([`LostReason::ConnectionClosed`]) at its next renewal, since its
+//! connection is to the old node.
 
 #![deny(missing_docs)]
 #![cfg_attr(
@@ -97,6 +100,7 @@ mod client;
 mod error;
 mod guard;
 mod hold;
+mod keeper;
 mod lock;
 mod lost;
 mod servers;
@@ -107,4 +111,6 @@ pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
 pub use lost::{LostReason, LostWatch};
-pub use signal::{lost_signal_channel, LostSignal};
+pub use signal::{
+    lost_signal_channel, lost_signal_channel_with_prefix, LostSignal, DEFAULT_LOST_SIGNAL_PREFIX,
+};

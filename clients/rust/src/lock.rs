@@ -1,7 +1,8 @@
 //! Lock handles: one owner identity on one key, and how it acquires.
 
+use std::borrow::Cow;
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use redis::{Cmd, Value};
@@ -13,6 +14,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::hold::{self, millis, HoldConn, HoldCore, NewHold, OwnConnection, Renewal};
 use crate::lost::{LostReason, LostWatch};
+use crate::servers::Found;
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -80,13 +82,18 @@ pub struct Lock {
     renewal: Renewal,
     wait: Wait,
     ephemeral: bool,
+    /// `LOCK.ACQUIRE` without `WAIT` as these options make it, built once (a builder method
+    /// that changes an option clears it).
+    acquire: OnceLock<Cmd>,
 }
 
 /// What all clones of a handle share: its identity and its current hold.
 pub(crate) struct HandleState {
     client: Arc<ClientInner>,
-    key: Vec<u8>,
+    key: Arc<[u8]>,
     owner: Arc<str>,
+    /// `LOCK.RELEASE key owner`, the same for every hold of the handle.
+    release: Arc<Cmd>,
     kind: Kind,
     /// One acquire at a time per handle (the server lets an owner wait once per key anyway).
     gate: tokio::sync::Mutex<()>,
@@ -101,8 +108,10 @@ pub(crate) struct ActiveHold {
 }
 
 impl ActiveHold {
-    /// Stops the hold's tasks (no renewal after this) and its signal subscription.
+    /// Takes the hold off its keeper's schedule and stops its tasks (no renewal after this) and
+    /// its signal subscription.
     pub(crate) fn stop(self) {
+        self.core.keeper.cancel(&self.core);
         for task in &self.tasks {
             task.abort();
         }
@@ -150,12 +159,15 @@ impl HandleState {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Arc<ClientInner>, key: Vec<u8>, owner: Arc<str>, kind: Kind) -> Lock {
+    pub(crate) fn new(client: Arc<ClientInner>, key: &[u8], owner: Arc<str>, kind: Kind) -> Lock {
+        let mut release = redis::cmd("LOCK.RELEASE");
+        release.arg(key).arg(owner.as_bytes());
         Lock {
             state: Arc::new(HandleState {
                 client,
-                key,
+                key: key.into(),
                 owner,
+                release: Arc::new(release),
                 kind,
                 gate: tokio::sync::Mutex::new(()),
                 slot: Mutex::new(None),
@@ -164,6 +176,7 @@ impl Lock {
             renewal: Renewal::Watchdog,
             wait: Wait::Forever,
             ephemeral: false,
+            acquire: OnceLock::new(),
         }
     }
 
@@ -173,6 +186,7 @@ impl Lock {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Watchdog;
+        self.acquire = OnceLock::new();
         self
     }
 
@@ -181,6 +195,7 @@ impl Lock {
     pub fn fixed_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Fixed;
+        self.acquire = OnceLock::new();
         self
     }
 
@@ -198,6 +213,7 @@ impl Lock {
     /// well above a third of the lease — and with [`Lock::fixed_lease`] nothing is sent at all.
     pub fn ephemeral(mut self) -> Self {
         self.ephemeral = true;
+        self.acquire = OnceLock::new();
         self
     }
 
@@ -284,34 +300,36 @@ impl Lock {
         }
     }
 
-    fn acquire_cmd(&self, wait: Option<Wait>) -> Cmd {
-        let mut cmd = redis::cmd("LOCK.ACQUIRE");
-        cmd.arg(&self.state.key)
-            .arg(self.state.owner.as_bytes())
-            .arg(millis(self.lease));
-        match self.state.kind {
-            Kind::Exclusive => {}
-            Kind::Shared => {
-                cmd.arg("SHARED");
+    /// `LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms]`.
+    fn acquire_cmd(&self, wait: Option<Wait>) -> Cow<'_, Cmd> {
+        let base = self.acquire.get_or_init(|| {
+            let mut cmd = redis::cmd("LOCK.ACQUIRE");
+            cmd.arg(&*self.state.key)
+                .arg(self.state.owner.as_bytes())
+                .arg(millis(self.lease));
+            match self.state.kind {
+                Kind::Exclusive => {}
+                Kind::Shared => {
+                    cmd.arg("SHARED");
+                }
+                Kind::Permit { limit } => {
+                    cmd.arg("LIMIT").arg(limit);
+                }
             }
-            Kind::Permit { limit } => {
-                cmd.arg("LIMIT").arg(limit);
+            if self.ephemeral {
+                cmd.arg("EPHEMERAL");
             }
-        }
-        if self.ephemeral {
-            cmd.arg("EPHEMERAL");
-        }
-        cmd.arg("ONCE");
-        match wait {
-            None | Some(Wait::Timeout(Duration::ZERO)) => {}
-            Some(Wait::Forever) => {
-                cmd.arg("WAIT").arg(0);
-            }
-            Some(Wait::Timeout(t)) => {
-                cmd.arg("WAIT").arg(millis(t));
-            }
-        }
-        cmd
+            cmd.arg("ONCE");
+            cmd
+        });
+        let ms = match wait {
+            None | Some(Wait::Timeout(Duration::ZERO)) => return Cow::Borrowed(base),
+            Some(Wait::Forever) => 0,
+            Some(Wait::Timeout(t)) => millis(t),
+        };
+        let mut cmd = base.clone();
+        cmd.arg("WAIT").arg(ms);
+        Cow::Owned(cmd)
     }
 
     async fn acquire_inner(&self, wait: Option<Wait>) -> Result<Option<LockGuard>, LockError> {
@@ -422,17 +440,21 @@ impl Lock {
     }
 
     /// Sends `cmd` on a new connection to the node that serves the key (the one server, or the
-    /// master of the key's slot), following `MOVED` and `ASK` (with `ASKING`) to another node
-    /// while a slot moves. Returns the connection the answer came on.
+    /// master of the key's slot in the client's slot map), following `MOVED` (the slot moved:
+    /// the map is dropped, to be read again by the next lookup) and `ASK` (with `ASKING`: the
+    /// slot is moving) to another node. A node of the map that cannot be reached also drops the
+    /// map, and the node is looked up once more: nothing was sent to it. Returns the connection
+    /// the answer came on.
     async fn send_on_own_connection(
         &self,
         cmd: &Cmd,
         pushes: Pushes,
         limit: Option<Duration>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
-        let client = &self.state.client;
-        let mut node = match client.servers.node_of(&self.state.key).await {
-            Ok(node) => node,
+        let servers = &self.state.client.servers;
+        let timeout = self.state.client.command_timeout;
+        let (mut node, mut found) = match servers.node_of(&self.state.key).await {
+            Ok(found) => found,
             Err(e) => return (Err(e), None),
         };
         let mut asking = false;
@@ -442,8 +464,16 @@ impl Lock {
                 Pushes::Yes => (&node.resp3, true),
                 Pushes::No => (&node.client, false),
             };
-            let mut own = match hold::own_connection(target, push, client.command_timeout).await {
+            let mut own = match hold::own_connection(target, push, timeout).await {
                 Ok(own) => own,
+                Err(_) if found == Found::FromSlotMap => {
+                    servers.forget_slots();
+                    (node, found) = match servers.node_of(&self.state.key).await {
+                        Ok((node, _)) => (node, Found::Sure),
+                        Err(e) => return (Err(e), None),
+                    };
+                    continue;
+                }
                 Err(e) => return (Err(e), None),
             };
             if asking {
@@ -467,10 +497,14 @@ impl Lock {
                 Err(e) if redirects < REDIRECTS => {
                     if let Some((address, _slot)) = e.redirect_node() {
                         asking = e.code() == Some("ASK");
-                        node = match client.servers.node_at(address) {
+                        if !asking {
+                            servers.forget_slots();
+                        }
+                        node = match servers.node_at(address, &node) {
                             Ok(node) => node,
                             Err(e) => return (Err(e), None),
                         };
+                        found = Found::Sure;
                         redirects += 1;
                         continue;
                     }
@@ -523,13 +557,17 @@ impl Lock {
         let core = HoldCore::new(NewHold {
             key: state.key.clone(),
             owner: state.owner.clone(),
+            release: state.release.clone(),
             token,
             lease: self.lease,
             conn,
             sent,
             signals: client.signals.clone(),
+            renewal: self.renewal,
+            keeper: client.keepers.current(),
         });
-        let mut tasks = vec![tokio::spawn(hold::keep(core.clone(), self.renewal))];
+        core.start_keeping(sent);
+        let mut tasks = Vec::new();
         if let Some(pushes) = pushes {
             tasks.push(tokio::spawn(hold::watch_connection(
                 Arc::downgrade(&core),

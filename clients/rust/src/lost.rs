@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::watch;
 
@@ -110,30 +111,52 @@ pub(crate) enum Status {
     Lost(LostReason),
 }
 
-/// The status of one hold, shared by its guards, its watchdog and the signal listener.
+/// The status of one hold, shared by its guards, its keeper and the signal listener. The watch
+/// channel that tells a [`LockGuard::lost`](crate::LockGuard::lost) future or a [`LostWatch`]
+/// of a change is made by the first of them: a hold nobody watches (the common case of a short
+/// critical section) costs no channel, and its release and drop notify nobody.
 #[derive(Debug)]
 pub(crate) struct HoldStatus {
-    tx: watch::Sender<Status>,
+    now: Mutex<Status>,
+    tx: OnceLock<watch::Sender<Status>>,
 }
 
 impl HoldStatus {
     pub(crate) fn new() -> HoldStatus {
         HoldStatus {
-            tx: watch::Sender::new(Status::Active),
+            now: Mutex::new(Status::Active),
+            tx: OnceLock::new(),
         }
     }
 
+    fn now(&self) -> MutexGuard<'_, Status> {
+        // A status is one small Copy value, never left half-written.
+        self.now.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn get(&self) -> Status {
-        *self.tx.borrow()
+        *self.now()
     }
 
     pub(crate) fn is_active(&self) -> bool {
         self.get() == Status::Active
     }
 
+    /// Changes the status with `change` (which says whether it changed), and tells the watchers.
+    fn update(&self, change: impl FnOnce(&mut Status) -> bool) -> bool {
+        let mut now = self.now();
+        let changed = change(&mut now);
+        if changed {
+            if let Some(tx) = self.tx.get() {
+                tx.send_replace(*now);
+            }
+        }
+        changed
+    }
+
     /// Active → Lost(reason); false if the hold had already ended (released or lost).
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        self.tx.send_if_modified(|s| {
+        self.update(|s| {
             if *s == Status::Active {
                 *s = Status::Lost(reason);
                 true
@@ -146,7 +169,7 @@ impl HoldStatus {
     /// Active → Released. `Err(reason)` if the hold was lost first.
     pub(crate) fn mark_released(&self) -> Result<(), Option<LostReason>> {
         let mut outcome = Ok(());
-        self.tx.send_if_modified(|s| match *s {
+        self.update(|s| match *s {
             Status::Active => {
                 *s = Status::Released;
                 true
@@ -170,14 +193,21 @@ impl HoldStatus {
         }
     }
 
+    /// The channel, made with the current status under the status lock (so that no change
+    /// falls between its first value and its first send).
+    fn channel(&self) -> &watch::Sender<Status> {
+        let now = self.now();
+        self.tx.get_or_init(|| watch::Sender::new(*now))
+    }
+
     /// Resolves with the reason when the hold is lost; never resolves once it is released.
     pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        wait_lost(self.tx.subscribe())
+        wait_lost(self.channel().subscribe())
     }
 
     pub(crate) fn watch(&self) -> LostWatch {
         LostWatch {
-            rx: self.tx.subscribe(),
+            rx: self.channel().subscribe(),
         }
     }
 }

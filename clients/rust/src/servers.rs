@@ -6,7 +6,12 @@
 //! acquire and an `EPHEMERAL` hold need a connection of their own to the node that serves the
 //! key (a blocked command would hold up everything behind it on a shared connection, and an
 //! `EPHEMERAL` hold lives exactly as long as its connection): [`Servers::node_of`] finds that
-//! node (`CLUSTER SLOTS`), and [`Servers::node_at`] follows a redirect to another.
+//! node in the client's copy of the slot map (`CLUSTER SLOTS`, read when first needed), and
+//! [`Servers::node_at`] follows a redirect to another. A `MOVED` (or a node that cannot be
+//! reached) means the copy is stale: [`Servers::forget_slots`] drops it, and the next lookup
+//! reads it again.
+
+use std::sync::{Arc, Mutex};
 
 use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, Value};
@@ -25,6 +30,8 @@ pub(crate) enum Servers {
     Cluster {
         info: ConnectionInfo,
         conn: ClusterConnection,
+        /// The last `CLUSTER SLOTS` reply, until a redirect says it is stale.
+        slots: Mutex<Option<Arc<Value>>>,
     },
 }
 
@@ -36,24 +43,54 @@ pub(crate) struct Node {
     pub(crate) resp3: redis::Client,
 }
 
+impl Node {
+    /// The node's host, for a redirect that names a port only (`MOVED 3999 :6381`: same host).
+    fn host(&self) -> Option<String> {
+        seed_host(self.client.get_connection_info())
+    }
+}
+
+/// Where a node was found: a lookup in the client's slot map may be stale, a redirect is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// The one server, or the node a redirect named.
+    Sure,
+    /// The client's copy of the slot map: a `MOVED`, or a node that cannot be reached, means
+    /// the copy is stale.
+    FromSlotMap,
+}
+
 impl Servers {
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Servers::Cluster { .. })
     }
 
-    /// The node that serves `key` now (the one server, or the master of the key's slot).
-    pub(crate) async fn node_of(&self, key: &[u8]) -> Result<Node, LockError> {
+    /// The node that serves `key` (the one server, or the master of the key's slot in the
+    /// client's copy of the slot map, read with `CLUSTER SLOTS` when there is none).
+    pub(crate) async fn node_of(&self, key: &[u8]) -> Result<(Node, Found), LockError> {
         match self {
-            Servers::Single { client, resp3 } => Ok(Node {
-                client: client.clone(),
-                resp3: resp3.clone(),
-            }),
-            Servers::Cluster { info, conn } => {
-                let slots: Value = redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async(&mut conn.clone())
-                    .await?;
-                let (host, port) = master_of(&slots, key_slot(key)).ok_or_else(|| {
+            Servers::Single { client, resp3 } => Ok((
+                Node {
+                    client: client.clone(),
+                    resp3: resp3.clone(),
+                },
+                Found::Sure,
+            )),
+            Servers::Cluster { info, conn, slots } => {
+                let cached = relock(slots).clone();
+                let map = match cached {
+                    Some(map) => map,
+                    None => {
+                        let reply: Value = redis::cmd("CLUSTER")
+                            .arg("SLOTS")
+                            .query_async(&mut conn.clone())
+                            .await?;
+                        let map = Arc::new(reply);
+                        *relock(slots) = Some(map.clone());
+                        map
+                    }
+                };
+                let (host, port) = master_of(&map, key_slot(key)).ok_or_else(|| {
                     LockError::UnexpectedReply(format!(
                         "CLUSTER SLOTS names no master for slot {}",
                         key_slot(key)
@@ -65,13 +102,22 @@ impl Servers {
                 } else {
                     host
                 };
-                node_with(info, host, port)
+                Ok((node_with(info, host, port)?, Found::FromSlotMap))
             }
         }
     }
 
-    /// The node a `MOVED` or `ASK` redirect names (`host:port`).
-    pub(crate) fn node_at(&self, address: &str) -> Result<Node, LockError> {
+    /// Drops the client's copy of the slot map: a node it named answered `MOVED`, or could not
+    /// be reached. The next [`Servers::node_of`] reads the map again.
+    pub(crate) fn forget_slots(&self) {
+        if let Servers::Cluster { slots, .. } = self {
+            *relock(slots) = None;
+        }
+    }
+
+    /// The node a `MOVED` or `ASK` redirect names (`host:port`; a redirect with no host means
+    /// the host of `from`, the node that sent it).
+    pub(crate) fn node_at(&self, address: &str, from: &Node) -> Result<Node, LockError> {
         let Servers::Cluster { info, .. } = self else {
             return Err(LockError::UnexpectedReply(format!(
                 "a redirect to {address} from a server that is not in cluster mode"
@@ -81,8 +127,18 @@ impl Servers {
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
             .ok_or_else(|| LockError::UnexpectedReply(format!("redirect to {address}")))?;
+        let host = if host.is_empty() {
+            from.host().unwrap_or(host)
+        } else {
+            host
+        };
         node_with(info, host, port)
     }
+}
+
+fn relock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Only whole values are stored under this lock: a poisoned one is used as it is.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn seed_host(info: &ConnectionInfo) -> Option<String> {

@@ -28,22 +28,36 @@ use tokio::sync::mpsc;
 use crate::hold::HoldCore;
 use crate::lost::LostReason;
 
-/// The channel of the flush message (`<prefix>:flush`: no `{`, so no key's channel is this one).
-pub const FLUSH_CHANNEL: &[u8] = b"lock.lost:flush";
+/// The server's default `lock.lost-channel-prefix`. A server configured with another prefix is
+/// listened to with [`LockClientBuilder::lost_signal_prefix`](crate::LockClientBuilder::lost_signal_prefix).
+pub const DEFAULT_LOST_SIGNAL_PREFIX: &str = "lock.lost";
 
-/// The channel the server publishes a key's lost-hold messages on: `lock.lost:{KEY}`, or
-/// `lock.lost:KEY` when KEY already contains `{` (so the channel hashes to the key's slot).
+/// The channel the server publishes a key's lost-hold messages on with the default prefix:
+/// `lock.lost:{KEY}`, or `lock.lost:KEY` when KEY already contains `{` (so the channel hashes to
+/// the key's slot).
 pub fn lost_signal_channel(key: &[u8]) -> Vec<u8> {
-    let mut channel = Vec::with_capacity(key.len() + 12);
-    channel.extend_from_slice(b"lock.lost:");
+    lost_signal_channel_with_prefix(DEFAULT_LOST_SIGNAL_PREFIX.as_bytes(), key)
+}
+
+/// [`lost_signal_channel`] for a server whose `lock.lost-channel-prefix` is `prefix`:
+/// `<prefix>:{KEY}`, or `<prefix>:KEY` when KEY contains `{`.
+pub fn lost_signal_channel_with_prefix(prefix: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut channel = Vec::with_capacity(prefix.len() + key.len() + 3);
+    channel.extend_from_slice(prefix);
     if key.contains(&b'{') {
+        channel.push(b':');
         channel.extend_from_slice(key);
     } else {
-        channel.push(b'{');
+        channel.extend_from_slice(b":{");
         channel.extend_from_slice(key);
         channel.push(b'}');
     }
     channel
+}
+
+/// The channel of the flush message: `<prefix>:flush` (no `{`, so no key's channel is this one).
+fn flush_channel(prefix: &[u8]) -> Vec<u8> {
+    [prefix, b":flush"].concat()
 }
 
 /// One lost-hold message: `<reason> <token> <owner>`.
@@ -80,6 +94,9 @@ impl LostSignal {
 /// The client's one pub/sub connection and the holds it watches, by channel.
 pub(crate) struct SignalHub {
     servers: HubServers,
+    /// The server's `lock.lost-channel-prefix`, and the flush channel it makes.
+    prefix: Vec<u8>,
+    flush_channel: Vec<u8>,
     /// The database this client's holds live in (0 in a cluster): a flush of another is not ours.
     db: i64,
     state: Mutex<HubState>,
@@ -120,10 +137,10 @@ impl PubSub {
         }
     }
 
-    async fn subscribe_flush(&mut self) -> redis::RedisResult<()> {
+    async fn subscribe_flush(&mut self, channel: &[u8]) -> redis::RedisResult<()> {
         match self {
-            PubSub::Single(c) => c.subscribe(FLUSH_CHANNEL).await,
-            PubSub::Cluster(c) => c.subscribe(FLUSH_CHANNEL).await,
+            PubSub::Single(c) => c.subscribe(channel).await,
+            PubSub::Cluster(c) => c.subscribe(channel).await,
         }
     }
 }
@@ -135,17 +152,19 @@ struct HubState {
 
 impl SignalHub {
     /// `client` must speak RESP3 (pushes arrive on the connection that subscribed).
-    pub(crate) fn single(client: redis::Client, db: i64) -> Arc<SignalHub> {
-        SignalHub::new(HubServers::Single(client), db)
+    pub(crate) fn single(client: redis::Client, db: i64, prefix: &[u8]) -> Arc<SignalHub> {
+        SignalHub::new(HubServers::Single(client), db, prefix)
     }
 
-    pub(crate) fn cluster(seeds: Vec<ConnectionInfo>) -> Arc<SignalHub> {
-        SignalHub::new(HubServers::Cluster(seeds), 0)
+    pub(crate) fn cluster(seeds: Vec<ConnectionInfo>, prefix: &[u8]) -> Arc<SignalHub> {
+        SignalHub::new(HubServers::Cluster(seeds), 0, prefix)
     }
 
-    fn new(servers: HubServers, db: i64) -> Arc<SignalHub> {
+    fn new(servers: HubServers, db: i64, prefix: &[u8]) -> Arc<SignalHub> {
         Arc::new(SignalHub {
             servers,
+            prefix: prefix.to_vec(),
+            flush_channel: flush_channel(prefix),
             db,
             state: Mutex::new(HubState::default()),
             conn: tokio::sync::Mutex::new(None),
@@ -155,7 +174,7 @@ impl SignalHub {
     /// Starts watching `hold`'s channel; returns once the server confirmed the subscription.
     /// A message published before that is missed (the watchdog still covers the hold).
     pub(crate) async fn watch(self: &Arc<Self>, hold: &Arc<HoldCore>) -> redis::RedisResult<()> {
-        let channel = lost_signal_channel(&hold.key);
+        let channel = lost_signal_channel_with_prefix(&self.prefix, &hold.key);
         let first = {
             let mut state = lock_state(&self.state);
             let entry = state.watched.entry(channel.clone()).or_default();
@@ -173,7 +192,7 @@ impl SignalHub {
 
     /// Stops watching `hold`; unsubscribes when no other hold of the client uses the channel.
     pub(crate) async fn unwatch(self: &Arc<Self>, hold: &HoldCore) {
-        let channel = lost_signal_channel(&hold.key);
+        let channel = lost_signal_channel_with_prefix(&self.prefix, &hold.key);
         let last = {
             let mut state = lock_state(&self.state);
             let Some(entry) = state.watched.get_mut(&channel) else {
@@ -222,7 +241,7 @@ impl SignalHub {
                         .await?,
                 ),
             };
-            conn.subscribe_flush().await?;
+            conn.subscribe_flush(&self.flush_channel).await?;
             self.start_reader(rx);
             *slot = Some(conn);
         }
@@ -254,7 +273,7 @@ impl SignalHub {
     }
 
     fn dispatch(&self, channel: &[u8], payload: &[u8]) {
-        if channel == FLUSH_CHANNEL {
+        if channel == self.flush_channel.as_slice() {
             if flushed_db(payload).is_some_and(|db| db.covers(self.db)) {
                 for hold in self.watched_holds(None) {
                     tokio::spawn(check_after_flush(hold));
@@ -342,7 +361,7 @@ async fn check_after_flush(hold: Arc<HoldCore>) {
         return;
     }
     let mut cmd = redis::cmd("LOCK.INFO");
-    cmd.arg(&hold.key);
+    cmd.arg(&*hold.key);
     if let Ok(reply) = hold.conn.query(&cmd).await {
         if !info_has_hold(&reply, hold.owner.as_bytes(), hold.token) {
             hold.lose(LostReason::Flushed);
@@ -419,6 +438,16 @@ mod tests {
             lost_signal_channel(b"{tenant}:orders"),
             b"lock.lost:{tenant}:orders"
         );
+        // Another prefix, as the server names it (core/src/channel.rs).
+        assert_eq!(
+            lost_signal_channel_with_prefix(b"app.lost", b"orders:42"),
+            b"app.lost:{orders:42}"
+        );
+        assert_eq!(
+            lost_signal_channel_with_prefix(b"app.lost", b"{tenant}:orders"),
+            b"app.lost:{tenant}:orders"
+        );
+        assert_eq!(flush_channel(b"app.lost"), b"app.lost:flush");
     }
 
     #[test]

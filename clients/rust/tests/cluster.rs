@@ -187,3 +187,258 @@ async fn an_acquire_on_its_own_connection_follows_ask_while_the_slot_migrates() 
     assert_ne!(there, Value::Nil, "the hold is on the importing node");
     assert!(guard.token() > 0);
 }
+
+/// Moves `slot` from `from` (the node that serves it) to `to`, the way `redis-cli --cluster reshard`
+/// does (IMPORTING, MIGRATING, MIGRATE of its keys, then `SETSLOT NODE` on every node), and
+/// waits (bounded) until every node names `to` as its master.
+fn move_slot(cluster: &Cluster, slot: u16, from: &lock_testkit::Server, to: &lock_testkit::Server) {
+    let (from_id, to_id) = (Cluster::node_id(from), Cluster::node_id(to));
+    let setslot = |node: &lock_testkit::Server, args: &[&str]| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(args)
+            .query(&mut direct(node))
+            .unwrap();
+    };
+    setslot(to, &["IMPORTING", &from_id]);
+    setslot(from, &["MIGRATING", &to_id]);
+    // The slot's keys: the module's fencing-token counter (no lock is held while it moves).
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut direct(from))
+        .unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(to.port)
+            .arg("")
+            .arg(0)
+            .arg(5000)
+            .arg("KEYS")
+            .arg(&keys)
+            .query(&mut direct(from))
+            .unwrap();
+    }
+    for node in [to, from] {
+        setslot(node, &["NODE", &to_id]);
+    }
+    for node in &cluster.nodes {
+        if node.port != to.port && node.port != from.port {
+            setslot(node, &["NODE", &to_id]);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster
+        .nodes
+        .iter()
+        .any(|n| master_port_seen_by(n, slot) != Some(to.port))
+    {
+        assert!(Instant::now() < deadline, "the nodes never agreed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn direct(node: &lock_testkit::Server) -> redis::Connection {
+    redis::Client::open(node.url())
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
+/// The port of `slot`'s master in `node`'s own `CLUSTER SLOTS`.
+fn master_port_seen_by(node: &lock_testkit::Server, slot: u16) -> Option<u16> {
+    let Value::Array(ranges) = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query::<Value>(&mut direct(node))
+        .unwrap()
+    else {
+        return None;
+    };
+    ranges.iter().find_map(|range| match range {
+        Value::Array(f) => match f.as_slice() {
+            [Value::Int(lo), Value::Int(hi), Value::Array(master), ..]
+                if (*lo..=*hi).contains(&i64::from(slot)) =>
+            {
+                match master.get(1) {
+                    Some(Value::Int(port)) => u16::try_from(*port).ok(),
+                    _ => None,
+                }
+            }
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+/// How many `MOVED` errors `node` has answered (`INFO errorstats`).
+fn moved_count(node: &lock_testkit::Server) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query(&mut direct(node))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+        .map(|n| n.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// `LOCK.INFO key` asked of `node` itself (no redirect followed).
+fn info_on(node: &lock_testkit::Server, key: &str) -> Value {
+    redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query(&mut direct(node))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_connections_follow_moved_after_the_slot_moved() {
+    // The library keeps its copy of the slot map for the connections of its own (a waiting
+    // acquire's, an EPHEMERAL hold's). Once the key's slot moves, that copy names the old node:
+    // its MOVED must be followed, and the copy read again.
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = &one_key_per_master()[0];
+    let slot = slot(key);
+    let first = cluster.node_for_slot(slot);
+    let second = cluster.nodes.iter().find(|n| n.port != first.port).unwrap();
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let waiting = client.lock(key).wait_timeout(Duration::from_secs(2));
+
+    // The map is read, and names `first`.
+    waiting.acquire().await.unwrap().release().await.unwrap();
+
+    // A waiting acquire after the move: MOVED from `first`, granted by `second`.
+    move_slot(&cluster, slot, first, second);
+    let moved_before = moved_count(first);
+    let mut guard = waiting.acquire().await.expect("granted after MOVED");
+    assert_eq!(
+        moved_count(first),
+        moved_before + 1,
+        "first answered MOVED once"
+    );
+    assert_ne!(
+        info_on(second, key),
+        Value::Nil,
+        "the hold is on the new node"
+    );
+    // The ordinary commands (the redis crate's cluster connection) follow it too.
+    assert!(client.lock(key).try_acquire().await.unwrap().is_none());
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+
+    // The map was read again after the MOVED: it names `second` now, and an acquire goes there
+    // at once.
+    let moved_before = moved_count(first);
+    waiting.acquire().await.unwrap().release().await.unwrap();
+    assert_eq!(
+        moved_count(first),
+        moved_before,
+        "no MOVED: the map was read again"
+    );
+
+    // An EPHEMERAL acquire after the slot moves back: MOVED from `second`, the hold bound to
+    // a connection to `first` (CLIENT KILL there ends it at once). The nodes now name no host
+    // (`MOVED <slot> :<port>`, `?` in CLUSTER SLOTS: the host is the one the client used).
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-preferred-endpoint-type")
+            .arg("unknown-endpoint")
+            .query(&mut direct(node))
+            .unwrap();
+    }
+    move_slot(&cluster, slot, second, first);
+    let moved_before = moved_count(second);
+    let guard = client
+        .lock(key)
+        .ephemeral()
+        .acquire()
+        .await
+        .expect("granted after MOVED");
+    assert_eq!(
+        moved_count(second),
+        moved_before + 1,
+        "second answered MOVED once"
+    );
+    let Value::Array(fields) = info_on(first, key) else {
+        panic!("the hold is on the node the slot moved back to");
+    };
+    let id = fields
+        .chunks(2)
+        .find_map(|p| match p {
+            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+            _ => None,
+        })
+        .expect("bound to a connection");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut direct(first))
+        .unwrap();
+    assert_eq!(killed, 1, "the hold's connection is on the new node");
+    let reason = tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .expect("lost at once");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    assert_eq!(info_on(first, key), Value::Nil);
+}
+
+/// `INFO commandstats` calls of `LOCK.INFO` on `node`.
+fn info_calls(node: &lock_testkit::Server) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut direct(node))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_lock.info:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_of_one_node_reports_only_the_holds_it_emptied() {
+    // The flushed node PUBLISHes `flushed all` on lock.lost:flush (classic pub/sub, heard on
+    // every node); the client checks each of its holds with LOCK.INFO on the hold's own node and
+    // reports only the hold that is gone. The leases are long: not the watchdog.
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let keys = one_key_per_master();
+    let client = LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .listen_for_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(client.lock(key).acquire().await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // the subscriptions
+    let nodes: Vec<&lock_testkit::Server> = keys
+        .iter()
+        .map(|k| cluster.node_for_slot(slot(k)))
+        .collect();
+    let before: Vec<u64> = nodes.iter().map(|n| info_calls(n)).collect();
+    let _: () = redis::cmd("FLUSHALL").query(&mut direct(nodes[0])).unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(1), guards[0].lost())
+        .await
+        .expect("the flush is reported within 1 s");
+    assert_eq!(reason, LostReason::Flushed);
+    // The holds on the other nodes were checked there, and are still held.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for (i, node) in nodes.iter().enumerate().skip(1) {
+        while info_calls(node) <= before[i] {
+            assert!(Instant::now() < deadline, "{} was never checked", keys[i]);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for (guard, key) in guards.iter().zip(&keys).skip(1) {
+        assert_eq!(guard.lost_reason(), None, "{key}");
+        assert_ne!(info_on(cluster.node_for_slot(slot(key)), key), Value::Nil);
+    }
+}

@@ -722,3 +722,112 @@ async fn run_drops_the_work_when_the_hold_is_lost() {
     assert!(!finished.load(Ordering::SeqCst));
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_lost_signal_prefix_is_listened_to() {
+    // The server publishes on `app.lost:{k}` and `app.lost:flush`: a client built with that
+    // prefix hears the server's reason at once; one on the default prefix hears nothing, and
+    // only its watchdog (every 200 ms here) finds the hold gone.
+    let (server, default_prefix, mut raw) = setup_listening().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.lost-channel-prefix")
+        .arg("app.lost")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let url = server.url();
+    let prefixed = LockClient::builder(redis::Client::open(url.as_str()).unwrap())
+        .lost_signal_prefix("app.lost")
+        .build()
+        .await
+        .unwrap();
+
+    let heard = prefixed.lock("a").acquire().await.unwrap();
+    let unheard = default_prefix
+        .lock("b")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the subscriptions
+    for key in ["a", "b"] {
+        let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    let reason = tokio::time::timeout(Duration::from_millis(100), heard.lost())
+        .await
+        .expect("the signal arrives within 100 ms");
+    assert_eq!(reason, LostReason::ForceReleased);
+    let reason = tokio::time::timeout(Duration::from_secs(2), unheard.lost())
+        .await
+        .expect("the watchdog finds it gone");
+    assert_eq!(
+        reason,
+        LostReason::HoldGone,
+        "not the server's reason: unheard"
+    );
+
+    // The flush message on `app.lost:flush`.
+    let flushed = prefixed.lock("c").acquire().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_millis(500), flushed.lost())
+        .await
+        .expect("the flush is reported within 500 ms");
+    assert_eq!(reason, LostReason::Flushed);
+
+    // An empty prefix (the server's signal off) is refused.
+    let refused = LockClient::builder(redis::Client::open(url.as_str()).unwrap())
+        .lost_signal_prefix("")
+        .build()
+        .await;
+    assert!(matches!(refused, Err(LockError::InvalidArgument(_))));
+}
+
+#[test]
+fn holds_taken_on_a_second_runtime_are_kept_after_the_first_one_ended() {
+    // A client's holds are renewed by a keeper task per runtime. The first runtime (where the
+    // client connected and its first keeper started) ends; a hold then taken on a second
+    // runtime is kept by a keeper there.
+    let server = Server::start();
+    let one_worker = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = one_worker();
+    let client = first
+        .block_on(LockClient::open(&server.url()))
+        .expect("client");
+    first.block_on(async {
+        let mut guard = client.lock("warm").acquire().await.unwrap();
+        guard.release().await.unwrap();
+    });
+    drop(first);
+    let second = one_worker();
+    second.block_on(async {
+        let mut raw = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let before = calls(&mut raw, "lock.renew").await;
+        let mut guard = client
+            .lock("k")
+            .lease(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(1000)).await; // 3 leases
+        assert_eq!(guard.lost_reason(), None);
+        let renewals = calls(&mut raw, "lock.renew").await - before;
+        assert!(renewals >= 5, "renewals: {renewals}");
+        assert_eq!(guard.release().await.unwrap(), Release::Released);
+    });
+}

@@ -293,7 +293,8 @@ async fn watchdog_keeps_a_one_second_lease_for_a_minute_on_a_loaded_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn library_acquire_release_overhead_over_raw_commands() {
     // Sequential acquire+release pairs on one connection each way, 20,000 of each, alternating
-    // rounds so that drift hits both alike.
+    // rounds so that drift hits both alike. The reported figure is `make bench`'s scenario 9
+    // (three runtimes, client CPU, block-wise medians); this is the quick check.
     let server = Server::start();
     let client = LockClient::open(&server.url()).await.unwrap();
     let mut con = raw(&server).await;
