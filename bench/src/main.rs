@@ -129,7 +129,7 @@ struct Args {
 }
 
 /// The names `--only` takes, in the order the scenarios run.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "throughput",
     "contention",
     "deadlines",
@@ -138,8 +138,8 @@ const SCENARIOS: [&str; 9] = [
     "rw",
     "semaphore",
     "crash",
-    "multikey",
     "library",
+    "multikey",
 ];
 
 fn usage() -> ! {
@@ -226,8 +226,8 @@ fn main() {
     let semaphore = wanted("semaphore")
         .then(|| scenarios::family::run(&bench, scenarios::family::Workload::Semaphore));
     let crash = wanted("crash").then(|| scenarios::crash::run(&bench));
-    let multikey = wanted("multikey").then(|| scenarios::multikey::run(&bench));
     let library = wanted("library").then(|| scenarios::library::run(&bench));
+    let multikey = wanted("multikey").then(|| scenarios::multikey::run(&bench));
 
     let results = report::Results {
         throughput,

@@ -284,11 +284,11 @@ pub fn render(
     if let Some(crash) = &results.crash {
         out.push_str(&crash.section(plan));
     }
-    if let Some(multikey) = &results.multikey {
-        out.push_str(&multikey.section());
-    }
     if let Some(library) = &results.library {
         out.push_str(&library.section());
+    }
+    if let Some(multikey) = &results.multikey {
+        out.push_str(&multikey.section());
     }
     out.push_str(&method());
     out

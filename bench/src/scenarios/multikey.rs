@@ -428,7 +428,7 @@ impl MultiKey {
 
     pub fn section(&self) -> String {
         let secs = self.cell_duration.as_secs_f64();
-        let mut out = String::from("## Multi-key locks: k random keys of 16\n\n");
+        let mut out = String::from("## 10. Multi-key locks: k random keys of 16\n\n");
         out.push_str(&format!(
             "N clients, each looping for {secs:.1} s per repetition ({} repetitions): draw k \
              distinct keys of M = {KEYS} at random (the same seeded sequence for every \
