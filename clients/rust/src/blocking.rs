@@ -138,11 +138,141 @@ impl LockClient {
         self.wrap(self.inner.semaphore(key, limit))
     }
 
+    /// A handle on several keys taken together: see [`crate::LockClient::multi_lock`].
+    pub fn multi_lock<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) -> MultiLock {
+        MultiLock {
+            inner: self.inner.multi_lock(keys),
+            engine: self.engine.clone(),
+        }
+    }
+
     fn wrap(&self, inner: crate::Lock) -> Lock {
         Lock {
             inner,
             engine: self.engine.clone(),
         }
+    }
+}
+
+/// The blocking [`crate::MultiLock`]: one owner on several keys taken together.
+///
+/// ```no_run
+/// # fn demo(client: redis_lock_client::blocking::LockClient) -> Result<(), redis_lock_client::LockError> {
+/// let guard = client.multi_lock(["{wh}:east", "{wh}:west"]).acquire()?;
+/// println!("tokens {:?}", guard.tokens());
+/// drop(guard); // one LOCK.MRELEASE, answered before the drop returns
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    inner: crate::MultiLock,
+    engine: Arc<Engine>,
+}
+
+impl MultiLock {
+    /// See [`crate::MultiLock::shared`].
+    pub fn shared(mut self) -> Self {
+        self.inner = self.inner.shared();
+        self
+    }
+
+    /// See [`crate::MultiLock::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.inner = self.inner.lease(lease);
+        self
+    }
+
+    /// See [`crate::MultiLock::fixed_lease`].
+    pub fn fixed_lease(mut self, lease: Duration) -> Self {
+        self.inner = self.inner.fixed_lease(lease);
+        self
+    }
+
+    /// See [`crate::MultiLock::wait_timeout`].
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`crate::MultiLock::ephemeral`].
+    pub fn ephemeral(mut self) -> Self {
+        self.inner = self.inner.ephemeral();
+        self
+    }
+
+    /// The keys, in the order given.
+    pub fn keys(&self) -> Vec<&[u8]> {
+        self.inner.keys()
+    }
+
+    /// The owner string this handle sends.
+    pub fn owner(&self) -> &str {
+        self.inner.owner()
+    }
+
+    /// Takes every key if all are free, without waiting: `Ok(None)` when one is busy (no key
+    /// was touched).
+    pub fn try_acquire(&self) -> Result<Option<MultiLockGuard>, LockError> {
+        let guard = self.engine.block_on(self.inner.try_acquire())??;
+        Ok(guard.map(|g| self.wrap(g)))
+    }
+
+    /// Takes every key, waiting in every key's queue at once as long as
+    /// [`MultiLock::wait_timeout`] allows.
+    pub fn acquire(&self) -> Result<MultiLockGuard, LockError> {
+        let guard = self.engine.block_on(self.inner.acquire())??;
+        Ok(self.wrap(guard))
+    }
+
+    fn wrap(&self, inner: crate::MultiLockGuard) -> MultiLockGuard {
+        MultiLockGuard {
+            guard: LockGuard {
+                inner: Some(inner.into_inner()),
+                engine: self.engine.clone(),
+            },
+        }
+    }
+}
+
+/// The blocking [`crate::MultiLockGuard`]. Dropping it releases every key and waits for the
+/// answer.
+#[derive(Debug)]
+pub struct MultiLockGuard {
+    guard: LockGuard,
+}
+
+impl MultiLockGuard {
+    /// A fencing token per key, in the keys' order (empty after a release).
+    pub fn tokens(&self) -> &[u64] {
+        self.guard.guard().map_or(&[], |g| &g.core().tokens)
+    }
+
+    /// The keys, in the order given.
+    pub fn keys(&self) -> Vec<&[u8]> {
+        self.guard
+            .guard()
+            .map(|g| g.core().keys.iter().map(|k| &**k).collect())
+            .unwrap_or_default()
+    }
+
+    /// `Some(reason)` once the hold is known lost.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.guard.lost_reason()
+    }
+
+    /// Blocks until the hold is lost or `timeout` passes: see [`LockGuard::wait_lost`].
+    pub fn wait_lost(&self, timeout: Duration) -> Option<LostReason> {
+        self.guard.wait_lost(timeout)
+    }
+
+    /// A [`LostWatch`] of this hold.
+    pub fn watch(&self) -> Option<LostWatch> {
+        self.guard.watch()
+    }
+
+    /// See [`crate::MultiLockGuard::release`].
+    pub fn release(&mut self) -> Result<Release, LockError> {
+        self.guard.release()
     }
 }
 

@@ -11,7 +11,8 @@ use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 use crate::error::LockError;
 use crate::hold::Commands;
 use crate::keeper::Keepers;
-use crate::lock::{Kind, Lock};
+use crate::lock::{Kind, Lock, Verb};
+use crate::multi::MultiLock;
 use crate::servers::Servers;
 use crate::signal::SignalHub;
 
@@ -267,10 +268,42 @@ impl LockClient {
         self.handle(key.as_ref(), Kind::Permit { limit })
     }
 
+    /// A handle on several keys taken together, exclusively (`LOCK.MACQUIRE`; shared with
+    /// [`MultiLock::shared`]): every key at one instant or none, a fencing token per key, one
+    /// watchdog, one release. See [`MultiLock`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let stock = client.multi_lock(["{wh}:east", "{wh}:west"]);
+    /// if let Some(guard) = stock.try_acquire().await? {
+    ///     println!("tokens {:?}", guard.tokens()); // in the keys' order
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn multi_lock<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) -> MultiLock {
+        MultiLock::new(Lock::new(
+            self.inner.clone(),
+            crate::multi::keys_of(keys),
+            self.next_owner(),
+            Kind::Exclusive,
+            Verb::MultiAcquire,
+        ))
+    }
+
     fn handle(&self, key: &[u8], kind: Kind) -> Lock {
+        Lock::new(
+            self.inner.clone(),
+            vec![key.into()],
+            self.next_owner(),
+            kind,
+            Verb::Acquire,
+        )
+    }
+
+    /// A new owner string: `<client id>:<n>`.
+    pub(crate) fn next_owner(&self) -> Arc<str> {
         let n = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
-        let owner: Arc<str> = format!("{}:{n}", self.inner.id).into();
-        Lock::new(self.inner.clone(), key, owner, kind)
+        format!("{}:{n}", self.inner.id).into()
     }
 }
 

@@ -3,10 +3,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use redis::Value;
-
 use crate::error::LockError;
-use crate::hold::HoldCore;
+use crate::hold::{released, Form, HoldCore};
 use crate::lock::{GuardEnd, HandleState};
 use crate::lost::{LostReason, LostWatch};
 
@@ -53,9 +51,9 @@ pub struct LockGuard {
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &String::from_utf8_lossy(&self.core.key))
+            .field("key", &String::from_utf8_lossy(self.core.key()))
             .field("owner", &self.core.owner)
-            .field("token", &self.core.token)
+            .field("token", &self.core.token())
             .field("released", &self.released)
             .finish()
     }
@@ -79,12 +77,17 @@ impl LockGuard {
     /// every write to the protected resource, and have the resource refuse a token lower than
     /// the highest it has seen.
     pub fn token(&self) -> u64 {
-        self.core.token
+        self.core.token()
     }
 
-    /// The key.
+    /// The key (the first key of a multi-key hold).
     pub fn key(&self) -> &[u8] {
-        &self.core.key
+        self.core.key()
+    }
+
+    /// The hold, for the guards built on this one (multi-key, leadership).
+    pub(crate) fn core(&self) -> &Arc<HoldCore> {
+        &self.core
     }
 
     /// The owner string the hold is held under.
@@ -136,13 +139,19 @@ impl LockGuard {
                 let marked = self.core.status.mark_released();
                 active.stop();
                 if let Err(lost) = marked {
+                    if self.core.form == Form::Many {
+                        // The other keys are still held: free them at once, not at their
+                        // lease end. The hold was lost all the same.
+                        let _ = self.core.query(self.core.release_cmd()).await;
+                    }
                     return Err(LockError::NotHeld { lost });
                 }
-                match self.core.conn.query(self.core.release_cmd()).await? {
-                    Value::Int(_) => Ok(Release::Released),
-                    Value::Nil => Err(LockError::NotHeld { lost: None }),
-                    other => Err(LockError::UnexpectedReply(format!(
-                        "LOCK.RELEASE answered {other:?}"
+                let reply = self.core.query(self.core.release_cmd()).await?;
+                match released(&reply) {
+                    Some(true) => Ok(Release::Released),
+                    Some(false) => Err(LockError::NotHeld { lost: None }),
+                    None => Err(LockError::UnexpectedReply(format!(
+                        "the release answered {reply:?}"
                     ))),
                 }
             }
@@ -159,12 +168,14 @@ impl Drop for LockGuard {
         if let GuardEnd::Last(active) = self.handle.end_guard(&self.core) {
             let marked = self.core.status.mark_released();
             active.stop();
-            if let (Ok(()), Some(runtime)) = (marked, &self.core.runtime) {
+            // A lost multi-key hold still holds its other keys: they are released too.
+            let send = marked.is_ok() || self.core.form == Form::Many;
+            if let (true, Some(runtime)) = (send, &self.core.runtime) {
                 let core = self.core.clone();
                 // Once the runtime has shut down the task never runs, and the lease ends the
                 // hold instead.
                 runtime.spawn(async move {
-                    let _ = core.conn.query(core.release_cmd()).await;
+                    let _ = core.query(core.release_cmd()).await;
                 });
             }
         }

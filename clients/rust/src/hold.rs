@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{AsyncConnectionConfig, Cmd, PushKind, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -47,11 +48,33 @@ impl Commands {
     }
 
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
+        self.query_routed(cmd, None).await
+    }
+
+    /// `cmd`, in a cluster sent to the master of `key`'s slot when `key` is given (a command
+    /// whose first argument is not its key, such as `LOCK.MACQUIRE numkeys key ...`, would
+    /// otherwise be routed by its first argument and take a `MOVED`).
+    pub(crate) async fn query_routed(
+        &self,
+        cmd: &Cmd,
+        key: Option<&[u8]>,
+    ) -> Result<Value, LockError> {
         match self {
-            Commands::Cluster(conn) => cmd
-                .query_async::<Value>(&mut conn.clone())
-                .await
-                .map_err(LockError::from),
+            Commands::Cluster(conn) => match key {
+                None => cmd.query_async::<Value>(&mut conn.clone()).await,
+                Some(key) => {
+                    let route = Route::new(crate::servers::key_slot(key), SlotAddr::Master);
+                    conn.clone()
+                        .route_command(
+                            cmd.clone(),
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                        )
+                        .await
+                        // Routed, a server's error reply comes back as a value.
+                        .and_then(Value::extract_error)
+                }
+            }
+            .map_err(LockError::from),
             Commands::Single {
                 client,
                 config,
@@ -105,9 +128,11 @@ pub(crate) enum HoldConn {
 }
 
 impl HoldConn {
-    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
+    /// `cmd` on the hold's connection; in a cluster, the shared connection sends it to the
+    /// master of `key`'s slot.
+    pub(crate) async fn query(&self, cmd: &Cmd, key: &[u8]) -> Result<Value, LockError> {
         match self {
-            HoldConn::Shared(commands) => commands.query(cmd).await,
+            HoldConn::Shared(commands) => commands.query_routed(cmd, Some(key)).await,
             HoldConn::Own(conn) => {
                 let mut conn = conn.clone();
                 cmd.query_async::<Value>(&mut conn)
@@ -131,13 +156,25 @@ pub(crate) enum Renewal {
     Fixed,
 }
 
-/// One hold: what every guard of it, its tasks and the signal listener share.
+/// The keys of a hold and how its commands name them: one key (`LOCK.RENEW key ...`), or
+/// several held together (`LOCK.MRENEW numkeys key ...`, `LOCK.MRELEASE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    One,
+    Many,
+}
+
+/// One hold: what every guard of it, its tasks and the signal listener share. A hold of several
+/// keys (`LOCK.MACQUIRE`) is one hold: one status, one renewal, one release.
 pub(crate) struct HoldCore {
-    pub(crate) key: Arc<[u8]>,
+    /// The keys, in the order given (one for an ordinary hold); never empty.
+    pub(crate) keys: Arc<[Arc<[u8]>]>,
+    pub(crate) form: Form,
     pub(crate) owner: Arc<str>,
-    /// `LOCK.RELEASE key owner` (the handle's).
+    /// `LOCK.RELEASE key owner` or `LOCK.MRELEASE n key... owner` (the handle's).
     release: Arc<Cmd>,
-    pub(crate) token: u64,
+    /// A fencing token per key, in the keys' order.
+    pub(crate) tokens: Arc<[u64]>,
     pub(crate) lease: Duration,
     pub(crate) conn: HoldConn,
     pub(crate) status: HoldStatus,
@@ -155,10 +192,11 @@ pub(crate) struct HoldCore {
 
 /// What a hold is built from.
 pub(crate) struct NewHold {
-    pub(crate) key: Arc<[u8]>,
+    pub(crate) keys: Arc<[Arc<[u8]>]>,
+    pub(crate) form: Form,
     pub(crate) owner: Arc<str>,
     pub(crate) release: Arc<Cmd>,
-    pub(crate) token: u64,
+    pub(crate) tokens: Arc<[u64]>,
     pub(crate) lease: Duration,
     pub(crate) conn: HoldConn,
     pub(crate) sent: Instant,
@@ -171,10 +209,11 @@ impl HoldCore {
     pub(crate) fn new(n: NewHold) -> Arc<HoldCore> {
         let deadline = n.sent + local_lease(n.lease);
         Arc::new(HoldCore {
-            key: n.key,
+            keys: n.keys,
+            form: n.form,
             owner: n.owner,
             release: n.release,
-            token: n.token,
+            tokens: n.tokens,
             lease: n.lease,
             conn: n.conn,
             status: HoldStatus::new(),
@@ -217,16 +256,84 @@ impl HoldCore {
         *d = (*d).max(sent + local_lease(self.lease));
     }
 
+    /// The first key: the one commands are routed by (all keys of a hold share a slot).
+    pub(crate) fn key(&self) -> &[u8] {
+        self.keys.first().map_or(&[], |k| k)
+    }
+
+    /// The first key's token (an ordinary hold's only one).
+    pub(crate) fn token(&self) -> u64 {
+        self.tokens.first().copied().unwrap_or(0)
+    }
+
+    /// `cmd` on the hold's connection (in a cluster, to its keys' master).
+    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
+        self.conn.query(cmd, self.key()).await
+    }
+
+    /// `LOCK.RENEW key owner lease`, or `LOCK.MRENEW n key... owner lease`.
     pub(crate) fn renew_cmd(&self) -> Cmd {
-        let mut cmd = redis::cmd("LOCK.RENEW");
-        cmd.arg(&*self.key)
-            .arg(self.owner.as_bytes())
-            .arg(millis(self.lease));
+        let mut cmd = match self.form {
+            Form::One => redis::cmd("LOCK.RENEW"),
+            Form::Many => {
+                let mut cmd = redis::cmd("LOCK.MRENEW");
+                cmd.arg(self.keys.len());
+                cmd
+            }
+        };
+        for key in self.keys.iter() {
+            cmd.arg(&**key);
+        }
+        cmd.arg(self.owner.as_bytes()).arg(millis(self.lease));
         cmd
     }
 
     pub(crate) fn release_cmd(&self) -> &Cmd {
         &self.release
+    }
+}
+
+/// What a renewal's reply says: `Some(true)` every key renewed (`1`, or `[1, 1, ...]`),
+/// `Some(false)` the server no longer has the hold on some key (`0` anywhere), `None` a reply
+/// no renewal gives.
+pub(crate) fn renewed(reply: &Value) -> Option<bool> {
+    match reply {
+        Value::Int(1) => Some(true),
+        Value::Int(0) => Some(false),
+        Value::Array(items) if !items.is_empty() => {
+            let mut all = true;
+            for item in items {
+                match item {
+                    Value::Int(1) => {}
+                    Value::Int(0) => all = false,
+                    _ => return None,
+                }
+            }
+            Some(all)
+        }
+        _ => None,
+    }
+}
+
+/// What a release's reply says: `Some(true)` the server released every key (`remaining`, or an
+/// array of them), `Some(false)` it did not have the hold on some key (nil anywhere: the others
+/// were released all the same), `None` a reply no release gives.
+pub(crate) fn released(reply: &Value) -> Option<bool> {
+    match reply {
+        Value::Int(_) => Some(true),
+        Value::Nil => Some(false),
+        Value::Array(items) if !items.is_empty() => {
+            let mut all = true;
+            for item in items {
+                match item {
+                    Value::Int(_) => {}
+                    Value::Nil => all = false,
+                    _ => return None,
+                }
+            }
+            Some(all)
+        }
+        _ => None,
     }
 }
 

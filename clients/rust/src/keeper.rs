@@ -20,14 +20,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use redis::Value;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::{sleep_until, Instant};
 
 use crate::error::LockError;
-use crate::hold::{HoldCore, Renewal};
+use crate::hold::{renewed, HoldCore, Renewal};
 use crate::lost::LostReason;
 
 /// The keepers of one client, one per runtime it acquired on.
@@ -238,23 +237,24 @@ async fn renew(hold: Arc<HoldCore>) {
         let sent = Instant::now();
         let cmd = hold.renew_cmd();
         let reply = tokio::select! {
-            r = hold.conn.query(&cmd) => r,
+            r = hold.query(&cmd) => r,
             _ = sleep_until(hold.deadline()) => {
                 hold.lose(LostReason::Unreachable);
                 return;
             }
         };
-        match reply {
-            Ok(Value::Int(1)) => {
+        match reply.as_ref().map(renewed) {
+            Ok(Some(true)) => {
                 hold.extend(sent);
                 hold.keeper.schedule(&hold, sent + interval);
                 return;
             }
-            Ok(Value::Int(0)) => {
+            Ok(Some(false)) => {
+                // One key of a multi-key hold is enough: the hold is all its keys or nothing.
                 hold.lose(LostReason::HoldGone);
                 return;
             }
-            Err(LockError::Server(text)) if is_final(&text) => {
+            Err(LockError::Server(text)) if is_final(text) => {
                 // WRONGTYPE, "not a lock": the key holds something else now.
                 hold.lose(LostReason::HoldGone);
                 return;

@@ -103,6 +103,7 @@ mod hold;
 mod keeper;
 mod lock;
 mod lost;
+mod multi;
 mod servers;
 mod signal;
 
@@ -111,6 +112,7 @@ pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
 pub use lost::{LostReason, LostWatch};
+pub use multi::{MultiLock, MultiLockGuard};
 pub use signal::{
     lost_signal_channel, lost_signal_channel_with_prefix, LostSignal, DEFAULT_LOST_SIGNAL_PREFIX,
 };

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::client::ClientInner;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::{self, millis, HoldConn, HoldCore, NewHold, OwnConnection, Renewal};
+use crate::hold::{self, millis, Form, HoldConn, HoldCore, NewHold, OwnConnection, Renewal};
 use crate::lost::{LostReason, LostWatch};
 use crate::servers::Found;
 
@@ -87,14 +87,28 @@ pub struct Lock {
     acquire: OnceLock<Cmd>,
 }
 
+/// The command a handle acquires with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verb {
+    /// `LOCK.ACQUIRE key ...`.
+    Acquire,
+    /// `LOCK.MACQUIRE numkeys key... ...`: every key at once.
+    MultiAcquire,
+    /// `LOCK.CAMPAIGN key candidate ...`: an exclusive hold that the server announces.
+    Campaign,
+}
+
 /// What all clones of a handle share: its identity and its current hold.
 pub(crate) struct HandleState {
-    client: Arc<ClientInner>,
-    key: Arc<[u8]>,
+    pub(crate) client: Arc<ClientInner>,
+    /// The keys (one, but for a multi-key handle).
+    keys: Arc<[Arc<[u8]>]>,
     owner: Arc<str>,
-    /// `LOCK.RELEASE key owner`, the same for every hold of the handle.
+    /// `LOCK.RELEASE key owner` (`LOCK.MRELEASE n key... owner`), the same for every hold of the
+    /// handle.
     release: Arc<Cmd>,
     kind: Kind,
+    verb: Verb,
     /// One acquire at a time per handle (the server lets an owner wait once per key anyway).
     gate: tokio::sync::Mutex<()>,
     slot: Mutex<Option<ActiveHold>>,
@@ -133,6 +147,18 @@ pub(crate) enum GuardEnd {
 }
 
 impl HandleState {
+    /// The first key: the one a connection of its own is opened for.
+    fn key(&self) -> &[u8] {
+        self.keys.first().map_or(&[], |k| k)
+    }
+
+    fn form(&self) -> Form {
+        match self.verb {
+            Verb::MultiAcquire => Form::Many,
+            Verb::Acquire | Verb::Campaign => Form::One,
+        }
+    }
+
     fn slot(&self) -> MutexGuard<'_, Option<ActiveHold>> {
         // The slot is only swapped or counted under this lock; a panic elsewhere cannot leave
         // it half-updated, so a poisoned lock is used as it is.
@@ -159,16 +185,33 @@ impl HandleState {
 }
 
 impl Lock {
-    pub(crate) fn new(client: Arc<ClientInner>, key: &[u8], owner: Arc<str>, kind: Kind) -> Lock {
-        let mut release = redis::cmd("LOCK.RELEASE");
-        release.arg(key).arg(owner.as_bytes());
+    pub(crate) fn new(
+        client: Arc<ClientInner>,
+        keys: Vec<Arc<[u8]>>,
+        owner: Arc<str>,
+        kind: Kind,
+        verb: Verb,
+    ) -> Lock {
+        let mut release = match verb {
+            Verb::MultiAcquire => {
+                let mut cmd = redis::cmd("LOCK.MRELEASE");
+                cmd.arg(keys.len());
+                cmd
+            }
+            Verb::Acquire | Verb::Campaign => redis::cmd("LOCK.RELEASE"),
+        };
+        for key in &keys {
+            release.arg(&**key);
+        }
+        release.arg(owner.as_bytes());
         Lock {
             state: Arc::new(HandleState {
                 client,
-                key: key.into(),
+                keys: keys.into(),
                 owner,
                 release: Arc::new(release),
                 kind,
+                verb,
                 gate: tokio::sync::Mutex::new(()),
                 slot: Mutex::new(None),
             }),
@@ -217,9 +260,32 @@ impl Lock {
         self
     }
 
+    /// The same handle (owner, keys, options) taking holds of another kind; nothing it held is
+    /// carried over.
+    pub(crate) fn with_kind(self, kind: Kind) -> Lock {
+        let state = &self.state;
+        let mut lock = Lock::new(
+            state.client.clone(),
+            state.keys.to_vec(),
+            state.owner.clone(),
+            kind,
+            state.verb,
+        );
+        lock.lease = self.lease;
+        lock.renewal = self.renewal;
+        lock.wait = self.wait;
+        lock.ephemeral = self.ephemeral;
+        lock
+    }
+
     /// The key.
     pub fn key(&self) -> &[u8] {
-        &self.state.key
+        self.state.key()
+    }
+
+    /// The keys (one, but for a multi-key handle), in the order given.
+    pub(crate) fn keys(&self) -> &[Arc<[u8]>] {
+        &self.state.keys
     }
 
     /// The owner string this handle sends (`<client id>:<n>`).
@@ -235,7 +301,7 @@ impl Lock {
     /// Takes the key if it is free (or re-enters this handle's hold), without waiting:
     /// `Ok(None)` when another owner holds it or others wait for it.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, LockError> {
-        self.acquire_inner(None).await
+        self.acquire_inner(None, None).await
     }
 
     /// Takes the key, waiting in the server (FIFO, no polling) as long as
@@ -243,10 +309,19 @@ impl Lock {
     /// connection of its own, whose read timeout is above the wait, so it delays no other
     /// command. Dropping the future closes that connection, and the server forgets the waiter.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
-        match self.acquire_inner(Some(self.wait)).await? {
+        self.acquire_waiting(self.wait, None).await
+    }
+
+    /// [`Lock::acquire`] with this `wait`, and `VALUE value` for a campaign.
+    pub(crate) async fn acquire_waiting(
+        &self,
+        wait: Wait,
+        value: Option<&[u8]>,
+    ) -> Result<LockGuard, LockError> {
+        match self.acquire_inner(Some(wait), value).await? {
             Some(guard) => Ok(guard),
             None => Err(LockError::Timeout {
-                waited: match self.wait {
+                waited: match wait {
                     Wait::Timeout(t) => t,
                     Wait::Forever => Duration::ZERO,
                 },
@@ -300,13 +375,24 @@ impl Lock {
         }
     }
 
-    /// `LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms]`.
-    fn acquire_cmd(&self, wait: Option<Wait>) -> Cow<'_, Cmd> {
+    /// `LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms]`,
+    /// `LOCK.MACQUIRE n key... owner lease [SHARED] [EPHEMERAL] ONCE [WAIT ms]`, or
+    /// `LOCK.CAMPAIGN key candidate lease [EPHEMERAL] [WAIT ms] [VALUE v]`.
+    fn acquire_cmd(&self, wait: Option<Wait>, value: Option<&[u8]>) -> Cow<'_, Cmd> {
         let base = self.acquire.get_or_init(|| {
-            let mut cmd = redis::cmd("LOCK.ACQUIRE");
-            cmd.arg(&*self.state.key)
-                .arg(self.state.owner.as_bytes())
-                .arg(millis(self.lease));
+            let mut cmd = match self.state.verb {
+                Verb::Acquire => redis::cmd("LOCK.ACQUIRE"),
+                Verb::MultiAcquire => {
+                    let mut cmd = redis::cmd("LOCK.MACQUIRE");
+                    cmd.arg(self.state.keys.len());
+                    cmd
+                }
+                Verb::Campaign => redis::cmd("LOCK.CAMPAIGN"),
+            };
+            for key in self.state.keys.iter() {
+                cmd.arg(&**key);
+            }
+            cmd.arg(self.state.owner.as_bytes()).arg(millis(self.lease));
             match self.state.kind {
                 Kind::Exclusive => {}
                 Kind::Shared => {
@@ -319,25 +405,41 @@ impl Lock {
             if self.ephemeral {
                 cmd.arg("EPHEMERAL");
             }
-            cmd.arg("ONCE");
+            if self.state.verb != Verb::Campaign {
+                // A campaign is ONCE by itself (a leader campaigning again keeps its epoch).
+                cmd.arg("ONCE");
+            }
             cmd
         });
         let ms = match wait {
-            None | Some(Wait::Timeout(Duration::ZERO)) => return Cow::Borrowed(base),
-            Some(Wait::Forever) => 0,
-            Some(Wait::Timeout(t)) => millis(t),
+            None | Some(Wait::Timeout(Duration::ZERO)) => None,
+            Some(Wait::Forever) => Some(0),
+            Some(Wait::Timeout(t)) => Some(millis(t)),
         };
+        if ms.is_none() && value.is_none() {
+            return Cow::Borrowed(base);
+        }
         let mut cmd = base.clone();
-        cmd.arg("WAIT").arg(ms);
+        if let Some(ms) = ms {
+            cmd.arg("WAIT").arg(ms);
+        }
+        if let Some(value) = value {
+            cmd.arg("VALUE").arg(value);
+        }
         Cow::Owned(cmd)
     }
 
-    async fn acquire_inner(&self, wait: Option<Wait>) -> Result<Option<LockGuard>, LockError> {
+    async fn acquire_inner(
+        &self,
+        wait: Option<Wait>,
+        value: Option<&[u8]>,
+    ) -> Result<Option<LockGuard>, LockError> {
         if self.lease.is_zero() {
             return Err(LockError::InvalidArgument(
                 "the lease must be at least 1 ms",
             ));
         }
+        check_keys(&self.state.keys)?;
         let wait = match wait {
             Some(Wait::Timeout(Duration::ZERO)) => None,
             w => w,
@@ -351,7 +453,7 @@ impl Lock {
             .map(|a| a.core.clone());
         let sent = Instant::now();
         let (reply, own) = if self.ephemeral {
-            let (reply, own) = self.send_ephemeral(current.as_ref(), wait).await;
+            let (reply, own) = self.send_ephemeral(current.as_ref(), wait, value).await;
             match reply {
                 Ok(reply) => (reply, own),
                 Err(e) => {
@@ -364,15 +466,19 @@ impl Lock {
                 }
             }
         } else {
-            (self.send_with_retries(wait).await?, None)
+            (self.send_with_retries(wait, value).await?, None)
         };
-        let token = parse_token(reply)?;
-        self.settle(current, token, sent, own)
+        let tokens = parse_tokens(reply, self.state.keys.len())?;
+        self.settle(current, tokens, sent, own)
     }
 
     /// Sends the acquire on the shared connection (no wait) or on a fresh connection of its own
     /// (wait), again after a broken or timed-out connection: `ONCE` makes that safe.
-    async fn send_with_retries(&self, wait: Option<Wait>) -> Result<Value, LockError> {
+    async fn send_with_retries(
+        &self,
+        wait: Option<Wait>,
+        value: Option<&[u8]>,
+    ) -> Result<Value, LockError> {
         let until = match wait {
             Some(Wait::Timeout(t)) => Some(Instant::now() + t),
             _ => None,
@@ -391,9 +497,16 @@ impl Lock {
                 }
                 (w, _) => w,
             };
-            let cmd = self.acquire_cmd(this_wait);
+            let cmd = self.acquire_cmd(this_wait, value);
             let reply = match this_wait {
-                None => self.state.client.commands.query(&cmd).await,
+                None => {
+                    let key = self.state.key();
+                    self.state
+                        .client
+                        .commands
+                        .query_routed(&cmd, Some(key))
+                        .await
+                }
                 Some(w) => self.send_waiting(&cmd, w).await,
             };
             match reply {
@@ -418,6 +531,7 @@ impl Lock {
         &self,
         current: Option<&Arc<HoldCore>>,
         wait: Option<Wait>,
+        value: Option<&[u8]>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
         let client = &self.state.client;
         let limit = match wait {
@@ -425,7 +539,7 @@ impl Lock {
             Some(Wait::Forever) => None,
             Some(Wait::Timeout(t)) => Some(t + WAIT_MARGIN),
         };
-        let cmd = self.acquire_cmd(wait);
+        let cmd = self.acquire_cmd(wait, value);
         let existing = current.and_then(|c| match &c.conn {
             HoldConn::Own(conn) => Some(conn.clone()),
             HoldConn::Shared(_) => None,
@@ -453,7 +567,7 @@ impl Lock {
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
         let servers = &self.state.client.servers;
         let timeout = self.state.client.command_timeout;
-        let (mut node, mut found) = match servers.node_of(&self.state.key).await {
+        let (mut node, mut found) = match servers.node_of(self.state.key()).await {
             Ok(found) => found,
             Err(e) => return (Err(e), None),
         };
@@ -468,7 +582,7 @@ impl Lock {
                 Ok(own) => own,
                 Err(_) if found == Found::FromSlotMap => {
                     servers.forget_slots();
-                    (node, found) = match servers.node_of(&self.state.key).await {
+                    (node, found) = match servers.node_of(self.state.key()).await {
                         Ok((node, _)) => (node, Found::Sure),
                         Err(e) => return (Err(e), None),
                     };
@@ -520,13 +634,13 @@ impl Lock {
     fn settle(
         &self,
         current: Option<Arc<HoldCore>>,
-        token: Option<u64>,
+        tokens: Option<Vec<u64>>,
         sent: Instant,
         own: Option<OwnConnection>,
     ) -> Result<Option<LockGuard>, LockError> {
         let state = &self.state;
-        if let (Some(t), Some(c)) = (token, &current) {
-            if c.token == t {
+        if let (Some(t), Some(c)) = (&tokens, &current) {
+            if *c.tokens == **t {
                 let mut slot = state.slot();
                 if let Some(active) = slot.as_mut().filter(|a| Arc::ptr_eq(&a.core, c)) {
                     active.guards += 1;
@@ -543,7 +657,7 @@ impl Lock {
         if let Some(old) = old {
             old.stop();
         }
-        let Some(token) = token else {
+        let Some(tokens) = tokens else {
             return Ok(None);
         };
         let client = &state.client;
@@ -555,10 +669,11 @@ impl Lock {
             None => (HoldConn::Shared(client.commands.clone()), None),
         };
         let core = HoldCore::new(NewHold {
-            key: state.key.clone(),
+            keys: state.keys.clone(),
+            form: state.form(),
             owner: state.owner.clone(),
             release: state.release.clone(),
-            token,
+            tokens: tokens.into(),
             lease: self.lease,
             conn,
             sent,
@@ -622,13 +737,45 @@ async fn within(
     }
 }
 
-/// `LOCK.ACQUIRE`'s reply: a token > 0, or nil.
-fn parse_token(reply: Value) -> Result<Option<u64>, LockError> {
-    match reply {
-        Value::Nil => Ok(None),
-        Value::Int(n) if n > 0 => Ok(u64::try_from(n).ok()),
-        other => Err(LockError::UnexpectedReply(format!(
-            "LOCK.ACQUIRE answered {other:?}"
+/// The most keys one multi-key hold takes (the server's bound).
+pub(crate) const MAX_KEYS: usize = 64;
+
+/// The keys of a handle: 1 to [`MAX_KEYS`], distinct. Checked before anything is sent.
+fn check_keys(keys: &[Arc<[u8]>]) -> Result<(), LockError> {
+    if keys.is_empty() {
+        return Err(LockError::InvalidArgument("a multi-key lock needs a key"));
+    }
+    if keys.len() > MAX_KEYS {
+        return Err(LockError::InvalidArgument(
+            "a multi-key lock takes at most 64 keys",
+        ));
+    }
+    for (i, key) in keys.iter().enumerate() {
+        if keys.iter().skip(i + 1).any(|other| other == key) {
+            return Err(LockError::InvalidArgument(
+                "a multi-key lock names each key once",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An acquire's reply: a token > 0 (`LOCK.ACQUIRE`, `LOCK.CAMPAIGN`), an array of `keys`
+/// tokens (`LOCK.MACQUIRE`), or nil.
+fn parse_tokens(reply: Value, keys: usize) -> Result<Option<Vec<u64>>, LockError> {
+    let token = |v: &Value| match v {
+        Value::Int(n) if *n > 0 => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let tokens = match &reply {
+        Value::Nil => return Ok(None),
+        Value::Array(items) if items.len() == keys => items.iter().map(token).collect(),
+        single => token(single).map(|t| vec![t]),
+    };
+    match tokens {
+        Some(tokens) => Ok(Some(tokens)),
+        None => Err(LockError::UnexpectedReply(format!(
+            "the acquire answered {reply:?}"
         ))),
     }
 }

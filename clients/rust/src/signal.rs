@@ -147,7 +147,13 @@ impl PubSub {
 
 #[derive(Default)]
 struct HubState {
-    watched: HashMap<Vec<u8>, Vec<Weak<HoldCore>>>,
+    watched: HashMap<Vec<u8>, Vec<Watched>>,
+}
+
+/// A hold watched on one key's channel, with its token on that key.
+struct Watched {
+    hold: Weak<HoldCore>,
+    token: u64,
 }
 
 impl SignalHub {
@@ -173,44 +179,57 @@ impl SignalHub {
 
     /// Starts watching `hold`'s channel; returns once the server confirmed the subscription.
     /// A message published before that is missed (the watchdog still covers the hold).
+    /// Every key of a multi-key hold is watched, each with its own token.
     pub(crate) async fn watch(self: &Arc<Self>, hold: &Arc<HoldCore>) -> redis::RedisResult<()> {
-        let channel = lost_signal_channel_with_prefix(&self.prefix, &hold.key);
-        let first = {
+        let mut new = Vec::new();
+        {
             let mut state = lock_state(&self.state);
-            let entry = state.watched.entry(channel.clone()).or_default();
-            entry.retain(|w| w.strong_count() > 0);
-            entry.push(Arc::downgrade(hold));
-            entry.len() == 1
-        };
-        if first {
+            for (key, token) in hold.keys.iter().zip(hold.tokens.iter()) {
+                let channel = lost_signal_channel_with_prefix(&self.prefix, key);
+                let entry = state.watched.entry(channel.clone()).or_default();
+                entry.retain(|w| w.hold.strong_count() > 0);
+                entry.push(Watched {
+                    hold: Arc::downgrade(hold),
+                    token: *token,
+                });
+                if entry.len() == 1 {
+                    new.push(channel);
+                }
+            }
+        }
+        if !new.is_empty() {
             let mut guard = self.conn.lock().await;
             let conn = self.connection(&mut guard).await?;
-            conn.subscribe_key(&[channel]).await?;
+            conn.subscribe_key(&new).await?;
         }
         Ok(())
     }
 
     /// Stops watching `hold`; unsubscribes when no other hold of the client uses the channel.
     pub(crate) async fn unwatch(self: &Arc<Self>, hold: &HoldCore) {
-        let channel = lost_signal_channel_with_prefix(&self.prefix, &hold.key);
-        let last = {
+        let mut last = Vec::new();
+        {
             let mut state = lock_state(&self.state);
-            let Some(entry) = state.watched.get_mut(&channel) else {
-                return;
-            };
-            entry.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), hold));
-            if entry.is_empty() {
-                state.watched.remove(&channel);
-                true
-            } else {
-                false
+            for key in hold.keys.iter() {
+                let channel = lost_signal_channel_with_prefix(&self.prefix, key);
+                let Some(entry) = state.watched.get_mut(&channel) else {
+                    continue;
+                };
+                entry.retain(|w| w.hold.strong_count() > 0 && !std::ptr::eq(w.hold.as_ptr(), hold));
+                if entry.is_empty() {
+                    state.watched.remove(&channel);
+                    last.push(channel);
+                }
             }
-        };
-        if last {
+        }
+        if !last.is_empty() {
             let mut guard = self.conn.lock().await;
             if let Some(conn) = guard.as_mut() {
-                // A failure leaves a subscription nobody reads: harmless, and a reconnect drops it.
-                let _ = conn.unsubscribe_key(&channel).await;
+                for channel in &last {
+                    // A failure leaves a subscription nobody reads: harmless, and a reconnect
+                    // drops it.
+                    let _ = conn.unsubscribe_key(channel).await;
+                }
             }
         }
     }
@@ -255,27 +274,31 @@ impl SignalHub {
         tokio::spawn(read_pushes(Arc::downgrade(self), rx));
     }
 
-    fn watched_holds(&self, channel: Option<&[u8]>) -> Vec<Arc<HoldCore>> {
+    /// The holds watched on `channel` with their token on its key (every watched hold, once
+    /// per key, with `None`).
+    fn watched_holds(&self, channel: Option<&[u8]>) -> Vec<(Arc<HoldCore>, u64)> {
         let state = lock_state(&self.state);
+        let live = |w: &Watched| w.hold.upgrade().map(|h| (h, w.token));
         match channel {
             Some(channel) => state
                 .watched
                 .get(channel)
-                .map(|entry| entry.iter().filter_map(Weak::upgrade).collect())
+                .map(|entry| entry.iter().filter_map(live).collect())
                 .unwrap_or_default(),
-            None => state
-                .watched
-                .values()
-                .flatten()
-                .filter_map(Weak::upgrade)
-                .collect(),
+            None => {
+                let mut holds: Vec<(Arc<HoldCore>, u64)> =
+                    state.watched.values().flatten().filter_map(live).collect();
+                holds.sort_by_key(|(h, _)| Arc::as_ptr(h));
+                holds.dedup_by(|a, b| Arc::ptr_eq(&a.0, &b.0));
+                holds
+            }
         }
     }
 
     fn dispatch(&self, channel: &[u8], payload: &[u8]) {
         if channel == self.flush_channel.as_slice() {
             if flushed_db(payload).is_some_and(|db| db.covers(self.db)) {
-                for hold in self.watched_holds(None) {
+                for (hold, _) in self.watched_holds(None) {
                     tokio::spawn(check_after_flush(hold));
                 }
             }
@@ -284,8 +307,8 @@ impl SignalHub {
         let Some(signal) = LostSignal::parse(payload) else {
             return;
         };
-        for hold in self.watched_holds(Some(channel)) {
-            if hold.owner.as_bytes() == signal.owner.as_slice() && hold.token == signal.token {
+        for (hold, token) in self.watched_holds(Some(channel)) {
+            if hold.owner.as_bytes() == signal.owner.as_slice() && token == signal.token {
                 hold.lose(signal.reason);
             }
         }
@@ -360,11 +383,15 @@ async fn check_after_flush(hold: Arc<HoldCore>) {
     if !hold.status.is_active() {
         return;
     }
-    let mut cmd = redis::cmd("LOCK.INFO");
-    cmd.arg(&*hold.key);
-    if let Ok(reply) = hold.conn.query(&cmd).await {
-        if !info_has_hold(&reply, hold.owner.as_bytes(), hold.token) {
-            hold.lose(LostReason::Flushed);
+    for (key, token) in hold.keys.iter().zip(hold.tokens.iter()) {
+        let mut cmd = redis::cmd("LOCK.INFO");
+        cmd.arg(&**key);
+        if let Ok(reply) = hold.conn.query(&cmd, key).await {
+            if !info_has_hold(&reply, hold.owner.as_bytes(), *token) {
+                // One key gone is the whole hold gone.
+                hold.lose(LostReason::Flushed);
+                return;
+            }
         }
     }
 }

@@ -442,3 +442,67 @@ async fn a_flush_of_one_node_reports_only_the_holds_it_emptied() {
         assert_ne!(info_on(cluster.node_for_slot(slot(key)), key), Value::Nil);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_key_holds_go_to_the_slots_master_and_crossslot_is_the_servers_error() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let client = LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .listen_for_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let mut con = raw(&cluster).await;
+    // Keys of different slots: the server's CROSSSLOT, nothing held.
+    let keys = one_key_per_master();
+    let err = client
+        .multi_lock([&keys[0], &keys[1]])
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, redis_lock_client::LockError::Server(t) if t.starts_with("CROSSSLOT")),
+        "{err}"
+    );
+    assert_eq!(info(&mut con, &keys[0]).await, Value::Nil);
+
+    // One slot (a hash tag), whose number (as a key) lies on another master: sent to the tag's
+    // master directly, no MOVED.
+    let tagged = ["{wh}:east", "{wh}:west"];
+    let moved_before: u64 = cluster.nodes.iter().map(moved_count).sum();
+    let lock = client.multi_lock(tagged).lease(Duration::from_millis(600));
+    let guard = lock.acquire().await.unwrap();
+    assert_eq!(guard.tokens().len(), 2);
+    for key in tagged {
+        assert_ne!(info(&mut con, key).await, Value::Nil, "{key} held");
+    }
+    // A waiter on a connection of its own to that master.
+    let waiter = client
+        .multi_lock(["{wh}:west", "{wh}:north"])
+        .wait_timeout(Duration::from_secs(10));
+    let task = tokio::spawn(async move { waiter.acquire().await.map(|g| g.tokens().to_vec()) });
+    tokio::time::sleep(Duration::from_millis(700)).await; // a renewal or two (LOCK.MRENEW)
+    assert!(!task.is_finished());
+    assert_eq!(guard.lost_reason(), None);
+    // Each key's signal is heard (SSUBSCRIBE on the slot's master).
+    let lost = guard.lost();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("{wh}:east")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_millis(150), lost)
+        .await
+        .expect("lost on the signal, before the next renewal");
+    assert_eq!(reason, LostReason::ForceReleased);
+    drop(guard); // releases {wh}:west
+    let tokens = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the waiter is granted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(tokens.len(), 2);
+    let moved_after: u64 = cluster.nodes.iter().map(moved_count).sum();
+    assert_eq!(moved_after, moved_before, "no MOVED");
+}
