@@ -146,11 +146,195 @@ impl LockClient {
         }
     }
 
+    /// A handle on the election `key` for a new candidate: see [`crate::LockClient::election`].
+    pub fn election(&self, key: impl AsRef<[u8]>) -> Election {
+        Election {
+            inner: self.inner.election(key),
+            engine: self.engine.clone(),
+        }
+    }
+
     fn wrap(&self, inner: crate::Lock) -> Lock {
         Lock {
             inner,
             engine: self.engine.clone(),
         }
+    }
+}
+
+/// The blocking [`crate::Election`]: campaign, read the leader, observe.
+///
+/// ```no_run
+/// # fn demo(client: redis_lock_client::blocking::LockClient) -> Result<(), redis_lock_client::LockError> {
+/// let election = client.election("scheduler");
+/// let leadership = election.campaign_with_value("10.0.0.1:80")?; // blocks until elected
+/// while leadership.lost_reason().is_none() {
+///     // lead, passing leadership.epoch() with every write
+///     # break;
+/// }
+/// drop(leadership); // resigns
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Election {
+    inner: crate::Election,
+    engine: Arc<Engine>,
+}
+
+impl Election {
+    /// See [`crate::Election::lease`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.inner = self.inner.lease(lease);
+        self
+    }
+
+    /// See [`crate::Election::wait_timeout`].
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`crate::Election::not_ephemeral`].
+    pub fn not_ephemeral(mut self) -> Self {
+        self.inner = self.inner.not_ephemeral();
+        self
+    }
+
+    /// The election key.
+    pub fn key(&self) -> &[u8] {
+        self.inner.key()
+    }
+
+    /// The name this handle campaigns under.
+    pub fn candidate(&self) -> &str {
+        self.inner.candidate()
+    }
+
+    /// Blocks until this candidate leads: see [`crate::Election::campaign`].
+    pub fn campaign(&self) -> Result<Leadership, LockError> {
+        let leadership = self.engine.block_on(self.inner.campaign())??;
+        Ok(self.wrap(leadership))
+    }
+
+    /// See [`crate::Election::campaign_with_value`].
+    pub fn campaign_with_value(&self, value: impl AsRef<[u8]>) -> Result<Leadership, LockError> {
+        let leadership = self
+            .engine
+            .block_on(self.inner.campaign_with_value(value))??;
+        Ok(self.wrap(leadership))
+    }
+
+    /// One attempt, no wait: see [`crate::Election::try_campaign`].
+    pub fn try_campaign(&self) -> Result<Option<Leadership>, LockError> {
+        let leadership = self.engine.block_on(self.inner.try_campaign())??;
+        Ok(leadership.map(|l| self.wrap(l)))
+    }
+
+    /// Who leads now (`LOCK.LEADER`).
+    pub fn leader(&self) -> Result<Option<crate::Leader>, LockError> {
+        self.engine.block_on(self.inner.leader())?
+    }
+
+    /// Follows the key's leaders: an iterator of [`crate::Leader`] (see [`crate::Observer`]).
+    pub fn observe(&self) -> Result<Observer, LockError> {
+        let inner = self.engine.block_on(async { self.inner.observe() })?;
+        Ok(Observer {
+            inner,
+            engine: self.engine.clone(),
+        })
+    }
+
+    fn wrap(&self, leadership: crate::Leadership) -> Leadership {
+        Leadership {
+            guard: LockGuard {
+                inner: Some(leadership.into_inner()),
+                engine: self.engine.clone(),
+            },
+        }
+    }
+}
+
+/// The blocking [`crate::Leadership`]. Dropping it resigns and waits for the answer.
+#[derive(Debug)]
+pub struct Leadership {
+    guard: LockGuard,
+}
+
+impl Leadership {
+    /// The epoch (0 only after a resignation): see [`crate::Leadership::epoch`].
+    pub fn epoch(&self) -> u64 {
+        self.guard.token()
+    }
+
+    /// The candidate's name.
+    pub fn candidate(&self) -> &str {
+        self.guard.owner()
+    }
+
+    /// `Some(reason)` once the leadership is known lost. Cheap: check it before each act.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.guard.lost_reason()
+    }
+
+    /// Blocks until the leadership is lost or `timeout` passes.
+    pub fn wait_lost(&self, timeout: Duration) -> Option<LostReason> {
+        self.guard.wait_lost(timeout)
+    }
+
+    /// A [`LostWatch`] of this leadership.
+    pub fn watch(&self) -> Option<LostWatch> {
+        self.guard.watch()
+    }
+
+    /// See [`crate::Leadership::proclaim`]: `false` once deposed (and reported lost).
+    pub fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<bool, LockError> {
+        match self.guard.guard() {
+            Some(guard) => self
+                .engine()
+                .block_on(crate::election::proclaim(guard, value.as_ref()))?,
+            None => Ok(false),
+        }
+    }
+
+    /// See [`crate::Leadership::resign`].
+    pub fn resign(&mut self) -> Result<Release, LockError> {
+        self.guard.release()
+    }
+
+    fn engine(&self) -> &Engine {
+        &self.guard.engine
+    }
+}
+
+/// The blocking [`crate::Observer`]: an iterator of [`crate::Leader`] that never ends by itself
+/// (the observer's work runs on the client's runtime thread). Drop it to stop.
+pub struct Observer {
+    inner: crate::Observer,
+    engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Observer {
+    /// The next leader, or `None` when `timeout` passes first.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Option<crate::Leader> {
+        let next = self.inner.next();
+        self.engine
+            .block_on(async move { tokio::time::timeout(timeout, next).await })
+            .ok()?
+            .ok()?
+    }
+}
+
+impl Iterator for Observer {
+    type Item = crate::Leader;
+
+    fn next(&mut self) -> Option<crate::Leader> {
+        self.engine.block_on(self.inner.next()).ok()?
     }
 }
 

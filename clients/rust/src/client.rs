@@ -8,6 +8,7 @@ use rand::Rng;
 use redis::cluster::ClusterClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
+use crate::election::Election;
 use crate::error::LockError;
 use crate::hold::Commands;
 use crate::keeper::Keepers;
@@ -287,6 +288,27 @@ impl LockClient {
             self.next_owner(),
             Kind::Exclusive,
             Verb::MultiAcquire,
+        ))
+    }
+
+    /// A handle on the election `key` for a new candidate (named like a handle's owner): see
+    /// [`Election`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let election = client.election("scheduler");
+    /// if let Some(leader) = election.leader().await? {
+    ///     println!("{} leads in epoch {}", String::from_utf8_lossy(&leader.candidate), leader.epoch);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn election(&self, key: impl AsRef<[u8]>) -> Election {
+        Election::new(Lock::new(
+            self.inner.clone(),
+            vec![key.as_ref().into()],
+            self.next_owner(),
+            Kind::Exclusive,
+            Verb::Campaign,
         ))
     }
 

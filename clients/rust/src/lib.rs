@@ -11,6 +11,14 @@
 //!   [`LockGuard::lost`] resolves if it is lost ([`LostReason`]), [`LockGuard::release`]
 //!   releases it (idempotent), and dropping it releases it in the background.
 //!
+//! - [`LockClient::multi_lock`] makes a [`MultiLock`]: several keys taken together at one
+//!   instant (`LOCK.MACQUIRE`), a [`MultiLockGuard`] with a token per key, one watchdog
+//!   (`LOCK.MRENEW`), one release (`LOCK.MRELEASE`).
+//! - [`LockClient::election`] makes an [`Election`]: [`Election::campaign`] waits until this
+//!   candidate leads and returns a [`Leadership`] (its epoch, `lost`, `proclaim`, `resign`);
+//!   [`Election::leader`] reads the leader; [`Election::observe`] follows every change as a
+//!   stream ([`Observer`]).
+//!
 //! # Safe defaults
 //!
 //! - **Watchdog.** A hold's lease (30 s by default) is renewed every third of a lease by the
@@ -97,6 +105,7 @@
 
 pub mod blocking;
 mod client;
+mod election;
 mod error;
 mod guard;
 mod hold;
@@ -108,6 +117,9 @@ mod servers;
 mod signal;
 
 pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
+pub use election::{
+    leader_channel, Election, Leader, Leadership, Observer, DEFAULT_LEADER_CHANNEL_PREFIX,
+};
 pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};

@@ -278,6 +278,23 @@ impl Lock {
         lock
     }
 
+    /// Holds that are not `EPHEMERAL` (the default of a lock; an election's is `EPHEMERAL`).
+    pub(crate) fn without_ephemeral(mut self) -> Self {
+        self.ephemeral = false;
+        self.acquire = OnceLock::new();
+        self
+    }
+
+    /// The wait [`Lock::acquire`] uses.
+    pub(crate) fn wait(&self) -> Wait {
+        self.wait
+    }
+
+    /// The client the handle was made by.
+    pub(crate) fn client(&self) -> &Arc<ClientInner> {
+        &self.state.client
+    }
+
     /// The key.
     pub fn key(&self) -> &[u8] {
         self.state.key()

@@ -506,3 +506,57 @@ async fn multi_key_holds_go_to_the_slots_master_and_crossslot_is_the_servers_err
     let moved_after: u64 = cluster.nodes.iter().map(moved_count).sum();
     assert_eq!(moved_after, moved_before, "no MOVED");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_goes_to_the_keys_master_and_an_observer_follows_it_there() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let keys = one_key_per_master();
+    let key = &keys[2]; // on the third master
+    let moved_before: u64 = cluster.nodes.iter().map(moved_count).sum();
+    let election = client.election(key);
+    let mut observer = election.observe();
+    let mut first = election.campaign_with_value("a").await.unwrap();
+    // Subscribed before or after the campaign: the value is seen either way.
+    let mut seen = next_leader(&mut observer).await;
+    if seen.value.is_none() {
+        seen = next_leader(&mut observer).await;
+    }
+    assert_eq!(seen.epoch, first.epoch());
+    assert_eq!(seen.value.as_deref(), Some(&b"a"[..]));
+    // The second candidate waits on its own connection to the key's master.
+    let second = client.election(key);
+    let waiting = tokio::spawn(async move { second.campaign_with_value("b").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    first.resign().await.unwrap();
+    let b = waiting.await.unwrap().unwrap();
+    let elected = next_leader(&mut observer).await;
+    assert_eq!((elected.epoch, elected.value), (b.epoch(), None));
+    let proclaimed = next_leader(&mut observer).await;
+    assert_eq!(proclaimed.value.as_deref(), Some(&b"b"[..]));
+    assert!(b.epoch() > first.epoch());
+    let moved_after: u64 = cluster.nodes.iter().map(moved_count).sum();
+    assert_eq!(moved_after, moved_before, "no MOVED");
+    // SSUBSCRIBE on the key's master.
+    let channel = redis_lock_client::leader_channel(key.as_bytes());
+    let owner = cluster
+        .nodes
+        .iter()
+        .find(|n| master_port_seen_by(n, slot(key)) == Some(n.port))
+        .expect("the key's master");
+    let subs: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(&channel)
+        .query(&mut direct(owner))
+        .unwrap();
+    assert_eq!(subs.get(1), Some(&Value::Int(1)), "{subs:?}");
+}
+
+async fn next_leader(observer: &mut redis_lock_client::Observer) -> redis_lock_client::Leader {
+    tokio::time::timeout(Duration::from_secs(5), observer.next())
+        .await
+        .expect("a leader within 5 s")
+        .expect("the observer runs")
+}

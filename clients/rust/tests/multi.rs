@@ -100,8 +100,10 @@ async fn multi_lock_takes_every_key_with_a_token_each_or_none() {
     assert!(client.lock("a").try_acquire().await.unwrap().is_none());
 
     // Keys are checked before anything is sent.
-    for bad in [vec![], vec!["x", "x"]] {
-        let err = client.multi_lock(bad).try_acquire().await.unwrap_err();
+    let too_many: Vec<String> = (0..65).map(|i| format!("k{i}")).collect();
+    let bad: [Vec<String>; 3] = [vec![], vec!["x".into(), "x".into()], too_many];
+    for keys in bad {
+        let err = client.multi_lock(keys).try_acquire().await.unwrap_err();
         assert!(matches!(err, LockError::InvalidArgument(_)), "{err}");
     }
     assert_eq!(calls(&mut raw, "lock.macquire").await, 2);
