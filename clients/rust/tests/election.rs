@@ -449,3 +449,30 @@ fn the_blocking_election_campaigns_observes_and_resigns() {
     assert_eq!(leadership.resign().unwrap(), Release::Released);
     assert_eq!(election.leader().unwrap(), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_ephemeral_leadership_outlives_its_connection_and_is_renewed() {
+    let (_server, client, mut raw) = setup().await;
+    let election = client
+        .election("svc")
+        .not_ephemeral()
+        .lease(Duration::from_millis(300));
+    let leadership = election.campaign().await.unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await; // four leases
+    assert_eq!(leadership.lost_reason(), None);
+    assert_eq!(
+        election.leader().await.unwrap(),
+        Some(leader(election.candidate(), leadership.epoch(), None)),
+        "still leading: renewed by the watchdog on a new shared connection"
+    );
+    assert!(calls(&mut raw, "lock.renew").await >= 3);
+}
