@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
@@ -59,6 +61,25 @@ class Server:
         stats = self.client().info("commandstats")
         entry = stats.get(f"cmdstat_{command}")
         return int(entry["calls"]) if entry else 0
+
+    @contextmanager
+    def stopped(self) -> Iterator[None]:
+        """The server process SIGSTOPped for the block: the kernel still accepts connections
+        and buffers what is sent; nothing is read or answered until SIGCONT at the end."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def blocked_clients(self, command: str) -> list[dict[str, str]]:
+        """CLIENT LIST entries of connections blocked in `command` (e.g. lock.acquire)."""
+        out = []
+        for line in self.client().execute_command("CLIENT", "LIST").decode().splitlines():
+            entry = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
+            if entry.get("cmd") == command and "b" in entry.get("flags", ""):
+                out.append(entry)
+        return out
 
 
 def start_server(tmp: Path, *extra: str) -> Server:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -158,3 +159,54 @@ def test_async_ephemeral_hold_ends_with_its_connection(server, key, signal):
             assert other is not None
             await other.release()
     run(main())
+
+
+@pytest.mark.scenario("lost-exit-raises")
+def test_async_with_block_raises_not_held_when_the_hold_was_lost_inside(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            with pytest.raises(NotHeld) as e:
+                async with client.lock(key) as guard:
+                    server.client().execute_command("LOCK.FORCERELEASE", key)
+                    await asyncio.wait_for(guard.lost.wait(), 1.0)
+            assert e.value.reason is LostReason.FORCE_RELEASED
+    run(main())
+
+
+@pytest.mark.scenario("lost-forked")
+def test_async_forked_child_neither_renews_nor_releases_its_parents_hold(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            lock = client.lock(key, lease=0.6)
+            guard = await lock.acquire()
+            parent_owner = lock.owner
+            renews, releases = server.commandstat("lock.renew"), server.commandstat("lock.release")
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns to pytest
+                code = b"?"
+                try:
+                    ok = guard.lost_reason is LostReason.FORKED and guard.lost.is_set()
+                    try:  # raises before its first await: no event loop runs in the child
+                        guard.release().send(None)
+                        ok = False
+                    except NotHeld as e:
+                        ok = ok and e.reason is LostReason.FORKED
+                    ok = ok and lock.owner != parent_owner  # a new owner, holding nothing
+                    time.sleep(1.0)  # a lease and more: nothing here renews
+                    code = b"1" if ok else b"0"
+                finally:
+                    os.write(w, code)
+                    os._exit(0)
+            os.close(w)
+            assert await asyncio.to_thread(os.read, r, 1) == b"1"
+            await asyncio.to_thread(os.waitpid, pid, 0)
+            os.close(r)
+            assert server.commandstat("lock.release") == releases  # the child sent none
+            assert not guard.lost.is_set()
+            assert info(server, key)[b"owner"] == guard.owner
+            # Renewals over that second came from the parent's watchdog only (about 5 at 0.2 s).
+            assert 3 <= server.commandstat("lock.renew") - renews <= 8
+            assert await guard.release() is Release.RELEASED
+    run(main())
+

@@ -10,8 +10,9 @@ import uuid
 
 import pytest
 import redis.asyncio.cluster
+import redis.cluster
 
-from conftest import Cluster
+from conftest import Cluster, Server, start_cluster
 from redis_lock_client import (
     AsyncLockClient,
     Leader,
@@ -268,4 +269,124 @@ def test_async_election_in_a_cluster(cluster):
                 assert await election.leader() is None
         assert cluster.errorstat("MOVED") == moved
         await rc.aclose()
+    asyncio.run(main())
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A cluster of the test's own: its slot map is changed."""
+    c = start_cluster(tmp_path)
+    yield c
+    for n in c.nodes:
+        n.proc.kill()
+        n.proc.wait()
+
+
+def move_slot(cluster: Cluster, key: str) -> tuple[Server, Server]:
+    """Moves the key's slot, with every key in it, from its master to another (as `redis-cli
+    --cluster reshard` does: SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE on every node).
+    Returns (source, target)."""
+    slot = redis.cluster.key_slot(key.encode())
+    source = cluster.node_of(key)
+    target = next(n for n in cluster.nodes if n is not source)
+    src, dst = source.client(), target.client()
+    source_id = src.execute_command("CLUSTER", "MYID").decode()
+    target_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if keys:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    for n in cluster.nodes:
+        n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    return source, target
+
+
+def redirected(node: Server, command: str) -> int:
+    """Calls of `command` the node refused without running them (here: answered MOVED), from
+    the rejected_calls of INFO commandstats."""
+    entry = node.client().info("commandstats").get(f"cmdstat_{command}")
+    return int(entry["rejected_calls"]) if entry else 0
+
+
+def node_info(node: Server, key: str):
+    reply = node.client().execute_command("LOCK.INFO", key)
+    return None if reply is None else dict(zip(reply[::2], reply[1::2]))
+
+
+def test_an_acquire_answered_moved_reloads_the_slot_map_and_is_sent_again(own_cluster):
+    cluster = own_cluster
+    key = unique("moved")
+    # Both clients load the slot map now; the slot moves after.
+    first, second = LockClient(cluster.redis_cluster()), LockClient(cluster.redis_cluster())
+    source, target = move_slot(cluster, key)
+    guard = first.lock(key).acquire()  # to the old master: MOVED, then to the new one
+    assert node_info(target, key)[b"owner"] == guard.owner
+    assert redirected(source, "lock.acquire") == 1
+    threading.Timer(0.3, guard.release).start()
+    waited = second.lock(key, wait_timeout=5).acquire()  # a wait, redirected the same way
+    assert waited.token > guard.token
+    assert node_info(target, key)[b"owner"] == waited.owner
+    assert redirected(source, "lock.acquire") == 2
+    assert target.commandstat("lock.acquire") == 2  # each sent there once
+    assert waited.release() is Release.RELEASED  # the map is the new one: no MOVED any more
+    assert redirected(source, "lock.release") == 0
+    assert node_info(target, key) is None
+    first.close()
+    second.close()
+
+
+def test_a_hold_whose_slot_moves_is_renewed_there_and_its_loss_is_reported_by_the_watchdog(own_cluster):
+    cluster = own_cluster
+    key = unique("moved")
+    client = LockClient(cluster.redis_cluster())
+    guard = client.lock(key, lease=0.9).acquire()
+    channel = lost_signal_channel(key)
+    assert cluster.node_of(key).client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1
+    source, target = move_slot(cluster, key)
+    renews = target.commandstat("lock.renew")
+    deadline = time.monotonic() + 5
+    while target.commandstat("lock.renew") < renews + 3:  # renewals at 0.3 s, on the new master
+        assert time.monotonic() < deadline, "no renewal reached the new master"
+        time.sleep(0.05)
+    assert not guard.lost.is_set()
+    assert node_info(target, key)[b"owner"] == guard.owner
+    assert node_info(target, key)[b"token"] == guard.token
+    assert redirected(source, "lock.renew") == 1  # the first renewal; then the new map
+    # The subscription stayed where the slot was (the old master drops it as the slot leaves):
+    # the new master's signal reaches nobody here.
+    assert source.client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 0
+    assert target.client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 0
+    target.client().execute_command("LOCK.FORCERELEASE", key)
+    assert guard.lost.wait(2.0)
+    assert guard.lost_reason is LostReason.HOLD_GONE  # the watchdog's renewal, not the signal
+    client.close()
+
+
+def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sent_again(own_cluster):
+    cluster = own_cluster
+    key = unique("moved")
+
+    async def main() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        other_rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        async with AsyncLockClient(rc) as client, AsyncLockClient(other_rc) as other:
+            guard = await client.lock(key, lease=0.9).acquire()
+            warm = await other.lock(unique("warm")).acquire()  # loads its slot map now
+            await warm.release()
+            source, target = move_slot(cluster, key)
+            renews = target.commandstat("lock.renew")
+            await asyncio.sleep(1.2)  # four renewals due: the first answered MOVED, sent again
+            assert target.commandstat("lock.renew") >= renews + 3
+            assert not guard.lost.is_set()
+            assert redirected(source, "lock.renew") == 1  # the first; then the new map
+            assert await guard.release() is Release.RELEASED
+            assert redirected(source, "lock.release") == 0
+            taken = await other.lock(key, wait_timeout=5).acquire()  # MOVED, then sent again
+            assert node_info(target, key)[b"owner"] == taken.owner
+            assert redirected(source, "lock.acquire") == 1
+            assert await taken.release() is Release.RELEASED
+            assert redirected(source, "lock.release") == 0
+        await rc.aclose()
+        await other_rc.aclose()
     asyncio.run(main())

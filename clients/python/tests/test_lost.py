@@ -154,3 +154,18 @@ def test_every_reason_word_of_the_server_parses_and_nothing_else_does():
             reason, 42, b"app:1 with space")
     for bad in [b"flushed 0", b"expired x owner", b"expired 42", b"unknown 42 o", b""]:
         assert LostSignal.parse(bad) is None
+
+
+@pytest.mark.scenario("lost-unreachable")
+def test_a_server_that_answers_no_renewal_within_the_lease_is_reported_unreachable(fresh_server, key):
+    server = fresh_server  # its own: it is stopped
+    client = LockClient.from_url(server.url)
+    guard = client.lock(key, lease=0.6).acquire()
+    with server.stopped():  # no renewal can succeed; the server runs again only after the loss
+        assert guard.lost.wait(5.0)
+        assert guard.lost_reason is LostReason.UNREACHABLE
+    with pytest.raises(NotHeld) as e:
+        guard.release()
+    assert e.value.reason is LostReason.UNREACHABLE
+    client.close()
+

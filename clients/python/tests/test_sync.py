@@ -12,6 +12,7 @@ import pytest
 from conftest import Server
 from redis_lock_client import (
     LockClient,
+    LockConnectionError,
     LockTimeout,
     LostReason,
     NotHeld,
@@ -317,3 +318,129 @@ def test_a_wait_does_not_hold_up_the_clients_other_commands(server, client, key)
     waiter.join(5)
     assert len(got) == 1
     got[0].release()  # type: ignore[attr-defined]
+
+
+def next_waiter(server: Server, seen: set[str]) -> dict[str, str]:
+    """The connection blocked in LOCK.ACQUIRE that is not one of `seen` (bounded wait)."""
+    deadline = time.monotonic() + 5
+    while True:
+        found = [c for c in server.blocked_clients("lock.acquire") if c["id"] not in seen]
+        if found:
+            seen.add(found[0]["id"])
+            return found[0]
+        assert time.monotonic() < deadline, "no new acquire waits in the server"
+        time.sleep(0.01)
+
+
+def in_thread(fn):
+    """Runs fn on a thread; the returned list gets its result or its exception."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            out.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_wait_whose_connection_is_killed_is_sent_again_twice_and_then_granted(server, client, key):
+    raw = server.client()
+    assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
+    calls = server.commandstat("lock.acquire")
+    lock = client.lock(key, wait_timeout=10)
+    t, out = in_thread(lock.acquire)
+    seen: set[str] = set()
+    for _ in range(2):  # the wait and its first retry: each killed while it waits
+        raw.execute_command("CLIENT", "KILL", "ID", next_waiter(server, seen)["id"])
+    next_waiter(server, seen)  # the second retry waits, on a connection of its own again
+    raw.execute_command("LOCK.RELEASE", key, "other")
+    t.join(5)
+    assert len(out) == 1 and not isinstance(out[0], Exception), out
+    guard = out[0]
+    assert server.commandstat("lock.acquire") == calls + 3
+    held = info(server, key)
+    assert held[b"owner"] == lock.owner and held[b"token"] == guard.token  # type: ignore[attr-defined]
+    assert held[b"count"] == 1
+    assert guard.release() is Release.RELEASED  # type: ignore[attr-defined]
+
+
+def test_a_wait_whose_connection_is_killed_three_times_raises_after_two_retries(server, client, key):
+    raw = server.client()
+    assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
+    calls = server.commandstat("lock.acquire")
+    t, out = in_thread(client.lock(key, wait_timeout=10).acquire)
+    seen: set[str] = set()
+    for _ in range(3):
+        raw.execute_command("CLIENT", "KILL", "ID", next_waiter(server, seen)["id"])
+    t.join(5)
+    assert len(out) == 1 and isinstance(out[0], LockConnectionError), out
+    time.sleep(0.2)  # a fourth send would be queued by now
+    assert server.commandstat("lock.acquire") == calls + 3
+    assert server.blocked_clients("lock.acquire") == []
+    assert info(server, key)[b"waiters"] == 0
+    raw.execute_command("LOCK.RELEASE", key, "other")
+
+
+def test_an_ephemeral_wait_whose_connection_is_killed_is_not_sent_again(server, client, key):
+    # Its connection would have been the hold's: the library raises rather than re-send.
+    raw = server.client()
+    assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
+    calls = server.commandstat("lock.acquire")
+    t, out = in_thread(client.lock(key, wait_timeout=10, ephemeral=True).acquire)
+    raw.execute_command("CLIENT", "KILL", "ID", next_waiter(server, set())["id"])
+    t.join(5)
+    assert len(out) == 1 and isinstance(out[0], LockConnectionError), out
+    time.sleep(0.2)  # a second send would be queued by now
+    assert server.commandstat("lock.acquire") == calls + 1
+    assert server.blocked_clients("lock.acquire") == []
+    raw.execute_command("LOCK.RELEASE", key, "other")
+
+
+def test_an_acquire_answered_after_its_first_send_timed_out_holds_once(fresh_server, key):
+    # The server is stopped across the first send's timeout (0.5 s) and runs again before the
+    # third send's would end (1.5 s). The library gave up on the first send, closed its
+    # connection and sent again on a new one; on SIGCONT the server runs the first send late
+    # (its reply goes nowhere) and then the retry of the same owner: ONCE makes that a re-entry
+    # that counts nothing, so the server holds the key once, with the token the library got.
+    server = fresh_server
+    client = LockClient.from_url(server.url, command_timeout=0.5, lost_signal=False)
+    client.lock(key + ":warm").try_acquire().release()  # the pool has a connection
+    lock = client.lock(key, lease=30)
+    calls = server.commandstat("lock.acquire")
+    with server.stopped():
+        t, out = in_thread(lock.try_acquire)
+        time.sleep(0.7)  # past the first send's 0.5 s; the third would end at 1.5 s
+    t.join(5)
+    assert len(out) == 1 and not isinstance(out[0], Exception), out
+    guard = out[0]
+    assert guard is not None
+    assert server.commandstat("lock.acquire") - calls in (2, 3)
+    held = info(server, key)
+    assert held[b"owner"] == lock.owner and held[b"token"] == guard.token  # type: ignore[attr-defined]
+    assert held[b"count"] == 1
+    assert guard.release() is Release.RELEASED  # type: ignore[attr-defined]
+    assert info(server, key) is None
+    client.close()
+
+
+def test_a_wait_reads_with_a_timeout_of_the_wait_plus_the_margin(server, client, key):
+    # The waiting connection's socket, found by the port the server sees it on.
+    import gc
+    import socket
+
+    held = client.lock(key).acquire()
+    t, out = in_thread(client.lock(key, wait_timeout=5).acquire)
+    port = int(next_waiter(server, set())["addr"].rsplit(":", 1)[1])
+    socks = [o for o in gc.get_objects() if isinstance(o, socket.socket) and o.fileno() >= 0
+             and o.family == socket.AF_INET and o.getsockname()[1] == port]
+    assert len(socks) == 1
+    timeout = socks[0].gettimeout()
+    assert 5 + 2.0 - 0.5 < timeout <= 5 + 2.0  # the wait left when it was sent, plus 2 s
+    assert client.command_timeout != timeout
+    held.release()
+    t.join(5)
+    out[0].release()  # type: ignore[attr-defined]
+
