@@ -8,7 +8,7 @@ use std::ffi::CStr;
 use lock_core::channel::write_unlock_channel;
 use lock_core::hold::Lost;
 
-use crate::config;
+use crate::config::{self, StringOption};
 use crate::ffi::{self, Ctx, OwnedString, RawString};
 
 /// Emits `event` on the lock key as a hash-class keyspace event (`notify-keyspace-events` with
@@ -71,13 +71,7 @@ pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
 pub fn publish_lost(ctx: Ctx, name: &[u8], lost: &Lost) {
     // A replica applies its master's effects (the master told the holders already), and a
     // server loading its data replays history: neither tells anyone anything.
-    if ffi::is_replica(ctx) || ffi::is_loading(ctx) {
-        return;
-    }
-    let mut channel = Vec::new();
-    let publish = config::LOST_CHANNEL_PREFIX
-        .with_text(|prefix| write_unlock_channel(prefix.as_bytes(), name, &mut channel));
-    if !publish {
+    if !may_tell(ctx) {
         return;
     }
     let mut message = Vec::with_capacity(24 + lost.owner.len());
@@ -86,8 +80,24 @@ pub fn publish_lost(ctx: Ctx, name: &[u8], lost: &Lost) {
     message.extend_from_slice(lost.token.unwrap_or(0).to_string().as_bytes());
     message.push(b' ');
     message.extend_from_slice(&lost.owner);
+    publish_on_key_channel(ctx, &config::LOST_CHANNEL_PREFIX, name, &message);
+}
+
+/// Whether this server tells anyone anything: a replica applies its master's effects (the
+/// master told them already), and a server loading its data replays history.
+fn may_tell(ctx: Ctx) -> bool {
+    !ffi::is_replica(ctx) && !ffi::is_loading(ctx)
+}
+
+/// Publishes `message` on `<prefix>:{<key>}` (nothing when the prefix is empty): `PUBLISH` on a
+/// standalone server, `SPUBLISH` in cluster mode, to the key's shard only.
+fn publish_on_key_channel(ctx: Ctx, prefix: &StringOption, name: &[u8], message: &[u8]) {
+    let mut channel = Vec::new();
+    if !prefix.with_text(|prefix| write_unlock_channel(prefix.as_bytes(), name, &mut channel)) {
+        return;
+    }
     let channel = OwnedString::new(&channel);
-    let message = OwnedString::new(&message);
+    let message = OwnedString::new(message);
     if ffi::is_cluster(ctx) {
         ffi::publish_shard(ctx, channel.as_ptr(), message.as_ptr());
     } else {
@@ -105,7 +115,7 @@ pub fn publish_lost(ctx: Ctx, name: &[u8], lost: &Lost) {
 ///
 /// Not on a replica (its master told the holders) or while the server loads its data.
 pub fn publish_flushed(ctx: Ctx, db: Option<i32>) {
-    if ffi::is_replica(ctx) || ffi::is_loading(ctx) {
+    if !may_tell(ctx) {
         return;
     }
     let Some(channel) = config::LOST_CHANNEL_PREFIX
@@ -128,21 +138,8 @@ pub fn publish_flushed(ctx: Ctx, db: Option<i32>) {
 /// one key are published in the order its leaders changed, by the one thread that changes them.
 /// Not on a replica (its master told the observers) or while the server loads its data.
 pub fn publish_leader(ctx: Ctx, name: &[u8], message: &[u8]) {
-    if ffi::is_replica(ctx) || ffi::is_loading(ctx) {
-        return;
-    }
-    let mut channel = Vec::new();
-    let publish = config::LEADER_CHANNEL_PREFIX
-        .with_text(|prefix| write_unlock_channel(prefix.as_bytes(), name, &mut channel));
-    if !publish {
-        return;
-    }
-    let channel = OwnedString::new(&channel);
-    let message = OwnedString::new(message);
-    if ffi::is_cluster(ctx) {
-        ffi::publish_shard(ctx, channel.as_ptr(), message.as_ptr());
-    } else {
-        ffi::publish(ctx, channel.as_ptr(), message.as_ptr());
+    if may_tell(ctx) {
+        publish_on_key_channel(ctx, &config::LEADER_CHANNEL_PREFIX, name, message);
     }
 }
 

@@ -8,6 +8,7 @@ use lock_core::election;
 use lock_core::hold::{
     self, FieldNames, Lock, Write, MAX_MULTI_FIELDS, MAX_RLOCK_FIELDS, MODE_FIELD,
 };
+use lock_core::kind::Mode;
 use lock_core::layout::{
     format_exclusive_mode, format_u64, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD,
 };
@@ -232,6 +233,17 @@ pub enum OwnLease {
     /// re-entry or renew sets a new one, a release counts down (the key keeps its expiry) or
     /// deletes the key. The hold reads as having no lease; nothing then writes one for it.
     Replaced,
+}
+
+impl OwnLease {
+    /// What an acquire in `mode` does with it: only a `SHARED` (or permit) acquire by the
+    /// exclusive holder keeps its exclusive hold's lease.
+    pub fn of_acquire(mode: Mode) -> OwnLease {
+        match mode {
+            Mode::Exclusive => OwnLease::Replaced,
+            Mode::Shared | Mode::Limit(_) => OwnLease::Kept,
+        }
+    }
 }
 
 /// Reads the lock at `key` (see [`read_lock`]) as it stands at `now`: the holds whose lease

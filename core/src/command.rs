@@ -329,6 +329,7 @@ pub fn acquire_all<F: Facts>(
 
 /// A re-entry keeps what the hold is: an `EPHEMERAL` hold is re-entered with `EPHEMERAL`, a
 /// plain one without (a hold taken before a restart or failover is bound to nothing).
+#[inline]
 fn check_reentry(
     request: &AcquireRequest<'_>,
     granted: &hold::Granted,
@@ -347,6 +348,7 @@ fn check_reentry(
 
 /// A new hold takes memory: refused over maxmemory like any deny-oom command. A re-entry,
 /// renew or release must keep working then (the command is not deny-oom).
+#[inline]
 fn check_memory(granted: &hold::Granted, facts: &impl Facts) -> Result<(), LockError> {
     if granted.how != How::Reentered && facts.out_of_memory() {
         return Err(LockError::OutOfMemory);
@@ -355,6 +357,7 @@ fn check_memory(granted: &hold::Granted, facts: &impl Facts) -> Result<(), LockE
 }
 
 /// A granted acquire: the new hold (or re-entry), its token, and what to announce.
+#[inline]
 fn grant(
     live: &Live,
     request: &AcquireRequest<'_>,
@@ -367,6 +370,7 @@ fn grant(
 }
 
 /// A grant that passed its checks: its token (a new one when it needs one) and the outcome.
+#[inline]
 fn take(
     live: &Live,
     request: &AcquireRequest<'_>,

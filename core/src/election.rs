@@ -4,7 +4,6 @@
 //! here: the messages, the stored form of a proclamation, and who may proclaim.
 
 use crate::hold::{Hold, Lock};
-use crate::kind::HoldKind;
 use crate::layout::{format_u64, parse_positive};
 use crate::UnixMs;
 
@@ -26,9 +25,7 @@ pub fn leader(lock: &Lock, now: UnixMs) -> Option<&Hold> {
 /// Whether `owner` leads the key in `epoch` (holds it exclusively with that token) at `now`:
 /// only then may it proclaim.
 pub fn leads(lock: &Lock, owner: &[u8], epoch: u64, now: UnixMs) -> bool {
-    leader(lock, now).is_some_and(|hold| {
-        hold.kind == HoldKind::Exclusive && hold.owner == owner && hold.token == Some(epoch)
-    })
+    leader(lock, now).is_some_and(|hold| hold.owner == owner && hold.token == Some(epoch))
 }
 
 /// `elected <epoch> <owner>`: a candidate became the leader.
@@ -82,7 +79,7 @@ pub fn current_value<'a>(leader: &Hold, stored: Option<&'a [u8]>) -> Option<&'a 
 mod tests {
     use super::*;
     use crate::hold::Hold;
-    use crate::kind::Family;
+    use crate::kind::{Family, HoldKind};
 
     fn led(owner: &str, token: u64, until: UnixMs) -> Lock {
         Lock {

@@ -60,15 +60,7 @@ const COUNTER_PREFIX: &[u8] = b"__lock_fence__{";
 /// string in a fixed enumeration that hashes to `slot`. The enumeration must never change: the
 /// counter names are data on users' servers.
 pub fn counter_key(slot: u16) -> Vec<u8> {
-    let tag = slot_tags()
-        .get(usize::from(slot) % SLOTS)
-        .copied()
-        .unwrap_or_default();
-    let mut name = Vec::with_capacity(COUNTER_PREFIX.len() + 5);
-    name.extend_from_slice(COUNTER_PREFIX);
-    name.extend_from_slice(tag.as_bytes());
-    name.push(b'}');
-    name
+    slot_key(COUNTER_PREFIX, slot)
 }
 
 const LEADERS_PREFIX: &[u8] = b"__lock_fence__leaders{";
@@ -78,12 +70,17 @@ const LEADERS_PREFIX: &[u8] = b"__lock_fence__leaders{";
 /// in the reserved namespace and in the slot (it replicates, persists and migrates with the
 /// keys it describes).
 pub fn leaders_key(slot: u16) -> Vec<u8> {
+    slot_key(LEADERS_PREFIX, slot)
+}
+
+/// `<prefix><tag>}`: a name in `slot` (the prefix ends with the hash tag's `{`).
+fn slot_key(prefix: &[u8], slot: u16) -> Vec<u8> {
     let tag = slot_tags()
         .get(usize::from(slot) % SLOTS)
         .copied()
         .unwrap_or_default();
-    let mut name = Vec::with_capacity(LEADERS_PREFIX.len() + 5);
-    name.extend_from_slice(LEADERS_PREFIX);
+    let mut name = Vec::with_capacity(prefix.len() + 5);
+    name.extend_from_slice(prefix);
     name.extend_from_slice(tag.as_bytes());
     name.push(b'}');
     name

@@ -7,7 +7,7 @@ use std::os::raw::c_int;
 
 use lock_core::args::{parse_acquire, Binding};
 use lock_core::command;
-use lock_core::kind::{Mode, Queue};
+use lock_core::kind::Queue;
 use lock_core::queue::LockKey;
 use lock_core::LockError;
 
@@ -89,11 +89,7 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
         None => Queue::Empty,
     };
     let now = now_ms();
-    // Only a SHARED acquire by the exclusive holder keeps its exclusive hold's lease.
-    let own_lease = match request.mode {
-        Mode::Exclusive => OwnLease::Replaced,
-        Mode::Shared | Mode::Limit(_) => OwnLease::Kept,
-    };
+    let own_lease = OwnLease::of_acquire(request.mode);
     let target = Target::open(ctx, args, request.key, Some(own_lease));
     let live = target.read(now)?;
     let mut facts = CommandFacts {

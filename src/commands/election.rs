@@ -166,9 +166,7 @@ fn run_proclaim(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let request = parse_proclaim(args)?;
     super::refuse_while_paused()?;
     let now = now_ms();
-    let key = Key::open_read(ctx, args.string(1));
-    let live = store::read_live(&key, None, now)?;
-    drop(key);
+    let live = read_only(ctx, args, now)?;
     if !election::leads(live.lock(), request.owner, request.epoch, now) {
         reply::integer(ctx, 0);
         return Ok(());
@@ -178,12 +176,15 @@ fn run_proclaim(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     Ok(())
 }
 
+/// The lock at the key (argument 1) as it stands at `now`, read without writing.
+fn read_only(ctx: Ctx, args: &Args<'_>, now: u64) -> Result<lock_core::command::Live, LockError> {
+    store::read_live(&Key::open_read(ctx, args.string(1)), None, now)
+}
+
 fn run_leader(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let name = parse_key_only(args)?;
     let now = now_ms();
-    let key = Key::open_read(ctx, args.string(1));
-    let live = store::read_live(&key, None, now)?;
-    drop(key);
+    let live = read_only(ctx, args, now)?;
     let Some(leader) = election::leader(live.lock(), now) else {
         reply::null(ctx);
         return Ok(());

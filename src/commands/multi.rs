@@ -14,7 +14,7 @@ use std::os::raw::c_int;
 
 use lock_core::args::{parse_macquire, parse_mrelease, parse_mrenew, AcquireRequest, Binding};
 use lock_core::command::{self, AllOrNothing, Live, Outcome};
-use lock_core::kind::{Mode, Queue};
+use lock_core::kind::Queue;
 use lock_core::queue::LockKey;
 use lock_core::LockError;
 
@@ -182,13 +182,16 @@ fn carry_out_all(
     outcomes: Vec<Outcome>,
 ) -> Result<Vec<Replied>, LockError> {
     let mut written = Vec::with_capacity(targets.len());
-    for ((target, live), outcome) in targets.into_iter().zip(lives).zip(outcomes) {
+    for ((target, live), outcome) in targets.into_iter().zip(lives).zip(&outcomes) {
         // Nothing here fails once the core decided (its checks ran on every key first): the
         // only error is a number Redis cannot store, which the core never produces.
         written.push(outcome::write(ctx, target, live, outcome)?);
     }
-    let (replies, rooms): (Vec<_>, Vec<_>) =
-        written.into_iter().map(|w| outcome::finish(ctx, w)).unzip();
+    let (replies, rooms): (Vec<_>, Vec<_>) = written
+        .into_iter()
+        .zip(&outcomes)
+        .map(|(w, outcome)| outcome::finish(ctx, w, outcome))
+        .unzip();
     for room in rooms.into_iter().flatten() {
         outcome::hand_off_after_others(ctx, room);
     }
@@ -217,21 +220,10 @@ fn run_acquire(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let db = ffi::selected_db(ctx);
     let queues: Vec<Queue> = requests
         .iter()
-        .map(|r| {
-            let waited =
-                runtime::anyone_waiting() && runtime::waiters_on(&LockKey::new(db, r.key)) > 0;
-            if waited {
-                Queue::Waiting
-            } else {
-                Queue::Empty
-            }
-        })
+        .map(|r| super::queue_at(&LockKey::new(db, r.key)))
         .collect();
     let now = now_ms();
-    let own_lease = match first.mode {
-        Mode::Exclusive => OwnLease::Replaced,
-        Mode::Shared | Mode::Limit(_) => OwnLease::Kept,
-    };
+    let own_lease = OwnLease::of_acquire(first.mode);
     let names: Vec<&[u8]> = requests.iter().map(|r| r.key).collect();
     let (targets, lives) = read_all(ctx, args, &names, own_lease, now)?;
     let mut facts: Vec<CommandFacts<'_>> = requests

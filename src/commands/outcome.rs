@@ -94,8 +94,8 @@ pub fn carry_out(
     live: &Live,
     outcome: Outcome,
 ) -> Result<Option<Seen>, LockError> {
-    let written = write(ctx, target, live, outcome)?;
-    let (reply, room) = finish(ctx, written);
+    let written = write(ctx, target, live, &outcome)?;
+    let (reply, room) = finish(ctx, written, &outcome);
     if let Some(room) = room {
         hand_off(ctx, room);
     }
@@ -119,18 +119,18 @@ pub enum Replied {
 pub struct Written<'a> {
     key_name: RawString,
     name: &'a [u8],
-    outcome: Outcome,
     integer: Option<i64>,
 }
 
 /// Writes the outcome's lock and closes the key. A multi-key command writes every key first,
 /// then finishes each: nothing the scheduler does on one key (a handoff opens keys) runs while
 /// another key of the command is still open.
+#[inline]
 pub fn write<'a>(
     ctx: Ctx,
     target: Target<'a>,
     live: &Live,
-    outcome: Outcome,
+    outcome: &Outcome,
 ) -> Result<Written<'a>, LockError> {
     // Checked before anything is written: a reply Redis cannot carry fails the command whole.
     let integer = match outcome.reply {
@@ -152,7 +152,6 @@ pub fn write<'a>(
     Ok(Written {
         key_name,
         name,
-        outcome,
         integer,
     })
 }
@@ -165,6 +164,7 @@ pub struct Room<'a> {
 }
 
 /// Hands the room to the key's waiters, else publishes the unlock (`runtime::lock_freed`).
+#[inline]
 pub fn hand_off(ctx: Ctx, room: Room<'_>) {
     runtime::lock_freed(ctx, room.key_name, room.name, room.left);
 }
@@ -183,19 +183,24 @@ pub fn hand_off_after_others(ctx: Ctx, room: Room<'_>) {
 /// counters, move the waiters' lease check; and the room it made, for [`hand_off`] (a
 /// multi-key command finishes every key before it hands any room on, so that a handoff never
 /// comes between another key's events).
-pub fn finish<'a>(ctx: Ctx, written: Written<'a>) -> (Replied, Option<Room<'a>>) {
+/// The outcome is read in place, never moved: it is large, and every command passes here.
+#[inline]
+pub fn finish<'a>(
+    ctx: Ctx,
+    written: Written<'a>,
+    outcome: &Outcome,
+) -> (Replied, Option<Room<'a>>) {
     let Written {
         key_name,
         name,
-        outcome,
         integer,
     } = written;
-    let Outcome {
+    let &Outcome {
         write: _,
         bind,
-        unbind,
+        ref unbind,
         ended,
-        lost,
+        ref lost,
         event,
         counters,
         lease_end,
@@ -212,7 +217,7 @@ pub fn finish<'a>(ctx: Ctx, written: Written<'a>) -> (Replied, Option<Room<'a>>)
         add(&STATS.holds_expired, ended as u64);
         notify::event(ctx, c"lock.expired", key_name);
     }
-    for lost in &lost {
+    for lost in lost {
         notify::publish_lost(ctx, name, lost);
     }
     if let Some(event) = event {

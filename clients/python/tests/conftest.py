@@ -18,11 +18,14 @@ import time
 import uuid
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 import redis
 import redis.cluster
+
+if TYPE_CHECKING:
+    from redis_lock_client import LockClient
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -244,3 +247,29 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "scenario(*ids): the rows of docs/client-scenarios.md this test covers"
     )
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator["LockClient"]:
+    """A library client of the module's server (test_cluster.py has its own, of the cluster)."""
+    from redis_lock_client import LockClient
+
+    c = LockClient.from_url(server.url)
+    yield c
+    c.close()
+
+
+def info(server: Server, key: str) -> dict[bytes, object] | None:
+    """`LOCK.INFO key` as a dict, or None when the key is free."""
+    reply = server.client().execute_command("LOCK.INFO", key)
+    if reply is None:
+        return None
+    return dict(zip(reply[::2], reply[1::2]))
+
+
+def wait_until(condition: Callable[[], object], what: str, bound: float = 5.0) -> None:
+    """Polls `condition` (a bound that only catches a hang, never a timing claim)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)

@@ -8,17 +8,12 @@ import time
 
 import pytest
 
-from conftest import Server
+from conftest import Server, info
 from redis_lock_client import AsyncLockClient, LockTimeout, LostReason, NotHeld, Release
 
 
 def run(coro):  # one event loop per test, no plugin needed
     return asyncio.run(coro)
-
-
-def info(server: Server, key: str):
-    reply = server.client().execute_command("LOCK.INFO", key)
-    return None if reply is None else dict(zip(reply[::2], reply[1::2]))
 
 
 @pytest.mark.scenario("acquire-try", "release-idempotent")

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Server
+from conftest import Server, info, wait_until
 from redis_lock_client import (
     AsyncLockClient,
     Leader,
@@ -32,26 +32,6 @@ from redis_lock_client import (
     Release,
     leader_channel,
 )
-
-
-@pytest.fixture
-def client(server: Server):
-    c = LockClient.from_url(server.url)
-    yield c
-    c.close()
-
-
-def info(server: Server, key: str):
-    reply = server.client().execute_command("LOCK.INFO", key)
-    return None if reply is None else dict(zip(reply[::2], reply[1::2]))
-
-
-def wait_until(condition, what: str, bound: float = 5.0) -> None:
-    """Polls `condition` (a bound that only catches a hang, never a timing claim)."""
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
 
 
 def in_thread(fn) -> "queue.Queue[Any]":

@@ -12,13 +12,6 @@ from redis_lock_client import AsyncLockClient, LockClient, LostReason, NotHeld, 
 from redis_lock_client._common import LostSignal
 
 
-@pytest.fixture
-def client(server: Server):
-    c = LockClient.from_url(server.url)
-    yield c
-    c.close()
-
-
 @pytest.mark.scenario("lost-flushed")
 def test_flush_message_reports_the_holds_a_flushdb_took_and_keeps_the_others(server, client, key):
     # The server publishes `flushed 0` on lock.lost:flush as the FLUSHDB runs.

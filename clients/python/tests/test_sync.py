@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import Server
+from conftest import Server, info
 from redis_lock_client import (
     LockClient,
     LockConnectionError,
@@ -26,20 +26,6 @@ REDISSON_LOCK = (
     "redis.call('hincrby', KEYS[1], ARGV[2], 1); redis.call('pexpire', KEYS[1], ARGV[1]); return nil; end; "
     "return redis.call('pttl', KEYS[1]);"
 )  # testkit/src/lock.rs REDISSON_LOCK
-
-
-@pytest.fixture
-def client(server: Server):
-    c = LockClient.from_url(server.url)
-    yield c
-    c.close()
-
-
-def info(server: Server, key: str) -> dict[bytes, object] | None:
-    reply = server.client().execute_command("LOCK.INFO", key)
-    if reply is None:
-        return None
-    return dict(zip(reply[::2], reply[1::2]))
 
 
 @pytest.mark.scenario("acquire-try")

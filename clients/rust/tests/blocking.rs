@@ -30,12 +30,7 @@ fn calls(con: &mut Connection, command: &str) -> u64 {
         .arg("commandstats")
         .query(con)
         .expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().expect("calls"))
-        .unwrap_or(0)
+    support::calls_in(&info, command)
 }
 
 #[test]

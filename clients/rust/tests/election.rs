@@ -9,36 +9,10 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use redis_lock_client::{blocking, Leader, LockClient, LockError, LostReason, Release};
-use support::Server;
+use redis_lock_client::{blocking, Leader, LockError, LostReason, Release};
+use support::{calls, setup, Server};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-
-async fn setup() -> (Server, LockClient, MultiplexedConnection) {
-    let server = Server::start();
-    let client = LockClient::open(&server.url()).await.expect("client");
-    let raw = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection");
-    (server, client, raw)
-}
-
-/// `INFO commandstats` calls of one command (0 when it never ran).
-async fn calls(raw: &mut MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().expect("calls"))
-        .unwrap_or(0)
-}
 
 /// `INFO lock`'s `lock_waiters`: clients waiting in the server's queues.
 async fn waiting_clients(raw: &mut MultiplexedConnection) -> u64 {

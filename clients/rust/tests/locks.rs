@@ -9,20 +9,8 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LockError, LostReason, Release};
-use support::Server;
+use support::{calls, raw, setup, Server};
 
-async fn setup() -> (Server, LockClient, MultiplexedConnection) {
-    let server = Server::start();
-    let client = LockClient::open(&server.url()).await.expect("client");
-    let raw = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection");
-    (server, client, raw)
-}
-
-/// `INFO commandstats` calls of one command (0 when it never ran).
 /// [`setup`] with a client that listens for the server's lost-hold signal.
 async fn setup_listening() -> (Server, LockClient, MultiplexedConnection) {
     let server = Server::start();
@@ -31,26 +19,8 @@ async fn setup_listening() -> (Server, LockClient, MultiplexedConnection) {
         .build()
         .await
         .unwrap();
-    let raw = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let raw = raw(&server).await;
     (server, client, raw)
-}
-
-async fn calls(raw: &mut MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().expect("calls"))
-        .unwrap_or(0)
 }
 
 /// One field of `LOCK.INFO` (RESP2 flat array), or None when the lock is free or lacks it.

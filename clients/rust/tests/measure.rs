@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LostReason};
-use support::Server;
+use support::{calls, raw, Server};
 
 const TRIALS: usize = 100;
 
@@ -19,14 +19,6 @@ async fn signal_client(server: &Server) -> LockClient {
     LockClient::builder(redis::Client::open(server.url()).unwrap())
         .listen_for_lost_signal()
         .build()
-        .await
-        .unwrap()
-}
-
-async fn raw(server: &Server) -> MultiplexedConnection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
         .await
         .unwrap()
 }
@@ -43,20 +35,6 @@ fn percentiles(name: &str, mut samples: Vec<Duration>) -> (Duration, Duration) {
         samples[samples.len() - 1].as_secs_f64() * 1e3
     );
     (p50, p99)
-}
-
-async fn calls(raw: &mut MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().unwrap())
-        .unwrap_or(0)
 }
 
 /// From sending `end` to the guard's `lost()` resolving with `want`, `TRIALS` times.

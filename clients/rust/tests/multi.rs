@@ -8,37 +8,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{blocking, LockClient, LockError, LostReason, Release};
-use support::Server;
-
-async fn setup() -> (Server, LockClient, MultiplexedConnection) {
-    let server = Server::start();
-    let client = LockClient::open(&server.url()).await.expect("client");
-    let raw = raw(&server).await;
-    (server, client, raw)
-}
-
-async fn raw(server: &Server) -> MultiplexedConnection {
-    redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection")
-}
-
-/// `INFO commandstats` calls of one command (0 when it never ran).
-async fn calls(raw: &mut MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .expect("INFO");
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map(|n| n.parse().expect("calls"))
-        .unwrap_or(0)
-}
+use support::{calls, raw, setup, Server};
 
 /// `LOCK.INFO key`'s `owner` and `token` (RESP2 flat array), or None when the key is free.
 async fn holder(raw: &mut MultiplexedConnection, key: &str) -> Option<(Vec<u8>, i64)> {

@@ -18,7 +18,7 @@ use crate::args::Wait;
 use crate::binding::{Bindings, ClientId, GrantRef};
 use crate::deadlines::{DeadlineKey, Deadlines};
 use crate::election::Campaign;
-use crate::hold::{self, Decision, HoldKind, Lock, Lost, LostReason, Mode, Run, StoredLock};
+use crate::hold::{self, Decision, Hold, HoldKind, Lock, Lost, LostReason, Mode, Run, StoredLock};
 use crate::kind::Left;
 use crate::kind::Reentry;
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
@@ -652,17 +652,12 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return false;
             }
         }
-        if ended > 0 {
-            port.note(Note::LeasesEnded(ended));
-        }
-        for hold in &ended_holds {
-            port.lost(key, &Lost::of(hold, LostReason::Expired));
-        }
+        self.announce_ended(port, key, &ended_holds);
         // Where the server reports every key expiry, a lease end that freed the key was
         // announced then; the end of one hold of several only the module sees.
         let key_expired =
             !granted.is_empty() && cause == Cause::LeaseEnded && !port.reports_expiries();
-        if ended > 0 || key_expired {
+        if ended == 0 && key_expired {
             port.event(key, Event::Expired);
         }
         let granted_any = !granted.is_empty();
@@ -699,6 +694,19 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             Stop::Held => self.schedule_lease_check(key, run.lock().next_lease_end(), now),
         }
         granted_any
+    }
+
+    /// Counts and announces the holds whose lease ended on `key` (removed by the write just
+    /// made), and tells their holders.
+    fn announce_ended(&mut self, port: &mut impl Port<H>, key: &LockKey, ended: &[Hold]) {
+        if ended.is_empty() {
+            return;
+        }
+        port.note(Note::LeasesEnded(ended.len()));
+        for hold in ended {
+            port.lost(key, &Lost::of(hold, LostReason::Expired));
+        }
+        port.event(key, Event::Expired);
     }
 
     fn handle_due(&mut self, port: &mut impl Port<H>, fired: DeadlineKey, due: Due, now: UnixMs) {

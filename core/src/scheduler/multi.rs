@@ -14,7 +14,7 @@
 use std::hash::Hash;
 
 use super::{Answer, Cause, Due, Event, Note, Origin, Port, Read, Scheduler};
-use crate::hold::{Decision, Granted, Hold, How, Lost, LostReason, Run, StoredLock};
+use crate::hold::{Decision, Granted, Hold, How, Run, StoredLock};
 use crate::key::ClientId;
 use crate::kind::Mode;
 use crate::queue::{LockKey, WaiterId};
@@ -214,7 +214,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         let kind = waiter.mode.kind();
         let mut holds = Vec::with_capacity(states.len());
         for (state, token) in states.into_iter().zip(tokens) {
-            self.announce_ended(port, &state);
+            self.announce_ended(port, &state.key, &state.ended);
             if lease_ended == Some(&state.key) {
                 // Where the server reports every key expiry, a lease end that freed the whole
                 // key was announced then.
@@ -261,20 +261,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             .write(&state.key, state.stored.as_ref(), state.run.lock())
             .is_ok()
         {
-            self.announce_ended(port, state);
+            self.announce_ended(port, &state.key, &state.ended);
         }
-    }
-
-    /// Counts and announces the holds whose lease ended on a key, and tells their holders.
-    fn announce_ended(&mut self, port: &mut impl Port<H>, state: &KeyState) {
-        if state.ended.is_empty() {
-            return;
-        }
-        port.note(Note::LeasesEnded(state.ended.len()));
-        for hold in &state.ended {
-            port.lost(&state.key, &Lost::of(hold, LostReason::Expired));
-        }
-        port.event(&state.key, Event::Expired);
     }
 
     /// Answers a multi-key waiter with an error; whoever stands behind it is looked at again.
