@@ -231,7 +231,9 @@ pub enum OwnLease {
     Kept,
     /// Replaced or not needed, so it is not read (one expiry lookup less on the hot path): a
     /// re-entry or renew sets a new one, a release counts down (the key keeps its expiry) or
-    /// deletes the key. The hold reads as having no lease; nothing then writes one for it.
+    /// deletes the key; a fence (LOCK.GUARD, LOCK.CHECK) only asks whether the hold is alive,
+    /// which Redis's key lookup answered: this layout's lease is the key's own expiry, and a key
+    /// past it is not found. The hold reads as having no lease; nothing then writes one for it.
     Replaced,
 }
 
@@ -253,8 +255,10 @@ pub fn read_live(key: &Key, owner: Option<Owner>, now: u64) -> Result<Live, Lock
 }
 
 /// The holds `owner` (`owner_name` as a Redis string) has on the lock at `key`, ended ones
-/// included (the caller decides at its `now`), in O(1) whatever the layout: Redisson's layout
-/// as [`read_lock`] reads it for its holder (any hash of at most two fields costs O(1)), a
+/// included (the caller decides at its `now`; the owner's exclusive hold in Redisson's layout
+/// reads without a lease, having been found alive by Redis's own lookup of its key), in O(1)
+/// whatever the layout: Redisson's layout as [`read_lock`] reads it for its holder (any hash of
+/// at most two fields costs O(1)), a
 /// multi-hold key by its mode and the owner's own fields (`x:`, `s:`, `p:<owner>`), not its
 /// other holds. A key that is not a lock is an error, as for every command: an invalid mode, or
 /// an owner's field that breaks the layout. (The other holds of a multi-hold key are not read,
@@ -283,10 +287,11 @@ pub fn read_owner_holds(
         }
     }
     // Missing, small (O(1) anyway), the old layout or no lock at all: the one read every
-    // command makes, which also refuses what is not a lock.
+    // command makes, which also refuses what is not a lock. The owner's exclusive hold in
+    // Redisson's layout is alive whenever its key was found (see `OwnLease::Replaced`).
     let reading = Owner {
         name: owner_name,
-        lease: OwnLease::Kept,
+        lease: OwnLease::Replaced,
     };
     let mut holds = read_lock(key, Some(reading))?
         .map(|stored| stored.lock.holds)

@@ -23,7 +23,7 @@ use lock_core::LockError;
 use redis_module::raw;
 
 use super::{KEY, OWNER};
-use crate::ffi::call::{self, KeysOf, Refused, Rules};
+use crate::ffi::call::{self, Flags, KeysOf, Refused, Rules};
 use crate::ffi::command_info::{arg, ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::{self, now_ms, reply, Args, Ctx, Key, RawString};
 use crate::guard;
@@ -109,7 +109,7 @@ fn run_guard(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     }
     let request = parse_guard(args)?;
     let inner = args.strings_from(GUARDED_COMMAND_AT);
-    let keys = match call::command_keys(ctx, inner) {
+    let keys = match call::command_keys(ctx, inner, Flags::NotWanted) {
         KeysOf::Keys(keys) => Some(keys),
         KeysOf::None => None,
         KeysOf::UnknownCommand => {
@@ -180,7 +180,8 @@ fn declare_keys(ctx: Ctx, args: &Args<'_>) {
     if fence::is_lock_command(command) {
         return;
     }
-    if let KeysOf::Keys(keys) = call::command_keys(ctx, args.strings_from(GUARDED_COMMAND_AT)) {
+    let inner = args.strings_from(GUARDED_COMMAND_AT);
+    if let KeysOf::Keys(keys) = call::command_keys(ctx, inner, Flags::Wanted) {
         for (position, flags) in keys.iter() {
             call::key_at_with_flags(ctx, GUARDED_COMMAND_AT + position, flags);
         }

@@ -22,12 +22,21 @@ pub struct CommandKeys {
 }
 
 impl CommandKeys {
-    /// (position, flags) of each key, in the order Redis found them.
+    /// (position, flags) of each key, in the order Redis found them (flags 0 when they were
+    /// not asked for).
     pub fn iter(&self) -> impl Iterator<Item = (usize, c_int)> + '_ {
         (0..self.len).filter_map(|i| {
-            // SAFETY: both arrays hold `len` ints (RM_GetCommandKeysWithFlags allocated them
-            // together with that count) and live until drop; `i < len`.
-            let (position, flags) = unsafe { (*self.positions.add(i), *self.flags.add(i)) };
+            // SAFETY: the arrays hold `len` ints (RM_GetCommandKeysWithFlags allocated them
+            // with that count; the flags only when asked for, else null) and live until drop;
+            // `i < len`.
+            let (position, flags) = unsafe {
+                let flags = if self.flags.is_null() {
+                    0
+                } else {
+                    *self.flags.add(i)
+                };
+                (*self.positions.add(i), flags)
+            };
             usize::try_from(position).ok().map(|p| (p, flags))
         })
     }
@@ -59,8 +68,9 @@ pub enum KeysOf {
 }
 
 /// The keys of the command line `argv` (its name first), as Redis's own key lookup finds them:
-/// the same lookup cluster routing and ACLs use for that command.
-pub fn command_keys(ctx: Ctx, argv: &[RawString]) -> KeysOf {
+/// the same lookup cluster routing and ACLs use for that command. `Flags::Wanted` asks for each
+/// key's flags too (one more allocation: only a keys-position request needs them).
+pub fn command_keys(ctx: Ctx, argv: &[RawString], flags: Flags) -> KeysOf {
     let Ok(argc) = c_int::try_from(argv.len()) else {
         return KeysOf::WrongArity;
     };
@@ -68,18 +78,23 @@ pub fn command_keys(ctx: Ctx, argv: &[RawString]) -> KeysOf {
         return KeysOf::UnknownCommand;
     }
     let mut count: c_int = 0;
-    let mut flags: *mut c_int = ptr::null_mut();
+    let mut key_flags: *mut c_int = ptr::null_mut();
+    let out_flags: *mut *mut c_int = match flags {
+        Flags::Wanted => &mut key_flags,
+        Flags::NotWanted => ptr::null_mut(),
+    };
     set_errno(0);
     // SAFETY: `argv` holds `argc` live strings (a command's arguments); Redis only reads them
-    // (the pointer is mutable in the signature alone). The returned arrays are ours to free;
-    // errno tells a missing command or a wrong arity from a command without keys.
+    // (the pointer is mutable in the signature alone). The returned arrays are ours to free
+    // (a null `out_flags` asks for no flags array); errno tells a missing command or a wrong
+    // arity from a command without keys.
     let positions = unsafe {
         api!(RedisModule_GetCommandKeysWithFlags)(
             ctx,
             argv.as_ptr().cast_mut(),
             argc,
             &mut count,
-            &mut flags,
+            out_flags,
         )
     };
     if positions.is_null() {
@@ -89,16 +104,18 @@ pub fn command_keys(ctx: Ctx, argv: &[RawString]) -> KeysOf {
             _ => KeysOf::None,
         };
     }
-    let keys = CommandKeys {
+    KeysOf::Keys(CommandKeys {
         positions,
-        flags,
+        flags: key_flags,
         len: usize::try_from(count).unwrap_or(0),
-    };
-    if keys.flags.is_null() {
-        // Never, as Redis allocates both: the positions are freed, and no key is trusted.
-        return KeysOf::None;
-    }
-    KeysOf::Keys(keys)
+    })
+}
+
+/// Whether [`command_keys`] reports each key's flags.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Flags {
+    Wanted,
+    NotWanted,
 }
 
 /// Declares argument `pos` a key with `flags` (`REDISMODULE_CMD_KEY_*`), inside a
@@ -123,15 +140,6 @@ pub enum Rules {
     AsCaller,
     /// The same, and `W`: write commands are refused.
     AsCallerReadOnly,
-}
-
-impl Rules {
-    fn format(self) -> &'static CStr {
-        match self {
-            Rules::AsCaller => c"CSM!0Ev",
-            Rules::AsCallerReadOnly => c"CSM!0EWv",
-        }
-    }
 }
 
 /// A reply of a called command, freed on drop.
@@ -185,25 +193,30 @@ pub enum Refused {
 }
 
 /// Calls `argv` (the command's name first) under `rules`. None when Redis gave no reply at
-/// all (a format error: a bug of ours).
+/// all (a format error: a bug of ours), or the name is no C string (it has a NUL byte, so it
+/// names no command: the key lookup has refused it already).
 pub fn call(ctx: Ctx, argv: &[RawString], rules: Rules) -> Option<(CallReply, Refused)> {
     let (name, args) = argv.split_first()?;
-    // RM_Call takes the name as a C string: a name with a NUL byte is no command (the key
-    // lookup has refused it already).
-    let name = CString::new(bytes(*name)).ok()?;
-    set_errno(0);
-    // SAFETY: the format is `Rules::format`, modifiers then one `v`: an array of
-    // RedisModuleString pointers and its length, all live command arguments (Redis takes a
-    // reference to each). The reply is ours to free (CallReply's drop).
-    let reply = unsafe {
-        api!(RedisModule_Call)(
-            ctx,
-            name.as_ptr(),
-            rules.format().as_ptr(),
-            args.as_ptr().cast_mut(),
-            args.len(),
-        )
+    // RM_Call takes the name as a C string: copied with its NUL onto the stack (command names
+    // are short), or the heap.
+    let name = bytes(*name);
+    let mut on_stack = [0u8; 64];
+    let on_heap;
+    let name: &CStr = match on_stack.get_mut(..=name.len()) {
+        Some(buf) => {
+            // `buf` is the name's length plus the NUL, which stays 0.
+            for (to, from) in buf.iter_mut().zip(name) {
+                *to = *from;
+            }
+            CStr::from_bytes_with_nul(buf).ok()?
+        }
+        None => {
+            on_heap = CString::new(name).ok()?;
+            &on_heap
+        }
     };
+    set_errno(0);
+    let reply = call_with(ctx, name, rules, args);
     // Only RM_Call's own checks set errno to these before refusing; a command that ran leaves
     // it at 0 unless a library call inside it set it (the callers look at the reply as well).
     let refused = match errno() {
@@ -213,6 +226,67 @@ pub fn call(ctx: Ctx, argv: &[RawString], rules: Rules) -> Option<(CallReply, Re
         _ => Refused::Other,
     };
     (!reply.is_null()).then(|| (CallReply(reply), refused))
+}
+
+/// `RedisModule_Call` with `rules`' modifiers and the arguments: up to 6 as one `s` each
+/// (Redis sizes its argument vector from the format, so it allocates it once), more as a `v`.
+fn call_with(
+    ctx: Ctx,
+    name: &CStr,
+    rules: Rules,
+    args: &[RawString],
+) -> *mut raw::RedisModuleCallReply {
+    let n = name.as_ptr();
+    let read_only = rules == Rules::AsCallerReadOnly;
+    let format = |with: &'static CStr, without: &'static CStr| {
+        if read_only {
+            with.as_ptr()
+        } else {
+            without.as_ptr()
+        }
+    };
+    // SAFETY: RM_Call is variadic; each arm passes a format of the modifiers and exactly one
+    // `s` per RedisModuleString pointer it passes (or one `v`: an array and its length), each
+    // a live command argument (Redis takes a reference to each). The reply is ours to free
+    // (CallReply's drop).
+    unsafe {
+        let call = api!(RedisModule_Call);
+        match *args {
+            [] => call(ctx, n, format(c"CSM!0EW", c"CSM!0E")),
+            [a] => call(ctx, n, format(c"CSM!0EWs", c"CSM!0Es"), a),
+            [a, b] => call(ctx, n, format(c"CSM!0EWss", c"CSM!0Ess"), a, b),
+            [a, b, c] => call(ctx, n, format(c"CSM!0EWsss", c"CSM!0Esss"), a, b, c),
+            [a, b, c, d] => call(ctx, n, format(c"CSM!0EWssss", c"CSM!0Essss"), a, b, c, d),
+            [a, b, c, d, e] => call(
+                ctx,
+                n,
+                format(c"CSM!0EWsssss", c"CSM!0Esssss"),
+                a,
+                b,
+                c,
+                d,
+                e,
+            ),
+            [a, b, c, d, e, f] => call(
+                ctx,
+                n,
+                format(c"CSM!0EWssssss", c"CSM!0Essssss"),
+                a,
+                b,
+                c,
+                d,
+                e,
+                f,
+            ),
+            _ => call(
+                ctx,
+                n,
+                format(c"CSM!0EWv", c"CSM!0Ev"),
+                args.as_ptr().cast_mut(),
+                args.len(),
+            ),
+        }
+    }
 }
 
 fn errno() -> c_int {
