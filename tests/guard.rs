@@ -602,7 +602,42 @@ fn refused_inner_commands_change_nothing() {
     }
     assert_eq!(stored_lock(&mut con, "lock"), lock_before);
     assert_eq!(get(&mut con, "data").as_deref(), Some("v"));
+    // The command is looked at before the hold: a stale token gets the command's own refusal.
+    for (command, refusal) in [
+        (&["NOSUCHCOMMAND", "data"][..], "ERR unknown command"),
+        (&["GET"], "ERR wrong number of arguments"),
+        (
+            &["PING"],
+            "ERR LOCK.GUARD runs only commands that name keys",
+        ),
+    ] {
+        let e = guard_error(&mut con, "lock", "a", token + 1, command);
+        assert!(e.starts_with(refusal), "{command:?}: {e}");
+    }
     // And LOCK.GUARD itself does not run inside a script or a function.
+    let _: () = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(
+            "#!lua name=guardinside\n\
+             redis.register_function('guarded', function(keys, args) \
+             return redis.call('LOCK.GUARD', keys[1], args[1], args[2], 'SET', keys[2], 'x') end)",
+        )
+        .query(&mut con)
+        .unwrap();
+    let t = token.to_string();
+    let e = error_of(
+        &mut con,
+        &[
+            b"FCALL",
+            b"guarded",
+            b"2",
+            b"lock",
+            b"data",
+            b"a",
+            t.as_bytes(),
+        ],
+    );
+    assert!(e.contains("not allowed from script"), "{e}");
     let e = error_of(
         &mut con,
         &[
@@ -628,9 +663,19 @@ fn a_blocking_command_through_guard_answers_at_once() {
     // or refused as inside a script, depending on the server) and pops nothing.
     con.set_read_timeout(Some(SOON)).unwrap();
     let started = Instant::now();
+    // Redis 7.0 flags BLPOP as a command scripts may not run; later servers run it, at once.
+    let info = server_info();
+    let refused_as_in_scripts = info.kind == ServerKind::Redis && info.version < (7, 2, 0);
+    let blpop = guard(&mut con, "lock", "a", token, &["BLPOP", "queue", "0"]);
+    match blpop {
+        Err(e) if refused_as_in_scripts => {
+            assert!(e.to_string().contains("not allowed on script mode"), "{e}")
+        }
+        Ok(Value::Nil) if !refused_as_in_scripts => {}
+        other => panic!("BLPOP through LOCK.GUARD on {info:?}: {other:?}"),
+    }
     for blocking in [
-        &["BLPOP", "queue", "0"][..],
-        &["BRPOPLPUSH", "queue", "other", "0"],
+        &["BRPOPLPUSH", "queue", "other", "0"][..],
         &["BZPOPMIN", "zqueue", "0"],
         &["XREAD", "BLOCK", "0", "STREAMS", "stream", "$"],
     ] {
@@ -744,6 +789,47 @@ fn over_maxmemory_a_guarded_set_is_refused_and_a_guarded_del_runs() {
     assert_eq!(check(&mut con, "lock", "a", token), 1);
     config(&mut con, "maxmemory", "0");
     assert_eq!(get(&mut con, "data"), None);
+}
+
+#[test]
+fn guard_is_a_write_held_back_by_a_write_pause_and_refused_without_enough_replicas() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let token = acquire(&mut con, "lock", "a", 60_000).unwrap();
+    let t = token.to_string();
+    // CLIENT PAUSE WRITE: LOCK.GUARD waits for the pause to end.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query(&mut con)
+        .unwrap();
+    let mut client = RawClient::connect(server.port).unwrap();
+    let mut guarded = redis::cmd("LOCK.GUARD");
+    guarded.arg(&["lock", "a", &t, "SET", "data", "v"]);
+    client.send(&[&guarded]).unwrap();
+    assert!(
+        client.reply(Duration::from_millis(300)).is_err(),
+        "answered during the pause"
+    );
+    assert_eq!(get(&mut con, "data"), None);
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut con).unwrap();
+    assert_eq!(client.reply(SOON).unwrap(), Value::Okay);
+    assert_eq!(get(&mut con, "data").as_deref(), Some("v"));
+    // A server that refuses writes refuses LOCK.GUARD, whatever it runs.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    for command in [&["SET", "data", "w"][..], &["GET", "data"]] {
+        let e = guard_error(&mut con, "lock", "a", token, command);
+        assert!(e.starts_with("NOREPLICAS"), "{command:?}: {e}");
+    }
+    assert_eq!(get(&mut con, "data").as_deref(), Some("v"));
+    // LOCK.CHECK reads.
+    assert_eq!(check(&mut con, "lock", "a", token), 1);
 }
 
 #[test]
@@ -882,11 +968,13 @@ fn the_aof_holds_the_inner_commands_and_replays_without_the_module() {
     let mut server = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let mut con = server.connect();
     let token = acquire(&mut con, "lock", "a", 600_000).unwrap();
+    let _: () = con.sadd("s", &["only"]).unwrap();
     for command in [
         &["SET", "data", "v", "EX", "1000"][..],
         &["HSET", "h", "f", "v"],
         &["INCRBY", "n", "7"],
         &["RPUSH", "q", "1", "2"],
+        &["SPOP", "s"],
     ] {
         assert!(
             guard(&mut con, "lock", "a", token, command).is_ok(),
@@ -898,6 +986,8 @@ fn the_aof_holds_the_inner_commands_and_replays_without_the_module() {
     let before = dataset(&mut con);
     let aof = aof_text(&server);
     assert!(aof.contains("data") && aof.contains("INCRBY"), "{aof}");
+    // As Redis replicates each command: SET ... EX with an absolute time, SPOP as the SREM it did.
+    assert!(aof.contains("PXAT") && aof.contains("SREM"), "{aof}");
     assert!(
         !aof.to_ascii_lowercase().contains("lock.guard"),
         "LOCK.GUARD reached the AOF:\n{aof}"
