@@ -485,7 +485,7 @@ impl RedisPort {
             let name = OwnedString::new(&key.name);
             let handle = Key::open(ctx, name.as_ptr());
             let read = match store::read_lock(&handle, None) {
-                Ok(None) if check_route => match slot_left(ctx, key) {
+                Ok(None) if check_route => match slot_left(ctx, &key.name) {
                     Some(redirect) => Read::Moved(redirect),
                     None => Read::Lock(None),
                 },
@@ -581,7 +581,7 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn lost(&mut self, key: &LockKey, lost: &Lost) {
-        notify::publish_lost(self.ctx, &key.name, lost);
+        notify::publish_lost(self.ctx, key.db, &key.name, lost);
     }
 
     fn elected(&mut self, key: &LockKey, token: u64, owner: &[u8], value: Option<&[u8]>) {
@@ -623,11 +623,11 @@ impl Port<Blocked> for RedisPort {
 /// (MIGRATE deletes it here). Granting it here would make a second lock beside the moved one,
 /// so the waiters get the redirect Redis would give for the key (`ASK`/`MOVED`) and their
 /// cluster clients follow it.
-fn slot_left(ctx: Ctx, key: &LockKey) -> Option<String> {
+pub fn slot_left(ctx: Ctx, name: &[u8]) -> Option<String> {
     if !ffi::is_cluster(ctx) {
         return None;
     }
-    let slot = lock_core::slot::key_slot(&key.name);
+    let slot = lock_core::slot::key_slot(name);
     let nodes = ffi::cluster_nodes(ctx)?;
     lock_core::cluster::route(&nodes, slot).redirect(slot)
 }
