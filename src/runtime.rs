@@ -457,10 +457,11 @@ pub fn reset() {
 /// the context of the command, timer or callback that called it. It decides nothing.
 struct RedisPort {
     ctx: Ctx,
-    /// The key (or the keys of one multi-key decision) read last, still open, so that the
-    /// write that follows the read goes to exactly what was read (nothing can change it in
-    /// between: it is one call on the main thread). A new read closes them: a handle is never
-    /// kept open across another decision's writes.
+    /// The keys read and not yet written, still open, so that the write that follows a read
+    /// goes to exactly what was read (nothing can change it in between: it is one call on the
+    /// main thread). A batch reads each key once and writes it once; a key read again is
+    /// closed first, so there is never more than one handle on a key. All close when the port
+    /// goes, at the end of the call.
     open: Vec<OpenLock>,
 }
 
@@ -516,15 +517,10 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn read(&mut self, key: &LockKey, check_route: bool) -> Read {
-        self.open.clear();
+        // A key read again (by a later decision of the same call) is closed and opened anew:
+        // never two handles on one key.
+        self.open.retain(|open| open.key != *key);
         self.open_and_read(key, check_route)
-    }
-
-    fn read_many(&mut self, keys: &[LockKey], check_route: bool) -> Vec<Read> {
-        self.open.clear();
-        keys.iter()
-            .map(|key| self.open_and_read(key, check_route))
-            .collect()
     }
 
     fn write(
