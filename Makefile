@@ -12,7 +12,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run test test-clients test-valkey test-redis8 test-valkey9 scale lint faults bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale lint faults bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -99,6 +99,10 @@ faults: test-deps
 	$(CARGO) build --lib
 	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
 	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --ignored --nocapture
+
+# The module tarball, the Rust crate and the Python sdist and wheel, each checked (scripts/dist.sh).
+dist: test-deps
+	@bash scripts/dist.sh
 
 bench: build
 	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE))
