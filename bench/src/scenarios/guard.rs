@@ -29,7 +29,8 @@ const CONNECTIONS: usize = 50;
 const PIPELINES: [usize; 2] = [16, 1];
 /// The checks run pipelined.
 const PIPELINE: usize = 16;
-/// Holds of the shared key LOCK.CHECK reads in its O(1) row (the most a key may have).
+/// Holds of the shared key LOCK.CHECK reads in its O(1) row: the most a stored key is read with
+/// (new holds stop at 1,000 a key; keys written before with more are still locks).
 const SHARED_HOLDERS: usize = 10_000;
 const LOCK: &str = "{fence}:lock";
 const SHARED_LOCK: &str = "{fence}:shared";
