@@ -5,7 +5,9 @@
 //! A master (with `DEBUG` and `MODULE` enabled) and one replica, both with the module. For a
 //! bounded time (25 s by default; `LOCK_ADV_SECS`), worker threads issue random LOCK.* calls on a
 //! few keys (two sharing a hash tag, two in db 1): fresh holds with and without `WAIT`, re-entries,
-//! shorter and longer leases and renewals, releases, INFO, FORCERELEASE. Each fresh hold attempt
+//! shorter and longer leases and renewals, releases, INFO, FORCERELEASE, fenced writes through
+//! LOCK.GUARD and LOCK.CHECK by the holder (and by strangers, never admitted, also in
+//! `EVAL_RO`). Each fresh hold attempt
 //! uses a new owner string, so every integer reply to a fresh owner is a new hold. Meanwhile a
 //! disrupter thread pauses clients (also right across the end of a held lease that others wait
 //! for), changes and reads every `lock.*` option (2,000-byte strings included), deletes, renames,
@@ -118,8 +120,9 @@ const OPTIONS: [(&str, &str); 5] = [
     ("lock.keyspace-events", "yes"),
 ];
 /// Errors a LOCK.* call may legitimately get while the disrupter works.
-const TOLERATED: [&str; 11] = [
+const TOLERATED: [&str; 12] = [
     "ERR unknown command",
+    "FENCED",
     "WRONGTYPE",
     "ERR the hash at this key is not a lock",
     "ERR too many waiters",
@@ -138,6 +141,7 @@ const SCRIPT_CYCLE: &str = "local t = redis.call('LOCK.ACQUIRE', KEYS[1], ARGV[1
      local r = redis.call('LOCK.RELEASE', KEYS[1], ARGV[1]) return {t, r}";
 const SCRIPT_INFO: &str = "return redis.call('LOCK.INFO', KEYS[1])";
 const SCRIPT_FORCE: &str = "return redis.call('LOCK.FORCERELEASE', KEYS[1])";
+const SCRIPT_CHECK: &str = "return redis.call('LOCK.CHECK', KEYS[1], ARGV[1], ARGV[2])";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -501,6 +505,11 @@ fn connect(shared: &Shared, db: u8) -> Option<Connection> {
     Some(con)
 }
 
+/// The data a lock key protects, written through LOCK.GUARD (the key's hash tag kept).
+fn data_key(key: &str) -> String {
+    format!("{key}:data")
+}
+
 fn acquire_cmd(key: &str, owner: &str, lease: u64, wait: Option<u64>) -> redis::Cmd {
     let mut cmd = redis::cmd("LOCK.ACQUIRE");
     cmd.arg(key).arg(owner).arg(lease);
@@ -519,6 +528,9 @@ fn fits(name: &str, reply: &Value) -> bool {
         // A shared key (6 fields), a semaphore (8), a key with an exclusive hold (16).
         ("lock.info", Value::Bulk(items)) => matches!(items.len(), 6 | 8 | 16),
         ("lock.acquire" | "lock.release" | "lock.info", Value::Nil) => true,
+        ("lock.check", Value::Int(n)) => *n == 0 || *n == 1,
+        // The inner command's own reply (here SET's OK or INCR's integer).
+        ("lock.guard", Value::Okay | Value::Int(_)) => true,
         _ => false,
     }
 }
@@ -670,6 +682,30 @@ impl Worker {
                     cmd.arg(key);
                     self.call(db, &cmd);
                 }
+                85..=89 => {
+                    // A stranger's fence never admits it, and runs nothing.
+                    let (db, key) = KEYS[self.rng.gen_range(0..KEYS.len())];
+                    let stranger = self.shared.owner(&format!("s{}", self.id));
+                    let token = self.rng.gen_range(1..i64::MAX);
+                    let guard = self.rng.gen_bool(0.5);
+                    let mut cmd = redis::cmd(if guard { "LOCK.GUARD" } else { "LOCK.CHECK" });
+                    cmd.arg(key).arg(&stranger).arg(token);
+                    if guard {
+                        cmd.arg("SET").arg(data_key(key)).arg(&stranger);
+                    }
+                    match self.call(db, &cmd) {
+                        Outcome::Reply(Value::Int(0)) if !guard => {}
+                        Outcome::Error(e) if guard && e.starts_with("FENCED the hold is gone") => {
+                            self.shared.count("strangers' LOCK.GUARD fenced")
+                        }
+                        Outcome::Reply(v) => self.shared.problem(format!(
+                            "db {db} {}: a stranger got {}",
+                            show_cmd(&cmd),
+                            show_value(&v)
+                        )),
+                        _ => {}
+                    }
+                }
                 _ => {
                     // A stranger (an owner never used) must never be taken for the holder.
                     let (db, key) = KEYS[self.rng.gen_range(0..KEYS.len())];
@@ -747,9 +783,10 @@ impl Worker {
         };
         for _ in 0..self.rng.gen_range(0..=5) {
             let keep_going = match self.rng.gen_range(0..100) {
-                0..=29 => self.reenter(&mut hold),
-                30..=44 => self.renew(&hold),
-                45..=59 => self.check_info(&hold),
+                0..=24 => self.reenter(&mut hold),
+                25..=36 => self.renew(&hold),
+                37..=49 => self.check_info(&hold),
+                50..=59 => self.fenced(&hold),
                 60..=79 => {
                     // Work inside the lock; sometimes past the lease.
                     let ms = if self.rng.gen_bool(0.15) {
@@ -823,6 +860,40 @@ impl Worker {
                 // What the disrupter did while the command ran counts as after it.
                 hold.epoch = before;
                 true
+            }
+            _ => false,
+        }
+    }
+
+    /// The holder's fence: a write to its data key through LOCK.GUARD (its hold's token in the
+    /// value), or LOCK.CHECK. Either may find the hold gone (a lease, the disrupter): it then
+    /// stops.
+    fn fenced(&mut self, hold: &Holding) -> bool {
+        let guard = self.rng.gen_bool(0.7);
+        let mut cmd = redis::cmd(if guard { "LOCK.GUARD" } else { "LOCK.CHECK" });
+        cmd.arg(hold.key).arg(&hold.owner).arg(hold.token);
+        if guard {
+            if self.rng.gen_bool(0.5) {
+                cmd.arg("SET")
+                    .arg(data_key(hold.key))
+                    .arg(format!("{}:{}", hold.owner, hold.token));
+            } else {
+                cmd.arg("INCR").arg(format!("{}:count", data_key(hold.key)));
+            }
+        }
+        match self.call(hold.db, &cmd) {
+            Outcome::Reply(Value::Int(0)) if !guard => {
+                self.shared.count("LOCK.CHECK answered 0 to a holder");
+                false
+            }
+            Outcome::Reply(_) if guard => {
+                self.shared.count("LOCK.GUARD writes that ran");
+                true
+            }
+            Outcome::Reply(_) => true,
+            Outcome::Error(e) if e.starts_with("FENCED") => {
+                self.shared.count("LOCK.GUARD writes fenced");
+                false
             }
             _ => false,
         }
@@ -2054,6 +2125,26 @@ impl Disrupter {
         let key = self.lock_key(db);
         let owner = self.shared.owner("e");
         let lease = self.rng.gen_range(MIN_LEASE_MS..=MAX_LEASE_MS);
+        if self.rng.gen_range(0..5) == 0 {
+            // LOCK.CHECK in a read-only script: a stranger is never admitted.
+            let mut cmd = redis::cmd("EVAL_RO");
+            cmd.arg(SCRIPT_CHECK)
+                .arg(1)
+                .arg(key)
+                .arg(&owner)
+                .arg(self.rng.gen_range(1..i64::MAX));
+            self.count("EVAL_RO LOCK.CHECK");
+            if let Outcome::Reply(v) = self.exec(db, &cmd) {
+                if v != Value::Int(0) {
+                    self.shared.problem(format!(
+                        "db {db} {}: a stranger got {}",
+                        show_cmd(&cmd),
+                        show_value(&v)
+                    ));
+                }
+            }
+            return;
+        }
         let mut cmd = redis::cmd("EVAL");
         let acquires = match self.rng.gen_range(0..4) {
             0 | 1 => {
