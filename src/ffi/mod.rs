@@ -543,8 +543,16 @@ pub fn is_cluster(ctx: Ctx) -> bool {
     *CLUSTER.get_or_init(|| context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0)
 }
 
+/// The server's cached time (µs): the same for everything one command (or one event-loop
+/// callback) does, so it tells "still inside the same command" apart from "a later one".
+pub fn cached_micros() -> i64 {
+    // SAFETY: a plain read of the server's cached clock.
+    unsafe { api!(RedisModule_CachedMicroseconds)() }
+}
+
 /// The `CLUSTER NODES` text, through RM_Call. Only for rare paths (a handoff in cluster mode
-/// that no LOCK.* command caused), never for a LOCK.* command itself.
+/// that no LOCK.* command caused, a lock key removed in cluster mode), never for a LOCK.*
+/// command itself.
 pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
     call_text(ctx, c"CLUSTER", c"NODES")
 }
@@ -682,6 +690,7 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_KeyType }.is_some(),
             { raw::RedisModule_Log }.is_some(),
             { raw::RedisModule_Milliseconds }.is_some(),
+            { raw::RedisModule_CachedMicroseconds }.is_some(),
             { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
             { raw::RedisModule_OpenKey }.is_some(),
             { raw::RedisModule_PublishMessage }.is_some(),
