@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs Redis's own Tcl test suite against the installed redis-server, once without the module and
 # once with it loaded (the suite's `--config loadmodule <module>`: every server the suite starts
-# loads it), and prints the tests that pass without the module and not with it.
+# loads it), and prints the tests that fail with the module and not without it.
 #
 #   bash scripts/redis-suite.sh MODULE [UNIT ...]   the units named (shell patterns over the
 #                                                   suite's unit list: integration/replication*),
@@ -16,7 +16,8 @@
 #
 # Each unit runs as its own `runtest --single <unit> --durable` (an error in one test does not
 # stop its unit, nor a unit the others), JOBS (default 2) at a time, each lane in a copy of the
-# suite and on a port range of its own. Logs: $SUITE_DIR/results/{without,with}/<unit>.log.
+# suite and on ports of its own (1,000 from BASEPORT, default 21111, for the first lane; give a
+# second run at the same time another BASEPORT). Logs: $SUITE_DIR/results/{without,with}/*.log.
 # REPORT=1 only prints the report of the last run's logs. The report: each unit's counts with
 # and without the module, then every test that fails with the module more often than without
 # it (numbers in test names count as one: some units name tests after random values). Exit
@@ -55,7 +56,10 @@ if ((${#need[@]})); then
 fi
 
 # The installed server's Debian version (5:7.0.15-1~deb12u10) and source package (redis).
-version=$(dpkg-query -W -f='${Version}' redis-server)
+if ! version=$(dpkg-query -W -f='${Version}' redis-server 2>/dev/null) || [ -z "$version" ]; then
+  echo "redis-suite: needs Debian's redis-server package (scripts/deps.sh installs it)" >&2
+  exit 1
+fi
 source_pkg=$(dpkg-query -W -f='${source:Package}' redis-server)
 upstream=${version#*:}
 upstream=${upstream%%-*}
@@ -92,13 +96,15 @@ EOF
     -o "Debug::NoLocking=1" -o "APT::Sandbox::User=$(id -un)"
   )
   apt-get "${apt_opts[@]}" -qq update
-  (cd "$apt_dir/download" && apt-get "${apt_opts[@]}" -qq source --download-only "$source_pkg=$version")
+  if ! (cd "$apt_dir/download" && apt-get "${apt_opts[@]}" -qq source --download-only "$source_pkg=$version"); then
+    echo "redis-suite: Debian's archive has no source of $source_pkg $version (a newer one replaced it?): upgrade redis-server" >&2
+    exit 1
+  fi
   # apt checked the files against the signed Sources index; dpkg-source, without Debian's
   # keyring, says it cannot check the .dsc's own signature.
   dpkg-source -x "$apt_dir/download/${source_pkg}_${version#*:}.dsc" "$tree" >/dev/null
-  rm -rf "$apt_dir"
+  rm -rf "$apt_dir" "$suite_dir/${source_pkg}_"*.orig.tar.*
 fi
-
 
 # The suite's units, in its order, and the ones asked for.
 mapfile -t all_units < <(sed -n '/^set ::all_tests {/,/^}/p' "$tree/tests/test_helper.tcl" | sed '1d;$d' | awk '{print $1}')
@@ -241,7 +247,7 @@ run_unit() {
   # --durable: an error outside a test's assertions fails that test (reported as [err]) and the
   # unit goes on, instead of ending the unit there; --dump-logs: a failed test's server logs.
   (cd "$suite_dir/lane-$lane" && ./runtest --single "$unit" --clients 1 --durable --dump-logs \
-    --baseport $((21111 + 1000 * lane)) --portcount 1000 \
+    --baseport $((${BASEPORT:-21111} + 1000 * lane)) --portcount 1000 \
     "${extra[@]}") >"$log" 2>&1 </dev/null || status=$?
   echo "[exit]: $status" >>"$log"
   echo "redis-suite: $mode $unit: exit $status ($((SECONDS - started)) s)" >&2
