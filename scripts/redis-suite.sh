@@ -142,7 +142,7 @@ def parse(mode, unit):
     Numbers in test names become N: some units name tests by random values or topologies
     (psync2's 'Set #4 to replicate from #2', 'x = 75810'), and run time-bound loops."""
     names = {s: collections.Counter() for s in ("ok", "err", "skip", "ignore")}
-    exceptions, status = [], None
+    exceptions = []
     with open(f"{results}/{mode}/{unit.replace('/', '_')}.log", errors="replace") as log:
         for line in log:
             line = ansi.sub("", line.rstrip("\n"))
@@ -151,7 +151,6 @@ def parse(mode, unit):
                 continue
             kind, data = m.groups()
             if kind == "exit":
-                status = int(data)
                 continue
             if kind == "exception":
                 exceptions.append(data)
@@ -161,23 +160,24 @@ def parse(mode, unit):
             elif kind == "err":
                 data = re.sub(r" in tests/\S+\.tcl$", "", data)
             names[kind][re.sub(r"\d+", "N", data)] += 1
-    return names, exceptions, status
+    return names, exceptions
 
 totals = {m: collections.Counter() for m in ("without", "with")}
 differences, both_failed, only_without_failed, fewer = [], [], [], []
-print(f"{'unit':40} {'without: ok err skip':>24} {'with: ok err skip':>22}")
+print(f"{'':36} {'without the module':>20}     {'with the module':>20}")
+print(f"{'unit':36} {'passed':>7} {'failed':>7} {'skip':>5}     {'passed':>7} {'failed':>7} {'skip':>5}")
 for unit in units:
     runs = {m: parse(m, unit) for m in ("without", "with")}
     row = []
-    for m, (names, exceptions, status) in runs.items():
+    for m, (names, exceptions) in runs.items():
         counts = {s: sum(c.values()) for s, c in names.items()}
         for s, n in counts.items():
             totals[m][s] += n
         totals[m]["exceptions"] += len(exceptions)
-        mark = " EXC" if exceptions else (f" exit {status}" if status else "")
-        row.append(f"{counts['ok']:>5} {counts['err']:>3} {counts['skip'] + counts['ignore']:>4}{mark}")
-    print(f"{unit:40} {row[0]:>24} {row[1]:>22}")
-    (w, w_exc, _), (m, m_exc, _) = runs["without"], runs["with"]
+        mark = "EXC" if exceptions else ""
+        row.append(f"{counts['ok']:>7} {counts['err']:>7} {counts['skip'] + counts['ignore']:>5} {mark:3}")
+    print(f"{unit:36} {row[0]} {row[1]}".rstrip())
+    (w, w_exc), (m, m_exc) = runs["without"], runs["with"]
     # A test that fails more often with the module than without: the module's doing.
     for name, n in m["err"].items():
         extra = n - w["err"][name]
