@@ -62,7 +62,7 @@ scale: build
 # the module (exit status 1 if any). The units nearest to the module by default
 # (scripts/redis-suite.sh lists them), `UNITS="unit/pubsub integration/rdb"` for others (shell
 # patterns: `UNITS='integration/psync2*'`), `ALL=1` for the whole suite; JOBS units at a time.
-# Not part of `make test` (the default units take about 15 minutes on 2 cores).
+# Not part of `make test` (on 2 busy cores: 15 minutes for the default units, 20 for ALL=1).
 JOBS ?= 2
 redis-suite: deps
 	$(CARGO) build --lib

@@ -164,8 +164,8 @@ def parse(mode, unit):
 
 totals = {m: collections.Counter() for m in ("without", "with")}
 differences, both_failed, only_without_failed, fewer = [], [], [], []
-print(f"{'':36} {'without the module':>20}     {'with the module':>20}")
-print(f"{'unit':36} {'passed':>7} {'failed':>7} {'skip':>5}     {'passed':>7} {'failed':>7} {'skip':>5}")
+print(f"{'':42} {'without the module':>20}     {'with the module':>20}")
+print(f"{'unit':42} {'passed':>7} {'failed':>7} {'skip':>5}     {'passed':>7} {'failed':>7} {'skip':>5}")
 for unit in units:
     runs = {m: parse(m, unit) for m in ("without", "with")}
     row = []
@@ -176,7 +176,7 @@ for unit in units:
         totals[m]["exceptions"] += len(exceptions)
         mark = "EXC" if exceptions else ""
         row.append(f"{counts['ok']:>7} {counts['err']:>7} {counts['skip'] + counts['ignore']:>5} {mark:3}")
-    print(f"{unit:36} {row[0]} {row[1]}".rstrip())
+    print(f"{unit:42} {row[0]} {row[1]}".rstrip())
     (w, w_exc), (m, m_exc) = runs["without"], runs["with"]
     # A test that fails more often with the module than without: the module's doing.
     for name, n in m["err"].items():
