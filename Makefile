@@ -3,7 +3,8 @@
 # runs the client libraries of docs/clients.md that need more runtimes (scripts/client-deps.sh).
 # `make test-valkey`, `make test-redis8` and `make test-valkey9` run make test's server tests on
 # Valkey 8.1.8, Redis 8.2.3 and Valkey 9.1.2 (scripts/server-deps.sh).
-# `make scale` runs the batch tests at the caps (release build).
+# `make scale` runs the batch tests at the caps (release build). `make redis-suite` runs Redis's
+# own test suite without and with the module and prints the differences.
 SHELL := /bin/bash
 PORT ?= 6379
 CARGO ?= cargo
@@ -12,7 +13,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale lint faults bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -54,6 +55,18 @@ test: test-deps lint
 TEST_BATCH_N ?= 1000
 scale: build
 	LOCK_BATCH_N=1000 LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --test batches -- --nocapture
+
+# Redis's own Tcl test suite, of the installed redis-server (from Debian's source package of that
+# version, kept under target/redis-suite), once without the module and once with it loaded in
+# every server the suite starts; prints each unit's counts and every test that fails only with
+# the module (exit status 1 if any). The units nearest to the module by default
+# (scripts/redis-suite.sh lists them), `UNITS="unit/pubsub integration/rdb"` for others (shell
+# patterns: `UNITS='integration/psync2*'`), `ALL=1` for the whole suite; JOBS units at a time.
+# Not part of `make test` (on 2 busy cores: 15 minutes for the default units, 20 for ALL=1).
+JOBS ?= 2
+redis-suite: deps
+	$(CARGO) build --lib
+	UNITS="$(UNITS)" ALL="$(ALL)" JOBS="$(JOBS)" bash scripts/redis-suite.sh $(abspath $(DEBUG_MODULE))
 
 # docs/clients.md's other libraries (glide, redigo, go-redis v5, redis-rb, predis, phpredis,
 # Perl): a few of their cases wait out a 60 s default timeout, so they are not in `make test`.

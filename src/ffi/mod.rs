@@ -711,6 +711,7 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_SetAbsExpire }.is_some(),
             { raw::RedisModule_SetCommandInfo }.is_some(),
             { raw::RedisModule_SetDisconnectCallback }.is_some(),
+            { raw::RedisModule_SetModuleOptions }.is_some(),
             { raw::RedisModule_StopTimer }.is_some(),
             { raw::RedisModule_StringDMA }.is_some(),
             { raw::RedisModule_StringPtrLen }.is_some(),
