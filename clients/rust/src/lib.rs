@@ -104,27 +104,37 @@
 )]
 
 pub mod blocking;
+mod channel;
 mod client;
+mod conn;
+mod context;
 mod election;
 mod error;
 mod guard;
+mod handle;
 mod hold;
 mod keeper;
 mod lock;
 mod lost;
+mod machine;
+mod message;
 mod multi;
+mod naming;
+mod observer;
+mod reply;
 mod servers;
 mod signal;
 
-pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
-pub use election::{
-    leader_channel, Election, Leader, Leadership, Observer, DEFAULT_LEADER_CHANNEL_PREFIX,
+pub use channel::{
+    leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,
+    DEFAULT_LEADER_CHANNEL_PREFIX, DEFAULT_LOST_SIGNAL_PREFIX,
 };
+pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
+pub use election::{Election, Leadership};
 pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
 pub use lost::{LostReason, LostWatch};
+pub use message::LostSignal;
 pub use multi::{MultiLock, MultiLockGuard};
-pub use signal::{
-    lost_signal_channel, lost_signal_channel_with_prefix, LostSignal, DEFAULT_LOST_SIGNAL_PREFIX,
-};
+pub use observer::{Leader, Observer};
