@@ -622,7 +622,7 @@ fn acl_permissions_the_docs_name_for_elections_are_enough() {
         .query(&mut cand)
         .unwrap();
     let message: String = pubsub.get_message().unwrap().get_payload().unwrap();
-    assert_eq!(message, format!("elected {epoch} node-a"));
+    assert_eq!(message, format!("elected 0 {epoch} 7 app:svc node-a"));
     let proclaimed: i64 = redis::cmd("LOCK.PROCLAIM")
         .arg("app:svc")
         .arg("node-a")

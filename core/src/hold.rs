@@ -326,6 +326,11 @@ pub fn decode_rlock<'a>(
     })
 }
 
+/// Whether a mode field's value is a multi-hold key's (`rw`, `semaphore:<n>`).
+pub fn is_multi_mode(mode: &[u8]) -> bool {
+    decode_family(mode).is_some()
+}
+
 fn decode_family(mode: &[u8]) -> Option<Family> {
     if mode == b"rw" {
         return Some(Family::ReadWrite);
