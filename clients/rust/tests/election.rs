@@ -138,7 +138,8 @@ async fn election_epoch(raw: &mut MultiplexedConnection, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proclaim_publishes_while_leading_and_is_false_once_deposed() {
-    let (_server, client, mut raw) = setup().await;
+    // Without the signal: only the server's refusal tells.
+    let (_server, client, mut raw) = support::setup_without_signal().await;
     let election = client.election("svc");
     let leadership = election.campaign().await.unwrap();
     assert!(leadership.proclaim("v1").await.unwrap());

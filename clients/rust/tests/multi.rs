@@ -185,7 +185,7 @@ async fn one_watchdog_renews_every_key_with_mrenew() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forcerelease_of_one_key_loses_the_hold_and_the_release_frees_the_others() {
     // Without the signal: the watchdog's LOCK.MRENEW answers 0 for b.
-    let (_server, client, mut raw) = setup().await;
+    let (_server, client, mut raw) = support::setup_without_signal().await;
     let mut guard = client
         .multi_lock(["a", "b", "c"])
         .lease(Duration::from_millis(600))
