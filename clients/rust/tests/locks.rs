@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LockError, LostReason, Release};
-use support::{calls, raw, setup, setup_without_signal, Server};
+use support::{calls, setup, setup_without_signal, Server};
 
 /// One field of `LOCK.INFO` (RESP2 flat array), or None when the lock is free or lacks it.
 async fn info_field(raw: &mut MultiplexedConnection, key: &str, field: &str) -> Option<Value> {
