@@ -566,3 +566,114 @@ async fn next_leader(observer: &mut redis_lock_client::Observer) -> redis_lock_c
         .expect("a leader within 5 s")
         .expect("the observer runs")
 }
+
+/// `PUBSUB SHARDNUMSUB channel` on `node`.
+fn shard_subscribers(node: &lock_testkit::Server, channel: &str) -> i64 {
+    let reply: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(channel)
+        .query(&mut direct(node))
+        .unwrap();
+    match reply.get(1) {
+        Some(Value::Int(n)) => *n,
+        _ => 0,
+    }
+}
+
+/// `INFO commandstats` calls of `command` on `node`.
+fn calls_on(node: &lock_testkit::Server, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut direct(node))
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map(|n| n.parse().unwrap())
+        .unwrap_or(0)
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_key_whose_slot_moves_is_not_lost_and_is_renewed_on_its_new_node() {
+    // A reshard MIGRATEs the held key: on a server with key events the old node publishes
+    // `moved 0 * <len> <key>` (not a loss). The library looks for the hold where the key is now
+    // (found: same owner and token), moves its subscription there, and keeps renewing it there.
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = &one_key_per_master()[0];
+    let channel = format!("lock.lost:{{{key}}}");
+    let slot = slot(key);
+    let from = cluster.node_for_slot(slot);
+    let to = cluster.nodes.iter().find(|n| n.port != from.port).unwrap();
+    let key_events = {
+        let info = lock_testkit::server_info();
+        info.kind == lock_testkit::ServerKind::Valkey || info.version >= (7, 2, 0)
+    };
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let lease = Duration::from_secs(3);
+    let guard = client.lock(key).lease(lease).acquire().await.unwrap();
+    wait_until("never subscribed on the old node", || {
+        shard_subscribers(from, &channel) == 1
+    })
+    .await;
+    let checks = info_calls(to);
+    move_slot(&cluster, slot, from, to);
+    if key_events {
+        wait_until("the hold was not looked for on its new node", || {
+            info_calls(to) > checks
+        })
+        .await;
+        wait_until("the subscription did not follow the key", || {
+            shard_subscribers(to, &channel) == 1
+        })
+        .await;
+    }
+    // Past its lease: renewed on the new node, never reported lost.
+    tokio::time::sleep(lease + lease / 3).await;
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported lost after its slot moved"
+    );
+    assert!(
+        calls_on(to, "lock.renew") >= 2,
+        "not renewed on the new node"
+    );
+    let Value::Array(fields) = info_on(to, key) else {
+        panic!("the hold is not on the new node");
+    };
+    let field = |name: &[u8]| {
+        fields.chunks(2).find_map(|p| match p {
+            [Value::BulkString(n), v] if n == name => Some(v.clone()),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        field(b"owner"),
+        Some(Value::BulkString(guard.owner().into()))
+    );
+    assert_eq!(field(b"token"), Some(Value::Int(guard.token() as i64)));
+    if key_events {
+        // The subscription is on the new node: its FORCERELEASE, sent right after a renewal
+        // (the next is a third of a lease away), is heard with the server's reason.
+        let renewals = calls_on(to, "lock.renew");
+        wait_until("no renewal", || calls_on(to, "lock.renew") > renewals).await;
+        let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(key)
+            .query(&mut direct(to))
+            .unwrap();
+        let reason = tokio::time::timeout(Duration::from_millis(500), guard.lost())
+            .await
+            .expect("heard on the new node");
+        assert_eq!(reason, LostReason::ForceReleased);
+    }
+}
