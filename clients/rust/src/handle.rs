@@ -210,3 +210,58 @@ impl<T: Send + 'static> Drop for Tracked<T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    /// Whether `settle_releases` finishes within 50 ms.
+    async fn settles(state: &HandleState) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), state.settle_releases())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_release_given_up_on_half_way_is_still_waited_for() {
+        let state = Arc::new(HandleState::new());
+        let mark = state.settle_releases().await;
+        let (answer, answered) = oneshot::channel::<()>();
+        let release = state.release_here(Some(Handle::current()), async move {
+            let _ = answered.await;
+        });
+        // Polled once, then dropped (a timeout around `release()`): it goes on in the background.
+        assert!(tokio::time::timeout(Duration::from_millis(1), release)
+            .await
+            .is_err());
+        assert!(state.released_since(mark));
+        assert!(
+            !settles(&state).await,
+            "the next acquire did not wait for it"
+        );
+        answer.send(()).unwrap();
+        assert!(settles(&state).await);
+    }
+
+    #[tokio::test]
+    async fn a_release_in_the_background_is_waited_for_and_one_run_here_too() {
+        let state = Arc::new(HandleState::new());
+        let (answer, answered) = oneshot::channel::<()>();
+        state.release_in_background(Some(&Handle::current()), async move {
+            let _ = answered.await;
+        });
+        assert!(!settles(&state).await);
+        answer.send(()).unwrap();
+        assert!(settles(&state).await);
+        // Run here to its end: nothing left to wait for.
+        assert_eq!(state.release_here(None, async { 7 }).await, Some(7));
+        assert!(settles(&state).await);
+        // With no runtime to run it on (shut down), nothing is sent and nothing waits.
+        state.release_in_background(None, std::future::pending::<()>());
+        assert!(settles(&state).await);
+    }
+}
