@@ -12,6 +12,13 @@ pub const DEFAULT_LEADER_CHANNEL_PREFIX: &str = "lock.leader";
 /// The channel the server publishes a key's lost-hold messages on with the default prefix:
 /// `lock.lost:{KEY}`, or `lock.lost:KEY` when KEY already contains `{` (so the channel hashes to
 /// the key's slot). Keys `a` and `{a}` share a channel; each message names its key.
+///
+/// ```
+/// use redis_lock_client::lost_signal_channel;
+///
+/// assert_eq!(lost_signal_channel(b"orders:42"), b"lock.lost:{orders:42}");
+/// assert_eq!(lost_signal_channel(b"{orders}:42"), b"lock.lost:{orders}:42");
+/// ```
 pub fn lost_signal_channel(key: &[u8]) -> Vec<u8> {
     lost_signal_channel_with_prefix(DEFAULT_LOST_SIGNAL_PREFIX.as_bytes(), key)
 }

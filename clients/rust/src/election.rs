@@ -87,7 +87,10 @@ impl Election {
         self.lock.owner()
     }
 
-    /// Waits until this candidate leads and returns its leadership (`LOCK.CAMPAIGN`).
+    /// Waits until this candidate leads and returns its leadership (`LOCK.CAMPAIGN`). After a
+    /// wait of a third of the lease or more the leadership is confirmed first, as
+    /// [`Lock::acquire`](crate::Lock::acquire) does: elected after a long wait, it leads,
+    /// renews and proclaims.
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
         self.campaign_inner(None).await
     }

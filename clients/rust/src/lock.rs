@@ -181,7 +181,7 @@ impl Lock {
 
     /// The lease each hold gets on the server (default [`DEFAULT_LEASE`], 30 s). The watchdog
     /// renews it every `lease / 3` while the hold lasts; if it cannot for a whole lease, the
-    /// hold is reported lost ([`LostReason::Unreachable`]).
+    /// hold is reported lost ([`LostReason::Unreachable`](crate::LostReason::Unreachable)).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Watchdog;
@@ -190,7 +190,7 @@ impl Lock {
     }
 
     /// A lease nothing renews: the hold ends on the server `lease` after the acquire (or
-    /// re-entry), and the guard reports [`LostReason::LeaseEnded`] then.
+    /// re-entry), and the guard reports [`LostReason::LeaseEnded`](crate::LostReason::LeaseEnded) then.
     pub fn fixed_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Fixed;
@@ -206,7 +206,7 @@ impl Lock {
 
     /// Holds are `EPHEMERAL`: bound to a connection the guard owns, they end in the server the
     /// moment that connection closes (the process died, the socket broke, `CLIENT KILL`). Any
-    /// error on that connection reports the hold lost ([`LostReason::ConnectionClosed`]); it is
+    /// error on that connection reports the hold lost ([`LostReason::ConnectionClosed`](crate::LostReason::ConnectionClosed)); it is
     /// never reconnected. Caveat: the server's `timeout` setting closes idle connections; the
     /// watchdog's renewals keep it busy at `lease / 3`, so keep `timeout` at 0 (the default) or
     /// well above a third of the lease — and with [`Lock::fixed_lease`] nothing is sent at all.
@@ -281,6 +281,14 @@ impl Lock {
     /// [`Lock::wait_timeout`] allows; [`LockError::Timeout`] when it passes. The wait runs on a
     /// connection of its own, whose read timeout is above the wait, so it delays no other
     /// command. Dropping the future closes that connection, and the server forgets the waiter.
+    ///
+    /// When the wait took a third of the lease or more, the hold is confirmed before the guard
+    /// is returned (a renewal sent at once; for a fixed lease, a read of the lease it has left):
+    /// its deadline then counts from that send, not from when the wait began. If the
+    /// confirmation finds the hold gone the answer is [`LockError::NotHeld`]; if the server
+    /// answers none of three, [`LockError::Connection`] (the hold then ends at its lease end, or
+    /// this handle's next acquire takes it back). The handle's releases still on their way (a
+    /// guard dropped without [`LockGuard::release`]) are answered before the acquire is sent.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         self.acquire_waiting(self.wait, None).await
     }

@@ -7,13 +7,14 @@ use tokio::sync::watch;
 
 /// Why a hold ended without its owner releasing it.
 ///
-/// The first three are seen by the library itself (the watchdog, the guard's own connection);
-/// the rest are the server's reasons, delivered by the lost-hold signal
-/// ([`LockClientBuilder::listen_for_lost_signal`](crate::LockClientBuilder::listen_for_lost_signal)).
+/// The first four are seen by the library itself (the watchdog, the guard's own connection);
+/// the rest are the server's reasons, delivered by the lost-hold signal (listened to by
+/// default: [`LockClientBuilder::without_lost_signal`](crate::LockClientBuilder::without_lost_signal)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// `LOCK.RENEW` answered 0, or a re-entry found another holder: the server no longer has
+    /// `LOCK.RENEW` answered 0, a re-entry found another holder, or a check found the hold
+    /// gone (after its key's slot moved, or `LOCK.PROCLAIM` refused): the server no longer has
     /// this hold (its lease ran out while renewals could not get through, or someone removed it).
     HoldGone,
     /// The watchdog could not reach the server before the lease (counted from the send time of
@@ -28,7 +29,9 @@ pub enum LostReason {
     /// Signal `forcereleased`: `LOCK.FORCERELEASE` removed the hold.
     ForceReleased,
     /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, `RENAME`/`MOVE` taking it
-    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there). Sent by Redis >= 7.2 and Valkey only.
+    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there).
+    /// Sent by Redis >= 7.2 and Valkey only. For a key with several holds the server sends one
+    /// message for the key, and each hold is reported only after a read no longer finds it.
     /// A flush is [`LostReason::Flushed`]; `SWAPDB` sends nothing (the watchdog reports it as
     /// [`LostReason::HoldGone`]).
     Deleted,

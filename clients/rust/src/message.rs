@@ -17,6 +17,27 @@ use crate::lost::LostReason;
 /// | a flush (on `<prefix>:flush`) | `flushed <db>`, `flushed all` |
 ///
 /// `<key>` is exactly `<keylen>` bytes (spaces allowed); `<owner>` is the rest of the message.
+///
+/// ```
+/// use redis_lock_client::{LostReason, LostSignal};
+///
+/// assert_eq!(
+///     LostSignal::parse(b"forcereleased 0 17 9 orders:42 worker 1"),
+///     Some(LostSignal::Hold {
+///         reason: LostReason::ForceReleased,
+///         db: 0,
+///         token: 17,
+///         key: b"orders:42".to_vec(),
+///         owner: b"worker 1".to_vec(),
+///     })
+/// );
+/// assert_eq!(
+///     LostSignal::parse(b"moved 0 * 5 {a}:b"),
+///     Some(LostSignal::Moved { db: 0, key: b"{a}:b".to_vec() })
+/// );
+/// // The form without database and key (an older module) is not read.
+/// assert_eq!(LostSignal::parse(b"forcereleased 17 worker 1"), None);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostSignal {

@@ -20,6 +20,18 @@ use crate::naming::setname;
 use crate::servers::Servers;
 
 /// Who leads an election: `LOCK.LEADER`'s reply, and what an [`Observer`] yields.
+///
+/// ```
+/// use redis_lock_client::Leader;
+///
+/// let leader = Leader {
+///     candidate: b"3f2a:1".to_vec(),
+///     epoch: 7,
+///     value: Some(b"10.0.0.1:80".to_vec()),
+/// };
+/// assert_eq!(leader.to_string(), "epoch 7: 3f2a:1, value 10.0.0.1:80");
+/// assert_eq!(leader.candidate_str(), "3f2a:1");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leader {
     /// The leading candidate's name (binary-safe; [`Leader::candidate_str`] reads it as text).

@@ -134,7 +134,14 @@ async fn ephemeral_holds_live_on_a_connection_to_the_keys_node() {
         let reason = tokio::time::timeout(Duration::from_secs(1), guard.lost())
             .await
             .expect("lost at once");
-        assert_eq!(reason, LostReason::ConnectionClosed);
+        // Seen on the hold's own connection, or told by the server's signal: whichever is first.
+        assert!(
+            matches!(
+                reason,
+                LostReason::ConnectionClosed | LostReason::Disconnected
+            ),
+            "{reason:?}"
+        );
         assert_eq!(info(&mut con, key).await, Value::Nil);
     }
 }

@@ -338,14 +338,19 @@ async fn ephemeral_hold_is_lost_when_its_connection_is_killed() {
     let reason = tokio::time::timeout(Duration::from_secs(1), lost)
         .await
         .expect("lost at once");
-    assert_eq!(reason, LostReason::ConnectionClosed);
+    // Seen on the hold's own connection, or told by the server's signal: whichever is first.
+    assert!(
+        matches!(
+            reason,
+            LostReason::ConnectionClosed | LostReason::Disconnected
+        ),
+        "{reason:?}"
+    );
     assert!(is_free(&mut raw, "k").await, "the server ended the hold");
     assert!(client.lock("k").try_acquire().await.unwrap().is_some());
     assert!(matches!(
         again.release().await,
-        Err(LockError::NotHeld {
-            lost: Some(LostReason::ConnectionClosed)
-        })
+        Err(LockError::NotHeld { lost: Some(r) }) if r == reason
     ));
     assert!(guard.release().await.is_err());
     // The handle takes a new hold on a new connection.

@@ -333,7 +333,14 @@ async fn an_ephemeral_multi_hold_ends_with_its_connection() {
     let reason = tokio::time::timeout(Duration::from_secs(2), lost)
         .await
         .expect("lost when its connection closed");
-    assert_eq!(reason, LostReason::ConnectionClosed);
+    // Seen on the hold's own connection, or told by the server's signal: whichever is first.
+    assert!(
+        matches!(
+            reason,
+            LostReason::ConnectionClosed | LostReason::Disconnected
+        ),
+        "{reason:?}"
+    );
     for key in ["a", "b"] {
         assert_eq!(
             holder(&mut raw, key).await,
