@@ -82,27 +82,30 @@ impl Commands {
                 connecting,
             } => {
                 let current = relock(slot).clone();
-                let mut conn = match current {
-                    Some(conn) => conn,
+                // A new connection sends its name with its first command: one round trip.
+                let (mut conn, new) = match current {
+                    Some(conn) => (conn, false),
                     None => {
                         let _connecting = connecting.lock().await;
                         let current = relock(slot).clone();
                         match current {
-                            Some(conn) => conn,
+                            Some(conn) => (conn, false),
                             None => {
-                                let mut conn = client
+                                let conn = client
                                     .get_multiplexed_async_connection_with_config(config)
                                     .await
                                     .map_err(LockError::Connection)?;
-                                // Refused (an ACL without CLIENT): the connection works unnamed.
-                                let _ = setname(name).query_async::<Value>(&mut conn).await;
                                 *relock(slot) = Some(conn.clone());
-                                conn
+                                (conn, true)
                             }
                         }
                     }
                 };
-                let reply = cmd.query_async::<Value>(&mut conn).await;
+                let reply = if new {
+                    first_query(&mut conn, name, false, cmd).await
+                } else {
+                    cmd.query_async::<Value>(&mut conn).await
+                };
                 if let Err(e) = &reply {
                     if e.code().is_none() {
                         // Broken or timed out: the next command starts on a new connection.

@@ -129,11 +129,9 @@ impl Hold {
                 for task in inner.tasks.drain(..) {
                     task.abort();
                 }
-                if let Some(hub) = self.signals.clone() {
+                if let Some(hub) = &self.signals {
                     let me: Arc<dyn Subscriber> = self.clone();
-                    let me = Arc::downgrade(&me);
-                    let keys = self.keys.clone();
-                    self.spawn(async move { hub.unwatch(&me, &keys).await });
+                    hub.unwatch(&Arc::downgrade(&me), &self.keys);
                 }
             }
             None => {}
@@ -307,12 +305,14 @@ impl Hold {
         }
         if let Some(hub) = self.signals.clone() {
             let me: Arc<dyn Subscriber> = self.clone();
-            let me = Arc::downgrade(&me);
-            let keys = self.keys.clone();
-            tasks.extend(self.spawn(async move {
-                // A failed subscription leaves the watchdog alone to notice a loss.
-                let _ = hub.watch(me, &keys).await;
-            }));
+            let new = hub.watch(&Arc::downgrade(&me), &self.keys);
+            if !new.is_empty() {
+                // Not one of the hold's tasks: other holds of the key count on it too.
+                self.spawn(async move {
+                    // A failed subscription leaves the watchdog alone to notice a loss.
+                    let _ = hub.subscribe(&new).await;
+                });
+            }
         }
         let mut inner = self.inner();
         if inner.machine.status() == Status::Active {

@@ -14,8 +14,11 @@
 //! watchdog stays the backstop; the signal only makes the common case fast.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClientBuilder;
@@ -35,8 +38,21 @@ pub(crate) trait Subscriber: Send + Sync + 'static {
     fn hear(self: Arc<Self>, signal: &LostSignal);
 }
 
-/// The subscribers of each channel.
-type Watched = HashMap<Vec<u8>, Vec<Weak<dyn Subscriber>>>;
+/// The channels subscribed to, each with its subscribers.
+type Watched = HashMap<Vec<u8>, Channel>;
+
+/// One channel the connection is subscribed to (or a task is subscribing to).
+#[derive(Default)]
+struct Channel {
+    subscribers: Vec<Weak<dyn Subscriber>>,
+    /// Since when nobody watches it: it stays subscribed for [`LINGER`], so that a key taken
+    /// again soon (the common loop of acquire and release) costs no `SUBSCRIBE` and
+    /// `UNSUBSCRIBE` each time.
+    idle_since: Option<Instant>,
+}
+
+/// How long a channel nobody watches stays subscribed.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// The client's one pub/sub connection and its subscribers, by channel.
 pub(crate) struct SignalHub {
@@ -49,6 +65,19 @@ pub(crate) struct SignalHub {
     watched: Mutex<Watched>,
     /// Serializes (re)connecting, subscribing and unsubscribing.
     conn: tokio::sync::Mutex<Option<PubSub>>,
+    /// Whether a task is on its way to unsubscribe from idle channels.
+    sweeping: AtomicBool,
+    /// Whether a task is connecting again and subscribing to every watched channel.
+    resubscribing: AtomicBool,
+}
+
+/// Clears a flag of the hub when its task ends, however it ends (its runtime may shut down).
+struct Running<'a>(&'a AtomicBool);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 enum HubServers {
@@ -118,6 +147,8 @@ impl SignalHub {
             name,
             watched: Mutex::new(HashMap::new()),
             conn: tokio::sync::Mutex::new(None),
+            sweeping: AtomicBool::new(false),
+            resubscribing: AtomicBool::new(false),
         })
     }
 
@@ -125,77 +156,122 @@ impl SignalHub {
         lost_signal_channel_with_prefix(&self.prefix, key)
     }
 
-    /// Starts handing `subscriber` the messages of `keys`' channels (and of the flush channel);
-    /// returns once the server confirmed the subscriptions. A message published before that is
-    /// missed (the watchdog still covers the hold).
-    pub(crate) async fn watch(
-        self: &Arc<Self>,
-        subscriber: Weak<dyn Subscriber>,
-        keys: &[Arc<[u8]>],
-    ) -> redis::RedisResult<()> {
-        let mut new = Vec::new();
-        {
-            let mut watched = relock(&self.watched);
-            for key in keys {
-                let channel = self.channel(key);
-                let entry = watched.entry(channel.clone()).or_default();
-                entry.retain(|w| w.strong_count() > 0);
-                if entry.iter().any(|w| same(w, &subscriber)) {
-                    continue;
-                }
-                entry.push(subscriber.clone());
-                if entry.len() == 1 {
-                    new.push(channel);
-                }
-            }
-        }
-        if !new.is_empty() {
-            let mut guard = self.conn.lock().await;
-            let conn = self.connection(&mut guard).await?;
-            conn.subscribe_key(&new).await?;
-        }
-        Ok(())
-    }
-
-    /// Stops handing `subscriber` the messages of `keys`; unsubscribes from a channel nobody
-    /// else watches.
-    pub(crate) async fn unwatch(
-        self: &Arc<Self>,
+    /// Starts handing `subscriber` the messages of `keys`' channels (and of the flush channel).
+    /// Returns the channels not subscribed to yet: [`SignalHub::subscribe`] them (a message
+    /// published before the server confirms is missed; the watchdog still covers the hold).
+    pub(crate) fn watch(
+        &self,
         subscriber: &Weak<dyn Subscriber>,
         keys: &[Arc<[u8]>],
-    ) {
-        let mut last = Vec::new();
+    ) -> Vec<Vec<u8>> {
+        let mut new = Vec::new();
+        let mut watched = relock(&self.watched);
+        for key in keys {
+            let channel = self.channel(key);
+            let entry = match watched.get_mut(&channel) {
+                Some(entry) => entry,
+                None => {
+                    new.push(channel.clone());
+                    watched.entry(channel).or_default()
+                }
+            };
+            entry.subscribers.retain(|w| w.strong_count() > 0);
+            if !entry.subscribers.iter().any(|w| same(w, subscriber)) {
+                entry.subscribers.push(subscriber.clone());
+            }
+            entry.idle_since = None;
+        }
+        new
+    }
+
+    /// Subscribes to `channels` (those [`SignalHub::watch`] returned); returns once the server
+    /// confirmed.
+    pub(crate) async fn subscribe(
+        self: &Arc<Self>,
+        channels: &[Vec<u8>],
+    ) -> redis::RedisResult<()> {
+        let mut guard = self.conn.lock().await;
+        let conn = self.connection(&mut guard).await?;
+        conn.subscribe_key(channels).await
+    }
+
+    /// Stops handing `subscriber` the messages of `keys`. A channel nobody else watches stays
+    /// subscribed for a moment ([`LINGER`]), then a sweep unsubscribes from it.
+    pub(crate) fn unwatch(self: &Arc<Self>, subscriber: &Weak<dyn Subscriber>, keys: &[Arc<[u8]>]) {
+        let mut idle = false;
         {
             let mut watched = relock(&self.watched);
             for key in keys {
-                let channel = self.channel(key);
-                let Some(entry) = watched.get_mut(&channel) else {
+                let Some(entry) = watched.get_mut(&self.channel(key)) else {
                     continue;
                 };
-                entry.retain(|w| w.strong_count() > 0 && !same(w, subscriber));
-                if entry.is_empty() {
-                    watched.remove(&channel);
-                    last.push(channel);
+                entry
+                    .subscribers
+                    .retain(|w| w.strong_count() > 0 && !same(w, subscriber));
+                if entry.subscribers.is_empty() && entry.idle_since.is_none() {
+                    entry.idle_since = Some(Instant::now());
+                    idle = true;
                 }
             }
         }
-        if !last.is_empty() {
+        if idle && !self.sweeping.swap(true, Ordering::AcqRel) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(sweep(Arc::downgrade(self)));
+                }
+                Err(_) => self.sweeping.store(false, Ordering::Release),
+            }
+        }
+    }
+
+    /// Unsubscribes from the channels idle for [`LINGER`]; returns whether others are still
+    /// idle (the sweep goes on).
+    async fn sweep_once(&self) -> bool {
+        let now = Instant::now();
+        let mut done = Vec::new();
+        let mut waiting = false;
+        {
+            let mut watched = relock(&self.watched);
+            watched.retain(|channel, entry| {
+                entry.subscribers.retain(|w| w.strong_count() > 0);
+                if entry.subscribers.is_empty() && entry.idle_since.is_none() {
+                    // Its subscribers went away without a word (dropped): idle from now.
+                    entry.idle_since = Some(now);
+                }
+                match entry.idle_since {
+                    Some(since) if now.duration_since(since) >= LINGER => {
+                        done.push(channel.clone());
+                        false
+                    }
+                    Some(_) => {
+                        waiting = true;
+                        true
+                    }
+                    None => true,
+                }
+            });
+        }
+        if !done.is_empty() {
             let mut guard = self.conn.lock().await;
             if let Some(conn) = guard.as_mut() {
-                for channel in &last {
+                for channel in &done {
                     // A failure leaves a subscription nobody reads: harmless, and a reconnect
                     // drops it.
                     let _ = conn.unsubscribe_key(channel).await;
                 }
             }
         }
+        waiting
     }
 
     /// Subscribes to `key`'s channel again: its slot moved to another node, where the server
     /// now publishes it (in a cluster, the `SSUBSCRIBE` goes to the slot's new master).
     pub(crate) async fn resubscribe(self: &Arc<Self>, key: &[u8]) -> redis::RedisResult<()> {
         let channel = self.channel(key);
-        if !relock(&self.watched).contains_key(&channel) {
+        let watched = relock(&self.watched)
+            .get(&channel)
+            .is_some_and(|entry| entry.idle_since.is_none());
+        if !watched {
             return Ok(());
         }
         let mut guard = self.conn.lock().await;
@@ -246,7 +322,7 @@ impl SignalHub {
         let watched = relock(&self.watched);
         if channel == self.flush_channel.as_slice() {
             let mut all: Vec<Arc<dyn Subscriber>> = Vec::new();
-            for w in watched.values().flatten() {
+            for w in watched.values().flat_map(|entry| &entry.subscribers) {
                 if let Some(s) = w.upgrade() {
                     if !all
                         .iter()
@@ -260,7 +336,7 @@ impl SignalHub {
         }
         watched
             .get(channel)
-            .map(|entry| entry.iter().filter_map(Weak::upgrade).collect())
+            .map(|entry| entry.subscribers.iter().filter_map(Weak::upgrade).collect())
             .unwrap_or_default()
     }
 
@@ -279,8 +355,14 @@ impl SignalHub {
     }
 
     fn start_resubscribe(self: &Arc<Self>) {
+        if self.resubscribing.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let hub = self.clone();
-        tokio::spawn(async move { hub.resubscribe_all().await });
+        tokio::spawn(async move {
+            let _running = Running(&hub.resubscribing);
+            hub.resubscribe_all().await
+        });
     }
 
     /// After the connection dropped: connect again and subscribe to every watched channel.
@@ -308,6 +390,41 @@ impl SignalHub {
 
     fn is_cluster(&self) -> bool {
         matches!(self.servers, HubServers::Cluster(_))
+    }
+}
+
+/// Unsubscribes from idle channels once they have lingered, until none is idle.
+async fn sweep(hub: Weak<SignalHub>) {
+    // Cleared however the task ends (its runtime may shut down while it sleeps).
+    let _running = Sweeping(hub.clone());
+    loop {
+        tokio::time::sleep(LINGER).await;
+        let Some(hub) = hub.upgrade() else { return };
+        if !hub.sweep_once().await {
+            return;
+        }
+    }
+}
+
+/// Clears the hub's `sweeping` flag when the sweep ends, then starts another if a channel went
+/// idle in between (its `unwatch` found the flag set and started none).
+struct Sweeping(Weak<SignalHub>);
+
+impl Drop for Sweeping {
+    fn drop(&mut self) {
+        let Some(hub) = self.0.upgrade() else { return };
+        hub.sweeping.store(false, Ordering::Release);
+        let idle = relock(&hub.watched)
+            .values()
+            .any(|e| e.idle_since.is_some());
+        if idle && !hub.sweeping.swap(true, Ordering::AcqRel) {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(sweep(self.0.clone()));
+                }
+                Err(_) => hub.sweeping.store(false, Ordering::Release),
+            }
+        }
     }
 }
 

@@ -263,3 +263,20 @@ async fn a_flush_of_another_database_is_not_even_checked() {
     assert_eq!(calls(&mut raw, "lock.info").await, before);
     assert_eq!(guard.lost_reason(), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_taken_again_soon_is_not_subscribed_again_and_is_unsubscribed_once_idle() {
+    let (_server, client, mut raw) = support::setup().await;
+    let lock = client.lock("k");
+    for _ in 0..20 {
+        let mut guard = lock.try_acquire().await.unwrap().expect("free");
+        wait_subscribers(&mut raw, "lock.lost:{k}", 1).await;
+        guard.release().await.unwrap();
+    }
+    // One SUBSCRIBE for the key's channel and one for the flush channel, not one per hold.
+    assert_eq!(calls(&mut raw, "subscribe").await, 2);
+    assert_eq!(calls(&mut raw, "unsubscribe").await, 0);
+    // Held by nobody for a moment: unsubscribed.
+    wait_subscribers(&mut raw, "lock.lost:{k}", 0).await;
+    assert_eq!(calls(&mut raw, "unsubscribe").await, 1);
+}
