@@ -530,15 +530,17 @@ fn a_write_to_a_key_with_the_old_names_renames_them() {
     }
 }
 
+/// A key may hold more than [`MAX_HOLDERS`] holds if an earlier version (whose bound was
+/// [`MAX_STORED_HOLDERS`]) wrote it: it is still a lock, up to that bound.
 #[test]
 fn decode_refuses_more_shared_holders_than_a_lock_may_have() {
     let mut stored = fields(&[("__mode__", "rw")]);
-    for i in 0..MAX_HOLDERS {
+    for i in 0..MAX_STORED_HOLDERS {
         stored.push((format!("s:{i}").into_bytes(), value(1, END, 1).into_bytes()));
     }
     assert_eq!(
         decode(&stored, None).map(|l| l.holds.len()),
-        Ok(MAX_HOLDERS)
+        Ok(MAX_STORED_HOLDERS)
     );
     stored.push((b"s:one-too-many".to_vec(), value(1, END, 1).into_bytes()));
     assert_eq!(decode(&stored, None), Err(LockError::NotALock));
@@ -1725,4 +1727,173 @@ fn a_field_reported_twice_by_a_hash_scan_is_one_hold() {
         Family::Semaphore { limit: 2 },
         "and within the limit"
     );
+}
+
+#[test]
+fn an_owners_own_fields_decode_to_what_the_full_read_gives_for_it() {
+    // A read-write key: a downgraded holder (exclusive and shared) beside nobody else, and a
+    // shared key of two readers; a semaphore of two permits.
+    let keys: Vec<Stored> = vec![
+        fields(&[
+            ("mode", "rw"),
+            ("x:a", &value(2, NOW, 10)),
+            ("s:a", &value(1, NOW + 5, 11)),
+        ]),
+        fields(&[
+            ("mode", "rw"),
+            ("s:a", &value(1, NOW, 12)),
+            ("s:b", &value(3, NOW, 13)),
+        ]),
+        fields(&[
+            ("mode", "semaphore:2"),
+            ("p:a", &value(1, NOW, 14)),
+            ("p:b", &value(1, NOW, 15)),
+        ]),
+    ];
+    for stored in keys {
+        let full = decode(&stored, Some(NOW + 5)).unwrap();
+        let mode = &stored[0].1;
+        for owner in ["a", "b", "c"] {
+            let own: Vec<Option<&[u8]>> = HoldKind::ALL
+                .iter()
+                .map(|&kind| {
+                    let name = hold_field(kind, owner.as_bytes());
+                    stored
+                        .iter()
+                        .find(|(f, _)| *f == name)
+                        .map(|(_, v)| v.as_slice())
+                })
+                .collect();
+            let own = decode_owner_holds(
+                decode_family(mode).unwrap(),
+                owner.as_bytes(),
+                [own[0], own[1], own[2]],
+            )
+            .unwrap();
+            let expected: Vec<&Hold> = full
+                .holds
+                .iter()
+                .filter(|h| h.owner == owner.as_bytes())
+                .collect();
+            assert_eq!(
+                own.iter().collect::<Vec<_>>(),
+                expected,
+                "{owner} in {stored:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_owners_own_fields_that_break_the_layout_are_not_a_lock() {
+    let good = value(1, NOW, 7);
+    type Case<'a> = (&'static str, Family, [Option<&'a [u8]>; 3]);
+    let cases: Vec<Case> = vec![
+        (
+            "a permit in a read-write lock",
+            Family::ReadWrite,
+            [None, None, Some(good.as_bytes())],
+        ),
+        (
+            "an exclusive hold in a semaphore",
+            Family::Semaphore { limit: 2 },
+            [Some(good.as_bytes()), None, None],
+        ),
+        (
+            "a shared hold in a semaphore",
+            Family::Semaphore { limit: 2 },
+            [None, Some(good.as_bytes()), None],
+        ),
+        (
+            "a value that is no hold",
+            Family::ReadWrite,
+            [Some(b"1:2"), None, None],
+        ),
+        (
+            "a zero count",
+            Family::ReadWrite,
+            [None, Some(b"0:5:7"), None],
+        ),
+    ];
+    for (name, family, values) in cases {
+        assert_eq!(
+            decode_owner_holds(family, b"a", values),
+            Err(LockError::NotALock),
+            "{name}"
+        );
+    }
+    assert_eq!(decode_family(b"exclusive:5"), None);
+    assert_eq!(decode_family(b"semaphore:0"), None);
+    assert_eq!(decode_family(b"rw"), Some(Family::ReadWrite));
+}
+
+/// A run finds an owner's holds by binary search when the holds are in the order every decoded
+/// key lists them, and through a map otherwise: both find the same holds, so every decision and
+/// grant of a run is the same either way.
+#[test]
+fn a_run_decides_alike_on_holds_in_stored_order_and_in_any_other() {
+    let sorted = |mut lock: Lock| {
+        lock.holds
+            .sort_unstable_by(|a, b| (a.kind, &a.owner).cmp(&(b.kind, &b.owner)));
+        lock
+    };
+    let locks = [
+        rw((0..50)
+            .map(|i| {
+                hold(
+                    &format!("r{i:02}"),
+                    HoldKind::Shared,
+                    1,
+                    NOW + 10_000,
+                    100 + i,
+                )
+            })
+            .collect()),
+        rw(vec![
+            hold("d", HoldKind::Exclusive, 2, NOW + 10_000, 7),
+            hold("d", HoldKind::Shared, 1, NOW + 10_000, 7),
+        ]),
+        sem(
+            5,
+            (0..4)
+                .map(|i| hold(&format!("p{i}"), HoldKind::Permit, 1, NOW + 10_000, 10 + i))
+                .collect(),
+        ),
+    ];
+    let owners = ["r00", "r25", "r49", "d", "p0", "p3", "nobody"];
+    let modes = [Mode::Exclusive, Mode::Shared, Mode::Limit(5)];
+    for lock in locks {
+        let mut reversed = lock.clone();
+        reversed.holds.reverse();
+        let in_order = Run::new(sorted(lock.clone()));
+        let other = Run::new(reversed);
+        assert!(matches!(in_order.own, OwnIndex::Sorted { .. }));
+        assert!(lock.holds.len() < 2 || matches!(other.own, OwnIndex::Map(_)));
+        for owner in owners {
+            for mode in modes {
+                for reentry in [Reentry::Counted, Reentry::Once] {
+                    let a = in_order.decide(owner.as_bytes(), mode, 5_000, reentry, NOW);
+                    let b = other.decide(owner.as_bytes(), mode, 5_000, reentry, NOW);
+                    assert_eq!(a, b, "{owner} {mode:?} {reentry:?}");
+                    if let Ok(Decision::Grant(g)) = a {
+                        let (mut x, mut y) = (
+                            Run::new(sorted(lock.clone())),
+                            Run::new({
+                                let mut l = lock.clone();
+                                l.holds.reverse();
+                                l
+                            }),
+                        );
+                        x.apply(owner.as_bytes(), mode, &g, 999);
+                        y.apply(owner.as_bytes(), mode, &g, 999);
+                        assert_eq!(
+                            sorted(x.into_lock()),
+                            sorted(y.into_lock()),
+                            "{owner} {mode:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -254,9 +254,23 @@ pub struct Scheduler<H> {
     /// The next binding sweep, while any hold is bound, and the client it resumes after.
     binding_sweep: Option<DeadlineKey>,
     sweep_after: ClientId,
+    /// What this turn of the server's event loop did so far (see `batch::TURN_START_LIMIT`).
+    turn: Turn,
+    /// Keys with a `Recheck` scheduled: one is enough, however many events asked for it.
+    rechecks: HashSet<LockKey>,
     /// Sweeps run so far (tests wait for one to have run).
     #[cfg(test)]
     sweeps_run: u64,
+}
+
+/// The work of one turn of the server's event loop: a command, a firing of the timer, a round
+/// of outside changes. Reset when the next one begins.
+#[derive(Debug, Default)]
+struct Turn {
+    /// Handoff batches started.
+    batches: usize,
+    /// Units of work done (holds read, holds granted).
+    spent: usize,
 }
 
 impl<H> Default for Scheduler<H> {
@@ -270,6 +284,8 @@ impl<H> Default for Scheduler<H> {
             bindings: Bindings::default(),
             binding_sweep: None,
             sweep_after: 0,
+            turn: Turn::default(),
+            rechecks: HashSet::new(),
             #[cfg(test)]
             sweeps_run: 0,
         }
@@ -364,7 +380,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         for (key, seen) in new.keys {
             match seen {
                 Seen::Free => {
-                    self.deadlines.insert(now, Due::Recheck(key.clone()));
+                    self.recheck(key.clone(), now);
                 }
                 Seen::Held { next_lease_end } => {
                     if self.queues.lease_check(key).is_none() {
@@ -380,6 +396,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// leaving `left` of it: hand the room to the head waiter(s), else publish the unlock when
     /// the key is free.
     pub fn freed(&mut self, port: &mut impl Port<H>, key: &LockKey, left: Left, now: UnixMs) {
+        self.turn = Turn::default();
         self.room_made(port, key, left, now, Origin::Command);
     }
 
@@ -443,11 +460,20 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             .collect()
     }
 
+    /// Looks at `key` again from the timer at `at` (once, however often this is asked before it
+    /// runs).
+    fn recheck(&mut self, key: LockKey, at: UnixMs) {
+        if !self.rechecks.contains(&key) {
+            self.rechecks.insert(key.clone());
+            self.deadlines.insert(at, Due::Recheck(key));
+        }
+    }
+
     /// Looks again, from the timer, at each of these keys that still has waiters.
     fn recheck_heads(&mut self, keys: Vec<LockKey>, now: UnixMs) {
         for key in keys {
             if self.queues.has_waiters(&key) {
-                self.deadlines.insert(now, Due::Recheck(key));
+                self.recheck(key, now);
             }
         }
     }
@@ -476,6 +502,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// is left for the next turn of the server's event loop, so that other clients are served
     /// in between: the adapter's next timer fires at once.
     pub fn timer_fired(&mut self, port: &mut impl Port<H>, now: UnixMs) {
+        self.turn = Turn::default();
         let mark = self.deadlines.mark();
         while let Some((fired, due)) = self.deadlines.pop_due_until(now, mark) {
             self.handle_due(port, fired, due, now);
@@ -485,6 +512,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// Changes noticed outside the module: look at each affected key with waiters once (the
     /// first cause noted for a key wins).
     pub fn keys_changed(&mut self, port: &mut impl Port<H>, changes: Vec<Change>, now: UnixMs) {
+        self.turn = Turn::default();
         let mut keys: Vec<(LockKey, Cause)> = Vec::new();
         for change in changes {
             match change {
@@ -567,6 +595,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 self.pump(port, &key, now, Cause::LeaseEnded, Origin::Background);
             }
             Due::Recheck(key) => {
+                self.rechecks.remove(&key);
                 self.pump(port, &key, now, Cause::Freed, Origin::Background);
             }
             Due::PauseCheck => {
@@ -577,11 +606,11 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     Writes::Replica => {
                         self.paused.clear();
                         let gone = std::mem::take(&mut self.gone_while_paused);
-                        self.clients_gone(port, gone, now);
+                        self.end_connections(port, gone, now);
                     }
                     Writes::Allowed => {
                         let gone = std::mem::take(&mut self.gone_while_paused);
-                        self.clients_gone(port, gone, now);
+                        self.end_connections(port, gone, now);
                         for (key, cause) in std::mem::take(&mut self.paused) {
                             self.pump(port, &key, now, cause, Origin::Background);
                         }
