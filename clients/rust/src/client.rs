@@ -105,7 +105,7 @@ impl LockClientBuilder {
     /// one key name in two databases, share a channel), and a hold acts only on those about
     /// it: a message naming its owner and token reports it lost with the server's reason; one
     /// about its whole key (`DEL` of a key with several holds, ...) or a flush of its database
-    /// (`lock.lost:flush`) is checked first with one `LOCK.INFO`, and only a hold that read no
+    /// (`lock.lost:flush`) is checked first with one `LOCK.CHECK`, and only a hold that read no
     /// longer finds is reported ([`LostReason::Flushed`](crate::LostReason::Flushed) for a
     /// flush); in a cluster, a key that moved with its slot is looked for on its new node, and
     /// the subscription follows it there. Pub/sub is at-most-once: the watchdog stays the

@@ -45,7 +45,7 @@ pub enum LostReason {
     /// Signal `expired`: the lease ran out on the server.
     Expired,
     /// Signal `flushed <db>` on `<prefix>:flush`: `FLUSHDB` or `FLUSHALL` emptied the hold's
-    /// database, and the check the library made at once (`LOCK.INFO`) no longer found the hold.
+    /// database, and the check the library made at once (`LOCK.CHECK`) no longer found the hold.
     Flushed,
 }
 

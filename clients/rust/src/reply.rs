@@ -111,6 +111,17 @@ pub(crate) fn holder(reply: &Result<Value, LockError>, owner: &[u8], token: u64)
     }
 }
 
+/// What `LOCK.CHECK key owner token` says: `1` there, `0` gone (`WRONGTYPE`: the key is no
+/// lock any more), anything else nothing known.
+pub(crate) fn checked(reply: &Result<Value, LockError>) -> Answer {
+    match reply {
+        Ok(Value::Int(1)) => Answer::Holds(None),
+        Ok(Value::Int(0)) => Answer::Gone,
+        Err(LockError::Server(text)) if text.starts_with("WRONGTYPE") => Answer::Gone,
+        _ => Answer::Nothing,
+    }
+}
+
 fn field<'a>(value: &'a Value, name: &[u8]) -> Option<&'a Value> {
     let is_name = |v: &Value| match v {
         Value::BulkString(b) => b.as_slice() == name,
@@ -195,6 +206,20 @@ mod tests {
         }
         assert_eq!(holder(&Ok(Value::Nil), b"me", 7), Answer::Gone);
         assert_eq!(holder(&Ok(Value::Int(3)), b"me", 7), Answer::Nothing);
+    }
+
+    #[test]
+    fn checks_answer_there_gone_or_nothing() {
+        assert_eq!(checked(&Ok(Value::Int(1))), Answer::Holds(None));
+        assert_eq!(checked(&Ok(Value::Int(0))), Answer::Gone);
+        assert_eq!(
+            checked(&Err(LockError::Server("WRONGTYPE Operation".into()))),
+            Answer::Gone
+        );
+        assert_eq!(
+            checked(&Err(LockError::Server("LOADING loading".into()))),
+            Answer::Nothing
+        );
     }
 
     #[test]

@@ -399,14 +399,14 @@ async fn own_connections_follow_moved_after_the_slot_moved() {
     assert_eq!(info_on(first, key), Value::Nil);
 }
 
-/// `INFO commandstats` calls of `LOCK.INFO` on `node`.
-fn info_calls(node: &lock_testkit::Server) -> u64 {
+/// `INFO commandstats` calls of `LOCK.CHECK` on `node`.
+fn check_calls(node: &lock_testkit::Server) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut direct(node))
         .unwrap();
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_lock.info:calls="))
+        .find_map(|l| l.strip_prefix("cmdstat_lock.check:calls="))
         .and_then(|rest| rest.split(',').next())
         .map(|n| n.parse().unwrap())
         .unwrap_or(0)
@@ -415,7 +415,7 @@ fn info_calls(node: &lock_testkit::Server) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_of_one_node_reports_only_the_holds_it_emptied() {
     // The flushed node PUBLISHes `flushed all` on lock.lost:flush (classic pub/sub, heard on
-    // every node); the client checks each of its holds with LOCK.INFO on the hold's own node and
+    // every node); the client checks each of its holds with LOCK.CHECK on the hold's own node and
     // reports only the hold that is gone. The leases are long: not the watchdog.
     let cluster = Cluster::start(3);
     PORT.with(|p| p.set(cluster.nodes[0].port));
@@ -435,7 +435,7 @@ async fn a_flush_of_one_node_reports_only_the_holds_it_emptied() {
         .iter()
         .map(|k| cluster.node_for_slot(slot(k)))
         .collect();
-    let before: Vec<u64> = nodes.iter().map(|n| info_calls(n)).collect();
+    let before: Vec<u64> = nodes.iter().map(|n| check_calls(n)).collect();
     let _: () = redis::cmd("FLUSHALL").query(&mut direct(nodes[0])).unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(1), guards[0].lost())
         .await
@@ -444,7 +444,7 @@ async fn a_flush_of_one_node_reports_only_the_holds_it_emptied() {
     // The holds on the other nodes were checked there, and are still held.
     let deadline = Instant::now() + Duration::from_secs(2);
     for (i, node) in nodes.iter().enumerate().skip(1) {
-        while info_calls(node) <= before[i] {
+        while check_calls(node) <= before[i] {
             assert!(Instant::now() < deadline, "{} was never checked", keys[i]);
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -632,11 +632,11 @@ async fn a_held_key_whose_slot_moves_is_not_lost_and_is_renewed_on_its_new_node(
         shard_subscribers(from, &channel) == 1
     })
     .await;
-    let checks = info_calls(to);
+    let checks = check_calls(to);
     move_slot(&cluster, slot, from, to);
     if key_events {
         wait_until("the hold was not looked for on its new node", || {
-            info_calls(to) > checks
+            check_calls(to) > checks
         })
         .await;
         wait_until("the subscription did not follow the key", || {

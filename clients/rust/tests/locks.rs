@@ -574,7 +574,7 @@ async fn the_example_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signal_reports_a_flush_of_the_holds_database_only() {
     // The server sends one `flushed <db>` on lock.lost:flush; the client checks each hold in
-    // that database (LOCK.INFO) and reports those gone. The lease is long: not the watchdog.
+    // that database (LOCK.CHECK) and reports those gone. The lease is long: not the watchdog.
     let server = Server::start();
     let open = |db: u8| {
         LockClient::builder(redis::Client::open(format!("{}{db}", server.url())).unwrap())
@@ -613,7 +613,7 @@ async fn a_flush_message_does_not_report_a_hold_that_is_still_there() {
     let guard = client.lock("k").acquire().await.unwrap();
     let semaphore = client.semaphore("s", 2).acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before = calls(&mut raw, "lock.info").await;
+    let before = calls(&mut raw, "lock.check").await;
     let _: i64 = redis::cmd("PUBLISH")
         .arg("lock.lost:flush")
         .arg("flushed all")
@@ -621,7 +621,7 @@ async fn a_flush_message_does_not_report_a_hold_that_is_still_there() {
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(2);
-    while calls(&mut raw, "lock.info").await < before + 2 {
+    while calls(&mut raw, "lock.check").await < before + 2 {
         assert!(Instant::now() < deadline, "the holds were never checked");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -154,22 +154,22 @@ async fn a_whole_key_message_is_checked_and_only_holds_really_gone_are_reported(
     wait_subscribers(&mut raw, "lock.lost:{s}", 1).await;
 
     // A whole-key message while both holds are alive (published by hand): checked with one
-    // LOCK.INFO per hold, and nothing reported.
-    let before = calls(&mut raw, "lock.info").await;
+    // LOCK.CHECK per hold, and nothing reported.
+    let before = calls(&mut raw, "lock.check").await;
     publish(&mut raw, "lock.lost:{s}", "deleted 0 * 1 s").await;
     let deadline = Instant::now() + Duration::from_secs(2);
-    while calls(&mut raw, "lock.info").await < before + 2 {
+    while calls(&mut raw, "lock.check").await < before + 2 {
         assert!(Instant::now() < deadline, "the holds were never checked");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!((a.lost_reason(), b.lost_reason()), (None, None));
     // About another database, or another key of the channel: not even checked.
-    let before = calls(&mut raw, "lock.info").await;
+    let before = calls(&mut raw, "lock.check").await;
     publish(&mut raw, "lock.lost:{s}", "deleted 1 * 1 s").await;
     publish(&mut raw, "lock.lost:{s}", "deleted 0 * 3 {s}").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(calls(&mut raw, "lock.info").await, before);
+    assert_eq!(calls(&mut raw, "lock.check").await, before);
 
     // The key removed: on a server with key events its DEL publishes the whole-key message;
     // on one without, the same message by hand. Both holds are reported, with its reason.
@@ -252,7 +252,7 @@ async fn a_flush_of_another_database_is_not_even_checked() {
     let client = LockClient::open(&server.url()).await.unwrap();
     let guard = client.lock("k").acquire().await.unwrap();
     wait_subscribers(&mut raw, "lock.lost:flush", 1).await;
-    let before = calls(&mut raw, "lock.info").await;
+    let before = calls(&mut raw, "lock.check").await;
     let mut db3 = redis::Client::open(format!("{}3", server.url()))
         .unwrap()
         .get_multiplexed_async_connection()
@@ -260,7 +260,7 @@ async fn a_flush_of_another_database_is_not_even_checked() {
         .unwrap();
     let _: () = redis::cmd("FLUSHDB").query_async(&mut db3).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(calls(&mut raw, "lock.info").await, before);
+    assert_eq!(calls(&mut raw, "lock.check").await, before);
     assert_eq!(guard.lost_reason(), None);
 }
 
