@@ -265,21 +265,27 @@ impl SignalHub {
     }
 
     /// Subscribes to `key`'s channel again: its slot moved to another node, where the server
-    /// now publishes it (in a cluster, the `SSUBSCRIBE` goes to the slot's new master).
+    /// now publishes it (in a cluster, the `SSUBSCRIBE` goes to the slot's new master; one sent
+    /// while the slot was still migrating lands on the old node, which drops it with a
+    /// `sunsubscribe` once the slot is gone, and that is answered with a new `SSUBSCRIBE`).
     pub(crate) async fn resubscribe(self: &Arc<Self>, key: &[u8]) -> redis::RedisResult<()> {
-        let channel = self.channel(key);
-        let watched = relock(&self.watched)
-            .get(&channel)
-            .is_some_and(|entry| entry.idle_since.is_none());
-        if !watched {
+        self.resubscribe_channel(self.channel(key)).await
+    }
+
+    async fn resubscribe_channel(self: &Arc<Self>, channel: Vec<u8>) -> redis::RedisResult<()> {
+        if !self.is_watched(&channel) {
             return Ok(());
         }
         let mut guard = self.conn.lock().await;
         let conn = self.connection(&mut guard).await?;
-        // The old node may have dropped the subscription already (`sunsubscribe` on a moved
-        // slot): an error here changes nothing.
-        let _ = conn.unsubscribe_key(&channel).await;
         conn.subscribe_key(&[channel]).await
+    }
+
+    /// Whether someone watches `channel` (not merely lingering).
+    fn is_watched(&self, channel: &[u8]) -> bool {
+        relock(&self.watched)
+            .get(channel)
+            .is_some_and(|entry| entry.idle_since.is_none())
     }
 
     /// The pub/sub connection, connecting (subscribed to the flush channel, its reader started)
@@ -352,6 +358,16 @@ impl SignalHub {
         for subscriber in self.subscribers(channel) {
             subscriber.hear(&signal);
         }
+    }
+
+    /// [`SignalHub::resubscribe_channel`] on a task of its own (a plain function, so that the
+    /// reader that calls it and the connection it may make are not one recursive future type).
+    fn start_resubscribe_channel(self: &Arc<Self>, channel: Vec<u8>) {
+        let hub = self.clone();
+        tokio::spawn(async move {
+            // A failure leaves the watchdog alone to notice a loss.
+            let _ = hub.resubscribe_channel(channel).await;
+        });
     }
 
     fn start_resubscribe(self: &Arc<Self>) {
@@ -437,6 +453,16 @@ async fn read_pushes(hub: Weak<SignalHub>, mut rx: mpsc::UnboundedReceiver<redis
                     push.data.as_slice()
                 {
                     hub.dispatch(channel, payload);
+                }
+            }
+            // A node dropped a shard channel (its slot left the node): subscribe again where the
+            // slot is now, if it is still watched. (The library's own SUNSUBSCRIBEs are of
+            // channels it no longer watches.)
+            PushKind::SUnsubscribe => {
+                if let Some(Value::BulkString(channel)) = push.data.first() {
+                    if hub.is_watched(channel) {
+                        hub.start_resubscribe_channel(channel.clone());
+                    }
                 }
             }
             // The cluster connection reconnects and subscribes again by itself.
