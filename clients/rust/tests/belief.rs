@@ -191,6 +191,52 @@ async fn a_campaign_elected_after_a_wait_of_most_of_its_lease_leads_and_can_proc
     assert!(calls(&mut raw, "lock.renew").await >= 3);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_granted_after_a_long_wait_ends_with_the_servers_lease_not_the_waits() {
+    // Nothing renews a fixed lease: its confirmation reads the lease the server gives it, and
+    // the guard reports its end from that, not from when the wait began.
+    let server = Server::start();
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let mut raw = raw(&server).await;
+    let first = held_for(&client, "f", WAIT).await;
+    let start = Instant::now();
+    let guard = client.lock("f").fixed_lease(LEASE).acquire().await.unwrap();
+    let waited = start.elapsed();
+    first.await.unwrap();
+    assert!(
+        waited >= WAIT - Duration::from_millis(50),
+        "waited {waited:?}"
+    );
+    let granted = Instant::now();
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported ended right after the grant"
+    );
+    tokio::time::sleep(LEASE / 2).await;
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported ended while the server holds it"
+    );
+    assert!(server_holds(&mut raw, "f", guard.owner(), guard.token()).await);
+    let reason = tokio::time::timeout(LEASE, guard.lost())
+        .await
+        .expect("reported at its end");
+    assert_eq!(reason, redis_lock_client::LostReason::LeaseEnded);
+    // At nine tenths of the lease the server gave, counted from the read (after the grant).
+    assert!(
+        granted.elapsed() >= LEASE * 8 / 10,
+        "{:?}",
+        granted.elapsed()
+    );
+    assert_eq!(
+        calls(&mut raw, "lock.renew").await,
+        0,
+        "a fixed lease renewed"
+    );
+}
+
 /// `trials` times: a guard of `lock` dropped, then the same handle acquiring again; counts the
 /// new guards that say held while the server does not hold their (owner, token).
 async fn drop_then_acquire(server: &Server, waiting: bool, trials: usize) -> usize {
