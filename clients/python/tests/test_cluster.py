@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio.cluster
 import redis.cluster
 
-from conftest import Cluster, Server, start_cluster
+from conftest import Cluster, Server, start_cluster, wait_until
 from redis_lock_client import (
     AsyncLockClient,
     Leader,
@@ -336,7 +336,7 @@ def test_an_acquire_answered_moved_reloads_the_slot_map_and_is_sent_again(own_cl
     second.close()
 
 
-def test_a_hold_whose_slot_moves_is_renewed_there_and_its_loss_is_reported_by_the_watchdog(own_cluster):
+def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     cluster = own_cluster
     key = unique("moved")
     client = LockClient(cluster.redis_cluster())
@@ -352,14 +352,15 @@ def test_a_hold_whose_slot_moves_is_renewed_there_and_its_loss_is_reported_by_th
     assert not guard.lost.is_set()
     assert node_info(target, key)[b"owner"] == guard.owner
     assert node_info(target, key)[b"token"] == guard.token
-    assert redirected(source, "lock.renew") == 1  # the first renewal; then the new map
-    # The subscription stayed where the slot was (the old master drops it as the slot leaves):
-    # the new master's signal reaches nobody here.
+    assert redirected(source, "lock.renew") <= 1  # at most the first; then the new map
+    # The old master dropped the subscription as the slot left it (SUNSUBSCRIBE): the library
+    # subscribed again on the new master, whose signal it now hears.
+    wait_until(lambda: target.client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1,
+               "subscribed on the new master")
     assert source.client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 0
-    assert target.client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 0
     target.client().execute_command("LOCK.FORCERELEASE", key)
     assert guard.lost.wait(2.0)
-    assert guard.lost_reason is LostReason.HOLD_GONE  # the watchdog's renewal, not the signal
+    assert guard.lost_reason is LostReason.FORCE_RELEASED  # the signal, not the watchdog
     client.close()
 
 
@@ -379,7 +380,7 @@ def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sen
             await asyncio.sleep(1.2)  # four renewals due: the first answered MOVED, sent again
             assert target.commandstat("lock.renew") >= renews + 3
             assert not guard.lost.is_set()
-            assert redirected(source, "lock.renew") == 1  # the first; then the new map
+            assert redirected(source, "lock.renew") <= 1  # at most the first; then the new map
             assert await guard.release() is Release.RELEASED
             assert redirected(source, "lock.release") == 0
             taken = await other.lock(key, wait_timeout=5).acquire()  # MOVED, then sent again
