@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# Installs what building and testing need, only when missing: redis-server and redis-cli
-# (Debian's 7.0.x), libclang (bindgen, used by redis-module), a C toolchain, python3 (with venv),
-# Node.js and npm, and clippy/rustfmt.
+# Installs what building and running need, only when missing: redis-server and redis-cli
+# (Debian's 7.0.x), libclang (bindgen, used by redis-module) and a C toolchain. `deps.sh test`
+# (what `make test` runs) adds what the tests need: python3 with venv, Node.js and npm, and
+# clippy/rustfmt. It never stops, starts or reconfigures anything.
 set -euo pipefail
+for_tests=false
+[ "${1:-}" = test ] && for_tests=true
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
-# The CLI transcript tests and scripts/profile.sh use python3.
-command -v python3 >/dev/null 2>&1 || need+=(python3)
-# The client tests (tests/clients/run.sh) put redis-py in a venv and the Node libraries in
-# tests/clients/node/node_modules (they need Node 20 or newer).
-python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
-command -v node >/dev/null 2>&1 || need+=(nodejs)
-command -v npm >/dev/null 2>&1 || need+=(npm)
 # bindgen needs libclang itself (libclang.so / libclang-NN.so), not libclang-cpp, which other
 # packages install on their own.
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/*/libclang-[0-9]*.so*' >/dev/null || need+=(libclang-dev)
+if $for_tests; then
+  # The CLI transcript tests and scripts/profile.sh use python3.
+  command -v python3 >/dev/null 2>&1 || need+=(python3)
+  # The client tests (tests/clients/run.sh) put redis-py in a venv and the Node libraries in
+  # tests/clients/node/node_modules (they need Node 20 or newer).
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+  command -v node >/dev/null 2>&1 || need+=(nodejs)
+  command -v npm >/dev/null 2>&1 || need+=(npm)
+fi
 
 if ((${#need[@]})); then
   echo "deps: installing ${need[*]}"
@@ -28,12 +33,7 @@ if ((${#need[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-if ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; then
+if $for_tests && { ! cargo clippy --version >/dev/null 2>&1 || ! cargo fmt --version >/dev/null 2>&1; }; then
   echo "deps: adding clippy and rustfmt"
   rustup component add clippy rustfmt
-fi
-
-# The service Debian's package may have started would hold port 6379 for `make run`.
-if command -v service >/dev/null 2>&1 && pgrep -x redis-server >/dev/null 2>&1 && [ -f /etc/init.d/redis-server ]; then
-  service redis-server stop >/dev/null 2>&1 || true
 fi

@@ -10,6 +10,7 @@ use std::ffi::CStr;
 use lock_core::hold::{Lost, LostReason};
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{Cause, Change};
+use lock_core::signal::KeyGone;
 
 use crate::ffi::events::{self as ffi_events, KeyRemoved, ServerEvents};
 use crate::ffi::{bytes_of, now_ms, selected_db, with_db, Ctx, Key, RawString};
@@ -46,42 +47,56 @@ impl ServerEvents for LockEvents {
 
     /// A key goes (Redis >= 7.2, Valkey), still open here. If it held a lock: an expiry is
     /// counted and announced, and — unless the module itself is deleting it (a release, a
-    /// force release or a handoff tells its holders itself) — every holder is told it lost its
-    /// hold, and why.
+    /// force release or a handoff tells its holders itself) — its holders are told: the one
+    /// hold of a small key by name, the holds of a key with several by one message for the key
+    /// (read in O(1): this runs inside the command that removes the key, which may remove many).
+    /// A key that leaves with its slot (`MIGRATE` in a cluster reshard) is not lost: its
+    /// holders are told it moved.
     fn key_removed(ctx: Ctx, key: &Key, why: KeyRemoved) {
-        if why != KeyRemoved::Expired && (store::deleting() || !notify::lost_enabled()) {
+        let expired = why == KeyRemoved::Expired;
+        let tell = !store::deleting() && notify::lost_enabled();
+        if !expired && !tell {
             return;
         }
-        let Ok(Some(stored)) = store::read_lock(key, None) else {
+        let Some(peek) = store::peek_lock(key) else {
             return;
         };
         let Some((name, db)) = key.name_and_db() else {
             return;
         };
-        if why == KeyRemoved::Expired {
+        if expired {
             bump(&STATS.expired);
             with_db(ctx, db, || {
                 notify::event(ctx, c"lock.expired", name.as_ptr());
             });
         }
-        if store::deleting() || !notify::lost_enabled() {
+        if !tell {
             return;
         }
-        let now = now_ms();
-        let reason = match why {
-            KeyRemoved::Deleted => LostReason::Deleted,
-            KeyRemoved::Expired => LostReason::Expired,
-            KeyRemoved::Evicted => LostReason::Evicted,
-            KeyRemoved::Overwritten => LostReason::Overwritten,
+        let gone = match why {
+            KeyRemoved::Deleted if runtime::slot_left(ctx, name.bytes()).is_some() => {
+                KeyGone::Moved
+            }
+            KeyRemoved::Deleted => KeyGone::Deleted,
+            KeyRemoved::Expired => KeyGone::Expired,
+            KeyRemoved::Evicted => KeyGone::Evicted,
+            KeyRemoved::Overwritten => KeyGone::Overwritten,
         };
-        for hold in &stored.lock.holds {
-            // A hold whose own lease had ended was lost to that, whatever removes it now.
-            let reason = if hold.ended(now) {
-                LostReason::Expired
-            } else {
-                reason
-            };
-            notify::publish_lost(ctx, name.bytes(), &Lost::of(hold, reason));
+        match (peek, gone.lost_reason()) {
+            (store::Peek::Lock(lock), Some(reason)) => {
+                let now = now_ms();
+                for hold in &lock.holds {
+                    // A hold whose own lease had ended was lost to that, whatever removes it now.
+                    let reason = if hold.ended(now) {
+                        LostReason::Expired
+                    } else {
+                        reason
+                    };
+                    notify::publish_lost(ctx, db, name.bytes(), &Lost::of(hold, reason));
+                }
+            }
+            (store::Peek::Lock(lock), None) if lock.holds.is_empty() => {}
+            _ => notify::publish_key_gone(ctx, db, name.bytes(), gone),
         }
     }
 

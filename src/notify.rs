@@ -7,6 +7,7 @@ use std::ffi::CStr;
 
 use lock_core::channel::write_unlock_channel;
 use lock_core::hold::Lost;
+use lock_core::signal::{self, KeyGone};
 
 use crate::config::{self, StringOption};
 use crate::ffi::{self, Ctx, OwnedString, RawString};
@@ -60,26 +61,34 @@ pub fn publish_unlock(ctx: Ctx, _key_name: RawString, name: &[u8]) {
 
 /// Tells the holder of a hold it lost (by anything but its own `LOCK.RELEASE`): on
 /// `<lock.lost-channel-prefix>:{<key>}` (the unlock channel's naming, so the channel hashes to
-/// the key's slot), the message `<reason> <token> <owner>` (token 0 for a hold Redisson's own
-/// script took; the owner is the rest of the message, spaces and all). `PUBLISH` on a standalone
-/// server; in cluster mode `SPUBLISH` only, so it goes to the key's shard and is never
-/// broadcast to every node (clients `SSUBSCRIBE` on the key's node). Pub/sub delivers at most
-/// once: a client library still renews and treats a refused renewal as the loss.
+/// the key's slot), the message `<reason> <db> <token> <keylen> <key> <owner>`
+/// (`lock_core::signal`). `PUBLISH` on a standalone server; in cluster mode `SPUBLISH` only, so
+/// it goes to the key's shard and is never broadcast to every node (clients `SSUBSCRIBE` on the
+/// key's node). Pub/sub delivers at most once: a client library still renews and treats a
+/// refused renewal as the loss.
 ///
-/// Not on a replica or while the server loads its data. Only the rare paths call this (a force release, a lease end, a closed connection, a key
-/// removed or replaced from outside): a release by the owner publishes nothing here.
-pub fn publish_lost(ctx: Ctx, name: &[u8], lost: &Lost) {
+/// Not on a replica or while the server loads its data. Only the rare paths call this (a force
+/// release, a lease end, a closed connection, a key removed or replaced from outside): a release
+/// by the owner publishes nothing here.
+pub fn publish_lost(ctx: Ctx, db: i32, name: &[u8], lost: &Lost) {
     // A replica applies its master's effects (the master told the holders already), and a
     // server loading its data replays history: neither tells anyone anything.
     if !may_tell(ctx) {
         return;
     }
-    let mut message = Vec::with_capacity(24 + lost.owner.len());
-    message.extend_from_slice(lost.reason.name().as_bytes());
-    message.push(b' ');
-    message.extend_from_slice(lost.token.unwrap_or(0).to_string().as_bytes());
-    message.push(b' ');
-    message.extend_from_slice(&lost.owner);
+    let message = signal::lost_hold(db, name, lost);
+    publish_on_key_channel(ctx, &config::LOST_CHANNEL_PREFIX, name, &message);
+}
+
+/// Tells every holder of a key that went from outside the module (or, `KeyGone::Moved`, left
+/// this node with its slot) with one message, `<reason> <db> * <keylen> <key>`, however many
+/// holds it had: the holders check theirs with a read. Same channel and rules as
+/// [`publish_lost`].
+pub fn publish_key_gone(ctx: Ctx, db: i32, name: &[u8], why: KeyGone) {
+    if !may_tell(ctx) {
+        return;
+    }
+    let message = signal::key_gone(db, name, why);
     publish_on_key_channel(ctx, &config::LOST_CHANNEL_PREFIX, name, &message);
 }
 
@@ -132,8 +141,9 @@ pub fn publish_flushed(ctx: Ctx, db: Option<i32>) {
     ffi::publish(ctx, channel.as_ptr(), message.as_ptr());
 }
 
-/// Tells the observers of an election key (`elected <epoch> <owner>`, `proclaimed <epoch>
-/// <value>`) on `<lock.leader-channel-prefix>:{<key>}`: `PUBLISH` on a standalone server,
+/// Tells the observers of an election key (`elected <db> <epoch> <keylen> <key> <candidate>`,
+/// `proclaimed <db> <epoch> <keylen> <key> <value>`, built by `lock_core::signal`) on
+/// `<lock.leader-channel-prefix>:{<key>}`: `PUBLISH` on a standalone server,
 /// `SPUBLISH` in cluster mode (to the key's shard only, as the lost-hold message). Messages of
 /// one key are published in the order its leaders changed, by the one thread that changes them.
 /// Not on a replica (its master told the observers) or while the server loads its data.

@@ -457,10 +457,11 @@ pub fn reset() {
 /// the context of the command, timer or callback that called it. It decides nothing.
 struct RedisPort {
     ctx: Ctx,
-    /// The key (or the keys of one multi-key decision) read last, still open, so that the
-    /// write that follows the read goes to exactly what was read (nothing can change it in
-    /// between: it is one call on the main thread). A new read closes them: a handle is never
-    /// kept open across another decision's writes.
+    /// The keys read and not yet written, still open, so that the write that follows a read
+    /// goes to exactly what was read (nothing can change it in between: it is one call on the
+    /// main thread). A batch reads each key once and writes it once; a key read again is
+    /// closed first, so there is never more than one handle on a key. All close when the port
+    /// goes, at the end of the call.
     open: Vec<OpenLock>,
 }
 
@@ -485,7 +486,7 @@ impl RedisPort {
             let name = OwnedString::new(&key.name);
             let handle = Key::open(ctx, name.as_ptr());
             let read = match store::read_lock(&handle, None) {
-                Ok(None) if check_route => match slot_left(ctx, key) {
+                Ok(None) if check_route => match slot_left(ctx, &key.name) {
                     Some(redirect) => Read::Moved(redirect),
                     None => Read::Lock(None),
                 },
@@ -516,15 +517,10 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn read(&mut self, key: &LockKey, check_route: bool) -> Read {
-        self.open.clear();
+        // A key read again (by a later decision of the same call) is closed and opened anew:
+        // never two handles on one key.
+        self.open.retain(|open| open.key != *key);
         self.open_and_read(key, check_route)
-    }
-
-    fn read_many(&mut self, keys: &[LockKey], check_route: bool) -> Vec<Read> {
-        self.open.clear();
-        keys.iter()
-            .map(|key| self.open_and_read(key, check_route))
-            .collect()
     }
 
     fn write(
@@ -581,7 +577,7 @@ impl Port<Blocked> for RedisPort {
     }
 
     fn lost(&mut self, key: &LockKey, lost: &Lost) {
-        notify::publish_lost(self.ctx, &key.name, lost);
+        notify::publish_lost(self.ctx, key.db, &key.name, lost);
     }
 
     fn elected(&mut self, key: &LockKey, token: u64, owner: &[u8], value: Option<&[u8]>) {
@@ -623,11 +619,11 @@ impl Port<Blocked> for RedisPort {
 /// (MIGRATE deletes it here). Granting it here would make a second lock beside the moved one,
 /// so the waiters get the redirect Redis would give for the key (`ASK`/`MOVED`) and their
 /// cluster clients follow it.
-fn slot_left(ctx: Ctx, key: &LockKey) -> Option<String> {
+pub fn slot_left(ctx: Ctx, name: &[u8]) -> Option<String> {
     if !ffi::is_cluster(ctx) {
         return None;
     }
-    let slot = lock_core::slot::key_slot(&key.name);
+    let slot = lock_core::slot::key_slot(name);
     let nodes = ffi::cluster_nodes(ctx)?;
     lock_core::cluster::route(&nodes, slot).redirect(slot)
 }

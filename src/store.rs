@@ -180,6 +180,36 @@ pub fn read_lock(key: &Key, owner: Option<Owner>) -> Result<Option<StoredLock>, 
     }
 }
 
+/// What a key that is about to go held, read in O(1) (a key event must not walk thousands of
+/// holds inside the command that removes the key): the lock itself when the hash is small
+/// enough to hold at most one hold, else only that it is a lock with several holds. None: not a
+/// lock.
+pub enum Peek {
+    Lock(Lock),
+    Several,
+}
+
+pub fn peek_lock(key: &Key) -> Option<Peek> {
+    if key.kind() != KeyKind::Hash {
+        return None;
+    }
+    let fields = key.len();
+    if fields <= MAX_RLOCK_FIELDS {
+        return read_lock(key, None)
+            .ok()
+            .flatten()
+            .map(|s| Peek::Lock(s.lock));
+    }
+    if fields > MAX_MULTI_FIELDS {
+        return None;
+    }
+    let mode = match key.hash_get(mode_field()) {
+        Some(mode) => mode,
+        None => key.hash_get(OwnedString::new(LEGACY_MODE_FIELD).as_ptr())?,
+    };
+    hold::is_multi_mode(mode.bytes()).then_some(Peek::Several)
+}
+
 /// The `RLock` layout held by `owner`, read in O(1), with the names it is stored under: None
 /// when the owner's field and the mode (or, in the old layout, the fence) are not the whole hash
 /// (another owner holds it, or it is not this layout).

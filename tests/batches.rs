@@ -1,9 +1,12 @@
-//! Batches (issue 18): one event that grants or ends many holds of one key at once must not
-//! stall the server. Each batch runs at the module's cap, 10,000 holders of a key (a
-//! semaphore's largest `LIMIT` too), while a connection of its own PINGs in a loop and keeps its
-//! slowest round trip, which must stay under `PING_BOUND`:
+//! Batches: one command, event or timer that grants or ends many holds at once must not stall
+//! the server. Each batch runs at the module's caps — 1,000 holders of a key (a semaphore's
+//! largest `LIMIT` too), 64 keys per multi-key command — while a connection of its own PINGs in
+//! a loop and keeps its slowest round trip, which must stay under `PING_BOUND`:
 //! - a `LOCK.RELEASE` that grants a run of shared waiters, and a `LOCK.FORCERELEASE` that hands
 //!   a full semaphore's permits to its queue;
+//! - a `LOCK.RELEASE` that grants a run of multi-key shared waiters, each on 64 keys;
+//! - `LOCK.MRENEW`, `LOCK.MACQUIRE ... SHARED` and `LOCK.MRELEASE` on 64 keys of 1,000 holders
+//!   each, and a `DEL` of those keys (which tells their holders, on servers with key events);
 //! - `CLIENT KILL` of the connections of thousands of `EPHEMERAL` readers of one key;
 //! - one connection closing with thousands of owners' `EPHEMERAL` holds on one key.
 //!
@@ -11,16 +14,14 @@
 //! through `WAIT` and ended by its lease leaves them while its connection stays open; `COPY`
 //! makes a plain hold, `MOVE` and `SWAPDB` take the binding along with the key.
 //!
-//! `LOCK_BATCH_N=<n>` runs the batches with n holders instead of 10,000 (a module whose batch
-//! costs the square of n shows it in seconds at 2,000, in minutes at 10,000). Some setups cost
-//! the square of n whatever the batch does: every command on a key reads all of its holds, so
-//! N holds taken one by one (the semaphore's, the one connection's) or N waiters queued behind
-//! N permits read N²/2 or N² holds; at 10,000 that is minutes (10,000 `SHARED` acquires one
-//! after another took 105 s on a release build of the module as of issue 18). The others
-//! queue their waiters behind one exclusive hold and cost N. A process may
-//! open 20,000 files here (`ulimit -n`, a hard limit): each batch test holds up to 10,000
-//! sockets, so the tests of this file run one at a time; with a lower limit the batches shrink
-//! to fit, and say so.
+//! `LOCK_BATCH_N=<n>` runs the batches with n holders instead of 1,000 (a module whose batch
+//! costs the square of n shows it in seconds at 1,000). Some setups cost the square of n
+//! whatever the batch does: every command on a key reads all of its holds, so N holds taken one
+//! by one (the semaphore's, the one connection's) or N waiters queued behind N permits read
+//! N²/2 or N² holds. The others queue their waiters behind one exclusive hold and cost N. A
+//! process may open 20,000 files here (`ulimit -n`, a hard limit): each batch test holds up to
+//! 1,000 sockets, and the tests of this file run one at a time, since they measure how long the
+//! server goes without answering; with a lower limit the batches shrink to fit, and say so.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +33,9 @@ use lock_testkit::*;
 
 /// Holders per batch: the module's cap on one key's holders (`MAX_HOLDERS`) and on a
 /// semaphore's `LIMIT` (`MAX_LIMIT`).
-const CAP: usize = 10_000;
+const CAP: usize = 1_000;
+/// The most keys of one multi-key command (`MAX_MULTI_KEYS`).
+const MULTI_KEYS: usize = 64;
 /// The longest the server may go without answering a PING while a batch runs.
 const PING_BOUND: Duration = Duration::from_millis(100);
 /// A reply this late is a stall, far past `PING_BOUND`: the test stops waiting for it.
@@ -40,7 +43,7 @@ const STALL: Duration = Duration::from_secs(10);
 /// A whole batch, from its trigger to its outcome: a generous bound that catches a hang.
 const BATCH_BOUND: Duration = Duration::from_secs(60);
 /// Setting a batch up is slow on a debug build, where a command on a key with h holders reads
-/// all h at about 5 µs each (N holders taken one by one read N²/2 holds: minutes at 10,000).
+/// all h at about 5 µs each (N holders taken one by one read N²/2 holds).
 /// A bound per setup step (a pipeline's reply, a chunk of waiters queueing) that only catches a
 /// hang.
 const SETUP_STEP: Duration = Duration::from_secs(300);
@@ -54,7 +57,7 @@ const LEASE_MS: u64 = 3_600_000;
 const SPARE_FILES: u64 = 256;
 const SOON: Duration = Duration::from_secs(5);
 
-/// One test at a time: the batch tests hold up to 10,000 sockets each and measure how long the
+/// One test at a time: the batch tests hold up to 1,000 sockets each and measure how long the
 /// server goes without answering, which a neighbour's batch would blur.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -88,8 +91,8 @@ fn batch_size() -> usize {
     }
 }
 
-/// A server that takes 10,000 clients and more (Redis lowers `maxclients` to what the open
-/// files limit allows, 19,968 here).
+/// A server that takes thousands of clients (Redis lowers `maxclients` to what the open files
+/// limit allows, 19,968 here).
 fn batch_server() -> Server {
     Server::start_with(&["--maxclients", "20000", "--tcp-backlog", "4096"])
 }
@@ -483,6 +486,162 @@ fn a_forcerelease_that_hands_a_full_semaphore_to_its_queue_keeps_the_server_answ
     assert_answering("a FORCERELEASE handing a full semaphore over", n, &pings);
 }
 
+/// The keys of the multi-key batches: `MULTI_KEYS` keys of one hash tag (one slot).
+fn multi_keys() -> Vec<String> {
+    (0..MULTI_KEYS).map(|i| format!("{{m}}:{i}")).collect()
+}
+
+/// One exclusive holder of one key, N multi-key shared waiters behind it, each on `MULTI_KEYS`
+/// keys; its release grants them all, in batches that read and write each key once.
+#[test]
+fn a_release_that_grants_a_run_of_multi_key_shared_waiters_keeps_the_server_answering() {
+    let _one = one_at_a_time();
+    let n = batch_size();
+    let server = batch_server();
+    let set_up = Instant::now();
+    let mut setup = connect_setup(&server);
+    let keys = multi_keys();
+    let first = acquire(&mut setup, &keys[0], "holder", LEASE_MS).expect("granted");
+    let mut readers = waiting_clients(&server, &mut setup, n, |i| {
+        let mut cmd = redis::cmd("LOCK.MACQUIRE");
+        cmd.arg(keys.len())
+            .arg(&keys)
+            .arg(format!("reader-{i}"))
+            .arg(LEASE_MS)
+            .arg(&["SHARED", "WAIT", "0"]);
+        cmd
+    });
+    let setup_took = set_up.elapsed();
+
+    let mut admin = connect_admin(&server);
+    let pinger = Pinger::start(&server);
+    let started = Instant::now();
+    let left = trigger(
+        &mut admin,
+        redis::cmd("LOCK.RELEASE").arg(&keys[0]).arg("holder"),
+        &pinger,
+        n,
+    );
+    let grants: Vec<Vec<i64>> = readers
+        .iter_mut()
+        .enumerate()
+        .map(|(i, client)| match client.reply(STALL) {
+            Ok(reply) => redis::from_redis_value(&reply)
+                .unwrap_or_else(|e| panic!("reader {i}: {reply:?}: {e}")),
+            Err(e) => panic!("reader {i}: {e}; the pinger: {:?}", pinger.so_far()),
+        })
+        .collect();
+    let took = started.elapsed();
+    let pings = pinger.stop();
+    report(
+        "one release grants a run of multi-key shared waiters on 64 keys",
+        n,
+        setup_took,
+        &pings,
+        took,
+    );
+
+    assert_eq!(left, Value::Int(0));
+    for tokens in &grants {
+        assert_eq!(tokens.len(), keys.len());
+        assert!(tokens.iter().all(|&t| t > first));
+    }
+    for key in [&keys[0], &keys[MULTI_KEYS - 1]] {
+        let (mode, waiting, owners) = holding(&mut admin, key).expect("held");
+        assert_eq!((mode.as_str(), waiting, owners.len()), ("shared", 0, n));
+    }
+    assert_eq!(waiters(&mut admin), 0);
+    assert!(took < BATCH_BOUND, "the batch took {took:?}");
+    assert_answering(
+        "a release granting a run of multi-key shared waiters",
+        n,
+        &pings,
+    );
+}
+
+/// `MULTI_KEYS` keys of N shared holds each (written in the documented layout: taking them
+/// through LOCK.ACQUIRE one by one reads N²/2 holds a key): one `LOCK.MRENEW`, one
+/// `LOCK.MACQUIRE ... SHARED` and one `LOCK.MRELEASE` on all of them, then one `DEL` of all of
+/// them (on a server with key events, each key's holders are told inside the DEL), each while
+/// the pinger runs.
+#[test]
+fn multi_key_commands_on_keys_at_the_cap_keep_the_server_answering() {
+    let _one = one_at_a_time();
+    let n = batch_size();
+    let server = batch_server();
+    let set_up = Instant::now();
+    let mut setup = connect_setup(&server);
+    let keys = multi_keys();
+    let lease_end = now_ms(&mut setup) + LEASE_MS;
+    for key in &keys {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(key).arg("mode").arg("rw");
+        for i in 0..n - 1 {
+            hset.arg(format!("s:o{i}"))
+                .arg(format!("1:{lease_end}:{}", 1_000 + i));
+        }
+        let _: i64 = hset.query(&mut setup).unwrap();
+        let _: i64 = redis::cmd("PEXPIREAT")
+            .arg(key)
+            .arg(lease_end)
+            .query(&mut setup)
+            .unwrap();
+    }
+    let setup_took = set_up.elapsed();
+    let multi = |name: &str, rest: &[String]| {
+        let mut cmd = redis::cmd(name);
+        cmd.arg(keys.len()).arg(&keys).arg(rest);
+        cmd
+    };
+    let lease = LEASE_MS.to_string();
+    let commands = [
+        (
+            "LOCK.MRENEW",
+            multi("LOCK.MRENEW", &["o5".into(), lease.clone()]),
+        ),
+        (
+            "LOCK.MACQUIRE ... SHARED",
+            multi(
+                "LOCK.MACQUIRE",
+                &["newcomer".into(), lease, "SHARED".into()],
+            ),
+        ),
+        (
+            "LOCK.MRELEASE",
+            multi("LOCK.MRELEASE", &["newcomer".into()]),
+        ),
+    ];
+    let mut admin = connect_admin(&server);
+    for (what, cmd) in &commands {
+        let pinger = Pinger::start(&server);
+        let started = Instant::now();
+        let reply = trigger(&mut admin, cmd, &pinger, n);
+        let took = started.elapsed();
+        let pings = pinger.stop();
+        report(&format!("{what} on 64 keys"), n, setup_took, &pings, took);
+        let replies: Vec<i64> = redis::from_redis_value(&reply).expect(what);
+        assert_eq!(replies.len(), keys.len(), "{what}");
+        assert!(replies.iter().all(|&r| r >= 0), "{what}: {replies:?}");
+        assert_answering(what, n, &pings);
+    }
+    let (_, _, owners) = holding(&mut admin, &keys[0]).expect("held");
+    assert_eq!(owners.len(), n - 1, "the newcomer came and went");
+    let pinger = Pinger::start(&server);
+    let started = Instant::now();
+    let deleted = trigger(&mut admin, redis::cmd("DEL").arg(&keys), &pinger, n);
+    let took = started.elapsed();
+    let pings = pinger.stop();
+    report("DEL of 64 keys", n, setup_took, &pings, took);
+    assert_eq!(deleted, Value::Int(MULTI_KEYS as i64));
+    assert_answering("a DEL of the 64 keys", n, &pings);
+}
+
+/// The server's clock, in ms.
+fn now_ms(con: &mut Connection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
+    secs * 1_000 + micros / 1_000
+}
+
 /// N connections, each with one `EPHEMERAL` shared hold of one key, killed by one `CLIENT KILL`.
 #[test]
 fn client_kill_of_thousands_of_ephemeral_readers_of_one_key_keeps_the_server_answering() {
@@ -492,7 +651,7 @@ fn client_kill_of_thousands_of_ephemeral_readers_of_one_key_keeps_the_server_ans
     let set_up = Instant::now();
     let mut setup = connect_setup(&server);
     // The readers are granted through WAIT, in one batch: N acquires one after another would
-    // each read the key's holds (N²/2 hold reads, minutes at 10,000 on a debug build).
+    // each read the key's holds (N²/2 hold reads).
     acquire(&mut setup, "rw", "gate", LEASE_MS).expect("granted");
     let mut readers = waiting_clients(&server, &mut setup, n, |i| {
         acquire_cmd(

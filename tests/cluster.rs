@@ -16,6 +16,11 @@ const SOON: Duration = Duration::from_secs(5);
 
 /// A key whose slot lies in each third of the slot space: `redis-cli --cluster create` gives
 /// each of three masters one third.
+fn reports_key_events() -> bool {
+    let info = server_info();
+    info.kind == ServerKind::Valkey || info.version >= (7, 2, 0)
+}
+
 fn one_key_per_master() -> Vec<String> {
     [0u16, 5_461, 10_923]
         .into_iter()
@@ -180,6 +185,10 @@ fn a_migrated_lock_keeps_its_holder_and_token_and_its_waiters_follow_it() {
             .query(con)
             .unwrap();
     };
+    // The holder listens on the source, where its key was.
+    let lost_channel =
+        String::from_utf8(unlock_channel(b"lock.lost", key.as_bytes()).unwrap()).unwrap();
+    let mut holder_hears = ShardSubscriber::start(source.port, &lost_channel);
     setslot(&mut dst, "IMPORTING", &source_id);
     setslot(&mut src, "MIGRATING", &target_id);
     let counter = String::from_utf8(counter_key(slot)).unwrap();
@@ -203,6 +212,14 @@ fn a_migrated_lock_keeps_its_holder_and_token_and_its_waiters_follow_it() {
             format!("ASK {slot} 127.0.0.1:{}", target.port)
         ),
         other => panic!("the waiter on the source got {other:?}"),
+    }
+    // The key left with its slot: where the server reports key removals (Redis >= 7.2,
+    // Valkey) the holder is told it moved, never that it was deleted; Redis 7.0 says nothing.
+    let heard = holder_hears.message(Duration::from_millis(500));
+    if reports_key_events() {
+        assert_eq!(heard, Some(format!("moved 0 * {} {key}", key.len())));
+    } else {
+        assert_eq!(heard, None);
     }
     // (KEYS, because a key command for a missing key of a migrating slot is answered ASK.)
     let left: Vec<String> = src.keys("orders:*").unwrap();
@@ -441,7 +458,10 @@ fn lost_hold_messages_go_to_the_keys_shard_only() {
         assert_eq!(force_release(&mut direct, key), 1);
         assert_eq!(
             sharded.message(SOON),
-            Some(format!("forcereleased {token} holder 1")),
+            Some(format!(
+                "forcereleased 0 {token} {} {key} holder 1",
+                key.len()
+            )),
             "{key}"
         );
         let mut holder = node.connect();
@@ -451,7 +471,7 @@ fn lost_hold_messages_go_to_the_keys_shard_only() {
         drop(holder);
         assert_eq!(
             sharded.message(SOON),
-            Some(format!("disconnected {ephemeral} e")),
+            Some(format!("disconnected 0 {ephemeral} {} {key} e", key.len())),
             "{key}"
         );
         assert!(here.get_message().is_err(), "{key}: no classic PUBLISH");
@@ -528,11 +548,14 @@ fn leader_messages_go_to_the_keys_shard_only() {
         .unwrap();
     assert_eq!(
         sharded.message(SOON),
-        Some(format!("elected {epoch} node-a"))
+        Some(format!("elected 0 {epoch} {} {key} node-a", key.len()))
     );
     assert_eq!(
         sharded.message(SOON),
-        Some(format!("proclaimed {epoch} 10.0.0.1:80"))
+        Some(format!(
+            "proclaimed 0 {epoch} {} {key} 10.0.0.1:80",
+            key.len()
+        ))
     );
     let leader: (String, i64, Option<String>) = redis::cmd("LOCK.LEADER")
         .arg(key)

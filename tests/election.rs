@@ -33,6 +33,11 @@ fn observe(server: &Server, key: &str) -> mpsc::Receiver<(String, Instant)> {
     received
 }
 
+/// A leader message about `svc` in database 0.
+fn said(kind: &str, epoch: i64, rest: &str) -> String {
+    format!("{kind} 0 {epoch} 3 svc {rest}")
+}
+
 fn next(observer: &mpsc::Receiver<(String, Instant)>) -> String {
     observer.recv_timeout(SOON).expect("a leader message").0
 }
@@ -63,6 +68,38 @@ fn leader(con: &mut Connection, key: &str) -> Leader {
     redis::cmd("LOCK.LEADER").arg(key).query(con).unwrap()
 }
 
+/// Elections of one key name in two databases, and on `svc` and `{svc}`, share a channel (it is
+/// named after the hash tag, and pub/sub has no databases), and their epochs come from one
+/// slot counter: each message names its database and key, so an observer follows its own
+/// election only.
+#[test]
+fn each_leader_message_names_its_database_and_key() {
+    let server = Server::start();
+    let observer = observe(&server, "svc");
+    let mut db0 = server.connect();
+    let mut db1 = server.connect();
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut db1).unwrap();
+    let e0 = campaign(&mut db0, "svc", "app0-node", &["VALUE", "a"]).unwrap();
+    let e1 = campaign(&mut db1, "svc", "app1-node", &["VALUE", "b"]).unwrap();
+    let e2 = campaign(&mut db0, "{svc}", "tagged-node", &[]).unwrap();
+    assert_eq!(proclaim(&mut db0, "svc", "app0-node", e0, "a2"), 1);
+    let heard: Vec<String> = (0..6).map(|_| next(&observer)).collect();
+    assert_eq!(
+        heard,
+        [
+            said("elected", e0, "app0-node"),
+            said("proclaimed", e0, "a"),
+            format!("elected 1 {e1} 3 svc app1-node"),
+            format!("proclaimed 1 {e1} 3 svc b"),
+            format!("elected 0 {e2} 5 {{svc}} tagged-node"),
+            said("proclaimed", e0, "a2"),
+        ]
+    );
+    // One counter, so the other elections' epochs lie between this one's: only the key and
+    // the database tell them apart.
+    assert!(e0 < e1 && e1 < e2, "{e0} {e1} {e2}");
+}
+
 #[test]
 fn observers_hear_each_leader_and_proclamation_in_order() {
     let server = Server::start();
@@ -70,8 +107,8 @@ fn observers_hear_each_leader_and_proclamation_in_order() {
     let mut a = server.connect();
     assert_eq!(leader(&mut a, "svc"), None);
     let e1 = campaign(&mut a, "svc", "node-a", &["VALUE", "10.0.0.1:80"]).unwrap();
-    assert_eq!(next(&observer), format!("elected {e1} node-a"));
-    assert_eq!(next(&observer), format!("proclaimed {e1} 10.0.0.1:80"));
+    assert_eq!(next(&observer), said("elected", e1, "node-a"));
+    assert_eq!(next(&observer), said("proclaimed", e1, "10.0.0.1:80"));
     assert_eq!(
         leader(&mut a, "svc"),
         Some(("node-a".into(), e1, Some("10.0.0.1:80".into())))
@@ -79,7 +116,7 @@ fn observers_hear_each_leader_and_proclamation_in_order() {
     // Campaigning again while leading keeps the epoch and announces no new election.
     assert_eq!(campaign(&mut a, "svc", "node-a", &[]), Some(e1));
     assert_eq!(proclaim(&mut a, "svc", "node-a", e1, "10.0.0.1:81"), 1);
-    assert_eq!(next(&observer), format!("proclaimed {e1} 10.0.0.1:81"));
+    assert_eq!(next(&observer), said("proclaimed", e1, "10.0.0.1:81"));
     // Only the leader of this epoch proclaims.
     assert_eq!(proclaim(&mut a, "svc", "node-b", e1, "x"), 0);
     assert_eq!(proclaim(&mut a, "svc", "node-a", e1 - 1, "x"), 0);
@@ -97,8 +134,8 @@ fn observers_hear_each_leader_and_proclamation_in_order() {
     assert_eq!(release(&mut a, "svc", "node-a"), Some(0));
     let e2 = waiting.join().unwrap().unwrap();
     assert!(e2 > e1);
-    assert_eq!(next(&observer), format!("elected {e2} node-b"));
-    assert_eq!(next(&observer), format!("proclaimed {e2} 10.0.0.2:80"));
+    assert_eq!(next(&observer), said("elected", e2, "node-b"));
+    assert_eq!(next(&observer), said("proclaimed", e2, "10.0.0.2:80"));
     assert_eq!(
         proclaim(&mut a, "svc", "node-a", e1, "stale"),
         0,
@@ -120,7 +157,7 @@ fn a_killed_leaders_successor_leads_within_milliseconds() {
     let observer = observe(&server, "svc");
     let mut cli = Cli::start(server.port).expect("redis-cli");
     let first = cli.integer("LOCK.CAMPAIGN svc node-a 30000 EPHEMERAL");
-    assert!(next(&observer).starts_with(&format!("elected {first} ")));
+    assert_eq!(next(&observer), said("elected", first, "node-a"));
     let mut b = server.connect();
     let successor = thread::spawn(move || {
         (
@@ -135,7 +172,7 @@ fn a_killed_leaders_successor_leads_within_milliseconds() {
     let (epoch, granted) = successor.join().unwrap();
     let epoch = epoch.unwrap();
     let (message, heard) = observer.recv_timeout(SOON).expect("elected");
-    assert_eq!(message, format!("elected {epoch} node-b"));
+    assert_eq!(message, said("elected", epoch, "node-b"));
     println!(
         "killed leader -> successor granted in {:.2} ms, observers told in {:.2} ms",
         granted.duration_since(killed).as_secs_f64() * 1e3,

@@ -1395,3 +1395,58 @@ fn no_newcomer_barges_in_at_a_lease_end_while_a_writer_waits() {
         assert!(tw > 0);
     }
 }
+
+/// A key takes at most 1,000 holders, and a semaphore at most `LIMIT 1000`: a command on a
+/// shared key reads all of its holds, and 64 keys of 1,000 (one multi-key command at its cap)
+/// is what stays under 100 ms (tests/batches.rs). A key written with more holds (the bound was
+/// 10,000) is still a lock, takes no new holder, and keeps serving the holders it has.
+#[test]
+fn a_key_takes_at_most_a_thousand_holders_and_a_bigger_stored_key_still_works() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut pipe = redis::pipe();
+    for i in 0..1_000 {
+        pipe.cmd("LOCK.ACQUIRE")
+            .arg("rw")
+            .arg(format!("r{i}"))
+            .arg(60_000)
+            .arg("SHARED");
+    }
+    let tokens: Vec<Option<i64>> = pipe.query(&mut con).unwrap();
+    assert!(tokens.iter().all(Option::is_some));
+    assert_eq!(
+        acquire_error(&mut con, "rw", "one-more", &["SHARED"]),
+        "ERR the key has the most holders a lock may have (1000)"
+    );
+    assert!(
+        try_acq(&mut con, "rw", "r7", 60_000, &["SHARED"]).is_some(),
+        "a holder's re-entry is no new holder"
+    );
+    assert_eq!(
+        acquire_error(&mut con, "sem", "p", &["LIMIT", "1001"]),
+        "ERR LIMIT must be between 1 and 1000"
+    );
+    assert!(try_acq(&mut con, "sem", "p", 60_000, &["LIMIT", "1000"]).is_some());
+
+    // 2,000 holds in the documented layout, as the earlier bound allowed.
+    let end = pexpiretime(&mut con, "rw");
+    let mut hset = redis::cmd("HSET");
+    hset.arg("big").arg("mode").arg("rw");
+    for i in 0..2_000 {
+        hset.arg(format!("s:b{i}"))
+            .arg(format!("1:{end}:{}", 10 + i));
+    }
+    let _: i64 = hset.query(&mut con).unwrap();
+    let _: i64 = redis::cmd("PEXPIREAT")
+        .arg("big")
+        .arg(end)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(renew(&mut con, "big", "b1999", 60_000), 1);
+    assert_eq!(release(&mut con, "big", "b0"), Some(0));
+    assert_eq!(holders(&mut con, "big").len(), 1_999);
+    assert_eq!(
+        acquire_error(&mut con, "big", "newcomer", &["SHARED"]),
+        "ERR the key has the most holders a lock may have (1000)"
+    );
+}

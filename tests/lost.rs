@@ -1,5 +1,6 @@
-//! The lost-hold signal (issue #20): a holder whose hold ends by anything but its own
-//! `LOCK.RELEASE` is told on `lock.lost:{<key>}`, with `<reason> <token> <owner>`. What the module
+//! The lost-hold signal: a holder whose hold ends by anything but its own `LOCK.RELEASE` is
+//! told on `lock.lost:{<key>}`, with `<reason> <db> <token> <keylen> <key> <owner>` (one message
+//! `<reason> <db> * <keylen> <key>` for a key with several holds removed from outside). What the module
 //! does itself (a force release, a lease it sees end, a closed EPHEMERAL connection) it reports
 //! on every server; what other commands do to the key (DEL, UNLINK, RENAME, SET over it,
 //! eviction, a whole key's expiry) it learns from the key server event of Redis >= 7.2 and
@@ -33,6 +34,11 @@ fn listen(server: &Server, channel: &str) -> mpsc::Receiver<String> {
     });
     subscribed.recv_timeout(SOON).expect("subscribed");
     received
+}
+
+/// The message about one hold of `key` in database 0.
+fn told(reason: &str, token: i64, key: &str, owner: &str) -> String {
+    format!("{reason} 0 {token} {} {key} {owner}", key.len())
 }
 
 fn channel_of(key: &str) -> String {
@@ -74,14 +80,14 @@ fn a_forced_release_tells_every_holder_with_its_token() {
         .unwrap()
         .unwrap();
     force_release(&mut con, "k");
-    let mut told = vec![next(&received, "a"), next(&received, "b")];
-    told.sort();
+    let mut heard = vec![next(&received, "a"), next(&received, "b")];
+    heard.sort();
     // The owner is the rest of the message, spaces and all.
     assert_eq!(
-        told,
+        heard,
         [
-            format!("forcereleased {a} reader a"),
-            format!("forcereleased {b} reader-b")
+            told("forcereleased", a, "k", "reader a"),
+            told("forcereleased", b, "k", "reader-b")
         ]
     );
     // An exclusive key: one holder, one message.
@@ -89,7 +95,7 @@ fn a_forced_release_tells_every_holder_with_its_token() {
     force_release(&mut con, "k");
     assert_eq!(
         next(&received, "writer"),
-        format!("forcereleased {t} writer")
+        told("forcereleased", t, "k", "writer")
     );
 }
 
@@ -124,7 +130,7 @@ fn a_closed_ephemeral_connection_tells_its_holder() {
     drop(holder);
     assert_eq!(
         next(&received, "the closed connection"),
-        format!("disconnected {token} worker-1")
+        told("disconnected", token, "k", "worker-1")
     );
     assert_eq!(lock_info(&mut con, "k"), None);
 }
@@ -145,7 +151,7 @@ fn a_lease_that_ends_while_others_hold_the_key_tells_its_holder() {
     let writer = Waiter::start(&server, "k", "writer", 60_000, 1_000);
     assert_eq!(
         next(&received, "the short lease"),
-        format!("expired {short} short")
+        told("expired", short, "k", "short")
     );
     // The long hold is still there: the writer times out, nobody else is told anything.
     assert_eq!(writer.token(SOON), None);
@@ -178,7 +184,7 @@ fn keys_removed_or_replaced_from_outside_tell_their_holders_where_the_server_rep
         if reports_key_events() {
             assert_eq!(
                 next(&received, command[0]),
-                format!("{reason} {token} holder"),
+                told(reason, token, "k", "holder"),
                 "{command:?}"
             );
         }
@@ -194,10 +200,112 @@ fn keys_removed_or_replaced_from_outside_tell_their_holders_where_the_server_rep
     if reports_key_events() {
         assert_eq!(
             next(&received, "the expiry"),
-            format!("expired {token} holder")
+            told("expired", token, "k", "holder")
         );
     }
     nothing_before_marker(&mut con, &received, "k");
+}
+
+/// A key with several holds removed or replaced from outside: one message for the key, not one
+/// per hold (the key event runs inside the removing command, which must stay O(keys)); the
+/// holders check theirs with a read.
+#[test]
+fn a_key_with_several_holds_removed_from_outside_is_one_message_for_the_key() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let share = |con: &mut Connection| {
+        for owner in ["r1", "r2", "r 3"] {
+            acquire_with(con, "k", owner, 60_000, &["SHARED"])
+                .unwrap()
+                .unwrap();
+        }
+    };
+    for (command, reason) in [("DEL", "deleted"), ("SET", "overwritten")] {
+        share(&mut con);
+        let mut cmd = redis::cmd(command);
+        cmd.arg("k");
+        if command == "SET" {
+            cmd.arg("v");
+        }
+        let _: Value = cmd.query(&mut con).unwrap();
+        let _: i64 = redis::cmd("DEL").arg("k").query(&mut con).unwrap();
+        if reports_key_events() {
+            assert_eq!(next(&received, command), format!("{reason} 0 * 1 k"));
+        }
+        nothing_before_marker(&mut con, &received, "k");
+    }
+    // The whole key's expiry: every hold's lease ends at once.
+    for owner in ["r1", "r2"] {
+        acquire_with(&mut con, "k", owner, 100, &["SHARED"])
+            .unwrap()
+            .unwrap();
+    }
+    assert!(eventually(SOON, || {
+        let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut con).unwrap();
+        exists == 0
+    }));
+    if reports_key_events() {
+        let heard = next(&received, "the expiry");
+        // The server's expiry, or the module's own look at the key (a hold at a time) if a
+        // command read it first: either names the key and its database.
+        assert!(
+            heard == "expired 0 * 1 k"
+                || heard.starts_with("expired 0 ") && heard.contains(" 1 k r"),
+            "{heard}"
+        );
+    }
+}
+
+/// A copy of a lock (`COPY k k DB 1`, a backup; `COPY k {k}`, which shares `k`'s channel) keeps
+/// the owner and the token: deleting the copy says so about the copy, naming its database and
+/// key, never in words the original's holder would take for its own loss.
+#[test]
+fn deleting_a_copy_names_the_copy_not_the_original() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let received = listen(&server, &channel_of("k"));
+    let token = acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let select = |con: &mut Connection, db: i64| {
+        let _: () = redis::cmd("SELECT").arg(db).query(con).unwrap();
+    };
+    let _: i64 = redis::cmd("COPY")
+        .arg("k")
+        .arg("k")
+        .arg("DB")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    // (Valkey 8.1.8 leaves the connection on db 1 after COPY ... DB with a module loaded.)
+    select(&mut con, 0);
+    let mut in_db1 = server.connect();
+    select(&mut in_db1, 1);
+    let _: i64 = redis::cmd("DEL").arg("k").query(&mut in_db1).unwrap();
+    let _: i64 = redis::cmd("COPY")
+        .arg("k")
+        .arg("{k}")
+        .query(&mut con)
+        .unwrap();
+    let _: i64 = redis::cmd("DEL").arg("{k}").query(&mut con).unwrap();
+    if reports_key_events() {
+        assert_eq!(
+            next(&received, "the copy in db 1"),
+            format!("deleted 1 {token} 1 k holder")
+        );
+        assert_eq!(
+            next(&received, "the copy {k}"),
+            format!("deleted 0 {token} 3 {{k}} holder")
+        );
+    }
+    nothing_before_marker(&mut con, &received, "k");
+    // The original is untouched and still renews.
+    let renewed: i64 = redis::cmd("LOCK.RENEW")
+        .arg("k")
+        .arg("holder")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(renewed, 1);
 }
 
 #[test]
@@ -234,7 +342,7 @@ fn an_evicted_lock_tells_its_holder_where_the_server_reports_it() {
     if reports_key_events() {
         assert_eq!(
             next(&received, "the eviction"),
-            format!("evicted {token} holder")
+            told("evicted", token, "k", "holder")
         );
     }
     nothing_before_marker(&mut con, &received, "k");
@@ -258,7 +366,7 @@ fn an_empty_prefix_turns_the_signal_off() {
     force_release(&mut con, "{user}:lock");
     assert_eq!(
         next(&tagged, "the tagged key"),
-        format!("forcereleased {t} holder")
+        told("forcereleased", t, "{user}:lock", "holder")
     );
 }
 

@@ -301,6 +301,42 @@ fn acl_confines_applications_to_their_own_unlock_channels() {
     );
 }
 
+/// `redis.conf.example` (what `make run` starts) lists every option of the module, each with
+/// its default: the module loaded from it has exactly these options, with these values, and a
+/// server without the file's options has the same values.
+#[test]
+fn the_example_config_lists_every_option_with_its_default() {
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/redis.conf.example"))
+        .expect("redis.conf.example");
+    let listed: std::collections::BTreeMap<String, String> = example
+        .lines()
+        .filter(|l| l.starts_with("lock."))
+        .map(|l| {
+            let (name, value) = l.split_once(' ').expect("name value");
+            (name.to_string(), value.to_string())
+        })
+        .collect();
+    let options: String = example
+        .lines()
+        .filter(|l| l.starts_with("lock."))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let config_get = |server: &Server| -> std::collections::BTreeMap<String, String> {
+        let pairs: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("lock.*")
+            .query(&mut server.connect())
+            .unwrap();
+        pairs
+            .chunks(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect()
+    };
+    let from_example = Server::start_from_config(&options);
+    assert_eq!(config_get(&from_example), listed, "the example as loaded");
+    assert_eq!(config_get(&Server::start()), listed, "the defaults");
+}
+
 #[test]
 fn config_is_validated_and_written_by_config_rewrite() {
     let server = Server::start_from_config("lock.max-lease-ms 60000\n");
@@ -622,7 +658,7 @@ fn acl_permissions_the_docs_name_for_elections_are_enough() {
         .query(&mut cand)
         .unwrap();
     let message: String = pubsub.get_message().unwrap().get_payload().unwrap();
-    assert_eq!(message, format!("elected {epoch} node-a"));
+    assert_eq!(message, format!("elected 0 {epoch} 7 app:svc node-a"));
     let proclaimed: i64 = redis::cmd("LOCK.PROCLAIM")
         .arg("app:svc")
         .arg("node-a")

@@ -502,15 +502,15 @@ mod tests {
                 Ok((Mode::Limit(3), Binding::Lease, Wait::No)),
             ),
             (
-                "LOCK.ACQUIRE k o 100 EPHEMERAL LIMIT 10000 WAIT 0",
-                Ok((Mode::Limit(10_000), Binding::Connection, Wait::Forever)),
+                "LOCK.ACQUIRE k o 100 EPHEMERAL LIMIT 1000 WAIT 0",
+                Ok((Mode::Limit(1_000), Binding::Connection, Wait::Forever)),
             ),
             (
                 "LOCK.ACQUIRE k o 100 LIMIT 0",
                 Err(LockError::LimitOutOfRange),
             ),
             (
-                "LOCK.ACQUIRE k o 100 LIMIT 10001",
+                "LOCK.ACQUIRE k o 100 LIMIT 1001",
                 Err(LockError::LimitOutOfRange),
             ),
             (

@@ -46,8 +46,21 @@ impl<E> Deadlines<E> {
 
     /// Removes and returns the earliest deadline if it is due at `now`.
     pub fn pop_due(&mut self, now: UnixMs) -> Option<(DeadlineKey, E)> {
+        self.pop_due_until(now, u64::MAX)
+    }
+
+    /// A mark of what is scheduled now: [`Deadlines::pop_due_until`] with it leaves what is
+    /// inserted after it for later, even if it is due already.
+    pub fn mark(&self) -> u64 {
+        self.seq
+    }
+
+    /// Removes and returns the earliest deadline if it is due at `now` and was inserted before
+    /// `mark` was taken. (A deadline inserted later is never earlier than the `now` it was
+    /// inserted at, so stopping at the first one inserted later skips none inserted before.)
+    pub fn pop_due_until(&mut self, now: UnixMs, mark: u64) -> Option<(DeadlineKey, E)> {
         let first = *self.pending.keys().next()?;
-        if first.at > now {
+        if first.at > now || first.seq > mark {
             return None;
         }
         self.pending.remove(&first).map(|e| (first, e))
@@ -85,6 +98,22 @@ mod tests {
         assert_eq!(fired, ["a", "b", "c"]);
         assert_eq!(d.next_at(), Some(50));
         assert!(d.pop_due(49).is_none());
+    }
+
+    #[test]
+    fn a_mark_leaves_what_was_inserted_after_it_for_later() {
+        let mut d = Deadlines::default();
+        d.insert(5, "old");
+        let mark = d.mark();
+        d.insert(10, "new, due");
+        d.insert(10, "new, due too");
+        let mut fired = Vec::new();
+        while let Some((_, e)) = d.pop_due_until(10, mark) {
+            fired.push(e);
+        }
+        assert_eq!(fired, ["old"]);
+        assert_eq!(d.next_at(), Some(10), "left for the next turn");
+        assert_eq!(d.pop_due(10).map(|(_, e)| e), Some("new, due"));
     }
 
     #[test]

@@ -28,28 +28,6 @@ pub fn leads(lock: &Lock, owner: &[u8], epoch: u64, now: UnixMs) -> bool {
     leader(lock, now).is_some_and(|hold| hold.owner == owner && hold.token == Some(epoch))
 }
 
-/// `elected <epoch> <owner>`: a candidate became the leader.
-pub fn elected_message(epoch: u64, owner: &[u8]) -> Vec<u8> {
-    message(b"elected", epoch, owner)
-}
-
-/// `proclaimed <epoch> <value>`: the leader of `epoch` proclaimed a value.
-pub fn proclaimed_message(epoch: u64, value: &[u8]) -> Vec<u8> {
-    message(b"proclaimed", epoch, value)
-}
-
-fn message(kind: &[u8], epoch: u64, rest: &[u8]) -> Vec<u8> {
-    let mut digits = [0u8; 20];
-    let epoch = format_u64(epoch, &mut digits);
-    let mut out = Vec::with_capacity(kind.len() + epoch.len() + rest.len() + 2);
-    out.extend_from_slice(kind);
-    out.push(b' ');
-    out.extend_from_slice(epoch);
-    out.push(b' ');
-    out.extend_from_slice(rest);
-    out
-}
-
 /// A proclamation as stored: `<epoch>:<value>`.
 pub fn encode_proclaimed(epoch: u64, value: &[u8]) -> Vec<u8> {
     let mut digits = [0u8; 20];
@@ -115,12 +93,7 @@ mod tests {
     }
 
     #[test]
-    fn messages_and_stored_values() {
-        assert_eq!(elected_message(12, b"node a"), b"elected 12 node a");
-        assert_eq!(
-            proclaimed_message(12, b"10.0.0.1:80"),
-            b"proclaimed 12 10.0.0.1:80"
-        );
+    fn stored_values() {
         let stored = encode_proclaimed(12, b"x:y");
         assert_eq!(stored, b"12:x:y");
         assert_eq!(decode_proclaimed(&stored), Some((12, &b"x:y"[..])));

@@ -29,14 +29,16 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use smallvec::SmallVec;
 
-pub use crate::kind::{Family, HoldKind, Mode, Queue, Reentry, MAX_HOLDERS, MAX_LIMIT};
+pub use crate::kind::{
+    Family, HoldKind, Mode, Queue, Reentry, MAX_HOLDERS, MAX_LIMIT, MAX_STORED_HOLDERS,
+};
 use crate::layout::{parse_exclusive_mode, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD};
 pub use crate::layout::{MODE_FIELD, MODE_FIELD_DISPLAY};
 use crate::{LockError, UnixMs};
 
-/// The most fields a multi-hold key has (the mode field, one per hold, and the exclusive hold
-/// of a downgrade); a hash with more is refused before any field is read.
-pub const MAX_MULTI_FIELDS: usize = MAX_HOLDERS + 2;
+/// The most fields a stored multi-hold key may have (the mode field, one per hold, and the
+/// exclusive hold of a downgrade); a hash with more is refused before any field is read.
+pub const MAX_MULTI_FIELDS: usize = MAX_STORED_HOLDERS + 2;
 
 /// The most fields Redisson's `RLock` layout has: its holder and the mode (or, in the old layout,
 /// the fence).
@@ -326,12 +328,17 @@ pub fn decode_rlock<'a>(
     })
 }
 
+/// Whether a mode field's value is a multi-hold key's (`rw`, `semaphore:<n>`).
+pub fn is_multi_mode(mode: &[u8]) -> bool {
+    decode_family(mode).is_some()
+}
+
 fn decode_family(mode: &[u8]) -> Option<Family> {
     if mode == b"rw" {
         return Some(Family::ReadWrite);
     }
     let limit = parse_positive(mode.strip_prefix(b"semaphore:")?)?;
-    (limit <= MAX_LIMIT).then_some(Family::Semaphore { limit })
+    (limit <= MAX_STORED_HOLDERS as u64).then_some(Family::Semaphore { limit })
 }
 
 fn decode_multi(fields: &Fields, mode_field: &[u8], mode: &[u8]) -> Result<Lock, LockError> {
@@ -388,7 +395,7 @@ fn decode_hold(field: &[u8], value: &[u8]) -> Option<Hold> {
 /// one would write Redisson's layout beside its fields).
 fn is_consistent(lock: &Lock) -> bool {
     let holds = &lock.holds;
-    if holds.len() > MAX_HOLDERS || lock.is_rlock_layout() {
+    if holds.len() > MAX_STORED_HOLDERS || lock.is_rlock_layout() {
         return false;
     }
     match lock.family {
@@ -786,26 +793,61 @@ pub fn decide_on(
 #[derive(Debug)]
 pub struct Run {
     lock: Lock,
-    /// Owner → positions in `lock.holds` of its holds (exclusive, shared, permit), as the key was.
-    own: HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]>,
+    /// Where each owner's holds are among the holds the key had.
+    own: OwnIndex,
     any_exclusive: bool,
+}
+
+/// Where an owner's holds are among a lock's holds as read.
+#[derive(Debug)]
+enum OwnIndex {
+    /// The first `len` holds are in (kind, owner) order, as every decoded key lists them: an
+    /// owner's hold of a kind is found by binary search, with nothing built.
+    Sorted { len: usize },
+    /// Owner → positions of its holds (exclusive, shared, permit): holds in another order.
+    Map(HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]>),
 }
 
 impl Run {
     pub fn new(lock: Lock) -> Run {
-        let mut own: HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]> = HashMap::new();
-        let mut any_exclusive = false;
-        for (at, hold) in lock.holds.iter().enumerate() {
-            any_exclusive |= hold.kind == HoldKind::Exclusive;
-            let slots = own.entry(hold.owner.clone()).or_default();
-            if let Some(slot) = slots.get_mut(hold.kind.index()) {
-                *slot = Some(at);
+        let any_exclusive = lock.holds.iter().any(|h| h.kind == HoldKind::Exclusive);
+        let sorted = lock
+            .holds
+            .windows(2)
+            .all(|w| matches!(w, [a, b] if (a.kind, &a.owner) < (b.kind, &b.owner)));
+        let own = if sorted {
+            OwnIndex::Sorted {
+                len: lock.holds.len(),
             }
-        }
+        } else {
+            let mut own: HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]> = HashMap::new();
+            for (at, hold) in lock.holds.iter().enumerate() {
+                let slots = own.entry(hold.owner.clone()).or_default();
+                if let Some(slot) = slots.get_mut(hold.kind.index()) {
+                    *slot = Some(at);
+                }
+            }
+            OwnIndex::Map(own)
+        };
         Run {
             lock,
             own,
             any_exclusive,
+        }
+    }
+
+    /// Where `owner`'s hold of `kind` is, among the holds the key had.
+    fn position(&self, owner: &[u8], kind: HoldKind) -> Option<usize> {
+        match &self.own {
+            OwnIndex::Sorted { len } => self
+                .lock
+                .holds
+                .get(..*len)?
+                .binary_search_by(|h| (h.kind, h.owner.as_slice()).cmp(&(kind, owner)))
+                .ok(),
+            OwnIndex::Map(own) => own
+                .get(owner)
+                .and_then(|slots| slots.get(kind.index()).copied().flatten()),
         }
     }
 
@@ -819,10 +861,10 @@ impl Run {
 
     fn standing(&self, owner: &[u8]) -> Standing<'_> {
         let mut own = [None; HoldKind::ALL.len()];
-        if let Some(at) = self.own.get(owner) {
-            for (slot, at) in own.iter_mut().zip(at) {
-                *slot = at.and_then(|i| self.lock.holds.get(i));
-            }
+        for (slot, kind) in own.iter_mut().zip(HoldKind::ALL) {
+            *slot = self
+                .position(owner, kind)
+                .and_then(|i| self.lock.holds.get(i));
         }
         Standing {
             family: (!self.lock.holds.is_empty()).then_some(self.lock.family),
@@ -858,10 +900,7 @@ impl Run {
         }
         let hold = granted.hold(owner, token);
         self.any_exclusive |= granted.kind == HoldKind::Exclusive;
-        let at = self
-            .own
-            .get(owner)
-            .and_then(|slots| slots.get(granted.kind.index()).copied().flatten());
+        let at = self.position(owner, granted.kind);
         match at.and_then(|i| self.lock.holds.get_mut(i)) {
             Some(slot) => *slot = hold,
             None => self.lock.holds.push(hold),

@@ -6,9 +6,15 @@ use crate::layout::MAX_STORED_INTEGER;
 use crate::LockError;
 
 /// The largest `LIMIT`, and the most holders a shared key may have: every command on such a
-/// key reads all of its holds, so the bound keeps that cost small.
-pub const MAX_LIMIT: u64 = 10_000;
-pub const MAX_HOLDERS: usize = 10_000;
+/// key reads all of its holds, so the bound keeps that cost small — one command on a key at the
+/// bound, or a multi-key command on 64 such keys (64,000 holds), stays well under 100 ms.
+pub const MAX_LIMIT: u64 = 1_000;
+pub const MAX_HOLDERS: usize = 1_000;
+
+/// The most holds (and the largest `LIMIT`) a stored key may have and still be read as a lock:
+/// the bound of earlier versions, so that a key written then keeps working (it takes no new
+/// holds past [`MAX_HOLDERS`], and shrinks as its holders leave).
+pub const MAX_STORED_HOLDERS: usize = 10_000;
 
 /// The kind of one hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -29,6 +29,7 @@ pub mod kind;
 pub mod layout;
 pub mod queue;
 pub mod scheduler;
+pub mod signal;
 pub mod slot;
 pub mod token;
 pub mod unload;

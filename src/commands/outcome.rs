@@ -217,8 +217,11 @@ pub fn finish<'a>(
         add(&STATS.holds_expired, ended as u64);
         notify::event(ctx, c"lock.expired", key_name);
     }
-    for lost in lost {
-        notify::publish_lost(ctx, name, lost);
+    if !lost.is_empty() {
+        let db = ffi::selected_db(ctx);
+        for lost in lost {
+            notify::publish_lost(ctx, db, name, lost);
+        }
     }
     if let Some(event) = event {
         notify::event(ctx, event_name(event), key_name);

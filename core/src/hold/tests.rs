@@ -530,15 +530,17 @@ fn a_write_to_a_key_with_the_old_names_renames_them() {
     }
 }
 
+/// A key may hold more than [`MAX_HOLDERS`] holds if an earlier version (whose bound was
+/// [`MAX_STORED_HOLDERS`]) wrote it: it is still a lock, up to that bound.
 #[test]
 fn decode_refuses_more_shared_holders_than_a_lock_may_have() {
     let mut stored = fields(&[("__mode__", "rw")]);
-    for i in 0..MAX_HOLDERS {
+    for i in 0..MAX_STORED_HOLDERS {
         stored.push((format!("s:{i}").into_bytes(), value(1, END, 1).into_bytes()));
     }
     assert_eq!(
         decode(&stored, None).map(|l| l.holds.len()),
-        Ok(MAX_HOLDERS)
+        Ok(MAX_STORED_HOLDERS)
     );
     stored.push((b"s:one-too-many".to_vec(), value(1, END, 1).into_bytes()));
     assert_eq!(decode(&stored, None), Err(LockError::NotALock));
@@ -1725,4 +1727,75 @@ fn a_field_reported_twice_by_a_hash_scan_is_one_hold() {
         Family::Semaphore { limit: 2 },
         "and within the limit"
     );
+}
+
+/// A run finds an owner's holds by binary search when the holds are in the order every decoded
+/// key lists them, and through a map otherwise: both find the same holds, so every decision and
+/// grant of a run is the same either way.
+#[test]
+fn a_run_decides_alike_on_holds_in_stored_order_and_in_any_other() {
+    let sorted = |mut lock: Lock| {
+        lock.holds
+            .sort_unstable_by(|a, b| (a.kind, &a.owner).cmp(&(b.kind, &b.owner)));
+        lock
+    };
+    let locks = [
+        rw((0..50)
+            .map(|i| {
+                hold(
+                    &format!("r{i:02}"),
+                    HoldKind::Shared,
+                    1,
+                    NOW + 10_000,
+                    100 + i,
+                )
+            })
+            .collect()),
+        rw(vec![
+            hold("d", HoldKind::Exclusive, 2, NOW + 10_000, 7),
+            hold("d", HoldKind::Shared, 1, NOW + 10_000, 7),
+        ]),
+        sem(
+            5,
+            (0..4)
+                .map(|i| hold(&format!("p{i}"), HoldKind::Permit, 1, NOW + 10_000, 10 + i))
+                .collect(),
+        ),
+    ];
+    let owners = ["r00", "r25", "r49", "d", "p0", "p3", "nobody"];
+    let modes = [Mode::Exclusive, Mode::Shared, Mode::Limit(5)];
+    for lock in locks {
+        let mut reversed = lock.clone();
+        reversed.holds.reverse();
+        let in_order = Run::new(sorted(lock.clone()));
+        let other = Run::new(reversed);
+        assert!(matches!(in_order.own, OwnIndex::Sorted { .. }));
+        assert!(lock.holds.len() < 2 || matches!(other.own, OwnIndex::Map(_)));
+        for owner in owners {
+            for mode in modes {
+                for reentry in [Reentry::Counted, Reentry::Once] {
+                    let a = in_order.decide(owner.as_bytes(), mode, 5_000, reentry, NOW);
+                    let b = other.decide(owner.as_bytes(), mode, 5_000, reentry, NOW);
+                    assert_eq!(a, b, "{owner} {mode:?} {reentry:?}");
+                    if let Ok(Decision::Grant(g)) = a {
+                        let (mut x, mut y) = (
+                            Run::new(sorted(lock.clone())),
+                            Run::new({
+                                let mut l = lock.clone();
+                                l.holds.reverse();
+                                l
+                            }),
+                        );
+                        x.apply(owner.as_bytes(), mode, &g, 999);
+                        y.apply(owner.as_bytes(), mode, &g, 999);
+                        assert_eq!(
+                            sorted(x.into_lock()),
+                            sorted(y.into_lock()),
+                            "{owner} {mode:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

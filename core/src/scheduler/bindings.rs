@@ -185,6 +185,17 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// to its waiters as after a release. Each key is read and written once, however many of
     /// its holds end. While writes are paused this happens after the pause.
     pub fn clients_gone(&mut self, port: &mut impl Port<H>, clients: Vec<ClientId>, now: UnixMs) {
+        self.turn = Default::default();
+        self.end_connections(port, clients, now);
+    }
+
+    /// [`Scheduler::clients_gone`], inside a turn already begun.
+    pub(super) fn end_connections(
+        &mut self,
+        port: &mut impl Port<H>,
+        clients: Vec<ClientId>,
+        now: UnixMs,
+    ) {
         let mut clients = clients;
         clients.retain(|c| self.bindings.holds_of(*c) > 0);
         if clients.is_empty() {

@@ -18,7 +18,7 @@ use crate::args::Wait;
 use crate::binding::{Bindings, ClientId, GrantRef};
 use crate::deadlines::{DeadlineKey, Deadlines};
 use crate::election::Campaign;
-use crate::hold::{self, Decision, Hold, HoldKind, Lock, Lost, LostReason, Mode, Run, StoredLock};
+use crate::hold::{self, Hold, HoldKind, Lock, Lost, LostReason, Mode, StoredLock};
 use crate::kind::Left;
 use crate::kind::Reentry;
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
@@ -96,14 +96,6 @@ enum Ending {
     ConnectionClosed,
 }
 
-/// Where a run of grants stopped.
-enum Stop {
-    /// Nobody else fits now (or the queue is empty).
-    Held,
-    /// Nobody can be granted the key (tokens exhausted): every waiter gets this error.
-    Refused(LockError),
-}
-
 /// How often bound holds are checked for ends the module does not see as they happen (a lease
 /// end, DEL, an overwrite), and how much one check does at most: bindings looked at, and holds
 /// read from their keys (past that, only connections whose keys were read already are taken;
@@ -172,9 +164,6 @@ pub trait Port<H> {
     /// Reads the lock at `key`. With `check_route` a missing key whose slot left this node (a
     /// background handoff in a cluster) reads as [`Read::Moved`].
     fn read(&mut self, key: &LockKey, check_route: bool) -> Read;
-    /// Reads several keys (distinct) together, each as [`Port::read`], for one multi-key
-    /// decision: every one may then be written.
-    fn read_many(&mut self, keys: &[LockKey], check_route: bool) -> Vec<Read>;
     /// Turns the lock last read from `key` (`old`, as read) into `new`: writes, and replicates
     /// as plain commands, only what changes.
     fn write(
@@ -265,9 +254,23 @@ pub struct Scheduler<H> {
     /// The next binding sweep, while any hold is bound, and the client it resumes after.
     binding_sweep: Option<DeadlineKey>,
     sweep_after: ClientId,
+    /// What this turn of the server's event loop did so far (see `batch::TURN_START_LIMIT`).
+    turn: Turn,
+    /// Keys with a `Recheck` scheduled: one is enough, however many events asked for it.
+    rechecks: HashSet<LockKey>,
     /// Sweeps run so far (tests wait for one to have run).
     #[cfg(test)]
     sweeps_run: u64,
+}
+
+/// The work of one turn of the server's event loop: a command, a firing of the timer, a round
+/// of outside changes. Reset when the next one begins.
+#[derive(Debug, Default)]
+struct Turn {
+    /// Handoff batches started.
+    batches: usize,
+    /// Units of work done (holds read, holds granted).
+    spent: usize,
 }
 
 impl<H> Default for Scheduler<H> {
@@ -281,6 +284,8 @@ impl<H> Default for Scheduler<H> {
             bindings: Bindings::default(),
             binding_sweep: None,
             sweep_after: 0,
+            turn: Turn::default(),
+            rechecks: HashSet::new(),
             #[cfg(test)]
             sweeps_run: 0,
         }
@@ -375,7 +380,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         for (key, seen) in new.keys {
             match seen {
                 Seen::Free => {
-                    self.deadlines.insert(now, Due::Recheck(key.clone()));
+                    self.recheck(key.clone(), now);
                 }
                 Seen::Held { next_lease_end } => {
                     if self.queues.lease_check(key).is_none() {
@@ -391,6 +396,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// leaving `left` of it: hand the room to the head waiter(s), else publish the unlock when
     /// the key is free.
     pub fn freed(&mut self, port: &mut impl Port<H>, key: &LockKey, left: Left, now: UnixMs) {
+        self.turn = Turn::default();
         self.room_made(port, key, left, now, Origin::Command);
     }
 
@@ -454,11 +460,20 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             .collect()
     }
 
+    /// Looks at `key` again from the timer at `at` (once, however often this is asked before it
+    /// runs).
+    fn recheck(&mut self, key: LockKey, at: UnixMs) {
+        if !self.rechecks.contains(&key) {
+            self.rechecks.insert(key.clone());
+            self.deadlines.insert(at, Due::Recheck(key));
+        }
+    }
+
     /// Looks again, from the timer, at each of these keys that still has waiters.
     fn recheck_heads(&mut self, keys: Vec<LockKey>, now: UnixMs) {
         for key in keys {
             if self.queues.has_waiters(&key) {
-                self.deadlines.insert(now, Due::Recheck(key));
+                self.recheck(key, now);
             }
         }
     }
@@ -482,9 +497,14 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.deadlines.insert(now, Due::Undelivered(grant));
     }
 
-    /// The timer fired: everything due at `now`.
+    /// The timer fired: everything that was due at `now` when it fired. What this turn
+    /// schedules for `now` (the rest of a batch that reached its size, a key to look at again)
+    /// is left for the next turn of the server's event loop, so that other clients are served
+    /// in between: the adapter's next timer fires at once.
     pub fn timer_fired(&mut self, port: &mut impl Port<H>, now: UnixMs) {
-        while let Some((fired, due)) = self.deadlines.pop_due(now) {
+        self.turn = Turn::default();
+        let mark = self.deadlines.mark();
+        while let Some((fired, due)) = self.deadlines.pop_due_until(now, mark) {
             self.handle_due(port, fired, due, now);
         }
     }
@@ -492,6 +512,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// Changes noticed outside the module: look at each affected key with waiters once (the
     /// first cause noted for a key wins).
     pub fn keys_changed(&mut self, port: &mut impl Port<H>, changes: Vec<Change>, now: UnixMs) {
+        self.turn = Turn::default();
         let mut keys: Vec<(LockKey, Cause)> = Vec::new();
         for change in changes {
             match change {
@@ -545,157 +566,6 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.queues.is_waited_name(name)
     }
 
-    /// Gives the key to its head waiter if it has room; after a shared grant, to every shared
-    /// waiter behind it up to the next exclusive one, and after a permit, to the next waiters
-    /// while permits are free. The whole run is decided on one read of the key (holds whose
-    /// lease ended go first) and written once. Returns whether anyone was granted.
-    fn pump(
-        &mut self,
-        port: &mut impl Port<H>,
-        key: &LockKey,
-        now: UnixMs,
-        cause: Cause,
-        origin: Origin,
-    ) -> bool {
-        if !self.queues.has_waiters(key) {
-            return false;
-        }
-        match port.writes() {
-            Writes::Allowed => {}
-            Writes::Replica => return false,
-            Writes::Paused => {
-                self.defer_while_paused(key, cause, now);
-                return false;
-            }
-        }
-        if let Some(head) = self.queues.front(key).filter(|w| w.is_multi()) {
-            let id = head.id;
-            if head.keys().all(|k| self.queues.heads(k, id)) {
-                return self.pump_multi(port, id, key, now, cause, origin);
-            }
-        }
-        let stored = match port.read(key, origin == Origin::Background) {
-            Read::Lock(stored) => stored,
-            Read::NotALock { expires_at } => {
-                self.schedule_lease_check(key, expires_at, now);
-                return false;
-            }
-            Read::Moved(redirect) => {
-                self.refuse_all(port, key, &redirect, Note::Redirected, now);
-                return false;
-            }
-        };
-        let mut lock = stored.as_ref().map_or_else(Lock::free, |s| s.lock.clone());
-        let ended_holds = lock.take_ended(now);
-        let ended = ended_holds.len();
-        let mut run = Run::new(lock);
-        let mut granted: Vec<(Waiter<H>, u64, HoldKind)> = Vec::new();
-        let mut stop = Stop::Held;
-        let mut refused_any = false;
-        while let Some(head) = self.queues.front(key) {
-            if head.is_multi() {
-                // A multi-key request waits here until it heads every one of its queues (it
-                // heads none of the others yet, or this run granted or refused others first):
-                // nobody behind it passes it. Once this run is written, the key is looked at
-                // again.
-                if !granted.is_empty() || refused_any {
-                    self.deadlines.insert(now, Due::Recheck(key.clone()));
-                }
-                break;
-            }
-            let mode = head.mode;
-            let decision = run.decide(&head.owner, mode, head.lease_ms, head.reentry, now);
-            let grant = match decision {
-                Err(error) => {
-                    refused_any = true;
-                    if let Some(waiter) = self.take_front(key, now) {
-                        port.note(Note::Mismatched);
-                        port.answer(waiter.handle, Answer::Refused(error.reply()));
-                    }
-                    continue;
-                }
-                Ok(Decision::Busy) => break,
-                Ok(Decision::Grant(grant)) => grant,
-            };
-            let token = match grant.token {
-                Some(token) => token,
-                None => match port.next_token(key, now) {
-                    Ok(token) => token,
-                    Err(error) => {
-                        stop = Stop::Refused(error);
-                        break;
-                    }
-                },
-            };
-            run.apply(&head.owner, mode, &grant, token);
-            let Some(waiter) = self.take_front(key, now) else {
-                break;
-            };
-            granted.push((waiter, token, mode.kind()));
-            let next_may_follow = matches!(
-                (mode, self.queues.front(key).map(|w| w.mode)),
-                (Mode::Shared, Some(Mode::Shared)) | (Mode::Limit(_), Some(Mode::Limit(_)))
-            );
-            if !next_may_follow {
-                break;
-            }
-        }
-        if !granted.is_empty() || ended > 0 {
-            if let Err(error) = port.write(key, stored.as_ref(), run.lock()) {
-                // Nothing was written: nobody got the key, and nobody can now.
-                let reply = error.reply();
-                for (waiter, ..) in granted {
-                    port.note(Note::Refused);
-                    port.answer(waiter.handle, Answer::Refused(reply.clone()));
-                }
-                self.refuse_all(port, key, &reply, Note::Refused, now);
-                return false;
-            }
-        }
-        self.announce_ended(port, key, &ended_holds);
-        // Where the server reports every key expiry, a lease end that freed the key was
-        // announced then; the end of one hold of several only the module sees.
-        let key_expired =
-            !granted.is_empty() && cause == Cause::LeaseEnded && !port.reports_expiries();
-        if ended == 0 && key_expired {
-            port.event(key, Event::Expired);
-        }
-        let granted_any = !granted.is_empty();
-        let mut cause = cause;
-        for (waiter, token, kind) in granted {
-            port.event(key, Event::Handoff);
-            if cause == Cause::LeaseEnded {
-                port.note(Note::ExpiredWithWaiters { key: key.clone() });
-                // One lease end, noted once however many it lets in.
-                cause = Cause::Freed;
-            }
-            port.note(Note::HandedOff {
-                key: key.clone(),
-                waited_ms: now.saturating_sub(waiter.enqueued_at),
-            });
-            if let Some(client) = waiter.bind {
-                self.bind(port, client, key, kind, token, now);
-            }
-            if let Some(campaign) = &waiter.campaign {
-                port.elected(key, token, &waiter.owner, campaign.value.as_deref());
-            }
-            port.answer(
-                waiter.handle,
-                Answer::Granted {
-                    token,
-                    key: key.clone(),
-                    owner: Box::from(&*waiter.owner),
-                    kind,
-                },
-            );
-        }
-        match stop {
-            Stop::Refused(error) => self.refuse_all(port, key, &error.reply(), Note::Refused, now),
-            Stop::Held => self.schedule_lease_check(key, run.lock().next_lease_end(), now),
-        }
-        granted_any
-    }
-
     /// Counts and announces the holds whose lease ended on `key` (removed by the write just
     /// made), and tells their holders.
     fn announce_ended(&mut self, port: &mut impl Port<H>, key: &LockKey, ended: &[Hold]) {
@@ -725,6 +595,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 self.pump(port, &key, now, Cause::LeaseEnded, Origin::Background);
             }
             Due::Recheck(key) => {
+                self.rechecks.remove(&key);
                 self.pump(port, &key, now, Cause::Freed, Origin::Background);
             }
             Due::PauseCheck => {
@@ -735,11 +606,11 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     Writes::Replica => {
                         self.paused.clear();
                         let gone = std::mem::take(&mut self.gone_while_paused);
-                        self.clients_gone(port, gone, now);
+                        self.end_connections(port, gone, now);
                     }
                     Writes::Allowed => {
                         let gone = std::mem::take(&mut self.gone_while_paused);
-                        self.clients_gone(port, gone, now);
+                        self.end_connections(port, gone, now);
                         for (key, cause) in std::mem::take(&mut self.paused) {
                             self.pump(port, &key, now, cause, Origin::Background);
                         }
@@ -835,6 +706,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 /// An in-memory server for the scheduler's tests (unit and model-based): keys holding a
 /// [`Lock`](crate::hold::Lock) decided by the real rules (`hold::decide`), a clock the test
 /// moves, and every effect recorded in order.
+mod batch;
 mod bindings;
 mod multi;
 

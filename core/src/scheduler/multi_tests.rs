@@ -292,3 +292,96 @@ fn a_multi_key_request_behind_a_refused_waiter_is_looked_at_again() {
         "w heads both queues and fits: {answers:?}"
     );
 }
+
+fn shared(s: &mut Scheduler<u32>, port: &mut FakePort, h: u32, keys: &[LockKey], owner: &str) {
+    wait_multi(
+        s,
+        port,
+        h,
+        keys,
+        owner,
+        Mode::Shared,
+        60_000,
+        Wait::Forever,
+        None,
+    )
+    .unwrap();
+}
+
+/// Review finding: a run of multi-key shared waiters was granted one request at a time, each
+/// grant reading every key again with every holder granted so far (O(N² × keys)). Now the run
+/// is one batch: each key read once and written once, every waiter answered in arrival order.
+#[test]
+fn a_run_of_multi_key_shared_waiters_is_one_batch_reading_and_writing_each_key_once() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let keys: Vec<LockKey> = ["a", "b", "c", "d"].into_iter().map(key).collect();
+    take(&mut port, &keys[0], "writer");
+    let n = 400u32;
+    for h in 0..n {
+        shared(&mut s, &mut port, h, &keys, &format!("r{h}"));
+    }
+    port.effects.clear();
+    (port.reads, port.key_writes) = (0, 0);
+    release(&mut s, &mut port, &keys[0]);
+    let answers = port.answers();
+    assert_eq!(answers.len(), n as usize, "the whole run in one release");
+    for (at, (h, answer)) in answers.iter().enumerate() {
+        assert_eq!(*h, at as u32, "arrival order");
+        assert_eq!(all_granted(answer).len(), keys.len());
+    }
+    assert_eq!((port.reads, port.key_writes), (4, 4));
+    for k in &keys {
+        assert_eq!(port.lock(k).unwrap().holds.len(), n as usize);
+    }
+    assert_eq!(s.waiting(), 0);
+}
+
+/// A run larger than a batch ([`batch::BATCH_HOLDS`] holds) is granted over several turns of
+/// the event loop, a millisecond apart, in arrival order; each turn reads and writes each key
+/// once. At the caps: 1,000 waiters (the most holders a key may have), each on 64 keys (the
+/// most one request may name).
+#[test]
+fn a_run_larger_than_a_batch_is_granted_over_several_turns_in_arrival_order() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let keys: Vec<LockKey> = (0..crate::args::MAX_MULTI_KEYS)
+        .map(|i| key(&format!("k{i}")))
+        .collect();
+    take(&mut port, &keys[0], "writer");
+    let n = crate::kind::MAX_HOLDERS as u32;
+    for h in 0..n {
+        shared(&mut s, &mut port, h, &keys, &format!("r{h}"));
+    }
+    // (What queueing on free keys scheduled runs first, as it would on the server.)
+    let now = port.now;
+    advance_to(&mut s, &mut port, now);
+    port.effects.clear();
+    (port.reads, port.key_writes) = (0, 0);
+    release(&mut s, &mut port, &keys[0]);
+    let per_turn = batch::BATCH_HOLDS.div_ceil(keys.len());
+    let mut turns = 1;
+    loop {
+        let granted = port.answers().len();
+        assert!(granted <= turns * per_turn, "{granted} after {turns} turns");
+        assert!(port.reads <= keys.len() && port.key_writes <= keys.len());
+        if s.waiting() == 0 {
+            break;
+        }
+        // The rest at the next turn, a millisecond later.
+        assert_eq!(s.next_deadline(), Some(port.now + batch::CONTINUE_AFTER_MS));
+        (port.reads, port.key_writes) = (0, 0);
+        let now = port.now + batch::CONTINUE_AFTER_MS;
+        port.now = now;
+        s.timer_fired(&mut port, now);
+        assert!(port.answers().len() > granted, "each turn grants some");
+        turns += 1;
+    }
+    assert_eq!(turns, (n as usize).div_ceil(per_turn));
+    let answers = port.answers();
+    let order: Vec<u32> = answers.iter().map(|(h, _)| *h).collect();
+    assert_eq!(order, (0..n).collect::<Vec<_>>());
+    assert!(answers
+        .iter()
+        .all(|(_, a)| all_granted(a).len() == keys.len()));
+}

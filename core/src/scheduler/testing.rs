@@ -48,6 +48,9 @@ pub struct FakePort {
     pub tokens_exhausted: bool,
     pub last_token: u64,
     pub effects: Vec<Effect>,
+    /// Reads and writes of lock keys so far (a batch reads and writes each key once).
+    pub reads: usize,
+    pub key_writes: usize,
 }
 
 impl Default for FakePort {
@@ -60,6 +63,8 @@ impl Default for FakePort {
             tokens_exhausted: false,
             last_token: 0,
             effects: Vec::new(),
+            reads: 0,
+            key_writes: 0,
         }
     }
 }
@@ -144,6 +149,7 @@ impl Port<u32> for FakePort {
     }
 
     fn read(&mut self, key: &LockKey, check_route: bool) -> Read {
+        self.reads += 1;
         let lock = self.lock(key).cloned();
         match lock {
             None => match self.moved.get(key) {
@@ -156,10 +162,6 @@ impl Port<u32> for FakePort {
                 names: Default::default(),
             })),
         }
-    }
-
-    fn read_many(&mut self, keys: &[LockKey], check_route: bool) -> Vec<Read> {
-        keys.iter().map(|key| self.read(key, check_route)).collect()
     }
 
     fn write(
@@ -178,6 +180,7 @@ impl Port<u32> for FakePort {
             self.keys.get(key),
             "a write of a lock that changed since it was read"
         );
+        self.key_writes += 1;
         let before = old.map(|o| o.lock.holds.as_slice()).unwrap_or_default();
         for hold in &new.holds {
             if !before.contains(hold) {
