@@ -14,7 +14,6 @@ from redis_lock_client._messages import (
     KeyEnded,
     KeyMoved,
     LeaderMessage,
-    LegacyHoldEnded,
     leader_channel,
     lost_signal_channel,
     parse_flush,
@@ -129,12 +128,3 @@ def test_an_observer_takes_only_its_own_db_and_keys_messages_and_epochs_only_ris
     assert feed.message(LeaderMessage(True, 0, 15, b"svc", b"old")) is None  # below: never again
     assert feed.message(None) is None
 
-
-def test_the_old_format_is_read_as_about_each_key_of_its_channel():
-    legacy = LegacyHoldEnded.parse(b"deleted 42 app:1 x")
-    assert legacy == LegacyHoldEnded(LostReason.DELETED, 42, b"app:1 x")
-    assert legacy.messages(b"lock.lost:{a}", 3) == [
-        HoldEnded(LostReason.DELETED, 3, 42, b"{a}", b"app:1 x"),
-        HoldEnded(LostReason.DELETED, 3, 42, b"a", b"app:1 x")]
-    for bad in [b"flushed 0", b"expired x owner", b"expired 42", b"unknown 42 o", b""]:
-        assert LegacyHoldEnded.parse(bad) is None

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Optional, Sequence, Union, cast
 
 import redis
 from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 
 from .. import _fork
 from .._commands import KeySet, multi_keys
@@ -28,6 +30,7 @@ from .._connect import Redirected
 from ._backend import (
     ConnectionPool,
     DefaultConnection,
+    Mutex,
     Redis,
     RedisCluster,
     cluster_node,
@@ -126,6 +129,8 @@ class AsyncLockClient:
         self._cluster: Optional[RedisCluster] = None
         self._nodes: dict[str, _Node] = {}
         self._nodes_lock = threading.Lock()
+        self._refreshing = Mutex()
+        self._refreshed_at = 0.0
         self._single: Optional[_Node] = None
         if isinstance(redis_client, RedisCluster):
             self._cluster = redis_client
@@ -152,6 +157,7 @@ class AsyncLockClient:
         """In a forked child: a new id, so that the child's owners are not the parent's."""
         self._next_lock = threading.Lock()
         self._nodes_lock = threading.Lock()
+        self._refreshing = Mutex()
         self.id, self._pid = new_client_id(), os.getpid()
 
     @classmethod
@@ -182,7 +188,7 @@ class AsyncLockClient:
         cluster = cast(RedisCluster, self._cluster)
         try:
             name, cls, kwargs = await cluster_node(cluster, key_slot(key))
-        except redis.RedisError as e:
+        except (redis.RedisError, RedisClusterException) as e:
             raise LockConnectionError(f"no node serves {key!r}: {e}") from e
         return self._node_named(name, cls, kwargs)
 
@@ -197,13 +203,21 @@ class AsyncLockClient:
         return None if found is None else self._node_named(*found)
 
     async def _refresh(self) -> None:
-        """A MOVED reply: the slot map is stale (a resharding, a failover); load it again."""
+        """A MOVED reply: the slot map is stale (a resharding, a failover); load it again. Many
+        callers at once (every hold of a moved slot) load it once: one that waited while
+        another loaded it does not load it again."""
         if self._cluster is None:
             return
-        try:
-            await cluster_refresh(self._cluster)
-        except redis.RedisError as e:
-            raise LockConnectionError(f"cluster slot map: {e}") from e
+        asked = time.monotonic()
+        async with self._refreshing:
+            if self._refreshed_at > asked:
+                return
+            try:
+                await cluster_refresh(self._cluster)
+            except (redis.RedisError, RedisClusterException) as e:
+                raise LockConnectionError(f"cluster slot map: {e}") from e
+            finally:
+                self._refreshed_at = time.monotonic()
 
     async def _query(self, key: bytes, args: list[Any]) -> Any:
         """One command on a pooled connection to the key's server. In a cluster, a MOVED
@@ -303,9 +317,9 @@ class AsyncLockClient:
 
     def semaphore(self, key: Key, limit: int, **options: Any) -> AsyncLock:
         """A handle on one permit of the counting semaphore ``key`` with ``limit`` permits
-        (1 to 10,000). Options: see :class:`AsyncLock`."""
-        if not 1 <= limit <= 10000:
-            raise ValueError("limit must be between 1 and 10000")
+        (1 to 1,000, the server's cap). Options: see :class:`AsyncLock`."""
+        if not 1 <= limit <= 1000:
+            raise ValueError("limit must be between 1 and 1000")
         return AsyncLock(self, to_bytes(key), Kind.PERMIT, limit, **options)
 
     def multi_lock(

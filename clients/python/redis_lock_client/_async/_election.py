@@ -12,7 +12,7 @@ from .._commands import KeySet, Leader, campaign, leader, parse_leader, proclaim
 from .._common import Key, Kind, LockConnectionError, LockError, LockTimeout, Release, to_bytes
 from .._connect import Redirected
 from .._leaders import LeaderFeed
-from .._messages import leader_channel, parse_leader_message, parse_leader_message_legacy
+from .._messages import leader_channel, parse_leader_message
 from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep
 from ._hold import Hold
 from ._lock import _AsyncGuard, _AsyncHandle
@@ -255,10 +255,7 @@ class AsyncObserver:
             return
         if not isinstance(payload, bytes):
             return
-        message = parse_leader_message(payload) or parse_leader_message_legacy(
-            payload, self._feed.db, self._key
-        )
-        self._push(self._feed.message(message))
+        self._push(self._feed.message(parse_leader_message(payload)))
         if self._feed.stale:
             try:
                 found = parse_leader(await self._client._query(self._key, leader(self._key)))

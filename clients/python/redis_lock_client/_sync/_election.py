@@ -14,7 +14,7 @@ from .._commands import KeySet, Leader, campaign, leader, parse_leader, proclaim
 from .._common import Key, Kind, LockConnectionError, LockError, LockTimeout, Release, to_bytes
 from .._connect import Redirected
 from .._leaders import LeaderFeed
-from .._messages import leader_channel, parse_leader_message, parse_leader_message_legacy
+from .._messages import leader_channel, parse_leader_message
 from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep
 from ._hold import Hold
 from ._lock import _Guard, _Handle
@@ -257,10 +257,7 @@ class Observer:
             return
         if not isinstance(payload, bytes):
             return
-        message = parse_leader_message(payload) or parse_leader_message_legacy(
-            payload, self._feed.db, self._key
-        )
-        self._push(self._feed.message(message))
+        self._push(self._feed.message(parse_leader_message(payload)))
         if self._feed.stale:
             try:
                 found = parse_leader(self._client._query(self._key, leader(self._key)))

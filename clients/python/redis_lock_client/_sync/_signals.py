@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 
 from .. import _fork
 from .._common import LockConnectionError
-from .._messages import LegacyHoldEnded, LostMessage, flush_channel, parse_flush, parse_lost
+from .._messages import LostMessage, flush_channel, parse_flush, parse_lost
 from ._backend import CLOSED, IO_ERRORS, Event, Subscriber, sleep, spawn, wait_event
 from ._connection import Connector
 
@@ -179,12 +179,6 @@ class SignalHub:
             if message is not None:
                 for watcher in self._watchers(channel):
                     watcher.signal(message)
-                return
-            legacy = LegacyHoldEnded.parse(payload)
-            if legacy is not None:
-                for watcher in self._watchers(channel):
-                    for one in legacy.messages(channel, self.db):
-                        watcher.signal(one)
 
     def after_fork(self) -> None:
         """In a forked child: the listener does not exist here; start afresh on demand."""
