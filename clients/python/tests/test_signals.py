@@ -37,11 +37,14 @@ def listen(server: Server, channel: bytes, db: int = 0) -> "queue.Queue[bytes]":
 
     def run() -> None:
         _ = conn  # alive while it listens: a collected client closes its pool's connections
-        for message in pubsub.listen():
-            if message["type"] == "subscribe":
-                ready.set()
-            elif message["type"] == "message":
-                heard.put(message["data"])
+        try:
+            for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    ready.set()
+                elif message["type"] == "message":
+                    heard.put(message["data"])
+        except Exception:  # noqa: BLE001 - the server is stopped at the end of the module
+            pass
     threading.Thread(target=run, daemon=True).start()
     assert ready.wait(5)
     return heard

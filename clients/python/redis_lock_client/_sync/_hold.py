@@ -99,6 +99,9 @@ class Hold:
         # Held while a renewal is in flight: a release waits for it, so nothing renews after.
         self._renewing = Mutex()
         self._lock = threading.Lock()
+        # Held while an event is applied and its loss reported (callback included): whoever
+        # reads the state through it sees a loss only once the application was told of it.
+        self._reporting = threading.RLock()
         self._machine = HoldMachine(
             db=db,
             owner=owner,
@@ -123,18 +126,20 @@ class Hold:
         return self._machine.active
 
     def _event(self, event: Callable[[HoldMachine], Optional[LostReason]]) -> Optional[LostReason]:
-        """Applies one event to the machine; a loss it decides is reported (once)."""
-        with self._lock:
-            reason = event(self._machine)
-        if reason is not None:
-            self._stop.set()
-            self.lost_event.set()
-            self.route.unwatch(self)
-            if self.on_lost is not None:
-                try:
-                    self.on_lost(reason)
-                except Exception:  # noqa: BLE001 - a callback's failure must not stop the library
-                    log.exception("the lost callback of lock %r raised", self.keys.keys)
+        """Applies one event to the machine; a loss it decides is reported (once): ``lost`` is
+        set, then ``on_lost`` is called."""
+        with self._reporting:
+            with self._lock:
+                reason = event(self._machine)
+            if reason is not None:
+                self._stop.set()
+                self.lost_event.set()
+                self.route.unwatch(self)
+                if self.on_lost is not None:
+                    try:
+                        self.on_lost(reason)
+                    except Exception:  # noqa: BLE001 - a callback's failure must not stop us
+                        log.exception("the lost callback of lock %r raised", self.keys.keys)
         return reason
 
     def refused(self) -> None:
@@ -149,10 +154,12 @@ class Hold:
         self._event(lambda m: m.reentered(sent_at))
 
     def past_deadline(self) -> bool:
-        """Whether the hold is no longer active, or its deadline passed (then reported lost)."""
+        """Whether the hold is no longer active, or its deadline passed (then reported lost). A
+        loss being reported meanwhile (by another thread) is reported before this returns."""
         now = time.monotonic()
-        self._event(lambda m: m.tick(now))
-        return not self.active
+        with self._reporting:
+            self._event(lambda m: m.tick(now))
+            return not self.active
 
     # -- I/O ---------------------------------------------------------------------------------
 
@@ -324,7 +331,7 @@ class Hold:
     def request_release(self) -> Optional[NotHeld]:
         """The owner releases: None, or the error to raise (lost, or released before). Either
         way nothing renews from now on."""
-        with self._lock:
+        with self._reporting, self._lock:
             error = self._machine.release_requested()
         self._stop.set()
         return error
@@ -348,6 +355,7 @@ class Hold:
         """In a forked child: the hold is the parent's. Lost without a callback (FORKED);
         nothing renews it (the watchdog does not exist here), nothing releases it."""
         self._lock = threading.Lock()
+        self._reporting = threading.RLock()
         self._renewing = Mutex()
         self._machine.forked()
         # New events: a parent thread may have held an old one's internal lock at the fork.
