@@ -359,6 +359,7 @@ def test_an_acquire_answered_moved_reloads_the_slot_map_and_is_sent_again(own_cl
     second.close()
 
 
+@pytest.mark.scenario("cluster-moved")
 def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     cluster = own_cluster
     key = unique("moved")
@@ -392,6 +393,7 @@ def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     client.close()
 
 
+@pytest.mark.scenario("cluster-moved")
 def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sent_again(own_cluster):
     cluster = own_cluster
     key = unique("moved")
@@ -436,3 +438,35 @@ def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sen
         await rc.aclose()
         await other_rc.aclose()
     asyncio.run(main())
+
+
+@pytest.mark.scenario("cluster-moved")
+def test_a_command_answered_ask_during_a_move_is_sent_to_the_target_after_asking(own_cluster):
+    # The slot is half moved: MIGRATING on the source, IMPORTING on the target, its keys already
+    # on the target. The source answers ASK for it; the library sends ASKING and the command to
+    # the target, once, on one connection (the slot map still names the source).
+    cluster = own_cluster
+    key = unique("ask")
+    client = LockClient(cluster.redis_cluster())
+    guard = client.lock(key).acquire()
+    slot = redis.cluster.key_slot(key.encode())
+    source = cluster.node_of(key)
+    target = next(n for n in cluster.nodes if n is not source)
+    src, dst = source.client(), target.client()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.execute_command("CLUSTER", "MYID").decode())
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst.execute_command("CLUSTER", "MYID").decode())
+    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)  # the module's too
+    src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    asks = cluster.errorstat("ASK")
+    releases = target.commandstat("lock.release")
+    assert guard.release() is Release.RELEASED
+    assert cluster.errorstat("ASK") >= asks + 1
+    assert target.commandstat("lock.release") == releases + 1  # sent there once
+    pipe = dst.pipeline(transaction=False)
+    pipe.execute_command("ASKING")
+    pipe.execute_command("LOCK.INFO", key)
+    assert pipe.execute()[1] is None  # released on the target
+    target_id = dst.execute_command("CLUSTER", "MYID").decode()
+    for n in cluster.nodes:
+        n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    client.close()

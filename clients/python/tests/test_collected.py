@@ -9,12 +9,15 @@ import gc
 import threading
 import time
 
+import pytest
+
 from conftest import info
 from redis_lock_client import AsyncLockClient, LockClient, NotHeld, Release
 
 TRIALS = 200
 
 
+@pytest.mark.scenario("release-collected")
 def test_a_collected_guards_release_never_frees_the_handles_next_hold(server, key):
     raw = server.client()
     with LockClient.from_url(server.url) as client:
@@ -40,6 +43,7 @@ def test_a_collected_guards_release_never_frees_the_handles_next_hold(server, ke
     assert info(server, key) is None
 
 
+@pytest.mark.scenario("release-collected")
 def test_a_guard_collected_while_the_handle_reacquires_keeps_the_new_guard_true(server, key):
     # Deterministic: the server is stopped while a thread re-acquires through the handle (ONCE:
     # the server will answer the old token) on the client's one pooled connection, and the last
@@ -70,6 +74,7 @@ def test_a_guard_collected_while_the_handle_reacquires_keeps_the_new_guard_true(
         assert info(server, key) is None
 
 
+@pytest.mark.scenario("release-collected")
 def test_a_collected_guard_is_released_in_the_background(server, key):
     with LockClient.from_url(server.url) as client:
         lock = client.lock(key, lease=30)
@@ -81,6 +86,7 @@ def test_a_collected_guard_is_released_in_the_background(server, key):
             time.sleep(0.01)
 
 
+@pytest.mark.scenario("release-collected")
 def test_async_a_collected_guards_release_never_frees_the_handles_next_hold(server, key):
     raw = server.client()
 
@@ -117,6 +123,7 @@ def test_async_a_collected_guards_release_never_frees_the_handles_next_hold(serv
     assert broken == [], f"{len(broken)}/{TRIALS} guards said held while the server did not"
 
 
+@pytest.mark.scenario("release-collected")
 def test_async_a_guard_collected_while_the_handle_reacquires_keeps_the_new_guard_true(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url) as client:

@@ -43,6 +43,7 @@ def test_a_one_hold_message_names_db_token_key_and_owner(word, reason):
     assert parse_lost(word + b" 0 7 0  owner") == HoldEnded(reason, 0, 7, b"", b"owner")
 
 
+@pytest.mark.scenario("signal-own-key", "cluster-moved")
 def test_whole_key_and_moved_messages_have_a_star_and_end_with_the_key():
     for word, reason in [(b"deleted", LostReason.DELETED), (b"expired", LostReason.EXPIRED),
                          (b"overwritten", LostReason.OVERWRITTEN),
@@ -116,6 +117,7 @@ def test_whole_key_flush_and_move_messages_concern_only_the_holds_db_and_key():
     assert not machine.concerns(0, b"k") and not machine.concerns(2, b"{k}")
 
 
+@pytest.mark.scenario("election-observe-own")
 def test_an_observer_takes_only_its_own_db_and_keys_messages_and_epochs_only_rise():
     feed = LeaderFeed(db=0, key=b"svc")
     assert feed.read(Leader(b"a", 10, b"va")) == Leader(b"a", 10, b"va")

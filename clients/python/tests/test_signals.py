@@ -52,11 +52,11 @@ def listen(server: Server, channel: bytes, db: int = 0) -> "queue.Queue[bytes]":
 
 def needs_key_events(server: Server) -> None:
     if not reports_key_events(server):
-        pytest.skip("the server tells modules of no key removed from outside (Redis < 7.2): "
-                    "make test-python-redis8 / test-python-valkey9 run this")
+        pytest.skip("the server tells modules of no key removed from outside (Redis < 7.2): run "
+                    "with LOCK_SERVER of Redis >= 7.2 or Valkey (scripts/server-deps.sh)")
 
 
-@pytest.mark.scenario("lost-deleted")
+@pytest.mark.scenario("lost-deleted", "signal-own-key")
 @pytest.mark.parametrize("copy", ["other-db", "braced-key"])
 def test_a_copy_of_a_lock_deleted_is_not_the_originals_loss(server, client, key, copy):
     needs_key_events(server)
@@ -80,7 +80,7 @@ def test_a_copy_of_a_lock_deleted_is_not_the_originals_loss(server, client, key,
     assert guard.lost_reason is LostReason.FORCE_RELEASED
 
 
-@pytest.mark.scenario("lost-forcereleased")
+@pytest.mark.scenario("lost-forcereleased", "signal-own-key")
 def test_a_one_hold_message_is_acted_on_only_when_it_names_db_key_owner_and_token(server, key):
     # Published by hand (any server): only the exact (db, key, owner, token) loses the hold.
     with LockClient.from_url(server.url) as client:
@@ -101,6 +101,7 @@ def test_a_one_hold_message_is_acted_on_only_when_it_names_db_key_owner_and_toke
         assert guard.lost_reason is LostReason.FORCE_RELEASED
 
 
+@pytest.mark.scenario("signal-own-key")
 def test_a_whole_key_message_is_checked_and_only_holds_really_gone_are_lost(fresh_server, key):
     server = fresh_server  # its own: LOCK.INFO is counted
     with LockClient.from_url(server.url) as client:
@@ -130,6 +131,7 @@ def test_a_whole_key_message_is_checked_and_only_holds_really_gone_are_lost(fres
         assert other.release() is Release.RELEASED
 
 
+@pytest.mark.scenario("signal-own-key")
 def test_async_a_copy_or_a_whole_key_message_touches_only_its_own_holds(server, key):
     needs_key_events(server)
 
@@ -159,7 +161,7 @@ def next_within(observer: Any, bound: float = 5.0) -> Leader:
     return out.get(timeout=bound)
 
 
-@pytest.mark.scenario("election-observe")
+@pytest.mark.scenario("election-observe", "election-observe-own")
 def test_elections_of_one_name_in_two_dbs_and_of_k_and_braced_k_are_observed_apart(server, key):
     braced = "{" + key + "}"
     assert leader_channel(key) == leader_channel(braced)
@@ -194,7 +196,7 @@ def test_elections_of_one_name_in_two_dbs_and_of_k_and_braced_k_are_observed_apa
         db1.close()
 
 
-@pytest.mark.scenario("election-observe")
+@pytest.mark.scenario("election-observe", "election-observe-own")
 def test_async_an_observer_follows_only_its_own_db_and_key(server, key):
     async def main() -> None:
         async with AsyncLockClient.from_url(server.url) as db0, \
@@ -215,6 +217,7 @@ def test_async_an_observer_follows_only_its_own_db_and_key(server, key):
     asyncio.run(main())
 
 
+@pytest.mark.scenario("signal-own-key", "lost-flushed")
 def test_a_flushed_copy_db_does_not_touch_the_original(server, client, key):
     # FLUSHDB of db 1, where a copy of the lock was: the library checks nothing in db 0.
     raw = server.client()
