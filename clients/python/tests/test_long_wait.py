@@ -149,3 +149,67 @@ def test_a_fixed_lease_granted_after_a_long_wait_ends_a_lease_after_the_grant(se
         assert guard.lost_reason is LostReason.LEASE_ENDED
         assert time.monotonic() - granted >= 0.8 * LEASE
         assert _renewals(server) == renews  # a fixed lease is never renewed
+
+
+@pytest.fixture
+def debug_server(tmp_path):
+    """A server of the test's own that takes DEBUG (here: DEBUG SLEEP)."""
+    from conftest import start_server
+
+    s = start_server(tmp_path, "--enable-debug-command", "yes")
+    yield s
+    s.proc.kill()
+    s.proc.wait()
+
+
+def _grant_then_sleep_past_its_lease(server: Server, key: str, lease: float) -> None:
+    """Once the acquire waits: the other owner releases (the wait is granted) and the server
+    sleeps past the grant's lease before it answers anyone, in one MULTI: the grant's reply
+    reaches the library after the hold it names has ended."""
+    raw = server.client()
+    deadline = time.monotonic() + 5
+    while not server.blocked_clients("lock.acquire"):
+        assert time.monotonic() < deadline, "the acquire never waited"
+        time.sleep(0.01)
+    time.sleep(lease)  # the wait takes more than lease / 3: the grant needs a confirmation
+    pipe = raw.pipeline(transaction=True)
+    pipe.execute_command("LOCK.RELEASE", key, "other")
+    pipe.execute_command("DEBUG", "SLEEP", lease * 2)
+    pipe.execute()
+
+
+@pytest.mark.scenario("acquire-long-wait")
+def test_a_grant_gone_before_its_confirmation_is_not_handed_out(debug_server, key):
+    # The confirmation answers 0: the acquire goes on as if not granted, and is granted again.
+    server, lease = debug_server, 0.3
+    with LockClient.from_url(server.url, lost_signal=False) as client:
+        assert server.client().execute_command("LOCK.ACQUIRE", key, "other", 60000) > 0
+        acquires, renews = server.commandstat("lock.acquire"), _renewals(server)
+        threading.Thread(target=_grant_then_sleep_past_its_lease,
+                         args=(server, key, lease), daemon=True).start()
+        guard = client.lock(key, lease=lease, wait_timeout=30).acquire()
+        held = info(server, key)
+        assert held is not None and held[b"owner"] == guard.owner and held[b"token"] == guard.token
+        assert not guard.lost.is_set()
+        assert server.commandstat("lock.acquire") == acquires + 2  # the wait, then once more
+        assert _renewals(server) >= renews + 1  # the confirmation, answered 0
+        assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("acquire-long-wait")
+def test_async_a_grant_gone_before_its_confirmation_is_not_handed_out(debug_server, key):
+    server, lease = debug_server, 0.3
+
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url, lost_signal=False) as client:
+            assert server.client().execute_command("LOCK.ACQUIRE", key, "other", 60000) > 0
+            acquires = server.commandstat("lock.acquire")
+            threading.Thread(target=_grant_then_sleep_past_its_lease,
+                             args=(server, key, lease), daemon=True).start()
+            guard = await client.lock(key, lease=lease, wait_timeout=30).acquire()
+            held = info(server, key)
+            assert held is not None and held[b"token"] == guard.token
+            assert not guard.lost.is_set()
+            assert server.commandstat("lock.acquire") == acquires + 2
+            assert await guard.release() is Release.RELEASED
+    asyncio.run(main())
