@@ -10,6 +10,7 @@ use crate::ffi::Ctx;
 
 mod acquire;
 mod election;
+mod fence;
 mod info;
 mod multi;
 mod outcome;
@@ -18,7 +19,7 @@ mod renew;
 
 /// Every command, each by its one spec (name, handler, flags, docs, key spec) written above
 /// its handler.
-const SPECS: [&CommandSpec; 11] = [
+const SPECS: [&CommandSpec; 13] = [
     &acquire::SPEC,
     &release::SPEC,
     &renew::SPEC,
@@ -30,6 +31,8 @@ const SPECS: [&CommandSpec; 11] = [
     &election::CAMPAIGN_SPEC,
     &election::PROCLAIM_SPEC,
     &election::LEADER_SPEC,
+    &fence::GUARD_SPEC,
+    &fence::CHECK_SPEC,
 ];
 
 /// The arguments several commands share, as COMMAND DOCS shows them.
