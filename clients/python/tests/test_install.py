@@ -22,7 +22,7 @@ import redis_lock_client
 from redis_lock_client import LockClient
 assert "site-packages" in redis_lock_client.__file__, redis_lock_client.__file__
 with LockClient.from_url(sys.argv[1]) as client:
-    with client.lock(sys.argv[2], lease=5) as guard:
+    with client.lock(sys.argv[2]) as guard:
         print(redis_lock_client.__version__, guard.owner.decode(), guard.token)
 """
 
