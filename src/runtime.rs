@@ -622,14 +622,18 @@ impl Port<Blocked> for RedisPort {
 /// so the waiters get the redirect Redis would give for the key (`ASK`/`MOVED`) and their
 /// cluster clients follow it.
 ///
-/// `CLUSTER NODES` is asked once per command (or event-loop callback): a `DEL` of thousands of
+/// `CLUSTER NODES` is asked once per command (or event-loop callback) where the server has a
+/// cached clock (Redis >= 7.2, Valkey: the servers with key events): a `DEL` of thousands of
 /// lock keys, each removal asking where its slot is, asks the server once.
 pub fn slot_left(ctx: Ctx, name: &[u8]) -> Option<String> {
     if !ffi::is_cluster(ctx) {
         return None;
     }
     let slot = lock_core::slot::key_slot(name);
-    let now = ffi::cached_micros();
+    let Some(now) = ffi::cached_micros() else {
+        let nodes = ffi::cluster_nodes(ctx)?;
+        return lock_core::cluster::route(&nodes, slot).redirect(slot);
+    };
     CLUSTER_NODES.with(|cache| {
         let mut cache = cache.borrow_mut();
         if cache.as_ref().is_none_or(|c| c.at != now) {

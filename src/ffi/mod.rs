@@ -544,10 +544,12 @@ pub fn is_cluster(ctx: Ctx) -> bool {
 }
 
 /// The server's cached time (µs): the same for everything one command (or one event-loop
-/// callback) does, so it tells "still inside the same command" apart from "a later one".
-pub fn cached_micros() -> i64 {
-    // SAFETY: a plain read of the server's cached clock.
-    unsafe { api!(RedisModule_CachedMicroseconds)() }
+/// callback) does, so it tells "still inside the same command" apart from "a later one". None
+/// on a server without the call (Redis 7.0, which also has no key events).
+pub fn cached_micros() -> Option<i64> {
+    // SAFETY: the API table is filled in at load and never changes after; the function, where
+    // the server has it, is a plain read of its cached clock.
+    unsafe { { raw::RedisModule_CachedMicroseconds }.map(|cached| cached()) }
 }
 
 /// The `CLUSTER NODES` text, through RM_Call. Only for rare paths (a handoff in cluster mode
@@ -690,7 +692,6 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_KeyType }.is_some(),
             { raw::RedisModule_Log }.is_some(),
             { raw::RedisModule_Milliseconds }.is_some(),
-            { raw::RedisModule_CachedMicroseconds }.is_some(),
             { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
             { raw::RedisModule_OpenKey }.is_some(),
             { raw::RedisModule_PublishMessage }.is_some(),
