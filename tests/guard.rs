@@ -1360,3 +1360,153 @@ fn raw_cluster(con: &mut redis::cluster::ClusterConnection, args: &[&[u8]]) -> i
     }
     cmd.query(con).unwrap()
 }
+
+/// Review finding: GUARD and CHECK read only the owner's own fields of a multi-hold key, so a
+/// hash every other command calls "not a lock" (two exclusive holders, a semaphore over its
+/// limit, an exclusive hold beside another owner's) admitted writes. A small key is now read
+/// whole; a large one is checked in O(1) for what its field count and the owner's own fields
+/// show (a semaphore over its limit, an exclusive hold among others).
+#[test]
+fn a_hash_that_is_not_a_lock_admits_nobody() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let end = now_ms(&mut con) + 600_000;
+    let t = (end * 1_000 + 1) as i64;
+    let hold = |token: i64| format!("1:{end}:{token}");
+    let many = |mode: &str, kind: &str, n: usize| -> Vec<(String, String)> {
+        let mut f = vec![("mode".to_string(), mode.to_string())];
+        f.extend((0..n).map(|i| (format!("{kind}:o{i}"), hold(t + 10 + i as i64))));
+        f
+    };
+    let mut cases: Vec<(&str, Vec<(String, String)>)> = vec![
+        (
+            "two exclusive holds",
+            vec![
+                ("mode".into(), "rw".into()),
+                ("x:a".into(), hold(t)),
+                ("x:b".into(), hold(t + 1)),
+            ],
+        ),
+        (
+            "a semaphore:1 with two permits",
+            vec![
+                ("mode".into(), "semaphore:1".into()),
+                ("p:a".into(), hold(t)),
+                ("p:b".into(), hold(t + 1)),
+            ],
+        ),
+        (
+            "an exclusive hold beside another owner's shared one",
+            vec![
+                ("mode".into(), "rw".into()),
+                ("x:a".into(), hold(t)),
+                ("s:b".into(), hold(t + 1)),
+            ],
+        ),
+    ];
+    // Large keys (read by the owner's fields alone).
+    let mut over = many("semaphore:20", "p", 30);
+    over.push(("p:a".into(), hold(t)));
+    cases.push(("a semaphore:20 with 31 permits", over));
+    let mut beside = many("rw", "s", 30);
+    beside.push(("x:a".into(), hold(t)));
+    cases.push(("an exclusive hold among 30 shared ones", beside));
+    for (name, fields) in cases {
+        let _: i64 = redis::cmd("DEL")
+            .arg("k")
+            .arg("data")
+            .query(&mut con)
+            .unwrap();
+        let mut hset = redis::cmd("HSET");
+        hset.arg("k");
+        for (f, v) in &fields {
+            hset.arg(f).arg(v);
+        }
+        let _: i64 = hset.query(&mut con).unwrap();
+        let e = guard_error(&mut con, "k", "a", t, &["SET", "data", "a"]);
+        assert_eq!(e, NOT_A_LOCK, "{name}: GUARD");
+        let e = error_of(
+            &mut con,
+            &[b"LOCK.CHECK", b"k", b"a", t.to_string().as_bytes()],
+        );
+        assert_eq!(e, NOT_A_LOCK, "{name}: CHECK");
+        assert_eq!(get(&mut con, "data"), None, "{name}: nothing written");
+    }
+}
+
+fn now_ms(con: &mut Connection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
+    secs * 1_000 + micros / 1_000
+}
+
+/// Review finding: Redis hides MIGRATE's `AUTH` password and `AUTH2` user and password from
+/// `MONITOR` and `SLOWLOG`, but LOCK.GUARD's own line carried them in clear. It hides them too,
+/// whether the inner MIGRATE runs (here it fails: nothing listens at the target) or is fenced.
+#[test]
+fn a_guarded_migrate_hides_its_password_from_the_slow_log() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let t = acquire(&mut con, "m:{1}", "w", 60_000).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("m:{1}:data")
+        .arg("v")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    let closed = free_port().to_string();
+    for token in [t, t + 1] {
+        let _ = guard(
+            &mut con,
+            "m:{1}",
+            "w",
+            token,
+            &[
+                "MIGRATE",
+                "127.0.0.1",
+                &closed,
+                "m:{1}:data",
+                "0",
+                "100",
+                "AUTH",
+                "secret-1",
+            ],
+        );
+        let _ = guard(
+            &mut con,
+            "m:{1}",
+            "w",
+            token,
+            &[
+                "MIGRATE",
+                "127.0.0.1",
+                &closed,
+                "",
+                "0",
+                "100",
+                "AUTH2",
+                "user-2",
+                "secret-2",
+                "KEYS",
+                "m:{1}:data",
+            ],
+        );
+    }
+    let log: Value = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    let text = format!("{log:?}");
+    let guarded = text.matches("LOCK.GUARD").count();
+    assert_eq!(guarded, 4, "four LOCK.GUARD entries: {text}");
+    for secret in ["secret-1", "secret-2", "user-2"] {
+        assert!(!text.contains(secret), "{secret} in the slow log: {text}");
+    }
+    // Each LOCK.GUARD line hides what its MIGRATE would: 1 + 2 + 1 + 2.
+    assert!(text.matches("(redacted)").count() >= 6, "{text}");
+}

@@ -377,28 +377,39 @@ fn decode_hold(field: &[u8], value: &[u8]) -> Option<Hold> {
     decode_hold_value(kind, owner, value)
 }
 
-/// One owner's holds on a multi-hold key of `family`, from the values of its own fields (in
-/// [`HoldKind::ALL`] order: `x:<owner>`, `s:<owner>`, `p:<owner>`; None where absent): what the
-/// key's full read ([`decode`]) gives for this owner, in O(1) — the other holds are not read.
-/// A value that is no hold, or a kind the family does not have (a permit in a read-write lock,
-/// an exclusive or shared hold in a semaphore), is [`LockError::NotALock`], as the full read
-/// would find.
+/// One owner's holds on a multi-hold key of `family` with `holds` holds in all, from the values
+/// of its own fields (in [`HoldKind::ALL`] order: `x:<owner>`, `s:<owner>`, `p:<owner>`; None
+/// where absent): what the key's full read ([`decode`]) gives for this owner, in O(1) — the
+/// other holds are not read. A value that is no hold, a kind the family does not have (a permit
+/// in a read-write lock, an exclusive or shared hold in a semaphore), a semaphore with more holds
+/// than its limit, or an exclusive hold beside holds of others (it allows only its owner's
+/// shared hold) is [`LockError::NotALock`], as the full read would find. What only the other
+/// holds' own fields would show (another owner's exclusive hold among many shared ones) is not
+/// seen: the adapter reads a small key in full instead.
 pub fn decode_owner_holds(
     family: Family,
+    holds: usize,
     owner: &[u8],
     values: [Option<&[u8]>; 3],
 ) -> Result<Holds, LockError> {
-    let mut holds = Holds::new();
+    if let Family::Semaphore { limit } = family {
+        if holds as u64 > limit {
+            return Err(LockError::NotALock);
+        }
+    }
+    let mut own = Holds::new();
     for (kind, value) in HoldKind::ALL.into_iter().zip(values) {
         let Some(value) = value else { continue };
         let allowed = match family {
             Family::Semaphore { .. } => kind == HoldKind::Permit,
             Family::ReadWrite => kind != HoldKind::Permit,
         };
-        let hold = decode_hold_value(kind, owner, value).filter(|_| allowed && !owner.is_empty());
-        holds.push(hold.ok_or(LockError::NotALock)?);
+        let alone = kind != HoldKind::Exclusive || holds <= 2;
+        let hold =
+            decode_hold_value(kind, owner, value).filter(|_| allowed && alone && !owner.is_empty());
+        own.push(hold.ok_or(LockError::NotALock)?);
     }
-    Ok(holds)
+    Ok(own)
 }
 
 /// A multi-hold layout hold's value, `<count>:<lease-end-ms>:<token>`.

@@ -692,6 +692,7 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_KeyType }.is_some(),
             { raw::RedisModule_Log }.is_some(),
             { raw::RedisModule_Milliseconds }.is_some(),
+            { raw::RedisModule_RedactClientCommandArgument }.is_some(),
             { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
             { raw::RedisModule_OpenKey }.is_some(),
             { raw::RedisModule_PublishMessage }.is_some(),
