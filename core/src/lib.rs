@@ -31,6 +31,7 @@ pub mod queue;
 pub mod scheduler;
 pub mod signal;
 pub mod slot;
+pub mod ticket;
 pub mod token;
 pub mod unload;
 
