@@ -67,7 +67,10 @@ impl TicketName {
     /// The ticket a key name (in database `db`) names, if it is one as the module writes them
     /// (canonical: the slot's own tag, 16 lowercase hex digits).
     pub fn parse(name: &[u8], db: i32) -> Option<TicketName> {
-        let (shape, rest) = match (name.strip_prefix(ONE_PREFIX), name.strip_prefix(MANY_PREFIX)) {
+        let (shape, rest) = match (
+            name.strip_prefix(ONE_PREFIX),
+            name.strip_prefix(MANY_PREFIX),
+        ) {
             (Some(rest), _) => (Shape::One, rest),
             (_, Some(rest)) => (Shape::Many, rest),
             _ => return None,
@@ -171,9 +174,7 @@ impl TicketValue {
                 .map(|r| TicketValue::Refused(r.to_string()));
         }
         let tokens: Option<Vec<u64>> = bytes.split(|&b| b == b' ').map(parse_positive).collect();
-        tokens
-            .filter(|t| !t.is_empty())
-            .map(TicketValue::Granted)
+        tokens.filter(|t| !t.is_empty()).map(TicketValue::Granted)
     }
 
     /// When a ticket holding this answer expires: a grant with its lease (a grant nobody pops
@@ -251,7 +252,10 @@ mod tests {
     #[test]
     fn values_round_trip_and_are_told_apart_by_their_first_byte() {
         let cases = [
-            (TicketValue::Granted(vec![1795352340123001]), "1795352340123001"),
+            (
+                TicketValue::Granted(vec![1795352340123001]),
+                "1795352340123001",
+            ),
             (TicketValue::Granted(vec![5, 6, 7]), "5 6 7"),
             (TicketValue::TimedOut, "timeout"),
             (

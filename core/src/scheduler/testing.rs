@@ -282,12 +282,8 @@ impl Port<u32> for FakePort {
             Writes::Allowed,
             "a ticket written while writes are not allowed"
         );
-        assert!(
-            !self.tickets.contains_key(ticket),
-            "a ticket written twice"
-        );
-        self.tickets
-            .insert(*ticket, (value.to_vec(), expires_at));
+        assert!(!self.tickets.contains_key(ticket), "a ticket written twice");
+        self.tickets.insert(*ticket, (value.to_vec(), expires_at));
         self.effects.push(Effect::TicketWritten {
             ticket: *ticket,
             value: value.to_vec(),
@@ -395,7 +391,11 @@ pub fn wait_ticket(
     wait: Wait,
     bind: Option<ClientId>,
 ) -> Result<Ticket, LockError> {
-    let shape = if keys.len() > 1 { Shape::Many } else { Shape::One };
+    let shape = if keys.len() > 1 {
+        Shape::Many
+    } else {
+        Shape::One
+    };
     let first = keys.first().ok_or(LockError::Internal)?;
     let ticket = s.new_ticket(first, shape, client);
     let handle = Handle::Ticket(ticket);

@@ -42,7 +42,18 @@ fn ticket(
     owner: &str,
     wait: Wait,
 ) -> Ticket {
-    wait_ticket(s, port, client, &[k.clone()], owner, Mode::Exclusive, 5_000, wait, None).unwrap()
+    wait_ticket(
+        s,
+        port,
+        client,
+        std::slice::from_ref(k),
+        owner,
+        Mode::Exclusive,
+        5_000,
+        wait,
+        None,
+    )
+    .unwrap()
 }
 
 /// The token the key's hold of `owner` has, if it holds it.
@@ -74,15 +85,25 @@ fn tickets_and_blocked_clients_share_one_fifo_queue() {
 
     release(&mut s, &mut port, &k);
     let token = granted(&port, &t1).expect("t1 granted first");
-    assert_eq!(token_of(&mut port, &k, "t1"), Some(token), "written before told");
+    assert_eq!(
+        token_of(&mut port, &k, "t1"),
+        Some(token),
+        "written before told"
+    );
     assert!(port.answers().is_empty() && granted(&port, &t3).is_none());
     // The grant's ticket expires with its lease.
     let (_, expires_at) = port.tickets[&t1.name];
     assert_eq!(expires_at, port.now + 5_000);
 
-    assert_eq!(port.pop_ticket(&t1.name), Some(token.to_string().into_bytes()));
+    assert_eq!(
+        port.pop_ticket(&t1.name),
+        Some(token.to_string().into_bytes())
+    );
     release(&mut s, &mut port, &k);
-    assert!(matches!(port.answers().as_slice(), [(2, Answer::Granted { .. })]));
+    assert!(matches!(
+        port.answers().as_slice(),
+        [(2, Answer::Granted { .. })]
+    ));
     release(&mut s, &mut port, &k);
     assert!(granted(&port, &t3).is_some());
     port.pop_ticket(&t3.name);
@@ -116,7 +137,10 @@ fn cancel_takes_a_queued_ticket_out_and_the_next_waiter_is_served() {
     assert_eq!(s.cancel(&mut port, t1.name, now), Cancelled::Nothing);
     release(&mut s, &mut port, &k);
     assert!(granted(&port, &t2).is_some());
-    assert!(!port.tickets.contains_key(&t1.name), "a cancelled ticket is never written");
+    assert!(
+        !port.tickets.contains_key(&t1.name),
+        "a cancelled ticket is never written"
+    );
 }
 
 #[test]
@@ -131,7 +155,10 @@ fn cancel_hands_over_a_grant_that_was_not_popped_exactly_once() {
         let token = token_of(&mut port, &k, "t").expect("granted");
         assert_eq!(port.tickets.contains_key(&t.name), written);
         let now = port.now;
-        assert_eq!(s.cancel(&mut port, t.name, now), Cancelled::Handed(vec![token]));
+        assert_eq!(
+            s.cancel(&mut port, t.name, now),
+            Cancelled::Handed(vec![token])
+        );
         assert!(!port.tickets.contains_key(&t.name));
         // Handed once: not written later, not handed again, not passed on at the close.
         port.deliver_max = usize::MAX;
@@ -139,7 +166,11 @@ fn cancel_hands_over_a_grant_that_was_not_popped_exactly_once() {
         s.clients_gone(&mut port, vec![1], now);
         advance_to(&mut s, &mut port, now + 100);
         assert!(!port.tickets.contains_key(&t.name));
-        assert_eq!(token_of(&mut port, &k, "t"), Some(token), "the canceller holds it");
+        assert_eq!(
+            token_of(&mut port, &k, "t"),
+            Some(token),
+            "the canceller holds it"
+        );
         assert!(granted(&port, &next).is_none());
         assert!(s.open_tickets() == 1, "only the next waiter's ticket");
     }
@@ -180,7 +211,10 @@ fn a_closed_connection_s_queued_tickets_leave_and_its_unpopped_grant_is_passed_o
         assert!(!port.tickets.contains_key(&queued.name));
         assert!(!port.tickets.contains_key(&t.name), "taken back");
         assert_eq!(token_of(&mut port, &k, "t"), None, "its grant ended");
-        assert!(granted(&port, &next).is_some(), "and went to the next waiter");
+        assert!(
+            granted(&port, &next).is_some(),
+            "and went to the next waiter"
+        );
         assert!(count_notes(&port, &Note::AbandonedGrant) == 1);
         assert!(
             !port
@@ -240,7 +274,10 @@ fn a_multi_key_ticket_gets_every_token_in_the_order_asked() {
         token_of(&mut port, &b, "m").unwrap(),
         token_of(&mut port, &a, "m").unwrap(),
     ];
-    assert_eq!(ticket_value(&port, &t), Some(TicketValue::Granted(tokens.clone())));
+    assert_eq!(
+        ticket_value(&port, &t),
+        Some(TicketValue::Granted(tokens.clone()))
+    );
     let now = port.now;
     assert_eq!(s.cancel(&mut port, t.name, now), Cancelled::Handed(tokens));
 }
@@ -268,7 +305,8 @@ fn a_ticket_replaced_by_its_owner_and_a_redirected_one_are_told_why() {
         Some(TicketValue::Refused(REPLACED.to_string()))
     );
     port.keys.remove(&k);
-    port.moved.insert(k.clone(), "MOVED 1 127.0.0.1:7001".into());
+    port.moved
+        .insert(k.clone(), "MOVED 1 127.0.0.1:7001".into());
     let now = port.now;
     s.keys_changed(&mut port, vec![Change::Key(k.clone(), Cause::Freed)], now);
     deliver(&mut s, &mut port);
@@ -295,7 +333,7 @@ fn a_storm_of_grants_is_written_so_many_a_turn() {
                 &mut s,
                 &mut port,
                 1,
-                &[k.clone()],
+                std::slice::from_ref(&k),
                 &format!("r{i}"),
                 Mode::Shared,
                 5_000,

@@ -234,7 +234,12 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// Writes up to `max` decided answers into their tickets, in the order decided. Each is a
     /// write (the adapter replicates it): nothing is written while writes are paused, and a
     /// replica writes nothing (its master's effects arrive by replication).
-    pub fn deliver_tickets(&mut self, port: &mut impl Port<H>, max: usize, now: UnixMs) -> Delivery {
+    pub fn deliver_tickets(
+        &mut self,
+        port: &mut impl Port<H>,
+        max: usize,
+        now: UnixMs,
+    ) -> Delivery {
         if self.tickets.outbox.is_empty() {
             return Delivery::Done;
         }
@@ -300,7 +305,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         let Some(pushed) = self.tickets.pushed.get(&name) else {
             return;
         };
-        let done = now >= pushed.expires_at
+        // The server removes a key once its expiry is in the past (`now > at`).
+        let done = now > pushed.expires_at
             || port.writes() == Writes::Replica
             || !port.ticket_unpopped(&name);
         if done {
@@ -311,7 +317,9 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             return;
         }
         let interval = pushed.interval;
-        let at = now.saturating_add(interval).min(pushed.expires_at);
+        let at = now
+            .saturating_add(interval)
+            .min(pushed.expires_at.saturating_add(1));
         let check = self.deadlines.insert(at, Due::TicketCheck(name));
         if let Some(pushed) = self.tickets.pushed.get_mut(&name) {
             pushed.check = check;
@@ -349,7 +357,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             self.tickets.close(&name, pushed.client);
         }
         // Whatever the ticket still holds, even one this process did not write (a restart).
-        match port.take_ticket(&name).and_then(|v| TicketValue::decode(&v)) {
+        match port
+            .take_ticket(&name)
+            .and_then(|v| TicketValue::decode(&v))
+        {
             Some(TicketValue::Granted(tokens)) => {
                 port.note(Note::TicketTaken);
                 Cancelled::Handed(tokens)
@@ -383,6 +394,16 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     if self.remove_waiter(id, now).is_some() {
                         port.note(Note::Cancelled);
                     }
+                    continue;
+                }
+                // An answer that is not a grant is dropped unwritten: nobody is left to ask.
+                if self
+                    .tickets
+                    .outgoing
+                    .get(&name)
+                    .is_some_and(|out| out.grants.is_empty())
+                {
+                    self.tickets.outgoing.remove(&name);
                     continue;
                 }
                 match writes {
