@@ -238,12 +238,12 @@ fn a_grant_not_popped_at_once_is_looked_at_until_popped_or_expired() {
     advance_to(&mut s, &mut port, now + 2_000);
     assert_eq!(s.open_tickets(), 0);
     assert!(s.is_idle());
-    // Never popped: done at its expiry (its lease end), when the hold ends too.
+    // Never popped: done once it expired (with its lease, when the hold ends too).
     let (mut s, mut port, k) = setup();
     ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
     release(&mut s, &mut port, &k);
     let now = port.now;
-    advance_to(&mut s, &mut port, now + 5_000);
+    advance_to(&mut s, &mut port, now + 5_001);
     assert_eq!(s.open_tickets(), 0);
     assert!(s.is_idle());
 }
