@@ -306,8 +306,9 @@ fn acl_confines_applications_to_their_own_unlock_channels() {
 /// server without the file's options has the same values.
 #[test]
 fn the_example_config_lists_every_option_with_its_default() {
-    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/redis.conf.example"))
-        .expect("redis.conf.example");
+    let example =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/redis.conf.example"))
+            .expect("redis.conf.example");
     let listed: std::collections::BTreeMap<String, String> = example
         .lines()
         .filter(|l| l.starts_with("lock."))

@@ -67,6 +67,12 @@ pub enum LockError {
     HoldIsEphemeral,
     /// An `EPHEMERAL` re-entry of a plain hold.
     HoldIsNotEphemeral,
+    /// `TICKET` without `WAIT`: a ticket is a way to wait.
+    TicketNeedsWait,
+    /// `LOCK.CANCEL` of a name that is not a ticket's.
+    NotATicket,
+    /// `LOCK.CANCEL` on a replica (its master decides every ticket).
+    TicketOnReplica,
     /// A bug: the command was stopped before it changed anything it should not have.
     Internal,
 }
@@ -153,6 +159,13 @@ impl LockError {
             LockError::HoldIsNotEphemeral => {
                 "ERR the owner's hold is not EPHEMERAL; re-enter it without EPHEMERAL".into()
             }
+            LockError::TicketNeedsWait => "ERR TICKET is a way to wait: it needs WAIT timeout-ms".into(),
+            LockError::NotATicket => {
+                "ERR not a ticket: LOCK.CANCEL takes the ticket a LOCK.* ... WAIT ... TICKET replied".into()
+            }
+            LockError::TicketOnReplica => {
+                "ERR a replica does not serve tickets: only the master grants locks".into()
+            }
             LockError::Internal => "ERR internal error".into(),
         }
     }
@@ -198,6 +211,9 @@ mod tests {
             LockError::EphemeralInScript,
             LockError::HoldIsEphemeral,
             LockError::HoldIsNotEphemeral,
+            LockError::TicketNeedsWait,
+            LockError::NotATicket,
+            LockError::TicketOnReplica,
             LockError::Internal,
         ];
         for e in all {

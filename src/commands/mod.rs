@@ -9,6 +9,7 @@ use crate::ffi::command_info::{arg, ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::Ctx;
 
 mod acquire;
+mod cancel;
 mod election;
 mod info;
 mod multi;
@@ -18,7 +19,7 @@ mod renew;
 
 /// Every command, each by its one spec (name, handler, flags, docs, key spec) written above
 /// its handler.
-const SPECS: [&CommandSpec; 11] = [
+const SPECS: [&CommandSpec; 12] = [
     &acquire::SPEC,
     &release::SPEC,
     &renew::SPEC,
@@ -30,6 +31,7 @@ const SPECS: [&CommandSpec; 11] = [
     &election::CAMPAIGN_SPEC,
     &election::PROCLAIM_SPEC,
     &election::LEADER_SPEC,
+    &cancel::SPEC,
 ];
 
 /// The arguments several commands share, as COMMAND DOCS shows them.

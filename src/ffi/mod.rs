@@ -187,6 +187,7 @@ pub enum KeyKind {
     Missing,
     Hash,
     String,
+    List,
     Other,
 }
 
@@ -243,6 +244,7 @@ impl Key {
             raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Missing,
             raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
             raw::REDISMODULE_KEYTYPE_STRING => KeyKind::String,
+            raw::REDISMODULE_KEYTYPE_LIST => KeyKind::List,
             _ => KeyKind::Other,
         }
     }
@@ -384,6 +386,29 @@ impl Key {
         }
     }
 
+    /// Pushes `value` at the head of the list (created when the key is empty; a client blocked
+    /// on the key is served after the current command or callback). False when the key holds
+    /// another type.
+    pub fn list_push_head(&self, value: RawString) -> bool {
+        // SAFETY: an open writable key and a live string, which Redis retains.
+        unsafe {
+            api!(RedisModule_ListPush)(self.0, raw::REDISMODULE_LIST_HEAD as c_int, value)
+                == raw::REDISMODULE_OK as c_int
+        }
+    }
+
+    /// Pops the head of the list (the key goes with its last element).
+    pub fn list_pop_head(&self) -> Option<OwnedString> {
+        if self.0.is_null() {
+            return None;
+        }
+        // SAFETY: an open writable key; the popped string is ours to free (no automatic memory
+        // management on our contexts), which OwnedString does.
+        OwnedString::adopt(unsafe {
+            api!(RedisModule_ListPop)(self.0, raw::REDISMODULE_LIST_HEAD as c_int)
+        })
+    }
+
     /// The bytes of a string value.
     pub fn string_bytes(&self) -> &[u8] {
         let mut len: usize = 0;
@@ -461,6 +486,14 @@ impl Drop for Key {
             unsafe { api!(RedisModule_CloseKey)(self.0) }
         }
     }
+}
+
+/// Eight random bytes from the server's generator (ticket ids start there).
+pub fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: Redis writes exactly `len` bytes into the buffer.
+    unsafe { api!(RedisModule_GetRandomBytes)(bytes.as_mut_ptr(), bytes.len()) };
+    u64::from_le_bytes(bytes)
 }
 
 pub fn now_ms() -> u64 {
@@ -668,6 +701,9 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_IsKeysPositionRequest }.is_some(),
             { raw::RedisModule_KeyAtPos }.is_some(),
             { raw::RedisModule_KeyType }.is_some(),
+            { raw::RedisModule_ListPop }.is_some(),
+            { raw::RedisModule_ListPush }.is_some(),
+            { raw::RedisModule_GetRandomBytes }.is_some(),
             { raw::RedisModule_Log }.is_some(),
             { raw::RedisModule_Milliseconds }.is_some(),
             { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
