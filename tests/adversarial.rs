@@ -5,7 +5,9 @@
 //! A master (with `DEBUG` and `MODULE` enabled) and one replica, both with the module. For a
 //! bounded time (25 s by default; `LOCK_ADV_SECS`), worker threads issue random LOCK.* calls on a
 //! few keys (two sharing a hash tag, two in db 1): fresh holds with and without `WAIT`, re-entries,
-//! shorter and longer leases and renewals, releases, INFO, FORCERELEASE. Each fresh hold attempt
+//! shorter and longer leases and renewals, releases, INFO, FORCERELEASE, fenced writes through
+//! LOCK.GUARD and LOCK.CHECK by the holder (and by strangers, never admitted, also in
+//! `EVAL_RO`). Each fresh hold attempt
 //! uses a new owner string, so every integer reply to a fresh owner is a new hold. Meanwhile a
 //! disrupter thread pauses clients (also right across the end of a held lease that others wait
 //! for), changes and reads every `lock.*` option (2,000-byte strings included), deletes, renames,
@@ -16,8 +18,13 @@
 //! takes `EPHEMERAL` holds (exclusive and `SHARED`) on connections of its own and then copies
 //! (releasing or plainly re-entering the copy), moves or swaps their keys to the other database,
 //! closing those connections at once, later, or only after the final checks; and it builds runs
-//! of 1,000 to 1,200 `SHARED` waiters (`EPHEMERAL` in half of them), one socket each, behind an
-//! exclusive hold that then ends at once (release, `FORCERELEASE`, `DEL` or its lease's end).
+//! of 800 to 1,000 `SHARED` waiters (up to the 1,000-holder cap) (`EPHEMERAL` in half of them), one socket each, behind an
+//! exclusive hold that then ends at once (release, `FORCERELEASE`, `DEL` or its lease's end) —
+//! some of them multi-key runs (`LOCK.MACQUIRE ... SHARED WAIT` on two or three keys). It copies
+//! held keys (to a spare name or the other database, then deletes the copy), `MIGRATE`s held
+//! keys to a third server, and runs elections on a key name in both databases and on its
+//! hash-tagged twin (all three share one leader channel), campaigning, proclaiming and resigning.
+//! A listener hears every lost-hold and leader message on the keys' channels.
 //!
 //! After every disrupter step the master must be alive. Along the way and at the end:
 //! - every `WAIT` was answered (a read timeout far above WAIT + lease + pause is a hang), and
@@ -29,6 +36,11 @@
 //!   unless the disrupter moved or rewrote hashes in between;
 //! - every key's `LOCK.INFO` agrees with its `HGETALL` (or errors exactly when the hash is not a
 //!   lock), shared keys' holders included;
+//! - every lost-hold and leader message names a database and a key whose channel it came on
+//!   (never another key that shares the channel), a one-hold message names a token some grant
+//!   handed out, no key is said to have `moved` on a standalone server, and every `elected`
+//!   names a candidate that campaigned for that key in that database (or in the other one,
+//!   after a `SWAPDB`);
 //! - every waiter of a run was answered (a token, nil, or a tolerated error), once;
 //! - the binding gauge `lock_ephemeral_holds` equals the `EPHEMERAL` holds `LOCK.INFO` shows in
 //!   both databases once the module settled (with the disrupter's last holders still
@@ -73,6 +85,9 @@ const KEYS: [(u8, &str); 6] = [
 ];
 /// Names that are not lock keys but that renames and copies may write to.
 const SPARE_KEYS: [&str; 2] = ["adv:spare", "{adv}:spare"];
+/// Election keys, campaigned for in both databases: all of them share one leader channel (the
+/// channel is named after the hash tag, and pub/sub has no databases).
+const ELECTION_KEYS: [&str; 2] = ["adv:e", "{adv:e}"];
 /// Lock names that look like the module's token counters.
 const COUNTER_LIKE: [&str; 2] = ["__lock_fence__{foo}", "__lock_fence__{0}"];
 const WORKERS: usize = 6;
@@ -87,8 +102,8 @@ const STEPS_SHOWN: usize = 30;
 const OPS_SHOWN: usize = 30;
 const MEMORY_SLACK: i64 = 1 << 20;
 /// A run of shared waiters the disrupter builds: this many clients, each on a socket of its own.
-const RUN_MIN: usize = 1_000;
-const RUN_MAX: usize = 1_200;
+const RUN_MIN: usize = 800;
+const RUN_MAX: usize = 1_000;
 /// The name (`CLIENT SETNAME`) of a run's waiters.
 const RUN_NAME: &str = "adv-run";
 /// Connections with EPHEMERAL holds the disrupter keeps open (the last ones to the final check).
@@ -105,8 +120,9 @@ const OPTIONS: [(&str, &str); 5] = [
     ("lock.keyspace-events", "yes"),
 ];
 /// Errors a LOCK.* call may legitimately get while the disrupter works.
-const TOLERATED: [&str; 10] = [
+const TOLERATED: [&str; 12] = [
     "ERR unknown command",
+    "FENCED",
     "WRONGTYPE",
     "ERR the hash at this key is not a lock",
     "ERR too many waiters",
@@ -116,6 +132,8 @@ const TOLERATED: [&str; 10] = [
     "ERR writes are paused",
     "ERR re-entry count would overflow",
     "ERR keys starting with",
+    // A run at the holder cap, with workers' shared holds beside it.
+    "ERR the key has the most holders",
 ];
 const SCRIPT_ACQUIRE: &str =
     "return redis.call('LOCK.ACQUIRE', KEYS[1], ARGV[1], ARGV[2], 'WAIT', ARGV[3])";
@@ -123,6 +141,7 @@ const SCRIPT_CYCLE: &str = "local t = redis.call('LOCK.ACQUIRE', KEYS[1], ARGV[1
      local r = redis.call('LOCK.RELEASE', KEYS[1], ARGV[1]) return {t, r}";
 const SCRIPT_INFO: &str = "return redis.call('LOCK.INFO', KEYS[1])";
 const SCRIPT_FORCE: &str = "return redis.call('LOCK.FORCERELEASE', KEYS[1])";
+const SCRIPT_CHECK: &str = "return redis.call('LOCK.CHECK', KEYS[1], ARGV[1], ARGV[2])";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -295,6 +314,14 @@ struct Shared {
     run_active: AtomicBool,
     /// One line per run of shared waiters, for the summary.
     runs: Mutex<Vec<String>>,
+    /// A third server (with the module) that `MIGRATE` sends held keys to.
+    migrate_port: u16,
+    /// Candidate → the (db, election key) it campaigned for, and the `SWAPDB`s done before.
+    candidates: Mutex<HashMap<String, (u8, &'static str, u64)>>,
+    /// `SWAPDB`s done so far.
+    swaps: AtomicU64,
+    /// Every message the listener heard: (channel, payload, `SWAPDB`s done when it came).
+    heard: Mutex<Vec<(String, Vec<u8>, u64)>>,
 }
 
 impl Shared {
@@ -478,6 +505,11 @@ fn connect(shared: &Shared, db: u8) -> Option<Connection> {
     Some(con)
 }
 
+/// The data a lock key protects, written through LOCK.GUARD (the key's hash tag kept).
+fn data_key(key: &str) -> String {
+    format!("{key}:data")
+}
+
 fn acquire_cmd(key: &str, owner: &str, lease: u64, wait: Option<u64>) -> redis::Cmd {
     let mut cmd = redis::cmd("LOCK.ACQUIRE");
     cmd.arg(key).arg(owner).arg(lease);
@@ -496,6 +528,9 @@ fn fits(name: &str, reply: &Value) -> bool {
         // A shared key (6 fields), a semaphore (8), a key with an exclusive hold (16).
         ("lock.info", Value::Bulk(items)) => matches!(items.len(), 6 | 8 | 16),
         ("lock.acquire" | "lock.release" | "lock.info", Value::Nil) => true,
+        ("lock.check", Value::Int(n)) => *n == 0 || *n == 1,
+        // The inner command's own reply (here SET's OK or INCR's integer).
+        ("lock.guard", Value::Okay | Value::Int(_)) => true,
         _ => false,
     }
 }
@@ -647,6 +682,30 @@ impl Worker {
                     cmd.arg(key);
                     self.call(db, &cmd);
                 }
+                85..=89 => {
+                    // A stranger's fence never admits it, and runs nothing.
+                    let (db, key) = KEYS[self.rng.gen_range(0..KEYS.len())];
+                    let stranger = self.shared.owner(&format!("s{}", self.id));
+                    let token = self.rng.gen_range(1..i64::MAX);
+                    let guard = self.rng.gen_bool(0.5);
+                    let mut cmd = redis::cmd(if guard { "LOCK.GUARD" } else { "LOCK.CHECK" });
+                    cmd.arg(key).arg(&stranger).arg(token);
+                    if guard {
+                        cmd.arg("SET").arg(data_key(key)).arg(&stranger);
+                    }
+                    match self.call(db, &cmd) {
+                        Outcome::Reply(Value::Int(0)) if !guard => {}
+                        Outcome::Error(e) if guard && e.starts_with("FENCED the hold is gone") => {
+                            self.shared.count("strangers' LOCK.GUARD fenced")
+                        }
+                        Outcome::Reply(v) => self.shared.problem(format!(
+                            "db {db} {}: a stranger got {}",
+                            show_cmd(&cmd),
+                            show_value(&v)
+                        )),
+                        _ => {}
+                    }
+                }
                 _ => {
                     // A stranger (an owner never used) must never be taken for the holder.
                     let (db, key) = KEYS[self.rng.gen_range(0..KEYS.len())];
@@ -724,9 +783,10 @@ impl Worker {
         };
         for _ in 0..self.rng.gen_range(0..=5) {
             let keep_going = match self.rng.gen_range(0..100) {
-                0..=29 => self.reenter(&mut hold),
-                30..=44 => self.renew(&hold),
-                45..=59 => self.check_info(&hold),
+                0..=24 => self.reenter(&mut hold),
+                25..=36 => self.renew(&hold),
+                37..=49 => self.check_info(&hold),
+                50..=59 => self.fenced(&hold),
                 60..=79 => {
                     // Work inside the lock; sometimes past the lease.
                     let ms = if self.rng.gen_bool(0.15) {
@@ -800,6 +860,40 @@ impl Worker {
                 // What the disrupter did while the command ran counts as after it.
                 hold.epoch = before;
                 true
+            }
+            _ => false,
+        }
+    }
+
+    /// The holder's fence: a write to its data key through LOCK.GUARD (its hold's token in the
+    /// value), or LOCK.CHECK. Either may find the hold gone (a lease, the disrupter): it then
+    /// stops.
+    fn fenced(&mut self, hold: &Holding) -> bool {
+        let guard = self.rng.gen_bool(0.7);
+        let mut cmd = redis::cmd(if guard { "LOCK.GUARD" } else { "LOCK.CHECK" });
+        cmd.arg(hold.key).arg(&hold.owner).arg(hold.token);
+        if guard {
+            if self.rng.gen_bool(0.5) {
+                cmd.arg("SET")
+                    .arg(data_key(hold.key))
+                    .arg(format!("{}:{}", hold.owner, hold.token));
+            } else {
+                cmd.arg("INCR").arg(format!("{}:count", data_key(hold.key)));
+            }
+        }
+        match self.call(hold.db, &cmd) {
+            Outcome::Reply(Value::Int(0)) if !guard => {
+                self.shared.count("LOCK.CHECK answered 0 to a holder");
+                false
+            }
+            Outcome::Reply(_) if guard => {
+                self.shared.count("LOCK.GUARD writes that ran");
+                true
+            }
+            Outcome::Reply(_) => true,
+            Outcome::Error(e) if e.starts_with("FENCED") => {
+                self.shared.count("LOCK.GUARD writes fenced");
+                false
             }
             _ => false,
         }
@@ -887,6 +981,9 @@ enum RunEnd {
 struct Run {
     db: u8,
     key: &'static str,
+    /// The other keys of a multi-key run (`LOCK.MACQUIRE`), in the same database; empty for a
+    /// run of `LOCK.ACQUIRE`s.
+    others: Vec<&'static str>,
     gate: String,
     /// Whether the gate was taken (else the run queues behind whoever held the key).
     gated: bool,
@@ -913,7 +1010,19 @@ impl Run {
             select.arg(db);
             let mut name = redis::cmd("CLIENT");
             name.arg("SETNAME").arg(RUN_NAME);
-            let mut acquire = acquire_cmd(key, &owner, self.lease, Some(self.wait));
+            let mut acquire = if self.others.is_empty() {
+                acquire_cmd(key, &owner, self.lease, Some(self.wait))
+            } else {
+                let mut cmd = redis::cmd("LOCK.MACQUIRE");
+                cmd.arg(1 + self.others.len())
+                    .arg(key)
+                    .arg(&self.others)
+                    .arg(&owner)
+                    .arg(self.lease)
+                    .arg("WAIT")
+                    .arg(self.wait);
+                cmd
+            };
             acquire.arg("SHARED");
             if self.ephemeral {
                 acquire.arg("EPHEMERAL");
@@ -973,12 +1082,39 @@ impl Run {
                 Outcome::Dropped
             };
             let text = format!(
-                "LOCK.ACQUIRE {key} {owner} {} WAIT {} SHARED",
-                self.lease, self.wait
+                "{} {key} {}{owner} {} WAIT {} SHARED",
+                if self.others.is_empty() {
+                    "LOCK.ACQUIRE"
+                } else {
+                    "LOCK.MACQUIRE"
+                },
+                self.others
+                    .iter()
+                    .map(|k| format!("{k} "))
+                    .collect::<String>(),
+                self.lease,
+                self.wait
             );
+            let tokens: Option<Vec<i64>> = match &out {
+                Outcome::Reply(Value::Int(token)) if self.others.is_empty() => Some(vec![*token]),
+                Outcome::Reply(Value::Bulk(items)) if !self.others.is_empty() => items
+                    .iter()
+                    .map(|v| match v {
+                        Value::Int(t) => Some(*t),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => None,
+            };
             match &out {
-                Outcome::Reply(Value::Int(token)) if *token > 0 => {
-                    shared.fresh(db, key, *token, owner);
+                _ if tokens.as_ref().is_some_and(|t| {
+                    t.len() == 1 + self.others.len() && t.iter().all(|&t| t > 0)
+                }) =>
+                {
+                    let keys = std::iter::once(key).chain(self.others.iter().copied());
+                    for (k, token) in keys.zip(tokens.unwrap_or_default()) {
+                        shared.fresh(db, k, token, owner);
+                    }
                     granted += 1;
                     last_grant = opened.elapsed();
                     answered.push(i);
@@ -1030,8 +1166,12 @@ impl Run {
         }
         shared.count_n("run grants", granted);
         shared.runs.lock().unwrap().push(format!(
-            "db{db} {key}: {} SHARED{} waiters behind {}, {:?}: {granted} granted, the last {} ms \
-             after the gate was opened (for a lease end: after the run queued)",
+            "db{db} {key}{}: {} SHARED{} waiters behind {}, {:?}: {granted} granted, the last {} \
+             ms after the gate was opened (for a lease end: after the run queued)",
+            self.others
+                .iter()
+                .map(|k| format!(" +{k}"))
+                .collect::<String>(),
             waiting.len(),
             if self.ephemeral { " EPHEMERAL" } else { "" },
             if self.gated { "a gate" } else { "its holder" },
@@ -1059,14 +1199,17 @@ struct Disrupter {
 
 /// The disrupter's step kinds and their share of the dice (0..100), which `LOCK_ADV_SKIP` can
 /// leave out by name (to look for a second defect behind one that a run keeps hitting first).
-const STEP_KINDS: [(&str, u32, u32); 16] = [
+const STEP_KINDS: [(&str, u32, u32); 19] = [
     ("pause", 0, 6),
     ("lease-end-pause", 7, 14),
     ("config-set", 15, 20),
     ("config-get", 21, 24),
-    ("keys", 25, 44),
+    ("keys", 25, 39),
+    ("copy-migrate", 40, 41),
+    ("election", 42, 44),
     ("ephemeral", 45, 50),
-    ("shared-run", 51, 52),
+    ("shared-run", 51, 51),
+    ("multi-run", 52, 52),
     ("counters", 53, 59),
     ("flush", 60, 64),
     ("reload", 65, 67),
@@ -1140,7 +1283,10 @@ impl Disrupter {
                 "config-get" => self.config_get_storm(),
                 "keys" => self.key_op(),
                 "ephemeral" => self.ephemeral_op(),
-                "shared-run" => self.shared_run(),
+                "shared-run" => self.shared_run(false),
+                "multi-run" => self.shared_run(true),
+                "copy-migrate" => self.copy_or_migrate(),
+                "election" => self.election(),
                 "counters" => self.counter_op(),
                 "flush" => self.flush(),
                 "reload" => {
@@ -1457,6 +1603,7 @@ impl Disrupter {
             5 => {
                 self.count("SWAPDB");
                 self.bump_epoch();
+                self.shared.swaps.fetch_add(1, Ordering::SeqCst);
                 self.exec(db, redis::cmd("SWAPDB").arg(0).arg(1));
             }
             6 => {
@@ -1609,6 +1756,7 @@ impl Disrupter {
             }
             _ => {
                 self.count("SWAPDB with an EPHEMERAL hold");
+                self.shared.swaps.fetch_add(1, Ordering::SeqCst);
                 self.exec(db, redis::cmd("SWAPDB").arg(0).arg(1));
             }
         }
@@ -1624,10 +1772,11 @@ impl Disrupter {
         }
     }
 
-    /// A run of 1,000+ SHARED waiters (EPHEMERAL in half of the runs) queued behind an
+    /// A run of 800 to 1,000 SHARED waiters (EPHEMERAL in half of the runs) queued behind an
     /// exclusive hold, which then ends at once: released, force-released, deleted, or at its
-    /// lease's end. One run at a time, in a helper thread.
-    fn shared_run(&mut self) {
+    /// lease's end. With `multi`, each waiter asks for one or two more keys of the database
+    /// too (`LOCK.MACQUIRE`), which workers may hold. One run at a time, in a helper thread.
+    fn shared_run(&mut self, multi: bool) {
         // Not in the last seconds: a run ends within a few seconds (its WAIT), and Redis takes
         // a few more to give its thousand blocked clients' memory back; the end of the test
         // should not wait for either.
@@ -1648,9 +1797,24 @@ impl Disrupter {
             }
             _ => false,
         };
+        let others: Vec<&'static str> = if multi {
+            let mut others: Vec<&'static str> = KEYS
+                .iter()
+                .filter(|(d, k)| *d == db && *k != key)
+                .map(|(_, k)| *k)
+                .collect();
+            let n = self.rng.gen_range(1..=others.len().min(2));
+            while others.len() > n {
+                others.remove(self.rng.gen_range(0..others.len()));
+            }
+            others
+        } else {
+            Vec::new()
+        };
         let run = Run {
             db,
             key,
+            others,
             gate,
             gated,
             size: self.rng.gen_range(RUN_MIN..=RUN_MAX),
@@ -1664,12 +1828,17 @@ impl Disrupter {
                 RunEnd::Lease,
             ][self.rng.gen_range(0..4)],
         };
-        self.count("runs of shared waiters");
+        self.count(if multi {
+            "runs of multi-key shared waiters"
+        } else {
+            "runs of shared waiters"
+        });
         self.shared.step(format!(
-            "db{db} a run of {} SHARED{} waiters on {key} (lease {}, WAIT {}), behind {}, then \
-             {:?}",
+            "db{db} a run of {} SHARED{} waiters on {key}{:?} (lease {}, WAIT {}), behind {}, \
+             then {:?}",
             run.size,
             if run.ephemeral { " EPHEMERAL" } else { "" },
+            run.others,
             run.lease,
             run.wait,
             if gated {
@@ -1684,6 +1853,107 @@ impl Disrupter {
             run.go(&shared);
             shared.run_active.store(false, Ordering::SeqCst);
         }));
+    }
+
+    /// A held key copied (to a spare name, or to the other database under its own name, as a
+    /// backup would) and the copy deleted, at once or by a later step; or a held key moved to a
+    /// third server with `MIGRATE` (with `COPY` now and then, which leaves it here too).
+    fn copy_or_migrate(&mut self) {
+        let db = self.db();
+        let key = self.lock_key(db);
+        if self.rng.gen_bool(0.6) {
+            let (to_db, copy) = if self.rng.gen_bool(0.5) {
+                (1 - db, key)
+            } else {
+                (db, SPARE_KEYS[self.rng.gen_range(0..SPARE_KEYS.len())])
+            };
+            let mut cmd = redis::cmd("COPY");
+            cmd.arg(key).arg(copy);
+            if to_db != db {
+                cmd.arg("DB").arg(to_db);
+            }
+            cmd.arg("REPLACE");
+            self.count("COPY of a held key");
+            self.bump_epoch();
+            // (A copy over the other database's lock of the same name replaces that lock.)
+            if let Outcome::Reply(Value::Int(1)) = self.exec(db, &cmd) {
+                if self.rng.gen_bool(0.7) {
+                    self.count("DEL of a held key's copy");
+                    self.exec(to_db, redis::cmd("DEL").arg(copy));
+                }
+            }
+        } else {
+            let mut cmd = redis::cmd("MIGRATE");
+            cmd.arg("127.0.0.1")
+                .arg(self.shared.migrate_port)
+                .arg(key)
+                .arg(db)
+                .arg(1_000);
+            if self.rng.gen_bool(0.3) {
+                cmd.arg("COPY");
+            }
+            cmd.arg("REPLACE");
+            self.count("MIGRATE of a held key");
+            self.bump_epoch();
+            self.exec(db, &cmd);
+        }
+    }
+
+    /// An election on one of `ELECTION_KEYS` in either database (all share one leader channel):
+    /// a candidate campaigns (at once, or waiting on a connection of its own), then proclaims a
+    /// value, resigns, or lets its lease run out.
+    fn election(&mut self) {
+        let db = self.db();
+        let key = ELECTION_KEYS[self.rng.gen_range(0..ELECTION_KEYS.len())];
+        let candidate = self.shared.owner("cand");
+        let lease = self.rng.gen_range(100..=2_000);
+        self.shared.candidates.lock().unwrap().insert(
+            candidate.clone(),
+            (db, key, self.shared.swaps.load(Ordering::SeqCst)),
+        );
+        self.count("campaigns");
+        let mut campaign = redis::cmd("LOCK.CAMPAIGN");
+        campaign.arg(key).arg(&candidate).arg(lease);
+        if self.rng.gen_bool(0.5) {
+            campaign.arg("VALUE").arg(format!("v-{candidate}"));
+        }
+        if self.rng.gen_bool(0.4) {
+            // A standby: it waits in the server, on a connection of its own.
+            campaign.arg("WAIT").arg(self.rng.gen_range(100..=1_500));
+            let shared = self.shared.clone();
+            self.helpers.push(thread::spawn(move || {
+                if let Some(mut con) = connect(&shared, db) {
+                    let out = outcome(campaign.query(&mut con));
+                    shared.op(format!("db{db} {} -> {}", show_cmd(&campaign), show(&out)));
+                    if let Outcome::Reply(Value::Int(epoch)) = out {
+                        shared.fresh(db, key, epoch, &candidate);
+                    }
+                }
+            }));
+            return;
+        }
+        let Outcome::Reply(Value::Int(epoch)) = self.exec(db, &campaign) else {
+            return;
+        };
+        self.shared.fresh(db, key, epoch, &candidate);
+        match self.rng.gen_range(0..3) {
+            0 => {
+                self.count("proclamations");
+                self.exec(
+                    db,
+                    redis::cmd("LOCK.PROCLAIM")
+                        .arg(key)
+                        .arg(&candidate)
+                        .arg(epoch)
+                        .arg(format!("p-{candidate}")),
+                );
+            }
+            1 => {
+                self.count("resignations");
+                self.exec(db, redis::cmd("LOCK.RELEASE").arg(key).arg(&candidate));
+            }
+            _ => {}
+        }
     }
 
     /// The holder field of the hash at `key`, if any.
@@ -1855,6 +2125,26 @@ impl Disrupter {
         let key = self.lock_key(db);
         let owner = self.shared.owner("e");
         let lease = self.rng.gen_range(MIN_LEASE_MS..=MAX_LEASE_MS);
+        if self.rng.gen_range(0..5) == 0 {
+            // LOCK.CHECK in a read-only script: a stranger is never admitted.
+            let mut cmd = redis::cmd("EVAL_RO");
+            cmd.arg(SCRIPT_CHECK)
+                .arg(1)
+                .arg(key)
+                .arg(&owner)
+                .arg(self.rng.gen_range(1..i64::MAX));
+            self.count("EVAL_RO LOCK.CHECK");
+            if let Outcome::Reply(v) = self.exec(db, &cmd) {
+                if v != Value::Int(0) {
+                    self.shared.problem(format!(
+                        "db {db} {}: a stranger got {}",
+                        show_cmd(&cmd),
+                        show_value(&v)
+                    ));
+                }
+            }
+            return;
+        }
         let mut cmd = redis::cmd("EVAL");
         let acquires = match self.rng.gen_range(0..4) {
             0 | 1 => {
@@ -2117,6 +2407,167 @@ impl Disrupter {
         let list: String = redis::from_redis_value(&v).unwrap_or_default();
         lock_waiters_in(&list)
     }
+}
+
+/// Every name a lock may have here (the disrupter also takes locks named like counters), and the
+/// channels their lost-hold and leader messages come on.
+fn lock_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = KEYS.iter().map(|(_, k)| *k).collect();
+    names.extend(SPARE_KEYS);
+    names.extend(ELECTION_KEYS);
+    names.extend(COUNTER_LIKE);
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+fn channel(prefix: &str, key: &str) -> String {
+    String::from_utf8(
+        lock_core::channel::unlock_channel(prefix.as_bytes(), key.as_bytes()).expect("a prefix"),
+    )
+    .expect("utf-8")
+}
+
+/// Subscribes (on a connection the disrupter never kills) to the lost-hold channel of every
+/// lock name, the flush channel and the election keys' leader channel, and keeps every message
+/// it hears until the run stops.
+fn listen(shared: Arc<Shared>) -> JoinHandle<()> {
+    let mut channels: Vec<String> = lock_names()
+        .into_iter()
+        .map(|k| channel("lock.lost", k))
+        .chain(ELECTION_KEYS.iter().map(|k| channel("lock.leader", k)))
+        .chain(["lock.lost:flush".to_string()])
+        .collect();
+    channels.sort();
+    channels.dedup();
+    let (ready, subscribed) = std::sync::mpsc::channel();
+    let handle = thread::spawn(move || {
+        let Some(mut con) = connect(&shared, 0) else {
+            let _ = ready.send(());
+            return;
+        };
+        if let Ok(id) = redis::cmd("CLIENT").arg("ID").query::<i64>(&mut con) {
+            shared.protected.lock().unwrap().insert(id);
+        }
+        let mut pubsub = con.as_pubsub();
+        let _ = pubsub.set_read_timeout(Some(Duration::from_millis(200)));
+        for c in &channels {
+            if pubsub.subscribe(c).is_err() {
+                shared.problem(format!("the listener could not subscribe to {c}"));
+            }
+        }
+        let _ = ready.send(());
+        while !shared.stopping() {
+            match pubsub.get_message() {
+                Ok(message) => {
+                    let payload: Vec<u8> = message.get_payload().unwrap_or_default();
+                    let swaps = shared.swaps.load(Ordering::SeqCst);
+                    shared.heard.lock().unwrap().push((
+                        message.get_channel_name().to_string(),
+                        payload,
+                        swaps,
+                    ));
+                }
+                Err(e) if e.is_timeout() => {}
+                Err(e) => {
+                    shared.problem(format!("the listener's connection failed: {e}"));
+                    break;
+                }
+            }
+        }
+    });
+    let _ = subscribed.recv_timeout(Duration::from_secs(5));
+    handle
+}
+
+/// Checks every message the listener heard (see the module's documentation). Returns (lost-hold
+/// messages, leader messages) checked.
+fn check_messages(shared: &Shared, problems: &mut Vec<String>) -> (u64, u64) {
+    let names = lock_names();
+    let candidates = shared.candidates.lock().unwrap().clone();
+    let (mut lost, mut leader) = (0, 0);
+    for (on, payload, swaps) in shared.heard.lock().unwrap().iter() {
+        let text = String::from_utf8_lossy(payload);
+        if on == "lock.lost:flush" {
+            let fine = text == "flushed all"
+                || text
+                    .strip_prefix("flushed ")
+                    .is_some_and(|db| db == "0" || db == "1");
+            if !fine {
+                problems.push(format!("a flush message {text:?}"));
+            }
+            continue;
+        }
+        let Some(m) = lock_core::signal::parse(payload) else {
+            problems.push(format!("on {on}: {text:?} is no message of the module"));
+            continue;
+        };
+        let key = String::from_utf8_lossy(m.key).to_string();
+        let kind = String::from_utf8_lossy(m.kind).to_string();
+        let is_leader = on.starts_with("lock.leader:");
+        let prefix = if is_leader {
+            "lock.leader"
+        } else {
+            "lock.lost"
+        };
+        if !names.contains(&key.as_str()) || channel(prefix, &key) != *on {
+            problems.push(format!(
+                "on {on}: {text:?} names key {key:?}, whose channel is {}",
+                channel(prefix, &key)
+            ));
+            continue;
+        }
+        if !(0..=1).contains(&m.db) {
+            problems.push(format!("on {on}: {text:?} names database {}", m.db));
+        }
+        if is_leader {
+            leader += 1;
+            match kind.as_str() {
+                "elected" => {
+                    let who = String::from_utf8_lossy(m.rest.unwrap_or_default()).to_string();
+                    match candidates.get(&who) {
+                        Some((db, k, swaps_then)) => {
+                            let same_db = i32::from(*db) == m.db;
+                            if *k != key || (!same_db && swaps == swaps_then) {
+                                problems.push(format!(
+                                    "on {on}: {text:?}: {who} campaigned for {k} in db {db}"
+                                ));
+                            }
+                        }
+                        None => {
+                            problems.push(format!("on {on}: {text:?}: nobody campaigned as {who}"))
+                        }
+                    }
+                    if m.token.is_none() {
+                        problems.push(format!("on {on}: {text:?} has no epoch"));
+                    }
+                }
+                "proclaimed" if m.token.is_some() => {}
+                _ => problems.push(format!("on {on}: {text:?} is no leader message")),
+            }
+            continue;
+        }
+        lost += 1;
+        let reasons = [
+            "forcereleased",
+            "disconnected",
+            "expired",
+            "deleted",
+            "overwritten",
+            "evicted",
+        ];
+        let whole_key_reasons = ["expired", "deleted", "overwritten", "evicted"];
+        let fine = match (m.token, m.rest) {
+            (Some(_), Some(_)) => reasons.contains(&kind.as_str()),
+            (None, None) => whole_key_reasons.contains(&kind.as_str()),
+            _ => false,
+        };
+        if !fine {
+            // (`moved` is for a key leaving a cluster node with its slot: never standalone.)
+            problems.push(format!("on {on}: {text:?} is no lost-hold message"));
+        }
+    }
+    (lost, leader)
 }
 
 fn info_value(info: &str, field: &str) -> Option<i64> {
@@ -2662,6 +3113,8 @@ fn run(seed: u64, secs: u64) {
         "yes",
     ]);
     let replica = Server::replica_of(&master);
+    // Where MIGRATE sends held keys.
+    let migrate_target = Server::start();
     let (master_url, replica_url) = (
         format!("redis://127.0.0.1:{}/", master.port),
         format!("redis://127.0.0.1:{}/", replica.port),
@@ -2700,7 +3153,12 @@ fn run(seed: u64, secs: u64) {
         ephemeral_holders: Mutex::new(VecDeque::new()),
         run_active: AtomicBool::new(false),
         runs: Mutex::new(Vec::new()),
+        migrate_port: migrate_target.port,
+        candidates: Mutex::new(HashMap::new()),
+        swaps: AtomicU64::new(0),
+        heard: Mutex::new(Vec::new()),
     });
+    let listener = listen(shared.clone());
     let mut threads: Vec<JoinHandle<()>> = (0..WORKERS)
         .map(|id| {
             let worker = Worker {
@@ -2732,6 +3190,7 @@ fn run(seed: u64, secs: u64) {
     for t in threads {
         t.join().expect("a client thread panicked");
     }
+    listener.join().expect("the listener panicked");
     shared.flush_trace();
     if let Some(failure) = shared.failure.lock().unwrap().clone() {
         panic!("adversarial run failed: {failure}");
@@ -2787,6 +3246,7 @@ fn run(seed: u64, secs: u64) {
             "lock_ephemeral_holds is {left_bound} with every client connection closed"
         ));
     }
+    let (lost_heard, leader_heard) = check_messages(&shared, &mut problems);
     problems.extend(shared.problems.lock().unwrap().iter().cloned());
 
     let stats: Vec<(String, u64)> = [
@@ -2913,6 +3373,10 @@ fn run(seed: u64, secs: u64) {
         "adversarial: bindings: lock_ephemeral_holds {gauge} with {live} EPHEMERAL holds shown by \
          LOCK.INFO ({kept} holders' connections kept open), then {left_bound} once every \
          connection closed"
+    );
+    println!(
+        "adversarial: messages: {lost_heard} lost-hold and {leader_heard} leader messages checked \
+         (each names a key and database of its own channel)"
     );
     println!("adversarial: {} problems", problems.len());
     let grants = shared.counted("grants (fresh holds)");

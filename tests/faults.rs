@@ -6,10 +6,13 @@
 //! `EPHEMERAL` (bound to their connection) — sometimes hold past their lease, renew, or vanish
 //! without releasing, while a disrupter DELs lock keys, FLUSHes, `CLIENT KILL`s waiters and
 //! holders' connections, and runs `redis-cli` processes that it SIGKILLs while they wait or
-//! hold, or SIGSTOPs past their lease. Every holder of the exclusive and read-write keys uses a
-//! fenced resource, as docs/guarantees.md tells users to do: a writer (exclusive holder) is
-//! refused when its token is lower than the highest the resource has seen, a reader (shared
-//! holder) when its token is lower than the last writer's.
+//! hold, or SIGSTOPs past their lease. The protected resource lives in Redis beside the locks,
+//! and every critical section reaches it through `LOCK.GUARD` with its hold's fencing token,
+//! once right after its grant and once more at its end — after it overstayed its lease, was
+//! SIGSTOPped past it, or had its connection killed (it then writes from a new connection): a
+//! writer (exclusive holder) appends its token to `<key>:resource` (`RPUSH`), a reader (shared
+//! holder) reads the last one (`LINDEX`) and now and then tries to append too, a permit holder
+//! counts (`INCR`). The server alone decides which of them land: there is no client-side check.
 //!
 //! The checker then verifies, per key, with the client-side times of each hold (from the grant
 //! reply to the release request, which lie inside the server's own hold):
@@ -23,14 +26,18 @@
 //!   granted (its reply read) before that confirmed hold's release was sent;
 //! - tokens rise with the grants, whatever the kind: a hold whose grant reply arrived before
 //!   another's request was sent has the lower token;
-//! - the fenced resource never refused a confirmed holder;
+//! - the resource's sequence of tokens only rises: every `<key>:resource` list, read at the
+//!   end, is non-decreasing, and holds only tokens of writers that tried to write;
+//! - no write of a superseded hold landed (0 stale writes): a write answered as landed was sent
+//!   before any hold with a higher token on its key was granted, and no reader's write landed;
+//! - `LOCK.GUARD` never refused a confirmed holder;
 //! - an `EPHEMERAL` hold (with a lease long enough to outlive the check) whose connection
 //!   closed is gone within a second;
 //! - every `WAIT` was answered within its timeout plus the holders' leases (no hanging waiter);
 //! - the server is alive, logged no internal error, and keeps no connection binding once every
 //!   client is gone.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -114,49 +121,77 @@ struct Hold {
     ended: Instant,
     /// The server confirmed the hold lasted to the release (LOCK.RELEASE answered 0).
     confirmed: bool,
-    /// The fenced resource refused one of this holder's writes.
+    /// `LOCK.GUARD` refused one of this holder's accesses to the resource (`FENCED`).
     fenced_out: bool,
 }
 
-/// The highest tokens a fenced resource has seen on a key.
-#[derive(Default)]
-struct Seen {
-    any: i64,
-    writer: i64,
+/// The resource a lock key protects: a list of the tokens of the writes that landed.
+fn resource_of(key: &str) -> String {
+    format!("{key}:resource")
 }
 
-/// The protected resource. A writer (exclusive holder) is refused when its token is lower than
-/// the highest seen; a reader (shared holder) when its token is lower than the last writer's,
-/// and readers share. Permits are not fenced.
-#[derive(Default)]
-struct FencedResource {
-    seen: Mutex<HashMap<&'static str, Seen>>,
-    refused: AtomicU64,
+/// One access to the resource through `LOCK.GUARD`.
+#[derive(Debug, Clone)]
+struct Access {
+    key: &'static str,
+    kind: Kind,
+    owner: String,
+    token: i64,
+    /// A write (`RPUSH`), or a read (`LINDEX`) / a count (`INCR`, permits).
+    write: bool,
+    /// When it was sent.
+    sent: Instant,
+    outcome: Outcome,
 }
 
-impl FencedResource {
-    fn access(&self, key: &'static str, kind: Kind, token: i64) -> bool {
-        let mut seen = self.seen.lock().unwrap();
-        let seen = seen.entry(key).or_default();
-        let allowed = match kind {
-            Kind::Exclusive if token < seen.any => false,
-            Kind::Exclusive => {
-                seen.any = token;
-                seen.writer = token;
-                true
-            }
-            Kind::Shared if token < seen.writer => false,
-            Kind::Shared => {
-                seen.any = seen.any.max(token);
-                true
-            }
-            Kind::Permit => true,
-        };
-        if !allowed {
-            self.refused.fetch_add(1, Ordering::Relaxed);
+/// What `LOCK.GUARD` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// The command ran.
+    Landed,
+    /// `FENCED the hold is gone`.
+    Gone,
+    /// `FENCED the token is not current`.
+    NotCurrent,
+    /// A shared hold's write, refused as one.
+    SharedRefused,
+    /// The connection closed under it (killed): it may or may not have run.
+    Unknown,
+    /// Anything else: an unexpected error.
+    Error,
+}
+
+impl Outcome {
+    fn of_error(text: &str) -> Outcome {
+        if text.starts_with("FENCED the hold is gone") {
+            Outcome::Gone
+        } else if text.starts_with("FENCED the token is not current") {
+            Outcome::NotCurrent
+        } else if text.starts_with("ERR a SHARED hold") {
+            Outcome::SharedRefused
+        } else {
+            eprintln!("unexpected LOCK.GUARD error: {text}");
+            Outcome::Error
         }
-        allowed
     }
+
+    fn fenced(self) -> bool {
+        matches!(self, Outcome::Gone | Outcome::NotCurrent)
+    }
+}
+
+/// The `LOCK.GUARD` command line of an access: a writer appends its token, a reader reads the
+/// last one (or, with `write`, tries to append: it must be refused), a permit counts.
+fn guarded(key: &str, owner: &str, token: i64, kind: Kind, write: bool) -> Vec<String> {
+    let mut args = vec![key.to_string(), owner.to_string(), token.to_string()];
+    let resource = resource_of(key);
+    let inner: Vec<String> = match (kind, write) {
+        (Kind::Permit, _) => vec!["INCR".into(), resource],
+        (_, true) => vec!["RPUSH".into(), resource, token.to_string()],
+        (_, false) => vec!["LINDEX".into(), resource, "-1".into()],
+    };
+    args.extend(inner);
+    args
 }
 
 #[derive(Default)]
@@ -207,7 +242,8 @@ struct Shared {
     port: u16,
     stop: AtomicBool,
     holds: Mutex<Vec<Hold>>,
-    resource: FencedResource,
+    /// Every access to the resources through `LOCK.GUARD`, as sent and answered.
+    accesses: Mutex<Vec<Access>>,
     counts: Counts,
     next_owner: AtomicU64,
 }
@@ -218,6 +254,96 @@ impl Shared {
             "{prefix}-{}",
             self.next_owner.fetch_add(1, Ordering::Relaxed)
         )
+    }
+
+    /// One access to `key`'s resource through `LOCK.GUARD` from a worker's connection, booked.
+    /// When the disrupter killed the connection under it, the holder carries on from a new
+    /// connection and tries once more there, as an application would after a reconnect.
+    #[allow(clippy::too_many_arguments)]
+    fn access(
+        &self,
+        con: &mut Connection,
+        key: &'static str,
+        kind: Kind,
+        owner: &str,
+        token: i64,
+        write: bool,
+    ) -> Outcome {
+        let args = guarded(key, owner, token, kind, write);
+        let mut outcome = Outcome::Unknown;
+        for _ in 0..2 {
+            let sent = Instant::now();
+            let reply: redis::RedisResult<Value> = redis::cmd("LOCK.GUARD").arg(&args).query(con);
+            outcome = match reply {
+                Ok(_) => Outcome::Landed,
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => Outcome::Unknown,
+                Err(e) => Outcome::of_error(&format!(
+                    "{} {}",
+                    e.code().unwrap_or(""),
+                    e.detail().unwrap_or("")
+                )),
+            };
+            self.book(key, kind, owner, token, write, sent, outcome);
+            if outcome != Outcome::Unknown {
+                break;
+            }
+            *con = connect_worker(&self.url);
+        }
+        outcome
+    }
+
+    /// The same access from a `redis-cli` process (an error line comes with an empty line
+    /// after it).
+    fn cli_access(
+        &self,
+        cli: &mut Cli,
+        key: &'static str,
+        kind: Kind,
+        owner: &str,
+        token: i64,
+        write: bool,
+    ) -> Outcome {
+        let sent = Instant::now();
+        let line = format!(
+            "LOCK.GUARD {}",
+            guarded(key, owner, token, kind, write).join(" ")
+        );
+        let outcome = match cli.send(&line).ok().and(cli.reply(Duration::from_secs(5))) {
+            None => Outcome::Unknown,
+            Some(reply) if reply.contains("closed the connection") => Outcome::Unknown,
+            Some(reply) if reply.starts_with("FENCED") || reply.starts_with("ERR") => {
+                let _ = cli.reply(Duration::from_secs(5));
+                Outcome::of_error(reply.trim_end())
+            }
+            Some(_) => Outcome::Landed,
+        };
+        self.book(key, kind, owner, token, write, sent, outcome);
+        outcome
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn book(
+        &self,
+        key: &'static str,
+        kind: Kind,
+        owner: &str,
+        token: i64,
+        write: bool,
+        sent: Instant,
+        outcome: Outcome,
+    ) {
+        if outcome == Outcome::Error {
+            bump(&self.counts.unexpected_errors);
+        }
+        self.accesses.lock().unwrap().push(Access {
+            key,
+            kind,
+            owner: owner.to_string(),
+            token,
+            write,
+            sent,
+            outcome,
+        });
     }
 
     /// After the connection of `owner`'s EPHEMERAL hold on `key` closed: the hold must be gone
@@ -313,16 +439,23 @@ fn worker(shared: Arc<Shared>, seed: u64) {
             }
         };
         shared.counts.granted(kind, ephemeral);
-        let mut fenced_out = !shared.resource.access(key, kind, token);
+        // Right after the grant: a writer writes, a reader reads (and one in five also tries
+        // to write, which must never land), a permit counts.
+        let writes = kind != Kind::Shared || rng.gen_range(0..5) == 0;
+        let mut fenced_out = shared
+            .access(&mut con, key, kind, &owner, token, writes)
+            .fenced();
         let (ended, confirmed) = if behaviour < 8 {
             // Vanish without releasing: the connection closes, which ends an EPHEMERAL hold at
-            // once; the lease runs out on another.
+            // once; the lease runs out on another. The holder lives on and writes once more,
+            // from a new connection.
             bump(&shared.counts.vanished);
             con = connect_worker(&shared.url);
             let ended = Instant::now();
             if ephemeral {
                 shared.check_ephemeral_end(key, &owner);
             }
+            shared.access(&mut con, key, kind, &owner, token, writes);
             (ended, false)
         } else {
             let hold_for = if behaviour < 20 {
@@ -339,7 +472,10 @@ fn worker(shared: Arc<Shared>, seed: u64) {
                     .query(&mut con);
             }
             thread::sleep(Duration::from_millis(hold_for));
-            fenced_out |= !shared.resource.access(key, kind, token);
+            // The end of the critical section: its last write (late, after an overstay).
+            fenced_out |= shared
+                .access(&mut con, key, kind, &owner, token, writes)
+                .fenced();
             let ended = Instant::now();
             let released: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.RELEASE")
                 .arg(key)
@@ -423,7 +559,10 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
                 }
             };
             shared.counts.granted(kind, ephemeral);
-            let mut fenced_out = !shared.resource.access(key, kind, token);
+            let writes = kind != Kind::Shared || rng.gen_range(0..5) == 0;
+            let mut fenced_out = shared
+                .cli_access(&mut cli, key, kind, &owner, token, writes)
+                .fenced();
             let (ended, confirmed) = if fate == 1 {
                 // The holder process dies: an EPHEMERAL hold ends with its connection, another
                 // when its lease runs out; then the next waiter gets the lock.
@@ -440,7 +579,10 @@ fn process_fault(shared: &Shared, rng: &mut StdRng) {
                 bump(&shared.counts.process_stops);
                 thread::sleep(Duration::from_millis(lease + rng.gen_range(20..200)));
                 cli.signal(Signal::Cont);
-                fenced_out |= !shared.resource.access(key, kind, token);
+                // It wakes up and writes, its lease long over: the server refuses it.
+                fenced_out |= shared
+                    .cli_access(&mut cli, key, kind, &owner, token, writes)
+                    .fenced();
                 let ended = Instant::now();
                 let _ = cli.send(&format!("LOCK.RELEASE {key} {owner}"));
                 let confirmed = cli
@@ -596,6 +738,64 @@ fn violations(holds: &[Hold]) -> Vec<String> {
     found
 }
 
+/// Writes that landed for a superseded hold: sent after a hold with a higher token on their key
+/// was granted (that grant means the writer's hold had ended: on these keys every other hold
+/// excludes a writer's). And any reader's write that landed. Permits share their key, so a
+/// permit's write supersedes nothing.
+fn stale_writes(holds: &[Hold], accesses: &[Access]) -> Vec<String> {
+    let mut found = Vec::new();
+    for w in accesses
+        .iter()
+        .filter(|a| a.write && a.outcome == Outcome::Landed)
+    {
+        match w.kind {
+            Kind::Permit => {}
+            Kind::Shared => found.push(format!(
+                "{}: a reader's write landed ({}, token {})",
+                w.key, w.owner, w.token
+            )),
+            Kind::Exclusive => {
+                if let Some(h) = holds
+                    .iter()
+                    .find(|h| h.key == w.key && h.token > w.token && h.granted < w.sent)
+                {
+                    found.push(format!(
+                        "{}: stale write landed: {} (token {}) wrote after {} (token {}) was \
+                         granted",
+                        w.key, w.owner, w.token, h.owner, h.token
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The resources as read at the end (`<key>:resource`, the tokens of the writes that landed, in
+/// the order they landed): each must only rise, and hold only tokens of writers that wrote there.
+fn resource_violations(lists: &[(&'static str, Vec<i64>)], accesses: &[Access]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (key, list) in lists {
+        if let Some(pair) = list.windows(2).find(|w| w[1] < w[0]) {
+            found.push(format!(
+                "{key}: the resource's tokens fell: {} after {}",
+                pair[1], pair[0]
+            ));
+        }
+        let writers: HashSet<i64> = accesses
+            .iter()
+            .filter(|a| a.key == *key && a.write && a.kind == Kind::Exclusive)
+            .map(|a| a.token)
+            .collect();
+        if let Some(t) = list.iter().find(|t| !writers.contains(t)) {
+            found.push(format!(
+                "{key}: token {t} in the resource is no writer's (phantom write)"
+            ));
+        }
+    }
+    found
+}
+
 /// The most confirmed holds at once on a key, and a violation for every moment they went over
 /// `limit`. A hold counts from its grant reply to its release request (ends first on a tie).
 fn permits_over_limit(on_key: &[&Hold], limit: usize) -> (usize, Vec<String>) {
@@ -669,7 +869,7 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
         port: server.port,
         stop: AtomicBool::new(false),
         holds: Mutex::new(Vec::new()),
-        resource: FencedResource::default(),
+        accesses: Mutex::new(Vec::new()),
         counts: Counts::default(),
         next_owner: AtomicU64::new(0),
     });
@@ -696,7 +896,28 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
             .unwrap_or(0)
     };
     let holds = shared.holds.lock().unwrap().clone();
-    let found = violations(&holds);
+    let accesses = shared.accesses.lock().unwrap().clone();
+    let lists: Vec<(&'static str, Vec<i64>)> = KEYS
+        .iter()
+        .chain([RW_KEY].iter())
+        .map(|&key| (key, admin.lrange(resource_of(key), 0, -1).unwrap()))
+        .collect();
+    let stale = stale_writes(&holds, &accesses);
+    let mut found = violations(&holds);
+    found.extend(stale.iter().cloned());
+    found.extend(resource_violations(&lists, &accesses));
+    let outcomes = |write: bool, outcome: Outcome| {
+        accesses
+            .iter()
+            .filter(|a| a.write == write && a.kind != Kind::Shared && a.outcome == outcome)
+            .count()
+    };
+    let reads = |outcome: Outcome| {
+        accesses
+            .iter()
+            .filter(|a| a.kind == Kind::Shared && !a.write && a.outcome == outcome)
+            .count()
+    };
     let c = &shared.counts;
     let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let confirmed = |kind: Kind| {
@@ -719,8 +940,11 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
          holders, {} CLIENT KILLs of waiters, {} of holders, {} process kills, {} process \
          stops, {} DELs, {} FLUSHALLs, {} EPHEMERAL holds ended by their connection's close \
          ({} checked gone within {CLOSE_NOTICED_MS} ms, {} outlived it), {} expiries with \
-         waiters, {} keys expired, {} handoffs, {} abandoned grants, {} fenced-out writes, {} \
-         unanswered, {} unexpected errors, {} violations",
+         waiters, {} keys expired, {} handoffs, {} abandoned grants; writes through \
+         LOCK.GUARD: {} landed, {} refused FENCED ({} hold gone, {} token not current), {} lost \
+         with their connection, {} stale writes landed; reads: {} admitted, {} refused FENCED; \
+         readers' writes: {} refused, none landed; {} tokens in the resources; {} unanswered, \
+         {} unexpected errors, {} violations",
         n(&c.operations),
         n(&c.grants),
         holds.iter().filter(|h| h.confirmed).count(),
@@ -750,7 +974,19 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
         stat(&mut admin, "stats", "expired_keys"),
         stat(&mut admin, "lock", "lock_handoffs"),
         stat(&mut admin, "lock", "lock_abandoned_grants"),
-        shared.resource.refused.load(Ordering::Relaxed),
+        outcomes(true, Outcome::Landed),
+        outcomes(true, Outcome::Gone) + outcomes(true, Outcome::NotCurrent),
+        outcomes(true, Outcome::Gone),
+        outcomes(true, Outcome::NotCurrent),
+        outcomes(true, Outcome::Unknown),
+        stale.len(),
+        reads(Outcome::Landed),
+        reads(Outcome::Gone) + reads(Outcome::NotCurrent),
+        accesses
+            .iter()
+            .filter(|a| a.kind == Kind::Shared && a.write && a.outcome == Outcome::SharedRefused)
+            .count(),
+        lists.iter().map(|(_, l)| l.len()).sum::<usize>(),
         n(&c.unanswered),
         n(&c.unexpected_errors),
         found.len(),
@@ -766,6 +1002,11 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
     assert!(
         n(&c.grants) > 50 && holds.iter().any(|h| h.confirmed),
         "too little happened"
+    );
+    assert!(
+        outcomes(true, Outcome::Landed) > 0
+            && outcomes(true, Outcome::Gone) + outcomes(true, Outcome::NotCurrent) > 0,
+        "no write landed, or none was refused"
     );
     assert!(
         [Kind::Exclusive, Kind::Shared, Kind::Permit]
@@ -956,4 +1197,53 @@ fn the_checker_catches_double_grants_overlaps_and_stale_tokens() {
             "missed ({rule}): {history:?}; found {found:?}"
         );
     }
+}
+
+#[test]
+fn the_checker_catches_stale_falling_and_phantom_writes() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let hold = |owner: &str, token: i64, granted: u64| Hold {
+        key: KEYS[0],
+        owner: owner.to_string(),
+        kind: Kind::Exclusive,
+        ephemeral: false,
+        token,
+        requested: at(granted),
+        granted: at(granted),
+        ended: at(granted + 10),
+        confirmed: false,
+        fenced_out: false,
+    };
+    let write = |owner: &str, kind: Kind, token: i64, sent: u64, outcome: Outcome| Access {
+        key: KEYS[0],
+        kind,
+        owner: owner.to_string(),
+        token,
+        write: true,
+        sent: at(sent),
+        outcome,
+    };
+    let holds = vec![hold("a", 10, 0), hold("b", 11, 50)];
+    // Clean: a's write before b's grant landed, a's late write was fenced, b's landed; a
+    // reader's write was refused; permits do not supersede each other.
+    let clean = vec![
+        write("a", Kind::Exclusive, 10, 10, Outcome::Landed),
+        write("a", Kind::Exclusive, 10, 60, Outcome::Gone),
+        write("b", Kind::Exclusive, 11, 60, Outcome::Landed),
+        write("r", Kind::Shared, 9, 70, Outcome::SharedRefused),
+        write("p", Kind::Permit, 5, 70, Outcome::Landed),
+    ];
+    assert!(stale_writes(&holds, &clean).is_empty());
+    let lists = vec![(KEYS[0], vec![10, 11])];
+    assert!(resource_violations(&lists, &clean).is_empty());
+
+    let stale = vec![write("a", Kind::Exclusive, 10, 60, Outcome::Landed)];
+    assert!(stale_writes(&holds, &stale)[0].contains("stale write landed"));
+    let reader = vec![write("r", Kind::Shared, 9, 70, Outcome::Landed)];
+    assert!(stale_writes(&holds, &reader)[0].contains("a reader's write landed"));
+    let fell = vec![(KEYS[0], vec![11, 10])];
+    assert!(resource_violations(&fell, &clean)[0].contains("fell"));
+    let phantom = vec![(KEYS[0], vec![10, 12])];
+    assert!(resource_violations(&phantom, &clean)[0].contains("phantom"));
 }

@@ -129,7 +129,7 @@ struct Args {
 }
 
 /// The names `--only` takes, in the order the scenarios run.
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
     "throughput",
     "contention",
     "deadlines",
@@ -140,6 +140,7 @@ const SCENARIOS: [&str; 10] = [
     "crash",
     "library",
     "multikey",
+    "guard",
 ];
 
 fn usage() -> ! {
@@ -228,6 +229,7 @@ fn main() {
     let crash = wanted("crash").then(|| scenarios::crash::run(&bench));
     let library = wanted("library").then(|| scenarios::library::run(&bench));
     let multikey = wanted("multikey").then(|| scenarios::multikey::run(&bench));
+    let guard = wanted("guard").then(|| scenarios::guard::run(&bench));
 
     let results = report::Results {
         throughput,
@@ -240,6 +242,7 @@ fn main() {
         crash,
         multikey,
         library,
+        guard,
     };
     let wall = bench.started.elapsed();
     let chart = results

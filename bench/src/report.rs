@@ -10,6 +10,7 @@ use crate::scenarios::contention::Contention;
 use crate::scenarios::crash::Crash;
 use crate::scenarios::deadlines::{Deadlines, Kind};
 use crate::scenarios::family::Family;
+use crate::scenarios::guard::Guard;
 use crate::scenarios::library::Library;
 use crate::scenarios::memory::Memory;
 use crate::scenarios::multikey::MultiKey;
@@ -38,6 +39,7 @@ pub struct Results {
     pub crash: Option<Crash>,
     pub multikey: Option<MultiKey>,
     pub library: Option<Library>,
+    pub guard: Option<Guard>,
 }
 
 /// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
@@ -111,6 +113,9 @@ fn targets(results: &Results) -> Vec<Target> {
     }
     if let Some(l) = &results.library {
         all.extend(l.targets());
+    }
+    if let Some(g) = &results.guard {
+        all.extend(g.targets());
     }
     all
 }
@@ -289,6 +294,9 @@ pub fn render(
     }
     if let Some(multikey) = &results.multikey {
         out.push_str(&multikey.section());
+    }
+    if let Some(guard) = &results.guard {
+        out.push_str(&guard.section());
     }
     out.push_str(&method());
     out

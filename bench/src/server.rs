@@ -40,6 +40,7 @@ pub fn start(module: &Path, options: &ServerOptions) -> Server {
         module_args: options.module_args.clone(),
         extra,
         loopback_addresses: options.loopback_addresses,
+        without_module: false,
     })
 }
 

@@ -443,6 +443,49 @@ pub fn parse_cancel(argv: &[&[u8]], db: i32) -> Result<crate::ticket::TicketName
     crate::ticket::TicketName::parse(name, db).ok_or(LockError::NotATicket)
 }
 
+/// `LOCK.CHECK key owner token`, and the fence `LOCK.GUARD` checks before its command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRequest<'a> {
+    pub key: &'a [u8],
+    pub owner: &'a [u8],
+    /// As given: any integer (one that is not positive matches no hold).
+    pub token: i64,
+}
+
+/// `LOCK.GUARD key owner token command [arg ...]`: the fence, and the inner command's name.
+/// The inner command's arguments are its own: Redis parses them when it runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardRequest<'a> {
+    pub fence: FenceRequest<'a>,
+    pub command: &'a [u8],
+}
+
+/// Where `LOCK.GUARD`'s inner command starts (its name; its arguments follow).
+pub const GUARDED_COMMAND_AT: usize = 4;
+
+/// `LOCK.CHECK key owner token`
+pub fn parse_check<'a>(argv: &'a [&'a [u8]]) -> Result<FenceRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 3, 3)?;
+    let fence = fence(&mut args)?;
+    args.finish()?;
+    Ok(fence)
+}
+
+/// `LOCK.GUARD key owner token command [arg ...]`
+pub fn parse_guard<'a>(argv: &'a [&'a [u8]]) -> Result<GuardRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, GUARDED_COMMAND_AT, usize::MAX)?;
+    let fence = fence(&mut args)?;
+    let command = args.bytes()?;
+    Ok(GuardRequest { fence, command })
+}
+
+fn fence<'a>(args: &mut ArgCursor<'a>) -> Result<FenceRequest<'a>, LockError> {
+    let key = args.key()?;
+    let owner = args.owner()?;
+    let token = args.integer()?;
+    Ok(FenceRequest { key, owner, token })
+}
+
 /// `LOCK.INFO key` and `LOCK.FORCERELEASE key`
 pub fn parse_key_only<'a>(argv: &'a [&'a [u8]]) -> Result<&'a [u8], LockError> {
     let mut args = ArgCursor::new(argv, 1, 1)?;
@@ -733,5 +776,69 @@ mod tests {
         assert!(matches!(parse_key_only(&r), Err(LockError::WrongArity(_))));
         let r: Vec<&[u8]> = vec![b"LOCK.INFO", b"\0binary\xff"];
         assert_eq!(parse_key_only(&r), Ok(&b"\0binary\xff"[..]));
+    }
+
+    #[test]
+    fn check_and_guard_parse_their_fence() {
+        let line: Vec<&[u8]> = vec![b"LOCK.CHECK", b"k", b"o", b"-3"];
+        assert_eq!(
+            parse_check(&line),
+            Ok(FenceRequest {
+                key: b"k",
+                owner: b"o",
+                token: -3
+            })
+        );
+        let line: Vec<&[u8]> = vec![b"LOCK.GUARD", b"k", b"o", b"17", b"SET", b"d", b"v"];
+        let guard = parse_guard(&line).unwrap();
+        assert_eq!(guard.fence.token, 17);
+        assert_eq!(guard.command, b"SET");
+        assert_eq!(line[GUARDED_COMMAND_AT], b"SET");
+        // The inner command's arguments are its own business: anything may follow.
+        let line: Vec<&[u8]> = vec![b"LOCK.GUARD", b"k", b"o", b"17", b"PING"];
+        assert_eq!(parse_guard(&line).unwrap().command, b"PING");
+    }
+
+    #[test]
+    fn check_and_guard_refuse_what_every_command_refuses() {
+        type Case = (Vec<&'static [u8]>, LockError);
+        let cases: Vec<Case> = vec![
+            (
+                vec![b"LOCK.CHECK", b"k", b"o"],
+                LockError::WrongArity("lock.check".into()),
+            ),
+            (
+                vec![b"LOCK.CHECK", b"k", b"o", b"1", b"x"],
+                LockError::WrongArity("lock.check".into()),
+            ),
+            (
+                vec![b"LOCK.GUARD", b"k", b"o", b"1"],
+                LockError::WrongArity("lock.guard".into()),
+            ),
+            (
+                vec![b"LOCK.CHECK", b"k", b"o", b"1.5"],
+                LockError::NotAnInteger,
+            ),
+            (
+                vec![b"LOCK.GUARD", b"k", b"o", b"abc", b"GET", b"d"],
+                LockError::NotAnInteger,
+            ),
+            (vec![b"LOCK.CHECK", b"k", b"", b"1"], LockError::EmptyOwner),
+            (
+                vec![b"LOCK.GUARD", b"k", b"mode", b"1", b"GET", b"d"],
+                LockError::ReservedOwner,
+            ),
+            (
+                vec![b"LOCK.CHECK", b"__lock_fence__{x}", b"o", b"1"],
+                LockError::ReservedKey,
+            ),
+        ];
+        for (line, expected) in cases {
+            let got = match line.first() {
+                Some(&b"LOCK.CHECK") => parse_check(&line).map(drop),
+                _ => parse_guard(&line).map(drop),
+            };
+            assert_eq!(got, Err(expected), "{line:?}");
+        }
     }
 }

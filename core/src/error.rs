@@ -73,8 +73,34 @@ pub enum LockError {
     NotATicket,
     /// `LOCK.CANCEL` on a replica (its master decides every ticket).
     TicketOnReplica,
+    /// `LOCK.GUARD`: the owner's hold is gone or its token is not current; nothing ran.
+    Fenced(Fenced),
+    /// `LOCK.GUARD`: a shared hold may run only read-only commands; this one writes.
+    SharedHoldWrites,
+    /// `LOCK.GUARD` of a LOCK.* command.
+    GuardedLockCommand,
+    /// `LOCK.GUARD` of a command that names no key: there is nothing for the fence to protect.
+    GuardedKeyless,
+    /// `LOCK.GUARD` of a command that names the lock's own key.
+    GuardedLockKey,
+    /// `LOCK.GUARD` of a command the server does not have; carries its name as given.
+    UnknownCommand(String),
+    /// `LOCK.GUARD`: the caller's ACL user may not run the inner command, or touch one of its keys
+    /// or channels.
+    NoPermission,
     /// A bug: the command was stopped before it changed anything it should not have.
     Internal,
+}
+
+/// Why `LOCK.GUARD` refused a token (and ran nothing), or `LOCK.CHECK` answered 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The owner holds nothing on the key now: released, force-released, its lease ended,
+    /// handed on, or the key was deleted or replaced.
+    Gone,
+    /// The owner holds the key, but under another token (a later hold of its own; or a token
+    /// that was never this hold's).
+    NotCurrent,
 }
 
 impl LockError {
@@ -166,6 +192,34 @@ impl LockError {
             LockError::TicketOnReplica => {
                 "ERR a replica does not serve tickets: only the master grants locks".into()
             }
+            LockError::Fenced(Fenced::Gone) => {
+                "FENCED the hold is gone: the owner no longer holds this lock (released, expired, force-released, handed on or deleted); the command did not run".into()
+            }
+            LockError::Fenced(Fenced::NotCurrent) => {
+                "FENCED the token is not current: the owner holds this lock under another token; the command did not run".into()
+            }
+            LockError::SharedHoldWrites => {
+                "ERR a SHARED hold runs only read-only commands through LOCK.GUARD; hold the lock exclusively (or a permit) to write".into()
+            }
+            LockError::GuardedLockCommand => "ERR LOCK.GUARD does not run LOCK.* commands".into(),
+            LockError::GuardedKeyless => {
+                "ERR LOCK.GUARD runs only commands that name keys; this one names none".into()
+            }
+            LockError::GuardedLockKey => {
+                "ERR LOCK.GUARD never runs a command on the lock's own key".into()
+            }
+            LockError::UnknownCommand(name) => {
+                // As Redis shows an unknown name: at most 128 characters, on one line.
+                let shown: String = name
+                    .chars()
+                    .take(128)
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect();
+                format!("ERR unknown command '{shown}' given to LOCK.GUARD")
+            }
+            LockError::NoPermission => {
+                "NOPERM this user has no permissions to run the command given to LOCK.GUARD, or to access one of its keys or channels".into()
+            }
             LockError::Internal => "ERR internal error".into(),
         }
     }
@@ -214,12 +268,23 @@ mod tests {
             LockError::TicketNeedsWait,
             LockError::NotATicket,
             LockError::TicketOnReplica,
+            LockError::Fenced(Fenced::Gone),
+            LockError::Fenced(Fenced::NotCurrent),
+            LockError::SharedHoldWrites,
+            LockError::GuardedLockCommand,
+            LockError::GuardedKeyless,
+            LockError::GuardedLockKey,
+            LockError::UnknownCommand("nope\r\nx".into()),
+            LockError::NoPermission,
             LockError::Internal,
         ];
         for e in all {
             let r = e.reply();
             let code = r.split(' ').next().unwrap_or_default();
-            assert!(["ERR", "WRONGTYPE", "OOM"].contains(&code), "{r}");
+            assert!(
+                ["ERR", "WRONGTYPE", "OOM", "FENCED", "NOPERM"].contains(&code),
+                "{r}"
+            );
             assert!(!r.contains('\n') && !r.contains('\r'), "{r}");
         }
     }

@@ -89,7 +89,7 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
         Some((b'-', rest)) => (true, rest),
         _ => (false, bytes),
     };
-    if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() || digits.len() > 20 {
         return None;
     }
     if digits.len() > 1 && digits.first() == Some(&b'0') {
@@ -98,13 +98,24 @@ pub fn parse_i64(bytes: &[u8]) -> Option<i64> {
     if negative && digits == b"0" {
         return None;
     }
-    // At most 20 digits (checked above): u64 with checked steps holds every i64 magnitude and
-    // notices any overflow.
+    // One pass, digits checked as they come. Up to 19 digits cannot overflow a u64 (10^19 - 1
+    // < 2^64); the 20th digit is added with checked steps. u64 holds every i64 magnitude. On
+    // the hot path: every token and count the module reads goes through here.
     let mut magnitude: u64 = 0;
-    for d in digits {
-        magnitude = magnitude
-            .checked_mul(10)?
-            .checked_add(u64::from(d - b'0'))?;
+    let (head, tail) = digits.split_at(digits.len().min(19));
+    for &d in head {
+        let digit = d.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        magnitude = magnitude * 10 + u64::from(digit);
+    }
+    for &d in tail {
+        let digit = d.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        magnitude = magnitude.checked_mul(10)?.checked_add(u64::from(digit))?;
     }
     if negative {
         // i64::MIN's magnitude is one more than i64::MAX.
@@ -154,6 +165,26 @@ mod tests {
             parse_positive(b"9223372036854775807"),
             Some(MAX_STORED_INTEGER)
         );
+    }
+
+    /// `string2ll`'s rules, written the plain way: what the one-pass parser must agree with.
+    fn reference_parse(bytes: &[u8]) -> Option<i64> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let digits = text.strip_prefix('-').unwrap_or(text);
+        let plain = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits.len() == 1 || !digits.starts_with('0'))
+            && text != "-0";
+        plain.then(|| text.parse::<i64>().ok()).flatten()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_one_pass_parser_agrees_with_the_plain_rules(
+            text in "-?[0-9]{0,21}|[-+ 0-9a]{0,22}|-?9223372036854775[0-9]{3}"
+        ) {
+            proptest::prop_assert_eq!(parse_i64(text.as_bytes()), reference_parse(text.as_bytes()));
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod command;
 pub mod deadlines;
 pub mod election;
 pub mod error;
+pub mod fence;
 pub mod hold;
 pub mod key;
 pub mod kind;

@@ -11,6 +11,7 @@ use crate::ffi::Ctx;
 mod acquire;
 mod cancel;
 mod election;
+mod fence;
 mod info;
 mod multi;
 mod outcome;
@@ -19,7 +20,7 @@ mod renew;
 
 /// Every command, each by its one spec (name, handler, flags, docs, key spec) written above
 /// its handler.
-const SPECS: [&CommandSpec; 12] = [
+const SPECS: [&CommandSpec; 14] = [
     &acquire::SPEC,
     &release::SPEC,
     &renew::SPEC,
@@ -31,6 +32,8 @@ const SPECS: [&CommandSpec; 12] = [
     &election::CAMPAIGN_SPEC,
     &election::PROCLAIM_SPEC,
     &election::LEADER_SPEC,
+    &fence::GUARD_SPEC,
+    &fence::CHECK_SPEC,
     &cancel::SPEC,
 ];
 

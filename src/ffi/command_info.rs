@@ -22,6 +22,9 @@ pub enum ArgKind {
     Tokened(&'static CStr),
     /// `ONCE`: a token alone.
     Flag(&'static CStr),
+    /// `arg [arg ...]`: the rest of the line, any number of strings (LOCK.GUARD's inner
+    /// command's arguments).
+    Rest,
 }
 
 #[derive(Clone, Copy)]
@@ -85,6 +88,10 @@ fn c_args(args: &[ArgDoc]) -> *mut raw::RedisModuleCommandArg {
                     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY
                 }
                 ArgKind::Text => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+                ArgKind::Rest => {
+                    c_arg.flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE as c_int;
+                    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING
+                }
                 ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
                 ArgKind::Tokened(token) => {
                     c_arg.token = c(token);

@@ -2,13 +2,15 @@
 //! this folder: here, thin safe wrappers used on the hot path (opening keys, reading and writing
 //! the lock hash, strings, replies); `replicate` (effects as plain commands), `wait` (blocking
 //! clients and timers), `events` (keyspace and server events), `command_info` (COMMAND DOCS),
-//! `guard` (the entry guard that keeps a panic from reaching Redis) and `log`. The layers above
+//! `guard` (the entry guard that keeps a panic from reaching Redis), `call` (a command run
+//! inside another: LOCK.GUARD's) and `log`. The layers above
 //! hand plain values in and get plain values back; callbacks reach them through traits
 //! (`wait::Events`, `events::ServerEvents`) that they implement.
 //!
 //! Every function here is called on Redis's main thread with a context Redis handed us for the
 //! duration of a command or callback; the wrappers never keep a pointer beyond that.
 
+pub mod call;
 pub mod command_info;
 pub mod events;
 pub mod guard;
@@ -101,6 +103,12 @@ impl Args<'_> {
     /// that takes it treats null as absent).
     pub fn string(&self, index: usize) -> RawString {
         self.strings.get(index).copied().unwrap_or(ptr::null_mut())
+    }
+
+    /// The arguments from `index` on, as the Redis strings themselves (empty past the end): a
+    /// command line inside this one (LOCK.GUARD's inner command).
+    pub fn strings_from(&self, index: usize) -> &[RawString] {
+        self.strings.get(index..).unwrap_or_default()
     }
 }
 
@@ -681,18 +689,21 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_BlockClient }.is_some(),
             { raw::RedisModule_Call }.is_some(),
             { raw::RedisModule_CallReplyStringPtr }.is_some(),
+            { raw::RedisModule_CallReplyType }.is_some(),
             { raw::RedisModule_CloseKey }.is_some(),
             { raw::RedisModule_CreateCommand }.is_some(),
             { raw::RedisModule_CreateString }.is_some(),
             { raw::RedisModule_CreateTimer }.is_some(),
             { raw::RedisModule_DeleteKey }.is_some(),
             { raw::RedisModule_FreeCallReply }.is_some(),
+            { raw::RedisModule_Free }.is_some(),
             { raw::RedisModule_FreeString }.is_some(),
             { raw::RedisModule_FreeThreadSafeContext }.is_some(),
             { raw::RedisModule_GetAbsExpire }.is_some(),
             { raw::RedisModule_GetBlockedClientHandle }.is_some(),
             { raw::RedisModule_GetBlockedClientPrivateData }.is_some(),
             { raw::RedisModule_GetCommand }.is_some(),
+            { raw::RedisModule_GetCommandKeysWithFlags }.is_some(),
             { raw::RedisModule_GetContextFlags }.is_some(),
             { raw::RedisModule_GetDetachedThreadSafeContext }.is_some(),
             { raw::RedisModule_GetSelectedDb }.is_some(),
@@ -700,6 +711,7 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_HashSet }.is_some(),
             { raw::RedisModule_IsKeysPositionRequest }.is_some(),
             { raw::RedisModule_KeyAtPos }.is_some(),
+            { raw::RedisModule_KeyAtPosWithFlags }.is_some(),
             { raw::RedisModule_KeyType }.is_some(),
             { raw::RedisModule_ListPop }.is_some(),
             { raw::RedisModule_ListPush }.is_some(),
@@ -715,6 +727,7 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_ReplyWithLongLong }.is_some(),
             { raw::RedisModule_ReplyWithMap }.is_some(),
             { raw::RedisModule_ReplyWithArray }.is_some(),
+            { raw::RedisModule_ReplyWithCallReply }.is_some(),
             { raw::RedisModule_GetClientId }.is_some(),
             { raw::RedisModule_ReplyWithNull }.is_some(),
             { raw::RedisModule_ReplyWithStringBuffer }.is_some(),

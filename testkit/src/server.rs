@@ -152,6 +152,9 @@ pub fn free_port() -> u16 {
 pub struct Options {
     /// The module to load; `module_path()` when `None`.
     pub module: Option<PathBuf>,
+    /// No module at all: a plain server (what a server without the module makes of the
+    /// module's data, e.g. replaying its AOF).
+    pub without_module: bool,
     /// Arguments after the module path on `--loadmodule`.
     pub module_args: Vec<String>,
     /// Any other server arguments, e.g. `--appendonly yes`.
@@ -184,7 +187,8 @@ pub(crate) fn send_signal(pid: u32, signal: Signal) {
 #[derive(Debug)]
 enum Launch {
     Args {
-        module: PathBuf,
+        /// None: a plain server, without the module.
+        module: Option<PathBuf>,
         module_args: Vec<String>,
         extra: Vec<String>,
     },
@@ -258,7 +262,8 @@ impl Server {
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
             launch: Launch::Args {
-                module: options.module.clone().unwrap_or_else(module_path),
+                module: (!options.without_module)
+                    .then(|| options.module.clone().unwrap_or_else(module_path)),
                 module_args: options.module_args.clone(),
                 extra: options.extra.clone(),
             },
@@ -333,8 +338,10 @@ impl Server {
                 args.extend(["--save", "", "--appendonly", "no"].map(OsString::from));
                 args.extend(["--dir".into(), self.dir.path().into()]);
                 args.extend(["--logfile".into(), self.dir.path().join("redis.log").into()]);
-                args.extend(["--loadmodule".into(), module.into()]);
-                args.extend(module_args.iter().map(OsString::from));
+                if let Some(module) = module {
+                    args.extend(["--loadmodule".into(), module.into()]);
+                    args.extend(module_args.iter().map(OsString::from));
+                }
                 args.extend(extra.iter().map(OsString::from));
             }
         }

@@ -7,6 +7,7 @@ pub mod contention;
 pub mod crash;
 pub mod deadlines;
 pub mod family;
+pub mod guard;
 pub mod library;
 pub mod memory;
 pub mod multikey;

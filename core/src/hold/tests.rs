@@ -1729,6 +1729,104 @@ fn a_field_reported_twice_by_a_hash_scan_is_one_hold() {
     );
 }
 
+#[test]
+fn an_owners_own_fields_decode_to_what_the_full_read_gives_for_it() {
+    // A read-write key: a downgraded holder (exclusive and shared) beside nobody else, and a
+    // shared key of two readers; a semaphore of two permits.
+    let keys: Vec<Stored> = vec![
+        fields(&[
+            ("mode", "rw"),
+            ("x:a", &value(2, NOW, 10)),
+            ("s:a", &value(1, NOW + 5, 11)),
+        ]),
+        fields(&[
+            ("mode", "rw"),
+            ("s:a", &value(1, NOW, 12)),
+            ("s:b", &value(3, NOW, 13)),
+        ]),
+        fields(&[
+            ("mode", "semaphore:2"),
+            ("p:a", &value(1, NOW, 14)),
+            ("p:b", &value(1, NOW, 15)),
+        ]),
+    ];
+    for stored in keys {
+        let full = decode(&stored, Some(NOW + 5)).unwrap();
+        let mode = &stored[0].1;
+        for owner in ["a", "b", "c"] {
+            let own: Vec<Option<&[u8]>> = HoldKind::ALL
+                .iter()
+                .map(|&kind| {
+                    let name = hold_field(kind, owner.as_bytes());
+                    stored
+                        .iter()
+                        .find(|(f, _)| *f == name)
+                        .map(|(_, v)| v.as_slice())
+                })
+                .collect();
+            let own = decode_owner_holds(
+                decode_family(mode).unwrap(),
+                owner.as_bytes(),
+                [own[0], own[1], own[2]],
+            )
+            .unwrap();
+            let expected: Vec<&Hold> = full
+                .holds
+                .iter()
+                .filter(|h| h.owner == owner.as_bytes())
+                .collect();
+            assert_eq!(
+                own.iter().collect::<Vec<_>>(),
+                expected,
+                "{owner} in {stored:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_owners_own_fields_that_break_the_layout_are_not_a_lock() {
+    let good = value(1, NOW, 7);
+    type Case<'a> = (&'static str, Family, [Option<&'a [u8]>; 3]);
+    let cases: Vec<Case> = vec![
+        (
+            "a permit in a read-write lock",
+            Family::ReadWrite,
+            [None, None, Some(good.as_bytes())],
+        ),
+        (
+            "an exclusive hold in a semaphore",
+            Family::Semaphore { limit: 2 },
+            [Some(good.as_bytes()), None, None],
+        ),
+        (
+            "a shared hold in a semaphore",
+            Family::Semaphore { limit: 2 },
+            [None, Some(good.as_bytes()), None],
+        ),
+        (
+            "a value that is no hold",
+            Family::ReadWrite,
+            [Some(b"1:2"), None, None],
+        ),
+        (
+            "a zero count",
+            Family::ReadWrite,
+            [None, Some(b"0:5:7"), None],
+        ),
+    ];
+    for (name, family, values) in cases {
+        assert_eq!(
+            decode_owner_holds(family, b"a", values),
+            Err(LockError::NotALock),
+            "{name}"
+        );
+    }
+    assert_eq!(decode_family(b"exclusive:5"), None);
+    assert_eq!(decode_family(b"semaphore:0"), None);
+    assert_eq!(decode_family(b"rw"), Some(Family::ReadWrite));
+}
+
 /// A run finds an owner's holds by binary search when the holds are in the order every decoded
 /// key lists them, and through a map otherwise: both find the same holds, so every decision and
 /// grant of a run is the same either way.
