@@ -28,6 +28,7 @@ pub mod hold;
 pub mod key;
 pub mod kind;
 pub mod layout;
+pub mod memory;
 pub mod queue;
 pub mod scheduler;
 pub mod signal;

@@ -31,6 +31,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
 use super::*;
+use crate::memory::{shrink_map, shrink_set};
 use crate::slot::key_slot;
 use crate::ticket::{Shape, Ticket, TicketName, TicketValue};
 
@@ -121,7 +122,7 @@ impl TicketBook {
             if names.is_empty() {
                 self.clients.remove(&client);
             } else {
-                shrink(names);
+                shrink_set(names);
             }
         }
         shrink_map(&mut self.clients);
@@ -129,20 +130,6 @@ impl TicketBook {
 
     pub(super) fn is_empty(&self) -> bool {
         self.open == 0 && self.outbox.is_empty() && self.pushed.is_empty()
-    }
-}
-
-/// Gives back a set's memory once it holds a quarter of what it has room for: a burst of
-/// tickets leaves the server where it was.
-fn shrink<T: Eq + Hash>(set: &mut HashSet<T>) {
-    if set.capacity() > 64 && set.len() * 4 < set.capacity() {
-        set.shrink_to(set.len() * 2);
-    }
-}
-
-pub(crate) fn shrink_map<K: Eq + Hash, V>(map: &mut HashMap<K, V>) {
-    if map.capacity() > 64 && map.len() * 4 < map.capacity() {
-        map.shrink_to(map.len() * 2);
     }
 }
 
