@@ -258,7 +258,11 @@ fn ticketed_waiters_cost_under_a_kilobyte_each_and_a_grant_storm_keeps_ping_fast
     const ASKERS: usize = 8;
     const LEASE: u64 = 3_600_000;
     let n = ticket_waiters();
-    assert!(n % (PER_KEY * PER_POPPER) == 0, "a multiple of {}", PER_KEY * PER_POPPER);
+    assert!(
+        n % (PER_KEY * PER_POPPER) == 0,
+        "a multiple of {}",
+        PER_KEY * PER_POPPER
+    );
     let keys = n / PER_KEY;
     let server = Server::start_with(&["--maxclients", "18500", "--tcp-backlog", "4096"]);
     let mut con = server.connect();
@@ -305,8 +309,7 @@ fn ticketed_waiters_cost_under_a_kilobyte_each_and_a_grant_storm_keeps_ping_fast
     poppers.block_on(&tickets);
     assert!(
         eventually(Duration::from_secs(60), || {
-            info_field(&mut con, "clients", "blocked_clients")
-                .and_then(|v| v.parse::<usize>().ok())
+            info_field(&mut con, "clients", "blocked_clients").and_then(|v| v.parse::<usize>().ok())
                 == Some(n / PER_POPPER)
         }),
         "the poppers did not all block"
@@ -337,7 +340,10 @@ fn ticketed_waiters_cost_under_a_kilobyte_each_and_a_grant_storm_keeps_ping_fast
     let _: () = pipe.query(&mut con).unwrap();
     let popped = poppers.pop_all(Duration::from_secs(300));
     let pings = pinger.stop();
-    assert!(popped.iter().all(|v| v.parse::<i64>().is_ok()), "every ticket holds a token");
+    assert!(
+        popped.iter().all(|v| v.parse::<i64>().is_ok()),
+        "every ticket holds a token"
+    );
     let popped = popped.len();
     assert_eq!(popped, n);
     eprintln!(
@@ -355,7 +361,9 @@ fn ticketed_waiters_cost_under_a_kilobyte_each_and_a_grant_storm_keeps_ping_fast
     );
     assert_eq!(lock_stat(&mut con, "handoffs"), n as i64);
     assert_eq!(waiters(&mut con), 0);
-    assert!(eventually(Duration::from_secs(10), || lock_stat(&mut con, "tickets") == 0));
+    assert!(eventually(Duration::from_secs(10), || lock_stat(
+        &mut con, "tickets"
+    ) == 0));
 
     // Everyone releases and the holders take their keys again: the server is where it was.
     for (a, asker) in askers.iter_mut().enumerate() {
