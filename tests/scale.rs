@@ -259,7 +259,7 @@ fn ticketed_waiters_cost_under_a_kilobyte_each_and_a_grant_storm_keeps_ping_fast
     const LEASE: u64 = 3_600_000;
     let n = ticket_waiters();
     assert!(
-        n % (PER_KEY * PER_POPPER) == 0,
+        n.is_multiple_of(PER_KEY * PER_POPPER),
         "a multiple of {}",
         PER_KEY * PER_POPPER
     );
