@@ -562,11 +562,6 @@ pub fn reset() {
     GONE.with(|gone| gone.borrow_mut().clear());
     BOUND.with(|b| b.set(0));
     TICKETS.with(|t| t.set(false));
-    SCHEDULER.with(|cell| {
-        if let Ok(mut s) = cell.try_borrow_mut() {
-            s.seed_tickets(ffi::random_u64());
-        }
-    });
     OUTBOX.with(|outbox| outbox.borrow_mut().clear());
     OUTBOX_ARMED.with(|a| a.set(false));
 }

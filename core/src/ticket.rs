@@ -99,6 +99,36 @@ impl TicketName {
     }
 }
 
+/// Where ticket ids come from: a count, passed through a keyed pseudorandom permutation of the
+/// 64-bit numbers (a four-round Feistel network whose round function is SipHash under a key
+/// drawn from the OS when the module loads). A permutation, so no two tickets of one process
+/// share an id; keyed, so that a client that sees one ticket cannot name another's (a client
+/// that can pop a ticket takes its grant). Two processes (a restart, a failover) draw
+/// different keys: their ids meet by chance only, one in 2^64.
+#[derive(Debug, Default)]
+pub struct TicketIds {
+    count: u64,
+    key: std::collections::hash_map::RandomState,
+}
+
+impl TicketIds {
+    pub fn next_id(&mut self) -> u64 {
+        let count = self.count;
+        self.count = self.count.wrapping_add(1);
+        self.permute(count)
+    }
+
+    fn permute(&self, x: u64) -> u64 {
+        use std::hash::BuildHasher;
+        let (mut left, mut right) = ((x >> 32) as u32, x as u32);
+        for round in 0u8..4 {
+            let f = self.key.hash_one((round, right)) as u32;
+            (left, right) = (right, left ^ f);
+        }
+        (u64::from(left) << 32) | u64::from(right)
+    }
+}
+
 /// A queued or answered ticket: its name and the connection that asked for it (a ticket
 /// belongs to that connection: when it closes, its tickets go). Equal and hashed by name.
 #[derive(Debug, Clone, Copy)]
@@ -221,6 +251,25 @@ mod tests {
         let key = String::from_utf8(name.key()).unwrap();
         assert!(key.starts_with("__lock_fence__ticket{"), "{key}");
         assert!(key.ends_with("}0123456789abcdef"), "{key}");
+    }
+
+    #[test]
+    fn ticket_ids_never_repeat_and_do_not_follow_each_other() {
+        let mut ids = TicketIds::default();
+        let drawn: Vec<u64> = (0..100_000).map(|_| ids.next_id()).collect();
+        let distinct: std::collections::HashSet<u64> = drawn.iter().copied().collect();
+        assert_eq!(distinct.len(), drawn.len());
+        let consecutive = drawn
+            .windows(2)
+            .filter(|w| w[1] == w[0].wrapping_add(1))
+            .count();
+        assert!(consecutive < 3, "{consecutive} ids follow the one before");
+        let mut other = TicketIds::default();
+        assert_ne!(
+            other.next_id(),
+            drawn[0],
+            "another process draws another key"
+        );
     }
 
     #[test]

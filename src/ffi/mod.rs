@@ -496,14 +496,6 @@ impl Drop for Key {
     }
 }
 
-/// Eight random bytes from the server's generator (ticket ids start there).
-pub fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    // SAFETY: Redis writes exactly `len` bytes into the buffer.
-    unsafe { api!(RedisModule_GetRandomBytes)(bytes.as_mut_ptr(), bytes.len()) };
-    u64::from_le_bytes(bytes)
-}
-
 pub fn now_ms() -> u64 {
     // SAFETY: a plain clock read.
     let ms = unsafe { api!(RedisModule_Milliseconds)() };
@@ -715,7 +707,6 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_KeyType }.is_some(),
             { raw::RedisModule_ListPop }.is_some(),
             { raw::RedisModule_ListPush }.is_some(),
-            { raw::RedisModule_GetRandomBytes }.is_some(),
             { raw::RedisModule_Log }.is_some(),
             { raw::RedisModule_Milliseconds }.is_some(),
             { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),

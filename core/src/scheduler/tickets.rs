@@ -33,7 +33,7 @@ use std::hash::Hash;
 use super::*;
 use crate::memory::{shrink_map, shrink_set};
 use crate::slot::key_slot;
-use crate::ticket::{Shape, Ticket, TicketName, TicketValue};
+use crate::ticket::{Shape, Ticket, TicketIds, TicketName, TicketValue};
 
 /// How long after a written grant that was not popped at once the scheduler looks again; the
 /// interval doubles up to [`RECHECK_MAX_MS`] (and stops at the grant's expiry).
@@ -87,10 +87,8 @@ struct Pushed {
 /// Every ticket the scheduler has not finished with.
 #[derive(Debug, Default)]
 pub(super) struct TicketBook {
-    /// The next ticket's id: a start the adapter draws at random when the module loads, then
-    /// counted up, so that no two processes (whose tickets may both be stored: a restart, a
-    /// failover) name a ticket alike.
-    next_id: u64,
+    /// Where the tickets' ids come from (see `TicketIds`).
+    ids: TicketIds,
     /// Answers decided and not yet written, in the order decided (a cancelled one is skipped).
     outbox: VecDeque<TicketName>,
     outgoing: HashMap<TicketName, Outgoing>,
@@ -156,16 +154,10 @@ fn written(answer: Answer) -> (TicketValue, Vec<GrantRef>) {
 }
 
 impl<H: Copy + Eq + Hash> Scheduler<H> {
-    /// Where ticket ids start (the adapter draws it at random when the module loads).
-    pub fn seed_tickets(&mut self, seed: u64) {
-        self.tickets.next_id = seed;
-    }
-
     /// A new ticket for a wait on `key` (and, for a multi-key wait, the other keys of its
     /// slot), belonging to `client`. It is queued by [`Scheduler::enqueue`].
     pub fn new_ticket(&mut self, key: &LockKey, shape: Shape, client: ClientId) -> Ticket {
-        let id = self.tickets.next_id;
-        self.tickets.next_id = id.wrapping_add(1);
+        let id = self.tickets.ids.next_id();
         Ticket {
             name: TicketName {
                 id,
