@@ -182,6 +182,19 @@ fn multi_key_and_campaign_tickets_answer_in_their_own_forms() {
         ],
         "a token per key, in the order asked"
     );
+    // Granted and not popped: a cancel hands over the array of tokens.
+    acquire(&mut con, "{m}c", "x", 60_000).unwrap();
+    let t = ticket(
+        &mut asker,
+        "LOCK.MACQUIRE 2 {m}c {m}d mover 60000 WAIT 0 TICKET",
+    );
+    release(&mut con, "{m}c", "x").unwrap();
+    let handed = cancel(&mut con, &t);
+    let want = vec![
+        Value::Int(owner_of(&mut con, "{m}c").unwrap().1),
+        Value::Int(owner_of(&mut con, "{m}d").unwrap().1),
+    ];
+    assert_eq!(handed, Value::Bulk(want));
     // Free keys: granted at once, an array as without TICKET.
     assert!(matches!(
         ask(&mut asker, "LOCK.MACQUIRE 2 {n}a {n}b o 60000 WAIT 0 TICKET"),
@@ -189,6 +202,12 @@ fn multi_key_and_campaign_tickets_answer_in_their_own_forms() {
     ));
 
     acquire(&mut con, "election", "leader-1", 60_000).unwrap();
+    let mut listener = server.connect();
+    let mut observer = listener.as_pubsub();
+    observer.subscribe("lock.leader:{election}").unwrap();
+    observer
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let t = ticket(
         &mut asker,
         "LOCK.CAMPAIGN election leader-2 60000 WAIT 0 TICKET VALUE hello",
@@ -204,6 +223,9 @@ fn multi_key_and_campaign_tickets_answer_in_their_own_forms() {
         .query(&mut con)
         .unwrap();
     assert_eq!(leader, ("leader-2".into(), epoch, Some("hello".into())));
+    // Announced at the grant, as for a blocked candidate.
+    let elected: String = observer.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(elected, format!("elected 0 {epoch} 8 election leader-2"));
 }
 
 #[test]
@@ -621,10 +643,129 @@ fn a_ticket_key_going_away_is_never_a_lost_hold() {
         .query(&mut con)
         .unwrap();
     let _: i64 = con.del(&granted).unwrap();
+    // A grant nobody pops expires with its lease, ticket and hold together.
+    let short = ticket(&mut asker, "LOCK.ACQUIRE k s 300 WAIT 0 TICKET");
+    release(&mut con, "k", "g").unwrap();
+    assert!(exists(&mut con, &short));
+    assert!(eventually(SOON, || !exists(&mut con, &short)));
     // Nothing about a ticket on any lost-hold channel (on servers that report key removals the
     // module looks at every key that goes).
     while let Ok(msg) = pubsub.get_message() {
         let text: String = msg.get_payload().unwrap();
         assert!(!text.contains("__lock_fence__"), "{text}");
     }
+}
+
+#[test]
+fn a_user_with_the_documented_rules_waits_with_tickets_and_cancels_them() {
+    let server = Server::start();
+    let mut admin = server.connect();
+    // docs/operations.md, *ACL*: the application's rules plus what tickets need.
+    let rules =
+        "on >app-secret ~app:* +lock.acquire +lock.release +lock.macquire +blpop +lock.cancel \
+                 ~__lock_fence__ticket* ~__lock_fence__mticket*";
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("app");
+    for rule in rules.split(' ') {
+        setuser.arg(rule);
+    }
+    let _: () = setuser.query(&mut admin).unwrap();
+    let url = format!("redis://app:app-secret@127.0.0.1:{}/", server.port);
+    let mut app = redis::Client::open(url).unwrap().get_connection().unwrap();
+    acquire(&mut admin, "app:k", "holder", 60_000).unwrap();
+    let t = ticket(&mut app, "LOCK.ACQUIRE app:k w 60000 WAIT 0 TICKET");
+    let m = ticket(&mut app, "LOCK.MACQUIRE 1 app:k m 60000 WAIT 0 TICKET");
+    release(&mut admin, "app:k", "holder").unwrap();
+    assert!(pop(&mut app, &t, 5.0).is_some());
+    assert_eq!(cancel(&mut app, &m), Value::Nil, "still queued behind w");
+    // Without the ticket patterns the same user cannot pop.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("resetkeys")
+        .arg("~app:*")
+        .query(&mut admin)
+        .unwrap();
+    let e = error_of(&mut app, &[b"BLPOP", t.as_bytes(), b"0.1"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+}
+
+#[test]
+fn answers_wait_for_a_pause_to_end_and_a_closed_connection_leaves_its_markers() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut asker = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let t = ticket(&mut asker, "LOCK.ACQUIRE k w 60000 WAIT 100 TICKET");
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3_000)
+        .arg("WRITE")
+        .query(&mut con)
+        .unwrap();
+    thread::sleep(Duration::from_millis(400));
+    // Out of the queue on time, but nothing written during the pause.
+    assert_eq!(key_waiters(&mut con, "k"), 0);
+    assert!(!exists(&mut con, &t));
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut con).unwrap();
+    assert!(eventually(SOON, || exists(&mut con, &t)));
+    // Its connection closes: the answer stays for whoever pops it.
+    drop(asker);
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(pop(&mut con, &t, 1.0).as_deref(), Some("timeout"));
+    // A shell's redis-cli closes its connection right after the reply: its ticket goes at once.
+    let out = std::process::Command::new(cli_bin())
+        .args(["-p", &server.port.to_string()])
+        .args(["LOCK.ACQUIRE", "k", "cli", "60000", "WAIT", "0", "TICKET"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("__lock_fence__ticket{"));
+    assert!(eventually(SOON, || key_waiters(&mut con, "k") == 0));
+}
+
+#[test]
+fn a_replica_refuses_tickets_and_a_restarted_master_hands_over_a_grant_written_before() {
+    let mut master = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let writable = Server::start_with(&["--replica-read-only", "no"]);
+    let mut rcon = writable.connect();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(master.port)
+        .query(&mut rcon)
+        .unwrap();
+    let mut con = master.connect();
+    let mut asker = master.connect();
+    acquire(&mut con, "k", "holder", 600_000).unwrap();
+    assert!(eventually(SOON, || rcon.exists("k").unwrap_or(false)));
+    assert_eq!(
+        error_of(
+            &mut rcon,
+            &[
+                b"LOCK.ACQUIRE",
+                b"k",
+                b"w",
+                b"1000",
+                b"WAIT",
+                b"0",
+                b"TICKET"
+            ]
+        ),
+        "ERR a replica does not serve LOCK.ACQUIRE ... WAIT: only the master grants locks"
+    );
+    let t = ticket(&mut asker, "LOCK.MACQUIRE 1 k w 600000 WAIT 0 TICKET");
+    release(&mut con, "k", "holder").unwrap();
+    let granted: i64 = peek(&mut con, &t)[0].parse().unwrap();
+    assert!(eventually(SOON, || rcon.exists(&t).unwrap_or(false)));
+    assert_eq!(
+        error_of(&mut rcon, &[b"LOCK.CANCEL", t.as_bytes()]),
+        "ERR a replica does not serve tickets: only the master grants locks"
+    );
+    drop(rcon);
+    drop(writable);
+    // Restarted from its AOF: the queues are gone, the grant written into the ticket is not.
+    master.restart();
+    let mut con = master.connect();
+    assert_eq!(owner_of(&mut con, "k"), Some(("w".into(), granted)));
+    assert_eq!(cancel(&mut con, &t), Value::Bulk(vec![Value::Int(granted)]));
+    assert!(!exists(&mut con, &t));
 }
