@@ -29,8 +29,13 @@ pub fn subscribe(ctx: Ctx) -> bool {
 
 impl ServerEvents for LockEvents {
     fn keyspace(ctx: Ctx, event: Option<&CStr>, key: RawString) {
-        // The module's own keys (token counters, proclamations, tickets) are never locks.
+        // The module's own keys (token counters, proclamations, tickets) are never locks. A
+        // ticket that goes (`del`: a pop took its last element, or a client deleted it) was
+        // delivered.
         if is_reserved_key(bytes_of(&key)) {
+            if event == Some(c"del") {
+                runtime::ticket_gone(ctx, bytes_of(&key));
+            }
             return;
         }
         if runtime::any_bound() {

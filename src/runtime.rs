@@ -406,6 +406,18 @@ pub fn any_tickets() -> bool {
     TICKETS.with(Cell::get)
 }
 
+/// A key of the module's namespace went (the `del` keyspace event): if it was a ticket, the
+/// grant written there was delivered (`Scheduler::ticket_popped`). Raised inside the command
+/// that popped it: nothing is written.
+pub fn ticket_gone(ctx: Ctx, name: &[u8]) {
+    if !any_tickets() {
+        return;
+    }
+    if let Some(ticket) = TicketName::parse(name, ffi::selected_db(ctx)) {
+        with_scheduler(ctx, |s, _| s.ticket_popped(ticket));
+    }
+}
+
 /// A connection closed (server event). Its holds end, and its tickets go, from the inbox
 /// timer: the server may be in the middle of anything when it frees a client.
 pub fn connection_closed(ctx: Ctx, client: ClientId) {
@@ -715,13 +727,6 @@ impl Port<Blocked> for RedisPort {
     fn take_ticket(&mut self, ticket: &TicketName) -> Option<Vec<u8>> {
         let ctx = self.ctx;
         with_db(ctx, ticket.db, || store::take_ticket(ctx, &ticket.key()))
-    }
-
-    fn ticket_unpopped(&mut self, ticket: &TicketName) -> bool {
-        let ctx = self.ctx;
-        with_db(ctx, ticket.db, || {
-            store::ticket_unpopped(ctx, &ticket.key())
-        })
     }
 
     fn note(&mut self, note: Note) {

@@ -577,13 +577,6 @@ pub fn take_ticket(ctx: Ctx, name: &[u8]) -> Option<Vec<u8>> {
     value
 }
 
-/// Whether a ticket still holds its answer (nobody popped it: the server deletes a list with
-/// its last element). A read: it never creates the key.
-pub fn ticket_unpopped(ctx: Ctx, name: &[u8]) -> bool {
-    let name = OwnedString::new(name);
-    Key::open_read(ctx, name.as_ptr()).kind() == KeyKind::List
-}
-
 /// A count, token or time as the signed 64-bit integer Redis stores. The core never produces a
 /// larger one (counts and tokens stop at `i64::MAX` with an error); should one get here, the
 /// command fails before writing rather than store a saturated value.

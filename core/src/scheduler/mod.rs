@@ -209,8 +209,6 @@ pub trait Port<H> {
     /// What the ticket's list still holds (None: nothing, it was popped or never written),
     /// removing it (replicated as `DEL`).
     fn take_ticket(&mut self, ticket: &TicketName) -> Option<Vec<u8>>;
-    /// Whether the ticket's list still holds its answer (nobody popped it yet).
-    fn ticket_unpopped(&mut self, ticket: &TicketName) -> bool;
     fn note(&mut self, note: Note);
 }
 
@@ -229,8 +227,8 @@ enum Due {
     PauseCheck,
     /// Check some bound holds for ends the module did not see (see [`BINDING_SWEEP_MS`]).
     BindingSweep,
-    /// A grant written into its ticket: popped yet?
-    TicketCheck(TicketName),
+    /// A grant written into its ticket, never seen popped, expired with its lease: forget it.
+    TicketExpired(TicketName),
 }
 
 /// A change noticed outside the module (keyspace and server events).
@@ -285,6 +283,8 @@ pub struct Scheduler<H> {
     turn: Turn,
     /// Keys with a `Recheck` scheduled: one is enough, however many events asked for it.
     rechecks: HashSet<LockKey>,
+    /// A turn that used up its work leaves what is still due to the timer no sooner than this.
+    not_before: UnixMs,
     tickets: tickets::TicketBook,
     /// Sweeps run so far (tests wait for one to have run).
     #[cfg(test)]
@@ -314,6 +314,7 @@ impl<H> Default for Scheduler<H> {
             sweep_after: 0,
             turn: Turn::default(),
             rechecks: HashSet::new(),
+            not_before: 0,
             tickets: tickets::TicketBook::default(),
             #[cfg(test)]
             sweeps_run: 0,
@@ -532,11 +533,21 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// schedules for `now` (the rest of a batch that reached its size, a key to look at again)
     /// is left for the next turn of the server's event loop, so that other clients are served
     /// in between: the adapter's next timer fires at once.
+    ///
+    /// Each deadline handled counts a unit of the turn's work: once the turn has done
+    /// [`batch::TURN_START_LIMIT`] units, the deadlines still due wait, in order, for a turn
+    /// [`batch::CONTINUE_AFTER_MS`] later, rather than each be looked at only to be put off
+    /// again.
     pub fn timer_fired(&mut self, port: &mut impl Port<H>, now: UnixMs) {
         self.turn = Turn::default();
         let mark = self.deadlines.mark();
         while let Some((fired, due)) = self.deadlines.pop_due_until(now, mark) {
             self.handle_due(port, fired, due, now);
+            self.turn.spent += 1;
+            if self.turn.spent >= batch::TURN_START_LIMIT {
+                self.not_before = now.saturating_add(batch::CONTINUE_AFTER_MS);
+                break;
+            }
         }
     }
 
@@ -569,7 +580,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 
     /// When the adapter's one timer must fire next.
     pub fn next_deadline(&self) -> Option<UnixMs> {
-        self.deadlines.next_at()
+        self.deadlines.next_at().map(|at| at.max(self.not_before))
     }
 
     /// No waiters, nothing scheduled, no hold bound to a connection and no ticket to write or
@@ -664,7 +675,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 }
             },
             Due::BindingSweep => self.sweep_bindings(port, now),
-            Due::TicketCheck(name) => self.check_ticket(port, name, now),
+            Due::TicketExpired(name) => self.ticket_expired(name),
         }
     }
 

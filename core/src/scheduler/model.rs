@@ -334,13 +334,16 @@ impl Model {
 
     /// A ticket's client pops it: what it pops is what was written, and a grant popped is
     /// delivered.
-    fn pop(&mut self, port: &mut FakePort, handle: u32) -> Result<(), TestCaseError> {
+    fn pop(
+        &mut self,
+        s: &mut Scheduler<u32>,
+        port: &mut FakePort,
+        handle: u32,
+    ) -> Result<(), TestCaseError> {
         let Some((ticket, seen)) = self.tickets.get_mut(&handle) else {
             return Ok(());
         };
-        let popped = port
-            .pop_ticket(&ticket.name)
-            .and_then(|v| TicketValue::decode(&v));
+        let popped = pop(s, port, &ticket.name).and_then(|v| TicketValue::decode(&v));
         if let Some(value) = popped {
             prop_assert_eq!(
                 seen.clone(),
@@ -551,7 +554,7 @@ proptest! {
                     written.sort_unstable();
                     if !written.is_empty() {
                         let h = written[pick % written.len()];
-                        model.pop(&mut port, h)?;
+                        model.pop(&mut s, &mut port, h)?;
                     }
                 }
                 Op::Cancel { pick } if !paused => {
@@ -684,7 +687,7 @@ proptest! {
             model.check_answers(&s, &port)?;
             let handles: Vec<u32> = model.tickets.keys().copied().collect();
             for h in handles {
-                model.pop(&mut port, h)?;
+                model.pop(&mut s, &mut port, h)?;
             }
             if model.queues.values().all(Vec::is_empty) {
                 break;
@@ -696,7 +699,7 @@ proptest! {
         model.check_answers(&s, &port)?;
         let handles: Vec<u32> = model.tickets.keys().copied().collect();
         for h in handles {
-            model.pop(&mut port, h)?;
+            model.pop(&mut s, &mut port, h)?;
         }
         for (h, (_, seen)) in &model.tickets {
             // Answered exactly once: every ticket ended popped, cancelled or with its connection

@@ -322,7 +322,12 @@ impl Model {
     }
 
     /// A ticket's client pops it.
-    fn pop(&mut self, port: &mut FakePort, handle: u32) -> Result<(), TestCaseError> {
+    fn pop(
+        &mut self,
+        s: &mut Scheduler<u32>,
+        port: &mut FakePort,
+        handle: u32,
+    ) -> Result<(), TestCaseError> {
         let Some((ticket, seen)) = self
             .requests
             .get_mut(&handle)
@@ -330,10 +335,7 @@ impl Model {
         else {
             return Ok(());
         };
-        if let Some(value) = port
-            .pop_ticket(&ticket.name)
-            .and_then(|v| TicketValue::decode(&v))
-        {
+        if let Some(value) = pop(s, port, &ticket.name).and_then(|v| TicketValue::decode(&v)) {
             prop_assert_eq!(
                 seen.clone(),
                 TicketSeen::Answered {
@@ -521,7 +523,7 @@ proptest! {
                     written.sort_unstable();
                     if !written.is_empty() {
                         let h = written[pick % written.len()];
-                        model.pop(&mut port, h)?;
+                        model.pop(&mut s, &mut port, h)?;
                     }
                 }
                 Op::Cancel { pick } if !paused => {
@@ -649,7 +651,7 @@ proptest! {
             model.check_answers(&s, &port)?;
             let handles: Vec<u32> = model.requests.keys().copied().collect();
             for h in handles {
-                model.pop(&mut port, h)?;
+                model.pop(&mut s, &mut port, h)?;
             }
             if model.waiting().is_empty() {
                 break;
@@ -661,7 +663,7 @@ proptest! {
         model.check_answers(&s, &port)?;
         let handles: Vec<u32> = model.requests.keys().copied().collect();
         for h in handles {
-            model.pop(&mut port, h)?;
+            model.pop(&mut s, &mut port, h)?;
         }
         for (h, r) in &model.requests {
             if let Some((_, seen)) = &r.ticket {

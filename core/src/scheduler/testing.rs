@@ -107,6 +107,12 @@ impl FakePort {
         self.tickets.remove(ticket).map(|(value, _)| value)
     }
 
+    /// Whether the ticket's list still holds its answer (nobody popped it yet).
+    pub fn ticket_unpopped(&mut self, ticket: &TicketName) -> bool {
+        self.expire_tickets();
+        self.tickets.contains_key(ticket)
+    }
+
     /// Tickets whose expiry passed are gone, as Redis removes them.
     fn expire_tickets(&mut self) {
         let now = self.now;
@@ -299,11 +305,6 @@ impl Port<u32> for FakePort {
             "a ticket taken while writes are not allowed"
         );
         self.pop_ticket(ticket)
-    }
-
-    fn ticket_unpopped(&mut self, ticket: &TicketName) -> bool {
-        self.expire_tickets();
-        self.tickets.contains_key(ticket)
     }
 
     fn note(&mut self, note: Note) {
@@ -548,6 +549,16 @@ pub fn release_owner(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey,
     };
     s.freed(port, key, left, now);
     deliver(s, port);
+}
+
+/// A client pops a ticket (`BLPOP`): its element, if it held one; the server's `del` event
+/// tells the scheduler its key went, as the adapter hears it.
+pub fn pop(s: &mut Scheduler<u32>, port: &mut FakePort, ticket: &TicketName) -> Option<Vec<u8>> {
+    let popped = port.pop_ticket(ticket);
+    if popped.is_some() {
+        s.ticket_popped(*ticket);
+    }
+    popped
 }
 
 /// What a ticket's list holds now (None: nothing, popped or not written).

@@ -96,7 +96,7 @@ fn tickets_and_blocked_clients_share_one_fifo_queue() {
     assert_eq!(expires_at, port.now + 5_000);
 
     assert_eq!(
-        port.pop_ticket(&t1.name),
+        pop(&mut s, &mut port, &t1.name),
         Some(token.to_string().into_bytes())
     );
     release(&mut s, &mut port, &k);
@@ -106,7 +106,7 @@ fn tickets_and_blocked_clients_share_one_fifo_queue() {
     ));
     release(&mut s, &mut port, &k);
     assert!(granted(&port, &t3).is_some());
-    port.pop_ticket(&t3.name);
+    pop(&mut s, &mut port, &t3.name);
     let to = port.now + 10;
     advance_to(&mut s, &mut port, to);
     assert_eq!(s.open_tickets(), 0, "popped grants are done");
@@ -183,7 +183,7 @@ fn a_popped_grant_is_never_taken_back() {
     let next = ticket(&mut s, &mut port, 2, &k, "next", Wait::Forever);
     release(&mut s, &mut port, &k);
     let token = granted(&port, &t).unwrap();
-    port.pop_ticket(&t.name);
+    pop(&mut s, &mut port, &t.name);
     let now = port.now;
     assert_eq!(s.cancel(&mut port, t.name, now), Cancelled::Nothing);
     s.clients_gone(&mut port, vec![1], now);
@@ -227,14 +227,14 @@ fn a_closed_connection_s_queued_tickets_leave_and_its_unpopped_grant_is_passed_o
 }
 
 #[test]
-fn a_grant_not_popped_at_once_is_looked_at_until_popped_or_expired() {
+fn a_written_grant_is_forgotten_once_popped_or_expired() {
     let (mut s, mut port, k) = setup();
     let t = ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
     release(&mut s, &mut port, &k);
     let now = port.now;
     advance_to(&mut s, &mut port, now + 50);
     assert_eq!(s.open_tickets(), 1, "not popped: still the connection's");
-    port.pop_ticket(&t.name);
+    pop(&mut s, &mut port, &t.name);
     advance_to(&mut s, &mut port, now + 2_000);
     assert_eq!(s.open_tickets(), 0);
     assert!(s.is_idle());
@@ -359,4 +359,43 @@ fn count_notes(port: &FakePort, note: &Note) -> usize {
         .iter()
         .filter(|e| matches!(e, Effect::Noted(n) if n == note))
         .count()
+}
+
+#[test]
+fn a_flood_of_deadlines_due_at_once_is_spread_over_turns_a_millisecond_apart() {
+    let (mut s, mut port, k) = setup();
+    let n = 2 * batch::TURN_START_LIMIT;
+    for i in 0..n {
+        let owner = format!("w{i}");
+        let keys = [key(&format!("k{i}"))];
+        hold(&mut port, &keys[0], "x", 61_000);
+        wait_ticket(
+            &mut s,
+            &mut port,
+            1,
+            &keys,
+            &owner,
+            Mode::Exclusive,
+            5_000,
+            Wait::For(100),
+            None,
+        )
+        .unwrap();
+    }
+    let _ = k;
+    let now = port.now + 100;
+    port.now = now;
+    s.timer_fired(&mut port, now);
+    deliver(&mut s, &mut port);
+    let first = tickets_written(&port).len();
+    assert!(
+        first > 0 && first <= batch::TURN_START_LIMIT,
+        "{first} in the first turn"
+    );
+    assert_eq!(s.next_deadline(), Some(now + batch::CONTINUE_AFTER_MS));
+    advance_to(&mut s, &mut port, now + 10);
+    assert_eq!(tickets_written(&port).len(), n, "every timeout answered");
+    assert!(tickets_written(&port)
+        .iter()
+        .all(|(_, v, _, _)| *v == TicketValue::TimedOut));
 }

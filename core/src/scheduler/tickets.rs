@@ -14,13 +14,14 @@
 //!    its other clients. A cancel takes a grant from here (the canceller now holds it); a close
 //!    of the asking connection passes it on to the next waiter.
 //! 3. **written** — the answer is in the list, with an expiry (a grant's is its lease end).
-//!    Popping it is its delivery: the server deletes a list once it is empty, so a ticket whose
-//!    key is gone was popped, and a grant that was popped is never taken back. The scheduler
-//!    looks at a written grant at the next turn (nearly always popped by then: a client
-//!    blocked on the ticket pops it in the same turn) and then at growing intervals until its
-//!    expiry; until it is seen popped, a cancel takes it out of the list (the canceller holds
-//!    it), and a close of the asking connection takes it out and passes it on. An answer that
-//!    is not a grant is forgotten once written (it expires after [`MARKER_TTL_MS`]).
+//!    Popping it is its delivery: the server deletes a list with its last element, so a ticket
+//!    whose key is gone was popped, and a grant that was popped is never taken back. The server
+//!    tells the module when the key goes (the generic `del` keyspace event, which every pop
+//!    that empties a list raises: [`Scheduler::ticket_popped`]); a grant never popped is
+//!    forgotten when it expires with its lease. Until then a cancel takes it out of the list
+//!    (the canceller holds it), and a close of the asking connection takes it out and passes
+//!    it on — each finding the list gone if it was popped. An answer that is not a grant is
+//!    forgotten once written (it expires after [`MARKER_TTL_MS`]).
 //!
 //! So a grant is delivered exactly once: popped, handed to a canceller, or passed on — never
 //! two of these, since each takes it from the one place it is.
@@ -34,11 +35,6 @@ use super::*;
 use crate::memory::{shrink_map, shrink_set};
 use crate::slot::key_slot;
 use crate::ticket::{Shape, Ticket, TicketIds, TicketName, TicketValue};
-
-/// How long after a written grant that was not popped at once the scheduler looks again; the
-/// interval doubles up to [`RECHECK_MAX_MS`] (and stops at the grant's expiry).
-pub const RECHECK_FIRST_MS: u64 = 10;
-pub const RECHECK_MAX_MS: u64 = 1_000;
 
 /// What became of a cancelled ticket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,9 +75,8 @@ struct Outgoing {
 struct Pushed {
     client: ClientId,
     grants: Vec<GrantRef>,
-    expires_at: UnixMs,
-    check: DeadlineKey,
-    interval: u64,
+    /// When it expires, unpopped, with its lease.
+    expiry: DeadlineKey,
 }
 
 /// Every ticket the scheduler has not finished with.
@@ -256,16 +251,16 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 self.tickets.close(&name, out.client);
                 continue;
             }
-            // Looked at next turn: by then a client blocked on it has popped it.
-            let check = self.deadlines.insert(now, Due::TicketCheck(name));
+            // The server removes a key once its expiry is in the past (`now > at`).
+            let expiry = self
+                .deadlines
+                .insert(expires_at.saturating_add(1), Due::TicketExpired(name));
             self.tickets.pushed.insert(
                 name,
                 Pushed {
                     client: out.client,
                     grants: out.grants,
-                    expires_at,
-                    check,
-                    interval: RECHECK_FIRST_MS,
+                    expiry,
                 },
             );
         }
@@ -278,31 +273,21 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         }
     }
 
-    /// A written grant's look: popped (its key is gone) or expired, it is done; else look again
-    /// later.
-    pub(super) fn check_ticket(&mut self, port: &mut impl Port<H>, name: TicketName, now: UnixMs) {
-        let Some(pushed) = self.tickets.pushed.get(&name) else {
-            return;
-        };
-        // The server removes a key once its expiry is in the past (`now > at`).
-        let done = now > pushed.expires_at
-            || port.writes() == Writes::Replica
-            || !port.ticket_unpopped(&name);
-        if done {
-            if let Some(pushed) = self.tickets.pushed.remove(&name) {
-                self.tickets.close(&name, pushed.client);
-            }
+    /// A ticket's key went (the server's `del` event: a pop took its last element, or a client
+    /// deleted it): a grant written there was delivered, and nothing is left to take back.
+    pub fn ticket_popped(&mut self, name: TicketName) {
+        if let Some(pushed) = self.tickets.pushed.remove(&name) {
+            self.deadlines.remove(pushed.expiry);
+            self.tickets.close(&name, pushed.client);
             shrink_map(&mut self.tickets.pushed);
-            return;
         }
-        let interval = pushed.interval;
-        let at = now
-            .saturating_add(interval)
-            .min(pushed.expires_at.saturating_add(1));
-        let check = self.deadlines.insert(at, Due::TicketCheck(name));
-        if let Some(pushed) = self.tickets.pushed.get_mut(&name) {
-            pushed.check = check;
-            pushed.interval = interval.saturating_mul(2).min(RECHECK_MAX_MS);
+    }
+
+    /// A grant never seen popped expired with its lease (and its hold with it).
+    pub(super) fn ticket_expired(&mut self, name: TicketName) {
+        if let Some(pushed) = self.tickets.pushed.remove(&name) {
+            self.tickets.close(&name, pushed.client);
+            shrink_map(&mut self.tickets.pushed);
         }
     }
 
@@ -332,7 +317,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             };
         }
         if let Some(pushed) = self.tickets.pushed.remove(&name) {
-            self.deadlines.remove(pushed.check);
+            self.deadlines.remove(pushed.expiry);
             self.tickets.close(&name, pushed.client);
         }
         // Whatever the ticket still holds, even one this process did not write (a restart).
@@ -393,7 +378,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     Writes::Replica => {
                         self.tickets.outgoing.remove(&name);
                         if let Some(pushed) = self.tickets.pushed.remove(&name) {
-                            self.deadlines.remove(pushed.check);
+                            self.deadlines.remove(pushed.expiry);
                         }
                         continue;
                     }
@@ -402,7 +387,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 if let Some(out) = self.tickets.outgoing.remove(&name) {
                     self.pass_on(port, &out.grants, now);
                 } else if let Some(pushed) = self.tickets.pushed.remove(&name) {
-                    self.deadlines.remove(pushed.check);
+                    self.deadlines.remove(pushed.expiry);
                     if port.take_ticket(&name).is_some() {
                         self.pass_on(port, &pushed.grants, now);
                     }
