@@ -399,3 +399,22 @@ fn a_flood_of_deadlines_due_at_once_is_spread_over_turns_a_millisecond_apart() {
         .iter()
         .all(|(_, v, _, _)| *v == TicketValue::TimedOut));
 }
+
+#[test]
+fn a_flush_forgets_the_grants_written_in_its_database() {
+    let (mut s, mut port, k) = setup();
+    ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
+    let other = LockKey::new(1, b"k");
+    hold(&mut port, &other, "x", 61_000);
+    ticket(&mut s, &mut port, 1, &other, "u", Wait::Forever);
+    release(&mut s, &mut port, &k);
+    release(&mut s, &mut port, &other);
+    assert_eq!(s.open_tickets(), 2);
+    port.tickets.retain(|name, _| name.db != 0);
+    s.flushed(Some(0));
+    assert_eq!(s.open_tickets(), 1, "db 1's grant is still there");
+    port.tickets.clear();
+    s.flushed(None);
+    assert_eq!(s.open_tickets(), 0);
+    assert!(s.is_idle());
+}

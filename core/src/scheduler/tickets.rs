@@ -283,6 +283,21 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         }
     }
 
+    /// `FLUSHDB` (Some) or `FLUSHALL` (None): the grants written into tickets there are gone
+    /// with their holds (no `del` event tells of each key).
+    pub(super) fn tickets_flushed(&mut self, db: Option<i32>) {
+        let gone: Vec<TicketName> = self
+            .tickets
+            .pushed
+            .keys()
+            .filter(|name| db.is_none_or(|db| name.db == db))
+            .copied()
+            .collect();
+        for name in gone {
+            self.ticket_popped(name);
+        }
+    }
+
     /// A grant never seen popped expired with its lease (and its hold with it).
     pub(super) fn ticket_expired(&mut self, name: TicketName) {
         if let Some(pushed) = self.tickets.pushed.remove(&name) {
