@@ -728,6 +728,13 @@ fn a_replica_refuses_tickets_and_a_restarted_master_hands_over_a_grant_written_b
     let mut master = Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let writable = Server::start_with(&["--replica-read-only", "no"]);
     let mut rcon = writable.connect();
+    // A full sync at once (servers wait 5 s by default for more replicas).
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("repl-diskless-sync-delay")
+        .arg(0)
+        .query(&mut master.connect())
+        .unwrap();
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
         .arg(master.port)
@@ -736,7 +743,9 @@ fn a_replica_refuses_tickets_and_a_restarted_master_hands_over_a_grant_written_b
     let mut con = master.connect();
     let mut asker = master.connect();
     acquire(&mut con, "k", "holder", 600_000).unwrap();
-    assert!(eventually(SOON, || rcon.exists("k").unwrap_or(false)));
+    assert!(eventually(Duration::from_secs(15), || rcon
+        .exists("k")
+        .unwrap_or(false)));
     assert_eq!(
         error_of(
             &mut rcon,
