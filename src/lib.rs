@@ -69,6 +69,9 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             log::detach();
             return Status::Err;
         }
+        // Subscribed to the async load's end (`events`: `databases_replaced`): a replica may
+        // load a full sync beside the data it serves (`repl-diskless-load swapdb`).
+        ffi::events::declare_async_load_aware(raw);
         log::notice(&format!("lock module loaded: {}", config::describe()));
         Status::Ok
     })

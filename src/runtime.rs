@@ -8,7 +8,7 @@
 //! events (raised by lazy expiry inside `OpenKey`), which only touch the separate `INBOX`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use lock_core::args::{AcquireRequest, Binding, Wait, Waiting};
@@ -33,6 +33,8 @@ use crate::{config, election, log, notify, store};
 const INBOX_LIMIT: usize = 1_024;
 
 thread_local! {
+    /// The last `CLUSTER NODES` text, with the cached server time it was read at.
+    static CLUSTER_NODES: RefCell<Option<Routes>> = const { RefCell::new(None) };
     static SCHEDULER: RefCell<Scheduler<Blocked>> = RefCell::new(Scheduler::default());
     /// The armed module timer: (id, when it fires).
     static TIMER: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
@@ -757,13 +759,43 @@ impl Port<Blocked> for RedisPort {
 /// (MIGRATE deletes it here). Granting it here would make a second lock beside the moved one,
 /// so the waiters get the redirect Redis would give for the key (`ASK`/`MOVED`) and their
 /// cluster clients follow it.
+///
+/// `CLUSTER NODES` is asked once per command (or event-loop callback) where the server has a
+/// cached clock (Redis >= 7.2, Valkey: the servers with key events): a `DEL` of thousands of
+/// lock keys, each removal asking where its slot is, asks the server once.
 pub fn slot_left(ctx: Ctx, name: &[u8]) -> Option<String> {
     if !ffi::is_cluster(ctx) {
         return None;
     }
     let slot = lock_core::slot::key_slot(name);
-    let nodes = ffi::cluster_nodes(ctx)?;
-    lock_core::cluster::route(&nodes, slot).redirect(slot)
+    let Some(now) = ffi::cached_micros() else {
+        let nodes = ffi::cluster_nodes(ctx)?;
+        return lock_core::cluster::route(&nodes, slot).redirect(slot);
+    };
+    CLUSTER_NODES.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if cache.as_ref().is_none_or(|c| c.at != now) {
+            *cache = Some(Routes {
+                at: now,
+                nodes: ffi::cluster_nodes(ctx)?,
+                slots: HashMap::new(),
+            });
+        }
+        let routes = cache.as_mut()?;
+        let nodes = &routes.nodes;
+        routes
+            .slots
+            .entry(slot)
+            .or_insert_with(|| lock_core::cluster::route(nodes, slot).redirect(slot))
+            .clone()
+    })
+}
+
+/// What `CLUSTER NODES` said at one cached server time, and each slot's redirect read from it.
+struct Routes {
+    at: i64,
+    nodes: String,
+    slots: HashMap<u16, Option<String>>,
 }
 
 /// A holder lost its lock to its lease while others waited: the event operators most need.

@@ -119,6 +119,17 @@ pub fn swap_databases(a: i32, b: i32) {
     });
 }
 
+/// `FLUSHDB` (Some), `FLUSHALL` (None) or a replica's load that replaced every database: the
+/// counters there are gone, and so are the windows this process reserved in them (see
+/// `SlotMemory::forget_bounds`).
+pub fn flushed(db: Option<i32>) {
+    NAMES.with(|names| {
+        for counter in &mut names.borrow_mut().counters {
+            counter.memory.forget_bounds(db);
+        }
+    });
+}
+
 /// Frees the cached names (module unload).
 pub fn release_cached_names() {
     NAMES.with(|names| *names.borrow_mut() = Names::default());

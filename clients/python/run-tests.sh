@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The Python library's checks (make test): installs ./clients/python[test] from PyPI into a venv
-# under target/ (pinned: redis, pytest, mypy), then mypy --strict on the package and pytest on
-# clients/python/tests against real servers; check-scenarios.py first fails when a row of
-# docs/client-scenarios.md has no Python test. LOCK_MODULE names the module (default
-# target/debug/libredis_lock.so, built by `cargo build --lib`); LOCK_SERVER another server.
+# under target/ (pinned: redis, pytest, mypy, hypothesis), then mypy --strict on the package and
+# pytest on clients/python/tests against real servers. First, unasync.py --check fails when the
+# generated sync library (redis_lock_client/_sync/) is not what the asyncio source makes, and
+# check-scenarios.py when a row of docs/client-scenarios.md has no Python test. LOCK_MODULE names
+# the module (default target/debug/libredis_lock.so, built by `cargo build --lib`); LOCK_SERVER
+# another server.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -16,7 +18,9 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
 fi
 # Not editable: what is tested is what `pip install ./clients/python` installs.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$here[test]"
+"$venv/bin/python" "$here/unasync.py" --check
 "$venv/bin/python" "$here/check-scenarios.py"
 "$venv/bin/python" -m mypy --strict --cache-dir "$root/target/python-client-mypy-cache" -p redis_lock_client
+"$venv/bin/python" -m mypy --strict --cache-dir "$root/target/python-client-mypy-cache" "$here/unasync.py"
 cd "$here/tests"
 PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider

@@ -72,6 +72,15 @@ impl SlotMemory {
         Ok(grant)
     }
 
+    /// The counters of `db` (of every database: `None`) are gone — a flush, or a replica's
+    /// load that replaced its databases with its master's — and with them the bounds reserved
+    /// in them: a counter found there later was written by someone else, even one that holds
+    /// the very value reserved here (another server that reserved the same bound, and may have
+    /// handed out tokens of that window). The last token stays: it is the slot's.
+    pub fn forget_bounds(&mut self, db: Option<i32>) {
+        self.bounds.retain(|(d, _)| db.is_some_and(|db| *d != db));
+    }
+
     /// `SWAPDB a b` swapped the two databases' counters with their data: the reserved bounds
     /// follow them (the last token stays: it is the slot's, whatever the database).
     pub fn swap_databases(&mut self, a: i32, b: i32) {
@@ -305,6 +314,42 @@ mod tests {
             "tokens ran ahead of the clock: {}",
             last - FLOOR
         );
+    }
+
+    /// A replica that once reserved a window loads its master's data, whose counter holds the
+    /// same bound (both servers reserved it: the same first token in the same millisecond), and
+    /// the master handed out tokens of that window. Remembered, the window would repeat them;
+    /// forgotten with the data it was reserved in, the next token goes above the bound.
+    #[test]
+    fn a_window_reserved_in_replaced_data_is_forgotten() {
+        let mut replica = SlotMemory::default();
+        let first = replica.next_token(0, Some(FLOOR + 100), NOW).unwrap();
+        let mut master = SlotMemory::default();
+        let same = master.next_token(0, Some(FLOOR + 100), NOW).unwrap();
+        assert_eq!(first, same);
+        let bound = first.store_bound;
+        let given: Vec<u64> = (0..3)
+            .map(|_| master.next_token(0, bound, NOW).unwrap().token)
+            .collect();
+        // The replica's databases are replaced by the master's: the counter holds `bound`.
+        let mut remembering = replica.clone();
+        let repeated = remembering.next_token(0, bound, NOW).unwrap().token;
+        assert!(given.contains(&repeated), "{repeated} {given:?}");
+        replica.forget_bounds(Some(1));
+        assert_eq!(
+            replica.bounds.len(),
+            1,
+            "another database's flush forgot db 0's window"
+        );
+        replica.forget_bounds(None);
+        let next = replica.next_token(0, bound, NOW).unwrap().token;
+        assert!(next > bound.unwrap(), "{next} {bound:?}");
+        // A flush of one database forgets that database's window only.
+        let mut two = SlotMemory::default();
+        two.next_token(0, None, NOW).unwrap();
+        let in_1 = two.next_token(1, None, NOW).unwrap().store_bound;
+        two.forget_bounds(Some(0));
+        assert_eq!(two.next_token(1, in_1, NOW).unwrap().store_bound, None);
     }
 
     /// Replays grants through a store that can lose or roll back its bound, and checks that

@@ -26,6 +26,11 @@ pub trait ServerEvents {
     fn flushed(ctx: Ctx, db: Option<i32>);
     /// `SWAPDB a b`.
     fn swapped(ctx: Ctx, a: i32, b: i32);
+    /// A replica's full sync loaded into databases of its own while the old ones were served
+    /// (`repl-diskless-load swapdb`), and has just put them in place of every database: no
+    /// flush or `SWAPDB` event says so. (An async load that starts changes nothing yet, and
+    /// one that is aborted leaves the old databases as they were: neither is reported.)
+    fn databases_replaced(ctx: Ctx);
 }
 
 /// Why a key goes (the key server event's subevent).
@@ -78,8 +83,26 @@ pub fn subscribe<E: ServerEvents>(ctx: Ctx) -> Subscribed {
                 && server(
                     raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
                     Some(on_role_change::<E>),
+                )
+                && server(
+                    raw::REDISMODULE_EVENT_REPL_ASYNC_LOAD,
+                    Some(on_async_load::<E>),
                 );
         Subscribed { all, key_events }
+    }
+}
+
+/// Tells the server that the module follows a replica's async load
+/// ([`ServerEvents::databases_replaced`]): without this, Redis and Valkey refuse
+/// `repl-diskless-load swapdb` (a replica flushes its data and answers `LOADING` through a full
+/// sync instead of serving the old data while it loads the new).
+pub fn declare_async_load_aware(ctx: Ctx) {
+    // SAFETY: ctx is the load context; the call only sets the module's option bits.
+    unsafe {
+        api!(RedisModule_SetModuleOptions)(
+            ctx,
+            raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD as c_int,
+        );
     }
 }
 
@@ -147,6 +170,19 @@ extern "C" fn on_role_change<E: ServerEvents>(
     guard::callback((), || {
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_REPLICA {
             E::became_replica(ctx);
+        }
+    });
+}
+
+extern "C" fn on_async_load<E: ServerEvents>(
+    ctx: Ctx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guard::callback((), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_REPL_ASYNC_LOAD_COMPLETED {
+            E::databases_replaced(ctx);
         }
     });
 }

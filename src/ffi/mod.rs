@@ -568,8 +568,18 @@ pub fn is_cluster(ctx: Ctx) -> bool {
     *CLUSTER.get_or_init(|| context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0)
 }
 
+/// The server's cached time (µs): the same for everything one command (or one event-loop
+/// callback) does, so it tells "still inside the same command" apart from "a later one". None
+/// on a server without the call (Redis 7.0, which also has no key events).
+pub fn cached_micros() -> Option<i64> {
+    // SAFETY: the API table is filled in at load and never changes after; the function, where
+    // the server has it, is a plain read of its cached clock.
+    unsafe { { raw::RedisModule_CachedMicroseconds }.map(|cached| cached()) }
+}
+
 /// The `CLUSTER NODES` text, through RM_Call. Only for rare paths (a handoff in cluster mode
-/// that no LOCK.* command caused), never for a LOCK.* command itself.
+/// that no LOCK.* command caused, a lock key removed in cluster mode), never for a LOCK.*
+/// command itself.
 pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
     call_text(ctx, c"CLUSTER", c"NODES")
 }
@@ -729,6 +739,7 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_SetAbsExpire }.is_some(),
             { raw::RedisModule_SetCommandInfo }.is_some(),
             { raw::RedisModule_SetDisconnectCallback }.is_some(),
+            { raw::RedisModule_SetModuleOptions }.is_some(),
             { raw::RedisModule_StopTimer }.is_some(),
             { raw::RedisModule_StringDMA }.is_some(),
             { raw::RedisModule_StringPtrLen }.is_some(),

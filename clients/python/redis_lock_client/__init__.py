@@ -1,5 +1,6 @@
-"""Locks for the LOCK.* Redis module, on redis-py: sync (``redis_lock_client``) and asyncio
-(``AsyncLockClient``, in ``redis_lock_client.aio``).
+"""Locks for the LOCK.* Redis module, on redis-py: sync (``LockClient``) and asyncio
+(``AsyncLockClient``). The asyncio library is the source; the sync one is generated from it
+(``clients/python/unasync.py``), but for the few lines where threads and tasks differ.
 
 >>> client = LockClient.from_url("redis://127.0.0.1:6379/")
 >>> with client.lock("orders:42", lease=10, wait_timeout=5) as guard:
@@ -8,25 +9,7 @@
 ...     serve(fence=leadership.epoch)   # leader election: the epoch is a fencing token
 """
 
-from ._common import (
-    DEFAULT_COMMAND_TIMEOUT,
-    DEFAULT_LEASE,
-    Kind,
-    Leader,
-    LockConnectionError,
-    LockError,
-    LockServerError,
-    LockTimeout,
-    LostReason,
-    LostSignal,
-    NotHeld,
-    Release,
-    Renewal,
-    UnexpectedReply,
-    leader_channel,
-    lost_signal_channel,
-)
-from .aio import (
+from ._async import (
     AsyncElection,
     AsyncLeadership,
     AsyncLock,
@@ -36,7 +19,25 @@ from .aio import (
     AsyncMultiLockGuard,
     AsyncObserver,
 )
-from .sync import (
+from ._commands import Leader
+from ._common import (
+    DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_LEASE,
+    Kind,
+    LockConnectionError,
+    LockError,
+    LockServerError,
+    LockTimeout,
+    LostCallback,
+    LostReason,
+    NotHeld,
+    Release,
+    Renewal,
+    UnexpectedReply,
+    __version__,
+)
+from ._messages import leader_channel, lost_signal_channel
+from ._sync import (
     Election,
     Leadership,
     Lock,
@@ -69,15 +70,16 @@ __all__ = [
     "LockGuard",
     "LockServerError",
     "LockTimeout",
+    "LostCallback",
+    "LostReason",
     "MultiLock",
     "MultiLockGuard",
-    "LostReason",
-    "LostSignal",
     "NotHeld",
     "Observer",
     "Release",
     "Renewal",
     "UnexpectedReply",
+    "__version__",
     "leader_channel",
     "lost_signal_channel",
 ]

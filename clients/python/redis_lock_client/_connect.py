@@ -1,19 +1,21 @@
-"""How the library's own connections are made from what the application gave it.
+"""How the library's own connections are made from what the application gave it (no I/O).
 
 Every connection the library opens uses the application's address, credentials and TLS, with the
-library's own settings on top: RESP2, bytes replies, its own read timeout, and no retries of
-redis-py's (the library decides what may be sent again: only an acquire, which carries ONCE).
+library's own settings on top: RESP2, bytes replies, its own read timeout, no retries of
+redis-py's (the library decides what may be sent again: only an acquire, which carries ONCE), a
+client name (``CLIENT SETNAME``) and the library in ``CLIENT SETINFO LIB-NAME``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 from redis.backoff import NoBackoff
-from redis.exceptions import AskError, ResponseError
+from redis.driver_info import DriverInfo
+from redis.exceptions import AskError, MovedError, ResponseError
 from redis.retry import Retry
 
-from ._common import LockServerError
+from ._common import CLIENT_NAME, LockServerError, __version__
 
 # Settings of the application's client that the library replaces with its own.
 _REPLACED = (
@@ -25,9 +27,19 @@ _REPLACED = (
     "protocol",
     "health_check_interval",
     "redis_connect_func",
+    "driver_info",
+    "lib_name",
+    "lib_version",
 )
 # Settings redis-py's pool adds for itself (RESP3 maintenance notifications, originals).
 _POOL_OWN_PREFIXES = ("maint_notifications", "orig_")
+
+
+def driver_info() -> DriverInfo:
+    """``CLIENT SETINFO LIB-NAME redis-py(redis-lock-client_v<version>)`` and ``LIB-VER <redis-py's
+    version>`` (the convention for a library on top of a client; servers before Redis 7.2 have
+    no CLIENT SETINFO, and redis-py then sends nothing)."""
+    return DriverInfo().add_upstream_driver("redis-lock-client", __version__)
 
 
 def own_kwargs(connection_kwargs: dict[str, Any], command_timeout: float) -> dict[str, Any]:
@@ -40,13 +52,30 @@ def own_kwargs(connection_kwargs: dict[str, Any], command_timeout: float) -> dic
     kwargs["retry"] = Retry(NoBackoff(), 0)
     kwargs["decode_responses"] = False
     kwargs["protocol"] = 2
+    kwargs["driver_info"] = driver_info()
+    kwargs["client_name"] = kwargs.get("client_name") or CLIENT_NAME
     kwargs.setdefault("socket_connect_timeout", command_timeout)
     return kwargs
 
 
+def name_for(base: str, owner: bytes) -> str:
+    """The name of a connection bound to ``owner`` (a wait, an EPHEMERAL hold):
+    ``<base>:<owner>``, each byte a name cannot hold (a space, a control, a non-ASCII byte)
+    written ``?``."""
+    shown = "".join(chr(b) if 0x21 <= b <= 0x7E else "?" for b in owner)
+    return f"{base}:{shown}"
+
+
 class Redirected(LockServerError):
-    """MOVED or ASK: in a cluster, the key's slot is served by another node. The library
-    refreshes its slot map and sends the command again (to the node that now serves the key)."""
+    """MOVED or ASK: in a cluster, the key's slot is served by another node. ``asking``: an ASK
+    (the slot is being moved: send ``ASKING`` and the command to ``host``:``port`` once);
+    else a MOVED (reload the slot map and send the command again)."""
+
+    def __init__(self, line: str, asking: bool, host: Optional[str], port: Optional[int]) -> None:
+        super().__init__(line)
+        self.asking = asking
+        self.host = host
+        self.port = port
 
 
 def server_error(e: ResponseError) -> LockServerError:
@@ -54,16 +83,13 @@ def server_error(e: ResponseError) -> LockServerError:
     code: Optional[str] = getattr(e, "status_code", None)
     text = str(e)
     line = f"{code} {text}" if code else text
-    if isinstance(e, AskError):
-        return Redirected(line)
+    if isinstance(e, AskError):  # MovedError is an AskError
+        host = getattr(e, "host", None)
+        port = getattr(e, "port", None)
+        return Redirected(
+            line,
+            asking=not isinstance(e, MovedError),
+            host=host if isinstance(host, str) else None,
+            port=port if isinstance(port, int) else None,
+        )
     return LockServerError(line)
-
-
-class RawConnection(Protocol):
-    """The part of redis-py's (untyped) Connection the sync library uses."""
-
-    def connect(self) -> None: ...
-    def send_command(self, *args: Any, check_health: bool = True) -> None: ...
-    def read_response(self, disable_decoding: bool = False, *, timeout: Any = ...) -> Any: ...
-    def can_read(self, timeout: float = 0) -> bool: ...
-    def disconnect(self, *args: Any) -> None: ...

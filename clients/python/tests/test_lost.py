@@ -9,7 +9,6 @@ import pytest
 
 from conftest import Server, reports_key_events
 from redis_lock_client import AsyncLockClient, LockClient, LostReason, NotHeld, Renewal
-from redis_lock_client._common import LostSignal
 
 
 @pytest.mark.scenario("lost-flushed")
@@ -133,20 +132,6 @@ def test_a_shared_hold_whose_lease_ran_out_is_reported_expired(server, client, k
     assert guard.lost.wait(0.1)
     assert guard.lost_reason is LostReason.EXPIRED
     raw.execute_command("LOCK.FORCERELEASE", key)
-
-
-@pytest.mark.scenario("lost-forcereleased", "lost-disconnected", "lost-deleted",
-                      "lost-overwritten", "lost-evicted", "lost-expired")
-def test_every_reason_word_of_the_server_parses_and_nothing_else_does():
-    for word, reason in [(b"forcereleased", LostReason.FORCE_RELEASED),
-                         (b"disconnected", LostReason.DISCONNECTED),
-                         (b"expired", LostReason.EXPIRED), (b"deleted", LostReason.DELETED),
-                         (b"overwritten", LostReason.OVERWRITTEN),
-                         (b"evicted", LostReason.EVICTED)]:
-        assert LostSignal.parse(word + b" 42 app:1 with space") == LostSignal(
-            reason, 42, b"app:1 with space")
-    for bad in [b"flushed 0", b"expired x owner", b"expired 42", b"unknown 42 o", b""]:
-        assert LostSignal.parse(bad) is None
 
 
 @pytest.mark.scenario("lost-unreachable")

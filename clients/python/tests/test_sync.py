@@ -333,9 +333,10 @@ def in_thread(fn):
 
 
 def test_a_wait_whose_connection_is_killed_is_sent_again_twice_and_then_granted(server, client, key):
+    # Each send is seen waiting on a connection of its own (CLIENT LIST): Redis >= 8 and Valkey
+    # count a blocked call in commandstats only once it is answered, not when it is killed.
     raw = server.client()
     assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
-    calls = server.commandstat("lock.acquire")
     lock = client.lock(key, wait_timeout=10)
     t, out = in_thread(lock.acquire)
     seen: set[str] = set()
@@ -346,7 +347,7 @@ def test_a_wait_whose_connection_is_killed_is_sent_again_twice_and_then_granted(
     t.join(5)
     assert len(out) == 1 and not isinstance(out[0], Exception), out
     guard = out[0]
-    assert server.commandstat("lock.acquire") == calls + 3
+    assert len(seen) == 3
     held = info(server, key)
     assert held[b"owner"] == lock.owner and held[b"token"] == guard.token  # type: ignore[attr-defined]
     assert held[b"count"] == 1
@@ -356,15 +357,13 @@ def test_a_wait_whose_connection_is_killed_is_sent_again_twice_and_then_granted(
 def test_a_wait_whose_connection_is_killed_three_times_raises_after_two_retries(server, client, key):
     raw = server.client()
     assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
-    calls = server.commandstat("lock.acquire")
     t, out = in_thread(client.lock(key, wait_timeout=10).acquire)
     seen: set[str] = set()
     for _ in range(3):
         raw.execute_command("CLIENT", "KILL", "ID", next_waiter(server, seen)["id"])
     t.join(5)
     assert len(out) == 1 and isinstance(out[0], LockConnectionError), out
-    time.sleep(0.2)  # a fourth send would be queued by now
-    assert server.commandstat("lock.acquire") == calls + 3
+    time.sleep(0.2)  # a fourth send would be waiting by now
     assert server.blocked_clients("lock.acquire") == []
     assert info(server, key)[b"waiters"] == 0
     raw.execute_command("LOCK.RELEASE", key, "other")
@@ -374,13 +373,11 @@ def test_an_ephemeral_wait_whose_connection_is_killed_is_not_sent_again(server, 
     # Its connection would have been the hold's: the library raises rather than re-send.
     raw = server.client()
     assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
-    calls = server.commandstat("lock.acquire")
     t, out = in_thread(client.lock(key, wait_timeout=10, ephemeral=True).acquire)
     raw.execute_command("CLIENT", "KILL", "ID", next_waiter(server, set())["id"])
     t.join(5)
     assert len(out) == 1 and isinstance(out[0], LockConnectionError), out
-    time.sleep(0.2)  # a second send would be queued by now
-    assert server.commandstat("lock.acquire") == calls + 1
+    time.sleep(0.2)  # a second send would be waiting by now
     assert server.blocked_clients("lock.acquire") == []
     raw.execute_command("LOCK.RELEASE", key, "other")
 

@@ -428,14 +428,14 @@ pub struct MultiLockGuard {
 impl MultiLockGuard {
     /// A fencing token per key, in the keys' order (empty after a release).
     pub fn tokens(&self) -> &[u64] {
-        self.guard.guard().map_or(&[], |g| &g.core().tokens)
+        self.guard.guard().map_or(&[], |g| &g.hold().tokens)
     }
 
     /// The keys, in the order given.
     pub fn keys(&self) -> Vec<&[u8]> {
         self.guard
             .guard()
-            .map(|g| g.core().keys.iter().map(|k| &**k).collect())
+            .map(|g| g.hold().keys.iter().map(|k| &**k).collect())
             .unwrap_or_default()
     }
 

@@ -8,12 +8,14 @@ use rand::Rng;
 use redis::cluster::ClusterClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
+use crate::conn::Commands;
+use crate::context::Context;
 use crate::election::Election;
 use crate::error::LockError;
-use crate::hold::Commands;
 use crate::keeper::Keepers;
 use crate::lock::{Kind, Lock, Verb};
 use crate::multi::MultiLock;
+use crate::naming::{client_name, with_lib_name};
 use crate::servers::Servers;
 use crate::signal::SignalHub;
 
@@ -29,15 +31,19 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 ///
 /// Connections: one multiplexed connection for ordinary commands (replaced after it breaks),
 /// one fresh connection for each acquire that waits (so a long `WAIT` delays nothing else),
-/// one connection owned by each `EPHEMERAL` hold, and, with
-/// [`LockClientBuilder::listen_for_lost_signal`], one pub/sub connection.
+/// one connection owned by each `EPHEMERAL` hold, and one pub/sub connection for the server's
+/// lost-hold signal (on by default; [`LockClientBuilder::without_lost_signal`] turns it off).
+/// Each connection the client opens to a node is named `redis-lock-client:<client id>`
+/// (`CLIENT SETNAME`; `CLIENT LIST` shows it beside the connection's id, which `LOCK.INFO`
+/// gives as an `EPHEMERAL` hold's `ephemeral`) and says `CLIENT SETINFO LIB-NAME
+/// redis-lock-client` with the crate's version (Redis >= 7.2, Valkey).
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
 /// use redis_lock_client::LockClient;
 ///
 /// let client = LockClient::open("redis://127.0.0.1:6379/").await?;
-/// let lock = client.lock("orders:42");
+/// let lock = client.lock("orders:42"); // lease 30 s, renewed every 10 s; waits until granted
 /// let mut guard = lock.acquire().await?;
 /// println!("fencing token {}", guard.token());
 /// guard.release().await?;
@@ -48,16 +54,10 @@ pub struct LockClient {
     pub(crate) inner: Arc<ClientInner>,
 }
 
+/// What clones of a client share: what its handles share, and the count of its handles.
 pub(crate) struct ClientInner {
-    /// Where waiting acquires and `EPHEMERAL` holds open their own connections.
-    pub(crate) servers: Servers,
-    pub(crate) commands: Arc<Commands>,
-    pub(crate) id: String,
+    ctx: Arc<Context>,
     next_handle: AtomicU64,
-    pub(crate) command_timeout: Duration,
-    pub(crate) signals: Option<Arc<SignalHub>>,
-    /// The tasks that renew this client's holds, one per runtime.
-    pub(crate) keepers: Keepers,
 }
 
 /// Settings of a [`LockClient`] beyond the defaults.
@@ -82,16 +82,34 @@ impl LockClientBuilder {
         self
     }
 
-    /// Subscribes to the server's lost-hold signal (issue #20 part 1) on one pub/sub connection,
-    /// so that a hold ended by `LOCK.FORCERELEASE`, `DEL`, an overwrite, a rename, eviction, an
-    /// `EPHEMERAL` connection's close or a lease end is reported at once, with the server's
-    /// reason ([`LostReason`](crate::LostReason)).
+    /// Does not listen to the server's lost-hold signal: losses are then seen only by the
+    /// watchdog (a renewal answered 0, at most a third of a lease late) and by an `EPHEMERAL`
+    /// hold's own connection. Saves the client's one pub/sub connection and a `SUBSCRIBE` per
+    /// held key.
+    ///
+    /// By default a client listens (as [`LockClientBuilder::listen_for_lost_signal`] says):
+    /// the same default as the Python library's `lost_signal=True`.
+    pub fn without_lost_signal(mut self) -> Self {
+        self.lost_signal = false;
+        self
+    }
+
+    /// Listens to the server's lost-hold signal (the default: this only undoes
+    /// [`LockClientBuilder::without_lost_signal`]) on one pub/sub connection, so that a hold
+    /// ended by `LOCK.FORCERELEASE`, `DEL`, an overwrite, a rename, eviction, an `EPHEMERAL`
+    /// connection's close or a lease end is reported at once, with the server's reason
+    /// ([`LostReason`](crate::LostReason)).
     ///
     /// Standalone it `SUBSCRIBE`s; in a cluster it `SSUBSCRIBE`s on the key's node (the server
-    /// `SPUBLISH`es there). It also subscribes to `lock.lost:flush`: on `flushed <db>` (a
-    /// `FLUSHDB`/`FLUSHALL`) it checks each hold in that database at once with `LOCK.INFO` and
-    /// reports those gone as [`LostReason::Flushed`](crate::LostReason::Flushed). Pub/sub is
-    /// at-most-once: the watchdog stays the backstop for a message that is never delivered.
+    /// `SPUBLISH`es there). Each message names its database and key (keys `k` and `{k}`, and
+    /// one key name in two databases, share a channel), and a hold acts only on those about
+    /// it: a message naming its owner and token reports it lost with the server's reason; one
+    /// about its whole key (`DEL` of a key with several holds, ...) or a flush of its database
+    /// (`lock.lost:flush`) is checked first with one `LOCK.CHECK`, and only a hold that read no
+    /// longer finds is reported ([`LostReason::Flushed`](crate::LostReason::Flushed) for a
+    /// flush); in a cluster, a key that moved with its slot is looked for on its new node, and
+    /// the subscription follows it there. Pub/sub is at-most-once: the watchdog stays the
+    /// backstop for a message that is never delivered.
     ///
     /// The channels are the server's default (`lock.lost:{<key>}`, `lock.lost:flush`); for a
     /// server whose `lock.lost-channel-prefix` is another, see
@@ -132,22 +150,30 @@ impl LockClientBuilder {
                 "an empty lost-signal prefix: the server sends no lost-hold signal with one",
             ));
         }
+        let id = random_id();
+        let name = client_name(&id);
         let prefix = self.lost_prefix.as_bytes();
-        let (servers, commands, signals) = match self.target {
+        let (servers, commands, signals, db) = match self.target {
             Target::Single(client) => {
                 let info = client.get_connection_info().clone();
-                let settings = info
-                    .redis_settings()
-                    .clone()
-                    .set_protocol(ProtocolVersion::RESP3);
-                let resp3 = redis::Client::open(info.set_redis_settings(settings))
-                    .map_err(LockError::Connection)?;
-                let db = client.get_connection_info().redis_settings().db();
-                let commands = Commands::new(client.clone(), self.command_timeout);
+                let db = info.redis_settings().db();
+                let settings = with_lib_name(info.redis_settings().clone());
+                let open = |protocol| {
+                    let settings = settings.clone().set_protocol(protocol);
+                    redis::Client::open(info.clone().set_redis_settings(settings))
+                        .map_err(LockError::Connection)
+                };
+                let resp2 = open(client.get_connection_info().redis_settings().protocol())?;
+                let resp3 = open(ProtocolVersion::RESP3)?;
+                let commands = Commands::single(resp2.clone(), self.command_timeout, name.clone());
                 let signals = self
                     .lost_signal
-                    .then(|| SignalHub::single(resp3.clone(), db, prefix));
-                (Servers::Single { client, resp3 }, commands, signals)
+                    .then(|| SignalHub::single(resp3.clone(), prefix, name.clone()));
+                let servers = Servers::Single {
+                    client: resp2,
+                    resp3,
+                };
+                (servers, commands, signals, db)
             }
             Target::Cluster(seeds) => {
                 let Some(seed) = seeds.first().cloned() else {
@@ -161,52 +187,75 @@ impl LockClientBuilder {
                     .get_async_connection()
                     .await
                     .map_err(LockError::Connection)?;
-                let signals = self.lost_signal.then(|| SignalHub::cluster(seeds, prefix));
-                (
-                    Servers::Cluster {
-                        info: seed,
-                        conn: conn.clone(),
-                        slots: std::sync::Mutex::new(None),
-                    },
-                    Commands::Cluster(conn),
-                    signals,
-                )
+                let signals = self
+                    .lost_signal
+                    .then(|| SignalHub::cluster(seeds, prefix, name.clone()));
+                let servers = Servers::Cluster {
+                    info: seed,
+                    conn: conn.clone(),
+                    slots: std::sync::Mutex::new(None),
+                };
+                (servers, Commands::Cluster(conn), signals, 0)
             }
         };
         let commands = Arc::new(commands);
         commands.query(&redis::cmd("PING")).await?;
         Ok(LockClient {
             inner: Arc::new(ClientInner {
-                servers,
-                commands,
-                id: random_id(),
+                ctx: Arc::new(Context {
+                    servers,
+                    commands,
+                    id,
+                    name,
+                    db,
+                    command_timeout: self.command_timeout,
+                    signals,
+                    keepers: Keepers::new(),
+                }),
                 next_handle: AtomicU64::new(1),
-                command_timeout: self.command_timeout,
-                signals,
-                keepers: Keepers::new(),
             }),
         })
     }
 }
 
 impl LockClient {
-    /// A client with the default settings on `client`'s server. Connects once to check it.
+    /// A client with the default settings (the lost-hold signal listened to, commands timed
+    /// out after [`DEFAULT_COMMAND_TIMEOUT`]) on the server of `client`, a
+    /// [`redis::Client`] (add `redis = "1.8"` to your dependencies to make one). Connects once to
+    /// check it.
     pub async fn new(client: redis::Client) -> Result<LockClient, LockError> {
         LockClient::builder(client).build().await
     }
 
-    /// [`LockClient::new`] from a URL such as `redis://127.0.0.1:6379/`.
+    /// [`LockClient::new`] from a URL such as `redis://127.0.0.1:6379/` (`redis://host:port/db`
+    /// for another database): the default settings, the lost-hold signal listened to.
     pub async fn open(url: &str) -> Result<LockClient, LockError> {
         let client = redis::Client::open(url).map_err(LockError::Connection)?;
         LockClient::new(client).await
     }
 
-    /// Settings beyond the defaults: see [`LockClientBuilder`].
+    /// Settings beyond the defaults ([`LockClientBuilder`]) for the server of `client`, a
+    /// [`redis::Client`]: the library is built on the `redis` crate, so add `redis = "1.8"`
+    /// beside it in your `Cargo.toml` to make one (`redis::Client::open(url)?`; its URL
+    /// carries the database, user and password).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+    /// use std::time::Duration;
+    /// use redis_lock_client::LockClient;
+    ///
+    /// let client = LockClient::builder(redis::Client::open("redis://127.0.0.1:6379/2")?)
+    ///     .command_timeout(Duration::from_secs(5)) // default 2 s
+    ///     .without_lost_signal()                    // default: listened to
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
     pub fn builder(client: redis::Client) -> LockClientBuilder {
         LockClientBuilder {
             target: Target::Single(client),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            lost_signal: false,
+            lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
         }
     }
@@ -236,19 +285,19 @@ impl LockClient {
         Ok(LockClientBuilder {
             target: Target::Cluster(seeds),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
-            lost_signal: false,
+            lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
         })
     }
 
     /// Whether this client talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        self.inner.servers.is_cluster()
+        self.inner.ctx.servers.is_cluster()
     }
 
     /// This client's random unique id (32 hex digits), the prefix of its handles' owners.
     pub fn id(&self) -> &str {
-        &self.inner.id
+        &self.inner.ctx.id
     }
 
     /// A handle on the exclusive lock of `key` (also the write side of its read-write lock).
@@ -283,7 +332,7 @@ impl LockClient {
     /// ```
     pub fn multi_lock<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) -> MultiLock {
         MultiLock::new(Lock::new(
-            self.inner.clone(),
+            self.inner.ctx.clone(),
             crate::multi::keys_of(keys),
             self.next_owner(),
             Kind::Exclusive,
@@ -298,13 +347,13 @@ impl LockClient {
     /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
     /// let election = client.election("scheduler");
     /// if let Some(leader) = election.leader().await? {
-    ///     println!("{} leads in epoch {}", String::from_utf8_lossy(&leader.candidate), leader.epoch);
+    ///     println!("{} leads in epoch {}", leader.candidate_str(), leader.epoch);
     /// }
     /// # Ok(()) }
     /// ```
     pub fn election(&self, key: impl AsRef<[u8]>) -> Election {
         Election::new(Lock::new(
-            self.inner.clone(),
+            self.inner.ctx.clone(),
             vec![key.as_ref().into()],
             self.next_owner(),
             Kind::Exclusive,
@@ -314,7 +363,7 @@ impl LockClient {
 
     fn handle(&self, key: &[u8], kind: Kind) -> Lock {
         Lock::new(
-            self.inner.clone(),
+            self.inner.ctx.clone(),
             vec![key.into()],
             self.next_owner(),
             kind,
@@ -325,7 +374,7 @@ impl LockClient {
     /// A new owner string: `<client id>:<n>`.
     pub(crate) fn next_owner(&self) -> Arc<str> {
         let n = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
-        format!("{}:{n}", self.inner.id).into()
+        format!("{}:{n}", self.inner.ctx.id).into()
     }
 }
 

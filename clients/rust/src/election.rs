@@ -1,45 +1,18 @@
 //! Leader election on a lock key: `LOCK.CAMPAIGN`, `LOCK.PROCLAIM`, `LOCK.LEADER`, and the
 //! key's leader channel.
 
-use std::collections::VecDeque;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use redis::cluster::ClusterClientBuilder;
-use redis::{AsyncConnectionConfig, ProtocolVersion, PushKind, Value};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use redis::Value;
 use tokio::time::Instant;
 
-use crate::client::ClientInner;
 use crate::error::LockError;
 use crate::guard::{LockGuard, Release};
 use crate::lock::{Lock, Wait};
 use crate::lost::{LostReason, LostWatch};
-use crate::servers::Servers;
-
-/// The server's default `lock.leader-channel-prefix`.
-pub const DEFAULT_LEADER_CHANNEL_PREFIX: &str = "lock.leader";
-
-/// The channel an election key's leaders are announced on: `lock.leader:{KEY}`, or
-/// `lock.leader:KEY` when KEY contains `{` (named as the lost-hold channel).
-pub fn leader_channel(key: &[u8]) -> Vec<u8> {
-    crate::signal::lost_signal_channel_with_prefix(DEFAULT_LEADER_CHANNEL_PREFIX.as_bytes(), key)
-}
-
-/// Who leads an election: `LOCK.LEADER`'s reply, and what an [`Observer`] yields.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Leader {
-    /// The leading candidate's name.
-    pub candidate: Vec<u8>,
-    /// Its epoch: the fencing token of its hold, above every earlier leader's.
-    pub epoch: u64,
-    /// The value it proclaimed in this epoch, if any.
-    pub value: Option<Vec<u8>>,
-}
+use crate::machine::{Answer, Event, Read};
+use crate::observer::{read_leader, Leader, Observer};
 
 /// A handle on one election key, for one candidate
 /// ([`LockClient::election`](crate::LockClient::election)): campaign for it, read its leader,
@@ -114,7 +87,10 @@ impl Election {
         self.lock.owner()
     }
 
-    /// Waits until this candidate leads and returns its leadership (`LOCK.CAMPAIGN`).
+    /// Waits until this candidate leads and returns its leadership (`LOCK.CAMPAIGN`). After a
+    /// wait of a third of the lease or more the leadership is confirmed first, as
+    /// [`Lock::acquire`](crate::Lock::acquire) does: elected after a long wait, it leads,
+    /// renews and proclaims.
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
         self.campaign_inner(None).await
     }
@@ -148,13 +124,13 @@ impl Election {
 
     /// Who leads now (`LOCK.LEADER`), or `None` when nobody does.
     pub async fn leader(&self) -> Result<Option<Leader>, LockError> {
-        read_leader(self.lock.client(), self.key()).await
+        read_leader(&self.lock.context().commands, self.key()).await
     }
 
     /// Follows the key's leaders: a [`Stream`](futures_core::Stream) of [`Leader`] in the order
     /// they led (see [`Observer`]). Call it inside a tokio runtime.
     pub fn observe(&self) -> Observer {
-        Observer::start(self.lock.client().clone(), self.key().into())
+        Observer::start(self.lock.context().clone(), self.key().into())
     }
 }
 
@@ -222,369 +198,43 @@ impl Leadership {
 
 /// [`Leadership::proclaim`] of the leadership `guard` holds (the blocking API's too).
 pub(crate) async fn proclaim(guard: &LockGuard, value: &[u8]) -> Result<bool, LockError> {
-    {
-        let core = guard.core();
-        if guard.is_released() || !core.status.is_active() {
-            return Ok(false);
-        }
-        if Instant::now() >= core.deadline() {
-            core.lose(LostReason::Unreachable);
-            return Ok(false);
-        }
-        let mut cmd = redis::cmd("LOCK.PROCLAIM");
-        cmd.arg(core.key())
-            .arg(core.owner.as_bytes())
-            .arg(core.token())
-            .arg(value);
-        match core.query(&cmd).await {
-            Ok(Value::Int(1)) => Ok(true),
-            Ok(Value::Int(0)) => {
-                core.lose(LostReason::HoldGone);
-                Ok(false)
-            }
-            Ok(other) => Err(LockError::UnexpectedReply(format!(
-                "LOCK.PROCLAIM answered {other:?}"
-            ))),
-            Err(e) if e.is_retryable() && core.conn.is_own() => {
-                // The server ends an EPHEMERAL hold with its connection.
-                core.lose(LostReason::ConnectionClosed);
-                Ok(false)
-            }
-            Err(e) => Err(e),
-        }
+    let hold = guard.hold();
+    if guard.is_released() {
+        return Ok(false);
     }
-}
-
-/// `LOCK.LEADER key`.
-async fn read_leader(client: &ClientInner, key: &[u8]) -> Result<Option<Leader>, LockError> {
-    let mut cmd = redis::cmd("LOCK.LEADER");
-    cmd.arg(key);
-    parse_leader(client.commands.query(&cmd).await?)
-}
-
-/// A `LOCK.LEADER` reply: `[leader, epoch, value|nil]`, or nil when nobody leads.
-fn parse_leader(reply: Value) -> Result<Option<Leader>, LockError> {
-    match reply {
-        Value::Nil => Ok(None),
-        Value::Array(items) => match items.as_slice() {
-            [Value::BulkString(candidate), Value::Int(epoch), value] if *epoch > 0 => {
-                let value = match value {
-                    Value::Nil => None,
-                    Value::BulkString(v) => Some(v.clone()),
-                    other => {
-                        return Err(LockError::UnexpectedReply(format!(
-                            "LOCK.LEADER's value is {other:?}"
-                        )))
-                    }
-                };
-                Ok(Some(Leader {
-                    candidate: candidate.clone(),
-                    epoch: u64::try_from(*epoch).unwrap_or(0),
-                    value,
-                }))
-            }
-            _ => Err(LockError::UnexpectedReply(format!(
-                "LOCK.LEADER answered {items:?}"
-            ))),
-        },
-        other => Err(LockError::UnexpectedReply(format!(
-            "LOCK.LEADER answered {other:?}"
+    // Time passing may have ended it (no renewal confirmed for a lease).
+    hold.step(Event::Tick {
+        now: Instant::now(),
+    });
+    if !hold.is_active() {
+        return Ok(false);
+    }
+    let mut cmd = redis::cmd("LOCK.PROCLAIM");
+    cmd.arg(hold.key())
+        .arg(hold.owner.as_bytes())
+        .arg(hold.token())
+        .arg(value);
+    let sent = Instant::now();
+    match hold.query(&cmd).await {
+        Ok(Value::Int(1)) => Ok(true),
+        Ok(Value::Int(0)) => {
+            // The server says this candidate no longer leads in this epoch.
+            hold.step(Event::Answered {
+                read: Read::Check(LostReason::HoldGone),
+                sent,
+                replied: Instant::now(),
+                answer: Answer::Gone,
+            });
+            Ok(false)
+        }
+        Ok(other) => Err(LockError::UnexpectedReply(format!(
+            "LOCK.PROCLAIM answered {other:?}"
         ))),
-    }
-}
-
-/// What an observer yields, from the leader read and the leader channel's messages (the same
-/// rules as the Python library's `LeaderFeed`).
-///
-/// The observer subscribes first, then reads `LOCK.LEADER` ([`Feed::read`]), then hands every
-/// message to [`Feed::message`]. Epochs only rise, so nothing of an epoch below the last one
-/// yielded is yielded again; within one epoch a proclamation is yielded when its value differs
-/// from the last yielded. A proclamation of an epoch whose election was missed cannot be placed:
-/// `stale` is set, and the observer reads `LOCK.LEADER` again.
-#[derive(Debug, Default)]
-pub(crate) struct Feed {
-    last: Option<Leader>,
-    stale: bool,
-}
-
-impl Feed {
-    fn offer(&mut self, leader: Leader) -> Option<Leader> {
-        if let Some(last) = &self.last {
-            if leader.epoch < last.epoch || (leader.epoch == last.epoch && leader == *last) {
-                return None;
-            }
-            if leader.epoch == last.epoch && leader.value.is_none() {
-                // An election message of the epoch already seen (its value is known).
-                return None;
-            }
+        Err(e) if e.is_retryable() && hold.own_connection().is_some() => {
+            // The server ends an EPHEMERAL hold with its connection.
+            hold.step(Event::ConnectionLost);
+            Ok(false)
         }
-        self.last = Some(leader.clone());
-        Some(leader)
-    }
-
-    pub(crate) fn read(&mut self, leader: Option<Leader>) -> Option<Leader> {
-        self.stale = false;
-        leader.and_then(|l| self.offer(l))
-    }
-
-    pub(crate) fn message(&mut self, payload: &[u8]) -> Option<Leader> {
-        let mut parts = payload.splitn(3, |b| *b == b' ');
-        let word = parts.next()?;
-        let epoch: u64 = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
-        let tail = parts.next().unwrap_or_default();
-        match word {
-            b"elected" if !tail.is_empty() => self.offer(Leader {
-                candidate: tail.to_vec(),
-                epoch,
-                value: None,
-            }),
-            b"proclaimed" => {
-                let last = match &self.last {
-                    Some(last) if epoch <= last.epoch => last,
-                    _ => {
-                        // Whose value is it? LOCK.LEADER says.
-                        self.stale = true;
-                        return None;
-                    }
-                };
-                if epoch < last.epoch {
-                    return None;
-                }
-                let leader = Leader {
-                    candidate: last.candidate.clone(),
-                    epoch,
-                    value: Some(tail.to_vec()),
-                };
-                self.offer(leader)
-            }
-            _ => None,
-        }
-    }
-}
-
-/// The leaders of one election key, in the order they led: a
-/// [`Stream`](futures_core::Stream) of [`Leader`] ([`Election::observe`]), also read with
-/// [`Observer::next`].
-///
-/// It subscribes to the key's leader channel on a connection of its own (`SUBSCRIBE`, or
-/// `SSUBSCRIBE` on the key's master in a cluster), then reads `LOCK.LEADER` and yields the
-/// current leader, then a leader per message: each newly elected candidate (`value` `None`), and
-/// each value it proclaims. It never yields an epoch below the last it yielded, nor the same
-/// leader twice in a row. When the connection breaks it connects again, subscribes, and reads
-/// `LOCK.LEADER` again (pub/sub is at most once: what was published meanwhile is gone, the read
-/// tells the current leader). The end of a leadership is not announced: the next election is.
-///
-/// The work runs on a task of the runtime `observe` was called on; dropping the observer ends
-/// it and closes its connection. The stream never ends by itself.
-///
-/// ```no_run
-/// # async fn demo(client: redis_lock_client::LockClient) {
-/// let mut leaders = client.election("billing-scheduler").observe();
-/// while let Some(leader) = leaders.next().await {
-///     println!("epoch {}: {:?} leads, value {:?}", leader.epoch, leader.candidate, leader.value);
-/// }
-/// # }
-/// ```
-pub struct Observer {
-    rx: mpsc::UnboundedReceiver<Leader>,
-    task: JoinHandle<()>,
-}
-
-impl std::fmt::Debug for Observer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Observer").finish_non_exhaustive()
-    }
-}
-
-impl Observer {
-    fn start(client: Arc<ClientInner>, key: Arc<[u8]>) -> Observer {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(follow(client, key, tx));
-        Observer { rx, task }
-    }
-
-    /// The next leader (waits for it). `None` only once the observer's task has ended (its
-    /// runtime shut down).
-    pub async fn next(&mut self) -> Option<Leader> {
-        self.rx.recv().await
-    }
-}
-
-impl futures_core::Stream for Observer {
-    type Item = Leader;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Leader>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for Observer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// A subscription to one leader channel: kept only to keep its connection open.
-#[allow(dead_code)]
-enum Subscription {
-    Single(redis::aio::MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-/// Subscribes (on the key's node) with the pushes sent to `pushes`.
-async fn subscribe(
-    client: &ClientInner,
-    channel: &[u8],
-    pushes: mpsc::UnboundedSender<redis::PushInfo>,
-) -> Result<Subscription, LockError> {
-    match &client.servers {
-        Servers::Single { resp3, .. } => {
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(client.command_timeout))
-                .set_response_timeout(Some(client.command_timeout))
-                .set_push_sender(pushes);
-            let mut conn = resp3
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(LockError::Connection)?;
-            conn.subscribe(channel).await?;
-            Ok(Subscription::Single(conn))
-        }
-        Servers::Cluster { info, .. } => {
-            // The cluster connection sends SSUBSCRIBE to the channel's node (the key's master)
-            // and subscribes again after a reconnect or a slot move.
-            let mut conn = ClusterClientBuilder::new(vec![info.clone()])
-                .use_protocol(ProtocolVersion::RESP3)
-                .connection_timeout(client.command_timeout)
-                .response_timeout(client.command_timeout)
-                .push_sender(pushes)
-                .build()
-                .map_err(LockError::Connection)?
-                .get_async_connection()
-                .await
-                .map_err(LockError::Connection)?;
-            conn.ssubscribe(channel).await?;
-            Ok(Subscription::Cluster(conn))
-        }
-    }
-}
-
-/// The observer's task: subscribe, read, follow; again after the connection breaks.
-async fn follow(client: Arc<ClientInner>, key: Arc<[u8]>, out: mpsc::UnboundedSender<Leader>) {
-    let channel = leader_channel(&key);
-    let mut feed = Feed::default();
-    let mut delay = Duration::from_millis(50);
-    loop {
-        let (tx, mut pushes) = mpsc::unbounded_channel();
-        let subscribed = async {
-            let sub = subscribe(&client, &channel, tx).await?;
-            let leader = read_leader(&client, &key).await?;
-            Ok::<_, LockError>((sub, leader))
-        };
-        let _sub = match subscribed.await {
-            Ok((sub, leader)) => {
-                delay = Duration::from_millis(50);
-                if let Some(l) = feed.read(leader) {
-                    if out.send(l).is_err() {
-                        return;
-                    }
-                }
-                sub
-            }
-            Err(_) => {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        };
-        // Messages until the connection breaks.
-        loop {
-            let Some(push) = pushes.recv().await else {
-                break;
-            };
-            let mut ready = VecDeque::new();
-            match push.kind {
-                PushKind::Disconnection => break,
-                PushKind::Message | PushKind::SMessage => {
-                    if let [Value::BulkString(ch), Value::BulkString(payload), ..] =
-                        push.data.as_slice()
-                    {
-                        if *ch == channel {
-                            ready.extend(feed.message(payload));
-                        }
-                    }
-                }
-                _ => {}
-            }
-            if feed.stale {
-                // The next message or reconnection tells, if this read fails.
-                if let Ok(leader) = read_leader(&client, &key).await {
-                    ready.extend(feed.read(leader));
-                }
-            }
-            for l in ready {
-                if out.send(l).is_err() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn leader(candidate: &str, epoch: u64, value: Option<&str>) -> Leader {
-        Leader {
-            candidate: candidate.as_bytes().to_vec(),
-            epoch,
-            value: value.map(|v| v.as_bytes().to_vec()),
-        }
-    }
-
-    #[test]
-    fn the_feed_yields_each_change_once_in_epoch_order() {
-        let mut feed = Feed::default();
-        assert_eq!(
-            feed.read(Some(leader("a", 5, Some("x")))),
-            Some(leader("a", 5, Some("x")))
-        );
-        // A message published before the read: older, or the same.
-        assert_eq!(feed.message(b"elected 5 a"), None);
-        assert_eq!(feed.message(b"proclaimed 5 x"), None);
-        assert_eq!(feed.message(b"elected 4 z"), None);
-        assert_eq!(
-            feed.message(b"proclaimed 5 y y"),
-            Some(leader("a", 5, Some("y y")))
-        );
-        assert_eq!(feed.message(b"elected 9 b"), Some(leader("b", 9, None)));
-        assert_eq!(
-            feed.message(b"proclaimed 9 v"),
-            Some(leader("b", 9, Some("v")))
-        );
-        // A proclamation of a missed election: read LOCK.LEADER again.
-        assert_eq!(feed.message(b"proclaimed 12 w"), None);
-        assert!(feed.stale);
-        assert_eq!(
-            feed.read(Some(leader("c", 12, Some("w")))),
-            Some(leader("c", 12, Some("w")))
-        );
-        assert!(!feed.stale);
-        for junk in [&b"elected x c"[..], b"elected 13", b"resigned 13 c", b""] {
-            assert_eq!(feed.message(junk), None);
-        }
-    }
-
-    #[test]
-    fn leader_replies_parse() {
-        assert_eq!(parse_leader(Value::Nil).unwrap(), None);
-        let reply = Value::Array(vec![
-            Value::BulkString(b"a".to_vec()),
-            Value::Int(7),
-            Value::Nil,
-        ]);
-        assert_eq!(parse_leader(reply).unwrap(), Some(leader("a", 7, None)));
-        assert!(parse_leader(Value::Int(1)).is_err());
+        Err(e) => Err(e),
     }
 }

@@ -4,9 +4,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::LockError;
-use crate::hold::{released, Form, HoldCore};
-use crate::lock::{GuardEnd, HandleState};
+use crate::handle::{GuardEnd, HandleState};
+use crate::hold::Hold;
 use crate::lost::{LostReason, LostWatch};
+use crate::reply;
 
 /// What [`LockGuard::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +28,10 @@ pub enum Release {
 ///
 /// **Drop.** A guard dropped without [`release`](LockGuard::release) stops the watchdog at once
 /// and sends `LOCK.RELEASE` from a task spawned on the tokio runtime the hold was acquired on,
-/// even if the drop happens outside that runtime. If that runtime has shut down, nothing is
-/// sent: the hold ends in the server at its lease end (an `EPHEMERAL` hold at once, since its
-/// connection closes with the runtime).
+/// even if the drop happens outside that runtime. The same handle's next acquire waits until
+/// that release is answered, so it can never be handed the old hold and then lose it to the
+/// release. If that runtime has shut down, nothing is sent: the hold ends in the server at its
+/// lease end (an `EPHEMERAL` hold at once, since its connection closes with the runtime).
 ///
 /// ```no_run
 /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
@@ -44,26 +46,26 @@ pub enum Release {
 /// ```
 pub struct LockGuard {
     handle: Arc<HandleState>,
-    core: Arc<HoldCore>,
+    hold: Arc<Hold>,
     released: bool,
 }
 
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &String::from_utf8_lossy(self.core.key()))
-            .field("owner", &self.core.owner)
-            .field("token", &self.core.token())
+            .field("key", &String::from_utf8_lossy(self.hold.key()))
+            .field("owner", &self.hold.owner)
+            .field("token", &self.hold.token())
             .field("released", &self.released)
             .finish()
     }
 }
 
 impl LockGuard {
-    pub(crate) fn new(handle: Arc<HandleState>, core: Arc<HoldCore>) -> LockGuard {
+    pub(crate) fn new(handle: Arc<HandleState>, hold: Arc<Hold>) -> LockGuard {
         LockGuard {
             handle,
-            core,
+            hold,
             released: false,
         }
     }
@@ -77,41 +79,41 @@ impl LockGuard {
     /// every write to the protected resource, and have the resource refuse a token lower than
     /// the highest it has seen.
     pub fn token(&self) -> u64 {
-        self.core.token()
+        self.hold.token()
     }
 
     /// The key (the first key of a multi-key hold).
     pub fn key(&self) -> &[u8] {
-        self.core.key()
+        self.hold.key()
     }
 
     /// The hold, for the guards built on this one (multi-key, leadership).
-    pub(crate) fn core(&self) -> &Arc<HoldCore> {
-        &self.core
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
     }
 
     /// The owner string the hold is held under.
     pub fn owner(&self) -> &str {
-        &self.core.owner
+        &self.hold.owner
     }
 
     /// `Some(reason)` once the hold is known to be lost.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.core.status.lost_reason()
+        self.hold.lost_reason()
     }
 
     /// A future that resolves with the reason when the hold is lost: the watchdog's renewal
     /// found it gone, the server could not be reached before the lease ran out, the `EPHEMERAL`
-    /// connection closed, a fixed lease ran out, or (with the lost-hold signal) the server said
-    /// why. It never resolves after a release. It does not borrow the guard: select on it
-    /// beside the work.
+    /// connection closed, a fixed lease ran out, or the server's lost-hold signal said why. It
+    /// never resolves after a release. It does not borrow the guard: select on it beside the
+    /// work.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.core.status.lost()
+        self.hold.lost()
     }
 
     /// A [`LostWatch`] of this hold: its loss, without borrowing the guard.
     pub fn watch(&self) -> LostWatch {
-        self.core.status.watch()
+        self.hold.watch()
     }
 
     /// Releases this guard. The last guard of a hold sends `LOCK.RELEASE` (after stopping the
@@ -121,33 +123,41 @@ impl LockGuard {
     /// Errors: [`LockError::NotHeld`] when the hold was lost before (with the reason) or the
     /// server no longer knew it; [`LockError::Connection`] when the release could not be sent or
     /// answered — it is not retried (a repeat could release a later hold), and the hold then ends
-    /// at its lease end at the latest, since the watchdog has stopped.
+    /// at its lease end at the latest, since the watchdog has stopped. If this future is dropped
+    /// before the answer, the release goes on in the background, and the handle's next acquire
+    /// waits for it.
     pub async fn release(&mut self) -> Result<Release, LockError> {
         if self.released {
             return Ok(Release::AlreadyReleased);
         }
         self.released = true;
-        match self.handle.end_guard(&self.core) {
-            GuardEnd::Remaining => match self.core.status.lost_reason() {
+        match self.handle.end_guard(&self.hold) {
+            GuardEnd::Remaining => match self.hold.lost_reason() {
                 Some(reason) => Err(LockError::NotHeld { lost: Some(reason) }),
                 None => Ok(Release::StillHeld),
             },
             GuardEnd::Stale => Err(LockError::NotHeld {
-                lost: self.core.status.lost_reason(),
+                lost: self.hold.lost_reason(),
             }),
-            GuardEnd::Last(active) => {
-                let marked = self.core.status.mark_released();
-                active.stop();
-                if let Err(lost) = marked {
-                    if self.core.form == Form::Many {
-                        // The other keys are still held: free them at once, not at their
-                        // lease end. The hold was lost all the same.
-                        let _ = self.core.query(self.core.release_cmd()).await;
-                    }
+            GuardEnd::Last => {
+                let (send, lost) = self.hold.release_requested();
+                if !send {
                     return Err(LockError::NotHeld { lost });
                 }
-                let reply = self.core.query(self.core.release_cmd()).await?;
-                match released(&reply) {
+                let hold = self.hold.clone();
+                let reply = self
+                    .handle
+                    .release_here(hold.runtime.clone(), hold.send_release())
+                    .await
+                    .unwrap_or_else(|| {
+                        Err(LockError::UnexpectedReply("the release ran twice".into()))
+                    });
+                if lost.is_some() {
+                    // A multi-key hold's other keys were freed; the hold was lost all the same.
+                    return Err(LockError::NotHeld { lost });
+                }
+                let reply = reply?;
+                match reply::released(&reply) {
                     Some(true) => Ok(Release::Released),
                     Some(false) => Err(LockError::NotHeld { lost: None }),
                     None => Err(LockError::UnexpectedReply(format!(
@@ -165,18 +175,15 @@ impl Drop for LockGuard {
             return;
         }
         self.released = true;
-        if let GuardEnd::Last(active) = self.handle.end_guard(&self.core) {
-            let marked = self.core.status.mark_released();
-            active.stop();
-            // A lost multi-key hold still holds its other keys: they are released too.
-            let send = marked.is_ok() || self.core.form == Form::Many;
-            if let (true, Some(runtime)) = (send, &self.core.runtime) {
-                let core = self.core.clone();
-                // Once the runtime has shut down the task never runs, and the lease ends the
-                // hold instead.
-                runtime.spawn(async move {
-                    let _ = core.query(core.release_cmd()).await;
-                });
+        if let GuardEnd::Last = self.handle.end_guard(&self.hold) {
+            let (send, _) = self.hold.release_requested();
+            if send {
+                let hold = self.hold.clone();
+                let runtime = hold.runtime.clone();
+                self.handle
+                    .release_in_background(runtime.as_ref(), async move {
+                        let _ = hold.send_release().await;
+                    });
             }
         }
     }

@@ -1,259 +1,192 @@
-//! One hold as the client sees it (token, connection, local deadline, status), the connections
-//! commands go through, and the task that notices an `EPHEMERAL` hold's connection close (the
-//! keeper, `keeper.rs`, keeps holds alive).
+//! One hold's I/O shell around its machine (`machine.rs`): it turns replies, messages, timers
+//! and connection closes into events, and carries out what the machine asks — a renewal, a
+//! check, a wake-up with the keeper, the application told. It does not know the client or the
+//! handle that made it.
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{AsyncConnectionConfig, Cmd, PushKind, Value};
-use tokio::sync::mpsc;
+use redis::{Cmd, PushKind, Value};
+use tokio::runtime::Handle;
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
-use crate::keeper::{Keeper, Place};
-use crate::lost::{HoldStatus, LostReason};
-use crate::signal::SignalHub;
+use crate::keeper::{Keeper, Place, Timed};
+use crate::lost::{wait_lost, LostReason, LostWatch, Status};
+use crate::machine::{
+    Actions, Answer, Check, Event, Form, Identity, Machine, Read, State, Terms, Wake,
+};
+use crate::message::LostSignal;
+use crate::reply;
+use crate::signal::{SignalHub, Subscriber};
 
-/// The client's shared connection for ordinary commands (acquire without WAIT, renew, release,
-/// `LOCK.INFO`): a multiplexed connection to the one server, replaced by a new one after it
-/// breaks, or the cluster connection, which routes by key, follows `MOVED`/`ASK` and reconnects
-/// by itself.
-// One per client, made once and never moved: the size of the larger variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Commands {
-    Single {
-        client: redis::Client,
-        config: AsyncConnectionConfig,
-        /// The current connection: cloned under this lock (no await while it is held).
-        conn: Mutex<Option<MultiplexedConnection>>,
-        /// Held while (re)connecting, so that one task connects and the others wait for it.
-        connecting: tokio::sync::Mutex<()>,
-    },
-    Cluster(ClusterConnection),
-}
-
-impl Commands {
-    pub(crate) fn new(client: redis::Client, timeout: Duration) -> Commands {
-        Commands::Single {
-            client,
-            config: AsyncConnectionConfig::new()
-                .set_response_timeout(Some(timeout))
-                .set_connection_timeout(Some(timeout)),
-            conn: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
-        self.query_routed(cmd, None).await
-    }
-
-    /// `cmd`, in a cluster sent to the master of `key`'s slot when `key` is given (a command
-    /// whose first argument is not its key, such as `LOCK.MACQUIRE numkeys key ...`, would
-    /// otherwise be routed by its first argument and take a `MOVED`).
-    pub(crate) async fn query_routed(
-        &self,
-        cmd: &Cmd,
-        key: Option<&[u8]>,
-    ) -> Result<Value, LockError> {
-        match self {
-            Commands::Cluster(conn) => match key {
-                None => cmd.query_async::<Value>(&mut conn.clone()).await,
-                Some(key) => {
-                    let route = Route::new(crate::servers::key_slot(key), SlotAddr::Master);
-                    conn.clone()
-                        .route_command(
-                            cmd.clone(),
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                        )
-                        .await
-                        // Routed, a server's error reply comes back as a value.
-                        .and_then(Value::extract_error)
-                }
-            }
-            .map_err(LockError::from),
-            Commands::Single {
-                client,
-                config,
-                conn: slot,
-                connecting,
-            } => {
-                let current = relock(slot).clone();
-                let mut conn = match current {
-                    Some(conn) => conn,
-                    None => {
-                        let _connecting = connecting.lock().await;
-                        let current = relock(slot).clone();
-                        match current {
-                            Some(conn) => conn,
-                            None => {
-                                let conn = client
-                                    .get_multiplexed_async_connection_with_config(config)
-                                    .await
-                                    .map_err(LockError::Connection)?;
-                                *relock(slot) = Some(conn.clone());
-                                conn
-                            }
-                        }
-                    }
-                };
-                let reply = cmd.query_async::<Value>(&mut conn).await;
-                if let Err(e) = &reply {
-                    if e.code().is_none() {
-                        // Broken or timed out: the next command starts on a new connection.
-                        *relock(slot) = None;
-                    }
-                }
-                reply.map_err(LockError::from)
-            }
-        }
-    }
-}
-
-fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Only whole values are stored under these locks: a poisoned one is used as it is.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The connection a hold's renewals and release go through.
-pub(crate) enum HoldConn {
-    /// The client's shared connection.
-    Shared(Arc<Commands>),
-    /// A connection of the hold's own (`EPHEMERAL`): the hold is bound to it, so it must never
-    /// be replaced; when it breaks, the hold is gone.
-    Own(MultiplexedConnection),
-}
-
-impl HoldConn {
-    /// `cmd` on the hold's connection; in a cluster, the shared connection sends it to the
-    /// master of `key`'s slot.
-    pub(crate) async fn query(&self, cmd: &Cmd, key: &[u8]) -> Result<Value, LockError> {
-        match self {
-            HoldConn::Shared(commands) => commands.query_routed(cmd, Some(key)).await,
-            HoldConn::Own(conn) => {
-                let mut conn = conn.clone();
-                cmd.query_async::<Value>(&mut conn)
-                    .await
-                    .map_err(LockError::from)
-            }
-        }
-    }
-
-    pub(crate) fn is_own(&self) -> bool {
-        matches!(self, HoldConn::Own(_))
-    }
-}
-
-/// How a hold's lease is kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Renewal {
-    /// The watchdog renews at a third of the lease.
-    Watchdog,
-    /// Nothing renews; the hold is reported lost at its lease end.
-    Fixed,
-}
-
-/// The keys of a hold and how its commands name them: one key (`LOCK.RENEW key ...`), or
-/// several held together (`LOCK.MRENEW numkeys key ...`, `LOCK.MRELEASE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Form {
-    One,
-    Many,
-}
-
-/// One hold: what every guard of it, its tasks and the signal listener share. A hold of several
-/// keys (`LOCK.MACQUIRE`) is one hold: one status, one renewal, one release.
-pub(crate) struct HoldCore {
+/// One hold: what its guards, its keeper and the signal listener share. A hold of several keys
+/// (`LOCK.MACQUIRE`) is one hold: one machine, one renewal, one release.
+pub(crate) struct Hold {
     /// The keys, in the order given (one for an ordinary hold); never empty.
     pub(crate) keys: Arc<[Arc<[u8]>]>,
-    pub(crate) form: Form,
     pub(crate) owner: Arc<str>,
-    /// `LOCK.RELEASE key owner` or `LOCK.MRELEASE n key... owner` (the handle's).
-    release: Arc<Cmd>,
     /// A fencing token per key, in the keys' order.
     pub(crate) tokens: Arc<[u64]>,
-    pub(crate) lease: Duration,
-    pub(crate) conn: HoldConn,
-    pub(crate) status: HoldStatus,
-    /// The local lease end: the send time of the last command that set the lease, plus the
-    /// lease, minus a drift margin.
-    deadline: Mutex<Instant>,
-    /// The runtime the hold was acquired on: a guard dropped anywhere releases through it.
-    pub(crate) runtime: Option<tokio::runtime::Handle>,
-    pub(crate) signals: Option<Arc<SignalHub>>,
-    /// How the lease is kept, and who keeps it.
-    pub(crate) renewal: Renewal,
-    pub(crate) keeper: Arc<Keeper>,
-    place: Mutex<Place>,
+    terms: Terms,
+    conn: HoldConn,
+    /// The client's shared connection, for the checks a message asks for (in a cluster it
+    /// follows `MOVED` and `ASK` to where the key is now).
+    reads: Arc<Commands>,
+    /// `LOCK.RELEASE key owner` or `LOCK.MRELEASE n key... owner` (the handle's).
+    release: Arc<Cmd>,
+    inner: Mutex<Inner>,
+    /// Tells the application of status changes; made by the first watcher, under `inner`'s
+    /// lock (a hold nobody watches costs no channel).
+    tx: OnceLock<watch::Sender<Status>>,
+    /// The runtime the hold was acquired on: its tasks run there, and a guard dropped anywhere
+    /// releases through it.
+    pub(crate) runtime: Option<Handle>,
+    keeper: Arc<Keeper>,
+    signals: Option<Arc<SignalHub>>,
 }
 
-/// What a hold is built from.
+/// What the hold changes under its lock.
+struct Inner {
+    machine: Machine,
+    place: Place,
+    /// Tasks of this hold (a renewal in flight, the connection watcher, the subscription):
+    /// stopped when the hold ends.
+    tasks: Vec<AbortHandle>,
+}
+
+impl Inner {
+    fn keep(&mut self, task: Option<AbortHandle>) {
+        self.tasks.retain(|t| !t.is_finished());
+        self.tasks.extend(task);
+    }
+}
+
+/// What a hold is made of.
 pub(crate) struct NewHold {
-    pub(crate) keys: Arc<[Arc<[u8]>]>,
-    pub(crate) form: Form,
-    pub(crate) owner: Arc<str>,
-    pub(crate) release: Arc<Cmd>,
-    pub(crate) tokens: Arc<[u64]>,
-    pub(crate) lease: Duration,
+    pub(crate) identity: Identity,
+    pub(crate) terms: Terms,
     pub(crate) conn: HoldConn,
-    pub(crate) sent: Instant,
-    pub(crate) signals: Option<Arc<SignalHub>>,
-    pub(crate) renewal: Renewal,
+    pub(crate) reads: Arc<Commands>,
+    pub(crate) release: Arc<Cmd>,
     pub(crate) keeper: Arc<Keeper>,
+    pub(crate) signals: Option<Arc<SignalHub>>,
 }
 
-impl HoldCore {
-    pub(crate) fn new(n: NewHold) -> Arc<HoldCore> {
-        let deadline = n.sent + local_lease(n.lease);
-        Arc::new(HoldCore {
-            keys: n.keys,
-            form: n.form,
-            owner: n.owner,
-            release: n.release,
-            tokens: n.tokens,
-            lease: n.lease,
+impl Hold {
+    pub(crate) fn new(n: NewHold) -> Arc<Hold> {
+        Arc::new(Hold {
+            keys: n.identity.keys.clone(),
+            owner: n.identity.owner.clone(),
+            tokens: n.identity.tokens.clone(),
+            terms: n.terms,
             conn: n.conn,
-            status: HoldStatus::new(),
-            deadline: Mutex::new(deadline),
-            runtime: tokio::runtime::Handle::try_current().ok(),
-            signals: n.signals,
-            renewal: n.renewal,
+            reads: n.reads,
+            release: n.release,
+            inner: Mutex::new(Inner {
+                machine: Machine::new(n.identity, n.terms),
+                place: Place::default(),
+                tasks: Vec::new(),
+            }),
+            tx: OnceLock::new(),
+            runtime: Handle::try_current().ok(),
             keeper: n.keeper,
-            place: Mutex::new(Place::default()),
+            signals: n.signals,
         })
     }
 
-    /// Puts the new hold on its keeper's schedule: the first renewal a third of a lease after
-    /// the acquire's send, or the end of a fixed lease.
-    pub(crate) fn start_keeping(self: &Arc<Self>, sent: Instant) {
-        let at = match self.renewal {
-            Renewal::Watchdog => sent + crate::keeper::renew_interval(self.lease),
-            Renewal::Fixed => self.deadline(),
-        };
-        self.keeper.schedule(self, at);
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        // The machine changes in whole steps under this lock; a panic elsewhere cannot leave it
+        // half-updated, so a poisoned lock is used as it is.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Its place with the keeper (only under the keeper's schedule lock).
-    pub(crate) fn place(&self) -> MutexGuard<'_, Place> {
-        self.place.lock().unwrap_or_else(|p| p.into_inner())
+    /// Feeds the machine one event and carries out what it asks that needs no caller: the
+    /// status sent to watchers, the keeper's wake-up, a renewal, a check. Returns the actions
+    /// for the caller (deliver, refuse, a confirmation, the release).
+    pub(crate) fn step(self: &Arc<Self>, event: Event<'_>) -> Actions {
+        let mut inner = self.inner();
+        let out = inner.machine.step(event);
+        if out.notify {
+            if let Some(tx) = self.tx.get() {
+                tx.send_replace(inner.machine.status());
+            }
+        }
+        let inner = &mut *inner;
+        match out.wake {
+            Some(Wake::At(at)) => {
+                let me: Arc<dyn Timed> = self.clone();
+                self.keeper
+                    .schedule(Arc::downgrade(&me), &mut inner.place, at);
+            }
+            Some(Wake::Never) => {
+                // The end: nothing renews, checks or listens after it.
+                self.keeper.cancel(&mut inner.place);
+                for task in inner.tasks.drain(..) {
+                    task.abort();
+                }
+                if let Some(hub) = &self.signals {
+                    let me: Arc<dyn Subscriber> = self.clone();
+                    hub.unwatch(&Arc::downgrade(&me), &self.keys);
+                }
+            }
+            None => {}
+        }
+        let confirming = matches!(inner.machine.state(), State::Confirming { .. });
+        if out.renew && !confirming {
+            let task = self.spawn(self.clone().renew());
+            inner.keep(task);
+        }
+        if let Some(check) = out.check {
+            let task = self.spawn(self.clone().check(check));
+            inner.keep(task);
+        }
+        out
     }
 
-    /// Marks the hold lost (no effect once it was released or lost).
-    pub(crate) fn lose(&self, reason: LostReason) {
-        self.status.mark_lost(reason);
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> Option<AbortHandle> {
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| Handle::try_current().ok())?;
+        Some(runtime.spawn(task).abort_handle())
     }
 
-    pub(crate) fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    /// The application's view.
+    pub(crate) fn status(&self) -> Status {
+        self.inner().machine.status()
     }
 
-    /// A command sent at `sent` set the lease again.
-    pub(crate) fn extend(&self, sent: Instant) {
-        let mut d = self.deadline.lock().unwrap_or_else(|p| p.into_inner());
-        *d = (*d).max(sent + local_lease(self.lease));
+    pub(crate) fn is_active(&self) -> bool {
+        self.status() == Status::Active
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        match self.status() {
+            Status::Lost(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// The channel, made with the current status under the machine's lock (so that no change
+    /// falls between its first value and its first send).
+    fn channel(&self) -> &watch::Sender<Status> {
+        let inner = self.inner();
+        self.tx
+            .get_or_init(|| watch::Sender::new(inner.machine.status()))
+    }
+
+    /// Resolves with the reason when the hold is lost; never once it is released.
+    pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        wait_lost(self.channel().subscribe())
+    }
+
+    pub(crate) fn watch(&self) -> LostWatch {
+        LostWatch::new(self.channel().subscribe())
     }
 
     /// The first key: the one commands are routed by (all keys of a hold share a slot).
@@ -266,14 +199,22 @@ impl HoldCore {
         self.tokens.first().copied().unwrap_or(0)
     }
 
+    /// The connection an `EPHEMERAL` hold is bound to.
+    pub(crate) fn own_connection(&self) -> Option<redis::aio::MultiplexedConnection> {
+        match &self.conn {
+            HoldConn::Own(conn) => Some(conn.clone()),
+            HoldConn::Shared(_) => None,
+        }
+    }
+
     /// `cmd` on the hold's connection (in a cluster, to its keys' master).
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
         self.conn.query(cmd, self.key()).await
     }
 
     /// `LOCK.RENEW key owner lease`, or `LOCK.MRENEW n key... owner lease`.
-    pub(crate) fn renew_cmd(&self) -> Cmd {
-        let mut cmd = match self.form {
+    fn renew_cmd(&self) -> Cmd {
+        let mut cmd = match self.terms.form {
             Form::One => redis::cmd("LOCK.RENEW"),
             Form::Many => {
                 let mut cmd = redis::cmd("LOCK.MRENEW");
@@ -284,106 +225,186 @@ impl HoldCore {
         for key in self.keys.iter() {
             cmd.arg(&**key);
         }
-        cmd.arg(self.owner.as_bytes()).arg(millis(self.lease));
+        cmd.arg(self.owner.as_bytes()).arg(millis(self.terms.lease));
         cmd
     }
 
-    pub(crate) fn release_cmd(&self) -> &Cmd {
-        &self.release
+    /// One renewal (the watchdog's): its answer goes to the machine.
+    async fn renew(self: Arc<Self>) {
+        let event = self.send_renewal().await;
+        self.step(event);
     }
-}
 
-/// What a renewal's reply says: `Some(true)` every key renewed (`1`, or `[1, 1, ...]`),
-/// `Some(false)` the server no longer has the hold on some key (`0` anywhere), `None` a reply
-/// no renewal gives.
-pub(crate) fn renewed(reply: &Value) -> Option<bool> {
-    match reply {
-        Value::Int(1) => Some(true),
-        Value::Int(0) => Some(false),
-        Value::Array(items) if !items.is_empty() => {
-            let mut all = true;
-            for item in items {
-                match item {
-                    Value::Int(1) => {}
-                    Value::Int(0) => all = false,
-                    _ => return None,
+    async fn send_renewal(&self) -> Event<'static> {
+        let sent = Instant::now();
+        let reply = self.query(&self.renew_cmd()).await;
+        Event::Answered {
+            read: Read::Renewal,
+            sent,
+            replied: Instant::now(),
+            answer: reply::renewal(&reply, self.terms.lease),
+        }
+    }
+
+    /// A fixed lease's confirmation: the lease this hold has left on its first key
+    /// (`LOCK.INFO`; every key was granted at one instant with one lease).
+    async fn read_lease(&self) -> Event<'static> {
+        let sent = Instant::now();
+        let mut cmd = redis::cmd("LOCK.INFO");
+        cmd.arg(self.key());
+        let reply = self.query(&cmd).await;
+        Event::Answered {
+            read: Read::LeaseLeft,
+            sent,
+            replied: Instant::now(),
+            answer: reply::holder(&reply, self.owner.as_bytes(), self.token()),
+        }
+    }
+
+    /// After a grant: hands the hold over, or first sends the confirmation the machine asks for
+    /// (a long wait) until it answers. `Err` when the hold is not to be handed out:
+    /// [`LockError::NotHeld`] (the confirmation found it gone) or [`LockError::Connection`] (the
+    /// server answered no confirmation).
+    pub(crate) async fn granted(
+        self: &Arc<Self>,
+        sent: Instant,
+        replied: Instant,
+    ) -> Result<(), LockError> {
+        let mut out = self.step(Event::Granted { sent, replied });
+        loop {
+            if out.deliver {
+                return Ok(());
+            }
+            match out.refuse {
+                Some(Some(reason)) => return Err(LockError::NotHeld { lost: Some(reason) }),
+                Some(None) => return Err(LockError::Connection(no_confirmation())),
+                None => {}
+            }
+            let event = if out.renew {
+                self.send_renewal().await
+            } else if out.read_lease {
+                self.read_lease().await
+            } else {
+                return Err(LockError::UnexpectedReply(
+                    "the grant was neither handed out nor confirmed".into(),
+                ));
+            };
+            out = self.step(event);
+        }
+    }
+
+    /// Starts the hold's background work once it is handed out: the connection watcher of an
+    /// `EPHEMERAL` hold, and the subscription to its keys' lost-hold channels.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        pushes: Option<mpsc::UnboundedReceiver<redis::PushInfo>>,
+    ) {
+        let mut tasks = Vec::new();
+        if let Some(pushes) = pushes {
+            tasks.extend(self.spawn(watch_connection(Arc::downgrade(self), pushes)));
+        }
+        if let Some(hub) = self.signals.clone() {
+            let me: Arc<dyn Subscriber> = self.clone();
+            let new = hub.watch(&Arc::downgrade(&me), &self.keys);
+            if !new.is_empty() {
+                // Not one of the hold's tasks: other holds of the key count on it too.
+                self.spawn(async move {
+                    // A failed subscription leaves the watchdog alone to notice a loss.
+                    let _ = hub.subscribe(&new).await;
+                });
+            }
+        }
+        let mut inner = self.inner();
+        if inner.machine.status() == Status::Active {
+            inner.tasks.extend(tasks);
+        } else {
+            for task in tasks {
+                task.abort();
+            }
+        }
+    }
+
+    /// The application releases the hold (its last guard): the machine stops the watchdog and
+    /// the subscription. Returns whether to send the release, and the reason if the hold was
+    /// lost before.
+    pub(crate) fn release_requested(self: &Arc<Self>) -> (bool, Option<LostReason>) {
+        let out = self.step(Event::ReleaseRequested);
+        (out.release, self.lost_reason())
+    }
+
+    /// Sends the release (`LOCK.RELEASE`/`LOCK.MRELEASE`); the machine learns it was answered.
+    pub(crate) async fn send_release(self: Arc<Self>) -> Result<Value, LockError> {
+        let reply = self.conn.query(&self.release, self.key()).await;
+        self.step(Event::ReleaseReplied);
+        reply
+    }
+
+    /// A check a message asked for: one `LOCK.CHECK key owner token` per key (O(1), also on a
+    /// key with many holds; `LOCK.INFO` on a module without it), on the shared connection, which
+    /// in a cluster follows the key to its node; gone on any key is the hold gone. After a move,
+    /// the subscription follows the key to its new node.
+    async fn check(self: Arc<Self>, check: Check) {
+        let sent = Instant::now();
+        let mut answer = Answer::Holds(None);
+        for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
+            match self.check_key(key, *token).await {
+                Answer::Holds(_) => {}
+                Answer::Gone => {
+                    answer = Answer::Gone;
+                    break;
+                }
+                Answer::Nothing => answer = Answer::Nothing,
+            }
+        }
+        self.step(Event::Answered {
+            read: Read::Check(check.reason),
+            sent,
+            replied: Instant::now(),
+            answer,
+        });
+        if check.moved && matches!(answer, Answer::Holds(_)) {
+            if let Some(hub) = &self.signals {
+                for key in self.keys.iter() {
+                    // A failure leaves the watchdog alone to notice a loss.
+                    let _ = hub.resubscribe(key).await;
                 }
             }
-            Some(all)
         }
-        _ => None,
     }
-}
 
-/// What a release's reply says: `Some(true)` the server released every key (`remaining`, or an
-/// array of them), `Some(false)` it did not have the hold on some key (nil anywhere: the others
-/// were released all the same), `None` a reply no release gives.
-pub(crate) fn released(reply: &Value) -> Option<bool> {
-    match reply {
-        Value::Int(_) => Some(true),
-        Value::Nil => Some(false),
-        Value::Array(items) if !items.is_empty() => {
-            let mut all = true;
-            for item in items {
-                match item {
-                    Value::Int(_) => {}
-                    Value::Nil => all = false,
-                    _ => return None,
-                }
+    /// Whether the server still has this hold on `key` (with `token`).
+    async fn check_key(&self, key: &[u8], token: u64) -> Answer {
+        let mut cmd = redis::cmd("LOCK.CHECK");
+        cmd.arg(key).arg(self.owner.as_bytes()).arg(token);
+        let reply = self.reads.query_routed(&cmd, Some(key)).await;
+        match reply {
+            Err(LockError::Server(text))
+                if text.to_ascii_lowercase().contains("unknown command") =>
+            {
+                let mut cmd = redis::cmd("LOCK.INFO");
+                cmd.arg(key);
+                let reply = self.reads.query_routed(&cmd, Some(key)).await;
+                reply::holder(&reply, self.owner.as_bytes(), token)
             }
-            Some(all)
+            reply => reply::checked(&reply),
         }
-        _ => None,
     }
 }
 
-/// The lease minus the drift margin (a tenth): how long after a send the client still trusts
-/// the hold without hearing from the server.
-fn local_lease(lease: Duration) -> Duration {
-    lease - lease / 10
-}
-
-/// Whole milliseconds, at least 1 (the server takes leases and timeouts in ms).
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// A connection of its own: a waiting acquire's, or an `EPHEMERAL` hold's.
-pub(crate) struct OwnConnection {
-    pub(crate) conn: MultiplexedConnection,
-    /// The push channel of an `EPHEMERAL` hold's connection, so that its close is seen at once,
-    /// not at the next renewal.
-    pub(crate) pushes: Option<mpsc::UnboundedReceiver<redis::PushInfo>>,
-}
-
-/// Opens a connection of its own to `client`'s server, with a push channel if `pushes` (the
-/// client must speak RESP3 then). No response timeout: the caller bounds each command.
-pub(crate) async fn own_connection(
-    client: &redis::Client,
-    pushes: bool,
-    timeout: Duration,
-) -> Result<OwnConnection, LockError> {
-    let mut config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(None);
-    let mut rx = None;
-    if pushes {
-        let (tx, receiver) = mpsc::unbounded_channel();
-        config = config.set_push_sender(tx);
-        rx = Some(receiver);
+impl Timed for Hold {
+    fn fire(self: Arc<Self>, now: Instant) {
+        self.step(Event::Tick { now });
     }
-    let conn = client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .map_err(LockError::Connection)?;
-    Ok(OwnConnection { conn, pushes: rx })
 }
 
-/// Reports an `EPHEMERAL` hold lost when its connection closes.
-pub(crate) async fn watch_connection(
-    hold: Weak<HoldCore>,
-    mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
-) {
+impl Subscriber for Hold {
+    fn hear(self: Arc<Self>, signal: &LostSignal) {
+        self.step(Event::Signal(signal));
+    }
+}
+
+/// Reports an `EPHEMERAL` hold's connection closing to its machine.
+async fn watch_connection(hold: Weak<Hold>, mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>) {
     loop {
         let closed = match pushes.recv().await {
             None => true,
@@ -391,9 +412,21 @@ pub(crate) async fn watch_connection(
         };
         if closed {
             if let Some(hold) = hold.upgrade() {
-                hold.lose(LostReason::ConnectionClosed);
+                hold.step(Event::ConnectionLost);
             }
             return;
         }
     }
+}
+
+fn no_confirmation() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "granted after a long wait, but the server answered no confirmation",
+    ))
+}
+
+/// Whole milliseconds, at least 1 (the server takes leases and timeouts in ms).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

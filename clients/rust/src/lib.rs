@@ -21,11 +21,16 @@
 //!
 //! # Safe defaults
 //!
-//! - **Watchdog.** A hold's lease (30 s by default) is renewed every third of a lease by the
-//!   client's keeper, a task of its own (one per runtime) that holds every hold's due time,
-//!   whatever the application's task is doing. `LOCK.RENEW` answering 0 (the hold is
-//!   gone), or no successful renewal for a lease (counted from the *send* time of the last one,
-//!   minus a tenth for clock drift), reports the hold lost. Nothing renews after a release.
+//! - **Watchdog.** A hold's lease ([`DEFAULT_LEASE`], 30 s, unless [`Lock::lease`] says
+//!   otherwise) is renewed every third of a lease by the client's keeper, a task of its own (one
+//!   per runtime) that holds every hold's due time, whatever the application's task is doing.
+//!   `LOCK.RENEW` answering 0 (the hold is gone), or no successful renewal for a lease (counted
+//!   from the *send* time of the last one, minus a tenth for clock drift), reports the hold
+//!   lost. Nothing renews after a release.
+//! - **A long wait is no evidence of a loss.** The server granted somewhere between the
+//!   acquire's send and its reply; after a wait of a third of the lease or more, the hold is
+//!   confirmed (a renewal sent at once) before the guard is handed out, and its deadline counts
+//!   from that renewal's send time.
 //! - **Waiting never blocks other commands.** An acquire that waits (`LOCK.ACQUIRE ... WAIT`)
 //!   goes on a connection of its own whose read timeout is above the wait; everything else
 //!   shares one multiplexed connection.
@@ -34,9 +39,17 @@
 //! - **`EPHEMERAL` holds live on a connection the guard owns**, never a pooled or shared one;
 //!   any error on it reports the hold lost, and it is never reconnected.
 //! - **Knowing when the lock is gone.** [`LockGuard::lost`] is a future to select on beside the
-//!   work. With [`LockClientBuilder::listen_for_lost_signal`], the server's lost-hold signal
-//!   (once the server publishes it) reports losses at once with the server's reason; pub/sub is
-//!   at-most-once, so the watchdog stays the backstop.
+//!   work. The server's lost-hold signal is listened to by default
+//!   ([`LockClientBuilder::without_lost_signal`] turns it off) and reports losses at once with
+//!   the server's reason; a hold acts only on messages about its own database and key, and
+//!   checks with one read before it believes a message about its whole key or a flush. Pub/sub
+//!   is at-most-once, so the watchdog stays the backstop.
+//! - **A release belongs to its handle.** A guard dropped without [`LockGuard::release`] is
+//!   released in the background; the same handle's next acquire waits until that release is
+//!   answered, so it is never handed the old hold only to see the release free it.
+//! - **Named connections.** Every connection a client opens to a node is named
+//!   `redis-lock-client:<client id>` (`CLIENT SETNAME`), so `CLIENT LIST` shows whose
+//!   connection holds an `EPHEMERAL` hold.
 //!
 //! # Runtime and cancellation
 //!
@@ -60,11 +73,12 @@
 //! use redis_lock_client::{LockClient, LockError};
 //!
 //! # async fn demo() -> Result<(), LockError> {
+//! // The lost-hold signal listened to; commands time out after 2 s.
 //! let client = LockClient::open("redis://127.0.0.1:6379/").await?;
 //! let lock = client
 //!     .lock("orders:42")
-//!     .lease(Duration::from_secs(10))
-//!     .wait_timeout(Duration::from_secs(5));
+//!     .lease(Duration::from_secs(10))          // default 30 s
+//!     .wait_timeout(Duration::from_secs(5));   // default: until granted
 //!
 //! let mut guard = lock.acquire().await?; // LockError::Timeout after 5 s
 //! let token = guard.token();
@@ -94,8 +108,7 @@
 //! # Not (yet) supported
 //!
 //! Sentinel; TLS and unix sockets untested; in a cluster, an `EPHEMERAL` hold whose slot
-//! migrates is reported lost ([`LostReason::ConnectionClosed`]) at its next renewal, since its
-//! connection is to the old node.
+//! migrates (its connection is to the old node).
 
 #![deny(missing_docs)]
 #![cfg_attr(
@@ -104,27 +117,37 @@
 )]
 
 pub mod blocking;
+mod channel;
 mod client;
+mod conn;
+mod context;
 mod election;
 mod error;
 mod guard;
+mod handle;
 mod hold;
 mod keeper;
 mod lock;
 mod lost;
+mod machine;
+mod message;
 mod multi;
+mod naming;
+mod observer;
+mod reply;
 mod servers;
 mod signal;
 
-pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
-pub use election::{
-    leader_channel, Election, Leader, Leadership, Observer, DEFAULT_LEADER_CHANNEL_PREFIX,
+pub use channel::{
+    leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,
+    DEFAULT_LEADER_CHANNEL_PREFIX, DEFAULT_LOST_SIGNAL_PREFIX,
 };
+pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
+pub use election::{Election, Leadership};
 pub use error::LockError;
 pub use guard::{LockGuard, Release};
 pub use lock::{Kind, Lock, Wait, DEFAULT_LEASE};
 pub use lost::{LostReason, LostWatch};
+pub use message::LostSignal;
 pub use multi::{MultiLock, MultiLockGuard};
-pub use signal::{
-    lost_signal_channel, lost_signal_channel_with_prefix, LostSignal, DEFAULT_LOST_SIGNAL_PREFIX,
-};
+pub use observer::{Leader, Observer};

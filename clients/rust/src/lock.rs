@@ -2,18 +2,21 @@
 
 use std::borrow::Cow;
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::{Cmd, Value};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::ClientInner;
+use crate::conn::{self, HoldConn, OwnConnection};
+use crate::context::Context;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::hold::{self, millis, Form, HoldConn, HoldCore, NewHold, OwnConnection, Renewal};
-use crate::lost::{LostReason, LostWatch};
+use crate::handle::HandleState;
+use crate::hold::{millis, Hold, NewHold};
+use crate::lost::LostWatch;
+use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
+use crate::reply;
 use crate::servers::Found;
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
@@ -77,6 +80,8 @@ pub enum Wait {
 /// ```
 #[derive(Clone)]
 pub struct Lock {
+    ctx: Arc<Context>,
+    spec: Arc<Spec>,
     state: Arc<HandleState>,
     lease: Duration,
     renewal: Renewal,
@@ -98,9 +103,8 @@ pub(crate) enum Verb {
     Campaign,
 }
 
-/// What all clones of a handle share: its identity and its current hold.
-pub(crate) struct HandleState {
-    pub(crate) client: Arc<ClientInner>,
+/// What a handle is: its keys, owner and kind of hold.
+struct Spec {
     /// The keys (one, but for a multi-key handle).
     keys: Arc<[Arc<[u8]>]>,
     owner: Arc<str>,
@@ -109,44 +113,9 @@ pub(crate) struct HandleState {
     release: Arc<Cmd>,
     kind: Kind,
     verb: Verb,
-    /// One acquire at a time per handle (the server lets an owner wait once per key anyway).
-    gate: tokio::sync::Mutex<()>,
-    slot: Mutex<Option<ActiveHold>>,
 }
 
-/// The handle's current hold and how many guards share it.
-pub(crate) struct ActiveHold {
-    core: Arc<HoldCore>,
-    guards: usize,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl ActiveHold {
-    /// Takes the hold off its keeper's schedule and stops its tasks (no renewal after this) and
-    /// its signal subscription.
-    pub(crate) fn stop(self) {
-        self.core.keeper.cancel(&self.core);
-        for task in &self.tasks {
-            task.abort();
-        }
-        if let (Some(hub), Some(runtime)) = (self.core.signals.clone(), &self.core.runtime) {
-            let core = self.core.clone();
-            runtime.spawn(async move { hub.unwatch(&core).await });
-        }
-    }
-}
-
-/// What ending one guard did to the handle's hold.
-pub(crate) enum GuardEnd {
-    /// Other guards of the hold remain.
-    Remaining,
-    /// That was the hold's last guard: the caller sends the release.
-    Last(ActiveHold),
-    /// The guard's hold was no longer the handle's (it was lost and replaced).
-    Stale,
-}
-
-impl HandleState {
+impl Spec {
     /// The first key: the one a connection of its own is opened for.
     fn key(&self) -> &[u8] {
         self.keys.first().map_or(&[], |k| k)
@@ -158,35 +127,23 @@ impl HandleState {
             Verb::Acquire | Verb::Campaign => Form::One,
         }
     }
-
-    fn slot(&self) -> MutexGuard<'_, Option<ActiveHold>> {
-        // The slot is only swapped or counted under this lock; a panic elsewhere cannot leave
-        // it half-updated, so a poisoned lock is used as it is.
-        self.slot.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// One guard of `core` ends.
-    pub(crate) fn end_guard(&self, core: &Arc<HoldCore>) -> GuardEnd {
-        let mut slot = self.slot();
-        match slot.as_mut() {
-            Some(active) if Arc::ptr_eq(&active.core, core) => {
-                active.guards = active.guards.saturating_sub(1);
-                if active.guards > 0 {
-                    return GuardEnd::Remaining;
-                }
-                match slot.take() {
-                    Some(active) => GuardEnd::Last(active),
-                    None => GuardEnd::Stale,
-                }
-            }
-            _ => GuardEnd::Stale,
-        }
-    }
 }
+
+/// What one attempt at an acquire came to.
+enum Settled {
+    Guard(LockGuard),
+    Busy,
+    /// A release of the handle started while the acquire was on its way: send it again.
+    Again,
+}
+
+/// How many times an acquire is sent again because a release of the same handle started while
+/// it was on its way.
+const AGAIN: u32 = 3;
 
 impl Lock {
     pub(crate) fn new(
-        client: Arc<ClientInner>,
+        ctx: Arc<Context>,
         keys: Vec<Arc<[u8]>>,
         owner: Arc<str>,
         kind: Kind,
@@ -205,16 +162,15 @@ impl Lock {
         }
         release.arg(owner.as_bytes());
         Lock {
-            state: Arc::new(HandleState {
-                client,
+            ctx,
+            spec: Arc::new(Spec {
                 keys: keys.into(),
                 owner,
                 release: Arc::new(release),
                 kind,
                 verb,
-                gate: tokio::sync::Mutex::new(()),
-                slot: Mutex::new(None),
             }),
+            state: Arc::new(HandleState::new()),
             lease: DEFAULT_LEASE,
             renewal: Renewal::Watchdog,
             wait: Wait::Forever,
@@ -225,7 +181,7 @@ impl Lock {
 
     /// The lease each hold gets on the server (default [`DEFAULT_LEASE`], 30 s). The watchdog
     /// renews it every `lease / 3` while the hold lasts; if it cannot for a whole lease, the
-    /// hold is reported lost ([`LostReason::Unreachable`]).
+    /// hold is reported lost ([`LostReason::Unreachable`](crate::LostReason::Unreachable)).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Watchdog;
@@ -234,7 +190,7 @@ impl Lock {
     }
 
     /// A lease nothing renews: the hold ends on the server `lease` after the acquire (or
-    /// re-entry), and the guard reports [`LostReason::LeaseEnded`] then.
+    /// re-entry), and the guard reports [`LostReason::LeaseEnded`](crate::LostReason::LeaseEnded) then.
     pub fn fixed_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self.renewal = Renewal::Fixed;
@@ -250,7 +206,7 @@ impl Lock {
 
     /// Holds are `EPHEMERAL`: bound to a connection the guard owns, they end in the server the
     /// moment that connection closes (the process died, the socket broke, `CLIENT KILL`). Any
-    /// error on that connection reports the hold lost ([`LostReason::ConnectionClosed`]); it is
+    /// error on that connection reports the hold lost ([`LostReason::ConnectionClosed`](crate::LostReason::ConnectionClosed)); it is
     /// never reconnected. Caveat: the server's `timeout` setting closes idle connections; the
     /// watchdog's renewals keep it busy at `lease / 3`, so keep `timeout` at 0 (the default) or
     /// well above a third of the lease — and with [`Lock::fixed_lease`] nothing is sent at all.
@@ -263,13 +219,13 @@ impl Lock {
     /// The same handle (owner, keys, options) taking holds of another kind; nothing it held is
     /// carried over.
     pub(crate) fn with_kind(self, kind: Kind) -> Lock {
-        let state = &self.state;
+        let spec = &self.spec;
         let mut lock = Lock::new(
-            state.client.clone(),
-            state.keys.to_vec(),
-            state.owner.clone(),
+            self.ctx.clone(),
+            spec.keys.to_vec(),
+            spec.owner.clone(),
             kind,
-            state.verb,
+            spec.verb,
         );
         lock.lease = self.lease;
         lock.renewal = self.renewal;
@@ -290,29 +246,29 @@ impl Lock {
         self.wait
     }
 
-    /// The client the handle was made by.
-    pub(crate) fn client(&self) -> &Arc<ClientInner> {
-        &self.state.client
+    /// What the client's handles share.
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
     }
 
     /// The key.
     pub fn key(&self) -> &[u8] {
-        self.state.key()
+        self.spec.key()
     }
 
     /// The keys (one, but for a multi-key handle), in the order given.
     pub(crate) fn keys(&self) -> &[Arc<[u8]>] {
-        &self.state.keys
+        &self.spec.keys
     }
 
     /// The owner string this handle sends (`<client id>:<n>`).
     pub fn owner(&self) -> &str {
-        &self.state.owner
+        &self.spec.owner
     }
 
     /// The kind of hold this handle takes.
     pub fn kind(&self) -> Kind {
-        self.state.kind
+        self.spec.kind
     }
 
     /// Takes the key if it is free (or re-enters this handle's hold), without waiting:
@@ -325,6 +281,14 @@ impl Lock {
     /// [`Lock::wait_timeout`] allows; [`LockError::Timeout`] when it passes. The wait runs on a
     /// connection of its own, whose read timeout is above the wait, so it delays no other
     /// command. Dropping the future closes that connection, and the server forgets the waiter.
+    ///
+    /// When the wait took a third of the lease or more, the hold is confirmed before the guard
+    /// is returned (a renewal sent at once; for a fixed lease, a read of the lease it has left):
+    /// its deadline then counts from that send, not from when the wait began. If the
+    /// confirmation finds the hold gone the answer is [`LockError::NotHeld`]; if the server
+    /// answers none of three, [`LockError::Connection`] (the hold then ends at its lease end, or
+    /// this handle's next acquire takes it back). The handle's releases still on their way (a
+    /// guard dropped without [`LockGuard::release`]) are answered before the acquire is sent.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         self.acquire_waiting(self.wait, None).await
     }
@@ -397,20 +361,20 @@ impl Lock {
     /// `LOCK.CAMPAIGN key candidate lease [EPHEMERAL] [WAIT ms] [VALUE v]`.
     fn acquire_cmd(&self, wait: Option<Wait>, value: Option<&[u8]>) -> Cow<'_, Cmd> {
         let base = self.acquire.get_or_init(|| {
-            let mut cmd = match self.state.verb {
+            let mut cmd = match self.spec.verb {
                 Verb::Acquire => redis::cmd("LOCK.ACQUIRE"),
                 Verb::MultiAcquire => {
                     let mut cmd = redis::cmd("LOCK.MACQUIRE");
-                    cmd.arg(self.state.keys.len());
+                    cmd.arg(self.spec.keys.len());
                     cmd
                 }
                 Verb::Campaign => redis::cmd("LOCK.CAMPAIGN"),
             };
-            for key in self.state.keys.iter() {
+            for key in self.spec.keys.iter() {
                 cmd.arg(&**key);
             }
-            cmd.arg(self.state.owner.as_bytes()).arg(millis(self.lease));
-            match self.state.kind {
+            cmd.arg(self.spec.owner.as_bytes()).arg(millis(self.lease));
+            match self.spec.kind {
                 Kind::Exclusive => {}
                 Kind::Shared => {
                     cmd.arg("SHARED");
@@ -422,7 +386,7 @@ impl Lock {
             if self.ephemeral {
                 cmd.arg("EPHEMERAL");
             }
-            if self.state.verb != Verb::Campaign {
+            if self.spec.verb != Verb::Campaign {
                 // A campaign is ONCE by itself (a leader campaigning again keeps its epoch).
                 cmd.arg("ONCE");
             }
@@ -456,37 +420,55 @@ impl Lock {
                 "the lease must be at least 1 ms",
             ));
         }
-        check_keys(&self.state.keys)?;
+        check_keys(&self.spec.keys)?;
         let wait = match wait {
             Some(Wait::Timeout(Duration::ZERO)) => None,
             w => w,
         };
         let _gate = self.state.gate.lock().await;
-        let current = self
-            .state
-            .slot()
-            .as_ref()
-            .filter(|a| a.core.status.is_active())
-            .map(|a| a.core.clone());
-        let sent = Instant::now();
-        let (reply, own) = if self.ephemeral {
-            let (reply, own) = self.send_ephemeral(current.as_ref(), wait, value).await;
-            match reply {
-                Ok(reply) => (reply, own),
-                Err(e) => {
-                    if let Some(c) = &current {
-                        if matches!(c.conn, HoldConn::Own(_)) && e.is_retryable() {
-                            c.lose(LostReason::ConnectionClosed);
+        let mut again = 0;
+        loop {
+            // The handle's releases on their way are answered first: an acquire (ONCE) that
+            // overtook one would be answered with the old hold, which the release then frees.
+            let mark = self.state.settle_releases().await;
+            let current = self.state.current();
+            let sent = Instant::now();
+            let (reply, own) = if self.ephemeral {
+                let (reply, own) = self.send_ephemeral(current.as_ref(), wait, value).await;
+                match reply {
+                    Ok(reply) => (reply, own),
+                    Err(e) => {
+                        if let Some(c) = &current {
+                            if c.own_connection().is_some() && e.is_retryable() {
+                                // Its connection failed: the server ends the hold with it.
+                                c.step(Event::ConnectionLost);
+                            }
                         }
+                        return Err(e);
                     }
-                    return Err(e);
+                }
+            } else {
+                (self.send_with_retries(wait, value).await?, None)
+            };
+            let replied = Instant::now();
+            let tokens = reply::tokens(reply, self.spec.keys.len())?;
+            if tokens.is_some() && self.state.released_since(mark) && again < AGAIN {
+                // Whatever it was answered may be the hold that release frees: wait for it and
+                // ask again (ONCE: a hold granted meanwhile is answered again, not taken twice).
+                again += 1;
+                continue;
+            }
+            match self.settle(current, tokens, sent, replied, own).await? {
+                Settled::Guard(guard) => return Ok(Some(guard)),
+                Settled::Busy => return Ok(None),
+                Settled::Again if again < AGAIN => again += 1,
+                Settled::Again => {
+                    return Err(LockError::UnexpectedReply(
+                        "the handle's hold kept changing during the acquire".into(),
+                    ))
                 }
             }
-        } else {
-            (self.send_with_retries(wait, value).await?, None)
-        };
-        let tokens = parse_tokens(reply, self.state.keys.len())?;
-        self.settle(current, tokens, sent, own)
+        }
     }
 
     /// Sends the acquire on the shared connection (no wait) or on a fresh connection of its own
@@ -517,12 +499,8 @@ impl Lock {
             let cmd = self.acquire_cmd(this_wait, value);
             let reply = match this_wait {
                 None => {
-                    let key = self.state.key();
-                    self.state
-                        .client
-                        .commands
-                        .query_routed(&cmd, Some(key))
-                        .await
+                    let key = self.spec.key();
+                    self.ctx.commands.query_routed(&cmd, Some(key)).await
                 }
                 Some(w) => self.send_waiting(&cmd, w).await,
             };
@@ -546,21 +524,17 @@ impl Lock {
     /// one that the new hold will own. No retry: a broken connection took its hold with it.
     async fn send_ephemeral(
         &self,
-        current: Option<&Arc<HoldCore>>,
+        current: Option<&Arc<Hold>>,
         wait: Option<Wait>,
         value: Option<&[u8]>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
-        let client = &self.state.client;
         let limit = match wait {
-            None => Some(client.command_timeout),
+            None => Some(self.ctx.command_timeout),
             Some(Wait::Forever) => None,
             Some(Wait::Timeout(t)) => Some(t + WAIT_MARGIN),
         };
         let cmd = self.acquire_cmd(wait, value);
-        let existing = current.and_then(|c| match &c.conn {
-            HoldConn::Own(conn) => Some(conn.clone()),
-            HoldConn::Shared(_) => None,
-        });
+        let existing = current.and_then(|c| c.own_connection());
         match existing {
             Some(mut conn) => (
                 within(limit, cmd.query_async::<Value>(&mut conn)).await,
@@ -582,9 +556,9 @@ impl Lock {
         pushes: Pushes,
         limit: Option<Duration>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
-        let servers = &self.state.client.servers;
-        let timeout = self.state.client.command_timeout;
-        let (mut node, mut found) = match servers.node_of(self.state.key()).await {
+        let servers = &self.ctx.servers;
+        let timeout = self.ctx.command_timeout;
+        let (mut node, mut found) = match servers.node_of(self.spec.key()).await {
             Ok(found) => found,
             Err(e) => return (Err(e), None),
         };
@@ -595,11 +569,11 @@ impl Lock {
                 Pushes::Yes => (&node.resp3, true),
                 Pushes::No => (&node.client, false),
             };
-            let mut own = match hold::own_connection(target, push, timeout).await {
+            let mut own = match conn::own_connection(target, push, timeout).await {
                 Ok(own) => own,
                 Err(_) if found == Found::FromSlotMap => {
                     servers.forget_slots();
-                    (node, found) = match servers.node_of(self.state.key()).await {
+                    (node, found) = match servers.node_of(self.spec.key()).await {
                         Ok((node, _)) => (node, Found::Sure),
                         Err(e) => return (Err(e), None),
                     };
@@ -607,22 +581,15 @@ impl Lock {
                 }
                 Err(e) => return (Err(e), None),
             };
-            if asking {
-                if let Err(e) = redis::cmd("ASKING")
-                    .query_async::<Value>(&mut own.conn)
-                    .await
-                {
-                    return (Err(LockError::from(e)), None);
-                }
-            }
+            // The connection's name, ASKING when a redirect said so, and the acquire: one
+            // round trip.
+            let first = conn::first_query(&mut own.conn, &self.ctx.name, asking, cmd);
             let reply = match limit {
-                None => cmd.query_async::<Value>(&mut own.conn).await,
-                Some(limit) => {
-                    match tokio::time::timeout(limit, cmd.query_async(&mut own.conn)).await {
-                        Ok(r) => r,
-                        Err(_) => return (Err(timed_out()), None),
-                    }
-                }
+                None => first.await,
+                Some(limit) => match tokio::time::timeout(limit, first).await {
+                    Ok(r) => r,
+                    Err(_) => return (Err(timed_out()), None),
+                },
             };
             match &reply {
                 Err(e) if redirects < REDIRECTS => {
@@ -647,78 +614,75 @@ impl Lock {
     }
 
     /// Turns the server's answer into a guard: a re-entry of the current hold, or a new hold
-    /// (the current one, if any, is then gone).
-    fn settle(
+    /// (the current one, if any, is then gone), handed out once its machine says so.
+    async fn settle(
         &self,
-        current: Option<Arc<HoldCore>>,
+        current: Option<Arc<Hold>>,
         tokens: Option<Vec<u64>>,
         sent: Instant,
+        replied: Instant,
         own: Option<OwnConnection>,
-    ) -> Result<Option<LockGuard>, LockError> {
+    ) -> Result<Settled, LockError> {
         let state = &self.state;
         if let (Some(t), Some(c)) = (&tokens, &current) {
             if *c.tokens == **t {
-                let mut slot = state.slot();
-                if let Some(active) = slot.as_mut().filter(|a| Arc::ptr_eq(&a.core, c)) {
-                    active.guards += 1;
-                    c.extend(sent);
-                    return Ok(Some(LockGuard::new(state.clone(), c.clone())));
+                if !state.reenter(c) {
+                    // Its last guard was released meanwhile.
+                    return Ok(Settled::Again);
                 }
+                c.step(Event::Reentered { sent });
+                return Ok(Settled::Guard(LockGuard::new(state.clone(), c.clone())));
             }
         }
         // Whatever the handle held is gone: the server answered another token, or nil.
         if let Some(c) = &current {
-            c.lose(LostReason::HoldGone);
-        }
-        let old = state.slot().take();
-        if let Some(old) = old {
-            old.stop();
+            c.step(Event::Replaced);
         }
         let Some(tokens) = tokens else {
-            return Ok(None);
+            state.replace(None);
+            return Ok(Settled::Busy);
         };
-        let client = &state.client;
+        let ctx = &self.ctx;
         let (conn, pushes) = match own {
             Some(mut own) => {
-                own.conn.set_response_timeout(client.command_timeout);
+                own.conn.set_response_timeout(ctx.command_timeout);
                 (HoldConn::Own(own.conn), own.pushes)
             }
-            None => (HoldConn::Shared(client.commands.clone()), None),
+            None => (HoldConn::Shared(ctx.commands.clone()), None),
         };
-        let core = HoldCore::new(NewHold {
-            keys: state.keys.clone(),
-            form: state.form(),
-            owner: state.owner.clone(),
-            release: state.release.clone(),
-            tokens: tokens.into(),
-            lease: self.lease,
+        let hold = Hold::new(NewHold {
+            identity: Identity {
+                db: ctx.db,
+                keys: self.spec.keys.clone(),
+                owner: self.spec.owner.clone(),
+                tokens: tokens.into(),
+            },
+            terms: Terms {
+                lease: self.lease,
+                renewal: self.renewal,
+                binding: if self.ephemeral {
+                    Binding::Connection
+                } else {
+                    Binding::Lease
+                },
+                form: self.spec.form(),
+            },
             conn,
-            sent,
-            signals: client.signals.clone(),
-            renewal: self.renewal,
-            keeper: client.keepers.current(),
+            reads: ctx.commands.clone(),
+            release: self.spec.release.clone(),
+            keeper: ctx.keepers.current(),
+            signals: ctx.signals.clone(),
         });
-        core.start_keeping(sent);
-        let mut tasks = Vec::new();
-        if let Some(pushes) = pushes {
-            tasks.push(tokio::spawn(hold::watch_connection(
-                Arc::downgrade(&core),
-                pushes,
-            )));
-        }
-        if let Some(hub) = client.signals.clone() {
-            let watched = core.clone();
-            tasks.push(tokio::spawn(async move {
-                // A failed subscription leaves the watchdog alone to notice a loss.
-                let _ = hub.watch(&watched).await;
-            }));
-        }
-        *state.slot() = Some(ActiveHold {
-            core: core.clone(),
-            guards: 1,
-            tasks,
-        });
-        Ok(Some(LockGuard::new(state.clone(), core)))
+        // The old hold is no longer the handle's from here: a release of it cannot free this
+        // one (another token).
+        state.replace(Some(hold.clone()));
+        let guard = LockGuard::new(state.clone(), hold.clone());
+        // After a long wait, confirmed before it is handed out. A hold refused goes with its
+        // guard, with nothing to release: it is gone, or the server answered nothing (then it
+        // ends at its lease end, or the handle's next acquire, ONCE, takes it back).
+        hold.granted(sent, replied).await?;
+        hold.start(pushes);
+        Ok(Settled::Guard(guard))
     }
 }
 
@@ -775,24 +739,4 @@ fn check_keys(keys: &[Arc<[u8]>]) -> Result<(), LockError> {
         }
     }
     Ok(())
-}
-
-/// An acquire's reply: a token > 0 (`LOCK.ACQUIRE`, `LOCK.CAMPAIGN`), an array of `keys`
-/// tokens (`LOCK.MACQUIRE`), or nil.
-fn parse_tokens(reply: Value, keys: usize) -> Result<Option<Vec<u64>>, LockError> {
-    let token = |v: &Value| match v {
-        Value::Int(n) if *n > 0 => u64::try_from(*n).ok(),
-        _ => None,
-    };
-    let tokens = match &reply {
-        Value::Nil => return Ok(None),
-        Value::Array(items) if items.len() == keys => items.iter().map(token).collect(),
-        single => token(single).map(|t| vec![t]),
-    };
-    match tokens {
-        Some(tokens) => Ok(Some(tokens)),
-        None => Err(LockError::UnexpectedReply(format!(
-            "the acquire answered {reply:?}"
-        ))),
-    }
 }

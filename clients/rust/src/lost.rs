@@ -2,19 +2,19 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::watch;
 
 /// Why a hold ended without its owner releasing it.
 ///
-/// The first three are seen by the library itself (the watchdog, the guard's own connection);
-/// the rest are the server's reasons, delivered by the lost-hold signal
-/// ([`LockClientBuilder::listen_for_lost_signal`](crate::LockClientBuilder::listen_for_lost_signal)).
+/// The first four are seen by the library itself (the watchdog, the guard's own connection);
+/// the rest are the server's reasons, delivered by the lost-hold signal (listened to by
+/// default: [`LockClientBuilder::without_lost_signal`](crate::LockClientBuilder::without_lost_signal)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// `LOCK.RENEW` answered 0, or a re-entry found another holder: the server no longer has
+    /// `LOCK.RENEW` answered 0, a re-entry found another holder, or a check found the hold
+    /// gone (after its key's slot moved, or `LOCK.PROCLAIM` refused): the server no longer has
     /// this hold (its lease ran out while renewals could not get through, or someone removed it).
     HoldGone,
     /// The watchdog could not reach the server before the lease (counted from the send time of
@@ -29,7 +29,9 @@ pub enum LostReason {
     /// Signal `forcereleased`: `LOCK.FORCERELEASE` removed the hold.
     ForceReleased,
     /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, `RENAME`/`MOVE` taking it
-    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there). Sent by Redis >= 7.2 and Valkey only.
+    /// away, or `RENAME`/`COPY ... REPLACE`/`RESTORE ... REPLACE` putting another value there).
+    /// Sent by Redis >= 7.2 and Valkey only. For a key with several holds the server sends one
+    /// message for the key, and each hold is reported only after a read no longer finds it.
     /// A flush is [`LostReason::Flushed`]; `SWAPDB` sends nothing (the watchdog reports it as
     /// [`LostReason::HoldGone`]).
     Deleted,
@@ -43,7 +45,7 @@ pub enum LostReason {
     /// Signal `expired`: the lease ran out on the server.
     Expired,
     /// Signal `flushed <db>` on `<prefix>:flush`: `FLUSHDB` or `FLUSHALL` emptied the hold's
-    /// database, and the check the library made at once (`LOCK.INFO`) no longer found the hold.
+    /// database, and the check the library made at once (`LOCK.CHECK`) no longer found the hold.
     Flushed,
 }
 
@@ -89,6 +91,10 @@ pub struct LostWatch {
 }
 
 impl LostWatch {
+    pub(crate) fn new(rx: watch::Receiver<Status>) -> LostWatch {
+        LostWatch { rx }
+    }
+
     /// `Some(reason)` once the hold is known to be lost.
     pub fn reason(&self) -> Option<LostReason> {
         match *self.rx.borrow() {
@@ -103,7 +109,7 @@ impl LostWatch {
     }
 }
 
-/// Where one hold stands. Moves only out of `Active`, once.
+/// Where one hold stands, as the application sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
     Active,
@@ -111,108 +117,7 @@ pub(crate) enum Status {
     Lost(LostReason),
 }
 
-/// The status of one hold, shared by its guards, its keeper and the signal listener. The watch
-/// channel that tells a [`LockGuard::lost`](crate::LockGuard::lost) future or a [`LostWatch`]
-/// of a change is made by the first of them: a hold nobody watches (the common case of a short
-/// critical section) costs no channel, and its release and drop notify nobody.
-#[derive(Debug)]
-pub(crate) struct HoldStatus {
-    now: Mutex<Status>,
-    tx: OnceLock<watch::Sender<Status>>,
-}
-
-impl HoldStatus {
-    pub(crate) fn new() -> HoldStatus {
-        HoldStatus {
-            now: Mutex::new(Status::Active),
-            tx: OnceLock::new(),
-        }
-    }
-
-    fn now(&self) -> MutexGuard<'_, Status> {
-        // A status is one small Copy value, never left half-written.
-        self.now.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn get(&self) -> Status {
-        *self.now()
-    }
-
-    pub(crate) fn is_active(&self) -> bool {
-        self.get() == Status::Active
-    }
-
-    /// Changes the status with `change` (which says whether it changed), and tells the watchers.
-    fn update(&self, change: impl FnOnce(&mut Status) -> bool) -> bool {
-        let mut now = self.now();
-        let changed = change(&mut now);
-        if changed {
-            if let Some(tx) = self.tx.get() {
-                tx.send_replace(*now);
-            }
-        }
-        changed
-    }
-
-    /// Active → Lost(reason); false if the hold had already ended (released or lost).
-    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        self.update(|s| {
-            if *s == Status::Active {
-                *s = Status::Lost(reason);
-                true
-            } else {
-                false
-            }
-        })
-    }
-
-    /// Active → Released. `Err(reason)` if the hold was lost first.
-    pub(crate) fn mark_released(&self) -> Result<(), Option<LostReason>> {
-        let mut outcome = Ok(());
-        self.update(|s| match *s {
-            Status::Active => {
-                *s = Status::Released;
-                true
-            }
-            Status::Lost(r) => {
-                outcome = Err(Some(r));
-                false
-            }
-            Status::Released => {
-                outcome = Err(None);
-                false
-            }
-        });
-        outcome
-    }
-
-    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        match self.get() {
-            Status::Lost(r) => Some(r),
-            _ => None,
-        }
-    }
-
-    /// The channel, made with the current status under the status lock (so that no change
-    /// falls between its first value and its first send).
-    fn channel(&self) -> &watch::Sender<Status> {
-        let now = self.now();
-        self.tx.get_or_init(|| watch::Sender::new(*now))
-    }
-
-    /// Resolves with the reason when the hold is lost; never resolves once it is released.
-    pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        wait_lost(self.channel().subscribe())
-    }
-
-    pub(crate) fn watch(&self) -> LostWatch {
-        LostWatch {
-            rx: self.channel().subscribe(),
-        }
-    }
-}
-
-async fn wait_lost(mut rx: watch::Receiver<Status>) -> LostReason {
+pub(crate) async fn wait_lost(mut rx: watch::Receiver<Status>) -> LostReason {
     loop {
         let now = *rx.borrow_and_update();
         match now {
@@ -249,24 +154,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn status_moves_out_of_active_once() {
-        let s = HoldStatus::new();
-        assert!(s.mark_lost(LostReason::HoldGone));
-        assert!(!s.mark_lost(LostReason::Deleted));
-        assert_eq!(s.mark_released(), Err(Some(LostReason::HoldGone)));
-
-        let s = HoldStatus::new();
-        assert_eq!(s.mark_released(), Ok(()));
-        assert!(!s.mark_lost(LostReason::HoldGone));
-        assert_eq!(s.mark_released(), Err(None));
-    }
-
     #[tokio::test]
-    async fn lost_future_resolves_with_the_reason() {
-        let s = HoldStatus::new();
-        let lost = s.lost();
-        s.mark_lost(LostReason::ForceReleased);
+    async fn lost_future_resolves_with_the_reason_and_never_after_a_release() {
+        let (tx, rx) = watch::channel(Status::Active);
+        let lost = wait_lost(rx.clone());
+        tx.send_replace(Status::Lost(LostReason::ForceReleased));
         assert_eq!(lost.await, LostReason::ForceReleased);
+        let (tx, rx) = watch::channel(Status::Active);
+        tx.send_replace(Status::Released);
+        let never = tokio::time::timeout(std::time::Duration::from_millis(20), wait_lost(rx));
+        assert!(never.await.is_err());
     }
 }

@@ -124,12 +124,12 @@ impl MultiLockGuard {
     /// A fencing token per key, in the order the keys were given: pass each with the writes to
     /// the resource its key protects.
     pub fn tokens(&self) -> &[u64] {
-        &self.inner.core().tokens
+        &self.inner.hold().tokens
     }
 
     /// The keys, in the order given.
     pub fn keys(&self) -> Vec<&[u8]> {
-        self.inner.core().keys.iter().map(|k| &**k).collect()
+        self.inner.hold().keys.iter().map(|k| &**k).collect()
     }
 
     /// The owner string the hold is held under.

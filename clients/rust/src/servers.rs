@@ -166,14 +166,9 @@ fn node_with(info: &ConnectionInfo, host: String, port: u16) -> Result<Node, Loc
         }
     }
     let info = info.clone().set_addr(addr);
-    let resp2 = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP2);
-    let resp3 = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
+    let settings = crate::naming::with_lib_name(info.redis_settings().clone());
+    let resp2 = settings.clone().set_protocol(ProtocolVersion::RESP2);
+    let resp3 = settings.set_protocol(ProtocolVersion::RESP3);
     Ok(Node {
         client: redis::Client::open(info.clone().set_redis_settings(resp2))
             .map_err(LockError::Connection)?,

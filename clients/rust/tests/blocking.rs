@@ -121,7 +121,11 @@ fn wait_lost_reports_a_forced_release_with_the_servers_reason() {
 fn run_releases_after_the_work_and_reports_a_loss_during_it() {
     let server = Server::start();
     let mut raw = connect(&server);
-    let client = LockClient::open(&server.url()).unwrap();
+    let client = LockClient::from_builder(
+        redis_lock_client::LockClient::builder(redis::Client::open(server.url()).unwrap())
+            .without_lost_signal(),
+    )
+    .unwrap();
     let lock = client.lock("k").lease(Duration::from_millis(300));
     assert!(lock.run(|guard| guard.token() > 0).unwrap());
     assert_eq!(info(&mut raw, "k"), Value::Nil);

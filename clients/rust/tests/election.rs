@@ -138,7 +138,8 @@ async fn election_epoch(raw: &mut MultiplexedConnection, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proclaim_publishes_while_leading_and_is_false_once_deposed() {
-    let (_server, client, mut raw) = setup().await;
+    // Without the signal: only the server's refusal tells.
+    let (_server, client, mut raw) = support::setup_without_signal().await;
     let election = client.election("svc");
     let leadership = election.campaign().await.unwrap();
     assert!(leadership.proclaim("v1").await.unwrap());
@@ -463,4 +464,54 @@ async fn a_not_ephemeral_leadership_outlives_its_connection_and_is_renewed() {
         "still leading: renewed by the watchdog on a new shared connection"
     );
     assert!(calls(&mut raw, "lock.renew").await >= 3);
+}
+
+/// Everything `observer` yields within `quiet` of the last thing it yielded.
+async fn drain(observer: &mut redis_lock_client::Observer, quiet: Duration) -> Vec<Leader> {
+    let mut seen = Vec::new();
+    while let Ok(Some(l)) = tokio::time::timeout(quiet, observer.next()).await {
+        seen.push(l);
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elections_of_one_name_in_two_databases_and_of_k_and_braced_k_each_see_their_own() {
+    // `svc` in db 0, `svc` in db 1 and `{svc}` in db 0 share the channel lock.leader:{svc}
+    // (and one slot's epoch counter): each observer yields only its own election's leaders.
+    let server = Server::start();
+    let mut raw = support::raw(&server).await;
+    let db0 = redis_lock_client::LockClient::open(&server.url())
+        .await
+        .unwrap();
+    let db1 = redis_lock_client::LockClient::open(&format!("{}1", server.url()))
+        .await
+        .unwrap();
+    let elections = [
+        db0.election("svc"),
+        db1.election("svc"),
+        db0.election("{svc}"),
+    ];
+    let mut observers: Vec<_> = elections.iter().map(|e| e.observe()).collect();
+    wait_subscribers(&mut raw, "lock.leader:{svc}", 3).await;
+    let mut leaderships = Vec::new();
+    for (election, value) in elections.iter().zip(["db0", "db1", "braced"]) {
+        leaderships.push(election.campaign_with_value(value).await.unwrap());
+    }
+    // The first leader proclaims again after the others were elected with higher epochs.
+    assert!(leaderships[0].proclaim("db0 again").await.unwrap());
+    let want: [&[Option<&str>]; 3] = [
+        &[None, Some("db0"), Some("db0 again")],
+        &[None, Some("db1")],
+        &[None, Some("braced")],
+    ];
+    for ((observer, leadership), values) in observers.iter_mut().zip(&leaderships).zip(want) {
+        let seen = drain(observer, Duration::from_millis(500)).await;
+        let expected: Vec<Leader> = values
+            .iter()
+            .map(|v| leader(leadership.candidate(), leadership.epoch(), *v))
+            .collect();
+        assert_eq!(seen, expected, "{}", leadership.candidate());
+    }
+    assert!(leaderships[0].epoch() < leaderships[1].epoch());
 }

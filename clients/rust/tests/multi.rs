@@ -185,7 +185,7 @@ async fn one_watchdog_renews_every_key_with_mrenew() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forcerelease_of_one_key_loses_the_hold_and_the_release_frees_the_others() {
     // Without the signal: the watchdog's LOCK.MRENEW answers 0 for b.
-    let (_server, client, mut raw) = setup().await;
+    let (_server, client, mut raw) = support::setup_without_signal().await;
     let mut guard = client
         .multi_lock(["a", "b", "c"])
         .lease(Duration::from_millis(600))
@@ -268,7 +268,8 @@ async fn a_lost_signal_on_any_key_loses_the_hold_and_a_drop_frees_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_frees_every_key_with_one_mrelease() {
-    let (_server, client, mut raw) = setup().await;
+    // Without the signal: the release's own reply tells that a key is gone.
+    let (_server, client, mut raw) = support::setup_without_signal().await;
     let lock = client.multi_lock(["a", "b"]);
     let mut guard = lock.acquire().await.unwrap();
     assert_eq!(guard.release().await.unwrap(), Release::Released);
@@ -333,7 +334,14 @@ async fn an_ephemeral_multi_hold_ends_with_its_connection() {
     let reason = tokio::time::timeout(Duration::from_secs(2), lost)
         .await
         .expect("lost when its connection closed");
-    assert_eq!(reason, LostReason::ConnectionClosed);
+    // Seen on the hold's own connection, or told by the server's signal: whichever is first.
+    assert!(
+        matches!(
+            reason,
+            LostReason::ConnectionClosed | LostReason::Disconnected
+        ),
+        "{reason:?}"
+    );
     for key in ["a", "b"] {
         assert_eq!(
             holder(&mut raw, key).await,

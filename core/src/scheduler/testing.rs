@@ -213,8 +213,18 @@ impl Port<u32> for FakePort {
         );
         self.key_writes += 1;
         let before = old.map(|o| o.lock.holds.as_slice()).unwrap_or_default();
+        // (Indexed: a run's keys hold up to 1,000 holds, and a test writes them many times.)
+        let had: HashMap<(HoldKind, &[u8]), &Hold> = before
+            .iter()
+            .map(|h| ((h.kind, h.owner.as_slice()), h))
+            .collect();
+        let kept: HashSet<(HoldKind, &[u8])> = new
+            .holds
+            .iter()
+            .map(|h| (h.kind, h.owner.as_slice()))
+            .collect();
         for hold in &new.holds {
-            if !before.contains(hold) {
+            if had.get(&(hold.kind, hold.owner.as_slice())) != Some(&hold) {
                 self.effects.push(Effect::Wrote {
                     key: key.clone(),
                     owner: hold.owner.to_vec(),
@@ -224,11 +234,7 @@ impl Port<u32> for FakePort {
             }
         }
         for hold in before {
-            let kept = new
-                .holds
-                .iter()
-                .any(|h| h.kind == hold.kind && h.owner == hold.owner);
-            if !kept {
+            if !kept.contains(&(hold.kind, hold.owner.as_slice())) {
                 self.effects.push(Effect::Removed {
                     key: key.clone(),
                     token: hold.token.unwrap_or_default(),

@@ -26,10 +26,24 @@ pub async fn raw(server: &Server) -> MultiplexedConnection {
         .expect("raw connection")
 }
 
-/// A server, a library client of it, and a plain connection.
+/// A server, a library client of it with the default settings (the lost-hold signal on), and
+/// a plain connection.
 pub async fn setup() -> (Server, LockClient, MultiplexedConnection) {
     let server = Server::start();
     let client = LockClient::open(&server.url()).await.expect("client");
+    let raw = raw(&server).await;
+    (server, client, raw)
+}
+
+/// A server, a library client of it that does not listen to the lost-hold signal (for what
+/// the watchdog or the server's replies alone must notice), and a plain connection.
+pub async fn setup_without_signal() -> (Server, LockClient, MultiplexedConnection) {
+    let server = Server::start();
+    let client = LockClient::builder(redis::Client::open(server.url()).expect("url"))
+        .without_lost_signal()
+        .build()
+        .await
+        .expect("client");
     let raw = raw(&server).await;
     (server, client, raw)
 }

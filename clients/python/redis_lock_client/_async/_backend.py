@@ -1,0 +1,219 @@
+"""Where the asyncio library and the threaded one truly differ: tasks instead of threads,
+asyncio's locks and events, redis.asyncio's connections and cluster. Hand-written;
+``_sync/_backend.py`` is its threaded twin, with the same names. Everything else in ``_sync/`` is
+generated from ``_async/`` by ``unasync.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any, Callable, Coroutine, Optional, Protocol, cast
+
+import redis.asyncio as aredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection, ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+__all__ = [
+    "CLOSED",
+    "Cancelled",
+    "ConnectionPool",
+    "DefaultConnection",
+    "Event",
+    "IO_ERRORS",
+    "Mutex",
+    "RawConnection",
+    "Redis",
+    "RedisCluster",
+    "Subscriber",
+    "closed_by_server",
+    "close_connection",
+    "cluster_node",
+    "cluster_node_at",
+    "cluster_refresh",
+    "current_loop",
+    "new_gate",
+    "open_connection",
+    "pool_close",
+    "pool_get",
+    "pool_put",
+    "read",
+    "send",
+    "sleep",
+    "spawn",
+    "spawn_from_any_thread",
+    "wait_event",
+]
+
+Redis = aredis.Redis
+DefaultConnection = Connection
+#: What a broken, closed or timed-out connection raises.
+IO_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
+#: What a cancelled wait raises (the threaded library has no cancellation: never raised there).
+Cancelled = asyncio.CancelledError
+Event = asyncio.Event
+#: A lock held across a command (the threaded twin: threading.Lock).
+Mutex = asyncio.Lock
+
+
+def new_gate() -> asyncio.Lock:
+    """A handle's gate: its acquires and the releases that send something, one at a time."""
+    return asyncio.Lock()
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """Waits up to ``timeout`` seconds for ``event``; whether it is set."""
+    if timeout <= 0:
+        return event.is_set()
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return event.is_set()
+
+
+async def sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+# Tasks started and forgotten: asyncio keeps only weak references to tasks.
+_running: set[asyncio.Task[None]] = set()
+
+
+def spawn(name: str, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+    """Runs ``fn(*args)`` in the background: a task on the running loop."""
+    task: asyncio.Task[None] = asyncio.get_running_loop().create_task(fn(*args), name=name)
+    _running.add(task)
+    task.add_done_callback(_running.discard)
+
+
+def current_loop() -> Optional[asyncio.AbstractEventLoop]:
+    """What ``spawn_from_any_thread`` needs to reach this loop again (the running loop)."""
+    return asyncio.get_running_loop()
+
+
+def spawn_from_any_thread(
+    loop: Optional[asyncio.AbstractEventLoop],
+    name: str,
+    fn: Callable[..., Coroutine[Any, Any, None]],
+    *args: Any,
+) -> None:
+    """From any thread (a finalizer runs where the collector runs): ``spawn`` on ``loop``. A
+    closed loop runs nothing."""
+    if loop is None:
+        return
+    try:
+        loop.call_soon_threadsafe(lambda: spawn(name, fn, *args))
+    except RuntimeError:
+        pass  # the loop is closed
+
+
+class RawConnection(Protocol):
+    """The part of redis.asyncio's (untyped) Connection the library uses."""
+
+    async def connect(self) -> None: ...
+    async def send_command(self, *args: Any, check_health: bool = True) -> None: ...
+    async def read_response(self, disable_decoding: bool = False, timeout: Any = None) -> Any: ...
+    async def disconnect(self, nowait: bool = False) -> None: ...
+
+
+async def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
+    conn = cast(RawConnection, cls(**kwargs))
+    await conn.connect()
+    return conn
+
+
+async def send(conn: RawConnection, args: list[Any]) -> None:
+    await conn.send_command(*args, check_health=False)
+
+
+async def read(conn: RawConnection, timeout: Optional[float]) -> Any:
+    """One reply; ``timeout`` None waits as long as it takes."""
+    return await conn.read_response(timeout=math.inf if timeout is None else timeout)
+
+
+async def close_connection(conn: RawConnection) -> None:
+    await conn.disconnect(nowait=True)
+
+
+def closed_by_server(conn: RawConnection, mutex: asyncio.Lock) -> bool:
+    """Whether an idle connection was closed by the server (its stream saw EOF)."""
+    reader = getattr(conn, "_reader", None)
+    return reader is None or bool(reader.at_eof())
+
+
+def new_pool(cls: type[Any], kwargs: dict[str, Any]) -> ConnectionPool:
+    return ConnectionPool(connection_class=cls, **kwargs)
+
+
+async def pool_get(pool: ConnectionPool) -> RawConnection:
+    return cast(RawConnection, await pool.get_connection())  # type: ignore[no-untyped-call]
+
+
+async def pool_put(pool: ConnectionPool, conn: RawConnection) -> None:
+    await pool.release(cast(Any, conn))
+
+
+async def pool_close(pool: ConnectionPool) -> None:
+    await pool.disconnect()
+
+
+#: What ``Subscriber.read`` returns once the subscriber is closed.
+CLOSED: Any = object()
+
+
+class Subscriber:
+    """A pub/sub connection read by one task. ``post`` sends a (un)subscription without
+    waiting; ``read`` returns the next reply, or ``CLOSED`` once ``close`` was called."""
+
+    def __init__(self, conn: RawConnection) -> None:
+        self._conn = conn
+        self._closed = False
+
+    def post(self, op: str, channel: bytes) -> None:
+        spawn("redis-lock-subscribe", self._send, op, channel)
+
+    async def _send(self, op: str, channel: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            await send(self._conn, [op, channel])
+        except IO_ERRORS:
+            pass  # the reader sees the broken connection
+
+    async def read(self, timeout: Optional[float] = None) -> Any:
+        """The next reply (``timeout`` None: as long as it takes; past it, a TimeoutError)."""
+        if self._closed:
+            return CLOSED
+        try:
+            return await read(self._conn, timeout)
+        except IO_ERRORS:
+            if self._closed:
+                return CLOSED
+            raise
+
+    async def close(self) -> None:
+        """Ends the reads; a ``read`` waiting meanwhile returns ``CLOSED``."""
+        self._closed = True
+        await close_connection(self._conn)
+
+
+async def cluster_node(cluster: RedisCluster, slot: int) -> tuple[str, type[Any], dict[str, Any]]:
+    """The master serving ``slot``: its name, connection class and connection settings."""
+    await cluster.initialize()  # loads the slot map once; at once afterwards
+    node = cluster.nodes_manager.get_node_from_slot(slot)
+    return node.name, node.connection_class, node.connection_kwargs
+
+
+async def cluster_node_at(
+    cluster: RedisCluster, host: str, port: int
+) -> Optional[tuple[str, type[Any], dict[str, Any]]]:
+    node = cluster.nodes_manager.get_node(host=host, port=port)
+    if node is None:
+        return None
+    return node.name, node.connection_class, node.connection_kwargs
+
+
+async def cluster_refresh(cluster: RedisCluster) -> None:
+    await cluster.nodes_manager.initialize()

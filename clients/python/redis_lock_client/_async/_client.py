@@ -1,0 +1,357 @@
+"""The client: the library's connections to one server or one Redis Cluster, and the handles
+it makes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Optional, Sequence, Union, cast
+
+import redis
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
+
+from .. import _fork
+from .._commands import KeySet, multi_keys
+from .._common import (
+    DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_LEASE,
+    RETRIES,
+    Key,
+    Kind,
+    LockConnectionError,
+    LostCallback,
+    Renewal,
+    new_client_id,
+    to_bytes,
+)
+from .._connect import Redirected
+from ._backend import (
+    ConnectionPool,
+    DefaultConnection,
+    Mutex,
+    Redis,
+    RedisCluster,
+    cluster_node,
+    cluster_node_at,
+    cluster_refresh,
+    sleep,
+    spawn,
+)
+from ._connection import Connector
+from ._election import AsyncElection
+from ._hold import Hold
+from ._lock import AsyncLock, AsyncMultiLock
+from ._signals import SignalHub, Watcher
+
+
+class _Node:
+    """One server (a cluster: one master): its connections and its signal listener."""
+
+    def __init__(self, client: AsyncLockClient, connector: Connector, sharded: bool) -> None:
+        self.commands = connector
+        self.signals = (
+            SignalHub(connector, sharded, client._slot_left) if client._lost_signal else None
+        )
+
+    async def close(self) -> None:
+        if self.signals is not None:
+            await self.signals.close()
+        await self.commands.close()
+
+
+class _Route:
+    """How one hold reaches its keys' server: commands through the client (following MOVED and
+    ASK), the signal listener of the node that serves the keys."""
+
+    def __init__(self, client: AsyncLockClient, key: bytes) -> None:
+        self._client = client
+        self._key = key
+        self.hub: Optional[SignalHub] = None
+
+    async def query(self, args: list[Any]) -> Any:
+        return await self._client._query(self._key, args)
+
+    async def watch(self, hold: Hold) -> None:
+        self.hub = (await self._client._node_for(self._key)).signals
+        if self.hub is not None:
+            await self.hub.watch(hold)
+
+    def unwatch(self, hold: Hold) -> None:
+        if self.hub is not None:
+            self.hub.unwatch(hold)
+
+    async def relocate(self, hold: Hold) -> None:
+        await self._client._relocate(self, hold)
+
+
+class AsyncLockClient:
+    """Makes lock handles on one server or one Redis Cluster, with the library's own
+    connections to it.
+
+    ``AsyncLockClient(redis.asyncio.Redis(...))``,
+    ``AsyncLockClient(redis.asyncio.cluster.RedisCluster(...))``,
+    ``AsyncLockClient.from_url("redis://...")`` or ``AsyncLockClient(host=..., port=...)``: the
+    address, credentials, database and TLS are taken from what is given; the library's
+    connections use their own read timeout (``command_timeout``, default 2 s) and no redis-py
+    retries. Options:
+
+    - ``command_timeout`` (seconds, default 2): how long an ordinary command may take.
+    - ``lost_signal`` (default True): one pub/sub connection per server hears the server's
+      lost-hold signal, so that a hold ended from outside (``LOCK.FORCERELEASE``, ``DEL``, an
+      EPHEMERAL connection's close, a flush) is reported at once, not at the next renewal.
+
+    Connections, per server (in a cluster: per master, each command going to the master that
+    serves its key, following MOVED and ASK): a pool for ordinary commands (acquire without
+    waiting, renewals, releases, reads), a fresh connection for each acquire that waits, one
+    connection owned by each EPHEMERAL hold, and (``lost_signal=True``) one pub/sub connection
+    (``SSUBSCRIBE`` in a cluster). Each is named (``CLIENT SETNAME``) ``redis-lock-client``, or
+    the name the application gave its own connections; those of a wait or of an EPHEMERAL hold
+    add ``:<owner>``, so that ``CLIENT LIST`` shows which connection holds an EPHEMERAL hold.
+
+    Each client has a random id; each handle it makes is its own owner ``<client id>:<n>``.
+    """
+
+    def __init__(
+        self,
+        redis_client: Optional[Union[Redis, ConnectionPool, RedisCluster]] = None,
+        *,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        lost_signal: bool = True,
+        **connection_kwargs: Any,
+    ) -> None:
+        if command_timeout <= 0:
+            raise ValueError("command_timeout must be positive")
+        self.command_timeout = command_timeout
+        self._lost_signal = lost_signal
+        self._extra = connection_kwargs
+        self._cluster: Optional[RedisCluster] = None
+        self._nodes: dict[str, _Node] = {}
+        self._nodes_lock = threading.Lock()
+        self._refreshing = Mutex()
+        self._refreshed_at = 0.0
+        self._single: Optional[_Node] = None
+        if isinstance(redis_client, RedisCluster):
+            self._cluster = redis_client
+        else:
+            if redis_client is not None:
+                pool = (
+                    redis_client
+                    if isinstance(redis_client, ConnectionPool)
+                    else redis_client.connection_pool
+                )
+                cls: type[Any] = pool.connection_class
+                kwargs = {**pool.connection_kwargs, **connection_kwargs}
+            else:
+                cls = DefaultConnection
+                kwargs = connection_kwargs
+            self._single = _Node(self, Connector(cls, kwargs, command_timeout), sharded=False)
+        self.id = new_client_id()
+        self._pid = os.getpid()
+        self._next = 0
+        self._next_lock = threading.Lock()
+        _fork.register(self)
+
+    def after_fork(self) -> None:
+        """In a forked child: a new id, so that the child's owners are not the parent's."""
+        self._next_lock = threading.Lock()
+        self._nodes_lock = threading.Lock()
+        self._refreshing = Mutex()
+        self.id, self._pid = new_client_id(), os.getpid()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> AsyncLockClient:
+        """A client on ``url`` (``redis://``, ``rediss://``, ``unix://``; the database is the
+        URL's path, ``redis://host:6379/1``); ``command_timeout`` and ``lost_signal`` as for
+        the constructor, any other keyword goes to redis-py's connection pool."""
+        command_timeout = kwargs.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT)
+        lost_signal = kwargs.pop("lost_signal", True)
+        return cls(
+            ConnectionPool.from_url(url, **kwargs),
+            command_timeout=command_timeout,
+            lost_signal=lost_signal,
+        )
+
+    def _node_named(self, name: str, cls: type[Any], kwargs: dict[str, Any]) -> _Node:
+        with self._nodes_lock:
+            known = self._nodes.get(name)
+            if known is None:
+                connector = Connector(cls, {**kwargs, **self._extra}, self.command_timeout)
+                known = self._nodes[name] = _Node(self, connector, sharded=True)
+            return known
+
+    async def _node_for(self, key: bytes) -> _Node:
+        """The server that serves ``key`` (standalone: the one server)."""
+        if self._single is not None:
+            return self._single
+        cluster = cast(RedisCluster, self._cluster)
+        try:
+            name, cls, kwargs = await cluster_node(cluster, key_slot(key))
+        except (redis.RedisError, RedisClusterException) as e:
+            raise LockConnectionError(f"no node serves {key!r}: {e}") from e
+        return self._node_named(name, cls, kwargs)
+
+    async def _node_at(self, host: str, port: int) -> Optional[_Node]:
+        """The cluster master at ``host``:``port`` (an ASK's target), if the slot map knows it."""
+        if self._cluster is None:
+            return None
+        found = await cluster_node_at(self._cluster, host, port)
+        if found is None:
+            await self._refresh()
+            found = await cluster_node_at(self._cluster, host, port)
+        return None if found is None else self._node_named(*found)
+
+    async def _refresh(self) -> None:
+        """A MOVED reply: the slot map is stale (a resharding, a failover); load it again. Many
+        callers at once (every hold of a moved slot) load it once: one that waited while
+        another loaded it does not load it again."""
+        if self._cluster is None:
+            return
+        asked = time.monotonic()
+        async with self._refreshing:
+            if self._refreshed_at > asked:
+                return
+            try:
+                await cluster_refresh(self._cluster)
+            except (redis.RedisError, RedisClusterException) as e:
+                raise LockConnectionError(f"cluster slot map: {e}") from e
+            finally:
+                self._refreshed_at = time.monotonic()
+
+    async def _query(self, key: bytes, args: list[Any]) -> Any:
+        """One command on a pooled connection to the key's server. In a cluster, a MOVED
+        reloads the slot map and sends it again; an ASK (the slot is being moved) sends it once
+        to the node named, after ASKING; up to twice."""
+        attempt = 0
+        while True:
+            try:
+                return await (await self._node_for(key)).commands.query(args)
+            except Redirected as e:
+                if self._cluster is None or attempt >= RETRIES:
+                    raise
+                attempt += 1
+                if e.asking and e.host is not None and e.port is not None:
+                    node = await self._node_at(e.host, e.port)
+                    if node is not None:
+                        try:
+                            return await node.commands.query(args, asking=True)
+                        except Redirected:
+                            pass  # the move is over: the slot map tells where
+                await self._refresh()
+
+    def _route(self, key: bytes) -> _Route:
+        return _Route(self, key)
+
+    def _slot_left(self, hub: SignalHub, watchers: list[Watcher]) -> None:
+        """A node dropped shard channels by itself: their slot left it. Each hold listened to
+        there is listened to where its keys are now."""
+        for watcher in watchers:
+            if isinstance(watcher, Hold) and isinstance(watcher.route, _Route):
+                spawn("redis-lock-relocate", self._relocate, watcher.route, watcher, hub)
+
+    async def _relocate(
+        self, route: _Route, hold: Hold, dropped_by: Optional[SignalHub] = None
+    ) -> None:
+        """Listens to ``hold``'s channels on the node that serves its keys now. In a cluster
+        whose slot map does not show the move yet (the nodes learn it one after another), the
+        map is loaded again, with a growing pause, for up to about 5 s."""
+        old = route.hub if dropped_by is None else dropped_by
+        delay = 0.05
+        while True:
+            try:
+                await self._refresh()
+                hub = (await self._node_for(route._key)).signals
+            except LockConnectionError:
+                hub = old
+            if hub is not old or self._cluster is None or delay > 2.0:
+                break
+            await sleep(delay)
+            delay *= 2
+        if hub is None or not hold.active:
+            return
+        if route.hub is hub:
+            hub.resubscribe(hold)
+            return
+        if route.hub is not None:
+            route.hub.unwatch(hold)
+        route.hub = hub
+        await hub.watch(hold)
+
+    def _all_nodes(self) -> list[_Node]:
+        if self._single is not None:
+            return [self._single]
+        with self._nodes_lock:
+            return list(self._nodes.values())
+
+    async def aclose(self) -> None:
+        """Stops the signal listeners and closes pooled connections. Holds keep their own."""
+        for node in self._all_nodes():
+            await node.close()
+
+    async def __aenter__(self) -> AsyncLockClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _owner(self) -> bytes:
+        if self._pid != os.getpid():
+            self.after_fork()
+        with self._next_lock:
+            self._next += 1
+            return f"{self.id}:{self._next}".encode()
+
+    def _db(self) -> int:
+        """The database of the client's holds (0 in a cluster)."""
+        return self._single.commands.db if self._single is not None else 0
+
+    def lock(self, key: Key, **options: Any) -> AsyncLock:
+        """A handle on the exclusive lock of ``key`` (also the write side of its read-write
+        lock). Options: see :class:`AsyncLock`."""
+        return AsyncLock(self, to_bytes(key), Kind.EXCLUSIVE, 0, **options)
+
+    def read_lock(self, key: Key, **options: Any) -> AsyncLock:
+        """A handle on a shared (read) hold of ``key``. Options: see :class:`AsyncLock`."""
+        return AsyncLock(self, to_bytes(key), Kind.SHARED, 0, **options)
+
+    def semaphore(self, key: Key, limit: int, **options: Any) -> AsyncLock:
+        """A handle on one permit of the counting semaphore ``key`` with ``limit`` permits
+        (1 to 1,000, the server's cap). Options: see :class:`AsyncLock`."""
+        if not 1 <= limit <= 1000:
+            raise ValueError("limit must be between 1 and 1000")
+        return AsyncLock(self, to_bytes(key), Kind.PERMIT, limit, **options)
+
+    def multi_lock(
+        self, keys: Sequence[Key], *, shared: bool = False, **options: Any
+    ) -> AsyncMultiLock:
+        """A handle on several keys held together, all or nothing (``LOCK.MACQUIRE``): exclusive
+        holds, or shared (read) holds with ``shared=True``. 1 to 64 distinct keys; in a cluster
+        all in one slot (use a hash tag: ``{order:42}:a``, ``{order:42}:b``). Options: see
+        :class:`AsyncLock`."""
+        checked = KeySet(multi_keys(keys), multi=True)
+        kind = Kind.SHARED if shared else Kind.EXCLUSIVE
+        return AsyncMultiLock(self, tuple(keys), checked, kind, **options)
+
+    def election(
+        self,
+        key: Key,
+        candidate: Optional[Key] = None,
+        *,
+        lease: float = DEFAULT_LEASE,
+        renewal: Renewal = Renewal.WATCHDOG,
+        ephemeral: bool = True,
+        on_lost: Optional[LostCallback] = None,
+    ) -> AsyncElection:
+        """A handle on the election ``key`` (``LOCK.CAMPAIGN``/``PROCLAIM``/``LEADER``), as
+        ``candidate`` (default: a name of its own, ``<client id>:<n>``), with a lease of 30 s by
+        default, EPHEMERAL by default. See :class:`AsyncElection`."""
+        return AsyncElection(
+            self,
+            to_bytes(key),
+            None if candidate is None else to_bytes(candidate),
+            lease=lease,
+            renewal=renewal,
+            ephemeral=ephemeral,
+            on_lost=on_lost,
+        )

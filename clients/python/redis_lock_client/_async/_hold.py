@@ -1,0 +1,366 @@
+"""One hold, around its state machine (``_lifecycle.py``): the confirmation of a grant after a
+long wait, the watchdog, the lost-hold messages and the checks they call for, the release.
+
+A hold does not know the client that made it: it reaches its server through a ``Route``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Optional, Protocol
+
+from .. import _fork
+from .._commands import KeySet, holder_ttl, info, is_final
+from .._common import (
+    RETRIES,
+    LockConnectionError,
+    LockError,
+    LockServerError,
+    LostCallback,
+    LostReason,
+    NotHeld,
+    Renewal,
+)
+from .._lifecycle import Confirm, HoldMachine
+from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
+from ._backend import Event, Mutex, current_loop, spawn, wait_event
+from ._connection import OwnConnection
+
+log = logging.getLogger("redis_lock_client")
+
+
+class Route(Protocol):
+    """How a hold reaches the server of its keys (the client that made it gives it one)."""
+
+    async def query(self, args: list[Any]) -> Any:
+        """One command on a pooled connection to the keys' server, following MOVED and ASK."""
+        ...
+
+    async def watch(self, hold: Hold) -> None:
+        """Listens to the hold's lost-hold channels (returns once subscribed, or after the
+        command timeout)."""
+        ...
+
+    def unwatch(self, hold: Hold) -> None: ...
+
+    async def relocate(self, hold: Hold) -> None:
+        """The keys' slot moved (cluster): listen on the node that serves it now."""
+        ...
+
+
+class _Renewal(enum.Enum):
+    """What one renewal (or confirmation) found."""
+
+    HELD = "held"  # answered 1 for every key
+    GONE = "gone"  # answered 0 for a key, or a final error
+    CLOSED = "closed"  # the EPHEMERAL hold's connection failed
+    NO_ANSWER = "no-answer"  # a broken connection, a timeout, a passing error
+
+
+class Hold:
+    """One hold (of one key, or of several taken together): what every guard of it, its
+    watchdog and the signal listener share."""
+
+    def __init__(
+        self,
+        *,
+        route: Route,
+        keys: KeySet,
+        owner: bytes,
+        tokens: tuple[int, ...],
+        db: int,
+        lease: float,
+        renewal: Renewal,
+        own: Optional[OwnConnection],
+        sent_at: float,
+        replied_at: float,
+        on_lost: Optional[LostCallback],
+    ) -> None:
+        self.route = route
+        self.keys = keys
+        self.key = keys.route
+        self.owner = owner
+        self.tokens = tokens
+        self.token = tokens[0]
+        self.db = db
+        self.lease = lease
+        self.own = own
+        self.on_lost = on_lost
+        #: Each lost-hold channel of the hold's keys (``a`` and ``{a}`` share one).
+        self.channels = {lost_signal_channel(k) for k in keys.keys}
+        self.lost_event = Event()
+        self._stop = Event()
+        # Held while a renewal is in flight: a release waits for it, so nothing renews after.
+        self._renewing = Mutex()
+        self._lock = threading.Lock()
+        # Held while an event is applied and its loss reported (callback included): whoever
+        # reads the state through it sees a loss only once the application was told of it.
+        self._reporting = threading.RLock()
+        self._machine = HoldMachine(
+            db=db,
+            owner=owner,
+            tokens=dict(zip(keys.keys, tokens)),
+            lease=lease,
+            renewal=renewal,
+            sent_at=sent_at,
+            replied_at=replied_at,
+        )
+        self.pid = os.getpid()
+        self.loop = current_loop()
+        _fork.register(self)
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def reason(self) -> Optional[LostReason]:
+        return self._machine.reason
+
+    @property
+    def active(self) -> bool:
+        return self._machine.active
+
+    def _event(self, event: Callable[[HoldMachine], Optional[LostReason]]) -> Optional[LostReason]:
+        """Applies one event to the machine; a loss it decides is reported (once): ``lost`` is
+        set, then ``on_lost`` is called."""
+        with self._reporting:
+            with self._lock:
+                reason = event(self._machine)
+            if reason is not None:
+                self._stop.set()
+                self.lost_event.set()
+                self.route.unwatch(self)
+                if self.on_lost is not None:
+                    try:
+                        self.on_lost(reason)
+                    except Exception:  # noqa: BLE001 - a callback's failure must not stop us
+                        log.exception("the lost callback of lock %r raised", self.keys.keys)
+        return reason
+
+    def refused(self) -> None:
+        """The server says the owner no longer holds it (a re-acquire answered another token
+        or nil, a proclamation answered 0)."""
+        self._event(lambda m: m.refused())
+
+    def connection_lost(self) -> None:
+        self._event(lambda m: m.connection_lost())
+
+    def reentered(self, sent_at: float) -> None:
+        self._event(lambda m: m.reentered(sent_at))
+
+    def past_deadline(self) -> bool:
+        """Whether the hold is no longer active, or its deadline passed (then reported lost). A
+        loss being reported meanwhile (by another thread) is reported before this returns."""
+        now = time.monotonic()
+        with self._reporting:
+            self._event(lambda m: m.tick(now))
+            return not self.active
+
+    # -- I/O ---------------------------------------------------------------------------------
+
+    async def send(self, args: list[Any]) -> Any:
+        own = self.own
+        if own is not None:
+            return await own.call(args, own.timeout)
+        return await self.route.query(args)
+
+    async def _renew(self) -> _Renewal:
+        try:
+            reply = await self.send(self.keys.renew(self.owner, self.lease))
+        except LockServerError as e:
+            return _Renewal.GONE if is_final(str(e)) else _Renewal.NO_ANSWER
+        except LockConnectionError:
+            return _Renewal.CLOSED if self.own is not None else _Renewal.NO_ANSWER
+        renewed = self.keys.renewed(reply)
+        if renewed is None:
+            return _Renewal.NO_ANSWER
+        return _Renewal.HELD if renewed else _Renewal.GONE
+
+    async def _read_ttl(self) -> tuple[_Renewal, Optional[float]]:
+        """Each key's hold read with LOCK.INFO: HELD and the shortest ttl in seconds (-1: no
+        lease), or GONE, or NO_ANSWER."""
+        shortest: Optional[float] = None
+        for key, token in zip(self.keys.keys, self.tokens):
+            try:
+                reply = await self.send(info(key))
+            except LockServerError as e:
+                return (_Renewal.GONE if is_final(str(e)) else _Renewal.NO_ANSWER), None
+            except LockConnectionError:
+                return (_Renewal.CLOSED if self.own is not None else _Renewal.NO_ANSWER), None
+            ttl = holder_ttl(reply, self.owner, token)
+            if ttl is None:
+                return _Renewal.GONE, None
+            seconds = -1.0 if ttl < 0 else ttl / 1000
+            if shortest is None or shortest < 0 or 0 <= seconds < shortest:
+                shortest = seconds
+        return _Renewal.HELD, shortest
+
+    async def confirm(self) -> bool:
+        """Before the guard is handed out. True: the hold is the owner's (nothing to confirm,
+        or confirmed now); False: the server no longer has it (nothing is reported: nobody was
+        told of it). Raises ``LockConnectionError`` when no answer came."""
+        with self._lock:
+            how = self._machine.confirmation
+        if how is None:
+            return True
+        for _ in range(RETRIES + 1):
+            sent = time.monotonic()
+            ttl: Optional[float] = None
+            if how is Confirm.RENEWAL:
+                found = await self._renew()
+            else:
+                found, ttl = await self._read_ttl()
+            if found is _Renewal.HELD:
+                with self._lock:
+                    self._machine.confirmed(sent, ttl)
+                return True
+            if found is not _Renewal.NO_ANSWER:
+                with self._lock:
+                    self._machine.refused()
+                return False
+        raise LockConnectionError("the grant after a long wait could not be confirmed: no answer")
+
+    async def start(self) -> None:
+        """Starts the watchdog and listens to the hold's lost-hold channels."""
+        spawn(f"redis-lock-watchdog:{self.token}", self._keep)
+        await self.route.watch(self)
+
+    async def _keep(self) -> None:
+        try:
+            await self._watch_lease()
+        finally:
+            if self.own is not None and self.reason is not None:
+                await self.own.close()
+
+    async def _sleep_until(self, until: float) -> bool:
+        """Waits until ``until``; True if the hold was stopped meanwhile. An EPHEMERAL hold's
+        connection is looked at every 100 ms, so that its close is seen at once."""
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return self._stop.is_set()
+            own = self.own
+            if own is None:
+                return await wait_event(self._stop, left)
+            if await wait_event(self._stop, min(left, 0.1)):
+                return True
+            if not own.alive():
+                self.connection_lost()
+                return True
+
+    async def _watch_lease(self) -> None:
+        """The watchdog: renews when the machine says (every lease / 3), and reports the loss
+        the machine decides (a renewal answered 0, no confirmed renewal before the deadline; a
+        fixed lease at its end)."""
+        while True:
+            with self._lock:
+                wake = self._machine.next_wake()
+            if wake is None or await self._sleep_until(wake):
+                return
+            now = time.monotonic()
+            if self._event(lambda m: m.tick(now)) is not None:
+                return
+            with self._lock:
+                due = self._machine.renewal_due(now)
+            if not due:
+                continue
+            async with self._renewing:
+                if self._stop.is_set():
+                    return
+                sent = time.monotonic()
+                found = await self._renew()
+            if found is _Renewal.HELD:
+                self._event(lambda m: m.renewed(sent))
+            elif found is _Renewal.GONE:
+                self._event(lambda m: m.refused())  # one key is enough: all or nothing
+            elif found is _Renewal.CLOSED:
+                self._event(lambda m: m.connection_lost())
+            else:
+                later = time.monotonic()
+                self._event(lambda m: m.unanswered(later))
+
+    # -- the lost-hold signal ------------------------------------------------------------------
+
+    def signal(self, message: LostMessage) -> None:
+        """A message of the signal listener. A one-hold message is acted on when it names this
+        hold exactly; a whole-key, flush or move message when it concerns this hold's database
+        and a key of it, by a check with one read per key."""
+        if isinstance(message, HoldEnded):
+            self._event(lambda m: m.signal(message))
+            return
+        if isinstance(message, Flushed):
+            db, key, reason, moved = message.db, None, LostReason.FLUSHED, False
+        elif isinstance(message, KeyEnded):
+            db, key, reason, moved = message.db, message.key, message.reason, False
+        else:
+            db, key, reason, moved = message.db, message.key, LostReason.HOLD_GONE, True
+        with self._lock:
+            concerned = self._machine.active and self._machine.concerns(db, key)
+        if concerned:
+            spawn("redis-lock-check", self._check, key, reason, moved)
+
+    async def _check(self, key: Optional[bytes], reason: LostReason, moved: bool) -> None:
+        """``LOCK.INFO`` of each key concerned (a read that changes nothing, following MOVED and
+        ASK): the hold is reported lost (``reason``) only when the server no longer shows this
+        owner with this token. No answer leaves it to the watchdog. After a move, the hold
+        found alive is listened to where its keys are now."""
+        for k, token in zip(self.keys.keys, self.tokens):
+            if key is not None and k != key:
+                continue
+            try:
+                reply = await self.route.query(info(k))
+            except LockServerError as e:
+                if is_final(str(e)):
+                    self._event(lambda m: m.checked(False, reason))
+                return
+            except LockError:
+                return
+            if holder_ttl(reply, self.owner, token) is None:
+                self._event(lambda m: m.checked(False, reason))
+                return
+        if moved and self.active:
+            await self.route.relocate(self)
+
+    # -- release -----------------------------------------------------------------------------
+
+    def request_release(self) -> Optional[NotHeld]:
+        """The owner releases: None, or the error to raise (lost, or released before). Either
+        way nothing renews from now on."""
+        with self._reporting, self._lock:
+            error = self._machine.release_requested()
+        self._stop.set()
+        return error
+
+    async def quiesce(self) -> None:
+        """After ``request_release``: waits out a renewal in flight, stops listening."""
+        self._stop.set()
+        async with self._renewing:
+            pass
+        self.route.unwatch(self)
+
+    def release_replied(self) -> None:
+        with self._lock:
+            self._machine.release_replied()
+
+    async def close_own(self) -> None:
+        if self.own is not None:
+            await self.own.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: the hold is the parent's. Lost without a callback (FORKED);
+        nothing renews it (the watchdog does not exist here), nothing releases it."""
+        self._lock = threading.Lock()
+        self._reporting = threading.RLock()
+        self._renewing = Mutex()
+        self._machine.forked()
+        # New events: a parent thread may have held an old one's internal lock at the fork.
+        self._stop = Event()
+        self._stop.set()
+        self.lost_event = Event()
+        self.lost_event.set()
+        if self.own is not None:
+            self.own.after_fork()
+

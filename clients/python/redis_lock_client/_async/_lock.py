@@ -1,0 +1,573 @@
+"""Lock handles and their guards: a handle is one owner on one key (or on several keys held
+together), with its options; a guard is one acquire of it, released once."""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import logging
+import os
+import threading
+import time
+import weakref
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar, cast
+
+from .. import _fork
+from .._commands import KeySet
+from .._common import (
+    DEFAULT_LEASE,
+    RETRIES,
+    WAIT_MARGIN,
+    Key,
+    Kind,
+    LockConnectionError,
+    LockError,
+    LockTimeout,
+    LostCallback,
+    LostReason,
+    NotHeld,
+    Release,
+    Renewal,
+    UnexpectedReply,
+)
+from .._connect import Redirected
+from ._backend import Cancelled, Event, close_connection, new_gate, spawn_from_any_thread
+from ._connection import OwnConnection, call
+from ._hold import Hold
+
+if TYPE_CHECKING:
+    from ._client import AsyncLockClient
+
+log = logging.getLogger("redis_lock_client")
+
+_G = TypeVar("_G", bound="_AsyncGuard")
+
+# An acquire whose grant the server no longer had when it was confirmed: the acquire goes on.
+_AGAIN: Any = object()
+
+
+class _AsyncHandle(Generic[_G]):
+    """What a handle on one key and a handle on several share: its owner, its options, its
+    acquire (waiting, retries, EPHEMERAL), its re-entries, its releases.
+
+    Every command of the handle that takes or ends a hold on the server (an acquire, a release
+    that sends LOCK.RELEASE, the release of a guard the garbage collector took) goes through
+    the handle's gate, one at a time, in order: so an acquire (ONCE) is never answered with
+    the token of a hold whose release is still on its way.
+    """
+
+    def __init__(
+        self,
+        client: AsyncLockClient,
+        keys: KeySet,
+        kind: Kind,
+        limit: int,
+        *,
+        lease: float = DEFAULT_LEASE,
+        renewal: Renewal = Renewal.WATCHDOG,
+        wait_timeout: Optional[float] = None,
+        ephemeral: bool = False,
+        on_lost: Optional[LostCallback] = None,
+        owner: Optional[bytes] = None,
+    ) -> None:
+        if lease < 0.001:
+            raise ValueError("the lease must be at least 1 ms")
+        if wait_timeout is not None and wait_timeout < 0:
+            raise ValueError("wait_timeout must not be negative")
+        self.client = client
+        self.keys = keys
+        self.kind = kind
+        self.limit = limit
+        self.lease = lease
+        self.renewal = renewal
+        self.wait_timeout = wait_timeout
+        self.ephemeral = ephemeral
+        self.on_lost = on_lost
+        self._named = owner
+        self.owner = client._owner() if owner is None else owner
+        self._gate = new_gate()
+        # The active hold and how many guards of it are out (changed under _books).
+        self._books = threading.Lock()
+        self._active: Optional[Hold] = None
+        self._guards = 0
+        # Holds whose guard the garbage collector took: counted down under the gate.
+        self._abandoned: collections.deque[Hold] = collections.deque()
+        self._stack: contextvars.ContextVar[tuple[_G, ...]] = contextvars.ContextVar(
+            "redis_lock_client_guards", default=()
+        )
+        _fork.register(self)
+
+    #: Whether acquiring again while holding counts one more guard (locks), or returns the one
+    #: guard of the hold (an election's leadership, never counted, as LOCK.CAMPAIGN).
+    _counts_reentry = True
+
+    def _guard(self, hold: Hold) -> _G:
+        raise NotImplementedError
+
+    def after_fork(self) -> None:
+        """In a forked child: the handle becomes a new owner holding nothing, so that nothing it
+        sends (a re-entry, a release) can touch the parent's holds."""
+        self._gate = new_gate()
+        self._books = threading.Lock()
+        self._active, self._guards = None, 0
+        self._abandoned = collections.deque()
+        # A name given by the application stays (it is the application's to keep unique).
+        self.owner = self.client._owner() if self._named is None else self._named
+
+    async def try_acquire(self) -> Optional[_G]:
+        """Takes the key(s) if free (or re-enters this handle's hold), without waiting; None
+        when another owner holds one or others wait for one."""
+        return await self._acquire(False, self.wait_timeout)
+
+    async def acquire(self) -> _G:
+        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (on a
+        connection of its own); raises ``LockTimeout`` when it passes."""
+        guard = await self._acquire(self.wait_timeout != 0, self.wait_timeout)
+        if guard is None:
+            raise LockTimeout(self.wait_timeout or 0.0)
+        return guard
+
+    async def __aenter__(self) -> _G:
+        guard = await self.acquire()
+        self._stack.set(self._stack.get() + (guard,))
+        return guard
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        stack = self._stack.get()
+        self._stack.set(stack[:-1])
+        await stack[-1].__aexit__(exc_type, exc, tb)
+
+    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
+        """The acquire command; ``value`` is a campaign's (see ``_Candidate``)."""
+        return self.keys.acquire(
+            self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
+        )
+
+    def _current(self) -> Optional[Hold]:
+        with self._books:
+            current = self._active
+        return current if current is not None and current.active else None
+
+    async def _acquire(
+        self, waits: bool, wait_timeout: Optional[float], value: Optional[bytes] = None
+    ) -> Optional[_G]:
+        """One acquire (or campaign): ``waits`` False is one attempt; else it waits up to
+        ``wait_timeout`` (None: until granted)."""
+        async with self._gate:
+            await self._drain()
+            until = None if wait_timeout is None else time.monotonic() + wait_timeout
+            for _ in range(RETRIES + 1):
+                current = self._current()
+                sent = time.monotonic()
+                own: Optional[OwnConnection] = None
+                if self.ephemeral:
+                    reply, own = await self._send_ephemeral(current, waits, until, value)
+                else:
+                    reply = await self._send_with_retries(waits, until, value)
+                replied = time.monotonic()
+                new_own = own if current is None or own is not current.own else None
+                try:
+                    tokens = self.keys.tokens(reply)
+                except UnexpectedReply:
+                    if new_own is not None:
+                        await new_own.close()
+                    raise
+                got = await self._settle(current, tokens, sent, replied, own, new_own)
+                if got is not _AGAIN:
+                    return cast(Optional[_G], got)
+            return None
+
+    def _wait_left(self, waits: bool, until: Optional[float]) -> tuple[bool, Optional[float]]:
+        """Whether the next send waits, and how long (None: as long as it takes)."""
+        if not waits or until is None:
+            return waits, None
+        left = until - time.monotonic()
+        return (left >= 0.001), left  # no wait left: one last attempt
+
+    async def _send_with_retries(
+        self, waits: bool, until: Optional[float], value: Optional[bytes]
+    ) -> Any:
+        attempt = 0
+        while True:
+            this_waits, wait = self._wait_left(waits, until)
+            try:
+                if this_waits:
+                    return await self._send_waiting(self._args(True, wait, value), wait)
+                return await self.client._query(self.keys.route, self._args(False, None, value))
+            except LockConnectionError:
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+            except Redirected:
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+                await self.client._refresh()
+
+    async def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
+        """A wait, on a connection of its own (named for the owner), closed after."""
+        connector = (await self.client._node_for(self.keys.route)).commands
+        conn = await connector.new(self.owner)
+        try:
+            return await call(conn, args, None if wait is None else wait + WAIT_MARGIN)
+        finally:
+            await close_connection(conn)
+
+    async def _send_ephemeral(
+        self,
+        current: Optional[Hold],
+        waits: bool,
+        until: Optional[float],
+        value: Optional[bytes],
+    ) -> tuple[Any, Optional[OwnConnection]]:
+        """An EPHEMERAL acquire: on the hold's own connection (a re-entry), else on a new one
+        that the hold will own. Never sent again on another connection (it is the hold's)."""
+        this_waits, wait = self._wait_left(waits, until)
+        timeout: Optional[float] = self.client.command_timeout
+        if this_waits:
+            timeout = None if wait is None else wait + WAIT_MARGIN
+        args = self._args(this_waits, wait, value)
+        if current is not None and current.own is not None:
+            try:
+                return await current.own.call(args, timeout), current.own
+            except LockConnectionError:
+                current.connection_lost()
+                raise
+        attempt = 0
+        while True:
+            node = await self.client._node_for(self.keys.route)
+            own = OwnConnection(await node.commands.new(self.owner), self.client.command_timeout)
+            try:
+                return await own.call(args, timeout), own
+            except Redirected:
+                await own.close()
+                if attempt >= RETRIES:
+                    raise
+                attempt += 1
+                await self.client._refresh()
+            except (LockError, Cancelled):
+                await own.close()
+                raise
+
+    async def _settle(
+        self,
+        current: Optional[Hold],
+        tokens: Optional[tuple[int, ...]],
+        sent: float,
+        replied: float,
+        own: Optional[OwnConnection],
+        new_own: Optional[OwnConnection],
+    ) -> Any:
+        """What the acquire's reply makes of the handle's hold: the guard, None, or _AGAIN."""
+        if tokens is not None and current is not None and current.tokens == tokens:
+            with self._books:
+                reentry = self._active is current
+                if reentry and self._counts_reentry:
+                    self._guards += 1
+            if reentry:
+                current.reentered(sent)
+                return self._guard(current)
+        if current is not None:
+            if own is not None and own is current.own:
+                current.own = None  # the new hold owns the connection now
+            # The server answered other tokens, or nil: the handle's hold is not there.
+            current.refused()
+        with self._books:
+            self._active, self._guards = None, 0
+        if tokens is None:
+            if new_own is not None:
+                await new_own.close()
+            return None
+        hold = Hold(
+            route=self.client._route(self.keys.route),
+            keys=self.keys,
+            owner=self.owner,
+            tokens=tokens,
+            db=self.client._db(),
+            lease=self.lease,
+            renewal=self.renewal,
+            own=own,
+            sent_at=sent,
+            replied_at=replied,
+            on_lost=self.on_lost,
+        )
+        try:
+            confirmed = await hold.confirm()
+        except (LockError, Cancelled):
+            await hold.close_own()
+            raise
+        if not confirmed:
+            await hold.close_own()
+            return _AGAIN
+        with self._books:
+            self._active, self._guards = hold, 1
+        await hold.start()
+        return self._guard(hold)
+
+    # -- ends of guards ----------------------------------------------------------------------
+
+    async def _release(self, hold: Hold) -> Release:
+        """A guard of ``hold`` is released by the application."""
+        with self._books:
+            if self._active is not hold:
+                raise NotHeld(hold.reason)
+            if self._guards > 1 or (hold.reason is not None and not hold.keys.multi):
+                # Not the last guard, or a lost hold of one key (nothing to send): no gate.
+                self._guards -= 1
+                if self._guards == 0:
+                    self._active = None
+                if hold.reason is not None:
+                    raise NotHeld(hold.reason)
+                return Release.STILL_HELD
+        async with self._gate:
+            await self._drain()
+            return await self._end(hold)
+
+    async def _end(self, hold: Hold) -> Release:
+        """One guard of ``hold`` ends (the gate is held). The last one stops the watchdog,
+        waits out a renewal in flight and sends LOCK.RELEASE (LOCK.MRELEASE for several keys;
+        never retried); earlier ones only count down."""
+        with self._books:
+            if self._active is not hold:
+                raise NotHeld(hold.reason)
+            self._guards -= 1
+            if self._guards > 0:
+                if hold.reason is not None:
+                    raise NotHeld(hold.reason)
+                return Release.STILL_HELD
+            self._active = None
+        error = hold.request_release()
+        await hold.quiesce()
+        if error is not None:
+            if hold.keys.multi:
+                await _release_rest(hold)
+            else:
+                await hold.close_own()
+            raise error
+        try:
+            reply = await hold.send(hold.keys.release(hold.owner))
+        finally:
+            hold.release_replied()
+            await hold.close_own()
+        if not hold.keys.released(reply):
+            raise NotHeld(None)
+        return Release.RELEASED
+
+    def _abandoned_guard(self, hold: Hold) -> None:
+        """The garbage collector took a guard of ``hold`` unreleased (from any thread, at any
+        allocation: nothing here waits). Its end is queued; the handle's next acquire or
+        release, or a background task, carries it out under the gate, in order."""
+        self._abandoned.append(hold)
+        spawn_from_any_thread(hold.loop, "redis-lock-collected", self._drain_gated)
+
+    async def _drain_gated(self) -> None:
+        async with self._gate:
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Ends the guards the garbage collector took (the gate is held)."""
+        while True:
+            try:
+                hold = self._abandoned.popleft()
+            except IndexError:
+                return
+            try:
+                await self._end(hold)
+            except Exception:  # noqa: BLE001 - best effort: the lease ends it
+                log.debug("releasing a collected guard of %r failed", hold.keys.keys, exc_info=True)
+
+
+async def _release_rest(hold: Hold) -> None:
+    """A lost multi-key hold: LOCK.MRELEASE for the keys the owner may still hold (it ends the
+    owner's holds only, nobody else's). Best effort: a failure leaves them to their lease."""
+    try:
+        await hold.send(hold.keys.release(hold.owner))
+    except LockError:
+        log.debug("releasing the rest of lost hold %r failed", hold.keys.keys, exc_info=True)
+    finally:
+        await hold.close_own()
+
+
+def _abandon(handle: _AsyncHandle[Any], hold: Hold, pid: int) -> None:
+    """The finalizer of a guard collected unreleased (never in a forked child, whose holds are
+    the parent's)."""
+    if os.getpid() == pid:
+        handle._abandoned_guard(hold)
+
+
+class _AsyncGuard:
+    """What the guard of one key and the guard of several share: ``lost``, the release,
+    ``async with``.
+
+    A guard the garbage collector takes unreleased is released in the background, in order
+    with the handle's next acquire (which never gets that hold's token back): do not rely on
+    it, release with ``async with`` or ``release()``.
+    """
+
+    def __init__(self, handle: _AsyncHandle[Any], hold: Hold) -> None:
+        self._handle = handle
+        self._hold = hold
+        self._released = False
+        self._finalizer = weakref.finalize(self, _abandon, handle, hold, os.getpid())
+
+    @property
+    def owner(self) -> bytes:
+        return self._hold.owner
+
+    @property
+    def lost(self) -> Event:
+        """Set when the hold is lost (never after a release): an ``asyncio.Event`` in the
+        asyncio library (``await guard.lost.wait()``), a ``threading.Event`` in the sync one
+        (``guard.lost.wait(timeout)``)."""
+        return self._hold.lost_event
+
+    @property
+    def lost_reason(self) -> Optional[LostReason]:
+        return self._hold.reason
+
+    async def release(self) -> Release:
+        """Releases this guard. The last guard of a hold stops the watchdog, waits out a renewal
+        in flight, and sends LOCK.RELEASE (LOCK.MRELEASE for several keys; never retried);
+        earlier ones only count down.
+
+        Raises ``NotHeld`` when the hold was lost (with the reason) or the server no longer
+        knew it (on any of its keys), ``LockConnectionError`` when the release could not be
+        sent or answered (the lease then ends the hold). A multi-key hold lost on some of its
+        keys may still hold the others: its last release sends LOCK.MRELEASE all the same
+        (frees them at once instead of at their lease end), then raises ``NotHeld``.
+        """
+        if self._released:
+            return Release.ALREADY_RELEASED
+        self._released = True
+        self._finalizer.detach()
+        hold = self._hold
+        if hold.pid != os.getpid():
+            raise NotHeld(LostReason.FORKED)
+        return await self._handle._release(hold)
+
+    async def __aenter__(self: _G) -> _G:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        """Releases. ``NotHeld`` is raised if the hold was lost during the block, unless the
+        block itself raised (its exception is not masked)."""
+        try:
+            await self.release()
+        except LockError:
+            if exc_type is None:
+                raise
+
+
+class AsyncLock(_AsyncHandle["AsyncLockGuard"]):
+    """A handle: one owner on one key, with its options.
+
+    - ``lease`` (seconds, default 30): the hold's lease on the server, renewed every
+      ``lease / 3`` (10 s) by the watchdog.
+    - ``renewal``: ``Renewal.WATCHDOG`` (default) or ``Renewal.FIXED`` (nothing renews; the hold
+      is reported lost, ``LEASE_ENDED``, at its lease end).
+    - ``wait_timeout`` (seconds, default None = until granted): how long ``acquire()`` waits in
+      the server (FIFO, no polling) before ``LockTimeout``; 0: one attempt.
+    - ``ephemeral`` (default False): the hold is bound to a connection the guard owns; its close
+      (crash, ``CLIENT KILL``) ends the hold in the server, and any error on it reports the hold
+      lost.
+    - ``on_lost`` (default None): ``on_lost(reason: LostReason) -> None``, called once when a
+      hold of this handle is lost, on the library's thread (or in the event loop) that saw it
+      (keep it short).
+    - ``owner`` (default: ``<client id>:<n>``, a name of its own): the owner name on the server.
+
+    Re-entry is per handle: acquiring again through a handle that holds the key succeeds at once
+    with the same token; the hold ends with its last guard. Two handles are two owners.
+
+    A hold granted after a wait that took more than a third of its lease is confirmed (one
+    renewal, sent at once) before ``acquire()`` returns it: its lease on the server counts from
+    the grant, which may be long after the acquire was sent.
+    """
+
+    def __init__(
+        self, client: AsyncLockClient, key: bytes, kind: Kind, limit: int, **options: Any
+    ) -> None:
+        super().__init__(client, KeySet((key,), multi=False), kind, limit, **options)
+        self.key = key
+
+    def _guard(self, hold: Hold) -> AsyncLockGuard:
+        return AsyncLockGuard(self, hold)
+
+
+class AsyncMultiLock(_AsyncHandle["AsyncMultiLockGuard"]):
+    """A handle: one owner on several keys held together (``client.multi_lock(keys)``), with
+    the options of :class:`AsyncLock`.
+
+    ``acquire()`` takes every key at one instant or none (``LOCK.MACQUIRE``); a wait stands in
+    every key's FIFO queue at once and is granted when it heads them all, so two handles taking
+    the same keys in opposite orders cannot deadlock. The hold is one hold: one watchdog renews
+    every key with one ``LOCK.MRENEW``, it is lost when any key's hold is lost, and its release
+    (``LOCK.MRELEASE``) frees every key. Re-entry is per handle, as for :class:`AsyncLock`.
+    """
+
+    def __init__(
+        self,
+        client: AsyncLockClient,
+        given: tuple[Key, ...],
+        keys: KeySet,
+        kind: Kind,
+        **options: Any,
+    ) -> None:
+        super().__init__(client, keys, kind, 0, **options)
+        self.given = given
+
+    def _guard(self, hold: Hold) -> AsyncMultiLockGuard:
+        return AsyncMultiLockGuard(self, hold)
+
+
+class AsyncLockGuard(_AsyncGuard):
+    """A hold on a key: its fencing token, its ``lost`` event, its release (``async with``
+    releases it on exit)."""
+
+    @property
+    def token(self) -> int:
+        """The hold's fencing token: pass it with every write you protect, and have the resource
+        refuse a token lower than the highest it has seen."""
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncLockGuard(key={self.key!r}, owner={self.owner!r}, token={self.token}, "
+            f"lost={self.lost_reason})"
+        )
+
+
+class AsyncMultiLockGuard(_AsyncGuard):
+    """A hold on several keys: a fencing token per key, one ``lost`` event, one release."""
+
+    @property
+    def tokens(self) -> dict[Key, int]:
+        """Each key's fencing token, keyed by the keys as given to ``multi_lock`` (str stays
+        str), in that order: ``guard.tokens["a"]``. Fence each key's writes with its own."""
+        handle = cast(AsyncMultiLock, self._handle)
+        return dict(zip(handle.given, self._hold.tokens))
+
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return self._hold.keys.keys
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncMultiLockGuard(keys={self.keys!r}, owner={self.owner!r}, "
+            f"tokens={self._hold.tokens}, lost={self.lost_reason})"
+        )
+

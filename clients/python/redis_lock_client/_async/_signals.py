@@ -1,0 +1,183 @@
+"""The lost-hold signal's listener: one pub/sub connection per server (per master in a
+cluster), read by one task (a thread in the threaded library).
+
+It knows what it listens for only through a callback: each watcher names its channels and takes
+the messages of them (``Watcher.signal``); the watcher decides what a message means for it. In
+a cluster the key channels are shard channels (``SSUBSCRIBE``), as the server sends them with
+``SPUBLISH``. The connection also listens to the flush channel (classic ``SUBSCRIBE``; a cluster
+``PUBLISH`` reaches every node): a flush of its database goes to every watcher. When the server
+drops a shard channel by itself (its slot left the node), the watchers of that channel are
+handed to ``on_slot_left``. Pub/sub is at-most-once: a message sent while the connection is down
+is gone, and the watchdog stays the backstop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional, Protocol
+
+from redis.exceptions import ResponseError
+
+from .. import _fork
+from .._common import LockConnectionError
+from .._messages import LostMessage, flush_channel, parse_flush, parse_lost
+from ._backend import CLOSED, IO_ERRORS, Event, Subscriber, sleep, spawn, wait_event
+from ._connection import Connector
+
+
+class Watcher(Protocol):
+    """What listens: its channels, and what it makes of a message of one of them."""
+
+    @property
+    def channels(self) -> set[bytes]: ...
+
+    def signal(self, message: LostMessage) -> None: ...
+
+
+class SignalHub:
+    def __init__(
+        self,
+        connector: Connector,
+        sharded: bool,
+        on_slot_left: Callable[[SignalHub, list[Watcher]], None],
+    ) -> None:
+        self._connector = connector
+        self._subscribe = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
+        self._unsubscribe = "SUNSUBSCRIBE" if sharded else "UNSUBSCRIBE"
+        self.db = connector.db
+        self._on_slot_left = on_slot_left
+        self._reset()
+        _fork.register(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[bytes, list[weakref.ref[Watcher]]] = {}
+        self._confirmed: dict[bytes, Event] = {}
+        self._sub: Optional[Subscriber] = None
+        self._running = False
+        self._closed = False
+
+    async def watch(self, watcher: Watcher) -> None:
+        """Subscribes to the watcher's channels; returns once the server confirmed them (or
+        after the command timeout: the watchdog still covers the hold)."""
+        events: list[Event] = []
+        with self._lock:
+            for channel in watcher.channels:
+                entry = self._watched.setdefault(channel, [])
+                entry[:] = [r for r in entry if r() is not None]
+                entry.append(weakref.ref(watcher))
+                event = self._confirmed.get(channel)
+                if event is None:
+                    event = self._confirmed[channel] = Event()
+                    if self._sub is not None:
+                        self._sub.post(self._subscribe, channel)
+                events.append(event)
+            start = not self._running
+            self._running = True
+        if start:
+            spawn("redis-lock-signal", self._run)
+        until = time.monotonic() + self._connector.timeout
+        for event in events:
+            await wait_event(event, max(until - time.monotonic(), 0.0))
+
+    def unwatch(self, watcher: Watcher) -> None:
+        with self._lock:
+            for channel in watcher.channels:
+                entry = self._watched.get(channel)
+                if entry is None:
+                    continue
+                entry[:] = [r for r in entry if r() not in (None, watcher)]
+                if entry:
+                    continue
+                del self._watched[channel]
+                self._confirmed.pop(channel, None)
+                if self._sub is not None:
+                    self._sub.post(self._unsubscribe, channel)
+
+    def resubscribe(self, watcher: Watcher) -> None:
+        """Subscribes the watcher's channels again (the server dropped them, but they are
+        served here after all)."""
+        with self._lock:
+            for channel in watcher.channels:
+                if channel in self._watched and self._sub is not None:
+                    self._sub.post(self._subscribe, channel)
+
+    async def close(self) -> None:
+        self._closed = True
+        sub = self._sub
+        if sub is not None:
+            await sub.close()
+
+    async def _run(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            try:
+                sub = Subscriber(await self._connector.new())
+            except LockConnectionError:
+                await sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.05
+            with self._lock:
+                # The flush channel first: confirmed before any key's channel is.
+                sub.post("SUBSCRIBE", flush_channel())
+                for channel in self._confirmed:
+                    sub.post(self._subscribe, channel)
+                self._sub = sub
+            try:
+                while True:
+                    try:
+                        reply = await sub.read()
+                    except ResponseError:
+                        continue  # e.g. MOVED for a channel whose slot this node left
+                    if reply is CLOSED:
+                        return
+                    self._handle(reply)
+            except IO_ERRORS:
+                pass  # connect again, subscribe again
+            finally:
+                with self._lock:
+                    self._sub = None
+                await sub.close()
+
+    def _watchers(self, channel: Optional[bytes]) -> list[Watcher]:
+        """The watchers of ``channel`` (None: every watcher, each once)."""
+        with self._lock:
+            if channel is not None:
+                refs = list(self._watched.get(channel, []))
+            else:
+                refs = [r for entry in self._watched.values() for r in entry]
+        found = {id(w): w for r in refs if (w := r()) is not None}
+        return list(found.values())
+
+    def _handle(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel, payload = reply[0], reply[1], reply[2]
+        if kind in (b"subscribe", b"ssubscribe"):
+            with self._lock:
+                event = self._confirmed.get(channel)
+            if event is not None:
+                event.set()
+        elif kind == b"sunsubscribe":
+            with self._lock:
+                dropped = channel in self._confirmed  # not ours: the slot left this node
+            if dropped:
+                self._on_slot_left(self, self._watchers(channel))
+        elif kind in (b"message", b"smessage") and isinstance(payload, bytes):
+            if channel == flush_channel():
+                flushed = parse_flush(payload)
+                if flushed is not None and flushed.covers(self.db):
+                    for watcher in self._watchers(None):
+                        watcher.signal(flushed)
+                return
+            message = parse_lost(payload)
+            if message is not None:
+                for watcher in self._watchers(channel):
+                    watcher.signal(message)
+
+    def after_fork(self) -> None:
+        """In a forked child: the listener does not exist here; start afresh on demand."""
+        self._reset()

@@ -1,0 +1,206 @@
+"""The LOCK.* commands the library sends and what their replies mean (no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence, Union
+
+from ._common import Key, Kind, UnexpectedReply, millis, to_bytes
+
+Arg = Union[bytes, int, str]
+
+#: The most keys one multi-key command takes (the server's limit).
+MAX_KEYS = 64
+
+
+def multi_keys(keys: Sequence[Key]) -> tuple[bytes, ...]:
+    """The keys of a multi-key handle as bytes: 1 to 64 of them, distinct (ValueError else); a
+    bare str or bytes is refused (TypeError), as it would be read as a sequence of characters."""
+    if isinstance(keys, (str, bytes, bytearray)):
+        raise TypeError("keys must be a sequence of keys, not one key")
+    out = tuple(to_bytes(k) for k in keys)
+    if not 1 <= len(out) <= MAX_KEYS:
+        raise ValueError(f"a multi-key lock takes 1 to {MAX_KEYS} keys, not {len(out)}")
+    if len(set(out)) != len(out):
+        raise ValueError("the keys of a multi-key lock must be distinct")
+    return out
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """The keys a handle holds and the commands that hold them: one key with ``LOCK.ACQUIRE``,
+    ``LOCK.RENEW``, ``LOCK.RELEASE`` (``multi`` False), or 1 to 64 keys with ``LOCK.MACQUIRE``,
+    ``LOCK.MRENEW``, ``LOCK.MRELEASE`` (``multi`` True; all or nothing, a token per key in the
+    order of ``keys``). In a cluster every key is in one slot (else the server answers
+    CROSSSLOT), so the first key routes them all."""
+
+    keys: tuple[bytes, ...]
+    multi: bool
+
+    @property
+    def route(self) -> bytes:
+        """The key whose slot the commands are sent to."""
+        return self.keys[0]
+
+    def _head(self, command: str) -> list[Arg]:
+        if self.multi:
+            return [f"LOCK.M{command}", len(self.keys), *self.keys]
+        return [f"LOCK.{command}", self.keys[0]]
+
+    def acquire(
+        self,
+        owner: bytes,
+        lease: float,
+        kind: Kind,
+        limit: int,
+        ephemeral: bool,
+        wait: Optional[float],
+        waits: bool,
+    ) -> list[Arg]:
+        """LOCK.[M]ACQUIRE keys owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms].
+
+        ``waits`` False: one attempt. Else ``wait`` None waits forever (WAIT 0).
+        """
+        args = self._head("ACQUIRE") + [owner, millis(lease)]
+        if kind is Kind.SHARED:
+            args.append("SHARED")
+        elif kind is Kind.PERMIT:
+            args += ["LIMIT", limit]
+        if ephemeral:
+            args.append("EPHEMERAL")
+        args.append("ONCE")
+        if waits:
+            args += ["WAIT", 0 if wait is None else millis(wait)]
+        return args
+
+    def tokens(self, reply: object) -> Optional[tuple[int, ...]]:
+        """The acquire's reply: None when not granted, else a token per key."""
+        if reply is None:
+            return None
+        if not self.multi:
+            return (_token(reply, reply),)
+        if not isinstance(reply, list) or len(reply) != len(self.keys):
+            raise UnexpectedReply(f"LOCK.MACQUIRE answered {reply!r}")
+        return tuple(_token(t, reply) for t in reply)
+
+    def renew(self, owner: bytes, lease: float) -> list[Arg]:
+        return self._head("RENEW") + [owner, millis(lease)]
+
+    def renewed(self, reply: object) -> Optional[bool]:
+        """True: every key renewed; False: the owner holds nothing on some key (the hold is
+        lost); None: an answer LOCK.[M]RENEW never gives (the watchdog tries again)."""
+        replies = reply if self.multi and isinstance(reply, list) else [reply]
+        if len(replies) != len(self.keys) or any(r not in (0, 1) for r in replies):
+            return None
+        return all(r == 1 for r in replies)
+
+    def release(self, owner: bytes) -> list[Arg]:
+        return self._head("RELEASE") + [owner]
+
+    def released(self, reply: object) -> bool:
+        """True: every key released (or counted down); False: the owner held nothing on some
+        key (the others are released all the same)."""
+        replies = reply if self.multi and isinstance(reply, list) else [reply]
+        if len(replies) != len(self.keys) or not all(
+            r is None or (isinstance(r, int) and not isinstance(r, bool)) for r in replies
+        ):
+            raise UnexpectedReply(f"{self._head('RELEASE')[0]!s} answered {reply!r}")
+        return all(r is not None for r in replies)
+
+
+def _token(value: object, reply: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise UnexpectedReply(f"LOCK.ACQUIRE answered {reply!r}")
+
+
+def is_final(text: str) -> bool:
+    """Server errors after which the hold cannot be there any more (WRONGTYPE, "not a lock"), as
+    opposed to LOADING, BUSY, MASTERDOWN, a pause, MOVED or ASK, which pass."""
+    return (text.startswith("ERR ") and "paused" not in text) or text.startswith("WRONGTYPE")
+
+
+def info(key: bytes) -> list[Arg]:
+    return ["LOCK.INFO", key]
+
+
+def holder_ttl(reply: object, owner: bytes, token: int) -> Optional[int]:
+    """From a RESP2 ``LOCK.INFO`` reply: the milliseconds left on the lease of the hold of this
+    owner with this token (-1: no lease), or None when the server does not show that hold."""
+    if not isinstance(reply, list):
+        return None
+    fields = dict(zip(reply[::2], reply[1::2]))
+    holders = fields.get(b"holders")
+    if not isinstance(holders, list):
+        return None
+    for entry in holders:
+        if isinstance(entry, list):
+            holder = dict(zip(entry[::2], entry[1::2]))
+            ttl = holder.get(b"ttl")
+            if holder.get(b"owner") == owner and holder.get(b"token") == token:
+                return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else -1
+    return None
+
+
+class Leader(NamedTuple):
+    """Who leads an election key: the candidate, its epoch (the fencing token of its hold) and
+    the value it proclaimed in that epoch (None if none yet)."""
+
+    candidate: bytes
+    epoch: int
+    value: Optional[bytes]
+
+
+def leader(key: bytes) -> list[Arg]:
+    return ["LOCK.LEADER", key]
+
+
+def parse_leader(reply: object) -> Optional[Leader]:
+    """A ``LOCK.LEADER`` reply: ``[leader, epoch, value|nil]``, or nil when nobody leads."""
+    if reply is None:
+        return None
+    if (
+        isinstance(reply, list)
+        and len(reply) == 3
+        and isinstance(reply[0], bytes)
+        and isinstance(reply[1], int)
+        and not isinstance(reply[1], bool)
+        and reply[1] > 0
+        and (reply[2] is None or isinstance(reply[2], bytes))
+    ):
+        return Leader(reply[0], reply[1], reply[2])
+    raise UnexpectedReply(f"LOCK.LEADER answered {reply!r}")
+
+
+def campaign(
+    key: bytes,
+    candidate: bytes,
+    lease: float,
+    ephemeral: bool,
+    wait: Optional[float],
+    waits: bool,
+    value: Optional[bytes],
+) -> list[Arg]:
+    """LOCK.CAMPAIGN key candidate lease [EPHEMERAL] [WAIT ms] [VALUE value] (ONCE is implied:
+    a campaign never counts a re-entry, so it is safe to send again). ``waits`` False: one
+    attempt; else ``wait`` None waits forever (WAIT 0)."""
+    args: list[Arg] = ["LOCK.CAMPAIGN", key, candidate, millis(lease)]
+    if ephemeral:
+        args.append("EPHEMERAL")
+    if waits:
+        args += ["WAIT", 0 if wait is None else millis(wait)]
+    if value is not None:
+        args += ["VALUE", value]
+    return args
+
+
+def proclaim(key: bytes, candidate: bytes, epoch: int, value: bytes) -> list[Arg]:
+    return ["LOCK.PROCLAIM", key, candidate, epoch, value]
+
+
+def proclaimed(reply: object) -> bool:
+    """A ``LOCK.PROCLAIM`` reply: True (1) when the value was published, False (0) when the
+    candidate does not lead in that epoch."""
+    if reply in (0, 1) and not isinstance(reply, bool):
+        return reply == 1
+    raise UnexpectedReply(f"LOCK.PROCLAIM answered {reply!r}")

@@ -1,0 +1,201 @@
+"""A hold's life as a state machine with no I/O: every decision about what a guard believes.
+
+The I/O around it (the acquire, the watchdog, the signal listener, the release) turns replies,
+messages and the passing of time into events, each stamped with the local monotonic time it was
+observed, and carries out what the machine asks: confirm the grant, renew at ``renew_at``,
+report a loss. The rules:
+
+1. *Held* only after the grant, and, when the acquire's reply came more than a renewal interval
+   (lease / 3) after it was sent (a long wait), after the server confirmed the hold again: the
+   server granted somewhere between the send and the reply, so the only local bound on the
+   lease's end is the send time plus the lease, which a long wait used up. That is no evidence
+   of a loss; a confirmation (a renewal, or for a fixed lease a read of the hold's ttl) gives a
+   bound that counts from its own send time. The deadline moves only on a reply of the server
+   that set or showed the lease, and counts from that command's send time.
+2. *Lost* only on evidence: a renewal answered 0 (or a final error), a signal naming this
+   hold's database, key, owner and token, a check that no longer finds the hold, the EPHEMERAL
+   connection closing, or the time passing the deadline (no confirmed renewal for 90 % of a
+   lease: the backstop).
+3. After *lost* or *released* (or once a release is requested) nothing renews, and nothing
+   changes the state any more.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Mapping, Optional
+
+from ._common import LostReason, NotHeld, Renewal
+from ._messages import HoldEnded
+
+
+class Phase(enum.Enum):
+    #: Granted after a long wait: a confirmation must come before the guard is handed out.
+    CONFIRMING = "confirming"
+    HELD = "held"
+    #: The owner asked for the release: nothing renews, nothing is reported.
+    RELEASING = "releasing"
+    LOST = "lost"
+    RELEASED = "released"
+
+
+class Confirm(enum.Enum):
+    """What confirms a hold granted after a long wait."""
+
+    #: A renewal (the watchdog's own command), sent at once.
+    RENEWAL = "renewal"
+    #: A read of the hold's ttl (``LOCK.INFO``): a fixed lease is never renewed.
+    READ = "read"
+
+
+#: Of the lease, what the library keeps for clock drift between it and the server.
+DRIFT = 0.1
+#: The longest the watchdog waits before it sends a renewal again after one got no answer.
+RETRY = 0.1
+
+
+def renewal_interval(lease: float) -> float:
+    return max(lease / 3, 0.001)
+
+
+class HoldMachine:
+    """One hold: its identity (database, owner, a token per key), its phase, its deadline."""
+
+    def __init__(
+        self,
+        *,
+        db: int,
+        owner: bytes,
+        tokens: Mapping[bytes, int],
+        lease: float,
+        renewal: Renewal,
+        sent_at: float,
+        replied_at: float,
+    ) -> None:
+        self.db = db
+        self.owner = owner
+        self.tokens = dict(tokens)
+        self.lease = lease
+        self.fixed = renewal is Renewal.FIXED
+        self.interval = renewal_interval(lease)
+        self._trusted = lease - lease * DRIFT
+        self.reason: Optional[LostReason] = None
+        #: Past this (local monotonic time) without a confirmed renewal, the hold may be gone.
+        self.deadline = sent_at + self._trusted
+        #: When the watchdog sends its next renewal.
+        self.renew_at = sent_at + self.interval
+        long_wait = replied_at - sent_at > self.interval
+        self.phase = Phase.CONFIRMING if long_wait else Phase.HELD
+
+    # -- what the machine tells ------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Granted, and neither lost nor released (nor being released)."""
+        return self.phase in (Phase.CONFIRMING, Phase.HELD)
+
+    @property
+    def confirmation(self) -> Optional[Confirm]:
+        """What must confirm the grant before the guard is handed out (None: nothing)."""
+        if self.phase is not Phase.CONFIRMING:
+            return None
+        return Confirm.READ if self.fixed else Confirm.RENEWAL
+
+    def next_wake(self) -> Optional[float]:
+        """When the watchdog must act next (renew, or see the deadline pass); None: never."""
+        if self.phase is not Phase.HELD:
+            return None
+        return self.deadline if self.fixed else min(self.renew_at, self.deadline)
+
+    def renewal_due(self, now: float) -> bool:
+        return self.phase is Phase.HELD and not self.fixed and now >= self.renew_at
+
+    def names(self, message: HoldEnded) -> bool:
+        """Whether a one-hold message is about this very hold."""
+        return (
+            message.db == self.db
+            and message.owner == self.owner
+            and self.tokens.get(message.key) == message.token
+        )
+
+    def concerns(self, db: Optional[int], key: Optional[bytes]) -> bool:
+        """Whether a message about a key (``key`` None: every key) in a database (``db`` None:
+        every database) may be about this hold, which a check then tells."""
+        return (db is None or db == self.db) and (key is None or key in self.tokens)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _lose(self, reason: LostReason) -> Optional[LostReason]:
+        if not self.active:
+            return None
+        self.phase, self.reason = Phase.LOST, reason
+        return reason
+
+    def confirmed(self, sent_at: float, ttl: Optional[float] = None) -> None:
+        """The server confirmed the hold: a renewal sent at ``sent_at`` answered 1, or (a fixed
+        lease) a read sent then showed it with ``ttl`` seconds left (None: a renewal)."""
+        if not self.active:
+            return
+        if ttl is None:
+            self.deadline = max(self.deadline, sent_at + self._trusted)
+            self.renew_at = sent_at + self.interval
+        elif ttl < 0:  # no lease on the server: nothing ends it
+            self.deadline = float("inf")
+        else:
+            self.deadline = max(self.deadline, sent_at + ttl - self.lease * DRIFT)
+        self.phase = Phase.HELD
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` answered 1 (every key)."""
+        if self.phase is Phase.HELD:
+            self.deadline = max(self.deadline, sent_at + self._trusted)
+            self.renew_at = sent_at + self.interval
+
+    def reentered(self, sent_at: float) -> None:
+        """An acquire sent at ``sent_at`` answered this hold's tokens: the server reset the
+        lease (ONCE: a re-entry is not counted there)."""
+        if self.phase is Phase.HELD:
+            self.deadline = max(self.deadline, sent_at + self._trusted)
+
+    def unanswered(self, now: float) -> None:
+        """A renewal got no answer (connection error, timeout, a passing server error)."""
+        if self.phase is Phase.HELD:
+            self.renew_at = now + min(self.interval, RETRY)
+
+    def refused(self) -> Optional[LostReason]:
+        """The server says the owner no longer holds it (a renewal or a proclamation answered 0,
+        a final error)."""
+        return self._lose(LostReason.HOLD_GONE)
+
+    def signal(self, message: HoldEnded) -> Optional[LostReason]:
+        return self._lose(message.reason) if self.names(message) else None
+
+    def checked(self, present: bool, reason: LostReason) -> Optional[LostReason]:
+        """A read after a message about the key (or a flush, or a move) found the hold
+        (``present``) or not; ``reason`` is the message's."""
+        return None if present else self._lose(reason)
+
+    def connection_lost(self) -> Optional[LostReason]:
+        """The connection an EPHEMERAL hold is bound to closed: the server ends the hold."""
+        return self._lose(LostReason.CONNECTION_CLOSED)
+
+    def tick(self, now: float) -> Optional[LostReason]:
+        """Time passes. Past the deadline of a held hold, the backstop reports it lost."""
+        if self.phase is not Phase.HELD or now < self.deadline:
+            return None
+        return self._lose(LostReason.LEASE_ENDED if self.fixed else LostReason.UNREACHABLE)
+
+    def forked(self) -> None:
+        """In a forked child: the hold is the parent's (reported to nobody)."""
+        self._lose(LostReason.FORKED)
+
+    def release_requested(self) -> Optional[NotHeld]:
+        """The owner releases: None, or the error to raise when it was lost or released."""
+        if self.active:
+            self.phase = Phase.RELEASING
+            return None
+        return NotHeld(self.reason)
+
+    def release_replied(self) -> None:
+        if self.phase is Phase.RELEASING:
+            self.phase = Phase.RELEASED

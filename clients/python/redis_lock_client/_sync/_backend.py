@@ -1,0 +1,257 @@
+"""Where the threaded library and the asyncio one truly differ: threads instead of tasks,
+threading's locks and events, redis-py's blocking connections and cluster. Hand-written;
+``_async/_backend.py`` is its asyncio twin, with the same names. Everything else in ``_sync/`` is
+generated from ``_async/`` by ``unasync.py``."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional, Protocol, cast
+
+import redis
+from redis.cluster import RedisCluster
+from redis.connection import Connection, ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+__all__ = [
+    "CLOSED",
+    "Cancelled",
+    "ConnectionPool",
+    "DefaultConnection",
+    "Event",
+    "IO_ERRORS",
+    "Mutex",
+    "RawConnection",
+    "Redis",
+    "RedisCluster",
+    "Subscriber",
+    "closed_by_server",
+    "close_connection",
+    "cluster_node",
+    "cluster_node_at",
+    "cluster_refresh",
+    "current_loop",
+    "new_gate",
+    "open_connection",
+    "pool_close",
+    "pool_get",
+    "pool_put",
+    "read",
+    "send",
+    "sleep",
+    "spawn",
+    "spawn_from_any_thread",
+    "wait_event",
+]
+
+Redis = redis.Redis
+DefaultConnection = Connection
+#: What a broken, closed or timed-out connection raises.
+IO_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class Cancelled(BaseException):
+    """Never raised: a thread is not cancelled (asyncio's CancelledError in the asyncio twin)."""
+
+
+Event = threading.Event
+#: A lock held across a command (the asyncio twin: asyncio.Lock).
+Mutex = threading.Lock
+
+
+def new_gate() -> threading.RLock:
+    """A handle's gate: its acquires and the releases that send something, one at a time.
+    Reentrant, so that an ``on_lost`` callback run inside an acquire may release."""
+    return threading.RLock()
+
+
+def wait_event(event: threading.Event, timeout: float) -> bool:
+    """Waits up to ``timeout`` seconds for ``event``; whether it is set."""
+    if timeout <= 0:
+        return event.is_set()
+    return event.wait(timeout)
+
+
+def sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def spawn(name: str, fn: Callable[..., None], *args: Any) -> None:
+    """Runs ``fn(*args)`` in the background: a daemon thread."""
+    threading.Thread(target=fn, args=args, name=name, daemon=True).start()
+
+
+def current_loop() -> Optional[object]:
+    """No loop to come back to: a thread can start from anywhere."""
+    return None
+
+
+def spawn_from_any_thread(loop: Optional[object], name: str, fn: Callable[..., None], *args: Any) -> None:
+    """From any thread (a finalizer runs where the collector runs): ``spawn``."""
+    spawn(name, fn, *args)
+
+
+class RawConnection(Protocol):
+    """The part of redis-py's (untyped) Connection the library uses."""
+
+    def connect(self) -> None: ...
+    def send_command(self, *args: Any, check_health: bool = True) -> None: ...
+    def read_response(self, disable_decoding: bool = False, *, timeout: Any = ...) -> Any: ...
+    def can_read(self, timeout: float = 0) -> bool: ...
+    def disconnect(self, *args: Any) -> None: ...
+
+
+def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
+    conn = cast(RawConnection, cls(**kwargs))
+    conn.connect()
+    return conn
+
+
+def send(conn: RawConnection, args: list[Any]) -> None:
+    conn.send_command(*args, check_health=False)
+
+
+def read(conn: RawConnection, timeout: Optional[float]) -> Any:
+    """One reply; ``timeout`` None waits as long as it takes."""
+    return conn.read_response(timeout=timeout)
+
+
+def close_connection(conn: RawConnection) -> None:
+    conn.disconnect()
+
+
+def closed_by_server(conn: RawConnection, mutex: threading.Lock) -> bool:
+    """Whether an idle connection was closed by the server: readable with nothing asked (EOF).
+    A connection in use (``mutex`` held) is not looked at: its command's outcome tells."""
+    if not mutex.acquire(blocking=False):
+        return False
+    try:
+        if getattr(conn, "_sock", None) is None:
+            return True
+        return conn.can_read(timeout=0)
+    finally:
+        mutex.release()
+
+
+def new_pool(cls: type[Any], kwargs: dict[str, Any]) -> ConnectionPool:
+    return ConnectionPool(connection_class=cls, **kwargs)
+
+
+def pool_get(pool: ConnectionPool) -> RawConnection:
+    return cast(RawConnection, pool.get_connection())
+
+
+def pool_put(pool: ConnectionPool, conn: RawConnection) -> None:
+    pool.release(cast(Any, conn))
+
+
+def pool_close(pool: ConnectionPool) -> None:
+    pool.disconnect()
+
+
+#: What ``Subscriber.read`` returns once the subscriber is closed.
+CLOSED: Any = object()
+
+
+class Subscriber:
+    """A pub/sub connection read by one thread. ``post`` (from any thread) queues a
+    (un)subscription, which the reading thread sends; ``read`` returns the next reply, or
+    ``CLOSED`` once ``close`` (from any thread) was called. Only the reading thread touches the
+    connection while it reads."""
+
+    def __init__(self, conn: RawConnection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, bytes]] = []
+        self._closed = False
+        self._reading = False
+        self._shut_down = False
+        self._wake_r, self._wake_w = socket.socketpair()
+
+    def post(self, op: str, channel: bytes) -> None:
+        with self._lock:
+            self._pending.append((op, channel))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def read(self, timeout: Optional[float] = None) -> Any:
+        """The next reply (``timeout`` None: as long as it takes; past it, a TimeoutError)."""
+        with self._lock:
+            if self._closed:
+                return CLOSED
+            self._reading = True
+        until = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return CLOSED
+                    ops, self._pending = self._pending, []
+                for op, channel in ops:
+                    send(self._conn, [op, channel])
+                if self._conn.can_read(timeout=0):
+                    return self._conn.read_response()
+                sock = getattr(self._conn, "_sock", None)
+                if sock is None:
+                    raise RedisConnectionError("the pub/sub connection closed")
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RedisTimeoutError("no reply on the pub/sub connection")
+                ready, _, _ = select.select([sock, self._wake_r], [], [], left)
+                if self._wake_r in ready:
+                    self._wake_r.recv(4096)
+        finally:
+            with self._lock:
+                self._reading = False
+                closed = self._closed
+            if closed:
+                self._shut()
+
+    def close(self) -> None:
+        """Ends the reads; a ``read`` waiting meanwhile (in another thread) returns ``CLOSED``."""
+        with self._lock:
+            self._closed = True
+            reading = self._reading
+        if reading:
+            self._wake()  # the reading thread closes the connection
+        else:
+            self._shut()
+
+    def _shut(self) -> None:
+        with self._lock:
+            if self._shut_down:
+                return
+            self._shut_down = True
+        self._conn.disconnect()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+def cluster_node(cluster: RedisCluster, slot: int) -> tuple[str, type[Any], dict[str, Any]]:
+    """The master serving ``slot``: its name, connection class and connection settings."""
+    node = cluster.nodes_manager.get_node_from_slot(slot)
+    pool = node.redis_connection.connection_pool
+    return node.name, pool.connection_class, pool.connection_kwargs
+
+
+def cluster_node_at(
+    cluster: RedisCluster, host: str, port: int
+) -> Optional[tuple[str, type[Any], dict[str, Any]]]:
+    node = cluster.nodes_manager.get_node(host=host, port=port)
+    if node is None or node.redis_connection is None:
+        return None
+    pool = node.redis_connection.connection_pool
+    return node.name, pool.connection_class, pool.connection_kwargs
+
+
+def cluster_refresh(cluster: RedisCluster) -> None:
+    cluster.nodes_manager.initialize()

@@ -1,0 +1,123 @@
+# Generated from redis_lock_client/_async/_connection.py by clients/python/unasync.py:
+# edit that file and run the script, not this one.
+"""The library's connections to one server: a pool for ordinary commands, a fresh connection
+for each wait, one connection per EPHEMERAL hold."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from redis.exceptions import ResponseError
+
+from .._common import LockConnectionError
+from .._connect import name_for, own_kwargs, server_error
+from ._backend import (
+    IO_ERRORS,
+    Cancelled,
+    Mutex,
+    RawConnection,
+    close_connection,
+    closed_by_server,
+    new_pool,
+    open_connection,
+    pool_close,
+    pool_get,
+    pool_put,
+    read,
+    send,
+)
+
+
+def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -> Any:
+    """One command on ``conn`` (``timeout`` None: as long as it takes). A broken, timed-out or
+    cancelled connection is closed, so that no stale reply is ever read from it later."""
+    try:
+        send(conn, args)
+        return read(conn, timeout)
+    except ResponseError as e:
+        raise server_error(e) from None
+    except IO_ERRORS as e:
+        close_connection(conn)
+        raise LockConnectionError(f"{args[0]}: {e}") from e
+    except Cancelled:
+        close_connection(conn)
+        raise
+
+
+class Connector:
+    """Makes the library's connections to one server and runs one command on one."""
+
+    def __init__(self, cls: type[Any], kwargs: dict[str, Any], timeout: float) -> None:
+        self.cls = cls
+        self.kwargs = own_kwargs(kwargs, timeout)
+        self.timeout = timeout
+        self.db = int(self.kwargs.get("db", 0) or 0)
+        self.pool = new_pool(cls, self.kwargs)
+
+    def new(self, owner: Optional[bytes] = None) -> RawConnection:
+        """A connection of its own; one bound to ``owner`` carries the owner in its name."""
+        kwargs = self.kwargs
+        if owner is not None:
+            kwargs = {**kwargs, "client_name": name_for(kwargs["client_name"], owner)}
+        try:
+            return open_connection(self.cls, kwargs)
+        except IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+
+    def query(self, args: list[Any], asking: bool = False) -> Any:
+        """One command on a pooled connection; ``asking``: preceded by ASKING (the answer to an
+        ASK redirection, good for that one command)."""
+        try:
+            conn = pool_get(self.pool)
+        except IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        try:
+            if asking:
+                call(conn, ["ASKING"], self.timeout)
+            return call(conn, args, self.timeout)
+        finally:
+            pool_put(self.pool, conn)
+
+    def close(self) -> None:
+        pool_close(self.pool)
+
+
+class OwnConnection:
+    """The connection an EPHEMERAL hold is bound to: never replaced, never reconnected. Any
+    error on it closes it for good (the server then ends the hold, if it has not already)."""
+
+    def __init__(self, conn: RawConnection, timeout: float) -> None:
+        self.conn = conn
+        #: The read timeout of an ordinary command on it (renew, release).
+        self.timeout = timeout
+        self.mutex = Mutex()
+        self.broken = False
+
+    def call(self, args: list[Any], timeout: Optional[float]) -> Any:
+        with self.mutex:
+            if self.broken:
+                raise LockConnectionError("the EPHEMERAL hold's connection is closed")
+            try:
+                return call(self.conn, args, timeout)
+            except (LockConnectionError, Cancelled):
+                self.broken = True
+                raise
+
+    def alive(self) -> bool:
+        """False once the server closed it (nothing else may arrive on an idle connection)."""
+        if not self.broken:
+            try:
+                self.broken = closed_by_server(self.conn, self.mutex)
+            except IO_ERRORS:
+                self.broken = True
+        return not self.broken
+
+    def close(self) -> None:
+        self.broken = True
+        close_connection(self.conn)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's socket is never used, nor shut down, here."""
+        self.mutex = Mutex()
+        self.broken = True
+

@@ -1,0 +1,288 @@
+# Generated from redis_lock_client/_async/_election.py by clients/python/unasync.py:
+# edit that file and run the script, not this one.
+"""Leader election (etcd's ``concurrency.Election`` on LOCK.CAMPAIGN, LOCK.PROCLAIM,
+LOCK.LEADER): a campaign is a hold like a lock's; an observer follows the leader channel."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Optional
+
+from redis.exceptions import ResponseError
+
+from .._commands import KeySet, Leader, campaign, leader, parse_leader, proclaim, proclaimed
+from .._common import Key, Kind, LockConnectionError, LockError, LockTimeout, Release, to_bytes
+from .._connect import Redirected
+from .._leaders import LeaderFeed
+from .._messages import leader_channel, parse_leader_message
+from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep
+from ._hold import Hold
+from ._lock import _Guard, _Handle
+
+if TYPE_CHECKING:
+    from ._client import LockClient
+
+
+class _Candidate(_Handle["Leadership"]):
+    """The hold of a campaign: a lock handle whose acquire is ``LOCK.CAMPAIGN`` (same
+    watchdog, lost signal, EPHEMERAL connection, waits and retries), and whose re-entry is
+    never counted (campaigning again while leading returns the same leadership)."""
+
+    _counts_reentry = False
+
+    def __init__(self, election: Election, **options: Any) -> None:
+        keys = KeySet((election.key,), multi=False)
+        super().__init__(election.client, keys, Kind.EXCLUSIVE, 0, **options)
+        self.election = election
+        self._leadership: Optional[Leadership] = None
+
+    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
+        return campaign(
+            self.election.key, self.owner, self.lease, self.ephemeral, wait, waits, value
+        )
+
+    def _guard(self, hold: Hold) -> Leadership:
+        current = self._leadership
+        if current is None or current._hold is not hold:
+            current = self._leadership = Leadership(self, hold)
+        return current
+
+
+class Election:
+    """A handle on one election key, for one candidate (``client.election(key, candidate)``):
+    campaign for it, read its leader, observe its leaders.
+
+    - ``campaign(value=None, timeout=None)`` waits in the server's FIFO queue until this
+      candidate leads and returns its :class:`Leadership` (the epoch, ``lost``,
+      ``proclaim``, ``resign``); ``LockTimeout`` when ``timeout`` (seconds; 0 = one attempt)
+      passes first. The leadership is a hold like a lock's: its lease (default 30 s) is renewed
+      by the watchdog every ``lease / 3``, and it is reported lost as any hold is.
+    - ``ephemeral`` (default True): the leadership is bound to a connection the leadership owns,
+      so a crashed or killed process stops leading at once, not at its lease end.
+    - ``leader()`` reads who leads now; ``observe()`` follows every change.
+
+    The candidate is its name: two handles (or processes) campaigning under one name are one
+    candidate to the server, and both would think they lead. Leave ``candidate`` unset (each
+    handle gets a name of its own) or give each process its own.
+    """
+
+    def __init__(
+        self, client: LockClient, key: bytes, candidate: Optional[bytes], **options: Any
+    ) -> None:
+        self.client = client
+        self.key = key
+        self._candidate = _Candidate(self, owner=candidate, **options)
+
+    @property
+    def candidate(self) -> bytes:
+        """The name this handle campaigns under (``LOCK.LEADER`` shows it while it leads)."""
+        return self._candidate.owner
+
+    def campaign(
+        self, value: Optional[Key] = None, timeout: Optional[float] = None
+    ) -> Leadership:
+        """Waits until this candidate leads (``LOCK.CAMPAIGN ... WAIT``, on a connection of its
+        own) and returns its leadership; with ``value``, proclaims it with the election. Raises
+        ``LockTimeout`` when ``timeout`` passes (0: one attempt, no wait). Campaigning again
+        while leading returns the same leadership (the epoch is kept; ``value`` is proclaimed).
+        """
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must not be negative")
+        data = None if value is None else to_bytes(value)
+        leadership = self._candidate._acquire(timeout != 0, timeout, data)
+        if leadership is None:
+            raise LockTimeout(timeout or 0.0)
+        return leadership
+
+    def leader(self) -> Optional[Leader]:
+        """Who leads now (``LOCK.LEADER``): ``Leader(candidate, epoch, value)``, or None."""
+        return parse_leader(self.client._query(self.key, leader(self.key)))
+
+    def observe(self) -> Observer:
+        """Follows the key's leaders: an iterator of :class:`Leader`, in order (see
+        :class:`Observer`)."""
+        return Observer(self.client, self.key)
+
+
+class Leadership(_Guard):
+    """This candidate leads: its ``epoch`` (the fencing token of its hold), ``lost`` (set when
+    it is deposed: lease ended, connection closed, forced out), ``proclaim(value)``,
+    ``resign()``. ``with`` resigns on exit."""
+
+    @property
+    def epoch(self) -> int:
+        """The epoch: a fencing token, above every earlier leader's. Pass it with every write
+        the leader makes, and have the resource refuse an epoch below the highest it has seen."""
+        return self._hold.token
+
+    @property
+    def key(self) -> bytes:
+        return self._hold.key
+
+    @property
+    def candidate(self) -> bytes:
+        return self._hold.owner
+
+    def proclaim(self, value: Key) -> bool:
+        """Publishes ``value`` (at most 4096 bytes) for observers (``LOCK.PROCLAIM``): True, or
+        False when this leadership is over: resigned, lost, past its local deadline (it is then
+        reported lost, ``UNREACHABLE``), or refused by the server because the candidate no
+        longer leads in this epoch (reported lost, ``HOLD_GONE``). A deposed leader's
+        proclamation is never published."""
+        hold = self._hold
+        if self._released or hold.past_deadline():
+            return False
+        try:
+            reply = hold.send(proclaim(hold.key, hold.owner, hold.token, to_bytes(value)))
+        except LockConnectionError:
+            if hold.own is None:
+                raise
+            hold.connection_lost()  # the server ends the hold with it
+            return False
+        if proclaimed(reply):
+            return True
+        hold.refused()
+        return False
+
+    def resign(self) -> Release:
+        """Stops leading (``LOCK.RELEASE``): the next candidate in the queue is elected at once.
+        As ``release()``: raises ``NotHeld`` if the leadership was lost before."""
+        return self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"Leadership(key={self.key!r}, candidate={self.candidate!r}, "
+            f"epoch={self.epoch}, lost={self.lost_reason})"
+        )
+
+
+class Observer:
+    """The leaders of one election key, in the order they led: an iterator of :class:`Leader`
+    (``election.observe()``).
+
+    It subscribes to the key's leader channel on a connection of its own (``SSUBSCRIBE`` on the
+    key's master in a cluster), then reads ``LOCK.LEADER`` and yields the current leader, then a
+    leader per message about its own database and key: each newly elected candidate (``value``
+    None), and each value it proclaims. It never yields an epoch below the last it yielded, nor
+    the same leader twice in a row. When the connection breaks it connects again, subscribes,
+    and reads ``LOCK.LEADER`` again (pub/sub is at most once: what was published meanwhile is
+    gone, the read tells the current leader). The end of a leadership is not announced: the
+    next election is.
+
+    Reading waits for the next leader; closing it (from any thread in the sync library; in
+    asyncio, cancel a task waiting in it to stop it at once) ends the iteration; ``with``
+    closes it.
+    """
+
+    def __init__(self, client: LockClient, key: bytes) -> None:
+        self._client = client
+        self._key = key
+        self._channel = leader_channel(key)
+        self._subscribe = "SSUBSCRIBE" if client._cluster is not None else "SUBSCRIBE"
+        self._feed = LeaderFeed(client._db(), key)
+        self._ready: list[Leader] = []
+        self._sub: Optional[Subscriber] = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __iter__(self) -> Observer:
+        return self
+
+    def __next__(self) -> Leader:
+        delay = 0.05
+        while True:
+            if self._closed:
+                self._drop()
+                raise StopIteration
+            if self._ready:
+                return self._ready.pop(0)
+            sub = self._sub
+            if sub is None:
+                try:
+                    self._connect()
+                    delay = 0.05
+                except LockError:
+                    sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                continue
+            try:
+                reply = sub.read()
+            except ResponseError:
+                continue
+            except IO_ERRORS:
+                self._drop()
+                continue
+            except Cancelled:
+                self._drop()  # a half-read reply must never be read later
+                raise
+            if reply is not CLOSED:
+                self._take(reply)
+
+    def _connect(self) -> None:
+        """Subscribes, then reads the leader (in that order: nothing is missed in between)."""
+        connector = (self._client._node_for(self._key)).commands
+        sub = Subscriber(connector.new())
+        try:
+            sub.post(self._subscribe, self._channel)
+            try:
+                reply = sub.read(connector.timeout)
+            except ResponseError as e:
+                raise LockConnectionError(f"{self._subscribe}: {e}") from None
+            except IO_ERRORS as e:
+                raise LockConnectionError(f"{self._subscribe}: {e}") from e
+            if not (isinstance(reply, list) and reply[1:2] == [self._channel]):
+                raise LockConnectionError(f"{self._subscribe} answered {reply!r}")
+            found = parse_leader(self._client._query(self._key, leader(self._key)))
+        except Redirected:
+            sub.close()
+            self._client._refresh()
+            raise
+        except BaseException:
+            sub.close()
+            raise
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._sub = sub
+        if closed:
+            sub.close()
+            return
+        self._push(self._feed.read(found))
+
+    def _take(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel, payload = reply[0], reply[1], reply[2]
+        if kind not in (b"message", b"smessage") or channel != self._channel:
+            return
+        if not isinstance(payload, bytes):
+            return
+        self._push(self._feed.message(parse_leader_message(payload)))
+        if self._feed.stale:
+            try:
+                found = parse_leader(self._client._query(self._key, leader(self._key)))
+            except LockError:
+                return  # the next message or reconnection tells
+            self._push(self._feed.read(found))
+
+    def _push(self, found: Optional[Leader]) -> None:
+        if found is not None:
+            self._ready.append(found)
+
+    def _drop(self) -> None:
+        with self._lock:
+            sub, self._sub = self._sub, None
+        if sub is not None:
+            sub.close()
+
+    def close(self) -> None:
+        """Ends the iteration and closes the connection."""
+        with self._lock:
+            self._closed = True
+        self._drop()
+
+    def __enter__(self) -> Observer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

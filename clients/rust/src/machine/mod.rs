@@ -1,0 +1,501 @@
+//! One hold's state as a machine with no I/O: events in (each with the local monotonic time it
+//! was observed), a state and actions out. The shell (`hold.rs`, the keeper, the signal
+//! listener, the acquire and release paths) only turns replies, messages and timers into events
+//! and carries out what the machine asks.
+//!
+//! The rules, each tested below (and against a reference model in `model.rs`):
+//! 1. *Held* only after `Granted` — and, when the wait took a third of the lease or more, after
+//!    a confirmation the server answered (a renewal sent at once, or for a fixed lease a read of
+//!    the lease left): the grant happened somewhere between the acquire's send and its reply,
+//!    and the only safe bound on the lease's end is the send time plus the lease, which a long
+//!    wait has nearly used up. That is no evidence of a loss; the confirmation's own send time
+//!    gives a fresh bound.
+//! 2. The local deadline moves only on evidence from the server (a renewal answered, a re-entry,
+//!    a read of the lease left), counted from that command's *send* time, minus a tenth of the
+//!    lease for clock drift; it never moves back.
+//! 3. *Lost* only on evidence: a renewal answered 0 (or, bound to its connection, not at all), a
+//!    signal naming this (db, key, owner, token), a check that no longer finds the hold, the
+//!    `EPHEMERAL` connection closing, the handle's acquire answered with another token, or time
+//!    passing the deadline (no confirmed renewal for a lease: the backstop).
+//! 4. After *Lost* or *Released* nothing renews, and nothing changes the state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::lost::{LostReason, Status};
+use crate::message::LostSignal;
+
+/// How a hold's lease is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// The watchdog renews at a third of the lease.
+    Watchdog,
+    /// Nothing renews; the hold is reported lost at its lease end.
+    Fixed,
+}
+
+/// What a hold is bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binding {
+    /// Nothing: a lease.
+    Lease,
+    /// A connection of its own (`EPHEMERAL`): when it fails, the hold is gone.
+    Connection,
+}
+
+/// The keys of a hold and how its commands name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// One key (`LOCK.RENEW key ...`).
+    One,
+    /// Several held together (`LOCK.MRENEW numkeys key ...`): a lost hold still holds its
+    /// other keys, so its release is sent all the same.
+    Many,
+}
+
+/// Who a hold is: what a signal must name to be about it.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub(crate) db: i64,
+    /// The keys, in the order given; never empty.
+    pub(crate) keys: Arc<[Arc<[u8]>]>,
+    pub(crate) owner: Arc<str>,
+    /// A fencing token per key, in the keys' order.
+    pub(crate) tokens: Arc<[u64]>,
+}
+
+impl Identity {
+    /// Whether a one-hold message names exactly this hold.
+    fn is_named_by(&self, db: i64, key: &[u8], owner: &[u8], token: u64) -> bool {
+        db == self.db
+            && owner == self.owner.as_bytes()
+            && self
+                .keys
+                .iter()
+                .zip(self.tokens.iter())
+                .any(|(k, t)| **k == *key && *t == token)
+    }
+
+    /// Whether a message concerns one of this hold's keys.
+    fn is_concerned_by(&self, signal: &LostSignal) -> bool {
+        self.keys.iter().any(|k| signal.concerns(self.db, k))
+    }
+}
+
+/// The terms of a hold, fixed when it is made.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Terms {
+    pub(crate) lease: Duration,
+    pub(crate) renewal: Renewal,
+    pub(crate) binding: Binding,
+    pub(crate) form: Form,
+}
+
+impl Terms {
+    /// How often the watchdog renews: a third of the lease (at least 1 ms).
+    pub(crate) fn interval(&self) -> Duration {
+        (self.lease / 3).max(Duration::from_millis(1))
+    }
+
+    /// How soon a renewal that got no answer is sent again.
+    fn retry(&self) -> Duration {
+        self.interval().min(Duration::from_millis(100))
+    }
+
+    /// The local bound a command sent at `sent` gives, when the server answered that the hold
+    /// lasts `left` from when it ran (no earlier than `sent`): minus a tenth of the lease for
+    /// clock drift.
+    fn bound(&self, sent: Instant, left: Duration) -> Instant {
+        sent + left.saturating_sub(self.lease / 10)
+    }
+
+    /// How many confirmations an acquire sends before it gives up on a server that answers none.
+    const CONFIRMATIONS: u32 = 3;
+}
+
+/// Where a hold stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// The acquire is on its way.
+    Acquiring,
+    /// Granted after a long wait; the confirmation is on its way (`attempts` sent so far). The
+    /// guard has not reached the application.
+    Confirming {
+        attempts: u32,
+    },
+    /// Held until at least `deadline`; the watchdog renews at `next` (unless `renewing`: one
+    /// renewal at a time).
+    Held {
+        deadline: Instant,
+        next: Instant,
+        renewing: bool,
+    },
+    /// The release is on its way.
+    Releasing,
+    Released,
+    Lost(LostReason),
+    /// Granted, but the confirmation found the hold gone or got no answer: the guard never
+    /// reached the application.
+    Refused,
+}
+
+/// A read whose answer is an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// `LOCK.RENEW`/`LOCK.MRENEW`: the watchdog's, or an acquire's confirmation.
+    Renewal,
+    /// A fixed lease's confirmation: the lease this hold has left (`LOCK.INFO`).
+    LeaseLeft,
+    /// Whether the hold is still there after a message that may concern it (`LOCK.INFO`);
+    /// `LostReason` is what to report if not.
+    Check(LostReason),
+}
+
+/// What the server answered to a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The hold is there, and lasts at least this long from when the read ran, if known.
+    Holds(Option<Duration>),
+    /// The hold is not there.
+    Gone,
+    /// No answer (the connection broke or timed out), or one that says nothing.
+    Nothing,
+}
+
+/// Something observed about the hold.
+#[derive(Debug, Clone)]
+pub(crate) enum Event<'a> {
+    /// The acquire's reply: the server granted between `sent` and `replied`.
+    Granted { sent: Instant, replied: Instant },
+    /// An acquire through the same handle answered this hold's tokens (a re-entry, which sets
+    /// the lease again).
+    Reentered { sent: Instant },
+    /// An acquire through the same handle answered another token, or none: this hold is gone.
+    Replaced,
+    /// A read sent at `sent` was answered at `replied`.
+    Answered {
+        read: Read,
+        sent: Instant,
+        replied: Instant,
+        answer: Answer,
+    },
+    /// A message of the lost-hold signal (about this hold or not).
+    Signal(&'a LostSignal),
+    /// The connection the hold is bound to closed or failed.
+    ConnectionLost,
+    /// The application released the hold (its last guard).
+    ReleaseRequested,
+    /// The release was answered (or could not be sent).
+    ReleaseReplied,
+    /// Time passed.
+    Tick { now: Instant },
+}
+
+/// When the shell should tick the machine next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    At(Instant),
+    Never,
+}
+
+/// What the machine asks the shell to do after an event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Actions {
+    /// Hand the guard to the application (the acquire returns it).
+    pub(crate) deliver: bool,
+    /// The acquire fails: the hold is gone (`Some(reason)`), or the server did not answer the
+    /// confirmation (`None`).
+    pub(crate) refuse: Option<Option<LostReason>>,
+    /// Send a renewal now; answer with `Read::Renewal`.
+    pub(crate) renew: bool,
+    /// Read the lease this hold has left; answer with `Read::LeaseLeft`.
+    pub(crate) read_lease: bool,
+    /// Check that the hold is still there (every key); answer with `Read::Check(reason)`.
+    /// `moved`: the key changed nodes — read where it is now, and move the subscription there.
+    pub(crate) check: Option<Check>,
+    /// Send the release.
+    pub(crate) release: bool,
+    /// The status the application sees changed.
+    pub(crate) notify: bool,
+    /// Tick the machine then (instead of any earlier wake-up).
+    pub(crate) wake: Option<Wake>,
+}
+
+/// A check the machine asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Check {
+    pub(crate) reason: LostReason,
+    pub(crate) moved: bool,
+}
+
+/// One hold's state machine.
+#[derive(Debug)]
+pub(crate) struct Machine {
+    identity: Identity,
+    terms: Terms,
+    state: State,
+    wake: Wake,
+}
+
+impl Machine {
+    pub(crate) fn new(identity: Identity, terms: Terms) -> Machine {
+        Machine {
+            identity,
+            terms,
+            state: State::Acquiring,
+            wake: Wake::Never,
+        }
+    }
+
+    pub(crate) fn state(&self) -> State {
+        self.state
+    }
+
+    /// What the application sees.
+    pub(crate) fn status(&self) -> Status {
+        match self.state {
+            State::Acquiring | State::Confirming { .. } | State::Held { .. } => Status::Active,
+            State::Releasing | State::Released | State::Refused => Status::Released,
+            State::Lost(reason) => Status::Lost(reason),
+        }
+    }
+
+    /// The local deadline while held.
+    #[cfg(test)]
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self.state {
+            State::Held { deadline, .. } => Some(deadline),
+            _ => None,
+        }
+    }
+
+    /// Takes one event; returns what to do.
+    pub(crate) fn step(&mut self, event: Event<'_>) -> Actions {
+        let before = self.status();
+        let mut out = Actions::default();
+        self.state = match (self.state, event) {
+            (State::Acquiring, Event::Granted { sent, replied }) => {
+                if replied.saturating_duration_since(sent) >= self.terms.interval() {
+                    self.confirm(&mut out);
+                    State::Confirming { attempts: 1 }
+                } else {
+                    out.deliver = true;
+                    self.held(sent, self.terms.lease)
+                }
+            }
+            (
+                State::Confirming { attempts },
+                Event::Answered {
+                    read, sent, answer, ..
+                },
+            ) => match (read, answer) {
+                (Read::Renewal | Read::LeaseLeft, Answer::Holds(left)) => {
+                    out.deliver = true;
+                    self.held(sent, left.unwrap_or(self.terms.lease))
+                }
+                (Read::Renewal | Read::LeaseLeft, Answer::Gone) => {
+                    out.refuse = Some(Some(LostReason::HoldGone));
+                    State::Refused
+                }
+                (Read::Renewal | Read::LeaseLeft, Answer::Nothing) => {
+                    if self.terms.binding == Binding::Connection {
+                        out.refuse = Some(Some(LostReason::ConnectionClosed));
+                        State::Refused
+                    } else if attempts < Terms::CONFIRMATIONS {
+                        self.confirm(&mut out);
+                        State::Confirming {
+                            attempts: attempts + 1,
+                        }
+                    } else {
+                        out.refuse = Some(None);
+                        State::Refused
+                    }
+                }
+                (Read::Check(_), _) => State::Confirming { attempts },
+            },
+            (State::Confirming { .. }, Event::Signal(signal)) => match self.named(signal) {
+                Some(reason) => {
+                    out.refuse = Some(Some(reason));
+                    State::Refused
+                }
+                None => self.state,
+            },
+            (State::Confirming { .. }, Event::ConnectionLost)
+                if self.terms.binding == Binding::Connection =>
+            {
+                out.refuse = Some(Some(LostReason::ConnectionClosed));
+                State::Refused
+            }
+            (State::Held { .. }, event) => self.step_held(event, &mut out),
+            (State::Releasing, Event::ReleaseReplied) => State::Released,
+            (State::Lost(reason), Event::ReleaseRequested) => {
+                // A lost multi-key hold still holds its other keys: free them now.
+                out.release = self.terms.form == Form::Many;
+                State::Lost(reason)
+            }
+            (state, _) => state,
+        };
+        out.notify = self.status() != before;
+        let wake = self.wake_at();
+        if wake != self.wake {
+            self.wake = wake;
+            out.wake = Some(wake);
+        }
+        out
+    }
+
+    fn step_held(&mut self, event: Event<'_>, out: &mut Actions) -> State {
+        let State::Held {
+            deadline,
+            next,
+            renewing,
+        } = self.state
+        else {
+            return self.state;
+        };
+        let terms = self.terms;
+        match event {
+            Event::Tick { now } if now >= deadline => State::Lost(match terms.renewal {
+                Renewal::Watchdog => LostReason::Unreachable,
+                Renewal::Fixed => LostReason::LeaseEnded,
+            }),
+            Event::Tick { now } => {
+                let due = terms.renewal == Renewal::Watchdog && !renewing && now >= next;
+                out.renew = due;
+                State::Held {
+                    deadline,
+                    next,
+                    renewing: renewing || due,
+                }
+            }
+            Event::Answered {
+                read: Read::Renewal,
+                sent,
+                replied,
+                answer,
+            } => match answer {
+                Answer::Holds(left) => State::Held {
+                    deadline: deadline.max(terms.bound(sent, left.unwrap_or(terms.lease))),
+                    next: sent + terms.interval(),
+                    renewing: false,
+                },
+                Answer::Gone => State::Lost(LostReason::HoldGone),
+                Answer::Nothing if terms.binding == Binding::Connection => {
+                    State::Lost(LostReason::ConnectionClosed)
+                }
+                Answer::Nothing => State::Held {
+                    deadline,
+                    next: replied + terms.retry(),
+                    renewing: false,
+                },
+            },
+            Event::Answered {
+                read: Read::Check(reason),
+                sent,
+                answer,
+                ..
+            } => match answer {
+                Answer::Holds(Some(left)) => State::Held {
+                    deadline: deadline.max(terms.bound(sent, left)),
+                    next,
+                    renewing,
+                },
+                Answer::Gone => State::Lost(reason),
+                Answer::Holds(None) | Answer::Nothing => self.state,
+            },
+            Event::Answered {
+                read: Read::LeaseLeft,
+                ..
+            } => self.state,
+            Event::Reentered { sent } => State::Held {
+                deadline: deadline.max(terms.bound(sent, terms.lease)),
+                next,
+                renewing,
+            },
+            Event::Replaced => State::Lost(LostReason::HoldGone),
+            Event::Signal(signal) => {
+                if let Some(reason) = self.named(signal) {
+                    return State::Lost(reason);
+                }
+                out.check = self.check_after(signal);
+                self.state
+            }
+            Event::ConnectionLost if terms.binding == Binding::Connection => {
+                State::Lost(LostReason::ConnectionClosed)
+            }
+            Event::ReleaseRequested => {
+                out.release = true;
+                State::Releasing
+            }
+            Event::ConnectionLost | Event::Granted { .. } | Event::ReleaseReplied => self.state,
+        }
+    }
+
+    /// The reason of a one-hold message that names exactly this hold.
+    fn named(&self, signal: &LostSignal) -> Option<LostReason> {
+        match signal {
+            LostSignal::Hold {
+                reason,
+                db,
+                token,
+                key,
+                owner,
+            } if self.identity.is_named_by(*db, key, owner, *token) => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// The check a message asks for: one that concerns a key of this hold without naming a
+    /// hold (the whole key, a move, a flush) is checked with a read before anything is reported.
+    fn check_after(&self, signal: &LostSignal) -> Option<Check> {
+        if !self.identity.is_concerned_by(signal) {
+            return None;
+        }
+        let (reason, moved) = match signal {
+            LostSignal::Hold { .. } => return None,
+            LostSignal::Key { reason, .. } => (*reason, false),
+            LostSignal::Moved { .. } => (LostReason::HoldGone, true),
+            LostSignal::Flushed { .. } => (LostReason::Flushed, false),
+        };
+        Some(Check { reason, moved })
+    }
+
+    fn confirm(&self, out: &mut Actions) {
+        match self.terms.renewal {
+            Renewal::Watchdog => out.renew = true,
+            Renewal::Fixed => out.read_lease = true,
+        }
+    }
+
+    /// Held on evidence from a command sent at `sent`, the hold lasting `left` from then.
+    fn held(&self, sent: Instant, left: Duration) -> State {
+        State::Held {
+            deadline: self.terms.bound(sent, left),
+            next: sent + self.terms.interval(),
+            renewing: false,
+        }
+    }
+
+    /// When the machine must be ticked next: the next renewal or the deadline, whichever is
+    /// first, while held.
+    fn wake_at(&self) -> Wake {
+        match self.state {
+            State::Held {
+                deadline,
+                next,
+                renewing,
+            } => match self.terms.renewal {
+                Renewal::Watchdog if !renewing => Wake::At(next.min(deadline)),
+                _ => Wake::At(deadline),
+            },
+            _ => Wake::Never,
+        }
+    }
+}
+
+#[cfg(test)]
+mod model;
+#[cfg(test)]
+mod tests;

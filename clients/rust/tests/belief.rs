@@ -1,0 +1,305 @@
+//! A guard's belief follows the server's truth: a hold granted after a long wait is held (not
+//! reported lost at once), and a dropped guard's release never frees the same handle's next hold.
+//! Against a real redis-server with the module loaded (one per test).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use redis_lock_client::{LockClient, LockGuard, Release};
+use support::{calls, raw, Server};
+
+/// The lease of the long-wait tests, and how long their acquire waits: longer than nine tenths
+/// of the lease, the local bound the acquire's send time gives.
+const LEASE: Duration = Duration::from_secs(3);
+const WAIT: Duration = Duration::from_millis(2_900);
+
+/// `LOCK.INFO key`'s holders as (owner, token) pairs (RESP2), empty when the key is free.
+async fn holders(raw: &mut MultiplexedConnection, key: &str) -> Vec<(Vec<u8>, i64)> {
+    let reply: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .expect("LOCK.INFO");
+    let field = |items: &[Value], name: &str| {
+        items.chunks(2).find_map(|pair| match pair {
+            [Value::BulkString(n), v] if n == name.as_bytes() => Some(v.clone()),
+            _ => None,
+        })
+    };
+    let Value::Array(items) = reply else {
+        return Vec::new();
+    };
+    let Some(Value::Array(list)) = field(&items, "holders") else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|h| match h {
+            Value::Array(h) => match (field(h, "owner"), field(h, "token")) {
+                (Some(Value::BulkString(o)), Some(Value::Int(t))) => Some((o, t)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether the server holds `key` for (`owner`, `token`).
+async fn server_holds(raw: &mut MultiplexedConnection, key: &str, owner: &str, token: u64) -> bool {
+    holders(raw, key)
+        .await
+        .iter()
+        .any(|(o, t)| o == owner.as_bytes() && u64::try_from(*t).ok() == Some(token))
+}
+
+/// A hold of another owner on `key`, released `after` from now by a task.
+async fn held_for(client: &LockClient, key: &str, after: Duration) -> tokio::task::JoinHandle<()> {
+    let mut guard = client.lock(key).acquire().await.expect("the first holder");
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        guard.release().await.expect("released");
+    })
+}
+
+/// After a wait of most of the lease the guard says held, the watchdog renews it, and the
+/// server holds it a lease later.
+async fn held_and_renewed(raw: &mut MultiplexedConnection, guard: &LockGuard, waited: Duration) {
+    assert!(
+        waited >= WAIT - Duration::from_millis(50),
+        "waited {waited:?}"
+    );
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported lost right after the grant"
+    );
+    let key = String::from_utf8_lossy(guard.key()).into_owned();
+    let renewals = calls(raw, "lock.renew").await + calls(raw, "lock.mrenew").await;
+    tokio::time::sleep(LEASE + LEASE / 3).await;
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported lost while the server holds it"
+    );
+    assert!(
+        server_holds(raw, &key, guard.owner(), guard.token()).await,
+        "the server no longer holds it"
+    );
+    let after = calls(raw, "lock.renew").await + calls(raw, "lock.mrenew").await;
+    assert!(after >= renewals + 3, "renewals: {renewals} then {after}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_granted_after_a_wait_of_most_of_its_lease_is_held_and_renewed() {
+    let server = Server::start();
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let mut raw = raw(&server).await;
+    let first = held_for(&client, "k", WAIT).await;
+    let start = Instant::now();
+    let mut guard = client.lock("k").lease(LEASE).acquire().await.unwrap();
+    let waited = start.elapsed();
+    first.await.unwrap();
+    held_and_renewed(&mut raw, &guard, waited).await;
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_hold_granted_after_a_wait_of_most_of_its_lease_is_held_and_renewed() {
+    let server = Server::start();
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let mut raw = raw(&server).await;
+    let first = held_for(&client, "b", WAIT).await;
+    let start = Instant::now();
+    let mut guard = client
+        .multi_lock(["a", "b"])
+        .lease(LEASE)
+        .acquire()
+        .await
+        .unwrap();
+    let waited = start.elapsed();
+    first.await.unwrap();
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported lost right after the grant"
+    );
+    tokio::time::sleep(LEASE + LEASE / 3).await;
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported lost while the server holds it"
+    );
+    for (key, token) in ["a", "b"].iter().zip(guard.tokens()) {
+        assert!(
+            server_holds(&mut raw, key, guard.owner(), *token).await,
+            "{key}"
+        );
+    }
+    assert!(
+        waited >= WAIT - Duration::from_millis(50),
+        "waited {waited:?}"
+    );
+    assert!(calls(&mut raw, "lock.mrenew").await >= 3);
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_elected_after_a_wait_of_most_of_its_lease_leads_and_can_proclaim() {
+    let server = Server::start();
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let mut raw = raw(&server).await;
+    let mut leader = client
+        .election("svc")
+        .lease(LEASE)
+        .campaign()
+        .await
+        .unwrap();
+    let resign = tokio::spawn(async move {
+        tokio::time::sleep(WAIT).await;
+        leader.resign().await.expect("resigned");
+    });
+    let start = Instant::now();
+    let standby = client.election("svc").lease(LEASE);
+    let leadership = standby.campaign().await.unwrap();
+    let waited = start.elapsed();
+    resign.await.unwrap();
+    assert!(
+        waited >= WAIT - Duration::from_millis(50),
+        "waited {waited:?}"
+    );
+    assert_eq!(
+        leadership.lost_reason(),
+        None,
+        "deposed right after the election"
+    );
+    assert!(
+        leadership.proclaim("here").await.unwrap(),
+        "cannot proclaim"
+    );
+    tokio::time::sleep(LEASE + LEASE / 3).await;
+    assert_eq!(
+        leadership.lost_reason(),
+        None,
+        "deposed while the server says it leads"
+    );
+    let now = standby.leader().await.unwrap().expect("a leader");
+    assert_eq!(now.candidate, standby.candidate().as_bytes());
+    assert_eq!(now.epoch, leadership.epoch());
+    assert!(leadership.proclaim("still here").await.unwrap());
+    assert!(calls(&mut raw, "lock.renew").await >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_lease_granted_after_a_long_wait_ends_with_the_servers_lease_not_the_waits() {
+    // Nothing renews a fixed lease: its confirmation reads the lease the server gives it, and
+    // the guard reports its end from that, not from when the wait began.
+    let server = Server::start();
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let mut raw = raw(&server).await;
+    let first = held_for(&client, "f", WAIT).await;
+    let start = Instant::now();
+    let guard = client.lock("f").fixed_lease(LEASE).acquire().await.unwrap();
+    let waited = start.elapsed();
+    first.await.unwrap();
+    assert!(
+        waited >= WAIT - Duration::from_millis(50),
+        "waited {waited:?}"
+    );
+    let granted = Instant::now();
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported ended right after the grant"
+    );
+    tokio::time::sleep(LEASE / 2).await;
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported ended while the server holds it"
+    );
+    assert!(server_holds(&mut raw, "f", guard.owner(), guard.token()).await);
+    let reason = tokio::time::timeout(LEASE, guard.lost())
+        .await
+        .expect("reported at its end");
+    assert_eq!(reason, redis_lock_client::LostReason::LeaseEnded);
+    // At nine tenths of the lease the server gave, counted from the read (after the grant).
+    assert!(
+        granted.elapsed() >= LEASE * 8 / 10,
+        "{:?}",
+        granted.elapsed()
+    );
+    assert_eq!(
+        calls(&mut raw, "lock.renew").await,
+        0,
+        "a fixed lease renewed"
+    );
+}
+
+/// `trials` times: a guard of `lock` dropped, then the same handle acquiring again; counts the
+/// new guards that say held while the server does not hold their (owner, token).
+async fn drop_then_acquire(server: &Server, waiting: bool, trials: usize) -> usize {
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let mut raw = raw(server).await;
+    let key = if waiting { "w" } else { "t" };
+    let lock = client.lock(key);
+    let take = || async {
+        if waiting {
+            lock.acquire().await.unwrap()
+        } else {
+            lock.try_acquire().await.unwrap().expect("free")
+        }
+    };
+    let mut false_held = 0;
+    for _ in 0..trials {
+        drop(take().await);
+        let mut guard = take().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let held = server_holds(&mut raw, key, guard.owner(), guard.token()).await;
+        if !held && guard.lost_reason().is_none() {
+            false_held += 1;
+            // Free the key for the next trial (the guard's release would answer NotHeld).
+            let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+                .arg(key)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+        let _ = guard.release().await;
+    }
+    false_held
+}
+
+#[test]
+fn a_dropped_guards_release_never_frees_the_next_hold_of_its_handle_current_thread() {
+    let server = Server::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for waiting in [false, true] {
+        let false_held = runtime.block_on(drop_then_acquire(&server, waiting, 30));
+        assert_eq!(
+            false_held, 0,
+            "waiting {waiting}: {false_held}/30 guards said held over nothing"
+        );
+    }
+}
+
+#[test]
+fn a_dropped_guards_release_never_frees_the_next_hold_of_its_handle_multi_thread() {
+    let server = Server::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for waiting in [false, true] {
+        let false_held = runtime.block_on(drop_then_acquire(&server, waiting, 60));
+        assert_eq!(
+            false_held, 0,
+            "waiting {waiting}: {false_held}/60 guards said held over nothing"
+        );
+    }
+}
