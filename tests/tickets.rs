@@ -284,6 +284,13 @@ fn timeouts_replacements_and_refusals_are_written_as_markers() {
         .query(&mut con)
         .unwrap();
     assert_eq!(replies, vec![Value::Nil]);
+    let in_script: Value = redis::cmd("EVAL")
+        .arg("return redis.call('LOCK.ACQUIRE', KEYS[1], 's', 1000, 'WAIT', 0, 'TICKET')")
+        .arg(1)
+        .arg("k")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(in_script, Value::Nil);
 }
 
 #[test]
