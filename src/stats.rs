@@ -29,6 +29,8 @@ counters! {
     contended: "LOCK.ACQUIRE calls that found the lock held by another owner or waiters queued.",
     acquire_nil: "Non-blocking LOCK.ACQUIRE calls answered nil.",
     waits_started: "LOCK.ACQUIRE ... WAIT calls that blocked.",
+    waits_ticketed: "LOCK.ACQUIRE/MACQUIRE/CAMPAIGN ... WAIT ... TICKET calls that queued a ticket.",
+    tickets_taken: "Ticket grants LOCK.CANCEL took before they were popped (the canceller holds them).",
     handoffs: "Locks handed to the head waiter on release, expiry or removal.",
     released: "Full releases (the last re-entry released).",
     released_partial: "Releases that counted one re-entry down.",
@@ -69,7 +71,7 @@ pub fn add(counter: &AtomicU64, n: u64) {
 /// blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks).
 pub fn write_info(
     ctx: *mut redis_module::raw::RedisModuleInfoCtx,
-    gauges: (usize, usize, usize),
+    gauges: crate::runtime::Gauges,
     counts_expiries: bool,
 ) {
     use redis_module::raw;
@@ -84,8 +86,8 @@ pub fn write_info(
         }
         raw::add_info_field_unsigned_long_long(ctx, name, value);
     }
-    let (waiters, keys, bound) = gauges;
-    raw::add_info_field_unsigned_long_long(ctx, "waiters", waiters as u64);
-    raw::add_info_field_unsigned_long_long(ctx, "locks_with_waiters", keys as u64);
-    raw::add_info_field_unsigned_long_long(ctx, "ephemeral_holds", bound as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "waiters", gauges.waiters as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "locks_with_waiters", gauges.keys as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "ephemeral_holds", gauges.bound as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "tickets", gauges.tickets as u64);
 }

@@ -187,7 +187,7 @@ pub fn read_lock(key: &Key, owner: Option<Owner>) -> Result<Option<StoredLock>, 
             }
             hold::decode_stored(&all, key.expires_at()).map(Some)
         }
-        KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
+        KeyKind::String | KeyKind::List | KeyKind::Other => Err(LockError::WrongType),
     }
 }
 
@@ -551,6 +551,48 @@ pub fn read_proclaimed(ctx: Ctx, lock_key: &[u8]) -> Option<Vec<u8>> {
     }
     let field = OwnedString::new(lock_key);
     key.hash_get(field.as_ptr()).map(|v| v.bytes().to_vec())
+}
+
+/// Writes a ticket's answer (in the context's selected database): its one element, and its
+/// expiry, replicated as the plain `LPUSH` and `PEXPIREAT` they are (an AOF replays them
+/// without the module). A client blocked on the ticket (`BLPOP`) is served right after the
+/// command or callback that writes it. Anything else found under the name (a client wrote it:
+/// the namespace is reserved) is replaced.
+pub fn push_ticket(ctx: Ctx, name: &[u8], value: &[u8], expires_at: u64) {
+    let Ok(at) = stored_integer(expires_at) else {
+        return;
+    };
+    let name = OwnedString::new(name);
+    let key = Key::open(ctx, name.as_ptr());
+    if key.kind() != KeyKind::Missing {
+        key.delete();
+        replicate::strings(ctx, c"DEL", &[name.as_ptr()]);
+    }
+    let value = OwnedString::new(value);
+    if !key.list_push_head(value.as_ptr()) {
+        return;
+    }
+    key.set_expires_at(at);
+    drop(key);
+    replicate::strings(ctx, c"LPUSH", &[name.as_ptr(), value.as_ptr()]);
+    let at = OwnedString::from_u64(expires_at);
+    replicate::strings(ctx, c"PEXPIREAT", &[name.as_ptr(), at.as_ptr()]);
+}
+
+/// Takes what a ticket still holds (None: nothing, it was popped, expired or never written),
+/// removing the key, replicated as `DEL`.
+pub fn take_ticket(ctx: Ctx, name: &[u8]) -> Option<Vec<u8>> {
+    let name = OwnedString::new(name);
+    let key = Key::open(ctx, name.as_ptr());
+    let value = match key.kind() {
+        KeyKind::Missing => return None,
+        KeyKind::List => key.list_pop_head().map(|v| v.bytes().to_vec()),
+        _ => None,
+    };
+    key.delete();
+    drop(key);
+    replicate::strings(ctx, c"DEL", &[name.as_ptr()]);
+    value
 }
 
 /// A count, token or time as the signed 64-bit integer Redis stores. The core never produces a

@@ -5,7 +5,6 @@
 //! and replicas; in a cluster its keys route, CROSSSLOT and MOVED/ASK as one command's; and the
 //! documented Lua recipe answers as LOCK.CHECK does, with or without the module.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -62,77 +61,6 @@ fn check(con: &mut Connection, key: &str, owner: &str, token: i64) -> i64 {
 
 fn get(con: &mut Connection, key: &str) -> Option<String> {
     con.get(key).expect("GET")
-}
-
-/// A key as `dataset` reads it: its type, its value, its absolute expiry (-1: none).
-type Stored = (String, Vec<Vec<u8>>, i64);
-
-/// Every key of the selected database with its type, its value read back in a canonical form
-/// (not DUMP: a replica or a replay may encode the same value differently) and its absolute
-/// expiry: what a refused command must leave exactly as it was.
-fn dataset(con: &mut Connection) -> BTreeMap<Vec<u8>, Stored> {
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
-    keys.into_iter()
-        .map(|key| {
-            let kind: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
-            let mut read =
-                |cmd: &mut redis::Cmd| -> Vec<Vec<u8>> { flat(cmd.query(con).expect("read")) };
-            let mut value = match kind.as_str() {
-                "string" => read(redis::cmd("GET").arg(&key)),
-                "hash" => read(redis::cmd("HGETALL").arg(&key)),
-                "list" => read(redis::cmd("LRANGE").arg(&key).arg(0).arg(-1)),
-                "set" => read(redis::cmd("SMEMBERS").arg(&key)),
-                "zset" => read(
-                    redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES"),
-                ),
-                "stream" => read(redis::cmd("XRANGE").arg(&key).arg("-").arg("+")),
-                other => panic!("no canonical read for a {other}"),
-            };
-            if kind == "set" {
-                value.sort();
-            }
-            if kind == "hash" {
-                let mut pairs: Vec<Vec<Vec<u8>>> = value.chunks(2).map(<[_]>::to_vec).collect();
-                pairs.sort();
-                value = pairs.concat();
-            }
-            let at: i64 = redis::cmd("PEXPIRETIME")
-                .arg(&key)
-                .query(con)
-                .expect("PEXPIRETIME");
-            (key, (kind, value, at))
-        })
-        .collect()
-}
-
-/// A reply's strings and integers, depth first.
-fn flat(value: Value) -> Vec<Vec<u8>> {
-    match value {
-        Value::Data(bytes) => vec![bytes],
-        Value::Int(n) => vec![n.to_string().into_bytes()],
-        Value::Bulk(items) => items.into_iter().flat_map(flat).collect(),
-        Value::Nil => vec![],
-        other => vec![format!("{other:?}").into_bytes()],
-    }
-}
-
-/// How many times the server ran `command` (its `INFO commandstats` calls; 0 if never).
-fn calls(con: &mut Connection, command: &str) -> u64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(con)
-        .expect("INFO");
-    let prefix = format!("cmdstat_{}:calls=", command.to_ascii_lowercase());
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -347,12 +275,12 @@ fn every_way_a_hold_ends_fences_its_token_and_writes_nothing() {
         assert_eq!(check(&mut con, &key, "a", token), 1, "{name}");
         let fenced_before = lock_stat(&mut con, "fenced");
         let expected = end(&server, &mut con, &key, token);
-        let calls_before = calls(&mut con, "set");
+        let calls_before = command_calls(&mut con, "set");
         let e = guard_error(&mut con, &key, "a", token, &["SET", &data, "after"]);
         assert!(e.starts_with(expected), "{name}: {e}");
         assert_eq!(get(&mut con, &data).as_deref(), Some("before"), "{name}");
         assert_eq!(
-            calls(&mut con, "set"),
+            command_calls(&mut con, "set"),
             calls_before,
             "{name}: SET never ran"
         );
@@ -400,7 +328,7 @@ fn a_shared_hold_reads_but_never_writes_and_a_permit_writes() {
         }
     }
     assert_eq!(get(&mut con, "config:data").as_deref(), Some("v1"));
-    assert_eq!(calls(&mut con, "del"), 0);
+    assert_eq!(command_calls(&mut con, "del"), 0);
 
     // A permit of a semaphore writes.
     let p = acquire_with(&mut con, "gpus", "job-1", 60_000, &["LIMIT", "2"])
@@ -591,9 +519,13 @@ fn refused_inner_commands_change_nothing() {
     for (command, refusal) in cases {
         let before = dataset(&mut con);
         let name = command[0].to_ascii_lowercase();
-        let calls_before = calls(&mut con, &name);
+        let calls_before = command_calls(&mut con, &name);
         let e = guard_error(&mut con, "lock", "a", token, &command);
-        assert_eq!(calls(&mut con, &name), calls_before, "{command:?} ran");
+        assert_eq!(
+            command_calls(&mut con, &name),
+            calls_before,
+            "{command:?} ran"
+        );
         assert!(
             e.starts_with(refusal) || e.contains(refusal),
             "{command:?}: {e}"
@@ -1065,11 +997,11 @@ fn a_replica_gets_the_inner_commands_effects_and_equals_its_master() {
     assert!(eventually(SOON, || dataset(&mut rcon) == on_master));
     assert_eq!(get(&mut rcon, "data").as_deref(), Some("v"));
     assert_eq!(
-        calls(&mut rcon, "lock.guard"),
+        command_calls(&mut rcon, "lock.guard"),
         0,
         "the replica never ran LOCK.GUARD"
     );
-    assert!(calls(&mut rcon, "set") >= 2 && calls(&mut rcon, "incr") == 1);
+    assert!(command_calls(&mut rcon, "set") >= 2 && command_calls(&mut rcon, "incr") == 1);
     // A replica refuses LOCK.GUARD: it writes.
     let e = error_of(
         &mut rcon,

@@ -67,6 +67,12 @@ pub enum LockError {
     HoldIsEphemeral,
     /// An `EPHEMERAL` re-entry of a plain hold.
     HoldIsNotEphemeral,
+    /// `TICKET` without `WAIT`: a ticket is a way to wait.
+    TicketNeedsWait,
+    /// `LOCK.CANCEL` of a name that is not a ticket's.
+    NotATicket,
+    /// `LOCK.CANCEL` on a replica (its master decides every ticket).
+    TicketOnReplica,
     /// `LOCK.GUARD`: the owner's hold is gone or its token is not current; nothing ran.
     Fenced(Fenced),
     /// `LOCK.GUARD`: a shared hold may run only read-only commands; this one writes.
@@ -179,6 +185,13 @@ impl LockError {
             LockError::HoldIsNotEphemeral => {
                 "ERR the owner's hold is not EPHEMERAL; re-enter it without EPHEMERAL".into()
             }
+            LockError::TicketNeedsWait => "ERR TICKET is a way to wait: it needs WAIT timeout-ms".into(),
+            LockError::NotATicket => {
+                "ERR not a ticket: LOCK.CANCEL takes the ticket a LOCK.* ... WAIT ... TICKET replied".into()
+            }
+            LockError::TicketOnReplica => {
+                "ERR a replica does not serve tickets: only the master grants locks".into()
+            }
             LockError::Fenced(Fenced::Gone) => {
                 "FENCED the hold is gone: the owner no longer holds this lock (released, expired, force-released, handed on or deleted); the command did not run".into()
             }
@@ -252,6 +265,9 @@ mod tests {
             LockError::EphemeralInScript,
             LockError::HoldIsEphemeral,
             LockError::HoldIsNotEphemeral,
+            LockError::TicketNeedsWait,
+            LockError::NotATicket,
+            LockError::TicketOnReplica,
             LockError::Fenced(Fenced::Gone),
             LockError::Fenced(Fenced::NotCurrent),
             LockError::SharedHoldWrites,

@@ -16,6 +16,7 @@ use lock_core::args::{parse_macquire, parse_mrelease, parse_mrenew, AcquireReque
 use lock_core::command::{self, AllOrNothing, Live, Outcome};
 use lock_core::kind::Queue;
 use lock_core::queue::LockKey;
+use lock_core::ticket::Shape;
 use lock_core::LockError;
 
 use redis_module::raw;
@@ -58,6 +59,12 @@ pub const ACQUIRE_SPEC: CommandSpec = CommandSpec {
             kind: ArgKind::Tokened(c"WAIT"),
             optional: true,
             summary: c"Block up to this many milliseconds for every key (0 = forever).",
+        },
+        ArgDoc {
+            name: c"ticket",
+            kind: ArgKind::Flag(c"TICKET"),
+            optional: true,
+            summary: c"With WAIT: reply at once with a ticket key instead of blocking; the answer is pushed there (pop it with BLPOP; withdraw it with LOCK.CANCEL).",
         },
         ArgDoc {
             name: c"shared",
@@ -265,7 +272,11 @@ fn queue_on_all(
         .map(|r| LockKey::new(db, r.key))
         .zip(seen)
         .collect();
-    runtime::enqueue(ctx, &keys, runtime::Request::of(ctx, first, None))
+    runtime::enqueue(
+        ctx,
+        &keys,
+        runtime::Request::of(ctx, first, None, Shape::Many),
+    )
 }
 
 fn run_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {

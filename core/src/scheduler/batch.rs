@@ -25,7 +25,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
-use super::{Answer, Cause, Event, Note, Origin, Port, Read, Scheduler, Writes};
+use super::{Answer, Cause, Event, Handle, Note, Origin, Port, Read, Scheduler, Writes};
 use crate::hold::{Decision, Granted, Hold, HoldKind, Lock, Run, StoredLock};
 use crate::kind::Mode;
 use crate::queue::{LockKey, Waiter, WaiterId};
@@ -69,7 +69,7 @@ struct KeyRead {
 
 /// A waiter granted in a batch: its keys (by index in the batch) with their tokens.
 struct Grant<H> {
-    waiter: Waiter<H>,
+    waiter: Waiter<Handle<H>>,
     holds: Vec<(usize, u64)>,
     kind: HoldKind,
 }
@@ -259,7 +259,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 Err(error) => {
                     if let Some(waiter) = self.take_front(key, now) {
                         port.note(Note::Mismatched);
-                        port.answer(waiter.handle, Answer::Refused(error.reply()));
+                        let answer = Answer::Refused(error.reply());
+                        self.answer(port, waiter.handle, waiter.lease_ms, answer, now);
                     }
                     continue;
                 }
@@ -473,7 +474,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 .find_map(|&(at, _)| batch.keys.get(at).and_then(|r| r.failed.clone()));
             if let Some(reply) = failed {
                 port.note(Note::Refused);
-                port.answer(grant.waiter.handle, Answer::Refused(reply));
+                let waiter = &grant.waiter;
+                self.answer(port, waiter.handle, 0, Answer::Refused(reply), now);
                 continue;
             }
             let mut holds = Vec::with_capacity(grant.holds.len());
@@ -520,7 +522,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     kind: grant.kind,
                 },
             };
-            port.answer(waiter.handle, answer);
+            self.answer(port, waiter.handle, waiter.lease_ms, answer, now);
         }
         for read in &batch.keys {
             let refusal = match (&read.failed, &read.refused) {
