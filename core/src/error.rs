@@ -61,6 +61,9 @@ pub enum LockError {
     DowngradeNeedsLease,
     /// A shared key has the most holders a lock may have.
     TooManyHolders { max: u64 },
+    /// The keys of one multi-key command hold more fields together than it may read (keys
+    /// written before the holder cap was 1,000 may hold up to 10,000 each).
+    TooManyHoldsTogether { max: u64 },
     /// `EPHEMERAL` inside a script or function: it has no connection to bind the hold to.
     EphemeralInScript,
     /// A plain re-entry of a hold bound to its connection.
@@ -176,6 +179,9 @@ impl LockError {
             LockError::TooManyHolders { max } => {
                 format!("ERR the key has the most holders a lock may have ({max})")
             }
+            LockError::TooManyHoldsTogether { max } => format!(
+                "ERR these keys hold more than {max} fields together, more than one multi-key command reads; a key written by an earlier version may hold more than 1000 holds: use single-key commands on it"
+            ),
             LockError::EphemeralInScript => {
                 "ERR EPHEMERAL cannot be used from a script or function: it has no connection to bind the hold to".into()
             }
@@ -262,6 +268,7 @@ mod tests {
             LockError::UpgradeRefused,
             LockError::DowngradeNeedsLease,
             LockError::TooManyHolders { max: 3 },
+            LockError::TooManyHoldsTogether { max: 3 },
             LockError::EphemeralInScript,
             LockError::HoldIsEphemeral,
             LockError::HoldIsNotEphemeral,

@@ -40,6 +40,21 @@ use crate::{LockError, UnixMs};
 /// exclusive hold of a downgrade); a hash with more is refused before any field is read.
 pub const MAX_MULTI_FIELDS: usize = MAX_STORED_HOLDERS + 2;
 
+/// The most fields the keys of one multi-key command may hold together (64 keys of 1,000 holds,
+/// each with its mode field and a downgrade's exclusive hold): past it, the command is refused
+/// before any field is read (only keys written when a key could hold 10,000 holds reach it).
+pub const MAX_FIELDS_TOGETHER: usize = crate::args::MAX_MULTI_KEYS * (MAX_HOLDERS + 2);
+
+/// Whether one multi-key command may read keys of `fields` fields in all.
+pub fn readable_together(fields: usize) -> Result<(), LockError> {
+    if fields > MAX_FIELDS_TOGETHER {
+        return Err(LockError::TooManyHoldsTogether {
+            max: MAX_FIELDS_TOGETHER as u64,
+        });
+    }
+    Ok(())
+}
+
 /// The most fields Redisson's `RLock` layout has: its holder and the mode (or, in the old layout,
 /// the fence).
 pub const MAX_RLOCK_FIELDS: usize = 2;

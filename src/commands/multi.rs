@@ -24,7 +24,7 @@ use redis_module::raw;
 use super::outcome::{self, CommandFacts, Replied, Target};
 use super::{LEASE, OWNER};
 use crate::ffi::command_info::{arg, ArgDoc, ArgKind, CommandSpec};
-use crate::ffi::{self, now_ms, reply, Args, Ctx, RawString};
+use crate::ffi::{self, now_ms, reply, Args, Ctx, KeyKind, RawString};
 use crate::store::OwnLease;
 use crate::{config, guard, runtime};
 
@@ -171,13 +171,22 @@ fn read_all<'a>(
     now: u64,
 ) -> Result<(Vec<Target<'a>>, Vec<Live>), LockError> {
     let owner_at = key_at(names.len());
-    let mut targets = Vec::with_capacity(names.len());
-    let mut lives = Vec::with_capacity(names.len());
-    for (n, name) in names.iter().enumerate() {
-        let target = Target::open_at(ctx, args, key_at(n), name, Some((owner_at, lease)));
-        lives.push(target.read(now)?);
-        targets.push(target);
-    }
+    let targets: Vec<Target<'a>> = names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| Target::open_at(ctx, args, key_at(n), name, Some((owner_at, lease))))
+        .collect();
+    // Bounded before anything is read (every command's read is O(holders) on a shared key).
+    let fields = targets
+        .iter()
+        .filter(|t| t.key.kind() == KeyKind::Hash)
+        .map(|t| t.key.len())
+        .sum();
+    lock_core::hold::readable_together(fields)?;
+    let lives = targets
+        .iter()
+        .map(|target| target.read(now))
+        .collect::<Result<Vec<Live>, LockError>>()?;
     Ok((targets, lives))
 }
 
