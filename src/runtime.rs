@@ -184,19 +184,10 @@ pub fn waiters_on(key: &LockKey) -> usize {
     read_scheduler(|s| s.waiters_on(key)).unwrap_or(0)
 }
 
-/// What INFO shows of the waiting: waiters (blocked and tickets), locks with waiters, holds
-/// bound to connections, tickets not yet done.
-pub struct Gauges {
-    pub waiters: usize,
-    pub keys: usize,
-    pub bound: usize,
-    pub tickets: usize,
-}
-
-pub fn waiting_gauges() -> Gauges {
+pub fn waiting_gauges() -> crate::stats::Gauges {
     let ((waiters, keys), tickets) =
         read_scheduler(|s| (s.gauges(), s.open_tickets())).unwrap_or(((0, 0), 0));
-    Gauges {
+    crate::stats::Gauges {
         waiters,
         keys,
         bound: bound_holds(),

@@ -67,11 +67,20 @@ pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
+/// What INFO shows of the waiting: waiters (blocked and tickets), locks with waiters, holds
+/// bound to connections, tickets not yet done.
+pub struct Gauges {
+    pub waiters: usize,
+    pub keys: usize,
+    pub bound: usize,
+    pub tickets: usize,
+}
+
 /// Writes the `lock` section of INFO: the counters, then the gauges the caller read (clients
 /// blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks).
 pub fn write_info(
     ctx: *mut redis_module::raw::RedisModuleInfoCtx,
-    gauges: crate::runtime::Gauges,
+    gauges: Gauges,
     counts_expiries: bool,
 ) {
     use redis_module::raw;

@@ -542,7 +542,8 @@ fn a_multi_key_command_refuses_keys_that_hold_more_than_it_may_read_together() {
         let mut hset = redis::cmd("HSET");
         hset.arg(key).arg("mode").arg("rw");
         for i in 0..9_000 {
-            hset.arg(format!("s:o{i}")).arg(format!("1:{end}:{}", 10 + i));
+            hset.arg(format!("s:o{i}"))
+                .arg(format!("1:{end}:{}", 10 + i));
         }
         let _: i64 = hset.query(&mut con).unwrap();
     }

@@ -182,7 +182,7 @@ fn read_all<'a>(
         .filter(|t| t.key.kind() == KeyKind::Hash)
         .map(|t| t.key.len())
         .sum();
-    lock_core::hold::readable_together(fields)?;
+    lock_core::command::readable_together(fields)?;
     let lives = targets
         .iter()
         .map(|target| target.read(now))

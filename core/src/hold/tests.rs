@@ -1850,6 +1850,7 @@ fn an_owners_own_fields_that_break_the_layout_are_not_a_lock() {
 /// grant of a run is the same either way.
 #[test]
 fn a_run_decides_alike_on_holds_in_stored_order_and_in_any_other() {
+    use super::run::OwnIndex;
     let sorted = |mut lock: Lock| {
         lock.holds
             .sort_unstable_by(|a, b| (a.kind, &a.owner).cmp(&(b.kind, &b.owner)));
