@@ -818,3 +818,39 @@ fn tokens_of_a_key_keep_rising_across_swapdb() {
     sorted.dedup();
     assert_eq!(sorted.len(), tokens.len(), "{tokens:?}");
 }
+
+/// Valkey 8.1 selects a keyspace event's database on the client running the command and leaves
+/// it there (valkey-io/valkey#1819): with the module listening, `MOVE` left the connection on
+/// the destination database and its next commands wrote there. The module selects `MOVE`'s own
+/// database back; on other servers this holds anyway. (`COPY ... DB` cannot be undone by a
+/// module: docs/guarantees.md.)
+#[test]
+fn move_leaves_the_connection_on_its_own_database() {
+    let server = Server::start();
+    let mut con = server.connect();
+    acquire(&mut con, "k", "a", 30_000).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("plain")
+        .arg("1")
+        .query(&mut con)
+        .unwrap();
+    for key in ["k", "plain"] {
+        let moved: i64 = redis::cmd("MOVE").arg(key).arg(1).query(&mut con).unwrap();
+        assert_eq!(moved, 1, "{key}");
+        let info: String = redis::cmd("CLIENT").arg("INFO").query(&mut con).unwrap();
+        assert!(info.contains(" db=0 "), "after MOVE {key}: {info}");
+    }
+    let _: () = redis::cmd("SELECT").arg(2).query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("two")
+        .arg("1")
+        .query(&mut con)
+        .unwrap();
+    let _: i64 = redis::cmd("MOVE")
+        .arg("two")
+        .arg(3)
+        .query(&mut con)
+        .unwrap();
+    let info: String = redis::cmd("CLIENT").arg("INFO").query(&mut con).unwrap();
+    assert!(info.contains(" db=2 "), "after MOVE from db 2: {info}");
+}

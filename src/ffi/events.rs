@@ -140,8 +140,32 @@ extern "C" fn on_keyspace_event<E: ServerEvents>(
         // SAFETY: Redis passes the event name as a NUL-terminated C string.
         let event = (!event.is_null()).then(|| unsafe { CStr::from_ptr(event) });
         E::keyspace(ctx, event, key);
+        keep_the_movers_database(ctx, event);
     });
     raw::REDISMODULE_OK as c_int
+}
+
+thread_local! {
+    /// The database of the last `move_from` event: the database `MOVE` ran in.
+    static MOVED_FROM_DB: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Valkey 8.1 (valkey-io/valkey#1819, fixed by #4024) runs keyspace callbacks on the client
+/// executing the command, selects the event's database on it and never selects back: after
+/// `MOVE k 1` that connection is left on database 1. `move_from` comes first, in the database
+/// `MOVE` ran in, so on `move_to` that database is selected again. (Where callbacks get a
+/// temporary client — Redis, other Valkey versions — this selects on that client: harmless.)
+/// `COPY ... DB n` sends only `copy_to`, in the destination: that one cannot be undone here
+/// (docs/guarantees.md).
+fn keep_the_movers_database(ctx: Ctx, event: Option<&CStr>) {
+    if event == Some(c"move_from") {
+        MOVED_FROM_DB.with(|db| db.set(Some(super::selected_db(ctx))));
+    } else if event == Some(c"move_to") {
+        if let Some(db) = MOVED_FROM_DB.with(|db| db.take()) {
+            // SAFETY: ctx is live for this callback; db is a database Redis itself selected.
+            unsafe { api!(RedisModule_SelectDb)(ctx, db) };
+        }
+    }
 }
 
 extern "C" fn on_client_change<E: ServerEvents>(
