@@ -31,7 +31,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::IntoConnectionInfo;
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo};
 use tokio::runtime::Runtime;
 
 use crate::error::LockError;
@@ -296,6 +296,12 @@ impl Leadership {
         }
     }
 
+    /// Runs `cmd` only while this candidate leads in this epoch: see
+    /// [`crate::Leadership::fenced`].
+    pub fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, LockError> {
+        self.guard.fenced(cmd)
+    }
+
     /// See [`crate::Leadership::resign`].
     pub fn resign(&mut self) -> Result<Release, LockError> {
         self.guard.release()
@@ -454,6 +460,27 @@ impl MultiLockGuard {
         self.guard.watch()
     }
 
+    /// Runs `cmd` through the fence of `key`, one of the guard's keys: see
+    /// [`crate::MultiLockGuard::fenced`].
+    pub fn fenced<T: FromRedisValue>(
+        &self,
+        key: impl AsRef<[u8]>,
+        cmd: &Cmd,
+    ) -> Result<T, LockError> {
+        let Some(guard) = self.guard.guard() else {
+            return Err(LockError::NotHeld { lost: None });
+        };
+        let index = guard
+            .hold()
+            .keys
+            .iter()
+            .position(|k| **k == *key.as_ref())
+            .ok_or(LockError::InvalidArgument("not one of the guard's keys"))?;
+        self.guard
+            .engine
+            .block_on(crate::guard::fenced_at(guard, index, cmd))?
+    }
+
     /// See [`crate::MultiLockGuard::release`].
     pub fn release(&mut self) -> Result<Release, LockError> {
         self.guard.release()
@@ -598,6 +625,22 @@ impl LockGuard {
     /// A [`LostWatch`] of this hold, for async code elsewhere in the process.
     pub fn watch(&self) -> Option<LostWatch> {
         self.guard().map(crate::LockGuard::watch)
+    }
+
+    /// Runs `cmd` only while this hold lasts (`LOCK.GUARD`): see [`crate::LockGuard::fenced`].
+    /// After a release: [`LockError::NotHeld`], nothing sent.
+    ///
+    /// ```no_run
+    /// # fn demo(client: redis_lock_client::blocking::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let guard = client.lock("{orders:42}:lock").acquire()?;
+    /// let _: i64 = guard.fenced(redis::cmd("INCR").arg("{orders:42}:count"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, LockError> {
+        match self.guard() {
+            Some(guard) => self.engine.block_on(guard.fenced(cmd))?,
+            None => Err(LockError::NotHeld { lost: None }),
+        }
     }
 
     /// See [`crate::LockGuard::release`]: [`Release::Released`], [`Release::StillHeld`] or

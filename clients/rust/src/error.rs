@@ -15,6 +15,14 @@ pub enum LockError {
         /// Why the hold was lost, when the library saw it happen.
         lost: Option<LostReason>,
     },
+    /// The server refused a fenced command (`LOCK.GUARD` answered `FENCED`): the hold is gone
+    /// ([`LostReason::HoldGone`]) or the owner holds the key under another token
+    /// ([`LostReason::TokenNotCurrent`]). **The command did not run**, and the guard now
+    /// reports the hold lost with that reason.
+    Fenced {
+        /// What the server said of the hold.
+        lost: LostReason,
+    },
     /// [`Lock::acquire`](crate::Lock::acquire) waited its whole wait timeout and another owner
     /// still holds the key.
     Timeout {
@@ -44,6 +52,9 @@ impl fmt::Display for LockError {
                     f,
                     "the lock is not held (the server does not know this owner)"
                 )
+            }
+            LockError::Fenced { lost } => {
+                write!(f, "fenced out, the command did not run: {lost}")
             }
             LockError::Timeout { waited } => {
                 write!(

@@ -212,6 +212,58 @@ impl Hold {
         self.conn.query(cmd, self.key()).await
     }
 
+    /// Runs `cmd` through the fence of the hold's `index`-th key: `LOCK.GUARD key owner token
+    /// <cmd...>` on the hold's connection (in a cluster, to the key's master). The command's
+    /// reply (its own errors as [`LockError::Server`]); [`LockError::Fenced`] when the server
+    /// refused the token, which the machine takes as the hold's loss; [`LockError::NotHeld`],
+    /// with nothing sent, once the hold is known lost or released. Never sent twice: after a
+    /// broken connection the command may or may not have run.
+    pub(crate) async fn fenced(
+        self: &Arc<Self>,
+        index: usize,
+        cmd: &Cmd,
+    ) -> Result<Value, LockError> {
+        let (Some(key), Some(token)) = (self.keys.get(index), self.tokens.get(index)) else {
+            return Err(LockError::InvalidArgument("not a key of this hold"));
+        };
+        // Time passing may have ended it (no renewal confirmed for a lease).
+        self.step(Event::Tick {
+            now: Instant::now(),
+        });
+        match self.status() {
+            Status::Active => {}
+            Status::Lost(reason) => return Err(LockError::NotHeld { lost: Some(reason) }),
+            Status::Released => return Err(LockError::NotHeld { lost: None }),
+        }
+        let mut guarded = redis::cmd("LOCK.GUARD");
+        guarded.arg(&**key).arg(self.owner.as_bytes()).arg(*token);
+        for arg in cmd.args_iter() {
+            match arg {
+                redis::Arg::Simple(arg) => {
+                    guarded.arg(arg);
+                }
+                _ => return Err(LockError::InvalidArgument(
+                    "a cursor argument (cursor_arg) cannot be fenced: give it as a plain argument",
+                )),
+            }
+        }
+        match self.conn.query(&guarded, key).await {
+            Err(LockError::Server(text)) => match reply::fence_refusal(&text) {
+                Some(reason) => {
+                    self.step(Event::Fenced(reason));
+                    Err(LockError::Fenced { lost: reason })
+                }
+                None => Err(LockError::Server(text)),
+            },
+            Err(e) if e.is_retryable() && self.own_connection().is_some() => {
+                // The server ends an EPHEMERAL hold with its connection.
+                self.step(Event::ConnectionLost);
+                Err(e)
+            }
+            reply => reply,
+        }
+    }
+
     /// `LOCK.RENEW key owner lease`, or `LOCK.MRENEW n key... owner lease`.
     fn renew_cmd(&self) -> Cmd {
         let mut cmd = match self.terms.form {

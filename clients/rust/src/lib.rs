@@ -10,6 +10,9 @@
 //! - A [`LockGuard`] is the hold: [`LockGuard::token`] is its fencing token,
 //!   [`LockGuard::lost`] resolves if it is lost ([`LostReason`]), [`LockGuard::release`]
 //!   releases it (idempotent), and dropping it releases it in the background.
+//!   [`LockGuard::fenced`] runs a command only while the hold lasts, checked by the server in
+//!   the same step (`LOCK.GUARD`): a stale holder's write never lands
+//!   ([`LockError::Fenced`]).
 //!
 //! - [`LockClient::multi_lock`] makes a [`MultiLock`]: several keys taken together at one
 //!   instant (`LOCK.MACQUIRE`), a [`MultiLockGuard`] with a token per key, one watchdog

@@ -686,3 +686,63 @@ async fn a_held_key_whose_slot_moves_is_not_lost_and_is_renewed_on_its_new_node(
         assert_eq!(reason, LostReason::ForceReleased);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_command_goes_to_the_lock_keys_master() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let client = LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .without_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let mut con = raw(&cluster).await;
+    let moved_before: u64 = cluster.nodes.iter().map(moved_count).sum();
+    for key in one_key_per_master() {
+        // The lock key and its data share a hash tag, so a slot and a master.
+        let lock_key = format!("{{{key}}}");
+        let data = format!("{{{key}}}:data");
+        let guard = client.lock(&lock_key).acquire().await.unwrap();
+        let n: i64 = guard.fenced(redis::cmd("INCR").arg(&data)).await.unwrap();
+        assert_eq!(n, 1);
+        let node = cluster.node_for_slot(slot(&key));
+        let stored: String = redis::cmd("GET")
+            .arg(&data)
+            .query(&mut direct(node))
+            .unwrap();
+        assert_eq!(stored, "1", "written on the lock key's master");
+        // A data key of another slot: the server's CROSSSLOT; the hold is untouched.
+        let err = guard
+            .fenced::<i64>(redis::cmd("INCR").arg("untagged"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, redis_lock_client::LockError::Server(t) if t.starts_with("CROSSSLOT")),
+            "{err}"
+        );
+        assert_eq!(guard.lost_reason(), None);
+        let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(&lock_key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let refused = guard.fenced::<i64>(redis::cmd("INCR").arg(&data)).await;
+        assert!(
+            matches!(
+                refused,
+                Err(redis_lock_client::LockError::Fenced {
+                    lost: LostReason::HoldGone
+                })
+            ),
+            "{refused:?}"
+        );
+        let stored: String = redis::cmd("GET")
+            .arg(&data)
+            .query(&mut direct(node))
+            .unwrap();
+        assert_eq!(stored, "1", "the refused command did not run");
+    }
+    let moved_after: u64 = cluster.nodes.iter().map(moved_count).sum();
+    assert_eq!(moved_after, moved_before, "no MOVED");
+}

@@ -185,6 +185,9 @@ pub(crate) enum Event<'a> {
     Signal(&'a LostSignal),
     /// The connection the hold is bound to closed or failed.
     ConnectionLost,
+    /// The server refused a command fenced with this hold's token (`LOCK.GUARD` answered
+    /// `FENCED`): it no longer holds it under this token, for `reason`.
+    Fenced(LostReason),
     /// The application released the hold (its last guard).
     ReleaseRequested,
     /// The release was answered (or could not be sent).
@@ -425,6 +428,7 @@ impl Machine {
             Event::ConnectionLost if terms.binding == Binding::Connection => {
                 State::Lost(LostReason::ConnectionClosed)
             }
+            Event::Fenced(reason) => State::Lost(reason),
             Event::ReleaseRequested => {
                 out.release = true;
                 State::Releasing

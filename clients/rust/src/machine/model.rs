@@ -137,6 +137,7 @@ impl Model {
             },
             Event::Reentered { sent } => self.extend(case.bound(sent, terms.lease)),
             Event::Replaced => self.end(End::Lost(LostReason::HoldGone)),
+            Event::Fenced(reason) => self.end(End::Lost(reason)),
             Event::Signal(signal) => {
                 if let Some(reason) = names(&case.identity, signal) {
                     self.end(End::Lost(reason));
@@ -217,6 +218,8 @@ const REASONS: [LostReason; 4] = [
     LostReason::Expired,
 ];
 
+const FENCES: [LostReason; 2] = [LostReason::HoldGone, LostReason::TokenNotCurrent];
+
 fn run(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let lease = Duration::from_millis(rng.gen_range(3..30_000));
@@ -285,7 +288,13 @@ fn run(seed: u64) {
                     answer: random_answer(&mut rng, lease),
                 },
                 6 | 7 => Event::Signal(&signals[rng.gen_range(0..signals.len())]),
-                8 => Event::ConnectionLost,
+                8 => {
+                    if rng.gen_bool(0.7) {
+                        Event::ConnectionLost
+                    } else {
+                        Event::Fenced(FENCES[rng.gen_range(0..FENCES.len())])
+                    }
+                }
                 9 => Event::Reentered {
                     sent: now.checked_sub(rtt(&mut rng)).unwrap_or(now),
                 },

@@ -268,6 +268,16 @@ fn the_hold_is_lost_only_on_evidence_each_with_its_reason() {
         (Binding::Lease, Event::Replaced, Some(LostReason::HoldGone)),
         (
             Binding::Lease,
+            Event::Fenced(LostReason::HoldGone),
+            Some(LostReason::HoldGone),
+        ),
+        (
+            Binding::Connection,
+            Event::Fenced(LostReason::TokenNotCurrent),
+            Some(LostReason::TokenNotCurrent),
+        ),
+        (
+            Binding::Lease,
             Event::Tick {
                 now: ms(base, 2_699),
             },
@@ -374,6 +384,7 @@ fn after_a_release_or_a_loss_nothing_renews_and_nothing_changes() {
         Event::ConnectionLost,
         Event::Reentered { sent: ms(base, 5) },
         Event::Replaced,
+        Event::Fenced(LostReason::TokenNotCurrent),
     ];
     // Released.
     let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 5);
