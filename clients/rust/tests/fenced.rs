@@ -388,3 +388,94 @@ fn the_blocking_guards_fence_too() {
     let value: String = redis::cmd("GET").arg("{b}:n").query(&mut raw).unwrap();
     assert_eq!(value, "3");
 }
+
+/// The id of the connection an `EPHEMERAL` hold on `key` is bound to (`LOCK.INFO`'s `ephemeral`).
+async fn ephemeral_connection(raw: &mut MultiplexedConnection, key: &str) -> i64 {
+    let info: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let Value::Array(fields) = info else {
+        panic!("held: {info:?}")
+    };
+    fields
+        .chunks(2)
+        .find_map(|p| match p {
+            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+            _ => None,
+        })
+        .expect("bound to a connection")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_hold_fences_on_its_own_connection() {
+    let (_server, client, mut raw) = setup_without_signal().await;
+    let guard = client.lock("{x}:lock").ephemeral().acquire().await.unwrap();
+    let _: String = guard.fenced(&set("{x}:v", "1")).await.unwrap();
+    let id = ephemeral_connection(&mut raw, "{x}:lock").await;
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(list.contains("cmd=lock.guard"), "{list}");
+    // Its connection closed: the hold is gone with it, and nothing more is sent.
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the close is seen");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    let refused = guard.fenced::<String>(&set("{x}:v", "2")).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NotHeld {
+                lost: Some(LostReason::ConnectionClosed)
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(get(&mut raw, "{x}:v").await.as_deref(), Some("1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_run_the_command_gets_noperm_and_keeps_the_hold() {
+    let server = Server::start();
+    let mut raw = support::raw(&server).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("on")
+        .arg(">secret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg("-set")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let url = format!("redis://app:secret@127.0.0.1:{}/", server.port);
+    let client = LockClient::builder(redis::Client::open(url).unwrap())
+        .without_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let guard = client.lock("{n}:lock").acquire().await.unwrap();
+    match guard.fenced::<Value>(&set("{n}:v", "1")).await {
+        Err(LockError::Server(text)) => assert!(text.starts_with("NOPERM"), "{text}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(guard.lost_reason(), None);
+    assert_eq!(get(&mut raw, "{n}:v").await, None);
+    let n: i64 = guard.fenced(redis::cmd("INCR").arg("{n}:c")).await.unwrap();
+    assert_eq!(n, 1);
+}
