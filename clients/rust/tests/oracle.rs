@@ -522,6 +522,7 @@ struct Procs {
     /// `None` once the run is over.
     tx: Option<mpsc::UnboundedSender<Msg>>,
     exe: std::path::PathBuf,
+    ephemeral: f64,
 }
 
 impl Procs {
@@ -540,6 +541,7 @@ impl Procs {
             .arg(secs.to_string())
             .arg(&self.target)
             .args(self.keys.iter().map(KeySpec::text))
+            .env("ORACLE_EPHEMERAL", self.ephemeral.to_string())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -918,7 +920,7 @@ fn blocking_holder(
                     _ => client.lock(&key.name),
                 };
                 let lock = lock.lease(plan.lease);
-                if rng.gen_bool(0.3) {
+                if rng.gen_bool(plan.ephemeral) {
                     lock.ephemeral()
                 } else {
                     lock
@@ -1006,6 +1008,18 @@ fn blocking_holder(
 // ---------------------------------------------------------------------------------------------
 // One seed
 
+/// How many handles take `EPHEMERAL` holds: none in a cluster, where an `EPHEMERAL` hold whose
+/// slot migrates is not supported (its connection is to the old node, whose renewals answer
+/// `MOVED`: it would be reported `ConnectionClosed` while the new node holds it, unbound, until
+/// its lease ends).
+fn ephemeral_share(target: &Target) -> f64 {
+    if target.is_cluster() {
+        0.0
+    } else {
+        0.3
+    }
+}
+
 /// The keys of a seed's run: three exclusive locks, a read-write lock, a semaphore of two
 /// permits (named after the seed: what an earlier seed left behind is not in the way).
 fn keys(seed: u64) -> Vec<KeySpec> {
@@ -1053,12 +1067,14 @@ async fn run_seed(target: &Target, seed: u64, secs: u64) -> Outcome {
     let poller = tokio::spawn(poller(state.clone(), raw.clone(), stop.clone()));
     let until = Instant::now() + Duration::from_secs(secs);
     let spec = target.spec();
+    let ephemeral = ephemeral_share(target);
     let plan = |n: u64, cancel: bool| Plan {
         seed: seed * 1_000 + n,
         lease: LEASE,
         keys: keys.clone(),
         until,
         cancel,
+        ephemeral,
     };
 
     // Tasks on this (multi-thread) runtime, one client.
@@ -1144,6 +1160,7 @@ async fn run_seed(target: &Target, seed: u64, secs: u64) -> Outcome {
         until,
         tx: Some(tx.clone()),
         exe,
+        ephemeral,
     }));
     {
         let mut p = procs.lock().await;
@@ -1184,19 +1201,11 @@ async fn run_seed(target: &Target, seed: u64, secs: u64) -> Outcome {
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 
-    // The end: every paused process runs again; holders finish their last hold.
-    {
-        let pids: Vec<u32> = procs
-            .lock()
-            .await
-            .children
-            .iter()
-            .filter(|c| c.stopped)
-            .map(|c| c.pid)
-            .collect();
-        for pid in pids {
-            resume(&procs, &state, pid).await;
-        }
+    // The end: a paused process runs again when its pause (past the lease) is over, not
+    // earlier; holders finish their last hold.
+    let paused_until = Instant::now() + LEASE * 3;
+    while procs.lock().await.children.iter().any(|c| c.stopped) && Instant::now() < paused_until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let grace = Duration::from_secs(30);
     for task in tasks {
