@@ -102,6 +102,15 @@ impl LockClient {
         LockClient::new(client)
     }
 
+    /// A client of the master a set of Sentinels monitors under `master_name`: see
+    /// [`crate::LockClient::sentinel_builder`] (and [`LockClient::from_builder`] for settings).
+    pub fn sentinel<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        LockClient::from_builder(crate::LockClient::sentinel_builder(sentinels, master_name)?)
+    }
+
     /// A client of a Redis Cluster, from the URLs of one or more of its nodes.
     pub fn cluster<T: IntoConnectionInfo>(
         nodes: impl IntoIterator<Item = T>,
@@ -191,6 +200,18 @@ impl Election {
     /// See [`crate::Election::wait_timeout`].
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.inner = self.inner.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`crate::Election::replicas`].
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`crate::Election::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
         self
     }
 
@@ -384,6 +405,18 @@ impl MultiLock {
         self
     }
 
+    /// See [`crate::MultiLock::replicas`].
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`crate::MultiLock::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
+        self
+    }
+
     /// See [`crate::MultiLock::ephemeral`].
     pub fn ephemeral(mut self) -> Self {
         self.inner = self.inner.ephemeral();
@@ -510,6 +543,18 @@ impl Lock {
     /// See [`crate::Lock::wait_timeout`].
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.inner = self.inner.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`crate::Lock::replicas`].
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`crate::Lock::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
         self
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use redis::cluster::ClusterClientBuilder;
-use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
+use redis::{ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 use crate::conn::Commands;
 use crate::context::Context;
@@ -14,9 +14,10 @@ use crate::election::Election;
 use crate::error::LockError;
 use crate::keeper::Keepers;
 use crate::lock::{Kind, Lock, Verb};
+use crate::master::{watch_sentinels, Master, SentinelMaster};
 use crate::multi::MultiLock;
-use crate::naming::{client_name, with_lib_name};
-use crate::servers::Servers;
+use crate::naming::client_name;
+use crate::servers::{Node, Servers};
 use crate::signal::SignalHub;
 
 /// The default time an ordinary command (acquire without waiting, renew, release) may take
@@ -66,11 +67,19 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     lost_signal: bool,
     lost_prefix: String,
+    /// A setting that does not apply to this target: refused by `build`.
+    misused: Option<&'static str>,
 }
 
-/// One server, or the seed nodes of a cluster.
+/// One server, the master a set of Sentinels names, or the seed nodes of a cluster.
 enum Target {
     Single(redis::Client),
+    Sentinel {
+        sentinels: Vec<ConnectionInfo>,
+        master_name: String,
+        /// The master's database, user, password, protocol.
+        settings: RedisConnectionInfo,
+    },
     Cluster(Vec<ConnectionInfo>),
 }
 
@@ -143,8 +152,34 @@ impl LockClientBuilder {
         self
     }
 
+    /// Through Sentinel ([`LockClient::sentinel_builder`]): the master's database, user,
+    /// password and protocol (the Sentinels' own come with their URLs). Default: database 0, no
+    /// password, RESP2. Elsewhere the URL carries them, and this is refused by
+    /// [`LockClientBuilder::build`] ([`LockError::InvalidArgument`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+    /// use redis_lock_client::LockClient;
+    ///
+    /// let client = LockClient::sentinel_builder(["redis://10.0.0.1:26379/"], "orders")?
+    ///     .master_settings(redis::RedisConnectionInfo::default().set_db(2).set_password("secret"))
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn master_settings(mut self, settings: RedisConnectionInfo) -> Self {
+        match &mut self.target {
+            Target::Sentinel { settings: s, .. } => *s = settings,
+            _ => self.misused = Some("master_settings applies to a client through Sentinel"),
+        }
+        self
+    }
+
     /// Connects (one `PING` on the shared connection) and returns the client.
     pub async fn build(self) -> Result<LockClient, LockError> {
+        if let Some(why) = self.misused {
+            return Err(LockError::InvalidArgument(why));
+        }
         if self.lost_signal && self.lost_prefix.is_empty() {
             return Err(LockError::InvalidArgument(
                 "an empty lost-signal prefix: the server sends no lost-hold signal with one",
@@ -157,23 +192,33 @@ impl LockClientBuilder {
             Target::Single(client) => {
                 let info = client.get_connection_info().clone();
                 let db = info.redis_settings().db();
-                let settings = with_lib_name(info.redis_settings().clone());
-                let open = |protocol| {
-                    let settings = settings.clone().set_protocol(protocol);
-                    redis::Client::open(info.clone().set_redis_settings(settings))
-                        .map_err(LockError::Connection)
-                };
-                let resp2 = open(client.get_connection_info().redis_settings().protocol())?;
-                let resp3 = open(ProtocolVersion::RESP3)?;
-                let commands = Commands::single(resp2.clone(), self.command_timeout, name.clone());
+                let master = Arc::new(Master::Fixed(Node::from_info(info)?));
+                let commands = Commands::single(master.clone(), self.command_timeout, name.clone());
                 let signals = self
                     .lost_signal
-                    .then(|| SignalHub::single(resp3.clone(), prefix, name.clone()));
-                let servers = Servers::Single {
-                    client: resp2,
-                    resp3,
-                };
-                (servers, commands, signals, db)
+                    .then(|| SignalHub::single(master.clone(), prefix, name.clone()));
+                (Servers::Single(master), commands, signals, db)
+            }
+            Target::Sentinel {
+                sentinels,
+                master_name,
+                settings,
+            } => {
+                let db = settings.db();
+                let sentinel = Arc::new(SentinelMaster::new(
+                    sentinels,
+                    master_name,
+                    settings,
+                    self.command_timeout,
+                )?);
+                // Follows the Sentinels while the client lives (on the runtime it is built on).
+                tokio::spawn(watch_sentinels(Arc::downgrade(&sentinel)));
+                let master = Arc::new(Master::Sentinel(sentinel));
+                let commands = Commands::single(master.clone(), self.command_timeout, name.clone());
+                let signals = self
+                    .lost_signal
+                    .then(|| SignalHub::single(master.clone(), prefix, name.clone()));
+                (Servers::Single(master), commands, signals, db)
             }
             Target::Cluster(seeds) => {
                 let Some(seed) = seeds.first().cloned() else {
@@ -257,6 +302,7 @@ impl LockClient {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
+            misused: None,
         }
     }
 
@@ -287,6 +333,78 @@ impl LockClient {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
+            misused: None,
+        })
+    }
+
+    /// A client of the master a set of Sentinels monitors under `master_name`, with the default
+    /// settings, from the URLs of one or more Sentinels (`redis://10.0.0.1:26379/`). See
+    /// [`LockClient::sentinel_builder`].
+    pub async fn sentinel<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        LockClient::sentinel_builder(sentinels, master_name)?
+            .build()
+            .await
+    }
+
+    /// [`LockClient::sentinel`] with settings beyond the defaults (the master's database and
+    /// password: [`LockClientBuilder::master_settings`]).
+    ///
+    /// The client asks the Sentinels for the master (and checks with `ROLE` that it says it is
+    /// one) when it first needs it, and again whenever the one it knew fails: a connection to
+    /// it that cannot be made or breaks, or a reply that says it is a replica now (`READONLY`).
+    /// So after a failover:
+    /// - ordinary commands (acquire without waiting, renewals, releases, fenced commands) go to
+    ///   the new master once the old one's connection failed (at the latest after the command
+    ///   timeout, for a master that hangs); an acquire without a wait is sent again twice, as
+    ///   after any broken connection, and answers [`LockError::Connection`] if no master answers;
+    /// - a **waiting acquire** (`acquire()`, a multi-key `acquire()`, a campaign that is not
+    ///   `EPHEMERAL`) whose master fails is **sent again** to the master the Sentinels name, with
+    ///   a pause of 50 ms doubling up to 1 s, for as long as its wait lasts (its place in the
+    ///   old master's queue is gone: it joins the new master's). `ONCE` makes that safe;
+    /// - an **`EPHEMERAL`** hold's connection is gone with the old master: the hold is reported
+    ///   lost ([`LostReason::ConnectionClosed`](crate::LostReason::ConnectionClosed)), and an
+    ///   `EPHEMERAL` acquire (or campaign) on the way answers [`LockError::Connection`];
+    /// - the watchdog renews on the new master: a hold the new master has (the replica had
+    ///   received it) keeps being renewed, one it has not is reported lost at the first renewal
+    ///   answered 0 ([`LostReason::HoldGone`](crate::LostReason::HoldGone));
+    /// - the lost-hold signal and an observer's leader channel subscribe again on the new master
+    ///   once their connection to the old one breaks.
+    ///
+    /// A grant the old master made but never replicated is lost with it: see
+    /// [`Lock::replicas`](crate::Lock::replicas) for grants acknowledged by replicas.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+    /// use redis_lock_client::LockClient;
+    ///
+    /// let sentinels = ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"];
+    /// let client = LockClient::sentinel(sentinels, "orders").await?;
+    /// let mut guard = client.lock("orders:42").acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel_builder<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<LockClientBuilder, LockError> {
+        let sentinels = sentinels
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(LockError::Connection)?;
+        Ok(LockClientBuilder {
+            target: Target::Sentinel {
+                sentinels,
+                master_name: master_name.to_string(),
+                settings: RedisConnectionInfo::default(),
+            },
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            lost_signal: true,
+            lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
+            misused: None,
         })
     }
 

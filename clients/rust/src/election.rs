@@ -70,6 +70,21 @@ impl Election {
         self
     }
 
+    /// See [`Lock::replicas`](crate::Lock::replicas): the election, and each renewal of the
+    /// leadership, acknowledged by `replicas` replicas before it counts
+    /// ([`LockError::NotSafelyAcquired`] from a campaign whose election was not: the
+    /// leadership was resigned).
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.lock = self.lock.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`Lock::wait_aof`](crate::Lock::wait_aof).
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.lock = self.lock.wait_aof(local, replicas, timeout);
+        self
+    }
+
     /// The leadership is a plain hold, renewed by the watchdog on the shared connection, which
     /// outlives a broken connection (and a dead process) until its lease ends.
     pub fn not_ephemeral(mut self) -> Self {

@@ -23,6 +23,18 @@ pub enum LockError {
         /// What the server said of the hold.
         lost: LostReason,
     },
+    /// The lock was granted, but fewer replicas acknowledged the grant than
+    /// [`Lock::replicas`](crate::Lock::replicas) asks (or the AOF fsyncs
+    /// [`Lock::wait_aof`](crate::Lock::wait_aof) asks did not happen) within its timeout: the
+    /// grant could be lost in a failover, so it is **not safely acquired**. The library
+    /// released it; acquire again (the next grant has another token).
+    NotSafelyAcquired {
+        /// The fencing token of the grant that was released (the first key's, for several).
+        token: u64,
+        /// What was missing: `0 of 1 replicas acknowledged within 500 ms (WAIT)`, or the
+        /// server's refusal of `WAIT`/`WAITAOF`.
+        why: String,
+    },
     /// [`Lock::acquire`](crate::Lock::acquire) waited its whole wait timeout and another owner
     /// still holds the key.
     Timeout {
@@ -55,6 +67,9 @@ impl fmt::Display for LockError {
             }
             LockError::Fenced { lost } => {
                 write!(f, "fenced out, the command did not run: {lost}")
+            }
+            LockError::NotSafelyAcquired { token, why } => {
+                write!(f, "not safely acquired (token {token}, released): {why}")
             }
             LockError::Timeout { waited } => {
                 write!(

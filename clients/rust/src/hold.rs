@@ -13,12 +13,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::acks::Acknowledgement;
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
 use crate::lost::{wait_lost, LostReason, LostWatch, Status};
 use crate::machine::{
-    Actions, Answer, Check, Event, Form, Identity, Machine, Read, State, Terms, Wake,
+    Actions, Answer, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms, Wake,
 };
 use crate::message::LostSignal;
 use crate::reply;
@@ -33,6 +34,8 @@ pub(crate) struct Hold {
     /// A fencing token per key, in the keys' order.
     pub(crate) tokens: Arc<[u64]>,
     terms: Terms,
+    /// What a grant and each renewal must be acknowledged by (replicas, AOF fsyncs).
+    acks: Acknowledgement,
     conn: HoldConn,
     /// The client's shared connection, for the checks a message asks for (in a cluster it
     /// follows `MOVED` and `ASK` to where the key is now).
@@ -70,6 +73,7 @@ impl Inner {
 pub(crate) struct NewHold {
     pub(crate) identity: Identity,
     pub(crate) terms: Terms,
+    pub(crate) acks: Acknowledgement,
     pub(crate) conn: HoldConn,
     pub(crate) reads: Arc<Commands>,
     pub(crate) release: Arc<Cmd>,
@@ -84,6 +88,7 @@ impl Hold {
             owner: n.identity.owner.clone(),
             tokens: n.identity.tokens.clone(),
             terms: n.terms,
+            acks: n.acks,
             conn: n.conn,
             reads: n.reads,
             release: n.release,
@@ -283,19 +288,46 @@ impl Hold {
 
     /// One renewal (the watchdog's): its answer goes to the machine.
     async fn renew(self: Arc<Self>) {
-        let event = self.send_renewal().await;
+        let (event, _) = self.send_renewal().await;
         self.step(event);
     }
 
-    async fn send_renewal(&self) -> Event<'static> {
+    /// A renewal, followed in one pipeline by what acknowledges it (`WAIT`, `WAITAOF`) when
+    /// the lock asks for that: the hold is there but the renewal unacknowledged
+    /// ([`Answer::Unacknowledged`], with why) when too few acknowledged.
+    async fn send_renewal(&self) -> (Event<'static>, Option<String>) {
         let sent = Instant::now();
-        let reply = self.query(&self.renew_cmd()).await;
-        Event::Answered {
+        let (answer, why) = if self.acks.is_on() {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors().add_command(self.renew_cmd());
+            for cmd in self.acks.commands() {
+                pipe.add_command(cmd);
+            }
+            match self.conn.query_pipeline(&pipe, self.key()).await {
+                Ok(mut replies) if !replies.is_empty() => {
+                    let renewed = replies.remove(0);
+                    match reply::renewal(&renewed, self.terms.lease) {
+                        Answer::Holds(left) => match self.acks.judge(&replies) {
+                            Ok(()) => (Answer::Holds(left), None),
+                            Err(why) => (Answer::Unacknowledged, Some(why)),
+                        },
+                        answer => (answer, None),
+                    }
+                }
+                Ok(_) => (Answer::Nothing, None),
+                Err(e) => (reply::renewal(&Err(e), self.terms.lease), None),
+            }
+        } else {
+            let reply = self.query(&self.renew_cmd()).await;
+            (reply::renewal(&reply, self.terms.lease), None)
+        };
+        let event = Event::Answered {
             read: Read::Renewal,
             sent,
             replied: Instant::now(),
-            answer: reply::renewal(&reply, self.terms.lease),
-        }
+            answer,
+        };
+        (event, why)
     }
 
     /// A fixed lease's confirmation: the lease this hold has left on its first key
@@ -323,17 +355,30 @@ impl Hold {
         replied: Instant,
     ) -> Result<(), LockError> {
         let mut out = self.step(Event::Granted { sent, replied });
+        let mut why = None;
         loop {
             if out.deliver {
                 return Ok(());
             }
             match out.refuse {
-                Some(Some(reason)) => return Err(LockError::NotHeld { lost: Some(reason) }),
-                Some(None) => return Err(LockError::Connection(no_confirmation())),
+                Some(Refusal::Gone(reason)) => {
+                    return Err(LockError::NotHeld { lost: Some(reason) })
+                }
+                Some(Refusal::Unanswered) => return Err(LockError::Connection(no_confirmation())),
+                Some(Refusal::Unacknowledged) => {
+                    // Released by the caller (the handle's release, ordered before its next
+                    // acquire).
+                    return Err(LockError::NotSafelyAcquired {
+                        token: self.token(),
+                        why: why.unwrap_or_default(),
+                    });
+                }
                 None => {}
             }
             let event = if out.renew {
-                self.send_renewal().await
+                let (event, unacknowledged) = self.send_renewal().await;
+                why = unacknowledged;
+                event
             } else if out.read_lease {
                 self.read_lease().await
             } else {
@@ -347,13 +392,10 @@ impl Hold {
 
     /// Starts the hold's background work once it is handed out: the connection watcher of an
     /// `EPHEMERAL` hold, and the subscription to its keys' lost-hold channels.
-    pub(crate) fn start(
-        self: &Arc<Self>,
-        pushes: Option<mpsc::UnboundedReceiver<redis::PushInfo>>,
-    ) {
+    pub(crate) fn start(self: &Arc<Self>, pushes: Option<(Pushes, Option<Changes>)>) {
         let mut tasks = Vec::new();
-        if let Some(pushes) = pushes {
-            tasks.extend(self.spawn(watch_connection(Arc::downgrade(self), pushes)));
+        if let Some((pushes, changes)) = pushes {
+            tasks.extend(self.spawn(watch_connection(Arc::downgrade(self), pushes, changes)));
         }
         if let Some(hub) = self.signals.clone() {
             let me: Arc<dyn Subscriber> = self.clone();
@@ -400,7 +442,7 @@ impl Hold {
         let mut answer = Answer::Holds(None);
         for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
             match self.check_key(key, *token).await {
-                Answer::Holds(_) => {}
+                Answer::Holds(_) | Answer::Unacknowledged => {}
                 Answer::Gone => {
                     answer = Answer::Gone;
                     break;
@@ -455,12 +497,24 @@ impl Subscriber for Hold {
     }
 }
 
-/// Reports an `EPHEMERAL` hold's connection closing to its machine.
-async fn watch_connection(hold: Weak<Hold>, mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>) {
+/// The pushes of an `EPHEMERAL` hold's own connection.
+pub(crate) type Pushes = mpsc::UnboundedReceiver<redis::PushInfo>;
+
+/// Tells of a failover (through Sentinel).
+pub(crate) type Changes = tokio::sync::watch::Receiver<u64>;
+
+/// Reports an `EPHEMERAL` hold's connection closing to its machine, or the master it is bound
+/// to being replaced (a failover: the hold is bound to nothing on the new master, and the old
+/// one, if it comes back, no longer counts).
+async fn watch_connection(hold: Weak<Hold>, mut pushes: Pushes, changes: Option<Changes>) {
+    let mut changed = std::pin::pin!(crate::master::changed(changes));
     loop {
-        let closed = match pushes.recv().await {
-            None => true,
-            Some(push) => push.kind == PushKind::Disconnection,
+        let closed = tokio::select! {
+            push = pushes.recv() => match push {
+                None => true,
+                Some(push) => push.kind == PushKind::Disconnection,
+            },
+            _ = &mut changed => true,
         };
         if closed {
             if let Some(hold) = hold.upgrade() {

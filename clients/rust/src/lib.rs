@@ -119,6 +119,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod acks;
 pub mod blocking;
 mod channel;
 mod client;
@@ -133,6 +134,7 @@ mod keeper;
 mod lock;
 mod lost;
 mod machine;
+mod master;
 mod message;
 mod multi;
 mod naming;

@@ -81,6 +81,19 @@ impl MultiLock {
         self
     }
 
+    /// See [`Lock::replicas`]: the grant of every key, and each `LOCK.MRENEW`, acknowledged by
+    /// `replicas` replicas before it counts.
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`Lock::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
+        self
+    }
+
     /// The keys, in the order given.
     pub fn keys(&self) -> Vec<&[u8]> {
         self.inner.keys().iter().map(|k| &**k).collect()
