@@ -52,41 +52,65 @@ impl Acknowledgement {
     }
 
     /// Whether the answers to [`Acknowledgement::commands`] (in order) acknowledge the write:
-    /// `Err(why)` when not (too few, or a command refused).
-    pub(crate) fn judge(&self, answers: &[Result<Value, LockError>]) -> Result<(), String> {
+    /// the [`Shortfall`] when not (too few, or a command refused).
+    pub(crate) fn judge(&self, answers: &[Result<Value, LockError>]) -> Result<(), Shortfall> {
         let mut answers = answers.iter();
         if let Some((n, timeout)) = self.replicas {
+            let short = |got: u32, why: String| Shortfall {
+                acknowledged: got,
+                wanted: n,
+                why,
+            };
             match answers.next() {
                 Some(Ok(Value::Int(got))) if *got >= i64::from(n) => {}
                 Some(Ok(Value::Int(got))) => {
-                    return Err(format!(
-                        "{got} of {n} replicas acknowledged within {} ms (WAIT)",
-                        timeout.as_millis()
+                    return Err(short(
+                        u32::try_from(*got).unwrap_or(0),
+                        format!(
+                            "{got} of {n} replicas acknowledged within {} ms (WAIT)",
+                            timeout.as_millis()
+                        ),
                     ))
                 }
-                Some(Err(e)) => return Err(format!("WAIT: {e}")),
-                other => return Err(format!("WAIT answered {other:?}")),
+                Some(Err(e)) => return Err(short(0, format!("WAIT: {e}"))),
+                other => return Err(short(0, format!("WAIT answered {other:?}"))),
             }
         }
         if let Some((local, replicas, timeout)) = self.aof {
+            let short = |got: i64, why: String| Shortfall {
+                acknowledged: u32::try_from(got).unwrap_or(0),
+                wanted: replicas,
+                why,
+            };
             match answers.next() {
                 Some(Ok(Value::Array(got))) => match got.as_slice() {
                     [Value::Int(l), Value::Int(r)]
                         if *l >= i64::from(local) && *r >= i64::from(replicas) => {}
                     [Value::Int(l), Value::Int(r)] => {
-                        return Err(format!(
-                            "fsynced locally {l} of {local}, by replicas {r} of {replicas} within {} ms (WAITAOF)",
-                            timeout.as_millis()
+                        return Err(short(
+                            *r,
+                            format!(
+                                "fsynced locally {l} of {local}, by replicas {r} of {replicas} within {} ms (WAITAOF)",
+                                timeout.as_millis()
+                            ),
                         ))
                     }
-                    other => return Err(format!("WAITAOF answered {other:?}")),
+                    other => return Err(short(0, format!("WAITAOF answered {other:?}"))),
                 },
-                Some(Err(e)) => return Err(format!("WAITAOF: {e}")),
-                other => return Err(format!("WAITAOF answered {other:?}")),
+                Some(Err(e)) => return Err(short(0, format!("WAITAOF: {e}"))),
+                other => return Err(short(0, format!("WAITAOF answered {other:?}"))),
             }
         }
         Ok(())
     }
+}
+
+/// Why a write was not acknowledged: how many replicas did, of how many asked, and in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shortfall {
+    pub(crate) acknowledged: u32,
+    pub(crate) wanted: u32,
+    pub(crate) why: String,
 }
 
 #[cfg(test)]
@@ -101,15 +125,21 @@ mod tests {
         };
         let aof = |l, r| Ok(Value::Array(vec![Value::Int(l), Value::Int(r)]));
         assert_eq!(both.judge(&[Ok(Value::Int(2)), aof(1, 0)]), Ok(()));
-        let why = both.judge(&[Ok(Value::Int(0)), aof(1, 0)]).unwrap_err();
-        assert_eq!(why, "0 of 1 replicas acknowledged within 500 ms (WAIT)");
-        let why = both.judge(&[Ok(Value::Int(1)), aof(0, 0)]).unwrap_err();
-        assert!(why.contains("fsynced locally 0 of 1"), "{why}");
+        let short = both.judge(&[Ok(Value::Int(0)), aof(1, 0)]).unwrap_err();
+        assert_eq!(
+            short.why,
+            "0 of 1 replicas acknowledged within 500 ms (WAIT)"
+        );
+        assert_eq!((short.acknowledged, short.wanted), (0, 1));
+        let short = both.judge(&[Ok(Value::Int(1)), aof(0, 0)]).unwrap_err();
+        assert!(short.why.contains("fsynced locally 0 of 1"), "{short:?}");
         let refused = Err(LockError::Server("ERR unknown command 'WAITAOF'".into()));
-        let why = both.judge(&[Ok(Value::Int(1)), refused]).unwrap_err();
+        let short = both.judge(&[Ok(Value::Int(1)), refused]).unwrap_err();
         assert!(
-            why.starts_with("WAITAOF: server error: ERR unknown command"),
-            "{why}"
+            short
+                .why
+                .starts_with("WAITAOF: server error: ERR unknown command"),
+            "{short:?}"
         );
         assert!(both.judge(&[]).is_err());
         assert_eq!(Acknowledgement::default().judge(&[]), Ok(()));

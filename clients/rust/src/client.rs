@@ -24,6 +24,10 @@ use crate::signal::SignalHub;
 /// before it counts as failed.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Through Sentinel, the default time an acquire is sent again while no master answers (a
+/// failover: [`LockClientBuilder::failover_timeout`]).
+pub const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A connection to a server with the LOCK.* module, and the factory of [`Lock`] handles.
 ///
 /// Cheap to clone (clones share connections and identity). Each client has a random unique id;
@@ -65,6 +69,7 @@ pub(crate) struct ClientInner {
 pub struct LockClientBuilder {
     target: Target,
     command_timeout: Duration,
+    failover_timeout: Duration,
     lost_signal: bool,
     lost_prefix: String,
     /// A setting that does not apply to this target: refused by `build`.
@@ -149,6 +154,18 @@ impl LockClientBuilder {
     pub fn lost_signal_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.lost_signal = true;
         self.lost_prefix = prefix.into();
+        self
+    }
+
+    /// Through Sentinel ([`LockClient::sentinel_builder`]): how long an acquire (waiting or
+    /// not, not `EPHEMERAL`) whose master failed is sent again, with growing pauses, while no
+    /// master answers (default [`DEFAULT_FAILOVER_TIMEOUT`], 30 s); then it answers
+    /// [`LockError::Connection`]. Elsewhere refused by [`LockClientBuilder::build`].
+    pub fn failover_timeout(mut self, timeout: Duration) -> Self {
+        match &self.target {
+            Target::Sentinel { .. } => self.failover_timeout = timeout,
+            _ => self.misused = Some("failover_timeout applies to a client through Sentinel"),
+        }
         self
     }
 
@@ -254,6 +271,7 @@ impl LockClientBuilder {
                     name,
                     db,
                     command_timeout: self.command_timeout,
+                    failover_timeout: self.failover_timeout,
                     signals,
                     keepers: Keepers::new(),
                 }),
@@ -300,6 +318,7 @@ impl LockClient {
         LockClientBuilder {
             target: Target::Single(client),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
             misused: None,
@@ -331,6 +350,7 @@ impl LockClient {
         Ok(LockClientBuilder {
             target: Target::Cluster(seeds),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
             misused: None,
@@ -356,22 +376,30 @@ impl LockClient {
     /// one) when it first needs it, and again whenever the one it knew fails: a connection to
     /// it that cannot be made or breaks, or a reply that says it is a replica now (`READONLY`).
     /// So after a failover:
-    /// - ordinary commands (acquire without waiting, renewals, releases, fenced commands) go to
-    ///   the new master once the old one's connection failed (at the latest after the command
-    ///   timeout, for a master that hangs); an acquire without a wait is sent again twice, as
-    ///   after any broken connection, and answers [`LockError::Connection`] if no master answers;
-    /// - a **waiting acquire** (`acquire()`, a multi-key `acquire()`, a campaign that is not
-    ///   `EPHEMERAL`) whose master fails is **sent again** to the master the Sentinels name, with
-    ///   a pause of 50 ms doubling up to 1 s, for as long as its wait lasts (its place in the
-    ///   old master's queue is gone: it joins the new master's). `ONCE` makes that safe;
+    /// - the client follows the Sentinels (their `+switch-master` message, and a poll every
+    ///   second): once they name a new master, every command goes there, and an answer that
+    ///   arrives after the change from a connection to the old master is taken for none (a
+    ///   paused old master that comes back is still a master until the Sentinels demote it:
+    ///   its grants and renewals no longer count). A failed connection, or `READONLY`, also
+    ///   sends the client to the Sentinels;
+    /// - renewals, releases and fenced commands are not sent again (as after any broken
+    ///   connection): the watchdog renews again soon;
+    /// - an **acquire**, waiting or not (`try_acquire()`, `acquire()`, a multi-key acquire, a
+    ///   campaign that is not `EPHEMERAL`), whose master fails is **sent again** to the master
+    ///   the Sentinels name, with a pause of 50 ms doubling up to 1 s, until a master answers or
+    ///   the failover timeout passes ([`LockClientBuilder::failover_timeout`], 30 s; then
+    ///   [`LockError::Connection`]); a wait is issued again on the new master for what is left
+    ///   of it (its place in the old master's queue is gone: waiters are not replicated). A
+    ///   wait on a master the Sentinels replaced is ended at once. `ONCE` makes that safe;
     /// - an **`EPHEMERAL`** hold's connection is gone with the old master: the hold is reported
     ///   lost ([`LostReason::ConnectionClosed`](crate::LostReason::ConnectionClosed)), and an
     ///   `EPHEMERAL` acquire (or campaign) on the way answers [`LockError::Connection`];
     /// - the watchdog renews on the new master: a hold the new master has (the replica had
     ///   received it) keeps being renewed, one it has not is reported lost at the first renewal
     ///   answered 0 ([`LostReason::HoldGone`](crate::LostReason::HoldGone));
-    /// - the lost-hold signal and an observer's leader channel subscribe again on the new master
-    ///   once their connection to the old one breaks.
+    /// - the lost-hold signal and an observer's leader channel subscribe again on the new
+    ///   master (an observer reads `LOCK.LEADER` there); what was published meanwhile is gone,
+    ///   the watchdog stays the backstop.
     ///
     /// A grant the old master made but never replicated is lost with it: see
     /// [`Lock::replicas`](crate::Lock::replicas) for grants acknowledged by replicas.
@@ -402,6 +430,7 @@ impl LockClient {
                 settings: RedisConnectionInfo::default(),
             },
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
             misused: None,

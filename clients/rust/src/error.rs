@@ -29,10 +29,14 @@ pub enum LockError {
     /// grant could be lost in a failover, so it is **not safely acquired**. The library
     /// released it; acquire again (the next grant has another token).
     NotSafelyAcquired {
-        /// The fencing token of the grant that was released (the first key's, for several).
-        token: u64,
-        /// What was missing: `0 of 1 replicas acknowledged within 500 ms (WAIT)`, or the
-        /// server's refusal of `WAIT`/`WAITAOF`.
+        /// The fencing tokens of the grant that was released (one per key, in the keys' order).
+        tokens: Vec<u64>,
+        /// How many replicas acknowledged (fsynced, for `WAITAOF`).
+        acknowledged: u32,
+        /// How many were asked.
+        wanted: u32,
+        /// What was missing, in words: `0 of 1 replicas acknowledged within 500 ms (WAIT)`, or
+        /// the server's refusal of `WAIT`/`WAITAOF`.
         why: String,
     },
     /// [`Lock::acquire`](crate::Lock::acquire) waited its whole wait timeout and another owner
@@ -68,8 +72,8 @@ impl fmt::Display for LockError {
             LockError::Fenced { lost } => {
                 write!(f, "fenced out, the command did not run: {lost}")
             }
-            LockError::NotSafelyAcquired { token, why } => {
-                write!(f, "not safely acquired (token {token}, released): {why}")
+            LockError::NotSafelyAcquired { tokens, why, .. } => {
+                write!(f, "not safely acquired (token {tokens:?}, released): {why}")
             }
             LockError::Timeout { waited } => {
                 write!(

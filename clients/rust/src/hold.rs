@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::acks::Acknowledgement;
+use crate::acks::{Acknowledgement, Shortfall};
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
@@ -295,7 +295,7 @@ impl Hold {
     /// A renewal, followed in one pipeline by what acknowledges it (`WAIT`, `WAITAOF`) when
     /// the lock asks for that: the hold is there but the renewal unacknowledged
     /// ([`Answer::Unacknowledged`], with why) when too few acknowledged.
-    async fn send_renewal(&self) -> (Event<'static>, Option<String>) {
+    async fn send_renewal(&self) -> (Event<'static>, Option<Shortfall>) {
         let sent = Instant::now();
         let (answer, why) = if self.acks.is_on() {
             let mut pipe = redis::pipe();
@@ -309,7 +309,7 @@ impl Hold {
                     match reply::renewal(&renewed, self.terms.lease) {
                         Answer::Holds(left) => match self.acks.judge(&replies) {
                             Ok(()) => (Answer::Holds(left), None),
-                            Err(why) => (Answer::Unacknowledged, Some(why)),
+                            Err(short) => (Answer::Unacknowledged, Some(short)),
                         },
                         answer => (answer, None),
                     }
@@ -368,9 +368,16 @@ impl Hold {
                 Some(Refusal::Unacknowledged) => {
                     // Released by the caller (the handle's release, ordered before its next
                     // acquire).
+                    let short = why.unwrap_or(Shortfall {
+                        acknowledged: 0,
+                        wanted: 0,
+                        why: String::new(),
+                    });
                     return Err(LockError::NotSafelyAcquired {
-                        token: self.token(),
-                        why: why.unwrap_or_default(),
+                        tokens: self.tokens.to_vec(),
+                        acknowledged: short.acknowledged,
+                        wanted: short.wanted,
+                        why: short.why,
                     });
                 }
                 None => {}

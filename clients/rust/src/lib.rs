@@ -107,11 +107,15 @@
 //!   needed), the lost-hold signal with `SSUBSCRIBE` on that node.
 //! - [`LockClientBuilder::lost_signal_prefix`] listens to a server whose
 //!   `lock.lost-channel-prefix` is not the default `lock.lost`.
+//! - [`LockClient::sentinel`] follows the master a set of Sentinels names, through failovers
+//!   (see [`LockClient::sentinel_builder`] for what each call does then), and
+//!   [`Lock::replicas`] counts a grant or a renewal only once replicas acknowledged it
+//!   ([`LockError::NotSafelyAcquired`] otherwise).
 //!
 //! # Not (yet) supported
 //!
-//! Sentinel; TLS and unix sockets untested; in a cluster, an `EPHEMERAL` hold whose slot
-//! migrates (its connection is to the old node).
+//! TLS and unix sockets untested; in a cluster, an `EPHEMERAL` hold whose slot migrates (its
+//! connection is to the old node).
 
 #![deny(missing_docs)]
 #![cfg_attr(
@@ -147,7 +151,9 @@ pub use channel::{
     leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,
     DEFAULT_LEADER_CHANNEL_PREFIX, DEFAULT_LOST_SIGNAL_PREFIX,
 };
-pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
+pub use client::{
+    LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_FAILOVER_TIMEOUT,
+};
 pub use election::{Election, Leadership};
 pub use error::LockError;
 pub use guard::{LockGuard, Release};

@@ -31,8 +31,8 @@ const WAIT_MARGIN: Duration = Duration::from_secs(2);
 /// because every acquire carries `ONCE`.
 const RETRIES: u32 = 2;
 
-/// Through Sentinel, a waiting acquire whose master failed is sent again after this pause,
-/// doubled each time up to [`FAILOVER_PAUSE_MAX`], for as long as its wait lasts.
+/// Through Sentinel, an acquire whose master failed is sent again after this pause, doubled
+/// each time up to [`FAILOVER_PAUSE_MAX`], until the client's failover timeout passes.
 const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
 const FAILOVER_PAUSE_MAX: Duration = Duration::from_secs(1);
 
@@ -234,9 +234,10 @@ impl Lock {
     /// - **After a grant** (at once or after a wait) the acquire sends one renewal and `WAIT`
     ///   in one round trip before it returns the guard. When fewer replicas acknowledged within
     ///   `timeout`, it **releases the hold and answers
-    ///   [`LockError::NotSafelyAcquired`]** (with the grant's token and what was missing); it
-    ///   does not retry: acquire again (the next grant has another token). A fixed lease is set
-    ///   again from that renewal.
+    ///   [`LockError::NotSafelyAcquired`]** (with the grant's tokens, how many replicas
+    ///   acknowledged of how many, and why); it does not retry: the application decides whether
+    ///   to acquire again (the next grant has another token). A fixed lease is set again from
+    ///   that renewal.
     /// - **After each renewal** the watchdog sends `WAIT` too, and the guard's loss deadline
     ///   moves only on renewals the replicas acknowledged: a renewal the master never
     ///   replicated does not make the guard believe it holds longer than a promoted replica
@@ -258,7 +259,9 @@ impl Lock {
     /// let lock = client.lock("orders:42").replicas(1, Duration::from_millis(500));
     /// match lock.acquire().await {
     ///     Ok(mut guard) => { /* held, and on a replica */ guard.release().await?; }
-    ///     Err(LockError::NotSafelyAcquired { why, .. }) => eprintln!("released: {why}"),
+    ///     Err(LockError::NotSafelyAcquired { tokens, acknowledged, wanted, .. }) => {
+    ///         eprintln!("{tokens:?} released: {acknowledged} of {wanted} replicas acknowledged")
+    ///     }
     ///     Err(e) => return Err(e),
     /// }
     /// # Ok(()) }
@@ -542,9 +545,10 @@ impl Lock {
 
     /// Sends the acquire on the shared connection (no wait) or on a fresh connection of its own
     /// (wait), again after a broken or timed-out connection: `ONCE` makes that safe. Through
-    /// Sentinel, a server that answers as a replica counts as a broken connection, and a waiting
-    /// acquire is sent again, to the master the Sentinels name, for as long as its wait lasts
-    /// (a failover: its place in the old master's queue is gone, it joins the new one's).
+    /// Sentinel, a server that answers as a replica counts as a broken connection, and the
+    /// acquire is sent again, to the master the Sentinels name, with growing pauses, until a
+    /// master answers or the failover timeout passes; a wait for what is left of it (its place
+    /// in the old master's queue is gone, it joins the new one's).
     async fn send_with_retries(
         &self,
         wait: Option<Wait>,
@@ -556,6 +560,7 @@ impl Lock {
         };
         let failover = self.ctx.servers.follows_failover();
         let mut pause = FAILOVER_PAUSE;
+        let mut failing_since: Option<Instant> = None;
         let mut attempt = 0;
         loop {
             let this_wait = match (wait, until) {
@@ -584,10 +589,11 @@ impl Lock {
                 Err(e)
                     if again(&e)
                         && failover
-                        && wait.is_some()
-                        && until.is_none_or(|u| Instant::now() + pause < u) =>
+                        && failing_since.get_or_insert_with(Instant::now).elapsed() + pause
+                            < self.ctx.failover_timeout =>
                 {
-                    // Through a failover: the master is gone or not yet replaced.
+                    // Through a failover: the master is gone or not yet replaced. A wait is
+                    // issued again for what is left of it.
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
                 }

@@ -337,9 +337,15 @@ async fn follow(ctx: Arc<Context>, key: Arc<[u8]>, out: mpsc::UnboundedSender<Le
                 continue;
             }
         };
-        // Messages until the connection breaks.
+        // Messages until the connection breaks, or (through Sentinel) the master changes: then
+        // it subscribes and reads again on the new master.
+        let mut changed = std::pin::pin!(crate::master::changed(ctx.servers.changes()));
         loop {
-            let Some(push) = pushes.recv().await else {
+            let push = tokio::select! {
+                push = pushes.recv() => push,
+                _ = &mut changed => None,
+            };
+            let Some(push) = push else {
                 break;
             };
             let mut ready = VecDeque::new();

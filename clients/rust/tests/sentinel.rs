@@ -253,8 +253,26 @@ async fn a_paused_master_is_left_for_the_new_one() {
         .unwrap();
     let lease = Duration::from_secs(15);
     let guard = client.lock("z").lease(lease).acquire().await.unwrap();
+    let mut leaders = client.election("ze").observe();
     replicated(set.master_addr().1).await;
     let (old, new) = failover(&mut set, false).await;
+    // An observer follows the new master's election (its connection to the paused one is
+    // still open).
+    let leadership = client
+        .election("ze")
+        .not_ephemeral()
+        .campaign()
+        .await
+        .unwrap();
+    let seen = within(
+        "the observer sees the new leader",
+        Duration::from_secs(5),
+        leaders.next(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(seen.epoch, leadership.epoch());
+    assert!(holds(new.1, "ze", leadership.candidate(), leadership.epoch()).await);
     set.resume();
     let deadline = Instant::now() + Duration::from_secs(30);
     while set.role(old.1).as_deref() != Some("slave") {
@@ -273,6 +291,52 @@ async fn a_paused_master_is_left_for_the_new_one() {
     let mut next = client.lock("z2").try_acquire().await.unwrap().unwrap();
     assert!(holds(new.1, "z2", next.owner(), next.token()).await);
     next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_master_an_acquire_gives_up_after_the_failover_timeout() {
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel_builder(set.sentinel_urls(), set.master_name())
+        .unwrap()
+        .failover_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let mut guard = client.lock("k").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    // Every data server gone: no failover can happen.
+    for server in &mut set.servers {
+        server.kill_hard();
+    }
+    for wait in [None, Some(Duration::from_secs(60))] {
+        let lock = match wait {
+            Some(w) => client.lock("k").wait_timeout(w),
+            None => client.lock("k"),
+        };
+        let started = Instant::now();
+        let answer = within("the acquire gives up", Duration::from_secs(20), async {
+            match wait {
+                Some(_) => lock.acquire().await.map(Some),
+                None => lock.try_acquire().await,
+            }
+        })
+        .await;
+        assert!(
+            matches!(answer, Err(LockError::Connection(_))),
+            "{answer:?}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(2_500),
+            "sent again for the failover timeout: {:?}",
+            started.elapsed()
+        );
+    }
+    // Only through Sentinel.
+    let refused = LockClient::builder(redis::Client::open("redis://127.0.0.1:1/").unwrap())
+        .failover_timeout(Duration::from_secs(1))
+        .build()
+        .await;
+    assert!(matches!(refused, Err(LockError::InvalidArgument(_))));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,10 +380,18 @@ async fn replicas_1_hands_out_acknowledged_grants_and_refuses_the_others() {
     // the grant's token, and the grant was released.
     r.replica.signal(Signal::Stop);
     let refused = lock.acquire().await;
-    let Err(LockError::NotSafelyAcquired { token, why }) = refused else {
+    let Err(LockError::NotSafelyAcquired {
+        tokens,
+        acknowledged,
+        wanted,
+        why,
+    }) = refused
+    else {
         panic!("{refused:?}")
     };
-    assert!(token > guard.token());
+    assert_eq!(tokens.len(), 1);
+    assert!(tokens[0] > guard.token());
+    assert_eq!((acknowledged, wanted), (0, 1));
     assert_eq!(why, "0 of 1 replicas acknowledged within 300 ms (WAIT)");
     let info: Value = redis::cmd("LOCK.INFO")
         .arg("acked")
@@ -441,4 +513,152 @@ async fn wait_aof_asks_for_aof_fsyncs_where_the_server_has_waitaof() {
             "{why}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The failover driver (examples/failover_driver.rs)
+
+/// The fields of one flat JSON object line (strings unescaped for `\"` and `\\` only, numbers
+/// and `null` as text).
+fn fields(line: &str) -> std::collections::HashMap<String, String> {
+    let body = line
+        .trim()
+        .strip_prefix('{')
+        .and_then(|l| l.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("not an object: {line}"));
+    let mut out = std::collections::HashMap::new();
+    let mut chars = body.chars().peekable();
+    let string = |chars: &mut std::iter::Peekable<std::str::Chars>| {
+        assert_eq!(chars.next(), Some('"'), "{line}");
+        let mut s = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => s.push(chars.next().unwrap()),
+                '"' => return s,
+                c => s.push(c),
+            }
+        }
+        panic!("unterminated string: {line}")
+    };
+    while chars.peek().is_some() {
+        let name = string(&mut chars);
+        assert_eq!(chars.next(), Some(':'), "{line}");
+        let value = if chars.peek() == Some(&'"') {
+            string(&mut chars)
+        } else {
+            let mut v = String::new();
+            while let Some(c) = chars.peek().copied().filter(|c| *c != ',') {
+                v.push(c);
+                chars.next();
+            }
+            v
+        };
+        out.insert(name, value);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failover_driver_writes_one_line_per_acknowledged_hold() {
+    let mut set = sentinel_set().await;
+    let exe = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("examples/failover_driver"))
+        .unwrap();
+    assert!(
+        exe.exists(),
+        "{exe:?}: cargo test builds it (--examples for a filtered run)"
+    );
+    let dir = tempfile_dir();
+    let output = dir.join("holds.jsonl");
+    let sentinels = set
+        .sentinel_addrs()
+        .iter()
+        .map(|(h, p)| format!("{h}:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let driver = tokio::process::Command::new(&exe)
+        .args(["--sentinels", &sentinels, "--master", set.master_name()])
+        .args([
+            "--exclusive",
+            "fx",
+            "--shared",
+            "fs",
+            "--semaphore",
+            "fm",
+            "--limit",
+            "2",
+        ])
+        .args(["--election", "fe", "--replicas", "1", "--duration", "10"])
+        .args(["--lease-ms", "3000", "--wait-ms", "2000"])
+        .arg("--output")
+        .arg(&output)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    failover(&mut set, true).await;
+    let failed_over = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let status = within(
+        "the driver ends",
+        Duration::from_secs(60),
+        driver.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(status.status.success());
+    let text = std::fs::read_to_string(&output).unwrap();
+    let lines: Vec<_> = text.lines().map(fields).collect();
+    let holds: Vec<_> = lines.iter().filter(|l| !l.contains_key("event")).collect();
+    for kind in ["exclusive", "shared", "permit", "leader"] {
+        assert!(
+            holds.iter().any(|h| h["kind"] == kind),
+            "a {kind} hold:\n{text}"
+        );
+    }
+    for h in &holds {
+        assert_eq!(h["lib"], "rust");
+        assert_eq!(h["replicas"], "1");
+        let (start, end): (u64, u64) =
+            (h["start_ms"].parse().unwrap(), h["end_ms"].parse().unwrap());
+        assert!(start <= end, "{h:?}");
+        assert!(h["token"].parse::<u64>().unwrap() > 0);
+        assert!(
+            h["end"] == "released" || h["end"] == "run-end" || h["end"].starts_with("lost:"),
+            "{h:?}"
+        );
+        assert_eq!(h["limit"], if h["kind"] == "permit" { "2" } else { "null" });
+    }
+    // Holds after the failover (on the new master), and every acquire answered.
+    assert!(
+        holds
+            .iter()
+            .any(|h| h["start_ms"].parse::<u64>().unwrap() > failed_over),
+        "holds after the failover:\n{text}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.get("event").map(String::as_str) == Some("unanswered")),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "failover-driver-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
