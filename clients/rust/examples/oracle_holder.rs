@@ -508,8 +508,7 @@ async fn main() -> Result<(), LockError> {
         keys,
         until: Instant::now() + Duration::from_secs(secs),
         cancel: true,
-        // In a cluster an EPHEMERAL hold whose slot migrates is not supported (its connection
-        // is to the old node): the oracle's cluster run sets ORACLE_EPHEMERAL=0.
+        // The oracle tells its processes (ORACLE_EPHEMERAL): the same share as its tasks.
         ephemeral: std::env::var("ORACLE_EPHEMERAL")
             .ok()
             .and_then(|v| v.parse().ok())

@@ -243,6 +243,7 @@ pub(crate) fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The connection a hold's renewals and release go through.
+#[derive(Clone)]
 pub(crate) enum HoldConn {
     /// The client's shared connection.
     Shared(Arc<Commands>),

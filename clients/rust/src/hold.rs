@@ -19,7 +19,8 @@ use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
 use crate::lost::{wait_lost, LostReason, LostWatch, Status};
 use crate::machine::{
-    Actions, Answer, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms, Wake,
+    Actions, Answer, Binding, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms,
+    Wake,
 };
 use crate::message::LostSignal;
 use crate::reply;
@@ -204,17 +205,30 @@ impl Hold {
         self.tokens.first().copied().unwrap_or(0)
     }
 
-    /// The connection an `EPHEMERAL` hold is bound to.
+    /// The connection an `EPHEMERAL` hold is bound to (none once unbound).
     pub(crate) fn own_connection(&self) -> Option<redis::aio::MultiplexedConnection> {
-        match &self.conn {
-            HoldConn::Own(conn) => Some(conn.clone()),
+        match self.connection() {
+            HoldConn::Own(conn) => Some(conn),
             HoldConn::Shared(_) => None,
+        }
+    }
+
+    /// The connection the hold's commands go on now: its own while it is bound to it; the
+    /// client's shared one once the hold is bound to nothing (in a cluster, its key moved to
+    /// another node: the shared connection follows it there).
+    fn connection(&self) -> HoldConn {
+        match &self.conn {
+            HoldConn::Own(conn) if self.inner().machine.binding() == Binding::Connection => {
+                HoldConn::Own(conn.clone())
+            }
+            HoldConn::Own(_) => HoldConn::Shared(self.reads.clone()),
+            HoldConn::Shared(commands) => HoldConn::Shared(commands.clone()),
         }
     }
 
     /// `cmd` on the hold's connection (in a cluster, to its keys' master).
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
-        self.conn.query(cmd, self.key()).await
+        self.connection().query(cmd, self.key()).await
     }
 
     /// Runs `cmd` through the fence of the hold's `index`-th key: `LOCK.GUARD key owner token
@@ -252,7 +266,7 @@ impl Hold {
                 )),
             }
         }
-        match self.conn.query(&guarded, key).await {
+        match self.connection().query(&guarded, key).await {
             Err(LockError::Server(text)) => match reply::fence_refusal(&text) {
                 Some(reason) => {
                     self.step(Event::Fenced(reason));
@@ -295,7 +309,7 @@ impl Hold {
     /// A renewal, followed in one pipeline by what acknowledges it (`WAIT`, `WAITAOF`) when
     /// the lock asks for that: the hold is there but the renewal unacknowledged
     /// ([`Answer::Unacknowledged`], with why) when too few acknowledged.
-    async fn send_renewal(&self) -> (Event<'static>, Option<Shortfall>) {
+    async fn send_renewal(self: &Arc<Self>) -> (Event<'static>, Option<Shortfall>) {
         let sent = Instant::now();
         let (answer, why) = if self.acks.is_on() {
             let mut pipe = redis::pipe();
@@ -303,9 +317,13 @@ impl Hold {
             for cmd in self.acks.commands() {
                 pipe.add_command(cmd);
             }
-            match self.conn.query_pipeline(&pipe, self.key()).await {
+            match self.connection().query_pipeline(&pipe, self.key()).await {
                 Ok(mut replies) if !replies.is_empty() => {
                     let renewed = replies.remove(0);
+                    if is_redirect(&renewed) && self.unbind_if_moved().await {
+                        // Sent again where the key is now, in the next round.
+                        return (self.nothing(sent), None);
+                    }
                     match reply::renewal(&renewed, self.terms.lease) {
                         Answer::Holds(left) => match self.acks.judge(&replies) {
                             Ok(()) => (Answer::Holds(left), None),
@@ -318,7 +336,11 @@ impl Hold {
                 Err(e) => (reply::renewal(&Err(e), self.terms.lease), None),
             }
         } else {
-            let reply = self.query(&self.renew_cmd()).await;
+            let mut reply = self.query(&self.renew_cmd()).await;
+            if is_redirect(&reply) && self.unbind_if_moved().await {
+                // Bound to nothing now: renewed where the key is.
+                reply = self.query(&self.renew_cmd()).await;
+            }
             (reply::renewal(&reply, self.terms.lease), None)
         };
         let event = Event::Answered {
@@ -435,7 +457,7 @@ impl Hold {
 
     /// Sends the release (`LOCK.RELEASE`/`LOCK.MRELEASE`); the machine learns it was answered.
     pub(crate) async fn send_release(self: Arc<Self>) -> Result<Value, LockError> {
-        let reply = self.conn.query(&self.release, self.key()).await;
+        let reply = self.connection().query(&self.release, self.key()).await;
         self.step(Event::ReleaseReplied);
         reply
     }
@@ -457,6 +479,10 @@ impl Hold {
                 Answer::Nothing => answer = Answer::Nothing,
             }
         }
+        if check.moved && matches!(answer, Answer::Holds(_)) {
+            // An EPHEMERAL hold's key moved: bound to nothing on the new node, it lives on.
+            self.step(Event::Unbound);
+        }
         self.step(Event::Answered {
             read: Read::Check(check.reason),
             sent,
@@ -470,6 +496,34 @@ impl Hold {
                     let _ = hub.resubscribe(key).await;
                 }
             }
+        }
+    }
+
+    /// A renewal on an `EPHEMERAL` hold's own connection was answered `MOVED`/`ASK`: in a
+    /// cluster its key left that node with its slot. Checks where the key is now (the shared
+    /// connection follows the redirect); if the hold is there it is bound to nothing and lives
+    /// on: the machine is told ([`Event::Unbound`]), and the hold's commands go on the shared
+    /// connection from here. Returns whether it did.
+    async fn unbind_if_moved(self: &Arc<Self>) -> bool {
+        if self.inner().machine.binding() != Binding::Connection {
+            return false;
+        }
+        for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
+            if !matches!(self.check_key(key, *token).await, Answer::Holds(_)) {
+                return false;
+            }
+        }
+        self.step(Event::Unbound);
+        true
+    }
+
+    /// A renewal's answer that says nothing (sent at `sent`).
+    fn nothing(&self, sent: Instant) -> Event<'static> {
+        Event::Answered {
+            read: Read::Renewal,
+            sent,
+            replied: Instant::now(),
+            answer: Answer::Nothing,
         }
     }
 
@@ -530,6 +584,11 @@ async fn watch_connection(hold: Weak<Hold>, mut pushes: Pushes, changes: Option<
             return;
         }
     }
+}
+
+/// Whether a reply is a cluster redirect (`MOVED`, `ASK`).
+fn is_redirect(reply: &Result<Value, LockError>) -> bool {
+    matches!(reply, Err(LockError::Server(text)) if text.starts_with("MOVED ") || text.starts_with("ASK "))
 }
 
 fn no_confirmation() -> redis::RedisError {

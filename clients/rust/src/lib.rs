@@ -114,8 +114,7 @@
 //!
 //! # Not (yet) supported
 //!
-//! TLS and unix sockets untested; in a cluster, an `EPHEMERAL` hold whose slot migrates (its
-//! connection is to the old node).
+//! TLS and unix sockets untested.
 
 #![deny(missing_docs)]
 #![cfg_attr(

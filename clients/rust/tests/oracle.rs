@@ -1008,16 +1008,9 @@ fn blocking_holder(
 // ---------------------------------------------------------------------------------------------
 // One seed
 
-/// How many handles take `EPHEMERAL` holds: none in a cluster, where an `EPHEMERAL` hold whose
-/// slot migrates is not supported (its connection is to the old node, whose renewals answer
-/// `MOVED`: it would be reported `ConnectionClosed` while the new node holds it, unbound, until
-/// its lease ends).
-fn ephemeral_share(target: &Target) -> f64 {
-    if target.is_cluster() {
-        0.0
-    } else {
-        0.3
-    }
+/// How many handles take `EPHEMERAL` holds.
+fn ephemeral_share(_target: &Target) -> f64 {
+    0.3
 }
 
 /// The keys of a seed's run: three exclusive locks, a read-write lock, a semaphore of two

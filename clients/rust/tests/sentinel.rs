@@ -273,6 +273,16 @@ async fn a_paused_master_is_left_for_the_new_one() {
     .unwrap();
     assert_eq!(seen.epoch, leadership.epoch());
     assert!(holds(new.1, "ze", leadership.candidate(), leadership.epoch()).await);
+    // The leader proclaims there, and the observer follows.
+    assert!(leadership.proclaim("v2").await.unwrap());
+    let seen = within(
+        "the observer sees the value",
+        Duration::from_secs(5),
+        leaders.next(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(seen.value.as_deref(), Some(&b"v2"[..]));
     set.resume();
     let deadline = Instant::now() + Duration::from_secs(30);
     while set.role(old.1).as_deref() != Some("slave") {

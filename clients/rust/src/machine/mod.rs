@@ -195,6 +195,10 @@ pub(crate) enum Event<'a> {
     Signal(&'a LostSignal),
     /// The connection the hold is bound to closed or failed.
     ConnectionLost,
+    /// The hold is bound to nothing any more, but lives on: in a cluster its key moved to
+    /// another node with its slot (the node it was bound on no longer has it; the new one has
+    /// it, bound to nothing, until its lease ends). From here it is a plain lease.
+    Unbound,
     /// The server refused a command fenced with this hold's token (`LOCK.GUARD` answered
     /// `FENCED`): it no longer holds it under this token, for `reason`.
     Fenced(LostReason),
@@ -258,6 +262,7 @@ pub(crate) struct Check {
 #[derive(Debug)]
 pub(crate) struct Machine {
     identity: Identity,
+    /// The terms, but for `binding`, which an [`Event::Unbound`] changes.
     terms: Terms,
     state: State,
     wake: Wake,
@@ -275,6 +280,11 @@ impl Machine {
 
     pub(crate) fn state(&self) -> State {
         self.state
+    }
+
+    /// What the hold is bound to now.
+    pub(crate) fn binding(&self) -> Binding {
+        self.terms.binding
     }
 
     /// What the application sees.
@@ -357,6 +367,10 @@ impl Machine {
             {
                 out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
                 State::Refused
+            }
+            (State::Held { .. }, Event::Unbound) => {
+                self.terms.binding = Binding::Lease;
+                self.state
             }
             (State::Held { .. }, event) => self.step_held(event, &mut out),
             (State::Releasing, Event::ReleaseReplied) => State::Released,
@@ -463,7 +477,10 @@ impl Machine {
                 out.release = true;
                 State::Releasing
             }
-            Event::ConnectionLost | Event::Granted { .. } | Event::ReleaseReplied => self.state,
+            Event::ConnectionLost
+            | Event::Unbound
+            | Event::Granted { .. }
+            | Event::ReleaseReplied => self.state,
         }
     }
 

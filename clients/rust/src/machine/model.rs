@@ -34,6 +34,8 @@ struct Model {
     /// How the hold ended: lost with a reason, released, or refused before delivery.
     ended: Option<End>,
     renewing: bool,
+    /// Bound to nothing any more (while held).
+    unbound: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +57,14 @@ impl Case {
 }
 
 impl Model {
+    fn binding(&self, terms: &Terms) -> Binding {
+        if self.unbound {
+            Binding::Lease
+        } else {
+            terms.binding
+        }
+    }
+
     fn held(&self) -> bool {
         self.delivered && self.ended.is_none()
     }
@@ -120,7 +130,7 @@ impl Model {
                         self.extend(case.bound(sent, left.unwrap_or(terms.lease)))
                     }
                     Answer::Gone => self.end(End::Lost(LostReason::HoldGone)),
-                    Answer::Nothing if terms.binding == Binding::Connection => {
+                    Answer::Nothing if self.binding(terms) == Binding::Connection => {
                         self.end(End::Lost(LostReason::ConnectionClosed))
                     }
                     Answer::Nothing | Answer::Unacknowledged => {}
@@ -146,9 +156,10 @@ impl Model {
                     self.end(End::Lost(reason));
                 }
             }
-            Event::ConnectionLost if terms.binding == Binding::Connection => {
+            Event::ConnectionLost if self.binding(terms) == Binding::Connection => {
                 self.end(End::Lost(LostReason::ConnectionClosed))
             }
+            Event::Unbound => self.unbound = true,
             Event::ReleaseRequested => self.end(End::Released),
             _ => {}
         }
@@ -293,13 +304,11 @@ fn run(seed: u64) {
                     answer: random_answer(&mut rng, lease),
                 },
                 6 | 7 => Event::Signal(&signals[rng.gen_range(0..signals.len())]),
-                8 => {
-                    if rng.gen_bool(0.7) {
-                        Event::ConnectionLost
-                    } else {
-                        Event::Fenced(FENCES[rng.gen_range(0..FENCES.len())])
-                    }
-                }
+                8 => match rng.gen_range(0..10) {
+                    0..=5 => Event::ConnectionLost,
+                    6 | 7 => Event::Unbound,
+                    _ => Event::Fenced(FENCES[rng.gen_range(0..FENCES.len())]),
+                },
                 9 => Event::Reentered {
                     sent: now.checked_sub(rtt(&mut rng)).unwrap_or(now),
                 },

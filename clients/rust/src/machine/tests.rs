@@ -494,3 +494,21 @@ fn only_acknowledged_renewals_move_the_deadline() {
     });
     assert_eq!(m.status(), Status::Lost(LostReason::Unreachable));
 }
+
+#[test]
+fn an_unbound_hold_is_a_lease_from_then_on() {
+    let base = Instant::now();
+    let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 5);
+    assert_eq!(m.binding(), Binding::Connection);
+    let out = m.step(Event::Unbound);
+    assert_eq!(out, Actions::default());
+    assert_eq!(m.binding(), Binding::Lease);
+    // Its old connection closing, or a renewal unanswered, no longer ends it.
+    m.step(Event::ConnectionLost);
+    m.step(answered(Read::Renewal, ms(base, 1_000), Answer::Nothing));
+    assert_eq!(m.status(), Status::Active);
+    // Before the grant is handed out nothing unbinds.
+    let mut m = Machine::new(identity(), terms(Renewal::Watchdog, Binding::Connection));
+    m.step(Event::Unbound);
+    assert_eq!(m.binding(), Binding::Connection);
+}
