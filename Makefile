@@ -8,8 +8,12 @@
 SHELL := /bin/bash
 PORT ?= 6379
 CARGO ?= cargo
-# Where cargo builds: CARGO_TARGET_DIR when the user set one.
+# Where cargo builds: CARGO_TARGET_DIR when the user set one (on make's command line too: it is
+# passed on to cargo and the scripts).
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+ifdef CARGO_TARGET_DIR
+export CARGO_TARGET_DIR
+endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
@@ -29,7 +33,7 @@ build: deps
 # Redis in the foreground on 127.0.0.1:$(PORT) (a port in use is reported, never taken over),
 # module loaded via redis.conf.example.
 run: build
-	@bash scripts/run.sh $(abspath $(RELEASE_MODULE)) $(PORT)
+	@bash scripts/run.sh "$(PORT)"
 
 lint: test-deps
 	$(CARGO) fmt --all -- --check

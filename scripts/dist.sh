@@ -31,7 +31,7 @@ check=$(mktemp -d)
 trap 'rm -rf "$check"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true' EXIT
 tar -C "$check" -xzf "$dist/$name.tar.gz"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-(cd "$check/$name" && redis-server ./redis.conf.example --port "$port" --daemonize no \
+(cd "$check/$name" && exec redis-server ./redis.conf.example --port "$port" --daemonize no \
   >"$check/redis.log" 2>&1) &
 pid=$!
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done

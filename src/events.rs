@@ -8,6 +8,7 @@
 use std::ffi::CStr;
 
 use lock_core::hold::{Lost, LostReason};
+use lock_core::layout::is_reserved_key;
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{Cause, Change};
 use lock_core::signal::KeyGone;
@@ -28,6 +29,15 @@ pub fn subscribe(ctx: Ctx) -> bool {
 
 impl ServerEvents for LockEvents {
     fn keyspace(ctx: Ctx, event: Option<&CStr>, key: RawString) {
+        // The module's own keys (token counters, proclamations, tickets) are never locks. A
+        // ticket that goes (`del`: a pop took its last element, or a client deleted it) was
+        // delivered.
+        if is_reserved_key(bytes_of(&key)) {
+            if event == Some(c"del") {
+                runtime::ticket_gone(ctx, bytes_of(&key));
+            }
+            return;
+        }
         if runtime::any_bound() {
             follow_bound_holds(ctx, event, key);
         }
@@ -64,6 +74,9 @@ impl ServerEvents for LockEvents {
         let Some((name, db)) = key.name_and_db() else {
             return;
         };
+        if is_reserved_key(name.bytes()) {
+            return;
+        }
         if expired {
             bump(&STATS.expired);
             with_db(ctx, db, || {

@@ -11,14 +11,15 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lock_core::args::{AcquireRequest, Binding, Wait};
+use lock_core::args::{AcquireRequest, Binding, Wait, Waiting};
 use lock_core::binding::{ClientId, GrantRef};
 use lock_core::election::Campaign;
 use lock_core::hold::{HoldKind, Lock, Lost, Mode, StoredLock};
 use lock_core::kind::Reentry;
 use lock_core::queue::LockKey;
 use lock_core::scheduler::{
-    Answer, Change, Event, NewWait, Note, Port, Read, Scheduler, Seen, Writes,
+    Answer, Cancelled, Change, Delivery, Event, Handle, NewWait, Note, Port, Read, Scheduler, Seen,
+    Shape, TicketName, Writes,
 };
 use lock_core::LockError;
 
@@ -43,6 +44,8 @@ thread_local! {
     static GONE: RefCell<Vec<ClientId>> = const { RefCell::new(Vec::new()) };
     /// Mirrors the number of holds bound to connections (EPHEMERAL), readable without a borrow.
     static BOUND: Cell<usize> = const { Cell::new(0) };
+    /// Mirrors whether any connection has a ticket not yet done, readable without a borrow.
+    static TICKETS: Cell<bool> = const { Cell::new(false) };
     /// Mirrors the number of queued waiters, readable without borrowing the scheduler.
     static WAITING: Cell<usize> = const { Cell::new(0) };
     /// Answers not yet given to their waiters (see [`ANSWERS_PER_TURN`]), in order.
@@ -61,6 +64,20 @@ thread_local! {
 /// other clients served in between. A waiter that disconnects (or is unblocked by `CLIENT
 /// UNBLOCK`) before its answer is an undelivered grant, as before: its hold is passed on.
 const ANSWERS_PER_TURN: usize = 500;
+
+/// How many ticket answers are written in one turn of the event loop, for the same reason:
+/// each wakes a client blocked on its ticket, which Redis serves right after the turn. The rest
+/// are written from the same 0 ms timer.
+const TICKETS_PER_TURN: usize = 500;
+
+/// Whether the code that calls the scheduler may write keys (a command, a timer): then the
+/// ticket answers it decided are written at once. Inside the server's callbacks (a client being
+/// freed, a keyspace or server event) they are written from a 0 ms timer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    Writable,
+    Callback,
+}
 
 /// The runtime as the blocking and timer callbacks see it (`wait::Events`).
 pub struct Runtime;
@@ -99,19 +116,49 @@ pub fn reports_expiries() -> bool {
     REPORTS_EXPIRIES.load(Ordering::Relaxed)
 }
 
-/// Runs `f` on the scheduler, then arms the timer for its next deadline.
+/// Runs `f` on the scheduler from a callback of the server (no writes), then arms the timer
+/// for its next deadline.
 fn with_scheduler<R>(
     ctx: Ctx,
+    f: impl FnOnce(&mut Scheduler<Blocked>, RedisPort) -> R,
+) -> Option<R> {
+    run_scheduler(ctx, Turn::Callback, f)
+}
+
+/// [`with_scheduler`] from a command or a timer: the ticket answers it decided are written at
+/// once (up to [`TICKETS_PER_TURN`]).
+fn with_scheduler_writing<R>(
+    ctx: Ctx,
+    f: impl FnOnce(&mut Scheduler<Blocked>, RedisPort) -> R,
+) -> Option<R> {
+    run_scheduler(ctx, Turn::Writable, f)
+}
+
+fn run_scheduler<R>(
+    ctx: Ctx,
+    turn: Turn,
     f: impl FnOnce(&mut Scheduler<Blocked>, RedisPort) -> R,
 ) -> Option<R> {
     SCHEDULER.with(|cell| match cell.try_borrow_mut() {
         Ok(mut scheduler) => {
             let out = f(&mut scheduler, RedisPort::new(ctx));
+            let more = match turn {
+                Turn::Writable => {
+                    let mut port = RedisPort::new(ctx);
+                    let delivery = scheduler.deliver_tickets(&mut port, TICKETS_PER_TURN, now_ms());
+                    delivery == Delivery::More
+                }
+                Turn::Callback => scheduler.tickets_to_deliver(),
+            };
             WAITING.with(|w| w.set(scheduler.waiting()));
             BOUND.with(|b| b.set(scheduler.bound_holds()));
+            TICKETS.with(|t| t.set(scheduler.any_tickets()));
             arm(ctx, scheduler.next_deadline());
             drop(scheduler);
             send_answers(ctx);
+            if more {
+                arm_outbox(ctx);
+            }
             Some(out)
         }
         Err(_) => {
@@ -137,18 +184,25 @@ pub fn waiters_on(key: &LockKey) -> usize {
     read_scheduler(|s| s.waiters_on(key)).unwrap_or(0)
 }
 
-/// (waiters, locks with waiters), for INFO.
-/// (waiters, locks with waiters, holds bound to connections), for INFO.
-pub fn waiting_gauges() -> (usize, usize, usize) {
-    let (waiters, keys) = read_scheduler(Scheduler::gauges).unwrap_or((0, 0));
-    (waiters, keys, bound_holds())
+pub fn waiting_gauges() -> crate::stats::Gauges {
+    let ((waiters, keys), tickets) =
+        read_scheduler(|s| (s.gauges(), s.open_tickets())).unwrap_or(((0, 0), 0));
+    crate::stats::Gauges {
+        waiters,
+        keys,
+        bound: bound_holds(),
+        tickets,
+    }
 }
 
-/// What a blocked acquire asks for.
+/// What a waiting acquire asks for.
 pub struct Request<'a> {
     pub owner: &'a [u8],
     pub lease_ms: u64,
     pub wait: Wait,
+    /// Blocked, or with a ticket of this shape (one token, or a token per key).
+    pub waiting: Waiting,
+    pub shape: Shape,
     pub mode: Mode,
     /// `ONCE`: a key its owner holds already is not re-entered with a count (multi-key).
     pub reentry: Reentry,
@@ -160,12 +214,20 @@ pub struct Request<'a> {
 
 impl<'a> Request<'a> {
     /// What the calling client's acquire asks for, as it waits (bound to the calling
-    /// connection with `EPHEMERAL`).
-    pub fn of(ctx: Ctx, request: &AcquireRequest<'a>, campaign: Option<Campaign>) -> Self {
+    /// connection with `EPHEMERAL`, with or without `TICKET`). `shape`: what its grant answers
+    /// (one token, or a token per key of `LOCK.MACQUIRE`).
+    pub fn of(
+        ctx: Ctx,
+        request: &AcquireRequest<'a>,
+        campaign: Option<Campaign>,
+        shape: Shape,
+    ) -> Self {
         Request {
             owner: request.owner,
             lease_ms: request.lease_ms,
             wait: request.wait,
+            waiting: request.waiting,
+            shape,
             mode: request.mode,
             reentry: request.reentry,
             bind: (request.binding == Binding::Connection).then(|| ffi::client_id(ctx)),
@@ -174,25 +236,36 @@ impl<'a> Request<'a> {
     }
 }
 
-/// Queues the current client on its key — on every key at once for a multi-key acquire — and
-/// blocks it. `keys`: each key with what the acquire saw there.
+/// Queues the current client's request on its key — on every key at once for a multi-key
+/// acquire — and blocks the client, or (`TICKET`) replies its ticket. `keys`: each key with
+/// what the acquire saw there.
 pub fn enqueue(ctx: Ctx, keys: &[(LockKey, Seen)], request: Request<'_>) -> Result<(), LockError> {
     let Request {
         owner,
         lease_ms,
         wait,
+        waiting,
+        shape,
         mode,
         reentry,
         bind,
         campaign,
     } = request;
     let now = now_ms();
-    with_scheduler(ctx, |scheduler, mut port| {
+    with_scheduler_writing(ctx, |scheduler, mut port| {
         let max = config::max_waiters_per_key();
         for (key, _) in keys {
             scheduler.has_room(key, owner, max)?;
         }
-        let handle = wait::block::<Runtime>(ctx).ok_or(LockError::Internal)?;
+        let handle = match waiting {
+            Waiting::Blocked => {
+                Handle::Blocked(wait::block::<Runtime>(ctx).ok_or(LockError::Internal)?)
+            }
+            Waiting::Ticket => {
+                let (first, _) = keys.first().ok_or(LockError::Internal)?;
+                Handle::Ticket(scheduler.new_ticket(first, shape, ffi::client_id(ctx)))
+            }
+        };
         let new = NewWait {
             handle,
             keys,
@@ -204,13 +277,26 @@ pub fn enqueue(ctx: Ctx, keys: &[(LockKey, Seen)], request: Request<'_>) -> Resu
             bind,
             campaign,
         };
-        match scheduler.enqueue(&mut port, new, max, now) {
-            Ok(_) => bump(&STATS.waits_started),
-            Err(e) => wait::unblock(handle, Answer::Refused(e.reply())),
+        match (scheduler.enqueue(&mut port, new, max, now), handle) {
+            (Ok(_), Handle::Blocked(_)) => bump(&STATS.waits_started),
+            (Err(e), Handle::Blocked(blocked)) => {
+                wait::unblock(blocked, Answer::Refused(e.reply()))
+            }
+            (Ok(_), Handle::Ticket(ticket)) => {
+                bump(&STATS.waits_ticketed);
+                ffi::reply::bulk(ctx, &ticket.name.key());
+            }
+            (Err(e), Handle::Ticket(_)) => return Err(e),
         }
         Ok(())
     })
     .unwrap_or(Err(LockError::Internal))
+}
+
+/// `LOCK.CANCEL`: withdraws a ticket (see `Scheduler::cancel`).
+pub fn cancel(ctx: Ctx, ticket: TicketName) -> Result<Cancelled, LockError> {
+    with_scheduler_writing(ctx, |s, mut port| s.cancel(&mut port, ticket, now_ms()))
+        .ok_or(LockError::Internal)
 }
 
 pub use lock_core::command::Left;
@@ -222,7 +308,7 @@ pub use lock_core::command::Left;
 pub fn lock_freed(ctx: Ctx, key_name: RawString, name: &[u8], left: Left) {
     if anyone_waiting() {
         let key = LockKey::new(ffi::selected_db(ctx), name);
-        with_scheduler(ctx, |s, mut port| s.freed(&mut port, &key, left, now_ms()));
+        with_scheduler_writing(ctx, |s, mut port| s.freed(&mut port, &key, left, now_ms()));
     } else if left == Left::Nothing {
         notify::publish_unlock(ctx, key_name, name);
     }
@@ -292,7 +378,7 @@ pub fn databases_swapped(ctx: Ctx, a: i32, b: i32) {
 
 /// `FLUSHDB` (Some) or `FLUSHALL` (None): the bindings of the holds there go with them.
 pub fn flushed(ctx: Ctx, db: Option<i32>) {
-    if any_bound() {
+    if any_bound() || any_tickets() {
         with_scheduler(ctx, |s, _| s.flushed(db));
     }
 }
@@ -307,10 +393,28 @@ pub fn bound_holds() -> usize {
     BOUND.with(Cell::get)
 }
 
-/// A connection closed (server event). Its holds end from the inbox timer: the server may be
-/// in the middle of anything when it frees a client.
+/// Whether any connection has a ticket not yet done (cheap: skips the close of every other
+/// connection).
+pub fn any_tickets() -> bool {
+    TICKETS.with(Cell::get)
+}
+
+/// A key of the module's namespace went (the `del` keyspace event): if it was a ticket, the
+/// grant written there was delivered (`Scheduler::ticket_popped`). Raised inside the command
+/// that popped it: nothing is written.
+pub fn ticket_gone(ctx: Ctx, name: &[u8]) {
+    if !any_tickets() {
+        return;
+    }
+    if let Some(ticket) = TicketName::parse(name, ffi::selected_db(ctx)) {
+        with_scheduler(ctx, |s, _| s.ticket_popped(ticket));
+    }
+}
+
+/// A connection closed (server event). Its holds end, and its tickets go, from the inbox
+/// timer: the server may be in the middle of anything when it frees a client.
 pub fn connection_closed(ctx: Ctx, client: ClientId) {
-    if !any_bound() {
+    if !any_bound() && !any_tickets() {
         return;
     }
     GONE.with(|gone| gone.borrow_mut().push(client));
@@ -338,7 +442,7 @@ pub fn grant_undelivered(ctx: Ctx, grant: GrantRef) {
 
 pub fn on_timer(ctx: Ctx) {
     TIMER.with(|t| t.set(None));
-    with_scheduler(ctx, |s, mut port| s.timer_fired(&mut port, now_ms()));
+    with_scheduler_writing(ctx, |s, mut port| s.timer_fired(&mut port, now_ms()));
 }
 
 /// Arms the single module timer for the scheduler's earliest deadline (or stops it when none is
@@ -398,7 +502,7 @@ pub fn on_inbox(ctx: Ctx) {
     INBOX_ARMED.with(|a| a.set(false));
     let changes = INBOX.with(|inbox| std::mem::take(&mut *inbox.borrow_mut()));
     let gone = GONE.with(|gone| std::mem::take(&mut *gone.borrow_mut()));
-    with_scheduler(ctx, |s, mut port| {
+    with_scheduler_writing(ctx, |s, mut port| {
         let now = now_ms();
         s.clients_gone(&mut port, gone, now);
         if !changes.is_empty() {
@@ -418,7 +522,15 @@ fn send_answers(ctx: Ctx) {
     for (handle, answer) in batch {
         wait::unblock(handle, answer);
     }
-    if more && !OUTBOX_ARMED.with(Cell::get) {
+    if more {
+        arm_outbox(ctx);
+    }
+}
+
+/// The 0 ms timer that gives what a turn could not: answers to blocked clients, and ticket
+/// answers.
+fn arm_outbox(ctx: Ctx) {
+    if !OUTBOX_ARMED.with(Cell::get) {
         OUTBOX_ARMED.with(|a| a.set(true));
         wait::arm_outbox_timer::<Runtime>(ctx);
     }
@@ -427,6 +539,9 @@ fn send_answers(ctx: Ctx) {
 pub fn on_outbox(ctx: Ctx) {
     OUTBOX_ARMED.with(|a| a.set(false));
     send_answers(ctx);
+    if read_scheduler(Scheduler::tickets_to_deliver).unwrap_or(false) {
+        with_scheduler_writing(ctx, |_, _| ());
+    }
 }
 
 /// Whether the module can be unloaded: no waiters and nothing scheduled.
@@ -451,6 +566,7 @@ pub fn reset() {
     INBOX_ARMED.with(|a| a.set(false));
     GONE.with(|gone| gone.borrow_mut().clear());
     BOUND.with(|b| b.set(0));
+    TICKETS.with(|t| t.set(false));
     OUTBOX.with(|outbox| outbox.borrow_mut().clear());
     OUTBOX_ARMED.with(|a| a.set(false));
 }
@@ -594,6 +710,18 @@ impl Port<Blocked> for RedisPort {
         OUTBOX.with(|outbox| outbox.borrow_mut().push_back((handle, answer)));
     }
 
+    fn push_ticket(&mut self, ticket: &TicketName, value: &[u8], expires_at: u64) {
+        let ctx = self.ctx;
+        with_db(ctx, ticket.db, || {
+            store::push_ticket(ctx, &ticket.key(), value, expires_at)
+        });
+    }
+
+    fn take_ticket(&mut self, ticket: &TicketName) -> Option<Vec<u8>> {
+        let ctx = self.ctx;
+        with_db(ctx, ticket.db, || store::take_ticket(ctx, &ticket.key()))
+    }
+
     fn note(&mut self, note: Note) {
         match note {
             Note::LeasesEnded(count) => add(&STATS.holds_expired, count as u64),
@@ -613,6 +741,7 @@ impl Port<Blocked> for RedisPort {
             Note::Replaced => bump(&STATS.wait_replaced),
             Note::Mismatched => bump(&STATS.errors),
             Note::Disconnected { .. } => bump(&STATS.disconnected),
+            Note::TicketTaken => bump(&STATS.tickets_taken),
         }
     }
 }

@@ -29,6 +29,8 @@ counters! {
     contended: "LOCK.ACQUIRE calls that found the lock held by another owner or waiters queued.",
     acquire_nil: "Non-blocking LOCK.ACQUIRE calls answered nil.",
     waits_started: "LOCK.ACQUIRE ... WAIT calls that blocked.",
+    waits_ticketed: "LOCK.ACQUIRE/MACQUIRE/CAMPAIGN ... WAIT ... TICKET calls that queued a ticket.",
+    tickets_taken: "Ticket grants LOCK.CANCEL took before they were popped (the canceller holds them).",
     handoffs: "Locks handed to the head waiter on release, expiry or removal.",
     released: "Full releases (the last re-entry released).",
     released_partial: "Releases that counted one re-entry down.",
@@ -65,11 +67,20 @@ pub fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
+/// What INFO shows of the waiting: waiters (blocked and tickets), locks with waiters, holds
+/// bound to connections, tickets not yet done.
+pub struct Gauges {
+    pub waiters: usize,
+    pub keys: usize,
+    pub bound: usize,
+    pub tickets: usize,
+}
+
 /// Writes the `lock` section of INFO: the counters, then the gauges the caller read (clients
 /// blocked in LOCK.ACQUIRE ... WAIT right now, and on how many locks).
 pub fn write_info(
     ctx: *mut redis_module::raw::RedisModuleInfoCtx,
-    gauges: (usize, usize, usize),
+    gauges: Gauges,
     counts_expiries: bool,
 ) {
     use redis_module::raw;
@@ -84,8 +95,8 @@ pub fn write_info(
         }
         raw::add_info_field_unsigned_long_long(ctx, name, value);
     }
-    let (waiters, keys, bound) = gauges;
-    raw::add_info_field_unsigned_long_long(ctx, "waiters", waiters as u64);
-    raw::add_info_field_unsigned_long_long(ctx, "locks_with_waiters", keys as u64);
-    raw::add_info_field_unsigned_long_long(ctx, "ephemeral_holds", bound as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "waiters", gauges.waiters as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "locks_with_waiters", gauges.keys as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "ephemeral_holds", gauges.bound as u64);
+    raw::add_info_field_unsigned_long_long(ctx, "tickets", gauges.tickets as u64);
 }

@@ -187,7 +187,7 @@ pub fn read_lock(key: &Key, owner: Option<Owner>) -> Result<Option<StoredLock>, 
             }
             hold::decode_stored(&all, key.expires_at()).map(Some)
         }
-        KeyKind::String | KeyKind::Other => Err(LockError::WrongType),
+        KeyKind::String | KeyKind::List | KeyKind::Other => Err(LockError::WrongType),
     }
 }
 
@@ -295,22 +295,28 @@ pub fn read_live(key: &Key, owner: Option<Owner>, now: u64) -> Result<Live, Lock
     Ok(Live::new(read_lock(key, owner)?, now))
 }
 
+/// From how many fields a multi-hold key's owner's holds are read alone (`read_owner_holds`);
+/// a smaller key is read whole, which checks every hold it has (two exclusive holders, say).
+const OWNER_READ_FROM: usize = 17;
+
 /// The holds `owner` (`owner_name` as a Redis string) has on the lock at `key`, ended ones
 /// included (the caller decides at its `now`; the owner's exclusive hold in Redisson's layout
 /// reads without a lease, having been found alive by Redis's own lookup of its key), in O(1)
 /// whatever the layout: Redisson's layout as [`read_lock`] reads it for its holder (any hash of
 /// at most two fields costs O(1)), a
 /// multi-hold key by its mode and the owner's own fields (`x:`, `s:`, `p:<owner>`), not its
-/// other holds. A key that is not a lock is an error, as for every command: an invalid mode, or
-/// an owner's field that breaks the layout. (The other holds of a multi-hold key are not read,
-/// so a hash damaged by hand elsewhere still admits its owner's valid hold here.)
+/// other holds. A key that is not a lock is an error, as for every command: an invalid mode, an
+/// owner's field that breaks the layout, a semaphore with more holds than its limit, an
+/// exclusive hold beside holds of others. A key of fewer than `OWNER_READ_FROM` fields is read
+/// whole, which checks every hold; on a larger one, what only the other holds' own fields would
+/// show (another owner's exclusive field among hundreds of shared ones) is not seen here.
 pub fn read_owner_holds(
     key: &Key,
     owner_name: RawString,
     owner: &[u8],
 ) -> Result<hold::Holds, LockError> {
-    if key.kind() == KeyKind::Hash && (MAX_RLOCK_FIELDS + 1..=MAX_MULTI_FIELDS).contains(&key.len())
-    {
+    let fields = key.len();
+    if key.kind() == KeyKind::Hash && (OWNER_READ_FROM..=MAX_MULTI_FIELDS).contains(&fields) {
         if let Some(family) = key
             .hash_get(mode_field())
             .and_then(|mode| hold::decode_family(mode.bytes()))
@@ -322,6 +328,7 @@ pub fn read_owner_holds(
             let [x, s, p] = &values;
             return hold::decode_owner_holds(
                 family,
+                fields - 1,
                 owner,
                 [x, s, p].map(|v| v.as_ref().map(OwnedString::bytes)),
             );
@@ -544,6 +551,48 @@ pub fn read_proclaimed(ctx: Ctx, lock_key: &[u8]) -> Option<Vec<u8>> {
     }
     let field = OwnedString::new(lock_key);
     key.hash_get(field.as_ptr()).map(|v| v.bytes().to_vec())
+}
+
+/// Writes a ticket's answer (in the context's selected database): its one element, and its
+/// expiry, replicated as the plain `LPUSH` and `PEXPIREAT` they are (an AOF replays them
+/// without the module). A client blocked on the ticket (`BLPOP`) is served right after the
+/// command or callback that writes it. Anything else found under the name (a client wrote it:
+/// the namespace is reserved) is replaced.
+pub fn push_ticket(ctx: Ctx, name: &[u8], value: &[u8], expires_at: u64) {
+    let Ok(at) = stored_integer(expires_at) else {
+        return;
+    };
+    let name = OwnedString::new(name);
+    let key = Key::open(ctx, name.as_ptr());
+    if key.kind() != KeyKind::Missing {
+        key.delete();
+        replicate::strings(ctx, c"DEL", &[name.as_ptr()]);
+    }
+    let value = OwnedString::new(value);
+    if !key.list_push_head(value.as_ptr()) {
+        return;
+    }
+    key.set_expires_at(at);
+    drop(key);
+    replicate::strings(ctx, c"LPUSH", &[name.as_ptr(), value.as_ptr()]);
+    let at = OwnedString::from_u64(expires_at);
+    replicate::strings(ctx, c"PEXPIREAT", &[name.as_ptr(), at.as_ptr()]);
+}
+
+/// Takes what a ticket still holds (None: nothing, it was popped, expired or never written),
+/// removing the key, replicated as `DEL`.
+pub fn take_ticket(ctx: Ctx, name: &[u8]) -> Option<Vec<u8>> {
+    let name = OwnedString::new(name);
+    let key = Key::open(ctx, name.as_ptr());
+    let value = match key.kind() {
+        KeyKind::Missing => return None,
+        KeyKind::List => key.list_pop_head().map(|v| v.bytes().to_vec()),
+        _ => None,
+    };
+    key.delete();
+    drop(key);
+    replicate::strings(ctx, c"DEL", &[name.as_ptr()]);
+    value
 }
 
 /// A count, token or time as the signed 64-bit integer Redis stores. The core never produces a

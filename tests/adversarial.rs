@@ -519,6 +519,11 @@ fn acquire_cmd(key: &str, owner: &str, lease: u64, wait: Option<u64>) -> redis::
     cmd
 }
 
+/// Whether `reply` is a ticket's name (what a ticketed wait that queued replies).
+fn is_ticket(reply: &Value) -> bool {
+    matches!(reply, Value::Data(name) if name.starts_with(b"__lock_fence__ticket{"))
+}
+
 /// Whether `reply` is one the LOCK.* command `name` can give.
 fn fits(name: &str, reply: &Value) -> bool {
     match (name, reply) {
@@ -581,6 +586,9 @@ fn lock_call(
     let text = show_cmd(cmd);
     let name = text.split(' ').next().unwrap_or("").to_ascii_lowercase();
     let waits = text.contains(" WAIT ");
+    // A ticket's name is what a ticketed wait that queued replies (see `Worker::ticketed`).
+    let ticketed = text.ends_with(" TICKET");
+    let fits = |name: &str, v: &Value| fits(name, v) || (ticketed && is_ticket(v));
     shared.count(&format!("op {name}{}", if waits { " WAIT" } else { "" }));
     let out = outcome(cmd.query(con));
     shared.op(format!("{who} {text} -> {}", show(&out)));
@@ -767,9 +775,11 @@ impl Worker {
         let owner = self.shared.owner(&format!("w{}", self.id));
         let (lease, wait) = (self.lease(), self.maybe_wait());
         let epoch = self.shared.epoch();
-        let Outcome::Reply(Value::Int(token)) =
-            self.call(db, &acquire_cmd(key, &owner, lease, wait))
-        else {
+        let asked = match wait {
+            Some(wait) if self.rng.gen_bool(0.3) => self.ticketed(db, key, &owner, lease, wait),
+            _ => self.call(db, &acquire_cmd(key, &owner, lease, wait)),
+        };
+        let Outcome::Reply(Value::Int(token)) = asked else {
             return;
         };
         self.shared.fresh(db, key, token, &owner);
@@ -817,6 +827,108 @@ impl Worker {
                 let mut cmd = redis::cmd("LOCK.FORCERELEASE");
                 cmd.arg(hold.key);
                 self.call(hold.db, &cmd);
+            }
+        }
+    }
+
+    /// A fresh hold attempt that waits with a ticket (`... WAIT wait TICKET`) and pops its answer
+    /// on the same connection: the outcome a blocking `WAIT` would have had (a token, nil at the
+    /// timeout, or the error written into the ticket). A pop that gets nothing withdraws the
+    /// ticket (`LOCK.CANCEL`), which hands over a grant that was not popped.
+    fn ticketed(
+        &mut self,
+        db: u8,
+        key: &'static str,
+        owner: &str,
+        lease: u64,
+        wait: u64,
+    ) -> Outcome {
+        let mut cmd = acquire_cmd(key, owner, lease, Some(wait));
+        cmd.arg("TICKET");
+        let epoch = self.shared.epoch();
+        let ticket = match self.call(db, &cmd) {
+            Outcome::Reply(Value::Data(ticket)) => ticket,
+            other => return other,
+        };
+        self.shared.count("tickets queued");
+        let mut pop = redis::cmd("BLPOP");
+        pop.arg(&ticket).arg(wait as f64 / 1000.0 + 5.0);
+        let popped = match self.cons[usize::from(db)].as_mut() {
+            Some((con, _)) => outcome(pop.query(con)),
+            None => Outcome::Dropped,
+        };
+        let who = format!("w{} db{db}", self.id);
+        self.shared
+            .op(format!("{who} {} -> {}", show_cmd(&pop), show(&popped)));
+        let element = match popped {
+            Outcome::Reply(Value::Bulk(items)) => match items.as_slice() {
+                [_, Value::Data(element)] => String::from_utf8_lossy(element).into_owned(),
+                _ => String::new(),
+            },
+            Outcome::Reply(Value::Nil) => {
+                let mut cancel = redis::cmd("LOCK.CANCEL");
+                cancel.arg(&ticket);
+                let withdrawn = match self.cons[usize::from(db)].as_mut() {
+                    Some((con, _)) => outcome(cancel.query(con)),
+                    None => Outcome::Dropped,
+                };
+                self.shared.op(format!(
+                    "{who} {} -> {}",
+                    show_cmd(&cancel),
+                    show(&withdrawn)
+                ));
+                return match withdrawn {
+                    Outcome::Reply(Value::Int(token)) => {
+                        self.shared.count("tickets granted and taken by a cancel");
+                        Outcome::Reply(Value::Int(token))
+                    }
+                    _ if self.shared.epoch() != epoch => {
+                        // A flush, SWAPDB or reload took the answer before the pop.
+                        self.shared.count("tickets lost to the disrupter");
+                        Outcome::Reply(Value::Nil)
+                    }
+                    other => {
+                        self.shared.count("tickets never answered");
+                        self.shared.problem(format!(
+                            "{who} {}: never answered within its WAIT; LOCK.CANCEL gave {}",
+                            show_cmd(&cmd),
+                            show(&other)
+                        ));
+                        other
+                    }
+                };
+            }
+            other => {
+                self.cons[usize::from(db)] = None;
+                return other;
+            }
+        };
+        if element == "timeout" {
+            self.shared.count("tickets timed out");
+            return Outcome::Reply(Value::Nil);
+        }
+        if let Some(error) = element.strip_prefix('-') {
+            self.shared
+                .count(&format!("tickets answered {}", first_word(error)));
+            if !TOLERATED.iter().any(|t| error.starts_with(t)) {
+                self.shared.problem(format!(
+                    "{who} {}: the ticket held the unexpected error {error}",
+                    show_cmd(&cmd)
+                ));
+            }
+            return Outcome::Error(error.to_string());
+        }
+        match element.parse::<i64>() {
+            Ok(token) if token > 0 => {
+                self.shared.count("tickets popped with a token");
+                Outcome::Reply(Value::Int(token))
+            }
+            _ => {
+                self.shared.problem(format!(
+                    "{who} {}: the ticket held {element:?}, which no ticket can hold",
+                    show_cmd(&cmd)
+                ));
+                Outcome::Error(element)
             }
         }
     }
@@ -2887,6 +2999,20 @@ fn multi_agrees(
 
 /// The EPHEMERAL holds LOCK.INFO shows in both databases (holds whose `ephemeral` is a client
 /// id), as `db key owner client` lines.
+/// With every client connection closed, no ticket is left open (queued, answered and not
+/// written, or a grant not seen popped).
+fn check_tickets_done(admin: &mut Connection, problems: &mut Vec<String>) {
+    let mut open = 0;
+    if !eventually(Duration::from_secs(5), || {
+        open = lock_stat(admin, "lock_tickets");
+        open == 0
+    }) {
+        problems.push(format!(
+            "lock_tickets is {open} with every client connection closed"
+        ));
+    }
+}
+
 fn live_ephemeral_holds(url: &str) -> Vec<String> {
     let mut found = Vec::new();
     for db in 0..2u8 {
@@ -3246,6 +3372,7 @@ fn run(seed: u64, secs: u64) {
             "lock_ephemeral_holds is {left_bound} with every client connection closed"
         ));
     }
+    check_tickets_done(&mut admin, &mut problems);
     let (lost_heard, leader_heard) = check_messages(&shared, &mut problems);
     problems.extend(shared.problems.lock().unwrap().iter().cloned());
 

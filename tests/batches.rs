@@ -24,9 +24,7 @@
 //! server goes without answering; with a lower limit the batches shrink to fit, and say so.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use lock_testkit::*;
@@ -235,97 +233,6 @@ fn assert_fresh_tokens(tokens: &[i64], above: i64) {
         tokens.iter().all(|&t| t > above),
         "a grant's token is not above the earlier hold's {above}"
     );
-}
-
-/// What the pinger saw.
-#[derive(Debug, Clone, Default)]
-struct Pings {
-    /// The slowest round trip (counting a PING still unanswered, up to now).
-    worst: Duration,
-    answered: u64,
-    /// When a PING failed (no answer within `STALL`, the connection lost): why.
-    failed: Option<String>,
-    /// When the PING in flight was sent.
-    in_flight: Option<Instant>,
-}
-
-/// A connection that PINGs in a tight loop from its own thread and keeps the slowest round
-/// trip: the longest the server went without answering. It is subscribed to a channel first,
-/// so that `CLIENT KILL TYPE normal` spares it (a subscribed RESP2 client may still PING).
-struct Pinger {
-    pings: Arc<Mutex<Pings>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Pinger {
-    /// Returns once the first PING was answered.
-    fn start(server: &Server) -> Pinger {
-        let mut con = RawClient::connect(server.port).expect("the pinger connects");
-        let subscribed = con.query(redis::cmd("SUBSCRIBE").arg("batches:pinger"), SOON);
-        assert!(
-            matches!(subscribed, Ok(Value::Bulk(_))),
-            "SUBSCRIBE: {subscribed:?}"
-        );
-        let pings = Arc::new(Mutex::new(Pings::default()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (pings, stop) = (pings.clone(), stop.clone());
-            thread::spawn(move || {
-                let ping = redis::cmd("PING");
-                while !stop.load(Ordering::Relaxed) {
-                    let sent = Instant::now();
-                    pings.lock().unwrap().in_flight = Some(sent);
-                    let reply = con.query(&ping, STALL);
-                    let took = sent.elapsed();
-                    let mut pings = pings.lock().unwrap();
-                    pings.in_flight = None;
-                    pings.worst = pings.worst.max(took);
-                    match reply {
-                        Ok(_) => pings.answered += 1,
-                        Err(e) => {
-                            pings.failed = Some(format!("PING after {took:?}: {e}"));
-                            return;
-                        }
-                    }
-                }
-            })
-        };
-        let pinger = Pinger {
-            pings,
-            stop,
-            thread: Some(thread),
-        };
-        assert!(
-            eventually(SOON, || pinger.so_far().answered > 0),
-            "the pinger got no PONG: {:?}",
-            pinger.so_far()
-        );
-        pinger
-    }
-
-    /// The figures so far (an unanswered PING counts for how long it has waited).
-    fn so_far(&self) -> Pings {
-        let mut pings = self.pings.lock().unwrap().clone();
-        if let Some(sent) = pings.in_flight {
-            pings.worst = pings.worst.max(sent.elapsed());
-        }
-        pings
-    }
-
-    fn stop(mut self) -> Pings {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.join().expect("the pinger thread");
-        }
-        self.so_far()
-    }
-}
-
-impl Drop for Pinger {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Runs the command that sets the batch off; a stall fails the test with the pinger's figures.

@@ -261,6 +261,137 @@ fn a_migrated_lock_keeps_its_holder_and_token_and_its_waiters_follow_it() {
     assert!(granted > token, "{granted} after {token}");
 }
 
+/// `BLPOP ticket timeout` on `port` (after `ASKING` when `asking`): the element popped, or the
+/// error the server answered (a redirect).
+fn pop_on(port: u16, ticket: &str, asking: bool) -> Result<Option<String>, String> {
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    if asking {
+        let _: () = redis::cmd("ASKING").query(&mut con).unwrap();
+    }
+    let popped: redis::RedisResult<Option<(String, String)>> =
+        redis::cmd("BLPOP").arg(ticket).arg(10).query(&mut con);
+    match popped {
+        Ok(p) => Ok(p.map(|(_, v)| v)),
+        Err(e) => Err(format!(
+            "{} {}",
+            e.code().unwrap_or(""),
+            e.detail().unwrap_or("")
+        )),
+    }
+}
+
+fn blocked_clients(con: &mut Connection) -> usize {
+    info_field(con, "clients", "blocked_clients")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_ticket_in_a_migrating_slot_is_told_the_redirect_and_its_client_asks_again_there() {
+    let cluster = Cluster::start(3);
+    let key = "orders:{42}";
+    let slot = key_slot(key.as_bytes());
+    let source = cluster.node_for_slot(slot);
+    let target = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != source.port)
+        .unwrap();
+    let (source_id, target_id) = (Cluster::node_id(source), Cluster::node_id(target));
+    let mut src = source.connect();
+    let mut dst = target.connect();
+    let mut asker = source.connect();
+    let token = acquire(&mut src, key, "holder", 120_000).unwrap();
+    let ask = |owner: &str, asker: &mut Connection| -> String {
+        redis::cmd("LOCK.ACQUIRE")
+            .arg(key)
+            .arg(owner)
+            .arg(60_000)
+            .arg("WAIT")
+            .arg(0)
+            .arg("TICKET")
+            .query(asker)
+            .unwrap()
+    };
+    let t1 = ask("w1", &mut asker);
+    let t2 = ask("w2", &mut asker);
+    // A ticket lives in the lock's slot: its pop goes to the node that serves the key.
+    assert_eq!(key_slot(t1.as_bytes()), slot);
+    let (port, t) = (source.port, t1.clone());
+    let popper1 = thread::spawn(move || pop_on(port, &t, false));
+    assert!(eventually(SOON, || blocked_clients(&mut src) == 1));
+    let setslot = |con: &mut Connection, state: &str, id: &str| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(id)
+            .query(con)
+            .unwrap();
+    };
+    setslot(&mut dst, "IMPORTING", &source_id);
+    setslot(&mut src, "MIGRATING", &target_id);
+    // A pop that starts now, on a ticket not written yet, is sent on by the server itself (a
+    // missing key of a migrating slot): it follows the ASK and waits on the target, where the
+    // ticket arrives with the rest of the slot. (It must not ask for the lock there: the lock is
+    // still on the source.)
+    let e = pop_on(source.port, &t2, false).unwrap_err();
+    assert_eq!(e, format!("ASK {slot} 127.0.0.1:{}", target.port));
+    let (port, t) = (target.port, t2.clone());
+    let popper2 = thread::spawn(move || pop_on(port, &t, true));
+    assert!(eventually(SOON, || blocked_clients(&mut dst) == 1));
+
+    // The reshard moves the slot's keys: the lock and its counter, then what is left.
+    let counter = String::from_utf8(counter_key(slot)).unwrap();
+    let migrate = |src: &mut Connection, keys: &[String]| {
+        let _: () = redis::cmd("MIGRATE")
+            .arg("127.0.0.1")
+            .arg(target.port)
+            .arg("")
+            .arg(0)
+            .arg(5_000)
+            .arg("KEYS")
+            .arg(keys)
+            .query(src)
+            .unwrap();
+    };
+    migrate(&mut src, &[key.to_string(), counter]);
+    // Each ticket is told what a blocked waiter is answered: the redirect.
+    let redirect = format!("-ASK {slot} 127.0.0.1:{}", target.port);
+    assert_eq!(popper1.join().unwrap(), Ok(Some(redirect.clone())));
+    assert_eq!(waiters(&mut src), 0);
+    assert!(eventually(SOON, || src.exists(&t2).unwrap_or(false)));
+    let rest: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut src)
+        .unwrap();
+    assert_eq!(rest, vec![t2.clone()], "only the unpopped ticket is left");
+    migrate(&mut src, &rest);
+    assert_eq!(popper2.join().unwrap(), Ok(Some(redirect)));
+
+    // The client asks again where the lock went (ASKING, as for any ASK), with a new ticket.
+    let mut asker = target.connect();
+    let _: () = redis::cmd("ASKING").query(&mut asker).unwrap();
+    let again = ask("w1", &mut asker);
+    for node in &cluster.nodes {
+        setslot(&mut node.connect(), "NODE", &target_id);
+    }
+    assert_eq!(release(&mut dst, key, "holder"), Some(0));
+    let granted: i64 = pop_on(target.port, &again, false)
+        .unwrap()
+        .expect("granted on the target")
+        .parse()
+        .unwrap();
+    assert!(granted > token, "{granted} after {token}");
+    let left: Vec<String> = src.keys("*").unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// A connection `SSUBSCRIBE`d to one channel, as Redisson 3.22+ waits for an unlock on a Redis 7
 /// cluster. The redis crate 0.23 has no `SSUBSCRIBE`, so this is a plain socket reading RESP2
 /// pushes (`smessage`, channel, payload).

@@ -1,7 +1,8 @@
 //! Under faults, nothing breaks mutual exclusion.
 //!
 //! For a bounded time (20 s by default; `LOCK_FAULT_SECS=300 cargo test --test faults` for a
-//! longer run), worker threads take locks with `WAIT` — exclusive locks, a read-write lock
+//! longer run), worker threads take locks with `WAIT` (a third of them with `TICKET`, popping
+//! the ticket on the same connection) — exclusive locks, a read-write lock
 //! (`SHARED` most of the time, exclusive otherwise) and a semaphore (`LIMIT 3`), some of them
 //! `EPHEMERAL` (bound to their connection) — sometimes hold past their lease, renew, or vanish
 //! without releasing, while a disrupter DELs lock keys, FLUSHes, `CLIENT KILL`s waiters and
@@ -217,6 +218,8 @@ struct Counts {
     ephemeral_outlived: AtomicU64,
     unanswered: AtomicU64,
     unexpected_errors: AtomicU64,
+    /// Waits that asked with `TICKET`.
+    tickets: AtomicU64,
 }
 
 impl Counts {
@@ -413,11 +416,16 @@ fn worker(shared: Arc<Shared>, seed: u64) {
         let wait = rng.gen_range(0..=MAX_WAIT_MS);
         bump(&shared.counts.operations);
         let requested = Instant::now();
-        let reply: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.ACQUIRE")
-            .arg(acquire_args(key, &owner, lease, kind, ephemeral))
-            .arg("WAIT")
-            .arg(wait)
-            .query(&mut con);
+        let args = acquire_args(key, &owner, lease, kind, ephemeral);
+        let reply = if rng.gen_range(0..100) < 30 {
+            wait_with_ticket(&shared, &mut con, args, wait)
+        } else {
+            redis::cmd("LOCK.ACQUIRE")
+                .arg(args)
+                .arg("WAIT")
+                .arg(wait)
+                .query(&mut con)
+        };
         let granted = Instant::now();
         let token = match reply {
             Ok(Some(token)) => token,
@@ -499,6 +507,68 @@ fn worker(shared: Arc<Shared>, seed: u64) {
             fenced_out,
         });
     }
+}
+
+/// A `WAIT` with a ticket (`... WAIT wait TICKET`, an `EPHEMERAL` hold bound to this
+/// connection), popped on the same connection: the outcome a blocking `WAIT` has — the token,
+/// or nil at the timeout. A pop that gets nothing within the wait and the holders' leases
+/// withdraws the ticket (`LOCK.CANCEL` hands over a grant not popped); nothing there is a waiter
+/// left hanging, unless a `FLUSHALL` took the ticket's answer before the pop.
+fn wait_with_ticket(
+    shared: &Shared,
+    con: &mut Connection,
+    args: Vec<String>,
+    wait: u64,
+) -> redis::RedisResult<Option<i64>> {
+    let flushes = shared.counts.flushes.load(Ordering::Relaxed);
+    let reply: Value = redis::cmd("LOCK.ACQUIRE")
+        .arg(args)
+        .arg("WAIT")
+        .arg(wait)
+        .arg("TICKET")
+        .query(con)?;
+    bump(&shared.counts.tickets);
+    let ticket = match reply {
+        Value::Int(token) => return Ok(Some(token)),
+        Value::Data(ticket) => ticket,
+        other => panic!("a ticketed WAIT answered {other:?}"),
+    };
+    let popped: Option<(Vec<u8>, String)> = redis::cmd("BLPOP")
+        .arg(&ticket)
+        .arg((wait + 4 * MAX_LEASE_MS) as f64 / 1000.0 + 1.0)
+        .query(con)?;
+    match popped {
+        Some((_, element)) if element == "timeout" => Ok(None),
+        Some((_, element)) => match element.parse::<i64>() {
+            Ok(token) => Ok(Some(token)),
+            Err(_) => Err(redis::RedisError::from((
+                redis::ErrorKind::ExtensionError,
+                "a ticket held",
+                element,
+            ))),
+        },
+        None => match redis::cmd("LOCK.CANCEL").arg(&ticket).query(con)? {
+            Value::Int(token) => Ok(Some(token)),
+            _ if shared.counts.flushes.load(Ordering::Relaxed) != flushes => Ok(None),
+            _ => Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "a ticket was never answered",
+            ))),
+        },
+    }
+}
+
+/// Workers blocked popping their tickets (`BLPOP`).
+fn ticket_waiter_ids(con: &mut Connection) -> Vec<i64> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(con).unwrap();
+    list.lines()
+        .filter(|l| l.contains("cmd=blpop") && l.contains("flags=b"))
+        .filter_map(|l| {
+            l.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .and_then(|v| v.parse().ok())
+        })
+        .collect()
 }
 
 /// What the disrupter does to the processes it runs.
@@ -652,7 +722,8 @@ fn disrupter(shared: Arc<Shared>, seed: u64) {
                 bump(&shared.counts.flushes);
             }
             30..=51 => {
-                let blocked = blocked_client_ids(&mut admin);
+                let mut blocked = blocked_client_ids(&mut admin);
+                blocked.extend(ticket_waiter_ids(&mut admin));
                 if !blocked.is_empty() {
                     let id = blocked[rng.gen_range(0..blocked.len())];
                     if client_kill(&mut admin, id) {
@@ -933,7 +1004,8 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
         .collect();
     let peak_permits = permits_over_limit(&on_sem, SEM_LIMIT).0;
     eprintln!(
-        "fault test: {} operations, {} grants ({} confirmed): {} exclusive ({} confirmed), \
+        "fault test: {} operations ({} waits with a ticket), {} grants ({} confirmed): {} \
+         exclusive ({} confirmed), \
          of which {} writers on the read-write key ({} confirmed), {} shared ({} confirmed), \
          {} permits ({} confirmed, at most {peak_permits} confirmed \
          at once), {} EPHEMERAL ({} confirmed); {} WAIT timeouts, {} overstays, {} vanished \
@@ -946,6 +1018,7 @@ fn under_faults_no_two_holders_overlap_unfenced_and_every_waiter_is_answered() {
          readers' writes: {} refused, none landed; {} tokens in the resources; {} unanswered, \
          {} unexpected errors, {} violations",
         n(&c.operations),
+        n(&c.tickets),
         n(&c.grants),
         holds.iter().filter(|h| h.confirmed).count(),
         n(&c.exclusive_grants),

@@ -5,7 +5,6 @@
 //! and replicas; in a cluster its keys route, CROSSSLOT and MOVED/ASK as one command's; and the
 //! documented Lua recipe answers as LOCK.CHECK does, with or without the module.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -62,77 +61,6 @@ fn check(con: &mut Connection, key: &str, owner: &str, token: i64) -> i64 {
 
 fn get(con: &mut Connection, key: &str) -> Option<String> {
     con.get(key).expect("GET")
-}
-
-/// A key as `dataset` reads it: its type, its value, its absolute expiry (-1: none).
-type Stored = (String, Vec<Vec<u8>>, i64);
-
-/// Every key of the selected database with its type, its value read back in a canonical form
-/// (not DUMP: a replica or a replay may encode the same value differently) and its absolute
-/// expiry: what a refused command must leave exactly as it was.
-fn dataset(con: &mut Connection) -> BTreeMap<Vec<u8>, Stored> {
-    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
-    keys.into_iter()
-        .map(|key| {
-            let kind: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
-            let mut read =
-                |cmd: &mut redis::Cmd| -> Vec<Vec<u8>> { flat(cmd.query(con).expect("read")) };
-            let mut value = match kind.as_str() {
-                "string" => read(redis::cmd("GET").arg(&key)),
-                "hash" => read(redis::cmd("HGETALL").arg(&key)),
-                "list" => read(redis::cmd("LRANGE").arg(&key).arg(0).arg(-1)),
-                "set" => read(redis::cmd("SMEMBERS").arg(&key)),
-                "zset" => read(
-                    redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES"),
-                ),
-                "stream" => read(redis::cmd("XRANGE").arg(&key).arg("-").arg("+")),
-                other => panic!("no canonical read for a {other}"),
-            };
-            if kind == "set" {
-                value.sort();
-            }
-            if kind == "hash" {
-                let mut pairs: Vec<Vec<Vec<u8>>> = value.chunks(2).map(<[_]>::to_vec).collect();
-                pairs.sort();
-                value = pairs.concat();
-            }
-            let at: i64 = redis::cmd("PEXPIRETIME")
-                .arg(&key)
-                .query(con)
-                .expect("PEXPIRETIME");
-            (key, (kind, value, at))
-        })
-        .collect()
-}
-
-/// A reply's strings and integers, depth first.
-fn flat(value: Value) -> Vec<Vec<u8>> {
-    match value {
-        Value::Data(bytes) => vec![bytes],
-        Value::Int(n) => vec![n.to_string().into_bytes()],
-        Value::Bulk(items) => items.into_iter().flat_map(flat).collect(),
-        Value::Nil => vec![],
-        other => vec![format!("{other:?}").into_bytes()],
-    }
-}
-
-/// How many times the server ran `command` (its `INFO commandstats` calls; 0 if never).
-fn calls(con: &mut Connection, command: &str) -> u64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(con)
-        .expect("INFO");
-    let prefix = format!("cmdstat_{}:calls=", command.to_ascii_lowercase());
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -347,12 +275,12 @@ fn every_way_a_hold_ends_fences_its_token_and_writes_nothing() {
         assert_eq!(check(&mut con, &key, "a", token), 1, "{name}");
         let fenced_before = lock_stat(&mut con, "fenced");
         let expected = end(&server, &mut con, &key, token);
-        let calls_before = calls(&mut con, "set");
+        let calls_before = command_calls(&mut con, "set");
         let e = guard_error(&mut con, &key, "a", token, &["SET", &data, "after"]);
         assert!(e.starts_with(expected), "{name}: {e}");
         assert_eq!(get(&mut con, &data).as_deref(), Some("before"), "{name}");
         assert_eq!(
-            calls(&mut con, "set"),
+            command_calls(&mut con, "set"),
             calls_before,
             "{name}: SET never ran"
         );
@@ -400,7 +328,7 @@ fn a_shared_hold_reads_but_never_writes_and_a_permit_writes() {
         }
     }
     assert_eq!(get(&mut con, "config:data").as_deref(), Some("v1"));
-    assert_eq!(calls(&mut con, "del"), 0);
+    assert_eq!(command_calls(&mut con, "del"), 0);
 
     // A permit of a semaphore writes.
     let p = acquire_with(&mut con, "gpus", "job-1", 60_000, &["LIMIT", "2"])
@@ -591,9 +519,13 @@ fn refused_inner_commands_change_nothing() {
     for (command, refusal) in cases {
         let before = dataset(&mut con);
         let name = command[0].to_ascii_lowercase();
-        let calls_before = calls(&mut con, &name);
+        let calls_before = command_calls(&mut con, &name);
         let e = guard_error(&mut con, "lock", "a", token, &command);
-        assert_eq!(calls(&mut con, &name), calls_before, "{command:?} ran");
+        assert_eq!(
+            command_calls(&mut con, &name),
+            calls_before,
+            "{command:?} ran"
+        );
         assert!(
             e.starts_with(refusal) || e.contains(refusal),
             "{command:?}: {e}"
@@ -1065,11 +997,11 @@ fn a_replica_gets_the_inner_commands_effects_and_equals_its_master() {
     assert!(eventually(SOON, || dataset(&mut rcon) == on_master));
     assert_eq!(get(&mut rcon, "data").as_deref(), Some("v"));
     assert_eq!(
-        calls(&mut rcon, "lock.guard"),
+        command_calls(&mut rcon, "lock.guard"),
         0,
         "the replica never ran LOCK.GUARD"
     );
-    assert!(calls(&mut rcon, "set") >= 2 && calls(&mut rcon, "incr") == 1);
+    assert!(command_calls(&mut rcon, "set") >= 2 && command_calls(&mut rcon, "incr") == 1);
     // A replica refuses LOCK.GUARD: it writes.
     let e = error_of(
         &mut rcon,
@@ -1359,4 +1291,154 @@ fn raw_cluster(con: &mut redis::cluster::ClusterConnection, args: &[&[u8]]) -> i
         cmd.arg(*a);
     }
     cmd.query(con).unwrap()
+}
+
+/// Review finding: GUARD and CHECK read only the owner's own fields of a multi-hold key, so a
+/// hash every other command calls "not a lock" (two exclusive holders, a semaphore over its
+/// limit, an exclusive hold beside another owner's) admitted writes. A small key is now read
+/// whole; a large one is checked in O(1) for what its field count and the owner's own fields
+/// show (a semaphore over its limit, an exclusive hold among others).
+#[test]
+fn a_hash_that_is_not_a_lock_admits_nobody() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let end = now_ms(&mut con) + 600_000;
+    let t = (end * 1_000 + 1) as i64;
+    let hold = |token: i64| format!("1:{end}:{token}");
+    let many = |mode: &str, kind: &str, n: usize| -> Vec<(String, String)> {
+        let mut f = vec![("mode".to_string(), mode.to_string())];
+        f.extend((0..n).map(|i| (format!("{kind}:o{i}"), hold(t + 10 + i as i64))));
+        f
+    };
+    let mut cases: Vec<(&str, Vec<(String, String)>)> = vec![
+        (
+            "two exclusive holds",
+            vec![
+                ("mode".into(), "rw".into()),
+                ("x:a".into(), hold(t)),
+                ("x:b".into(), hold(t + 1)),
+            ],
+        ),
+        (
+            "a semaphore:1 with two permits",
+            vec![
+                ("mode".into(), "semaphore:1".into()),
+                ("p:a".into(), hold(t)),
+                ("p:b".into(), hold(t + 1)),
+            ],
+        ),
+        (
+            "an exclusive hold beside another owner's shared one",
+            vec![
+                ("mode".into(), "rw".into()),
+                ("x:a".into(), hold(t)),
+                ("s:b".into(), hold(t + 1)),
+            ],
+        ),
+    ];
+    // Large keys (read by the owner's fields alone).
+    let mut over = many("semaphore:20", "p", 30);
+    over.push(("p:a".into(), hold(t)));
+    cases.push(("a semaphore:20 with 31 permits", over));
+    let mut beside = many("rw", "s", 30);
+    beside.push(("x:a".into(), hold(t)));
+    cases.push(("an exclusive hold among 30 shared ones", beside));
+    for (name, fields) in cases {
+        let _: i64 = redis::cmd("DEL")
+            .arg("k")
+            .arg("data")
+            .query(&mut con)
+            .unwrap();
+        let mut hset = redis::cmd("HSET");
+        hset.arg("k");
+        for (f, v) in &fields {
+            hset.arg(f).arg(v);
+        }
+        let _: i64 = hset.query(&mut con).unwrap();
+        let e = guard_error(&mut con, "k", "a", t, &["SET", "data", "a"]);
+        assert_eq!(e, NOT_A_LOCK, "{name}: GUARD");
+        let e = error_of(
+            &mut con,
+            &[b"LOCK.CHECK", b"k", b"a", t.to_string().as_bytes()],
+        );
+        assert_eq!(e, NOT_A_LOCK, "{name}: CHECK");
+        assert_eq!(get(&mut con, "data"), None, "{name}: nothing written");
+    }
+}
+
+fn now_ms(con: &mut Connection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(con).unwrap();
+    secs * 1_000 + micros / 1_000
+}
+
+/// Review finding: Redis hides MIGRATE's `AUTH` password and `AUTH2` user and password from
+/// `MONITOR` and `SLOWLOG`, but LOCK.GUARD's own line carried them in clear. It hides them too,
+/// whether the inner MIGRATE runs (here it fails: nothing listens at the target) or is fenced.
+#[test]
+fn a_guarded_migrate_hides_its_password_from_the_slow_log() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let t = acquire(&mut con, "m:{1}", "w", 60_000).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("m:{1}:data")
+        .arg("v")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query(&mut con)
+        .unwrap();
+    let closed = free_port().to_string();
+    for token in [t, t + 1] {
+        let _ = guard(
+            &mut con,
+            "m:{1}",
+            "w",
+            token,
+            &[
+                "MIGRATE",
+                "127.0.0.1",
+                &closed,
+                "m:{1}:data",
+                "0",
+                "100",
+                "AUTH",
+                "secret-1",
+            ],
+        );
+        let _ = guard(
+            &mut con,
+            "m:{1}",
+            "w",
+            token,
+            &[
+                "MIGRATE",
+                "127.0.0.1",
+                &closed,
+                "",
+                "0",
+                "100",
+                "AUTH2",
+                "user-2",
+                "secret-2",
+                "KEYS",
+                "m:{1}:data",
+            ],
+        );
+    }
+    let log: Value = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(&mut con)
+        .unwrap();
+    let text = format!("{log:?}");
+    let guarded = text.matches("LOCK.GUARD").count();
+    assert_eq!(guarded, 4, "four LOCK.GUARD entries: {text}");
+    for secret in ["secret-1", "secret-2", "user-2"] {
+        assert!(!text.contains(secret), "{secret} in the slow log: {text}");
+    }
+    // Each LOCK.GUARD line hides what its MIGRATE would: 1 + 2 + 1 + 2.
+    assert!(text.matches("(redacted)").count() >= 6, "{text}");
 }

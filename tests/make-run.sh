@@ -16,10 +16,13 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
 trap cleanup EXIT
 
-# Runs, with the module and the example's options.
+# Runs, with the module where CARGO_TARGET_DIR says (a path with a space, an '&' and a '#'),
+# and the example's options.
 port=$(free_port)
-cp "$module" "$dir/libredis_lock.so"
-bash "$here/scripts/run.sh" "$dir/libredis_lock.so" "$port" >"$dir/run.log" 2>&1 &
+target="$dir/target dir & #1"
+mkdir -p "$target/release"
+cp "$module" "$target/release/libredis_lock.so"
+CARGO_TARGET_DIR="$target" bash "$here/scripts/run.sh" "$port" >"$dir/run.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 [ "$(redis-cli -p "$port" ping)" = PONG ] || fail "no server on $port: $(cat "$dir/run.log")"
@@ -28,16 +31,19 @@ redis-cli -p "$port" module list | grep -qx lock || fail "the module is not load
   || fail "the example's options were not applied"
 
 # A busy port: a clear message, exit status 1, and the server already there untouched.
-if bash "$here/scripts/run.sh" "$dir/libredis_lock.so" "$port" >"$dir/busy.log" 2>&1; then
+if CARGO_TARGET_DIR="$target" bash "$here/scripts/run.sh" "$port" >"$dir/busy.log" 2>&1; then
   fail "run.sh took a port in use"
 fi
 grep -q "PORT=" "$dir/busy.log" || fail "the busy-port message names no PORT=: $(cat "$dir/busy.log")"
 [ "$(redis-cli -p "$port" ping)" = PONG ] || fail "the server on the busy port was stopped"
 
-# The Makefile follows CARGO_TARGET_DIR, and make run installs only what running needs.
+# The Makefile passes CARGO_TARGET_DIR on (given on its command line too), and make run installs
+# only what running needs.
 make -s -n -C "$here" run CARGO_TARGET_DIR="$dir/elsewhere" PORT=7777 >"$dir/plan.txt"
-grep -q "$dir/elsewhere/release/libredis_lock.so 7777" "$dir/plan.txt" \
-  || fail "make run does not follow CARGO_TARGET_DIR: $(cat "$dir/plan.txt")"
+grep -q 'scripts/run.sh "7777"' "$dir/plan.txt" || fail "make run's plan: $(cat "$dir/plan.txt")"
+[ "$(make -s -C "$here" --eval 'print-target-dir: ; @echo "$$CARGO_TARGET_DIR"' print-target-dir \
+  CARGO_TARGET_DIR="$dir/elsewhere")" = "$dir/elsewhere" ] \
+  || fail "the Makefile does not pass CARGO_TARGET_DIR on to its commands"
 grep -q "scripts/deps.sh test" "$dir/plan.txt" && fail "make run installs the tests' dependencies"
 grep -q "need+=(nodejs)\|need+=(npm)" <(sed -n '/^if \$for_tests/,/^fi/!p' "$here/scripts/deps.sh") \
   && fail "deps.sh installs Node.js or npm outside its test mode"

@@ -526,3 +526,58 @@ fn a_refused_request_takes_no_token() {
         "a counter was written for a refused request"
     );
 }
+
+/// Review finding: keys written when a key could hold 10,000 holds (or by hand, in the
+/// documented layout) are still read as locks; a multi-key command on 64 of them read 640,000
+/// holds (~0.4 s). One multi-key command now reads at most 64 keys' worth of the 1,000-holder
+/// cap: past it, it is refused before any field is read; single-key commands keep working.
+#[test]
+fn a_multi_key_command_refuses_keys_that_hold_more_than_it_may_read_together() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    let end = secs * 1_000 + micros / 1_000 + 600_000;
+    let keys: Vec<String> = (0..8).map(|i| format!("{{big}}:{i}")).collect();
+    for key in &keys {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(key).arg("mode").arg("rw");
+        for i in 0..9_000 {
+            hset.arg(format!("s:o{i}"))
+                .arg(format!("1:{end}:{}", 10 + i));
+        }
+        let _: i64 = hset.query(&mut con).unwrap();
+    }
+    for (command, rest) in [
+        ("LOCK.MRENEW", vec!["o1", "60000"]),
+        ("LOCK.MRELEASE", vec!["o1"]),
+        ("LOCK.MACQUIRE", vec!["newcomer", "60000", "SHARED"]),
+    ] {
+        let mut args: Vec<&[u8]> = vec![command.as_bytes(), b"8"];
+        args.extend(keys.iter().map(|k| k.as_bytes()));
+        args.extend(rest.iter().map(|a| a.as_bytes()));
+        let e = error_of(&mut con, &args);
+        assert!(
+            e.starts_with("ERR these keys hold more than 64128 fields together"),
+            "{command}: {e}"
+        );
+    }
+    // Nothing changed, and each key alone still works.
+    let renewed: i64 = redis::cmd("LOCK.RENEW")
+        .arg(&keys[0])
+        .arg("o1")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(renewed, 1);
+    let fields: i64 = redis::cmd("HLEN").arg(&keys[1]).query(&mut con).unwrap();
+    assert_eq!(fields, 9_001);
+    // Fewer such keys together are fine.
+    let replies: Vec<i64> = redis::cmd("LOCK.MRENEW")
+        .arg(2)
+        .arg(&keys[..2])
+        .arg("o1")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(replies, [1, 1]);
+}

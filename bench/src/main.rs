@@ -129,7 +129,7 @@ struct Args {
 }
 
 /// The names `--only` takes, in the order the scenarios run.
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "throughput",
     "contention",
     "deadlines",
@@ -141,6 +141,7 @@ const SCENARIOS: [&str; 11] = [
     "library",
     "multikey",
     "guard",
+    "tickets",
 ];
 
 fn usage() -> ! {
@@ -230,6 +231,7 @@ fn main() {
     let library = wanted("library").then(|| scenarios::library::run(&bench));
     let multikey = wanted("multikey").then(|| scenarios::multikey::run(&bench));
     let guard = wanted("guard").then(|| scenarios::guard::run(&bench));
+    let tickets = wanted("tickets").then(|| scenarios::tickets::run(&bench));
 
     let results = report::Results {
         throughput,
@@ -243,6 +245,7 @@ fn main() {
         multikey,
         library,
         guard,
+        tickets,
     };
     let wall = bench.started.elapsed();
     let chart = results

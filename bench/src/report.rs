@@ -16,6 +16,7 @@ use crate::scenarios::memory::Memory;
 use crate::scenarios::multikey::MultiKey;
 use crate::scenarios::scaling::Scaling;
 use crate::scenarios::throughput::Throughput;
+use crate::scenarios::tickets::Tickets;
 use crate::stats::Spread;
 use crate::system::Machine;
 use crate::Bench;
@@ -40,6 +41,7 @@ pub struct Results {
     pub multikey: Option<MultiKey>,
     pub library: Option<Library>,
     pub guard: Option<Guard>,
+    pub tickets: Option<Tickets>,
 }
 
 /// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
@@ -116,6 +118,9 @@ fn targets(results: &Results) -> Vec<Target> {
     }
     if let Some(g) = &results.guard {
         all.extend(g.targets());
+    }
+    if let Some(t) = &results.tickets {
+        all.extend(t.targets());
     }
     all
 }
@@ -297,6 +302,9 @@ pub fn render(
     }
     if let Some(guard) = &results.guard {
         out.push_str(&guard.section());
+    }
+    if let Some(tickets) = &results.tickets {
+        out.push_str(&tickets.section());
     }
     out.push_str(&method());
     out

@@ -25,12 +25,22 @@ pub enum Wait {
     For(u64),
 }
 
+/// How a request that must wait waits: its client blocked until the answer (`WAIT`), or
+/// answered at once with a ticket the answer is written into (`WAIT ... TICKET`, see
+/// [`crate::ticket`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    Blocked,
+    Ticket,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcquireRequest<'a> {
     pub key: &'a [u8],
     pub owner: &'a [u8],
     pub lease_ms: u64,
     pub wait: Wait,
+    pub waiting: Waiting,
     pub reentry: Reentry,
     /// No option, `SHARED` or `LIMIT n`.
     pub mode: Mode,
@@ -162,8 +172,8 @@ impl<'a> ArgCursor<'a> {
     }
 }
 
-/// `LOCK.ACQUIRE key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT timeout-ms]`
-/// (options in any order, each at most once)
+/// `LOCK.ACQUIRE key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT timeout-ms
+/// [TICKET]]` (options in any order, each at most once; `TICKET` only with `WAIT`)
 pub fn parse_acquire<'a>(
     argv: &'a [&'a [u8]],
     max_lease_ms: u64,
@@ -179,6 +189,7 @@ pub fn parse_acquire<'a>(
         owner,
         lease_ms,
         wait: options.wait,
+        waiting: options.waiting,
         reentry: options.reentry,
         mode: options.mode,
         binding: options.binding,
@@ -189,7 +200,7 @@ pub fn parse_acquire<'a>(
 pub const MAX_MULTI_KEYS: usize = 64;
 
 /// `LOCK.MACQUIRE numkeys key [key ...] owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE]
-/// [WAIT timeout-ms]`: one request per key, in the order given (distinct keys).
+/// [WAIT timeout-ms [TICKET]]`: one request per key, in the order given (distinct keys).
 pub fn parse_macquire<'a>(
     argv: &'a [&'a [u8]],
     max_lease_ms: u64,
@@ -206,6 +217,7 @@ pub fn parse_macquire<'a>(
             owner,
             lease_ms,
             wait: options.wait,
+            waiting: options.waiting,
             reentry: options.reentry,
             mode: options.mode,
             binding: options.binding,
@@ -221,7 +233,7 @@ pub struct CampaignRequest<'a> {
     pub value: Option<&'a [u8]>,
 }
 
-/// `LOCK.CAMPAIGN key candidate lease-ms [EPHEMERAL] [WAIT timeout-ms] [VALUE value]`
+/// `LOCK.CAMPAIGN key candidate lease-ms [EPHEMERAL] [WAIT timeout-ms [TICKET]] [VALUE value]`
 pub fn parse_campaign<'a>(
     argv: &'a [&'a [u8]],
     max_lease_ms: u64,
@@ -231,6 +243,7 @@ pub fn parse_campaign<'a>(
     let owner = args.owner()?;
     let lease_ms = args.lease(max_lease_ms)?;
     let mut wait = Wait::No;
+    let mut waiting = Waiting::Blocked;
     let mut binding = Binding::Lease;
     let mut value = None;
     while let Some(option) = args.option() {
@@ -238,6 +251,8 @@ pub fn parse_campaign<'a>(
             binding = Binding::Connection;
         } else if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
             wait = wait_timeout(args.bytes().map_err(|_| LockError::Syntax)?)?;
+        } else if option.eq_ignore_ascii_case(b"TICKET") && waiting == Waiting::Blocked {
+            waiting = Waiting::Ticket;
         } else if option.eq_ignore_ascii_case(b"VALUE") && value.is_none() {
             value = Some(proclaimed_value(
                 args.bytes().map_err(|_| LockError::Syntax)?,
@@ -246,12 +261,16 @@ pub fn parse_campaign<'a>(
             return Err(LockError::Syntax);
         }
     }
+    if waiting == Waiting::Ticket && wait == Wait::No {
+        return Err(LockError::TicketNeedsWait);
+    }
     Ok(CampaignRequest {
         acquire: AcquireRequest {
             key,
             owner,
             lease_ms,
             wait,
+            waiting,
             reentry: Reentry::Once,
             mode: Mode::Exclusive,
             binding,
@@ -343,6 +362,7 @@ pub fn parse_mrenew<'a>(
 /// The options of an acquire, one or many keys.
 struct AcquireOptions {
     wait: Wait,
+    waiting: Waiting,
     reentry: Reentry,
     mode: Mode,
     binding: Binding,
@@ -350,6 +370,7 @@ struct AcquireOptions {
 
 fn acquire_options(args: &mut ArgCursor<'_>) -> Result<AcquireOptions, LockError> {
     let mut wait = Wait::No;
+    let mut waiting = Waiting::Blocked;
     let mut reentry = Reentry::Counted;
     let mut mode = Mode::Exclusive;
     let mut binding = Binding::Lease;
@@ -369,12 +390,18 @@ fn acquire_options(args: &mut ArgCursor<'_>) -> Result<AcquireOptions, LockError
             };
         } else if option.eq_ignore_ascii_case(b"WAIT") && wait == Wait::No {
             wait = wait_timeout(args.bytes().map_err(|_| LockError::Syntax)?)?;
+        } else if option.eq_ignore_ascii_case(b"TICKET") && waiting == Waiting::Blocked {
+            waiting = Waiting::Ticket;
         } else {
             return Err(LockError::Syntax);
         }
     }
+    if waiting == Waiting::Ticket && wait == Wait::No {
+        return Err(LockError::TicketNeedsWait);
+    }
     Ok(AcquireOptions {
         wait,
+        waiting,
         reentry,
         mode,
         binding,
@@ -405,6 +432,15 @@ pub fn parse_renew<'a>(
         owner,
         lease_ms,
     })
+}
+
+/// `LOCK.CANCEL ticket`: the ticket, named as the module names them (in the database the
+/// command runs in).
+pub fn parse_cancel(argv: &[&[u8]], db: i32) -> Result<crate::ticket::TicketName, LockError> {
+    let mut args = ArgCursor::new(argv, 1, 1)?;
+    let name = args.bytes()?;
+    args.finish()?;
+    crate::ticket::TicketName::parse(name, db).ok_or(LockError::NotATicket)
 }
 
 /// `LOCK.CHECK key owner token`, and the fence `LOCK.GUARD` checks before its command.
@@ -518,6 +554,77 @@ mod tests {
             acquire_full("LOCK.ACQUIRE k o 100 ONCE WAIT"),
             Err(LockError::Syntax)
         );
+    }
+
+    #[test]
+    fn ticket_is_an_option_of_a_wait_in_any_order() {
+        let parse = |line: &str| {
+            let owned = argv(line);
+            let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+            parse_acquire(&refs, 10_000).map(|r| (r.wait, r.waiting))
+        };
+        let cases = [
+            (
+                "LOCK.ACQUIRE k o 100 WAIT 5",
+                Ok((Wait::For(5), Waiting::Blocked)),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 WAIT 5 TICKET",
+                Ok((Wait::For(5), Waiting::Ticket)),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 ticket wait 0",
+                Ok((Wait::Forever, Waiting::Ticket)),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 TICKET",
+                Err(LockError::TicketNeedsWait),
+            ),
+            (
+                "LOCK.ACQUIRE k o 100 WAIT 5 TICKET TICKET",
+                Err(LockError::Syntax),
+            ),
+        ];
+        for (line, want) in cases {
+            assert_eq!(parse(line), want, "{line}");
+        }
+        let campaign = |line: &str| {
+            let owned = argv(line);
+            let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+            parse_campaign(&refs, 10_000).map(|r| (r.acquire.wait, r.acquire.waiting))
+        };
+        assert_eq!(
+            campaign("LOCK.CAMPAIGN k c 100 TICKET WAIT 7 VALUE v"),
+            Ok((Wait::For(7), Waiting::Ticket))
+        );
+        assert_eq!(
+            campaign("LOCK.CAMPAIGN k c 100 TICKET"),
+            Err(LockError::TicketNeedsWait)
+        );
+        let owned = argv("LOCK.MACQUIRE 2 a b o 100 WAIT 3 TICKET");
+        let refs: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+        let requests = parse_macquire(&refs, 10_000).unwrap();
+        assert!(requests.iter().all(|r| r.waiting == Waiting::Ticket));
+    }
+
+    #[test]
+    fn cancel_takes_one_ticket_name() {
+        let ticket = crate::ticket::TicketName {
+            id: 9,
+            db: 2,
+            slot: crate::slot::key_slot(b"k"),
+            shape: crate::ticket::Shape::One,
+        };
+        let name = ticket.key();
+        let line: [&[u8]; 2] = [b"LOCK.CANCEL", &name];
+        assert_eq!(parse_cancel(&line, 2), Ok(ticket));
+        let line: [&[u8]; 2] = [b"LOCK.CANCEL", b"k"];
+        assert_eq!(parse_cancel(&line, 2), Err(LockError::NotATicket));
+        let line: [&[u8]; 3] = [b"LOCK.CANCEL", &name, b"x"];
+        assert!(matches!(
+            parse_cancel(&line, 2),
+            Err(LockError::WrongArity(_))
+        ));
     }
 
     #[test]

@@ -16,6 +16,21 @@ use crate::kind::{HoldKind, Queue};
 use crate::scheduler::Seen;
 use crate::{LockError, UnixMs};
 
+/// The most fields the keys of one multi-key command may hold together (64 keys of 1,000 holds,
+/// each with its mode field and a downgrade's exclusive hold): past it, the command is refused
+/// before any field is read (only keys written when a key could hold 10,000 holds reach it).
+pub const MAX_FIELDS_TOGETHER: usize = crate::args::MAX_MULTI_KEYS * (crate::kind::MAX_HOLDERS + 2);
+
+/// Whether one multi-key command may read keys of `fields` fields in all.
+pub fn readable_together(fields: usize) -> Result<(), LockError> {
+    if fields > MAX_FIELDS_TOGETHER {
+        return Err(LockError::TooManyHoldsTogether {
+            max: MAX_FIELDS_TOGETHER as u64,
+        });
+    }
+    Ok(())
+}
+
 /// A lock as a command finds it at `now`: what is stored, and the holds whose lease has not
 /// ended (none when the key is missing).
 #[derive(Debug, Clone, PartialEq, Eq)]

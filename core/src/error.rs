@@ -61,12 +61,21 @@ pub enum LockError {
     DowngradeNeedsLease,
     /// A shared key has the most holders a lock may have.
     TooManyHolders { max: u64 },
+    /// The keys of one multi-key command hold more fields together than it may read (keys
+    /// written before the holder cap was 1,000 may hold up to 10,000 each).
+    TooManyHoldsTogether { max: u64 },
     /// `EPHEMERAL` inside a script or function: it has no connection to bind the hold to.
     EphemeralInScript,
     /// A plain re-entry of a hold bound to its connection.
     HoldIsEphemeral,
     /// An `EPHEMERAL` re-entry of a plain hold.
     HoldIsNotEphemeral,
+    /// `TICKET` without `WAIT`: a ticket is a way to wait.
+    TicketNeedsWait,
+    /// `LOCK.CANCEL` of a name that is not a ticket's.
+    NotATicket,
+    /// `LOCK.CANCEL` on a replica (its master decides every ticket).
+    TicketOnReplica,
     /// `LOCK.GUARD`: the owner's hold is gone or its token is not current; nothing ran.
     Fenced(Fenced),
     /// `LOCK.GUARD`: a shared hold may run only read-only commands; this one writes.
@@ -170,6 +179,9 @@ impl LockError {
             LockError::TooManyHolders { max } => {
                 format!("ERR the key has the most holders a lock may have ({max})")
             }
+            LockError::TooManyHoldsTogether { max } => format!(
+                "ERR these keys hold more than {max} fields together, more than one multi-key command reads; a key written by an earlier version may hold more than 1000 holds: use single-key commands on it"
+            ),
             LockError::EphemeralInScript => {
                 "ERR EPHEMERAL cannot be used from a script or function: it has no connection to bind the hold to".into()
             }
@@ -178,6 +190,13 @@ impl LockError {
             }
             LockError::HoldIsNotEphemeral => {
                 "ERR the owner's hold is not EPHEMERAL; re-enter it without EPHEMERAL".into()
+            }
+            LockError::TicketNeedsWait => "ERR TICKET is a way to wait: it needs WAIT timeout-ms".into(),
+            LockError::NotATicket => {
+                "ERR not a ticket: LOCK.CANCEL takes the ticket a LOCK.* ... WAIT ... TICKET replied".into()
+            }
+            LockError::TicketOnReplica => {
+                "ERR a replica does not serve tickets: only the master grants locks".into()
             }
             LockError::Fenced(Fenced::Gone) => {
                 "FENCED the hold is gone: the owner no longer holds this lock (released, expired, force-released, handed on or deleted); the command did not run".into()
@@ -249,9 +268,13 @@ mod tests {
             LockError::UpgradeRefused,
             LockError::DowngradeNeedsLease,
             LockError::TooManyHolders { max: 3 },
+            LockError::TooManyHoldsTogether { max: 3 },
             LockError::EphemeralInScript,
             LockError::HoldIsEphemeral,
             LockError::HoldIsNotEphemeral,
+            LockError::TicketNeedsWait,
+            LockError::NotATicket,
+            LockError::TicketOnReplica,
             LockError::Fenced(Fenced::Gone),
             LockError::Fenced(Fenced::NotCurrent),
             LockError::SharedHoldWrites,

@@ -47,6 +47,37 @@ pub fn is_lock_command(name: &[u8]) -> bool {
         .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"lock."))
 }
 
+/// Where an inner command line (its name first) carries a secret that Redis itself hides from
+/// `MONITOR` and `SLOWLOG` when the command is sent directly: `MIGRATE`'s `AUTH <password>` and
+/// `AUTH2 <username> <password>` (looked for from its sixth argument up to `KEYS`, as Redis
+/// does). LOCK.GUARD hides the same arguments of its own line, run or refused. (Every other
+/// command that takes a secret names no key, and LOCK.GUARD refuses it.)
+pub fn secret_positions(inner: &[&[u8]]) -> Vec<usize> {
+    let mut secret = Vec::new();
+    if !inner
+        .first()
+        .is_some_and(|c| c.eq_ignore_ascii_case(b"migrate"))
+    {
+        return secret;
+    }
+    let mut at = 6;
+    while let Some(arg) = inner.get(at) {
+        if arg.eq_ignore_ascii_case(b"keys") {
+            break;
+        }
+        let hidden = if arg.eq_ignore_ascii_case(b"auth") {
+            1
+        } else if arg.eq_ignore_ascii_case(b"auth2") {
+            2
+        } else {
+            0
+        };
+        secret.extend((at + 1..=at + hidden).filter(|&i| i < inner.len()));
+        at += 1 + hidden;
+    }
+    secret
+}
+
 /// The rules for LOCK.GUARD's inner command, on its name and the keys Redis finds in it: never
 /// a LOCK.* command, never one that names no key (nothing the lock protects), never one on the
 /// lock's own key or on a key of the module's reserved namespace (`__lock_fence__*`).
@@ -76,6 +107,29 @@ pub fn check_inner<'a>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn migrate_passwords_are_the_secrets_of_an_inner_line() {
+        let line = |text: &str| -> Vec<Vec<u8>> {
+            text.split(' ').map(|w| w.as_bytes().to_vec()).collect()
+        };
+        let cases: [(&str, &[usize]); 6] = [
+            ("SET k v", &[]),
+            ("MIGRATE h 6379 k 0 1000", &[]),
+            ("migrate h 6379 k 0 1000 COPY REPLACE AUTH pw", &[9]),
+            (
+                "MIGRATE h 6379 \"\" 0 1000 AUTH2 user pw KEYS auth k2",
+                &[7, 8],
+            ),
+            ("MIGRATE h 6379 k 0 1000 auth", &[]),
+            ("MIGRATE h 6379 k 0 1000 AUTH2 user", &[7]),
+        ];
+        for (text, want) in cases {
+            let words = line(text);
+            let refs: Vec<&[u8]> = words.iter().map(Vec::as_slice).collect();
+            assert_eq!(super::secret_positions(&refs), want, "{text}");
+        }
+    }
+
     use super::*;
 
     const NOW: UnixMs = 1_700_000_000_000;

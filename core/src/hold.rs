@@ -377,28 +377,39 @@ fn decode_hold(field: &[u8], value: &[u8]) -> Option<Hold> {
     decode_hold_value(kind, owner, value)
 }
 
-/// One owner's holds on a multi-hold key of `family`, from the values of its own fields (in
-/// [`HoldKind::ALL`] order: `x:<owner>`, `s:<owner>`, `p:<owner>`; None where absent): what the
-/// key's full read ([`decode`]) gives for this owner, in O(1) — the other holds are not read.
-/// A value that is no hold, or a kind the family does not have (a permit in a read-write lock,
-/// an exclusive or shared hold in a semaphore), is [`LockError::NotALock`], as the full read
-/// would find.
+/// One owner's holds on a multi-hold key of `family` with `holds` holds in all, from the values
+/// of its own fields (in [`HoldKind::ALL`] order: `x:<owner>`, `s:<owner>`, `p:<owner>`; None
+/// where absent): what the key's full read ([`decode`]) gives for this owner, in O(1) — the
+/// other holds are not read. A value that is no hold, a kind the family does not have (a permit
+/// in a read-write lock, an exclusive or shared hold in a semaphore), a semaphore with more holds
+/// than its limit, or an exclusive hold beside holds of others (it allows only its owner's
+/// shared hold) is [`LockError::NotALock`], as the full read would find. What only the other
+/// holds' own fields would show (another owner's exclusive hold among many shared ones) is not
+/// seen: the adapter reads a small key in full instead.
 pub fn decode_owner_holds(
     family: Family,
+    holds: usize,
     owner: &[u8],
     values: [Option<&[u8]>; 3],
 ) -> Result<Holds, LockError> {
-    let mut holds = Holds::new();
+    if let Family::Semaphore { limit } = family {
+        if holds as u64 > limit {
+            return Err(LockError::NotALock);
+        }
+    }
+    let mut own = Holds::new();
     for (kind, value) in HoldKind::ALL.into_iter().zip(values) {
         let Some(value) = value else { continue };
         let allowed = match family {
             Family::Semaphore { .. } => kind == HoldKind::Permit,
             Family::ReadWrite => kind != HoldKind::Permit,
         };
-        let hold = decode_hold_value(kind, owner, value).filter(|_| allowed && !owner.is_empty());
-        holds.push(hold.ok_or(LockError::NotALock)?);
+        let alone = kind != HoldKind::Exclusive || holds <= 2;
+        let hold =
+            decode_hold_value(kind, owner, value).filter(|_| allowed && alone && !owner.is_empty());
+        own.push(hold.ok_or(LockError::NotALock)?);
     }
-    Ok(holds)
+    Ok(own)
 }
 
 /// A multi-hold layout hold's value, `<count>:<lease-end-ms>:<token>`.
@@ -821,130 +832,6 @@ pub fn decide_on(
     }
 }
 
-/// A lock being handed to a run of waiters (the head of its queue, then each waiter behind it
-/// that still fits): every decision and grant costs O(1), so a run of any length costs one read
-/// and one write of the key, not one per waiter.
-///
-/// The owners of a run are distinct (an owner waits at most once per key), so a waiter's own
-/// holds can only be among the holds the key had when the run began: those are indexed once.
-#[derive(Debug)]
-pub struct Run {
-    lock: Lock,
-    /// Where each owner's holds are among the holds the key had.
-    own: OwnIndex,
-    any_exclusive: bool,
-}
-
-/// Where an owner's holds are among a lock's holds as read.
-#[derive(Debug)]
-enum OwnIndex {
-    /// The first `len` holds are in (kind, owner) order, as every decoded key lists them: an
-    /// owner's hold of a kind is found by binary search, with nothing built.
-    Sorted { len: usize },
-    /// Owner → positions of its holds (exclusive, shared, permit): holds in another order.
-    Map(HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]>),
-}
-
-impl Run {
-    pub fn new(lock: Lock) -> Run {
-        let any_exclusive = lock.holds.iter().any(|h| h.kind == HoldKind::Exclusive);
-        let sorted = lock
-            .holds
-            .windows(2)
-            .all(|w| matches!(w, [a, b] if (a.kind, &a.owner) < (b.kind, &b.owner)));
-        let own = if sorted {
-            OwnIndex::Sorted {
-                len: lock.holds.len(),
-            }
-        } else {
-            let mut own: HashMap<OwnerName, [Option<usize>; HoldKind::ALL.len()]> = HashMap::new();
-            for (at, hold) in lock.holds.iter().enumerate() {
-                let slots = own.entry(hold.owner.clone()).or_default();
-                if let Some(slot) = slots.get_mut(hold.kind.index()) {
-                    *slot = Some(at);
-                }
-            }
-            OwnIndex::Map(own)
-        };
-        Run {
-            lock,
-            own,
-            any_exclusive,
-        }
-    }
-
-    /// Where `owner`'s hold of `kind` is, among the holds the key had.
-    fn position(&self, owner: &[u8], kind: HoldKind) -> Option<usize> {
-        match &self.own {
-            OwnIndex::Sorted { len } => self
-                .lock
-                .holds
-                .get(..*len)?
-                .binary_search_by(|h| (h.kind, h.owner.as_slice()).cmp(&(kind, owner)))
-                .ok(),
-            OwnIndex::Map(own) => own
-                .get(owner)
-                .and_then(|slots| slots.get(kind.index()).copied().flatten()),
-        }
-    }
-
-    pub fn lock(&self) -> &Lock {
-        &self.lock
-    }
-
-    pub fn into_lock(self) -> Lock {
-        self.lock
-    }
-
-    fn standing(&self, owner: &[u8]) -> Standing<'_> {
-        let mut own = [None; HoldKind::ALL.len()];
-        for (slot, kind) in own.iter_mut().zip(HoldKind::ALL) {
-            *slot = self
-                .position(owner, kind)
-                .and_then(|i| self.lock.holds.get(i));
-        }
-        Standing {
-            family: (!self.lock.holds.is_empty()).then_some(self.lock.family),
-            holds: self.lock.holds.len(),
-            any_exclusive: self.any_exclusive,
-            own,
-        }
-    }
-
-    /// The head waiter's acquire: the same rule as a command's, with nobody queued ahead.
-    pub fn decide(
-        &self,
-        owner: &[u8],
-        mode: Mode,
-        lease_ms: u64,
-        reentry: Reentry,
-        now: UnixMs,
-    ) -> Result<Decision, LockError> {
-        decide_on(
-            &self.standing(owner),
-            mode,
-            lease_ms,
-            reentry,
-            Queue::Empty,
-            now,
-        )
-    }
-
-    /// Writes the grant into the lock (see [`apply`]).
-    pub fn apply(&mut self, owner: &[u8], mode: Mode, granted: &Granted, token: u64) {
-        if self.lock.holds.is_empty() {
-            self.lock.family = mode.family();
-        }
-        let hold = granted.hold(owner, token);
-        self.any_exclusive |= granted.kind == HoldKind::Exclusive;
-        let at = self.position(owner, granted.kind);
-        match at.and_then(|i| self.lock.holds.get_mut(i)) {
-            Some(slot) => *slot = hold,
-            None => self.lock.holds.push(hold),
-        }
-    }
-}
-
 /// The lock after a grant, with `token` the new token when the grant needed one.
 pub fn apply(lock: &Lock, owner: &[u8], mode: Mode, granted: &Granted, token: u64) -> Lock {
     let mut out = if lock.holds.is_empty() {
@@ -1111,6 +998,9 @@ impl FieldNames {
         }
     }
 }
+
+mod run;
+pub use run::Run;
 
 #[cfg(test)]
 mod tests;

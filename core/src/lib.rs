@@ -28,10 +28,12 @@ pub mod hold;
 pub mod key;
 pub mod kind;
 pub mod layout;
+pub mod memory;
 pub mod queue;
 pub mod scheduler;
 pub mod signal;
 pub mod slot;
+pub mod ticket;
 pub mod token;
 pub mod unload;
 

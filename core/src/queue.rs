@@ -16,6 +16,7 @@ use crate::election::Campaign;
 use crate::key::ClientId;
 pub use crate::key::LockKey;
 use crate::kind::{Mode, Reentry};
+use crate::memory::{shrink_deque, shrink_map};
 use crate::{LockError, UnixMs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -173,6 +174,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
                 // Slots of waiters that already left, right behind it, go too: finding the
                 // head never walks past them.
                 self.drop_dead_head(key);
+                self.shrink();
                 return Some(Removed {
                     waiter,
                     orphaned_lease_checks,
@@ -231,6 +233,7 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
         for key in waiter.keys() {
             orphaned_lease_checks.extend(self.leave_queue(key, &waiter.owner));
         }
+        self.shrink();
         Some(Removed {
             waiter,
             orphaned_lease_checks,
@@ -257,6 +260,8 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
             if queue.order.len() > 2 * queue.live + 32 {
                 queue.order.retain(|id| waiters.contains_key(id));
             }
+            shrink_deque(&mut queue.order);
+            shrink_map(&mut queue.owners);
         }
         self.drop_queue_if_empty(key)
     }
@@ -271,7 +276,17 @@ impl<H: Copy + Eq + Hash> WaitQueues<H> {
             {
                 queue.order.pop_front();
             }
+            shrink_deque(&mut queue.order);
+            shrink_map(&mut queue.owners);
         }
+    }
+
+    /// Gives back the tables' room once most waiters are gone (see `crate::memory`).
+    fn shrink(&mut self) {
+        shrink_map(&mut self.waiters);
+        shrink_map(&mut self.by_handle);
+        shrink_map(&mut self.queues);
+        shrink_map(&mut self.names);
     }
 
     /// Whether `id` is the longest-waiting live waiter of `key`.

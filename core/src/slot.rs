@@ -73,8 +73,9 @@ pub fn leaders_key(slot: u16) -> Vec<u8> {
     slot_key(LEADERS_PREFIX, slot)
 }
 
-/// `<prefix><tag>}`: a name in `slot` (the prefix ends with the hash tag's `{`).
-fn slot_key(prefix: &[u8], slot: u16) -> Vec<u8> {
+/// `<prefix><tag>}`: a name in `slot` (the prefix ends with the hash tag's `{`): the token
+/// counters, the proclamations and the tickets (`crate::ticket`) are named so.
+pub fn slot_key(prefix: &[u8], slot: u16) -> Vec<u8> {
     let tag = slot_tags()
         .get(usize::from(slot) % SLOTS)
         .copied()

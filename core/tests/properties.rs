@@ -5,7 +5,7 @@
 //! relies on when it writes. Bounded: a few thousand cases, a second or two.
 
 use lock_core::args::{parse_acquire, parse_key_only, parse_release, parse_renew, Wait};
-use lock_core::args::{AcquireRequest, Binding, Reentry};
+use lock_core::args::{AcquireRequest, Binding, Reentry, Waiting};
 use lock_core::command::{self, Facts, Live, Reply};
 use lock_core::hold::{self, Family, Hold, HoldKind, Lock, Mode, StoredLock};
 use lock_core::key::ClientId;
@@ -217,6 +217,7 @@ proptest! {
             owner: b"me",
             lease_ms: lease,
             wait: Wait::No,
+            waiting: Waiting::Blocked,
             reentry: Reentry::Counted,
             mode: Mode::Exclusive,
             binding: Binding::Lease,

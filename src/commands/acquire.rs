@@ -9,6 +9,7 @@ use lock_core::args::{parse_acquire, Binding};
 use lock_core::command;
 use lock_core::kind::Queue;
 use lock_core::queue::LockKey;
+use lock_core::ticket::Shape;
 use lock_core::LockError;
 
 use redis_module::raw;
@@ -42,6 +43,12 @@ pub const SPEC: CommandSpec = CommandSpec {
             kind: ArgKind::Tokened(c"WAIT"),
             optional: true,
             summary: c"Block up to this many milliseconds for the lock (0 = forever).",
+        },
+        ArgDoc {
+            name: c"ticket",
+            kind: ArgKind::Flag(c"TICKET"),
+            optional: true,
+            summary: c"With WAIT: reply at once with a ticket key instead of blocking; the answer is pushed there (pop it with BLPOP; withdraw it with LOCK.CANCEL).",
         },
         ArgDoc {
             name: c"shared",
@@ -106,6 +113,6 @@ fn run(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     runtime::enqueue(
         ctx,
         &[(key, seen)],
-        runtime::Request::of(ctx, &request, None),
+        runtime::Request::of(ctx, &request, None, Shape::One),
     )
 }

@@ -15,6 +15,7 @@ use lock_core::args::{parse_campaign, parse_key_only, parse_proclaim, Binding};
 use lock_core::command::{self, LockEvent, Reply};
 use lock_core::election::{self, Campaign};
 use lock_core::queue::LockKey;
+use lock_core::ticket::Shape;
 use lock_core::LockError;
 
 use redis_module::raw;
@@ -57,6 +58,12 @@ pub const CAMPAIGN_SPEC: CommandSpec = CommandSpec {
             kind: ArgKind::Tokened(c"WAIT"),
             optional: true,
             summary: c"Wait in FIFO order up to this many milliseconds to lead (0 = forever).",
+        },
+        ArgDoc {
+            name: c"ticket",
+            kind: ArgKind::Flag(c"TICKET"),
+            optional: true,
+            summary: c"With WAIT: reply at once with a ticket key instead of blocking; the answer is pushed there (pop it with BLPOP; withdraw it with LOCK.CANCEL).",
         },
         ArgDoc {
             name: c"value",
@@ -158,7 +165,7 @@ fn run_campaign(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     runtime::enqueue(
         ctx,
         &[(key, seen)],
-        runtime::Request::of(ctx, request, Some(announce)),
+        runtime::Request::of(ctx, request, Some(announce), Shape::One),
     )
 }
 

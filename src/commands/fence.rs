@@ -107,6 +107,10 @@ fn run_guard(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
         declare_keys(ctx, args);
         return Ok(());
     }
+    // Secrets of the inner line are hidden from MONITOR and SLOWLOG whatever happens next.
+    for position in fence::secret_positions(args.get(GUARDED_COMMAND_AT..).unwrap_or_default()) {
+        call::redact_argument(ctx, GUARDED_COMMAND_AT + position);
+    }
     let request = parse_guard(args)?;
     let inner = args.strings_from(GUARDED_COMMAND_AT);
     let keys = match call::command_keys(ctx, inner, Flags::NotWanted) {

@@ -9,6 +9,7 @@ use crate::ffi::command_info::{arg, ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::Ctx;
 
 mod acquire;
+mod cancel;
 mod election;
 mod fence;
 mod info;
@@ -19,7 +20,7 @@ mod renew;
 
 /// Every command, each by its one spec (name, handler, flags, docs, key spec) written above
 /// its handler.
-const SPECS: [&CommandSpec; 13] = [
+const SPECS: [&CommandSpec; 14] = [
     &acquire::SPEC,
     &release::SPEC,
     &renew::SPEC,
@@ -33,6 +34,7 @@ const SPECS: [&CommandSpec; 13] = [
     &election::LEADER_SPEC,
     &fence::GUARD_SPEC,
     &fence::CHECK_SPEC,
+    &cancel::SPEC,
 ];
 
 /// The arguments several commands share, as COMMAND DOCS shows them.

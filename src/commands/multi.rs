@@ -16,6 +16,7 @@ use lock_core::args::{parse_macquire, parse_mrelease, parse_mrenew, AcquireReque
 use lock_core::command::{self, AllOrNothing, Live, Outcome};
 use lock_core::kind::Queue;
 use lock_core::queue::LockKey;
+use lock_core::ticket::Shape;
 use lock_core::LockError;
 
 use redis_module::raw;
@@ -23,7 +24,7 @@ use redis_module::raw;
 use super::outcome::{self, CommandFacts, Replied, Target};
 use super::{LEASE, OWNER};
 use crate::ffi::command_info::{arg, ArgDoc, ArgKind, CommandSpec};
-use crate::ffi::{self, now_ms, reply, Args, Ctx, RawString};
+use crate::ffi::{self, now_ms, reply, Args, Ctx, KeyKind, RawString};
 use crate::store::OwnLease;
 use crate::{config, guard, runtime};
 
@@ -58,6 +59,12 @@ pub const ACQUIRE_SPEC: CommandSpec = CommandSpec {
             kind: ArgKind::Tokened(c"WAIT"),
             optional: true,
             summary: c"Block up to this many milliseconds for every key (0 = forever).",
+        },
+        ArgDoc {
+            name: c"ticket",
+            kind: ArgKind::Flag(c"TICKET"),
+            optional: true,
+            summary: c"With WAIT: reply at once with a ticket key instead of blocking; the answer is pushed there (pop it with BLPOP; withdraw it with LOCK.CANCEL).",
         },
         ArgDoc {
             name: c"shared",
@@ -164,13 +171,22 @@ fn read_all<'a>(
     now: u64,
 ) -> Result<(Vec<Target<'a>>, Vec<Live>), LockError> {
     let owner_at = key_at(names.len());
-    let mut targets = Vec::with_capacity(names.len());
-    let mut lives = Vec::with_capacity(names.len());
-    for (n, name) in names.iter().enumerate() {
-        let target = Target::open_at(ctx, args, key_at(n), name, Some((owner_at, lease)));
-        lives.push(target.read(now)?);
-        targets.push(target);
-    }
+    let targets: Vec<Target<'a>> = names
+        .iter()
+        .enumerate()
+        .map(|(n, name)| Target::open_at(ctx, args, key_at(n), name, Some((owner_at, lease))))
+        .collect();
+    // Bounded before anything is read (every command's read is O(holders) on a shared key).
+    let fields = targets
+        .iter()
+        .filter(|t| t.key.kind() == KeyKind::Hash)
+        .map(|t| t.key.len())
+        .sum();
+    lock_core::command::readable_together(fields)?;
+    let lives = targets
+        .iter()
+        .map(|target| target.read(now))
+        .collect::<Result<Vec<Live>, LockError>>()?;
     Ok((targets, lives))
 }
 
@@ -265,7 +281,11 @@ fn queue_on_all(
         .map(|r| LockKey::new(db, r.key))
         .zip(seen)
         .collect();
-    runtime::enqueue(ctx, &keys, runtime::Request::of(ctx, first, None))
+    runtime::enqueue(
+        ctx,
+        &keys,
+        runtime::Request::of(ctx, first, None, Shape::Many),
+    )
 }
 
 fn run_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {

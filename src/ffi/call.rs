@@ -128,6 +128,19 @@ pub fn key_at_with_flags(ctx: Ctx, pos: usize, flags: c_int) {
     unsafe { api!(RedisModule_KeyAtPosWithFlags)(ctx, pos, flags) };
 }
 
+/// Hides argument `pos` of the running command from `MONITOR` and `SLOWLOG` (as Redis hides a
+/// password it takes).
+pub fn redact_argument(ctx: Ctx, pos: usize) {
+    let Ok(pos) = c_int::try_from(pos) else {
+        return;
+    };
+    // SAFETY: ctx is the running command's; Redis checks `pos` against its argv and only marks
+    // the argument, which it replaces with "(redacted)" when it logs the command.
+    unsafe {
+        api!(RedisModule_RedactClientCommandArgument)(ctx, pos);
+    }
+}
+
 /// How the inner command is run: the `RedisModule_Call` flags.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Rules {

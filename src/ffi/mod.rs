@@ -195,6 +195,7 @@ pub enum KeyKind {
     Missing,
     Hash,
     String,
+    List,
     Other,
 }
 
@@ -251,6 +252,7 @@ impl Key {
             raw::REDISMODULE_KEYTYPE_EMPTY => KeyKind::Missing,
             raw::REDISMODULE_KEYTYPE_HASH => KeyKind::Hash,
             raw::REDISMODULE_KEYTYPE_STRING => KeyKind::String,
+            raw::REDISMODULE_KEYTYPE_LIST => KeyKind::List,
             _ => KeyKind::Other,
         }
     }
@@ -390,6 +392,29 @@ impl Key {
         unsafe {
             api!(RedisModule_DeleteKey)(self.0);
         }
+    }
+
+    /// Pushes `value` at the head of the list (created when the key is empty; a client blocked
+    /// on the key is served after the current command or callback). False when the key holds
+    /// another type.
+    pub fn list_push_head(&self, value: RawString) -> bool {
+        // SAFETY: an open writable key and a live string, which Redis retains.
+        unsafe {
+            api!(RedisModule_ListPush)(self.0, raw::REDISMODULE_LIST_HEAD as c_int, value)
+                == raw::REDISMODULE_OK as c_int
+        }
+    }
+
+    /// Pops the head of the list (the key goes with its last element).
+    pub fn list_pop_head(&self) -> Option<OwnedString> {
+        if self.0.is_null() {
+            return None;
+        }
+        // SAFETY: an open writable key; the popped string is ours to free (no automatic memory
+        // management on our contexts), which OwnedString does.
+        OwnedString::adopt(unsafe {
+            api!(RedisModule_ListPop)(self.0, raw::REDISMODULE_LIST_HEAD as c_int)
+        })
     }
 
     /// The bytes of a string value.
@@ -690,8 +715,11 @@ pub fn required_api_present() -> bool {
             { raw::RedisModule_KeyAtPos }.is_some(),
             { raw::RedisModule_KeyAtPosWithFlags }.is_some(),
             { raw::RedisModule_KeyType }.is_some(),
+            { raw::RedisModule_ListPop }.is_some(),
+            { raw::RedisModule_ListPush }.is_some(),
             { raw::RedisModule_Log }.is_some(),
             { raw::RedisModule_Milliseconds }.is_some(),
+            { raw::RedisModule_RedactClientCommandArgument }.is_some(),
             { raw::RedisModule_NotifyKeyspaceEvent }.is_some(),
             { raw::RedisModule_OpenKey }.is_some(),
             { raw::RedisModule_PublishMessage }.is_some(),

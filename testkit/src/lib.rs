@@ -14,6 +14,7 @@
 mod cli;
 mod cluster;
 pub mod lock;
+mod pinger;
 mod raw_client;
 mod sentinel;
 mod server;
@@ -22,6 +23,7 @@ mod waiter;
 pub use cli::Cli;
 pub use cluster::Cluster;
 pub use lock::*;
+pub use pinger::{Pinger, Pings};
 pub use raw_client::{open_files_limit, RawClient};
 pub use redis::{Commands, Connection, Value};
 pub use sentinel::{SentinelOptions, SentinelProcess, SentinelSet};

@@ -1,7 +1,7 @@
 //! Commands and reads the tests share: LOCK.* calls, LOCK.INFO and INFO fields, the stored state
 //! of a lock, replication checks, keyspace subscriptions.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -304,5 +304,76 @@ pub fn counter_names(con: &mut Connection) -> Vec<String> {
 pub fn key_waiters(con: &mut Connection, key: &str) -> i64 {
     lock_info(con, key)
         .map(|i| info_int(&i, "waiters"))
+        .unwrap_or(0)
+}
+
+/// A key as `dataset` reads it: its type, its value, its absolute expiry (-1: none).
+pub type Stored = (String, Vec<Vec<u8>>, i64);
+
+/// Every key of the selected database with its type, its value read back in a canonical form
+/// (not DUMP: a replica or a replay may encode the same value differently) and its absolute
+/// expiry: what a refused command must leave exactly as it was.
+pub fn dataset(con: &mut Connection) -> BTreeMap<Vec<u8>, Stored> {
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
+    keys.into_iter()
+        .map(|key| {
+            let kind: String = redis::cmd("TYPE").arg(&key).query(con).expect("TYPE");
+            let mut read =
+                |cmd: &mut redis::Cmd| -> Vec<Vec<u8>> { flat(cmd.query(con).expect("read")) };
+            let mut value = match kind.as_str() {
+                "string" => read(redis::cmd("GET").arg(&key)),
+                "hash" => read(redis::cmd("HGETALL").arg(&key)),
+                "list" => read(redis::cmd("LRANGE").arg(&key).arg(0).arg(-1)),
+                "set" => read(redis::cmd("SMEMBERS").arg(&key)),
+                "zset" => read(
+                    redis::cmd("ZRANGE")
+                        .arg(&key)
+                        .arg(0)
+                        .arg(-1)
+                        .arg("WITHSCORES"),
+                ),
+                "stream" => read(redis::cmd("XRANGE").arg(&key).arg("-").arg("+")),
+                other => panic!("no canonical read for a {other}"),
+            };
+            if kind == "set" {
+                value.sort();
+            }
+            if kind == "hash" {
+                let mut pairs: Vec<Vec<Vec<u8>>> = value.chunks(2).map(<[_]>::to_vec).collect();
+                pairs.sort();
+                value = pairs.concat();
+            }
+            let at: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query(con)
+                .expect("PEXPIRETIME");
+            (key, (kind, value, at))
+        })
+        .collect()
+}
+
+/// A reply's strings and integers, depth first.
+pub fn flat(value: Value) -> Vec<Vec<u8>> {
+    match value {
+        Value::Data(bytes) => vec![bytes],
+        Value::Int(n) => vec![n.to_string().into_bytes()],
+        Value::Bulk(items) => items.into_iter().flat_map(flat).collect(),
+        Value::Nil => vec![],
+        other => vec![format!("{other:?}").into_bytes()],
+    }
+}
+
+/// How many times the server ran `command` (its `INFO commandstats` calls; 0 if never).
+pub fn command_calls(con: &mut Connection, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO");
+    let prefix = format!("cmdstat_{}:calls=", command.to_ascii_lowercase());
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }

@@ -13,6 +13,7 @@ pub mod memory;
 pub mod multikey;
 pub mod scaling;
 pub mod throughput;
+pub mod tickets;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! outcome — write, reply, event, counters, bindings, room for waiters — is stated here.
 
 use super::*;
-use crate::args::{Reentry, Wait};
+use crate::args::{Reentry, Wait, Waiting};
 use crate::hold::{decode, decode_rlock, Family, Hold};
 use crate::kind::Mode;
 
@@ -78,6 +78,7 @@ fn request(owner: &str, mode: Mode) -> AcquireRequest<'_> {
         owner: owner.as_bytes(),
         lease_ms: 5_000,
         wait: Wait::No,
+        waiting: Waiting::Blocked,
         reentry: Reentry::Counted,
         mode,
         binding: Binding::Lease,

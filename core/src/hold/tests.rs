@@ -1766,6 +1766,7 @@ fn an_owners_own_fields_decode_to_what_the_full_read_gives_for_it() {
                 .collect();
             let own = decode_owner_holds(
                 decode_family(mode).unwrap(),
+                stored.len() - 1,
                 owner.as_bytes(),
                 [own[0], own[1], own[2]],
             )
@@ -1787,37 +1788,54 @@ fn an_owners_own_fields_decode_to_what_the_full_read_gives_for_it() {
 #[test]
 fn an_owners_own_fields_that_break_the_layout_are_not_a_lock() {
     let good = value(1, NOW, 7);
-    type Case<'a> = (&'static str, Family, [Option<&'a [u8]>; 3]);
+    type Case<'a> = (&'static str, Family, usize, [Option<&'a [u8]>; 3]);
     let cases: Vec<Case> = vec![
         (
             "a permit in a read-write lock",
             Family::ReadWrite,
+            1,
             [None, None, Some(good.as_bytes())],
         ),
         (
             "an exclusive hold in a semaphore",
             Family::Semaphore { limit: 2 },
+            1,
             [Some(good.as_bytes()), None, None],
         ),
         (
             "a shared hold in a semaphore",
             Family::Semaphore { limit: 2 },
+            1,
             [None, Some(good.as_bytes()), None],
         ),
         (
             "a value that is no hold",
             Family::ReadWrite,
+            1,
             [Some(b"1:2"), None, None],
         ),
         (
             "a zero count",
             Family::ReadWrite,
+            1,
             [None, Some(b"0:5:7"), None],
         ),
+        (
+            "a semaphore with more permits than its limit",
+            Family::Semaphore { limit: 2 },
+            3,
+            [None, None, Some(good.as_bytes())],
+        ),
+        (
+            "an exclusive hold beside others' holds",
+            Family::ReadWrite,
+            3,
+            [Some(good.as_bytes()), Some(good.as_bytes()), None],
+        ),
     ];
-    for (name, family, values) in cases {
+    for (name, family, holds, values) in cases {
         assert_eq!(
-            decode_owner_holds(family, b"a", values),
+            decode_owner_holds(family, holds, b"a", values),
             Err(LockError::NotALock),
             "{name}"
         );
@@ -1832,6 +1850,7 @@ fn an_owners_own_fields_that_break_the_layout_are_not_a_lock() {
 /// grant of a run is the same either way.
 #[test]
 fn a_run_decides_alike_on_holds_in_stored_order_and_in_any_other() {
+    use super::run::OwnIndex;
     let sorted = |mut lock: Lock| {
         lock.holds
             .sort_unstable_by(|a, b| (a.kind, &a.owner).cmp(&(b.kind, &b.owner)));

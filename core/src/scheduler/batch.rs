@@ -10,20 +10,22 @@
 //! (docs/multi-key.md).
 //!
 //! So that no event keeps the server from other clients for long, a batch grants at most
-//! [`BATCH_HOLDS`] holds, and a turn of the server's event loop (a command, one firing of the
+//! [`BATCH_HOLDS`] holds and, once it granted somebody, reads no further key after it read
+//! [`BATCH_READS`] holds; and a turn of the server's event loop (a command, one firing of the
 //! timer, one round of outside changes) starts another batch only while it has done less than
 //! [`TURN_START_LIMIT`] units of work (a hold read counts one, a hold granted [`GRANT_COST`]).
 //! What is left is looked at again from the timer a millisecond later, so that the server reads
 //! and answers its other clients in between. The first batch of a turn always runs: a release
 //! hands its key to the head waiter in the release itself.
 //!
-//! A turn's worst case at the caps: one batch reads a multi-key waiter's 64 keys of 1,000 holds
-//! (64,000 holds) and grants 4,000 holds — about 40 ms on a debug build of the module.
+//! A turn's worst case at the caps: a batch reads up to 16,000 holds, then a multi-key waiter's
+//! 64 keys of 1,000 holds (64,000 holds), and grants 4,000 holds — about 50 ms on a debug build
+//! of the module.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
-use super::{Answer, Cause, Event, Note, Origin, Port, Read, Scheduler, Writes};
+use super::{Answer, Cause, Event, Handle, Note, Origin, Port, Read, Scheduler, Writes};
 use crate::hold::{Decision, Granted, Hold, HoldKind, Lock, Run, StoredLock};
 use crate::kind::Mode;
 use crate::queue::{LockKey, Waiter, WaiterId};
@@ -32,6 +34,11 @@ use crate::{LockError, UnixMs};
 /// The most holds one batch grants (a multi-key grant counts one per key); the rest is granted
 /// at the next turn.
 pub const BATCH_HOLDS: usize = 4_000;
+/// Once a batch granted somebody, it reads no further key after reading this many holds (a
+/// multi-key grant sends the batch to each of its other keys, whose heads may name 63 keys more
+/// each: without a bound one grant could make one batch read thousands of keys). Keys it read
+/// already cost nothing more: a run on the same keys goes on.
+pub const BATCH_READS: usize = 16_000;
 /// A turn starts another batch only while it has done less than this much work, in units: a
 /// hold read counts one, a hold granted (written, replicated, announced, answered)
 /// [`GRANT_COST`].
@@ -62,7 +69,7 @@ struct KeyRead {
 
 /// A waiter granted in a batch: its keys (by index in the batch) with their tokens.
 struct Grant<H> {
-    waiter: Waiter<H>,
+    waiter: Waiter<Handle<H>>,
     holds: Vec<(usize, u64)>,
     kind: HoldKind,
 }
@@ -108,6 +115,13 @@ impl<H> Batch<H> {
 
     fn full(&self) -> bool {
         self.holds_granted >= BATCH_HOLDS
+    }
+
+    /// Whether it may still read keys it has not read (see [`BATCH_READS`]).
+    fn may_read<'k>(&self, mut keys: impl Iterator<Item = &'k LockKey>) -> bool {
+        self.holds_read < BATCH_READS
+            || self.grants.is_empty()
+            || keys.all(|k| self.at.contains_key(k))
     }
 
     /// Its work, in units (see [`TURN_START_LIMIT`]).
@@ -215,6 +229,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 if !head.keys().all(|k| self.queues.heads(k, id)) {
                     return;
                 }
+                if !batch.may_read(head.keys()) {
+                    batch.deferred.push(key.clone());
+                    return;
+                }
                 match self.serve_multi(port, batch, id, key, now, origin) {
                     MultiOutcome::Granted(mode) => last = Some(mode),
                     MultiOutcome::Refused => {}
@@ -224,6 +242,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             }
             let (owner, mode, lease_ms, reentry) =
                 (head.owner.clone(), head.mode, head.lease_ms, head.reentry);
+            if !batch.may_read(std::iter::once(key)) {
+                batch.deferred.push(key.clone());
+                return;
+            }
             let Some(at) = self.load(port, batch, key, now, origin) else {
                 return;
             };
@@ -237,7 +259,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 Err(error) => {
                     if let Some(waiter) = self.take_front(key, now) {
                         port.note(Note::Mismatched);
-                        port.answer(waiter.handle, Answer::Refused(error.reply()));
+                        let answer = Answer::Refused(error.reply());
+                        self.answer(port, waiter.handle, waiter.lease_ms, answer, now);
                     }
                     continue;
                 }
@@ -451,7 +474,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 .find_map(|&(at, _)| batch.keys.get(at).and_then(|r| r.failed.clone()));
             if let Some(reply) = failed {
                 port.note(Note::Refused);
-                port.answer(grant.waiter.handle, Answer::Refused(reply));
+                let waiter = &grant.waiter;
+                self.answer(port, waiter.handle, 0, Answer::Refused(reply), now);
                 continue;
             }
             let mut holds = Vec::with_capacity(grant.holds.len());
@@ -498,7 +522,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     kind: grant.kind,
                 },
             };
-            port.answer(waiter.handle, answer);
+            self.answer(port, waiter.handle, waiter.lease_ms, answer, now);
         }
         for read in &batch.keys {
             let refusal = match (&read.failed, &read.refused) {

@@ -168,12 +168,14 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         }
     }
 
-    /// `FLUSHDB` (Some) or `FLUSHALL` (None): the holds there are gone, with their bindings.
+    /// `FLUSHDB` (Some) or `FLUSHALL` (None): the holds there are gone, with their bindings,
+    /// and so are the tickets written there.
     pub fn flushed(&mut self, db: Option<i32>) {
         if !self.bindings.is_empty() {
             self.bindings.flushed(db);
             self.stop_idle_sweep();
         }
+        self.tickets_flushed(db);
     }
 
     /// Holds bound to connections (INFO).
@@ -181,8 +183,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.bindings.len()
     }
 
-    /// Connections closed: every hold bound to them ends now (all re-entries), and each key goes
-    /// to its waiters as after a release. Each key is read and written once, however many of
+    /// Connections closed: their tickets go (see [`Scheduler::end_tickets`]), every hold bound
+    /// to them ends now (all re-entries), and each key goes to its waiters as after a release. Each key is read and written once, however many of
     /// its holds end. While writes are paused this happens after the pause.
     pub fn clients_gone(&mut self, port: &mut impl Port<H>, clients: Vec<ClientId>, now: UnixMs) {
         self.turn = Default::default();
@@ -196,6 +198,15 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         clients: Vec<ClientId>,
         now: UnixMs,
     ) {
+        // Their tickets first: a grant of theirs nobody popped ends as undelivered, before
+        // its binding (if EPHEMERAL) would end it as disconnected.
+        let later = self.end_tickets(port, &clients, now);
+        if !later.is_empty() {
+            self.gone_while_paused.extend(later);
+            if self.pause_check.is_none() {
+                self.arm_pause_check(now);
+            }
+        }
         let mut clients = clients;
         clients.retain(|c| self.bindings.holds_of(*c) > 0);
         if clients.is_empty() {

@@ -28,7 +28,7 @@ fn a_campaigning_waiter_is_announced_as_elected_when_granted() {
         s.enqueue(
             &mut port,
             NewWait {
-                handle,
+                handle: Handle::Blocked(handle),
                 keys: &keys,
                 owner: owner.as_bytes(),
                 lease_ms: 1_000,

@@ -10,6 +10,10 @@
 //! outside the module ([`Scheduler::keys_changed`]). Effects out, through the port: write a
 //! hold and get its token, answer a waiter, redirect, free an undelivered hold, publish, note
 //! what happened. After every event the adapter arms one timer for [`Scheduler::next_deadline`].
+//!
+//! A waiter is a blocked client (`WAIT`: the port unblocks it with its answer) or a ticket
+//! (`WAIT ... TICKET`: the scheduler writes its answer into the ticket's list, see
+//! [`tickets`]); both wait in the same queues under the same rules.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -22,7 +26,18 @@ use crate::hold::{self, Hold, HoldKind, Lock, Lost, LostReason, Mode, StoredLock
 use crate::kind::Left;
 use crate::kind::Reentry;
 use crate::queue::{LockKey, NewWaiter, Removed, WaitQueues, Waiter, WaiterId};
+pub use crate::ticket::{Shape, Ticket, TicketName, TicketValue};
 use crate::{LockError, UnixMs};
+
+pub use tickets::{Cancelled, Delivery};
+
+/// Who waits: a client the server blocked (`WAIT`, the adapter's handle `H`), or a ticket
+/// (`WAIT ... TICKET`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Handle<H> {
+    Blocked(H),
+    Ticket(Ticket),
+}
 
 /// How often the scheduler looks again while the server pauses writes: no event says when a
 /// pause ends, so deferred handoffs happen within this many ms of its end.
@@ -154,6 +169,8 @@ pub enum Note {
     Disconnected {
         key: LockKey,
     },
+    /// `LOCK.CANCEL` took a ticket's grant that was not popped: the canceller holds it.
+    TicketTaken,
 }
 
 /// What the scheduler needs from the server: a store of locks and a way to answer waiters. It
@@ -186,6 +203,12 @@ pub trait Port<H> {
     /// proclaims (if any) and tell the key's observers.
     fn elected(&mut self, key: &LockKey, token: u64, owner: &[u8], value: Option<&[u8]>);
     fn answer(&mut self, handle: H, answer: Answer);
+    /// Writes `value` as the one element of the ticket's list, expiring at `expires_at`
+    /// (replicated as plain `LPUSH` and `PEXPIREAT`).
+    fn push_ticket(&mut self, ticket: &TicketName, value: &[u8], expires_at: UnixMs);
+    /// What the ticket's list still holds (None: nothing, it was popped or never written),
+    /// removing it (replicated as `DEL`).
+    fn take_ticket(&mut self, ticket: &TicketName) -> Option<Vec<u8>>;
     fn note(&mut self, note: Note);
 }
 
@@ -204,6 +227,8 @@ enum Due {
     PauseCheck,
     /// Check some bound holds for ends the module did not see (see [`BINDING_SWEEP_MS`]).
     BindingSweep,
+    /// A grant written into its ticket, never seen popped, expired with its lease: forget it.
+    TicketExpired(TicketName),
 }
 
 /// A change noticed outside the module (keyspace and server events).
@@ -216,7 +241,7 @@ pub enum Change {
 
 /// One blocked acquire, as the adapter hands it in.
 pub struct NewWait<'a, H> {
-    pub handle: H,
+    pub handle: Handle<H>,
     /// The keys it waits for (one, or the distinct keys of a `LOCK.MACQUIRE`), each with what
     /// the acquire saw there.
     pub keys: &'a [(LockKey, Seen)],
@@ -243,7 +268,7 @@ pub enum Seen {
 
 #[derive(Debug)]
 pub struct Scheduler<H> {
-    queues: WaitQueues<H>,
+    queues: WaitQueues<Handle<H>>,
     deadlines: Deadlines<Due>,
     /// Handoffs deferred while writes were paused, with their cause.
     paused: HashMap<LockKey, Cause>,
@@ -258,6 +283,9 @@ pub struct Scheduler<H> {
     turn: Turn,
     /// Keys with a `Recheck` scheduled: one is enough, however many events asked for it.
     rechecks: HashSet<LockKey>,
+    /// A turn that used up its work leaves what is still due to the timer no sooner than this.
+    not_before: UnixMs,
+    tickets: tickets::TicketBook,
     /// Sweeps run so far (tests wait for one to have run).
     #[cfg(test)]
     sweeps_run: u64,
@@ -286,6 +314,8 @@ impl<H> Default for Scheduler<H> {
             sweep_after: 0,
             turn: Turn::default(),
             rechecks: HashSet::new(),
+            not_before: 0,
+            tickets: tickets::TicketBook::default(),
             #[cfg(test)]
             sweeps_run: 0,
         }
@@ -328,7 +358,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             .collect();
         earlier.sort_unstable();
         earlier.dedup();
-        let same_keys = |w: &Waiter<H>| {
+        let same_keys = |w: &Waiter<Handle<H>>| {
             w.others.len() == rest.len() && new.keys.iter().all(|(k, _)| w.keys().any(|q| q == k))
         };
         let in_place = match earlier.as_slice() {
@@ -356,19 +386,21 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     self.deadlines.remove(timeout);
                 }
                 port.note(Note::Replaced);
-                port.answer(old, Answer::Refused(REPLACED.to_string()));
+                self.answer(port, old, 0, Answer::Refused(REPLACED.to_string()), now);
                 id
             }
             None => {
                 for id in earlier {
                     if let Some(old) = self.remove_waiter(id, now) {
                         port.note(Note::Replaced);
-                        port.answer(old.handle, Answer::Refused(REPLACED.to_string()));
+                        let reply = Answer::Refused(REPLACED.to_string());
+                        self.answer(port, old.handle, old.lease_ms, reply, now);
                     }
                 }
                 self.queues.push(waiter, max_per_key)?
             }
         };
+        self.track_ticket(new.handle);
         if let Wait::For(ms) = new.wait {
             let deadline = self
                 .deadlines
@@ -427,7 +459,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// A waiter left by itself (disconnect, `CLIENT UNBLOCK`). Returns true if it was still
     /// queued; then the adapter releases its handle.
     pub fn waiter_left(&mut self, port: &mut impl Port<H>, handle: H, now: UnixMs) -> bool {
-        let Some(id) = self.queues.id_of(handle) else {
+        let Some(id) = self.queues.id_of(Handle::Blocked(handle)) else {
             return false;
         };
         self.remove_waiter(id, now).is_some_and(|_| {
@@ -439,7 +471,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// Removes a waiter from anywhere in its queue. When it was the head, the key is looked at
     /// again (from the timer: this may run where the server forbids writes): shared requests
     /// queued behind a departed exclusive one may fit now.
-    fn remove_waiter(&mut self, id: WaiterId, now: UnixMs) -> Option<Waiter<H>> {
+    fn remove_waiter(&mut self, id: WaiterId, now: UnixMs) -> Option<Waiter<Handle<H>>> {
         let headed = self.headed_keys(id, None);
         let removed = self.queues.remove(id)?;
         let waiter = self.forget(removed);
@@ -480,7 +512,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 
     /// Takes the head waiter of `key` out of every queue it stands in; a multi-key waiter's
     /// other keys are looked at again where it stood first.
-    fn take_front(&mut self, key: &LockKey, now: UnixMs) -> Option<Waiter<H>> {
+    fn take_front(&mut self, key: &LockKey, now: UnixMs) -> Option<Waiter<Handle<H>>> {
         let headed = match self.queues.front(key) {
             Some(head) if head.is_multi() => self.headed_keys(head.id, Some(key)),
             _ => Vec::new(),
@@ -501,11 +533,21 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// schedules for `now` (the rest of a batch that reached its size, a key to look at again)
     /// is left for the next turn of the server's event loop, so that other clients are served
     /// in between: the adapter's next timer fires at once.
+    ///
+    /// Each deadline handled counts a unit of the turn's work: once the turn has done
+    /// [`batch::TURN_START_LIMIT`] units, the deadlines still due wait, in order, for a turn
+    /// [`batch::CONTINUE_AFTER_MS`] later, rather than each be looked at only to be put off
+    /// again.
     pub fn timer_fired(&mut self, port: &mut impl Port<H>, now: UnixMs) {
         self.turn = Turn::default();
         let mark = self.deadlines.mark();
         while let Some((fired, due)) = self.deadlines.pop_due_until(now, mark) {
             self.handle_due(port, fired, due, now);
+            self.turn.spent += 1;
+            if self.turn.spent >= batch::TURN_START_LIMIT {
+                self.not_before = now.saturating_add(batch::CONTINUE_AFTER_MS);
+                break;
+            }
         }
     }
 
@@ -538,13 +580,16 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 
     /// When the adapter's one timer must fire next.
     pub fn next_deadline(&self) -> Option<UnixMs> {
-        self.deadlines.next_at()
+        self.deadlines.next_at().map(|at| at.max(self.not_before))
     }
 
-    /// No waiters, nothing scheduled and no hold bound to a connection (the module may be
-    /// unloaded).
+    /// No waiters, nothing scheduled, no hold bound to a connection and no ticket to write or
+    /// watch (the module may be unloaded).
     pub fn is_idle(&self) -> bool {
-        self.queues.total() == 0 && self.deadlines.is_empty() && self.bindings.is_empty()
+        self.queues.total() == 0
+            && self.deadlines.is_empty()
+            && self.bindings.is_empty()
+            && self.tickets.is_empty()
     }
 
     pub fn waiters_on(&self, key: &LockKey) -> usize {
@@ -584,7 +629,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             Due::Timeout(id) => {
                 if let Some(waiter) = self.remove_waiter(id, now) {
                     port.note(Note::TimedOut);
-                    port.answer(waiter.handle, Answer::TimedOut);
+                    self.answer(port, waiter.handle, waiter.lease_ms, Answer::TimedOut, now);
                 }
             }
             Due::LeaseCheck(key) => {
@@ -626,16 +671,22 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 Writes::Replica => port.note(Note::AbandonedGrant),
                 Writes::Allowed => {
                     port.note(Note::AbandonedGrant);
-                    self.unbind(&grant.key, grant.token);
-                    let ending = HashSet::from([(grant.kind, grant.token)]);
-                    if let Some((_, left)) =
-                        self.end_holds(port, &grant.key, &ending, Ending::Undelivered, now)
-                    {
-                        self.room_made(port, &grant.key, left, now, Origin::Background);
-                    }
+                    self.abandon(port, &grant, now);
                 }
             },
             Due::BindingSweep => self.sweep_bindings(port, now),
+            Due::TicketExpired(name) => self.ticket_expired(name),
+        }
+    }
+
+    /// A grant nobody received (its client vanished, or its ticket's connection closed before
+    /// it was popped): its hold ends if it is still exactly that grant, and the room goes on.
+    fn abandon(&mut self, port: &mut impl Port<H>, grant: &GrantRef, now: UnixMs) {
+        self.unbind(&grant.key, grant.token);
+        let ending = HashSet::from([(grant.kind, grant.token)]);
+        if let Some((_, left)) = self.end_holds(port, &grant.key, &ending, Ending::Undelivered, now)
+        {
+            self.room_made(port, &grant.key, left, now, Origin::Background);
         }
     }
 
@@ -667,12 +718,13 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     ) {
         while let Some(waiter) = self.take_front(key, now) {
             port.note(note.clone());
-            port.answer(waiter.handle, Answer::Refused(reply.to_string()));
+            let answer = Answer::Refused(reply.to_string());
+            self.answer(port, waiter.handle, waiter.lease_ms, answer, now);
         }
     }
 
     /// Cancels what a removed waiter had scheduled and returns it.
-    fn forget(&mut self, removed: Removed<H>) -> Waiter<H> {
+    fn forget(&mut self, removed: Removed<Handle<H>>) -> Waiter<Handle<H>> {
         if let Some(timeout) = removed.waiter.timeout {
             self.deadlines.remove(timeout);
         }
@@ -709,6 +761,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 mod batch;
 mod bindings;
 mod multi;
+pub mod tickets;
 
 #[cfg(test)]
 mod testing;
@@ -736,3 +789,6 @@ mod multi_tests;
 
 #[cfg(test)]
 mod election_tests;
+
+#[cfg(test)]
+mod ticket_tests;

@@ -51,7 +51,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     ) {
         if let Some(waiter) = self.remove_waiter(id, now) {
             port.note(note);
-            port.answer(waiter.handle, Answer::Refused(reply.to_string()));
+            let answer = Answer::Refused(reply.to_string());
+            self.answer(port, waiter.handle, waiter.lease_ms, answer, now);
         }
     }
 }

@@ -385,3 +385,55 @@ fn a_run_larger_than_a_batch_is_granted_over_several_turns_in_arrival_order() {
         .iter()
         .all(|(_, a)| all_granted(a).len() == keys.len()));
 }
+
+/// Review finding: a batch bounded what it granted, not what it read. One grant of a multi-key
+/// waiter sends the batch to each of its other keys; a busy multi-key head there reads all of
+/// its keys. Here one release grants W0 (A and 16 free keys B), and each Bj is headed by a
+/// waiter Vj on Bj and 63 keys of 1,000 shared holds, busy: the batch reads one Vj's keys, then
+/// leaves the other Bj to the next turn, instead of reading 16 x 63 keys of 1,000 holds at once.
+#[test]
+fn a_batch_that_granted_stops_looking_once_it_read_its_share() {
+    let mut s = Scheduler::default();
+    let mut port = FakePort::default();
+    let a = key("a");
+    take(&mut port, &a, "writer");
+    let bs: Vec<LockKey> = (0..16).map(|j| key(&format!("b{j}"))).collect();
+    let mut w0 = vec![a.clone()];
+    w0.extend(bs.iter().cloned());
+    shared(&mut s, &mut port, 0, &w0, "w0");
+    let readers = crate::hold::Lock {
+        family: crate::kind::Family::ReadWrite,
+        holds: (0..1_000u64)
+            .map(|r| crate::hold::Hold {
+                owner: format!("r{r}").into_bytes().into(),
+                kind: crate::kind::HoldKind::Shared,
+                count: 1,
+                expires_at: Some(port.now + 60_000),
+                token: Some(1 + r),
+            })
+            .collect(),
+    };
+    for (j, b) in bs.iter().enumerate() {
+        let mut keys = vec![b.clone()];
+        for c in 0..63 {
+            let k = key(&format!("c{j}-{c}"));
+            port.keys.insert(k.clone(), readers.clone());
+            keys.push(k);
+        }
+        exclusive(&mut s, &mut port, 1 + j as u32, &keys, &format!("v{j}"));
+    }
+    let now = port.now;
+    advance_to(&mut s, &mut port, now);
+    (port.reads, port.effects) = (0, Vec::new());
+    release(&mut s, &mut port, &a);
+    assert_eq!(port.answers().len(), 1, "w0 is granted in the release");
+    // a and the 16 b keys, then one v's 63 keys: the rest waits for the next turn.
+    assert!(
+        port.reads <= 1 + 16 + 63,
+        "{} keys read in one batch",
+        port.reads
+    );
+    let later = port.now + batch::CONTINUE_AFTER_MS;
+    advance_to(&mut s, &mut port, later + 100);
+    assert_eq!(s.waiting(), 16, "every v is still busy and still waits");
+}

@@ -36,6 +36,13 @@ pub enum Effect {
         answer: Answer,
         at: UnixMs,
     },
+    /// An answer written into a ticket.
+    TicketWritten {
+        ticket: TicketName,
+        value: Vec<u8>,
+        expires_at: UnixMs,
+        at: UnixMs,
+    },
     Noted(Note),
 }
 
@@ -51,6 +58,10 @@ pub struct FakePort {
     /// Reads and writes of lock keys so far (a batch reads and writes each key once).
     pub reads: usize,
     pub key_writes: usize,
+    /// Ticket lists: the one element and its expiry.
+    pub tickets: HashMap<TicketName, (Vec<u8>, UnixMs)>,
+    /// How many ticket answers the adapter writes after each call (a turn).
+    pub deliver_max: usize,
 }
 
 impl Default for FakePort {
@@ -65,6 +76,8 @@ impl Default for FakePort {
             effects: Vec::new(),
             reads: 0,
             key_writes: 0,
+            tickets: HashMap::new(),
+            deliver_max: usize::MAX,
         }
     }
 }
@@ -86,6 +99,24 @@ impl FakePort {
             }
         }
         self.keys.get(key)
+    }
+
+    /// A client's `BLPOP` of a ticket: its element, if it holds one (the list goes with it).
+    pub fn pop_ticket(&mut self, ticket: &TicketName) -> Option<Vec<u8>> {
+        self.expire_tickets();
+        self.tickets.remove(ticket).map(|(value, _)| value)
+    }
+
+    /// Whether the ticket's list still holds its answer (nobody popped it yet).
+    pub fn ticket_unpopped(&mut self, ticket: &TicketName) -> bool {
+        self.expire_tickets();
+        self.tickets.contains_key(ticket)
+    }
+
+    /// Tickets whose expiry passed are gone, as Redis removes them.
+    fn expire_tickets(&mut self) {
+        let now = self.now;
+        self.tickets.retain(|_, (_, at)| now <= *at);
     }
 
     pub fn answers(&self) -> Vec<(u32, Answer)> {
@@ -182,8 +213,18 @@ impl Port<u32> for FakePort {
         );
         self.key_writes += 1;
         let before = old.map(|o| o.lock.holds.as_slice()).unwrap_or_default();
+        // (Indexed: a run's keys hold up to 1,000 holds, and a test writes them many times.)
+        let had: HashMap<(HoldKind, &[u8]), &Hold> = before
+            .iter()
+            .map(|h| ((h.kind, h.owner.as_slice()), h))
+            .collect();
+        let kept: HashSet<(HoldKind, &[u8])> = new
+            .holds
+            .iter()
+            .map(|h| (h.kind, h.owner.as_slice()))
+            .collect();
         for hold in &new.holds {
-            if !before.contains(hold) {
+            if had.get(&(hold.kind, hold.owner.as_slice())) != Some(&hold) {
                 self.effects.push(Effect::Wrote {
                     key: key.clone(),
                     owner: hold.owner.to_vec(),
@@ -193,11 +234,7 @@ impl Port<u32> for FakePort {
             }
         }
         for hold in before {
-            let kept = new
-                .holds
-                .iter()
-                .any(|h| h.kind == hold.kind && h.owner == hold.owner);
-            if !kept {
+            if !kept.contains(&(hold.kind, hold.owner.as_slice())) {
                 self.effects.push(Effect::Removed {
                     key: key.clone(),
                     token: hold.token.unwrap_or_default(),
@@ -249,6 +286,31 @@ impl Port<u32> for FakePort {
     fn answer(&mut self, handle: u32, answer: Answer) {
         let at = self.now;
         self.effects.push(Effect::Answered { handle, answer, at });
+    }
+
+    fn push_ticket(&mut self, ticket: &TicketName, value: &[u8], expires_at: UnixMs) {
+        assert_eq!(
+            self.writes,
+            Writes::Allowed,
+            "a ticket written while writes are not allowed"
+        );
+        assert!(!self.tickets.contains_key(ticket), "a ticket written twice");
+        self.tickets.insert(*ticket, (value.to_vec(), expires_at));
+        self.effects.push(Effect::TicketWritten {
+            ticket: *ticket,
+            value: value.to_vec(),
+            expires_at,
+            at: self.now,
+        });
+    }
+
+    fn take_ticket(&mut self, ticket: &TicketName) -> Option<Vec<u8>> {
+        assert_eq!(
+            self.writes,
+            Writes::Allowed,
+            "a ticket taken while writes are not allowed"
+        );
+        self.pop_ticket(ticket)
     }
 
     fn note(&mut self, note: Note) {
@@ -312,6 +374,49 @@ pub fn wait_multi(
     s: &mut Scheduler<u32>,
     port: &mut FakePort,
     handle: u32,
+    keys: &[LockKey],
+    owner: &str,
+    mode: Mode,
+    lease_ms: u64,
+    wait: Wait,
+    bind: Option<ClientId>,
+) -> Result<WaiterId, LockError> {
+    let handle = Handle::Blocked(handle);
+    wait_with(s, port, handle, keys, owner, mode, lease_ms, wait, bind)
+}
+
+/// A ticketed wait (`... WAIT t TICKET`) on `keys` by connection `client`: its ticket.
+#[allow(clippy::too_many_arguments)]
+pub fn wait_ticket(
+    s: &mut Scheduler<u32>,
+    port: &mut FakePort,
+    client: ClientId,
+    keys: &[LockKey],
+    owner: &str,
+    mode: Mode,
+    lease_ms: u64,
+    wait: Wait,
+    bind: Option<ClientId>,
+) -> Result<Ticket, LockError> {
+    let shape = if keys.len() > 1 {
+        Shape::Many
+    } else {
+        Shape::One
+    };
+    let first = keys.first().ok_or(LockError::Internal)?;
+    let ticket = s.new_ticket(first, shape, client);
+    let handle = Handle::Ticket(ticket);
+    wait_with(s, port, handle, keys, owner, mode, lease_ms, wait, bind)?;
+    deliver(s, port);
+    Ok(ticket)
+}
+
+/// Queues a blocked client or a ticket on `keys`, as the command would.
+#[allow(clippy::too_many_arguments)]
+pub fn wait_with(
+    s: &mut Scheduler<u32>,
+    port: &mut FakePort,
+    handle: Handle<u32>,
     keys: &[LockKey],
     owner: &str,
     mode: Mode,
@@ -402,13 +507,22 @@ pub fn acquire_multi(
 }
 
 /// Moves the clock to `to`, firing the one timer at each deadline on the way, as the
-/// adapter's precise module timer does.
+/// adapter's precise module timer does; after each turn the adapter writes ticket answers.
 pub fn advance_to(s: &mut Scheduler<u32>, port: &mut FakePort, to: UnixMs) {
+    deliver(s, port);
     while let Some(at) = s.next_deadline().filter(|at| *at <= to) {
         port.now = port.now.max(at);
         s.timer_fired(port, port.now);
+        deliver(s, port);
     }
     port.now = port.now.max(to);
+}
+
+/// The adapter's end of a turn: up to `port.deliver_max` ticket answers written.
+pub fn deliver(s: &mut Scheduler<u32>, port: &mut FakePort) -> Delivery {
+    let now = port.now;
+    let max = port.deliver_max;
+    s.deliver_tickets(port, max, now)
 }
 
 /// A release of the whole key inside a command: delete, then hand off or publish.
@@ -416,6 +530,7 @@ pub fn release(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey) {
     port.keys.remove(key);
     let now = port.now;
     s.freed(port, key, Left::Nothing, now);
+    deliver(s, port);
 }
 
 /// One owner's release inside a command, with the real rule (`hold::release`).
@@ -439,4 +554,38 @@ pub fn release_owner(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey,
         Left::OtherHolds
     };
     s.freed(port, key, left, now);
+    deliver(s, port);
+}
+
+/// A client pops a ticket (`BLPOP`): its element, if it held one; the server's `del` event
+/// tells the scheduler its key went, as the adapter hears it.
+pub fn pop(s: &mut Scheduler<u32>, port: &mut FakePort, ticket: &TicketName) -> Option<Vec<u8>> {
+    let popped = port.pop_ticket(ticket);
+    if popped.is_some() {
+        s.ticket_popped(*ticket);
+    }
+    popped
+}
+
+/// What a ticket's list holds now (None: nothing, popped or not written).
+pub fn ticket_value(port: &FakePort, ticket: &Ticket) -> Option<TicketValue> {
+    port.tickets
+        .get(&ticket.name)
+        .and_then(|(v, _)| TicketValue::decode(v))
+}
+
+/// Every ticket answer written so far, in order: (ticket, value, expiry, when).
+pub fn tickets_written(port: &FakePort) -> Vec<(TicketName, TicketValue, UnixMs, UnixMs)> {
+    port.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::TicketWritten {
+                ticket,
+                value,
+                expires_at,
+                at,
+            } => Some((*ticket, TicketValue::decode(value)?, *expires_at, *at)),
+            _ => None,
+        })
+        .collect()
 }

@@ -318,7 +318,7 @@ test('cluster: a WAIT holds up its cluster object\'s later commands to that node
   await cluster.close();
 });
 
-test('cluster: LOCK.INFO and LOCK.LEADER are the read-only LOCK.* commands (isReadonly true)', async () => {
+test('cluster: LOCK.INFO, LOCK.LEADER and LOCK.CHECK are the read-only LOCK.* commands (isReadonly true)', async () => {
   const key = (await keysOnEveryNode(unique('node-redis:cluster-readonly')))[2];
   const cluster = await createCluster({ rootNodes: [{ url: `redis://${HOST}:${CLUSTER[0]}` }] }).connect();
   const c = await createClient({ url: `redis://${HOST}:${CLUSTER[0]}`, RESP: 2 }).connect();
@@ -327,13 +327,14 @@ test('cluster: LOCK.INFO and LOCK.LEADER are the read-only LOCK.* commands (isRe
     .map(([name]) => String(name))
     .sort();
   await c.close();
-  check(JSON.stringify(readonly) === '["lock.info","lock.leader"]', `read-only: ${readonly}`);
+  check(JSON.stringify(readonly) === '["lock.check","lock.info","lock.leader"]', `read-only: ${readonly}`);
   const before = await movedPerNode();
   check((await cluster.sendCommand(key, true, ['LOCK.LEADER', key])) === null, 'nobody leads');
   const epoch = await cluster.sendCommand(key, false, ['LOCK.CAMPAIGN', key, 'candidate-1', '30000']);
   const leader = await cluster.sendCommand(key, true, ['LOCK.LEADER', key]);
   check(leader[0] === 'candidate-1' && leader[1] === epoch, JSON.stringify(leader));
   check((await cluster.sendCommand(key, true, ['LOCK.INFO', key])).owner === 'candidate-1', 'info');
+  check((await cluster.sendCommand(key, true, ['LOCK.CHECK', key, 'candidate-1', String(epoch)])) === 1, 'check');
   const after = await movedPerNode();
   for (const port of CLUSTER) check(after[port] === before[port], `no MOVED on ${port}`);
   await cluster.sendCommand(key, false, ['LOCK.FORCERELEASE', key]);

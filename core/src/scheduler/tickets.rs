@@ -1,0 +1,454 @@
+//! The scheduler's side of tickets (`... WAIT timeout-ms TICKET`, see [`crate::ticket`]).
+//!
+//! A ticket waits in the same queues as a blocked client, under the same rules (FIFO per key,
+//! no barging, one grant per room made, the token minted at the grant, the hold written and
+//! replicated before anyone is told). Only the answer travels another way: instead of
+//! unblocking a client, the scheduler writes the answer into the ticket's list, where the
+//! client pops it. Its life:
+//!
+//! 1. **queued** — in the wait queues, like a blocked client. [`Scheduler::cancel`] takes it
+//!    out (`LOCK.CANCEL`, reply nil); so does the close of the connection that asked for it.
+//! 2. **answered** — the answer is decided (a grant, the timeout, a redirect, an error) and
+//!    waits in the outbox to be written: at most so many a turn of the event loop
+//!    ([`Scheduler::deliver_tickets`]), so that a storm of grants does not keep the server from
+//!    its other clients. A cancel takes a grant from here (the canceller now holds it); a close
+//!    of the asking connection passes it on to the next waiter.
+//! 3. **written** — the answer is in the list, with an expiry (a grant's is its lease end).
+//!    Popping it is its delivery: the server deletes a list with its last element, so a ticket
+//!    whose key is gone was popped, and a grant that was popped is never taken back. The server
+//!    tells the module when the key goes (the generic `del` keyspace event, which every pop
+//!    that empties a list raises: [`Scheduler::ticket_popped`]); a grant never popped is
+//!    forgotten when it expires with its lease. Until then a cancel takes it out of the list
+//!    (the canceller holds it), and a close of the asking connection takes it out and passes
+//!    it on — each finding the list gone if it was popped. An answer that is not a grant is
+//!    forgotten once written (it expires after [`MARKER_TTL_MS`]).
+//!
+//! So a grant is delivered exactly once: popped, handed to a canceller, or passed on — never
+//! two of these, since each takes it from the one place it is.
+//!
+//! [`MARKER_TTL_MS`]: crate::ticket::MARKER_TTL_MS
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+
+use super::*;
+use crate::memory::{shrink_map, shrink_set};
+use crate::slot::key_slot;
+use crate::ticket::{Shape, Ticket, TicketIds, TicketName, TicketValue};
+
+/// What became of a cancelled ticket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cancelled {
+    /// It was still queued: it left the queue (reply nil).
+    Left,
+    /// It had been granted and not popped: the canceller holds the grant now (its tokens, in
+    /// the order of the keys).
+    Handed(Vec<u64>),
+    /// Nothing to take: it was popped, answered without a grant, or is unknown here.
+    Nothing,
+}
+
+/// What [`Scheduler::deliver_tickets`] left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Every decided answer is written.
+    Done,
+    /// More are waiting: call again at the next turn.
+    More,
+    /// Writes are paused: the scheduler looks again after the pause (its own timer).
+    Deferred,
+}
+
+/// An answer decided and not yet written.
+#[derive(Debug)]
+struct Outgoing {
+    client: ClientId,
+    value: TicketValue,
+    /// A grant's holds, to pass on if it is never delivered.
+    grants: Vec<GrantRef>,
+    /// A grant's lease end (the ticket's expiry).
+    lease_end: UnixMs,
+}
+
+/// A grant written into its ticket and not yet seen popped.
+#[derive(Debug)]
+struct Pushed {
+    client: ClientId,
+    grants: Vec<GrantRef>,
+    /// When it expires, unpopped, with its lease.
+    expiry: DeadlineKey,
+}
+
+/// Every ticket the scheduler has not finished with.
+#[derive(Debug, Default)]
+pub(super) struct TicketBook {
+    /// Where the tickets' ids come from (see `TicketIds`).
+    ids: TicketIds,
+    /// Answers decided and not yet written, in the order decided (a cancelled one is skipped).
+    outbox: VecDeque<TicketName>,
+    outgoing: HashMap<TicketName, Outgoing>,
+    pushed: HashMap<TicketName, Pushed>,
+    /// Each connection's tickets not yet done: queued, answered and not written, or a grant
+    /// written and not seen popped.
+    clients: HashMap<ClientId, HashSet<TicketName>>,
+    open: usize,
+}
+
+impl TicketBook {
+    fn track(&mut self, ticket: Ticket) {
+        if self
+            .clients
+            .entry(ticket.client)
+            .or_default()
+            .insert(ticket.name)
+        {
+            self.open += 1;
+        }
+    }
+
+    /// The ticket is done: nothing more will be written into it or taken from it.
+    fn close(&mut self, name: &TicketName, client: ClientId) {
+        if let Some(names) = self.clients.get_mut(&client) {
+            if names.remove(name) {
+                self.open -= 1;
+            }
+            if names.is_empty() {
+                self.clients.remove(&client);
+            } else {
+                shrink_set(names);
+            }
+        }
+        shrink_map(&mut self.clients);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.open == 0 && self.outbox.is_empty() && self.pushed.is_empty()
+    }
+}
+
+/// A ticket's answer as written, and the holds a grant gave.
+fn written(answer: Answer) -> (TicketValue, Vec<GrantRef>) {
+    match answer {
+        Answer::Granted {
+            token, key, kind, ..
+        } => (
+            TicketValue::Granted(vec![token]),
+            vec![GrantRef { key, kind, token }],
+        ),
+        Answer::GrantedAll { holds, kind, .. } => {
+            let tokens = holds.iter().map(|(_, token)| *token).collect();
+            let grants = holds
+                .into_iter()
+                .map(|(key, token)| GrantRef { key, kind, token })
+                .collect();
+            (TicketValue::Granted(tokens), grants)
+        }
+        Answer::TimedOut => (TicketValue::TimedOut, Vec::new()),
+        Answer::Refused(reply) => (TicketValue::Refused(reply), Vec::new()),
+    }
+}
+
+impl<H: Copy + Eq + Hash> Scheduler<H> {
+    /// A new ticket for a wait on `key` (and, for a multi-key wait, the other keys of its
+    /// slot), belonging to `client`. It is queued by [`Scheduler::enqueue`].
+    pub fn new_ticket(&mut self, key: &LockKey, shape: Shape, client: ClientId) -> Ticket {
+        let id = self.tickets.ids.next_id();
+        Ticket {
+            name: TicketName {
+                id,
+                db: key.db,
+                slot: key_slot(&key.name),
+                shape,
+            },
+            client,
+        }
+    }
+
+    /// A queued ticket now belongs to its connection.
+    pub(super) fn track_ticket(&mut self, handle: Handle<H>) {
+        if let Handle::Ticket(ticket) = handle {
+            self.tickets.track(ticket);
+        }
+    }
+
+    /// Answers a waiter: a blocked client through the port at once, a ticket through the
+    /// outbox (written by [`Scheduler::deliver_tickets`]). `lease_ms`: the waiter's lease, which
+    /// a grant's ticket keeps the answer for.
+    pub(super) fn answer(
+        &mut self,
+        port: &mut impl Port<H>,
+        handle: Handle<H>,
+        lease_ms: u64,
+        answer: Answer,
+        now: UnixMs,
+    ) {
+        match handle {
+            Handle::Blocked(blocked) => port.answer(blocked, answer),
+            Handle::Ticket(ticket) => {
+                let (value, grants) = written(answer);
+                self.tickets.outbox.push_back(ticket.name);
+                self.tickets.outgoing.insert(
+                    ticket.name,
+                    Outgoing {
+                        client: ticket.client,
+                        value,
+                        grants,
+                        lease_end: now.saturating_add(lease_ms),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Whether answers wait to be written into their tickets.
+    pub fn tickets_to_deliver(&self) -> bool {
+        !self.tickets.outbox.is_empty()
+    }
+
+    /// Writes up to `max` decided answers into their tickets, in the order decided. Each is a
+    /// write (the adapter replicates it): nothing is written while writes are paused, and a
+    /// replica writes nothing (its master's effects arrive by replication).
+    pub fn deliver_tickets(
+        &mut self,
+        port: &mut impl Port<H>,
+        max: usize,
+        now: UnixMs,
+    ) -> Delivery {
+        if self.tickets.outbox.is_empty() {
+            return Delivery::Done;
+        }
+        match port.writes() {
+            Writes::Allowed => {}
+            Writes::Paused => {
+                if self.pause_check.is_none() {
+                    self.arm_pause_check(now);
+                }
+                return Delivery::Deferred;
+            }
+            Writes::Replica => {
+                while let Some(name) = self.tickets.outbox.pop_front() {
+                    if let Some(out) = self.tickets.outgoing.remove(&name) {
+                        self.tickets.close(&name, out.client);
+                    }
+                }
+                self.tickets.outgoing = HashMap::new();
+                return Delivery::Done;
+            }
+        }
+        let mut written = 0;
+        while written < max {
+            let Some(name) = self.tickets.outbox.pop_front() else {
+                break;
+            };
+            // Cancelled, or passed on with its connection, since it was decided.
+            let Some(out) = self.tickets.outgoing.remove(&name) else {
+                continue;
+            };
+            let expires_at = out.value.expires_at(out.lease_end, now);
+            port.push_ticket(&name, &out.value.encode(), expires_at);
+            written += 1;
+            if out.grants.is_empty() {
+                self.tickets.close(&name, out.client);
+                continue;
+            }
+            // The server removes a key once its expiry is in the past (`now > at`).
+            let expiry = self
+                .deadlines
+                .insert(expires_at.saturating_add(1), Due::TicketExpired(name));
+            self.tickets.pushed.insert(
+                name,
+                Pushed {
+                    client: out.client,
+                    grants: out.grants,
+                    expiry,
+                },
+            );
+        }
+        shrink_map(&mut self.tickets.outgoing);
+        if self.tickets.outbox.is_empty() {
+            self.tickets.outbox = VecDeque::new();
+            Delivery::Done
+        } else {
+            Delivery::More
+        }
+    }
+
+    /// A ticket's key went (the server's `del` event: a pop took its last element, or a client
+    /// deleted it): a grant written there was delivered, and nothing is left to take back.
+    pub fn ticket_popped(&mut self, name: TicketName) {
+        if let Some(pushed) = self.tickets.pushed.remove(&name) {
+            self.deadlines.remove(pushed.expiry);
+            self.tickets.close(&name, pushed.client);
+            shrink_map(&mut self.tickets.pushed);
+        }
+    }
+
+    /// `FLUSHDB` (Some) or `FLUSHALL` (None): the grants written into tickets there are gone
+    /// with their holds (no `del` event tells of each key).
+    pub(super) fn tickets_flushed(&mut self, db: Option<i32>) {
+        let gone: Vec<TicketName> = self
+            .tickets
+            .pushed
+            .keys()
+            .filter(|name| db.is_none_or(|db| name.db == db))
+            .copied()
+            .collect();
+        for name in gone {
+            self.ticket_popped(name);
+        }
+    }
+
+    /// A grant never seen popped expired with its lease (and its hold with it).
+    pub(super) fn ticket_expired(&mut self, name: TicketName) {
+        if let Some(pushed) = self.tickets.pushed.remove(&name) {
+            self.tickets.close(&name, pushed.client);
+            shrink_map(&mut self.tickets.pushed);
+        }
+    }
+
+    /// `LOCK.CANCEL`: takes a ticket out of the queue, or takes its grant if it was not popped
+    /// (the canceller holds it then). A grant that was popped stays with whoever popped it. The
+    /// adapter refuses this on a replica and while writes are paused (it may write).
+    pub fn cancel(&mut self, port: &mut impl Port<H>, name: TicketName, now: UnixMs) -> Cancelled {
+        self.turn = Turn::default();
+        let probe = Handle::Ticket(Ticket { name, client: 0 });
+        if let Some(id) = self.queues.id_of(probe) {
+            if let Some(waiter) = self.remove_waiter(id, now) {
+                port.note(Note::Cancelled);
+                if let Handle::Ticket(ticket) = waiter.handle {
+                    self.tickets.close(&name, ticket.client);
+                }
+                return Cancelled::Left;
+            }
+        }
+        if let Some(out) = self.tickets.outgoing.remove(&name) {
+            self.tickets.close(&name, out.client);
+            return match out.value {
+                TicketValue::Granted(tokens) => {
+                    port.note(Note::TicketTaken);
+                    Cancelled::Handed(tokens)
+                }
+                _ => Cancelled::Nothing,
+            };
+        }
+        if let Some(pushed) = self.tickets.pushed.remove(&name) {
+            self.deadlines.remove(pushed.expiry);
+            self.tickets.close(&name, pushed.client);
+        }
+        // Whatever the ticket still holds, even one this process did not write (a restart).
+        match port
+            .take_ticket(&name)
+            .and_then(|v| TicketValue::decode(&v))
+        {
+            Some(TicketValue::Granted(tokens)) => {
+                port.note(Note::TicketTaken);
+                Cancelled::Handed(tokens)
+            }
+            _ => Cancelled::Nothing,
+        }
+    }
+
+    /// Connections closed: their queued tickets leave the queues, and every grant of theirs
+    /// that was not delivered (decided and not written, or written and not popped) is passed
+    /// on, as a grant whose blocked client vanished is. Taking a written grant back is a write:
+    /// while writes are paused that part waits for the pause to end (the connections are
+    /// returned to be looked at again then).
+    pub(super) fn end_tickets(
+        &mut self,
+        port: &mut impl Port<H>,
+        clients: &[ClientId],
+        now: UnixMs,
+    ) -> Vec<ClientId> {
+        let mut later = Vec::new();
+        let writes = port.writes();
+        for &client in clients {
+            let Some(names) = self.tickets.clients.remove(&client) else {
+                continue;
+            };
+            let mut kept = HashSet::new();
+            for name in names {
+                self.tickets.open -= 1;
+                let probe = Handle::Ticket(Ticket { name, client });
+                if let Some(id) = self.queues.id_of(probe) {
+                    if self.remove_waiter(id, now).is_some() {
+                        port.note(Note::Cancelled);
+                    }
+                    continue;
+                }
+                // An answer that is not a grant is dropped unwritten: nobody is left to ask.
+                if self
+                    .tickets
+                    .outgoing
+                    .get(&name)
+                    .is_some_and(|out| out.grants.is_empty())
+                {
+                    self.tickets.outgoing.remove(&name);
+                    continue;
+                }
+                match writes {
+                    Writes::Paused => {
+                        kept.insert(name);
+                        continue;
+                    }
+                    Writes::Replica => {
+                        self.tickets.outgoing.remove(&name);
+                        if let Some(pushed) = self.tickets.pushed.remove(&name) {
+                            self.deadlines.remove(pushed.expiry);
+                        }
+                        continue;
+                    }
+                    Writes::Allowed => {}
+                }
+                if let Some(out) = self.tickets.outgoing.remove(&name) {
+                    self.pass_on(port, &out.grants, now);
+                } else if let Some(pushed) = self.tickets.pushed.remove(&name) {
+                    self.deadlines.remove(pushed.expiry);
+                    if port.take_ticket(&name).is_some() {
+                        self.pass_on(port, &pushed.grants, now);
+                    }
+                }
+            }
+            if !kept.is_empty() {
+                self.tickets.open += kept.len();
+                self.tickets.clients.insert(client, kept);
+                later.push(client);
+            }
+        }
+        shrink_map(&mut self.tickets.clients);
+        shrink_map(&mut self.tickets.outgoing);
+        shrink_map(&mut self.tickets.pushed);
+        later
+    }
+
+    /// A grant nobody received: each of its holds ends if it is still exactly that grant, and
+    /// its key goes to the next waiter (or is published free).
+    pub(super) fn pass_on(&mut self, port: &mut impl Port<H>, grants: &[GrantRef], now: UnixMs) {
+        if grants.is_empty() {
+            return;
+        }
+        port.note(Note::AbandonedGrant);
+        for grant in grants {
+            self.abandon(port, grant, now);
+        }
+    }
+
+    /// Tickets not yet done: queued, answered and not written, or a grant not seen popped.
+    pub fn open_tickets(&self) -> usize {
+        self.tickets.open
+    }
+
+    /// Whether any connection has a ticket not yet done (its close must be looked at).
+    pub fn any_tickets(&self) -> bool {
+        !self.tickets.clients.is_empty()
+    }
+
+    /// Answers decided and not yet written (for the model tests).
+    #[cfg(test)]
+    pub(super) fn decided_tickets(&self) -> Vec<(TicketName, TicketValue)> {
+        self.tickets
+            .outgoing
+            .iter()
+            .map(|(name, out)| (*name, out.value.clone()))
+            .collect()
+    }
+}
