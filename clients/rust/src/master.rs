@@ -144,26 +144,42 @@ impl SentinelMaster {
     }
 
     /// Where the Sentinels say the master is (`SENTINEL GET-MASTER-ADDR-BY-NAME`), asked of
-    /// each in turn until one answers.
-    async fn ask(&self) -> Option<(String, u16)> {
-        for info in &self.sentinels {
+    /// each in turn until one answers, on connections kept in `conns` (one per Sentinel).
+    async fn ask(
+        &self,
+        conns: &mut Vec<Option<redis::aio::MultiplexedConnection>>,
+    ) -> Option<(String, u16)> {
+        conns.resize(self.sentinels.len(), None);
+        for (info, slot) in self.sentinels.iter().zip(conns.iter_mut()) {
             let asked = async {
-                let mut conn = redis::Client::open(info.clone())
-                    .ok()?
-                    .get_multiplexed_async_connection()
-                    .await
-                    .ok()?;
-                let reply: Option<(String, String)> = redis::cmd("SENTINEL")
+                if slot.is_none() {
+                    *slot = Some(
+                        redis::Client::open(info.clone())
+                            .ok()?
+                            .get_multiplexed_async_connection()
+                            .await
+                            .ok()?,
+                    );
+                }
+                let conn = slot.as_mut()?;
+                let reply: redis::RedisResult<Option<(String, String)>> = redis::cmd("SENTINEL")
                     .arg("GET-MASTER-ADDR-BY-NAME")
                     .arg(&self.name)
-                    .query_async(&mut conn)
-                    .await
-                    .ok()?;
-                let (host, port) = reply?;
+                    .query_async(conn)
+                    .await;
+                let (host, port) = match reply {
+                    Ok(reply) => reply?,
+                    Err(_) => {
+                        *slot = None;
+                        return None;
+                    }
+                };
                 Some((host, port.parse().ok()?))
             };
-            if let Ok(Some(found)) = tokio::time::timeout(self.timeout, asked).await {
-                return Some(found);
+            match tokio::time::timeout(self.timeout, asked).await {
+                Ok(Some(found)) => return Some(found),
+                Ok(None) => {}
+                Err(_) => *slot = None,
             }
         }
         None
@@ -226,6 +242,7 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
     let (sentinels, name) = (first.sentinels.clone(), first.name.clone());
     drop(first);
     let mut next = 0usize;
+    let mut polls = Vec::new();
     loop {
         // A subscription to one Sentinel's +switch-master, while it lasts.
         let (tx, mut pushes) = tokio::sync::mpsc::unbounded_channel();
@@ -270,7 +287,7 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
                 },
                 _ = poll.tick() => {
                     let Some(master) = master.upgrade() else { return };
-                    if let Some((host, port)) = master.ask().await {
+                    if let Some((host, port)) = master.ask(&mut polls).await {
                         master.named(host, port);
                     }
                     if conn.is_none() {
