@@ -1,7 +1,7 @@
 //! The test kit of the integration tests (`tests/`) and the bench (`bench/`): real
 //! `redis-server` processes with the module loaded, one per test or scenario, on free loopback
 //! ports in temporary directories, killed and reaped on drop (`Server`, `Server::replica_of`,
-//! `Cluster`); clients blocked in `LOCK.ACQUIRE ... WAIT` on their own connections (`Waiter`);
+//! `Cluster`, `SentinelSet`: a master, replicas and Sentinels); clients blocked in `LOCK.ACQUIRE ... WAIT` on their own connections (`Waiter`);
 //! killable `redis-cli` processes (`Cli`); and the reads the tests share (`lock`).
 //!
 //! The server binary is `$LOCK_SERVER` (default `redis-server`) and the CLI `$LOCK_CLI` (default
@@ -16,6 +16,7 @@ mod cluster;
 pub mod lock;
 mod pinger;
 mod raw_client;
+mod sentinel;
 mod server;
 mod waiter;
 
@@ -25,6 +26,7 @@ pub use lock::*;
 pub use pinger::{Pinger, Pings};
 pub use raw_client::{open_files_limit, RawClient};
 pub use redis::{Commands, Connection, Value};
+pub use sentinel::{SentinelOptions, SentinelProcess, SentinelSet};
 pub use server::{
     cli_bin, free_port, module_path, server_bin, server_info, server_kind, server_name, Options,
     Server, ServerInfo, ServerKind, Signal,

@@ -295,6 +295,11 @@ impl Server {
     /// A replica of `master`, with the module loaded, once its link is up and the initial sync
     /// is done.
     pub fn replica_of(master: &Server) -> Server {
+        Server::replica_of_with(master, &[])
+    }
+
+    /// [`Server::replica_of`] with extra server arguments (`--appendonly yes`, ...).
+    pub fn replica_of_with(master: &Server, extra: &[String]) -> Server {
         // Redis waits 5 s by default for more replicas before a diskless full sync.
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
@@ -303,7 +308,12 @@ impl Server {
             .query(&mut master.connect())
             .expect("CONFIG SET");
         let port = master.port.to_string();
-        let replica = Server::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut args = vec!["--replicaof".to_string(), "127.0.0.1".into(), port];
+        args.extend(extra.iter().cloned());
+        let replica = Server::start_options(&Options {
+            extra: args,
+            ..Options::default()
+        });
         let mut con = replica.connect();
         assert!(
             eventually(Duration::from_secs(10), || {

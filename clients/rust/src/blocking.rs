@@ -31,7 +31,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::IntoConnectionInfo;
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo};
 use tokio::runtime::Runtime;
 
 use crate::error::LockError;
@@ -100,6 +100,15 @@ impl LockClient {
     pub fn open(url: &str) -> Result<LockClient, LockError> {
         let client = redis::Client::open(url).map_err(LockError::Connection)?;
         LockClient::new(client)
+    }
+
+    /// A client of the master a set of Sentinels monitors under `master_name`: see
+    /// [`crate::LockClient::sentinel_builder`] (and [`LockClient::from_builder`] for settings).
+    pub fn sentinel<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        LockClient::from_builder(crate::LockClient::sentinel_builder(sentinels, master_name)?)
     }
 
     /// A client of a Redis Cluster, from the URLs of one or more of its nodes.
@@ -191,6 +200,18 @@ impl Election {
     /// See [`crate::Election::wait_timeout`].
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.inner = self.inner.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`crate::Election::replicas`].
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`crate::Election::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
         self
     }
 
@@ -296,6 +317,12 @@ impl Leadership {
         }
     }
 
+    /// Runs `cmd` only while this candidate leads in this epoch: see
+    /// [`crate::Leadership::fenced`].
+    pub fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, LockError> {
+        self.guard.fenced(cmd)
+    }
+
     /// See [`crate::Leadership::resign`].
     pub fn resign(&mut self) -> Result<Release, LockError> {
         self.guard.release()
@@ -378,6 +405,18 @@ impl MultiLock {
         self
     }
 
+    /// See [`crate::MultiLock::replicas`].
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`crate::MultiLock::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
+        self
+    }
+
     /// See [`crate::MultiLock::ephemeral`].
     pub fn ephemeral(mut self) -> Self {
         self.inner = self.inner.ephemeral();
@@ -454,6 +493,27 @@ impl MultiLockGuard {
         self.guard.watch()
     }
 
+    /// Runs `cmd` through the fence of `key`, one of the guard's keys: see
+    /// [`crate::MultiLockGuard::fenced`].
+    pub fn fenced<T: FromRedisValue>(
+        &self,
+        key: impl AsRef<[u8]>,
+        cmd: &Cmd,
+    ) -> Result<T, LockError> {
+        let Some(guard) = self.guard.guard() else {
+            return Err(LockError::NotHeld { lost: None });
+        };
+        let index = guard
+            .hold()
+            .keys
+            .iter()
+            .position(|k| **k == *key.as_ref())
+            .ok_or(LockError::InvalidArgument("not one of the guard's keys"))?;
+        self.guard
+            .engine
+            .block_on(crate::guard::fenced_at(guard, index, cmd))?
+    }
+
     /// See [`crate::MultiLockGuard::release`].
     pub fn release(&mut self) -> Result<Release, LockError> {
         self.guard.release()
@@ -483,6 +543,18 @@ impl Lock {
     /// See [`crate::Lock::wait_timeout`].
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.inner = self.inner.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`crate::Lock::replicas`].
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`crate::Lock::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
         self
     }
 
@@ -598,6 +670,22 @@ impl LockGuard {
     /// A [`LostWatch`] of this hold, for async code elsewhere in the process.
     pub fn watch(&self) -> Option<LostWatch> {
         self.guard().map(crate::LockGuard::watch)
+    }
+
+    /// Runs `cmd` only while this hold lasts (`LOCK.GUARD`): see [`crate::LockGuard::fenced`].
+    /// After a release: [`LockError::NotHeld`], nothing sent.
+    ///
+    /// ```no_run
+    /// # fn demo(client: redis_lock_client::blocking::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let guard = client.lock("{orders:42}:lock").acquire()?;
+    /// let _: i64 = guard.fenced(redis::cmd("INCR").arg("{orders:42}:count"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, LockError> {
+        match self.guard() {
+            Some(guard) => self.engine.block_on(guard.fenced(cmd))?,
+            None => Err(LockError::NotHeld { lost: None }),
+        }
     }
 
     /// See [`crate::LockGuard::release`]: [`Release::Released`], [`Release::StillHeld`] or

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use redis::cluster::ClusterClientBuilder;
-use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
+use redis::{ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 use crate::conn::Commands;
 use crate::context::Context;
@@ -14,14 +14,19 @@ use crate::election::Election;
 use crate::error::LockError;
 use crate::keeper::Keepers;
 use crate::lock::{Kind, Lock, Verb};
+use crate::master::{watch_sentinels, Master, SentinelMaster};
 use crate::multi::MultiLock;
-use crate::naming::{client_name, with_lib_name};
-use crate::servers::Servers;
+use crate::naming::client_name;
+use crate::servers::{Node, Servers};
 use crate::signal::SignalHub;
 
 /// The default time an ordinary command (acquire without waiting, renew, release) may take
 /// before it counts as failed.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Through Sentinel, the default time an acquire is sent again while no master answers (a
+/// failover: [`LockClientBuilder::failover_timeout`]).
+pub const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connection to a server with the LOCK.* module, and the factory of [`Lock`] handles.
 ///
@@ -64,13 +69,22 @@ pub(crate) struct ClientInner {
 pub struct LockClientBuilder {
     target: Target,
     command_timeout: Duration,
+    failover_timeout: Duration,
     lost_signal: bool,
     lost_prefix: String,
+    /// A setting that does not apply to this target: refused by `build`.
+    misused: Option<&'static str>,
 }
 
-/// One server, or the seed nodes of a cluster.
+/// One server, the master a set of Sentinels names, or the seed nodes of a cluster.
 enum Target {
     Single(redis::Client),
+    Sentinel {
+        sentinels: Vec<ConnectionInfo>,
+        master_name: String,
+        /// The master's database, user, password, protocol.
+        settings: RedisConnectionInfo,
+    },
     Cluster(Vec<ConnectionInfo>),
 }
 
@@ -143,8 +157,46 @@ impl LockClientBuilder {
         self
     }
 
+    /// Through Sentinel ([`LockClient::sentinel_builder`]): how long an acquire (waiting or
+    /// not, not `EPHEMERAL`) whose master failed is sent again, with growing pauses, while no
+    /// master answers (default [`DEFAULT_FAILOVER_TIMEOUT`], 30 s); then it answers
+    /// [`LockError::Connection`]. Elsewhere refused by [`LockClientBuilder::build`].
+    pub fn failover_timeout(mut self, timeout: Duration) -> Self {
+        match &self.target {
+            Target::Sentinel { .. } => self.failover_timeout = timeout,
+            _ => self.misused = Some("failover_timeout applies to a client through Sentinel"),
+        }
+        self
+    }
+
+    /// Through Sentinel ([`LockClient::sentinel_builder`]): the master's database, user,
+    /// password and protocol (the Sentinels' own come with their URLs). Default: database 0, no
+    /// password, RESP2. Elsewhere the URL carries them, and this is refused by
+    /// [`LockClientBuilder::build`] ([`LockError::InvalidArgument`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+    /// use redis_lock_client::LockClient;
+    ///
+    /// let client = LockClient::sentinel_builder(["redis://10.0.0.1:26379/"], "orders")?
+    ///     .master_settings(redis::RedisConnectionInfo::default().set_db(2).set_password("secret"))
+    ///     .build()
+    ///     .await?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn master_settings(mut self, settings: RedisConnectionInfo) -> Self {
+        match &mut self.target {
+            Target::Sentinel { settings: s, .. } => *s = settings,
+            _ => self.misused = Some("master_settings applies to a client through Sentinel"),
+        }
+        self
+    }
+
     /// Connects (one `PING` on the shared connection) and returns the client.
     pub async fn build(self) -> Result<LockClient, LockError> {
+        if let Some(why) = self.misused {
+            return Err(LockError::InvalidArgument(why));
+        }
         if self.lost_signal && self.lost_prefix.is_empty() {
             return Err(LockError::InvalidArgument(
                 "an empty lost-signal prefix: the server sends no lost-hold signal with one",
@@ -157,23 +209,33 @@ impl LockClientBuilder {
             Target::Single(client) => {
                 let info = client.get_connection_info().clone();
                 let db = info.redis_settings().db();
-                let settings = with_lib_name(info.redis_settings().clone());
-                let open = |protocol| {
-                    let settings = settings.clone().set_protocol(protocol);
-                    redis::Client::open(info.clone().set_redis_settings(settings))
-                        .map_err(LockError::Connection)
-                };
-                let resp2 = open(client.get_connection_info().redis_settings().protocol())?;
-                let resp3 = open(ProtocolVersion::RESP3)?;
-                let commands = Commands::single(resp2.clone(), self.command_timeout, name.clone());
+                let master = Arc::new(Master::Fixed(Node::from_info(info)?));
+                let commands = Commands::single(master.clone(), self.command_timeout, name.clone());
                 let signals = self
                     .lost_signal
-                    .then(|| SignalHub::single(resp3.clone(), prefix, name.clone()));
-                let servers = Servers::Single {
-                    client: resp2,
-                    resp3,
-                };
-                (servers, commands, signals, db)
+                    .then(|| SignalHub::single(master.clone(), prefix, name.clone()));
+                (Servers::Single(master), commands, signals, db)
+            }
+            Target::Sentinel {
+                sentinels,
+                master_name,
+                settings,
+            } => {
+                let db = settings.db();
+                let sentinel = Arc::new(SentinelMaster::new(
+                    sentinels,
+                    master_name,
+                    settings,
+                    self.command_timeout,
+                )?);
+                // Follows the Sentinels while the client lives (on the runtime it is built on).
+                tokio::spawn(watch_sentinels(Arc::downgrade(&sentinel)));
+                let master = Arc::new(Master::Sentinel(sentinel));
+                let commands = Commands::single(master.clone(), self.command_timeout, name.clone());
+                let signals = self
+                    .lost_signal
+                    .then(|| SignalHub::single(master.clone(), prefix, name.clone()));
+                (Servers::Single(master), commands, signals, db)
             }
             Target::Cluster(seeds) => {
                 let Some(seed) = seeds.first().cloned() else {
@@ -209,6 +271,7 @@ impl LockClientBuilder {
                     name,
                     db,
                     command_timeout: self.command_timeout,
+                    failover_timeout: self.failover_timeout,
                     signals,
                     keepers: Keepers::new(),
                 }),
@@ -255,8 +318,10 @@ impl LockClient {
         LockClientBuilder {
             target: Target::Single(client),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
+            misused: None,
         }
     }
 
@@ -285,8 +350,90 @@ impl LockClient {
         Ok(LockClientBuilder {
             target: Target::Cluster(seeds),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
+            misused: None,
+        })
+    }
+
+    /// A client of the master a set of Sentinels monitors under `master_name`, with the default
+    /// settings, from the URLs of one or more Sentinels (`redis://10.0.0.1:26379/`). See
+    /// [`LockClient::sentinel_builder`].
+    pub async fn sentinel<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<LockClient, LockError> {
+        LockClient::sentinel_builder(sentinels, master_name)?
+            .build()
+            .await
+    }
+
+    /// [`LockClient::sentinel`] with settings beyond the defaults (the master's database and
+    /// password: [`LockClientBuilder::master_settings`]).
+    ///
+    /// The client asks the Sentinels for the master (and checks with `ROLE` that it says it is
+    /// one) when it first needs it, and again whenever the one it knew fails: a connection to
+    /// it that cannot be made or breaks, or a reply that says it is a replica now (`READONLY`).
+    /// So after a failover:
+    /// - the client follows the Sentinels (their `+switch-master` message, and a poll every
+    ///   second): once they name a new master, every command goes there, and an answer that
+    ///   arrives after the change from a connection to the old master is taken for none (a
+    ///   paused old master that comes back is still a master until the Sentinels demote it:
+    ///   its grants and renewals no longer count). A failed connection, or `READONLY`, also
+    ///   sends the client to the Sentinels;
+    /// - renewals, releases and fenced commands are not sent again (as after any broken
+    ///   connection): the watchdog renews again soon;
+    /// - an **acquire**, waiting or not (`try_acquire()`, `acquire()`, a multi-key acquire, a
+    ///   campaign that is not `EPHEMERAL`), whose master fails is **sent again** to the master
+    ///   the Sentinels name, with a pause of 50 ms doubling up to 1 s, until a master answers or
+    ///   the failover timeout passes ([`LockClientBuilder::failover_timeout`], 30 s; then
+    ///   [`LockError::Connection`]); a wait is issued again on the new master for what is left
+    ///   of it (its place in the old master's queue is gone: waiters are not replicated). A
+    ///   wait on a master the Sentinels replaced is ended at once. `ONCE` makes that safe;
+    /// - an **`EPHEMERAL`** hold's connection is gone with the old master: the hold is reported
+    ///   lost ([`LostReason::ConnectionClosed`](crate::LostReason::ConnectionClosed)), and an
+    ///   `EPHEMERAL` acquire (or campaign) on the way answers [`LockError::Connection`];
+    /// - the watchdog renews on the new master: a hold the new master has (the replica had
+    ///   received it) keeps being renewed, one it has not is reported lost at the first renewal
+    ///   answered 0 ([`LostReason::HoldGone`](crate::LostReason::HoldGone));
+    /// - the lost-hold signal and an observer's leader channel subscribe again on the new
+    ///   master (an observer reads `LOCK.LEADER` there); what was published meanwhile is gone,
+    ///   the watchdog stays the backstop.
+    ///
+    /// A grant the old master made but never replicated is lost with it: see
+    /// [`Lock::replicas`](crate::Lock::replicas) for grants acknowledged by replicas.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
+    /// use redis_lock_client::LockClient;
+    ///
+    /// let sentinels = ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"];
+    /// let client = LockClient::sentinel(sentinels, "orders").await?;
+    /// let mut guard = client.lock("orders:42").acquire().await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn sentinel_builder<T: IntoConnectionInfo>(
+        sentinels: impl IntoIterator<Item = T>,
+        master_name: &str,
+    ) -> Result<LockClientBuilder, LockError> {
+        let sentinels = sentinels
+            .into_iter()
+            .map(|n| n.into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(LockError::Connection)?;
+        Ok(LockClientBuilder {
+            target: Target::Sentinel {
+                sentinels,
+                master_name: master_name.to_string(),
+                settings: RedisConnectionInfo::default(),
+            },
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
+            lost_signal: true,
+            lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
+            misused: None,
         })
     }
 

@@ -7,11 +7,13 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{AsyncConnectionConfig, Cmd, Value};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, Value};
 use tokio::sync::mpsc;
 
 use crate::error::LockError;
+use crate::master::{says_not_master, Master};
 use crate::naming::setname;
+use crate::servers::Node;
 
 /// The client's shared connection for ordinary commands (acquire without WAIT, renew, release,
 /// `LOCK.INFO`): a multiplexed connection to the one server, replaced by a new one after it
@@ -21,12 +23,14 @@ use crate::naming::setname;
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Commands {
     Single {
-        client: redis::Client,
+        /// The server: a fixed address, or the master the Sentinels name.
+        master: Arc<Master>,
         config: AsyncConnectionConfig,
         /// `CLIENT SETNAME` sent on each new connection.
         name: String,
-        /// The current connection: cloned under this lock (no await while it is held).
-        conn: Mutex<Option<MultiplexedConnection>>,
+        /// The current connection, the node it is to and the master's generation then: cloned
+        /// under this lock (no await while it is held).
+        conn: Mutex<Option<(MultiplexedConnection, Node, u64)>>,
         /// Held while (re)connecting, so that one task connects and the others wait for it.
         connecting: tokio::sync::Mutex<()>,
     },
@@ -34,9 +38,9 @@ pub(crate) enum Commands {
 }
 
 impl Commands {
-    pub(crate) fn single(client: redis::Client, timeout: Duration, name: String) -> Commands {
+    pub(crate) fn single(master: Arc<Master>, timeout: Duration, name: String) -> Commands {
         Commands::Single {
-            client,
+            master,
             config: AsyncConnectionConfig::new()
                 .set_response_timeout(Some(timeout))
                 .set_connection_timeout(Some(timeout)),
@@ -61,61 +65,176 @@ impl Commands {
         match self {
             Commands::Cluster(conn) => match key {
                 None => cmd.query_async::<Value>(&mut conn.clone()).await,
-                Some(key) => {
-                    let route = Route::new(crate::servers::key_slot(key), SlotAddr::Master);
-                    conn.clone()
-                        .route_command(
-                            cmd.clone(),
-                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                        )
-                        .await
-                        // Routed, a server's error reply comes back as a value.
-                        .and_then(Value::extract_error)
-                }
+                Some(key) => conn
+                    .clone()
+                    .route_command(cmd.clone(), RoutingInfo::SingleNode(master_of(key)))
+                    .await
+                    // Routed, a server's error reply comes back as a value.
+                    .and_then(Value::extract_error),
             }
             .map_err(LockError::from),
-            Commands::Single {
-                client,
-                config,
-                name,
-                conn: slot,
-                connecting,
-            } => {
-                let current = relock(slot).clone();
+            Commands::Single { .. } => {
+                let (mut conn, node, new, generation) = self.single_connection().await?;
                 // A new connection sends its name with its first command: one round trip.
-                let (mut conn, new) = match current {
-                    Some(conn) => (conn, false),
-                    None => {
-                        let _connecting = connecting.lock().await;
-                        let current = relock(slot).clone();
-                        match current {
-                            Some(conn) => (conn, false),
-                            None => {
-                                let conn = client
-                                    .get_multiplexed_async_connection_with_config(config)
-                                    .await
-                                    .map_err(LockError::Connection)?;
-                                *relock(slot) = Some(conn.clone());
-                                (conn, true)
-                            }
-                        }
-                    }
-                };
                 let reply = if new {
-                    first_query(&mut conn, name, false, cmd).await
+                    first_query(&mut conn, self.name(), false, cmd).await
                 } else {
                     cmd.query_async::<Value>(&mut conn).await
-                };
-                if let Err(e) = &reply {
-                    if e.code().is_none() {
-                        // Broken or timed out: the next command starts on a new connection.
-                        *relock(slot) = None;
-                    }
                 }
-                reply.map_err(LockError::from)
+                .map_err(LockError::from);
+                self.after(&node, generation, reply)
             }
         }
     }
+
+    /// The commands of `pipe` in one round trip on the connection (in a cluster, to the master
+    /// of `key`'s slot), each command's answer in its place (a server error as an `Err`).
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &Pipeline,
+        key: &[u8],
+    ) -> Result<Vec<Result<Value, LockError>>, LockError> {
+        let replies = match self {
+            Commands::Cluster(conn) => conn
+                .clone()
+                .route_pipeline(pipe.clone(), 0, pipe.len(), master_of(key))
+                .await
+                .map_err(LockError::from)?,
+            Commands::Single { .. } => {
+                let (mut conn, node, new, generation) = self.single_connection().await?;
+                if new {
+                    // Refused (an ACL without CLIENT): the connection works unnamed.
+                    let _ = setname(self.name()).query_async::<Value>(&mut conn).await;
+                }
+                let replies = pipe
+                    .query_async::<Vec<Value>>(&mut conn)
+                    .await
+                    .map_err(LockError::from);
+                self.after(&node, generation, replies)?
+            }
+        };
+        Ok(answers(replies))
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Commands::Single { name, .. } => name,
+            Commands::Cluster(_) => "",
+        }
+    }
+
+    /// The single server's connection, the node it is to and the master's generation when it
+    /// was made, made (to the master the Sentinels name now, through Sentinel) if there is none
+    /// or the master changed since; `true` when it is new.
+    async fn single_connection(
+        &self,
+    ) -> Result<(MultiplexedConnection, Node, bool, u64), LockError> {
+        let Commands::Single {
+            master,
+            config,
+            conn: slot,
+            connecting,
+            ..
+        } = self
+        else {
+            return Err(LockError::InvalidArgument("not a single server"));
+        };
+        let current = || {
+            let mut slot = relock(slot);
+            match slot.clone() {
+                Some((conn, node, generation)) if generation == master.generation() => {
+                    Some((conn, node, false, generation))
+                }
+                // A failover since: never the old master's connection again.
+                Some(_) => {
+                    *slot = None;
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some(found) = current() {
+            return Ok(found);
+        }
+        let _connecting = connecting.lock().await;
+        if let Some(found) = current() {
+            return Ok(found);
+        }
+        let generation = master.generation();
+        let node = master.node().await?;
+        let conn = match node
+            .client
+            .get_multiplexed_async_connection_with_config(config)
+            .await
+        {
+            Ok(conn) => conn,
+            Err(e) => {
+                master.forget(&node);
+                return Err(LockError::Connection(e));
+            }
+        };
+        let generation = generation.max(master.generation());
+        *relock(slot) = Some((conn.clone(), node.clone(), generation));
+        Ok((conn, node, true, generation))
+    }
+
+    /// After an answer on the single server's connection to `node`, made in `generation`:
+    /// broken, timed out, or a replica now (a failover), and the next command starts on a new
+    /// connection, to the master the Sentinels name then. An answer that arrives after the
+    /// master changed is taken for none: it may come from the old master, paused and back.
+    fn after<T>(
+        &self,
+        node: &Node,
+        generation: u64,
+        reply: Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        let Commands::Single {
+            master, conn: slot, ..
+        } = self
+        else {
+            return reply;
+        };
+        let reply = if master.generation() != generation {
+            Err(master_changed())
+        } else {
+            reply
+        };
+        if let Err(e) = &reply {
+            if matches!(e, LockError::Connection(_)) || says_not_master(e) {
+                let mut current = relock(slot);
+                if current
+                    .as_ref()
+                    .is_some_and(|(_, n, _)| n.same_address(node))
+                {
+                    *current = None;
+                }
+                master.forget(node);
+            }
+        }
+        reply
+    }
+}
+
+/// The error of a command answered after a failover: it may have run on the old master, which
+/// no longer counts.
+pub(crate) fn master_changed() -> LockError {
+    LockError::Connection(redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the master changed (a failover) while the command was on its way",
+    )))
+}
+
+/// The routing of a command to the master of `key`'s slot.
+fn master_of(key: &[u8]) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::SpecificNode(Route::new(crate::servers::key_slot(key), SlotAddr::Master))
+}
+
+/// A pipeline's replies (sent with `ignore_errors`), each server error as an `Err`.
+fn answers(replies: Vec<Value>) -> Vec<Result<Value, LockError>> {
+    replies
+        .into_iter()
+        .map(|v| v.extract_error().map_err(LockError::from))
+        .collect()
 }
 
 pub(crate) fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -124,6 +243,7 @@ pub(crate) fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The connection a hold's renewals and release go through.
+#[derive(Clone)]
 pub(crate) enum HoldConn {
     /// The client's shared connection.
     Shared(Arc<Commands>),
@@ -135,6 +255,25 @@ pub(crate) enum HoldConn {
 impl HoldConn {
     /// `cmd` on the hold's connection; in a cluster, the shared connection sends it to the
     /// master of `key`'s slot.
+    /// The commands of `pipe` in one round trip on the hold's connection (see
+    /// [`Commands::query_pipeline`]).
+    pub(crate) async fn query_pipeline(
+        &self,
+        pipe: &Pipeline,
+        key: &[u8],
+    ) -> Result<Vec<Result<Value, LockError>>, LockError> {
+        match self {
+            HoldConn::Shared(commands) => commands.query_pipeline(pipe, key).await,
+            HoldConn::Own(conn) => {
+                let mut conn = conn.clone();
+                pipe.query_async::<Vec<Value>>(&mut conn)
+                    .await
+                    .map(answers)
+                    .map_err(LockError::from)
+            }
+        }
+    }
+
     pub(crate) async fn query(&self, cmd: &Cmd, key: &[u8]) -> Result<Value, LockError> {
         match self {
             HoldConn::Shared(commands) => commands.query_routed(cmd, Some(key)).await,

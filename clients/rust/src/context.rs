@@ -21,6 +21,8 @@ pub(crate) struct Context {
     /// The database its holds live in (0 in a cluster): signals about another are not ours.
     pub(crate) db: i64,
     pub(crate) command_timeout: Duration,
+    /// Through Sentinel, how long an acquire is sent again while no master answers.
+    pub(crate) failover_timeout: Duration,
     pub(crate) signals: Option<Arc<SignalHub>>,
     /// The tasks that renew this client's holds, one per runtime.
     pub(crate) keepers: Keepers,

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use redis::Value;
+use redis::{Cmd, FromRedisValue, Value};
 use tokio::time::Instant;
 
 use crate::error::LockError;
@@ -67,6 +67,21 @@ impl Election {
     /// [`LockError::Timeout`].
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.lock = self.lock.wait_timeout(timeout);
+        self
+    }
+
+    /// See [`Lock::replicas`](crate::Lock::replicas): the election, and each renewal of the
+    /// leadership, acknowledged by `replicas` replicas before it counts
+    /// ([`LockError::NotSafelyAcquired`] from a campaign whose election was not: the
+    /// leadership was resigned).
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.lock = self.lock.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`Lock::wait_aof`](crate::Lock::wait_aof).
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.lock = self.lock.wait_aof(local, replicas, timeout);
         self
     }
 
@@ -183,6 +198,21 @@ impl Leadership {
     /// A deposed leader's proclamation is never published.
     pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<bool, LockError> {
         proclaim(&self.guard, value.as_ref()).await
+    }
+
+    /// Runs `cmd` only while this candidate leads in this epoch, checked by the server in the
+    /// same step (`LOCK.GUARD key candidate epoch <cmd...>`): as [`LockGuard::fenced`]. A
+    /// deposed leader's command never runs: [`LockError::Fenced`], and the leadership is
+    /// reported lost.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let leadership = client.election("{jobs}:leader").campaign().await?;
+    /// let _: i64 = leadership.fenced(redis::cmd("RPUSH").arg("{jobs}:queue").arg("run")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, LockError> {
+        self.guard.fenced(cmd).await
     }
 
     /// Stops leading (`LOCK.RELEASE`): the next candidate in the queue is elected at once. As

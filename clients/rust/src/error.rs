@@ -15,6 +15,30 @@ pub enum LockError {
         /// Why the hold was lost, when the library saw it happen.
         lost: Option<LostReason>,
     },
+    /// The server refused a fenced command (`LOCK.GUARD` answered `FENCED`): the hold is gone
+    /// ([`LostReason::HoldGone`]) or the owner holds the key under another token
+    /// ([`LostReason::TokenNotCurrent`]). **The command did not run**, and the guard now
+    /// reports the hold lost with that reason.
+    Fenced {
+        /// What the server said of the hold.
+        lost: LostReason,
+    },
+    /// The lock was granted, but fewer replicas acknowledged the grant than
+    /// [`Lock::replicas`](crate::Lock::replicas) asks (or the AOF fsyncs
+    /// [`Lock::wait_aof`](crate::Lock::wait_aof) asks did not happen) within its timeout: the
+    /// grant could be lost in a failover, so it is **not safely acquired**. The library
+    /// released it; acquire again (the next grant has another token).
+    NotSafelyAcquired {
+        /// The fencing tokens of the grant that was released (one per key, in the keys' order).
+        tokens: Vec<u64>,
+        /// How many replicas acknowledged (fsynced, for `WAITAOF`).
+        acknowledged: u32,
+        /// How many were asked.
+        wanted: u32,
+        /// What was missing, in words: `0 of 1 replicas acknowledged within 500 ms (WAIT)`, or
+        /// the server's refusal of `WAIT`/`WAITAOF`.
+        why: String,
+    },
     /// [`Lock::acquire`](crate::Lock::acquire) waited its whole wait timeout and another owner
     /// still holds the key.
     Timeout {
@@ -44,6 +68,12 @@ impl fmt::Display for LockError {
                     f,
                     "the lock is not held (the server does not know this owner)"
                 )
+            }
+            LockError::Fenced { lost } => {
+                write!(f, "fenced out, the command did not run: {lost}")
+            }
+            LockError::NotSafelyAcquired { tokens, why, .. } => {
+                write!(f, "not safely acquired (token {tokens:?}, released): {why}")
             }
             LockError::Timeout { waited } => {
                 write!(

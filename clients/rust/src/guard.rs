@@ -3,6 +3,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use redis::{Cmd, FromRedisValue};
+
 use crate::error::LockError;
 use crate::handle::{GuardEnd, HandleState};
 use crate::hold::Hold;
@@ -116,6 +118,39 @@ impl LockGuard {
         self.hold.watch()
     }
 
+    /// Runs `cmd` only while this hold lasts, checked by the server in the same step:
+    /// `LOCK.GUARD <key> <owner> <token> <cmd...>`, sent on the hold's connection (in a cluster,
+    /// to the master of the lock key's slot: give the data keys the lock key's hash tag, as in
+    /// `{orders}:lock` and `{orders}:data`). Answers the command's reply, read as `T` (a
+    /// [`redis::Value`] for the raw reply).
+    ///
+    /// - [`LockError::Fenced`]: the server no longer holds this hold under its token (it is gone,
+    ///   [`LostReason::HoldGone`], or the owner holds the key under another token,
+    ///   [`LostReason::TokenNotCurrent`]). **The command did not run**, and the guard reports
+    ///   the hold lost with that reason ([`LockGuard::lost`] resolves).
+    /// - [`LockError::NotHeld`]: the guard was released, or its hold is already known lost:
+    ///   nothing is sent.
+    /// - [`LockError::Server`]: the command's own error, or the fence's refusal of the command
+    ///   (a shared hold runs only read-only commands; a command on the lock key itself, a
+    ///   `LOCK.*` command, a command that names no key, ... : see the server's `LOCK.GUARD`); the
+    ///   hold is not affected.
+    /// - [`LockError::Connection`]: no answer; the command may or may not have run. It is never
+    ///   sent again.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let mut guard = client.lock("{orders:42}:lock").acquire().await?;
+    /// // Lands only while this hold is the server's: a holder paused past its lease cannot write.
+    /// let fields: i64 = guard
+    ///     .fenced(redis::cmd("HSET").arg("{orders:42}:data").arg("status").arg("paid"))
+    ///     .await?;
+    /// guard.release().await?;
+    /// # let _ = fields; Ok(()) }
+    /// ```
+    pub async fn fenced<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, LockError> {
+        fenced_at(self, 0, cmd).await
+    }
+
     /// Releases this guard. The last guard of a hold sends `LOCK.RELEASE` (after stopping the
     /// watchdog); earlier ones only count down ([`Release::StillHeld`]). A second call answers
     /// [`Release::AlreadyReleased`] and sends nothing.
@@ -167,6 +202,23 @@ impl LockGuard {
             }
         }
     }
+}
+
+/// [`LockGuard::fenced`] through the fence of the hold's `index`-th key (a multi-key guard's,
+/// the blocking API's too).
+pub(crate) async fn fenced_at<T: FromRedisValue>(
+    guard: &LockGuard,
+    index: usize,
+    cmd: &Cmd,
+) -> Result<T, LockError> {
+    if guard.released {
+        return Err(LockError::NotHeld {
+            lost: guard.hold.lost_reason(),
+        });
+    }
+    let reply = guard.hold.fenced(index, cmd).await?;
+    T::from_redis_value(reply)
+        .map_err(|e| LockError::UnexpectedReply(format!("the fenced command's reply: {e}")))
 }
 
 impl Drop for LockGuard {

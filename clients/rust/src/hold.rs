@@ -13,12 +13,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::acks::{Acknowledgement, Shortfall};
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
 use crate::lost::{wait_lost, LostReason, LostWatch, Status};
 use crate::machine::{
-    Actions, Answer, Check, Event, Form, Identity, Machine, Read, State, Terms, Wake,
+    Actions, Answer, Binding, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms,
+    Wake,
 };
 use crate::message::LostSignal;
 use crate::reply;
@@ -33,6 +35,8 @@ pub(crate) struct Hold {
     /// A fencing token per key, in the keys' order.
     pub(crate) tokens: Arc<[u64]>,
     terms: Terms,
+    /// What a grant and each renewal must be acknowledged by (replicas, AOF fsyncs).
+    acks: Acknowledgement,
     conn: HoldConn,
     /// The client's shared connection, for the checks a message asks for (in a cluster it
     /// follows `MOVED` and `ASK` to where the key is now).
@@ -70,6 +74,7 @@ impl Inner {
 pub(crate) struct NewHold {
     pub(crate) identity: Identity,
     pub(crate) terms: Terms,
+    pub(crate) acks: Acknowledgement,
     pub(crate) conn: HoldConn,
     pub(crate) reads: Arc<Commands>,
     pub(crate) release: Arc<Cmd>,
@@ -84,6 +89,7 @@ impl Hold {
             owner: n.identity.owner.clone(),
             tokens: n.identity.tokens.clone(),
             terms: n.terms,
+            acks: n.acks,
             conn: n.conn,
             reads: n.reads,
             release: n.release,
@@ -199,17 +205,82 @@ impl Hold {
         self.tokens.first().copied().unwrap_or(0)
     }
 
-    /// The connection an `EPHEMERAL` hold is bound to.
+    /// The connection an `EPHEMERAL` hold is bound to (none once unbound).
     pub(crate) fn own_connection(&self) -> Option<redis::aio::MultiplexedConnection> {
-        match &self.conn {
-            HoldConn::Own(conn) => Some(conn.clone()),
+        match self.connection() {
+            HoldConn::Own(conn) => Some(conn),
             HoldConn::Shared(_) => None,
+        }
+    }
+
+    /// The connection the hold's commands go on now: its own while it is bound to it; the
+    /// client's shared one once the hold is bound to nothing (in a cluster, its key moved to
+    /// another node: the shared connection follows it there).
+    fn connection(&self) -> HoldConn {
+        match &self.conn {
+            HoldConn::Own(conn) if self.inner().machine.binding() == Binding::Connection => {
+                HoldConn::Own(conn.clone())
+            }
+            HoldConn::Own(_) => HoldConn::Shared(self.reads.clone()),
+            HoldConn::Shared(commands) => HoldConn::Shared(commands.clone()),
         }
     }
 
     /// `cmd` on the hold's connection (in a cluster, to its keys' master).
     pub(crate) async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
-        self.conn.query(cmd, self.key()).await
+        self.connection().query(cmd, self.key()).await
+    }
+
+    /// Runs `cmd` through the fence of the hold's `index`-th key: `LOCK.GUARD key owner token
+    /// <cmd...>` on the hold's connection (in a cluster, to the key's master). The command's
+    /// reply (its own errors as [`LockError::Server`]); [`LockError::Fenced`] when the server
+    /// refused the token, which the machine takes as the hold's loss; [`LockError::NotHeld`],
+    /// with nothing sent, once the hold is known lost or released. Never sent twice: after a
+    /// broken connection the command may or may not have run.
+    pub(crate) async fn fenced(
+        self: &Arc<Self>,
+        index: usize,
+        cmd: &Cmd,
+    ) -> Result<Value, LockError> {
+        let (Some(key), Some(token)) = (self.keys.get(index), self.tokens.get(index)) else {
+            return Err(LockError::InvalidArgument("not a key of this hold"));
+        };
+        // Time passing may have ended it (no renewal confirmed for a lease).
+        self.step(Event::Tick {
+            now: Instant::now(),
+        });
+        match self.status() {
+            Status::Active => {}
+            Status::Lost(reason) => return Err(LockError::NotHeld { lost: Some(reason) }),
+            Status::Released => return Err(LockError::NotHeld { lost: None }),
+        }
+        let mut guarded = redis::cmd("LOCK.GUARD");
+        guarded.arg(&**key).arg(self.owner.as_bytes()).arg(*token);
+        for arg in cmd.args_iter() {
+            match arg {
+                redis::Arg::Simple(arg) => {
+                    guarded.arg(arg);
+                }
+                _ => return Err(LockError::InvalidArgument(
+                    "a cursor argument (cursor_arg) cannot be fenced: give it as a plain argument",
+                )),
+            }
+        }
+        match self.connection().query(&guarded, key).await {
+            Err(LockError::Server(text)) => match reply::fence_refusal(&text) {
+                Some(reason) => {
+                    self.step(Event::Fenced(reason));
+                    Err(LockError::Fenced { lost: reason })
+                }
+                None => Err(LockError::Server(text)),
+            },
+            Err(e) if e.is_retryable() && self.own_connection().is_some() => {
+                // The server ends an EPHEMERAL hold with its connection.
+                self.step(Event::ConnectionLost);
+                Err(e)
+            }
+            reply => reply,
+        }
     }
 
     /// `LOCK.RENEW key owner lease`, or `LOCK.MRENEW n key... owner lease`.
@@ -231,19 +302,54 @@ impl Hold {
 
     /// One renewal (the watchdog's): its answer goes to the machine.
     async fn renew(self: Arc<Self>) {
-        let event = self.send_renewal().await;
+        let (event, _) = self.send_renewal().await;
         self.step(event);
     }
 
-    async fn send_renewal(&self) -> Event<'static> {
+    /// A renewal, followed in one pipeline by what acknowledges it (`WAIT`, `WAITAOF`) when
+    /// the lock asks for that: the hold is there but the renewal unacknowledged
+    /// ([`Answer::Unacknowledged`], with why) when too few acknowledged.
+    async fn send_renewal(self: &Arc<Self>) -> (Event<'static>, Option<Shortfall>) {
         let sent = Instant::now();
-        let reply = self.query(&self.renew_cmd()).await;
-        Event::Answered {
+        let (answer, why) = if self.acks.is_on() {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors().add_command(self.renew_cmd());
+            for cmd in self.acks.commands() {
+                pipe.add_command(cmd);
+            }
+            match self.connection().query_pipeline(&pipe, self.key()).await {
+                Ok(mut replies) if !replies.is_empty() => {
+                    let renewed = replies.remove(0);
+                    if is_redirect(&renewed) && self.unbind_if_moved().await {
+                        // Sent again where the key is now, in the next round.
+                        return (self.nothing(sent), None);
+                    }
+                    match reply::renewal(&renewed, self.terms.lease) {
+                        Answer::Holds(left) => match self.acks.judge(&replies) {
+                            Ok(()) => (Answer::Holds(left), None),
+                            Err(short) => (Answer::Unacknowledged, Some(short)),
+                        },
+                        answer => (answer, None),
+                    }
+                }
+                Ok(_) => (Answer::Nothing, None),
+                Err(e) => (reply::renewal(&Err(e), self.terms.lease), None),
+            }
+        } else {
+            let mut reply = self.query(&self.renew_cmd()).await;
+            if is_redirect(&reply) && self.unbind_if_moved().await {
+                // Bound to nothing now: renewed where the key is.
+                reply = self.query(&self.renew_cmd()).await;
+            }
+            (reply::renewal(&reply, self.terms.lease), None)
+        };
+        let event = Event::Answered {
             read: Read::Renewal,
             sent,
             replied: Instant::now(),
-            answer: reply::renewal(&reply, self.terms.lease),
-        }
+            answer,
+        };
+        (event, why)
     }
 
     /// A fixed lease's confirmation: the lease this hold has left on its first key
@@ -271,17 +377,37 @@ impl Hold {
         replied: Instant,
     ) -> Result<(), LockError> {
         let mut out = self.step(Event::Granted { sent, replied });
+        let mut why = None;
         loop {
             if out.deliver {
                 return Ok(());
             }
             match out.refuse {
-                Some(Some(reason)) => return Err(LockError::NotHeld { lost: Some(reason) }),
-                Some(None) => return Err(LockError::Connection(no_confirmation())),
+                Some(Refusal::Gone(reason)) => {
+                    return Err(LockError::NotHeld { lost: Some(reason) })
+                }
+                Some(Refusal::Unanswered) => return Err(LockError::Connection(no_confirmation())),
+                Some(Refusal::Unacknowledged) => {
+                    // Released by the caller (the handle's release, ordered before its next
+                    // acquire).
+                    let short = why.unwrap_or(Shortfall {
+                        acknowledged: 0,
+                        wanted: 0,
+                        why: String::new(),
+                    });
+                    return Err(LockError::NotSafelyAcquired {
+                        tokens: self.tokens.to_vec(),
+                        acknowledged: short.acknowledged,
+                        wanted: short.wanted,
+                        why: short.why,
+                    });
+                }
                 None => {}
             }
             let event = if out.renew {
-                self.send_renewal().await
+                let (event, unacknowledged) = self.send_renewal().await;
+                why = unacknowledged;
+                event
             } else if out.read_lease {
                 self.read_lease().await
             } else {
@@ -295,13 +421,10 @@ impl Hold {
 
     /// Starts the hold's background work once it is handed out: the connection watcher of an
     /// `EPHEMERAL` hold, and the subscription to its keys' lost-hold channels.
-    pub(crate) fn start(
-        self: &Arc<Self>,
-        pushes: Option<mpsc::UnboundedReceiver<redis::PushInfo>>,
-    ) {
+    pub(crate) fn start(self: &Arc<Self>, pushes: Option<(Pushes, Option<Changes>)>) {
         let mut tasks = Vec::new();
-        if let Some(pushes) = pushes {
-            tasks.extend(self.spawn(watch_connection(Arc::downgrade(self), pushes)));
+        if let Some((pushes, changes)) = pushes {
+            tasks.extend(self.spawn(watch_connection(Arc::downgrade(self), pushes, changes)));
         }
         if let Some(hub) = self.signals.clone() {
             let me: Arc<dyn Subscriber> = self.clone();
@@ -334,7 +457,7 @@ impl Hold {
 
     /// Sends the release (`LOCK.RELEASE`/`LOCK.MRELEASE`); the machine learns it was answered.
     pub(crate) async fn send_release(self: Arc<Self>) -> Result<Value, LockError> {
-        let reply = self.conn.query(&self.release, self.key()).await;
+        let reply = self.connection().query(&self.release, self.key()).await;
         self.step(Event::ReleaseReplied);
         reply
     }
@@ -348,13 +471,17 @@ impl Hold {
         let mut answer = Answer::Holds(None);
         for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
             match self.check_key(key, *token).await {
-                Answer::Holds(_) => {}
+                Answer::Holds(_) | Answer::Unacknowledged => {}
                 Answer::Gone => {
                     answer = Answer::Gone;
                     break;
                 }
                 Answer::Nothing => answer = Answer::Nothing,
             }
+        }
+        if check.moved && matches!(answer, Answer::Holds(_)) {
+            // An EPHEMERAL hold's key moved: bound to nothing on the new node, it lives on.
+            self.step(Event::Unbound);
         }
         self.step(Event::Answered {
             read: Read::Check(check.reason),
@@ -369,6 +496,34 @@ impl Hold {
                     let _ = hub.resubscribe(key).await;
                 }
             }
+        }
+    }
+
+    /// A renewal on an `EPHEMERAL` hold's own connection was answered `MOVED`/`ASK`: in a
+    /// cluster its key left that node with its slot. Checks where the key is now (the shared
+    /// connection follows the redirect); if the hold is there it is bound to nothing and lives
+    /// on: the machine is told ([`Event::Unbound`]), and the hold's commands go on the shared
+    /// connection from here. Returns whether it did.
+    async fn unbind_if_moved(self: &Arc<Self>) -> bool {
+        if self.inner().machine.binding() != Binding::Connection {
+            return false;
+        }
+        for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
+            if !matches!(self.check_key(key, *token).await, Answer::Holds(_)) {
+                return false;
+            }
+        }
+        self.step(Event::Unbound);
+        true
+    }
+
+    /// A renewal's answer that says nothing (sent at `sent`).
+    fn nothing(&self, sent: Instant) -> Event<'static> {
+        Event::Answered {
+            read: Read::Renewal,
+            sent,
+            replied: Instant::now(),
+            answer: Answer::Nothing,
         }
     }
 
@@ -403,12 +558,24 @@ impl Subscriber for Hold {
     }
 }
 
-/// Reports an `EPHEMERAL` hold's connection closing to its machine.
-async fn watch_connection(hold: Weak<Hold>, mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>) {
+/// The pushes of an `EPHEMERAL` hold's own connection.
+pub(crate) type Pushes = mpsc::UnboundedReceiver<redis::PushInfo>;
+
+/// Tells of a failover (through Sentinel).
+pub(crate) type Changes = tokio::sync::watch::Receiver<u64>;
+
+/// Reports an `EPHEMERAL` hold's connection closing to its machine, or the master it is bound
+/// to being replaced (a failover: the hold is bound to nothing on the new master, and the old
+/// one, if it comes back, no longer counts).
+async fn watch_connection(hold: Weak<Hold>, mut pushes: Pushes, changes: Option<Changes>) {
+    let mut changed = std::pin::pin!(crate::master::changed(changes));
     loop {
-        let closed = match pushes.recv().await {
-            None => true,
-            Some(push) => push.kind == PushKind::Disconnection,
+        let closed = tokio::select! {
+            push = pushes.recv() => match push {
+                None => true,
+                Some(push) => push.kind == PushKind::Disconnection,
+            },
+            _ = &mut changed => true,
         };
         if closed {
             if let Some(hold) = hold.upgrade() {
@@ -417,6 +584,11 @@ async fn watch_connection(hold: Weak<Hold>, mut pushes: mpsc::UnboundedReceiver<
             return;
         }
     }
+}
+
+/// Whether a reply is a cluster redirect (`MOVED`, `ASK`).
+fn is_redirect(reply: &Result<Value, LockError>) -> bool {
+    matches!(reply, Err(LockError::Server(text)) if text.starts_with("MOVED ") || text.starts_with("ASK "))
 }
 
 fn no_confirmation() -> redis::RedisError {

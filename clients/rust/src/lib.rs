@@ -10,6 +10,9 @@
 //! - A [`LockGuard`] is the hold: [`LockGuard::token`] is its fencing token,
 //!   [`LockGuard::lost`] resolves if it is lost ([`LostReason`]), [`LockGuard::release`]
 //!   releases it (idempotent), and dropping it releases it in the background.
+//!   [`LockGuard::fenced`] runs a command only while the hold lasts, checked by the server in
+//!   the same step (`LOCK.GUARD`): a stale holder's write never lands
+//!   ([`LockError::Fenced`]).
 //!
 //! - [`LockClient::multi_lock`] makes a [`MultiLock`]: several keys taken together at one
 //!   instant (`LOCK.MACQUIRE`), a [`MultiLockGuard`] with a token per key, one watchdog
@@ -104,11 +107,14 @@
 //!   needed), the lost-hold signal with `SSUBSCRIBE` on that node.
 //! - [`LockClientBuilder::lost_signal_prefix`] listens to a server whose
 //!   `lock.lost-channel-prefix` is not the default `lock.lost`.
+//! - [`LockClient::sentinel`] follows the master a set of Sentinels names, through failovers
+//!   (see [`LockClient::sentinel_builder`] for what each call does then), and
+//!   [`Lock::replicas`] counts a grant or a renewal only once replicas acknowledged it
+//!   ([`LockError::NotSafelyAcquired`] otherwise).
 //!
 //! # Not (yet) supported
 //!
-//! Sentinel; TLS and unix sockets untested; in a cluster, an `EPHEMERAL` hold whose slot
-//! migrates (its connection is to the old node).
+//! TLS and unix sockets untested.
 
 #![deny(missing_docs)]
 #![cfg_attr(
@@ -116,6 +122,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+mod acks;
 pub mod blocking;
 mod channel;
 mod client;
@@ -130,6 +137,7 @@ mod keeper;
 mod lock;
 mod lost;
 mod machine;
+mod master;
 mod message;
 mod multi;
 mod naming;
@@ -142,7 +150,9 @@ pub use channel::{
     leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,
     DEFAULT_LEADER_CHANNEL_PREFIX, DEFAULT_LOST_SIGNAL_PREFIX,
 };
-pub use client::{LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT};
+pub use client::{
+    LockClient, LockClientBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_FAILOVER_TIMEOUT,
+};
 pub use election::{Election, Leadership};
 pub use error::LockError;
 pub use guard::{LockGuard, Release};

@@ -8,6 +8,7 @@ use std::time::Duration;
 use redis::{Cmd, Value};
 use tokio::time::Instant;
 
+use crate::acks::Acknowledgement;
 use crate::conn::{self, HoldConn, OwnConnection};
 use crate::context::Context;
 use crate::error::LockError;
@@ -16,6 +17,7 @@ use crate::handle::HandleState;
 use crate::hold::{millis, Hold, NewHold};
 use crate::lost::LostWatch;
 use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
+use crate::master::says_not_master;
 use crate::reply;
 use crate::servers::Found;
 
@@ -28,6 +30,11 @@ const WAIT_MARGIN: Duration = Duration::from_secs(2);
 /// How many times an acquire is sent again after its connection broke or timed out. Safe
 /// because every acquire carries `ONCE`.
 const RETRIES: u32 = 2;
+
+/// Through Sentinel, an acquire whose master failed is sent again after this pause, doubled
+/// each time up to [`FAILOVER_PAUSE_MAX`], until the client's failover timeout passes.
+const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
+const FAILOVER_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// The kind of hold a [`Lock`] handle takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +94,8 @@ pub struct Lock {
     renewal: Renewal,
     wait: Wait,
     ephemeral: bool,
+    /// What each grant and renewal must be acknowledged by before it counts.
+    acks: Acknowledgement,
     /// `LOCK.ACQUIRE` without `WAIT` as these options make it, built once (a builder method
     /// that changes an option clears it).
     acquire: OnceLock<Cmd>,
@@ -175,6 +184,7 @@ impl Lock {
             renewal: Renewal::Watchdog,
             wait: Wait::Forever,
             ephemeral: false,
+            acks: Acknowledgement::default(),
             acquire: OnceLock::new(),
         }
     }
@@ -216,6 +226,62 @@ impl Lock {
         self
     }
 
+    /// Every grant, and every renewal, counts only once `replicas` replicas acknowledged it
+    /// (`WAIT replicas timeout`, sent on the hold's connection right after the write): a hold
+    /// the master granted but never replicated is lost when a replica is promoted, and the new
+    /// master may grant it again. Default: off (a grant counts when the master answers).
+    ///
+    /// - **After a grant** (at once or after a wait) the acquire sends one renewal and `WAIT`
+    ///   in one round trip before it returns the guard. When fewer replicas acknowledged within
+    ///   `timeout`, it **releases the hold and answers
+    ///   [`LockError::NotSafelyAcquired`]** (with the grant's tokens, how many replicas
+    ///   acknowledged of how many, and why); it does not retry: the application decides whether
+    ///   to acquire again (the next grant has another token). A fixed lease is set again from
+    ///   that renewal.
+    /// - **After each renewal** the watchdog sends `WAIT` too, and the guard's loss deadline
+    ///   moves only on renewals the replicas acknowledged: a renewal the master never
+    ///   replicated does not make the guard believe it holds longer than a promoted replica
+    ///   would. Renewals unacknowledged for a whole lease report the hold lost
+    ///   ([`LostReason::Unreachable`](crate::LostReason::Unreachable)).
+    /// - `WAIT` blocks the connection it is sent on for up to `timeout`, so `timeout` must be
+    ///   below the client's command timeout (2 s by default): else the acquire answers
+    ///   [`LockError::InvalidArgument`].
+    ///
+    /// It is not consensus: a failover to a replica that did not acknowledge, or a partition
+    /// with a master on each side, can still lose a grant. `min-replicas-to-write` on the
+    /// servers narrows the second.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// use std::time::Duration;
+    /// use redis_lock_client::LockError;
+    ///
+    /// let lock = client.lock("orders:42").replicas(1, Duration::from_millis(500));
+    /// match lock.acquire().await {
+    ///     Ok(mut guard) => { /* held, and on a replica */ guard.release().await?; }
+    ///     Err(LockError::NotSafelyAcquired { tokens, acknowledged, wanted, .. }) => {
+    ///         eprintln!("{tokens:?} released: {acknowledged} of {wanted} replicas acknowledged")
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.acks.replicas = Some((replicas, timeout));
+        self
+    }
+
+    /// Every grant and renewal counts only once it is in the AOF of `local` servers (0 or 1:
+    /// the master's own, which needs `appendonly yes` there) and of `replicas` replicas
+    /// (`WAITAOF local replicas timeout`, Redis 7.2 and later), as [`Lock::replicas`] does with
+    /// `WAIT`; both may be asked. Too few: [`LockError::NotSafelyAcquired`], the hold released.
+    /// A server without `WAITAOF` (Redis 7.0) refuses it, and so every acquire answers
+    /// `NotSafelyAcquired` with the server's error.
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.acks.aof = Some((local, replicas, timeout));
+        self
+    }
+
     /// The same handle (owner, keys, options) taking holds of another kind; nothing it held is
     /// carried over.
     pub(crate) fn with_kind(self, kind: Kind) -> Lock {
@@ -231,6 +297,7 @@ impl Lock {
         lock.renewal = self.renewal;
         lock.wait = self.wait;
         lock.ephemeral = self.ephemeral;
+        lock.acks = self.acks;
         lock
     }
 
@@ -421,6 +488,11 @@ impl Lock {
             ));
         }
         check_keys(&self.spec.keys)?;
+        if self.acks.is_on() && self.acks.blocks_for() >= self.ctx.command_timeout {
+            return Err(LockError::InvalidArgument(
+                "the acknowledgement timeout (replicas, wait_aof) must be below the command timeout",
+            ));
+        }
         let wait = match wait {
             Some(Wait::Timeout(Duration::ZERO)) => None,
             w => w,
@@ -472,7 +544,11 @@ impl Lock {
     }
 
     /// Sends the acquire on the shared connection (no wait) or on a fresh connection of its own
-    /// (wait), again after a broken or timed-out connection: `ONCE` makes that safe.
+    /// (wait), again after a broken or timed-out connection: `ONCE` makes that safe. Through
+    /// Sentinel, a server that answers as a replica counts as a broken connection, and the
+    /// acquire is sent again, to the master the Sentinels name, with growing pauses, until a
+    /// master answers or the failover timeout passes; a wait for what is left of it (its place
+    /// in the old master's queue is gone, it joins the new one's).
     async fn send_with_retries(
         &self,
         wait: Option<Wait>,
@@ -482,6 +558,9 @@ impl Lock {
             Some(Wait::Timeout(t)) => Some(Instant::now() + t),
             _ => None,
         };
+        let failover = self.ctx.servers.follows_failover();
+        let mut pause = FAILOVER_PAUSE;
+        let mut failing_since: Option<Instant> = None;
         let mut attempt = 0;
         loop {
             let this_wait = match (wait, until) {
@@ -504,8 +583,20 @@ impl Lock {
                 }
                 Some(w) => self.send_waiting(&cmd, w).await,
             };
+            let again = |e: &LockError| e.is_retryable() || (failover && says_not_master(e));
             match reply {
-                Err(e) if e.is_retryable() && attempt < RETRIES => attempt += 1,
+                Err(e) if again(&e) && attempt < RETRIES => attempt += 1,
+                Err(e)
+                    if again(&e)
+                        && failover
+                        && failing_since.get_or_insert_with(Instant::now).elapsed() + pause
+                            < self.ctx.failover_timeout =>
+                {
+                    // Through a failover: the master is gone or not yet replaced. A wait is
+                    // issued again for what is left of it.
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
+                }
                 r => return r,
             }
         }
@@ -571,8 +662,8 @@ impl Lock {
             };
             let mut own = match conn::own_connection(target, push, timeout).await {
                 Ok(own) => own,
-                Err(_) if found == Found::FromSlotMap => {
-                    servers.forget_slots();
+                Err(_) if found == Found::Cached => {
+                    servers.forget(&node);
                     (node, found) = match servers.node_of(self.spec.key()).await {
                         Ok((node, _)) => (node, Found::Sure),
                         Err(e) => return (Err(e), None),
@@ -584,6 +675,15 @@ impl Lock {
             // The connection's name, ASKING when a redirect said so, and the acquire: one
             // round trip.
             let first = conn::first_query(&mut own.conn, &self.ctx.name, asking, cmd);
+            // Through Sentinel, a failover ends the wait (its connection is dropped with it):
+            // the old master's queue no longer counts, nor any grant it might still make.
+            let changes = servers.changes();
+            let first = async {
+                tokio::select! {
+                    reply = first => Ok(reply),
+                    _ = crate::master::changed(changes) => Err(conn::master_changed()),
+                }
+            };
             let reply = match limit {
                 None => first.await,
                 Some(limit) => match tokio::time::timeout(limit, first).await {
@@ -591,12 +691,16 @@ impl Lock {
                     Err(_) => return (Err(timed_out()), None),
                 },
             };
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => return (Err(e), None),
+            };
             match &reply {
                 Err(e) if redirects < REDIRECTS => {
                     if let Some((address, _slot)) = e.redirect_node() {
                         asking = e.code() == Some("ASK");
                         if !asking {
-                            servers.forget_slots();
+                            servers.forget(&node);
                         }
                         node = match servers.node_at(address, &node) {
                             Ok(node) => node,
@@ -609,7 +713,14 @@ impl Lock {
                 }
                 _ => {}
             }
-            return (reply.map_err(LockError::from), Some(own));
+            let reply = reply.map_err(LockError::from);
+            if let Err(e) = &reply {
+                if says_not_master(e) {
+                    // A replica now (a failover): the next lookup asks the Sentinels again.
+                    servers.forget(&node);
+                }
+            }
+            return (reply, Some(own));
         }
     }
 
@@ -646,7 +757,10 @@ impl Lock {
         let (conn, pushes) = match own {
             Some(mut own) => {
                 own.conn.set_response_timeout(ctx.command_timeout);
-                (HoldConn::Own(own.conn), own.pushes)
+                (
+                    HoldConn::Own(own.conn),
+                    own.pushes.map(|p| (p, ctx.servers.changes())),
+                )
             }
             None => (HoldConn::Shared(ctx.commands.clone()), None),
         };
@@ -666,7 +780,9 @@ impl Lock {
                     Binding::Lease
                 },
                 form: self.spec.form(),
+                acknowledged: self.acks.is_on(),
             },
+            acks: self.acks,
             conn,
             reads: ctx.commands.clone(),
             release: self.spec.release.clone(),
@@ -679,8 +795,19 @@ impl Lock {
         let guard = LockGuard::new(state.clone(), hold.clone());
         // After a long wait, confirmed before it is handed out. A hold refused goes with its
         // guard, with nothing to release: it is gone, or the server answered nothing (then it
-        // ends at its lease end, or the handle's next acquire, ONCE, takes it back).
-        hold.granted(sent, replied).await?;
+        // ends at its lease end, or the handle's next acquire, ONCE, takes it back). One the
+        // replicas did not acknowledge is released (the handle's release: its next acquire
+        // waits for it).
+        match hold.granted(sent, replied).await {
+            Ok(()) => {}
+            Err(e @ LockError::NotSafelyAcquired { .. }) => {
+                let _ = state
+                    .release_here(hold.runtime.clone(), hold.clone().send_release())
+                    .await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        }
         hold.start(pushes);
         Ok(Settled::Guard(guard))
     }

@@ -13,10 +13,15 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// `LOCK.RENEW` answered 0, a re-entry found another holder, or a check found the hold
-    /// gone (after its key's slot moved, or `LOCK.PROCLAIM` refused): the server no longer has
-    /// this hold (its lease ran out while renewals could not get through, or someone removed it).
+    /// `LOCK.RENEW` answered 0, a re-entry found another holder, a check found the hold gone
+    /// (after its key's slot moved, or `LOCK.PROCLAIM` refused), or a fenced command was
+    /// refused with `FENCED the hold is gone`: the server no longer has this hold (its lease ran
+    /// out while renewals could not get through, or someone removed it).
     HoldGone,
+    /// A fenced command ([`LockGuard::fenced`](crate::LockGuard::fenced)) was refused with
+    /// `FENCED the token is not current`: the owner holds the key under another fencing token
+    /// now, so this hold (this token) is over.
+    TokenNotCurrent,
     /// The watchdog could not reach the server before the lease (counted from the send time of
     /// the last successful renewal, minus a drift margin) ran out. The server may still hold
     /// the key for a moment, but nothing tells this process it does.
@@ -68,7 +73,10 @@ impl LostReason {
 impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            LostReason::HoldGone => "the server no longer has the hold (a renewal answered 0)",
+            LostReason::HoldGone => "the server no longer has the hold",
+            LostReason::TokenNotCurrent => {
+                "the owner holds the key under another token (a fenced command was refused)"
+            }
             LostReason::Unreachable => "the server could not be reached before the lease ran out",
             LostReason::LeaseEnded => "the fixed lease ran out",
             LostReason::ConnectionClosed => "the EPHEMERAL hold's connection closed",

@@ -4,6 +4,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::{Cmd, FromRedisValue};
+
 use crate::error::LockError;
 use crate::guard::{LockGuard, Release};
 use crate::lock::Lock;
@@ -76,6 +78,19 @@ impl MultiLock {
     /// See [`Lock::ephemeral`]: every key's hold is bound to the one connection the guard owns.
     pub fn ephemeral(mut self) -> Self {
         self.inner = self.inner.ephemeral();
+        self
+    }
+
+    /// See [`Lock::replicas`]: the grant of every key, and each `LOCK.MRENEW`, acknowledged by
+    /// `replicas` replicas before it counts.
+    pub fn replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.replicas(replicas, timeout);
+        self
+    }
+
+    /// See [`Lock::wait_aof`].
+    pub fn wait_aof(mut self, local: u32, replicas: u32, timeout: Duration) -> Self {
+        self.inner = self.inner.wait_aof(local, replicas, timeout);
         self
     }
 
@@ -153,6 +168,37 @@ impl MultiLockGuard {
     /// A [`LostWatch`] of this hold.
     pub fn watch(&self) -> LostWatch {
         self.inner.watch()
+    }
+
+    /// Runs `cmd` through the fence of `key`, one of this guard's keys, with that key's token:
+    /// as [`LockGuard::fenced`] (`LOCK.GUARD key owner token <cmd...>`). A `FENCED` refusal on
+    /// any key is the whole hold's loss. [`LockError::InvalidArgument`] when `key` is not one of
+    /// the guard's keys (nothing is sent).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redis_lock_client::LockClient) -> Result<(), redis_lock_client::LockError> {
+    /// let guard = client.multi_lock(["{acct}:1", "{acct}:2"]).acquire().await?;
+    /// let _: i64 = guard.fenced("{acct}:1", redis::cmd("DECRBY").arg("{acct}:1:balance").arg(5)).await?;
+    /// let _: i64 = guard.fenced("{acct}:2", redis::cmd("INCRBY").arg("{acct}:2:balance").arg(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn fenced<T: FromRedisValue>(
+        &self,
+        key: impl AsRef<[u8]>,
+        cmd: &Cmd,
+    ) -> Result<T, LockError> {
+        let index = self.index_of(key.as_ref())?;
+        crate::guard::fenced_at(&self.inner, index, cmd).await
+    }
+
+    /// The position of `key` among the guard's keys.
+    pub(crate) fn index_of(&self, key: &[u8]) -> Result<usize, LockError> {
+        self.inner
+            .hold()
+            .keys
+            .iter()
+            .position(|k| **k == *key)
+            .ok_or(LockError::InvalidArgument("not one of the guard's keys"))
     }
 
     /// Releases every key with one `LOCK.MRELEASE` (as [`LockGuard::release`]). When the hold

@@ -267,15 +267,24 @@ async fn subscribe(
     pushes: mpsc::UnboundedSender<redis::PushInfo>,
 ) -> Result<Subscription, LockError> {
     match &ctx.servers {
-        Servers::Single { resp3, .. } => {
+        Servers::Single(master) => {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(ctx.command_timeout))
                 .set_response_timeout(Some(ctx.command_timeout))
                 .set_push_sender(pushes);
-            let mut conn = resp3
+            // Through Sentinel, the master it names now (again after each reconnect).
+            let node = master.node().await?;
+            let mut conn = match node
+                .resp3
                 .get_multiplexed_async_connection_with_config(&config)
                 .await
-                .map_err(LockError::Connection)?;
+            {
+                Ok(conn) => conn,
+                Err(e) => {
+                    master.forget(&node);
+                    return Err(LockError::Connection(e));
+                }
+            };
             // Refused (an ACL without CLIENT): the connection works unnamed.
             let _ = setname(&ctx.name).query_async::<Value>(&mut conn).await;
             conn.subscribe(channel).await?;
@@ -328,9 +337,15 @@ async fn follow(ctx: Arc<Context>, key: Arc<[u8]>, out: mpsc::UnboundedSender<Le
                 continue;
             }
         };
-        // Messages until the connection breaks.
+        // Messages until the connection breaks, or (through Sentinel) the master changes: then
+        // it subscribes and reads again on the new master.
+        let mut changed = std::pin::pin!(crate::master::changed(ctx.servers.changes()));
         loop {
-            let Some(push) = pushes.recv().await else {
+            let push = tokio::select! {
+                push = pushes.recv() => push,
+                _ = &mut changed => None,
+            };
+            let Some(push) = push else {
                 break;
             };
             let mut ready = VecDeque::new();

@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::error::LockError;
+use crate::lost::LostReason;
 use crate::machine::Answer;
 
 /// An acquire's reply: a token > 0 (`LOCK.ACQUIRE`, `LOCK.CAMPAIGN`), an array of `keys`
@@ -122,6 +123,22 @@ pub(crate) fn checked(reply: &Result<Value, LockError>) -> Answer {
     }
 }
 
+/// What a `FENCED` refusal of `LOCK.GUARD` says of the hold: gone, or held under another token
+/// (`None`: not a refusal of the fence, such as the command's own error).
+pub(crate) fn fence_refusal(text: &str) -> Option<LostReason> {
+    let rest = text.strip_prefix("FENCED")?;
+    if !(rest.is_empty() || rest.starts_with(' ')) {
+        return None;
+    }
+    Some(
+        if rest.trim_start().starts_with("the token is not current") {
+            LostReason::TokenNotCurrent
+        } else {
+            LostReason::HoldGone
+        },
+    )
+}
+
 fn field<'a>(value: &'a Value, name: &[u8]) -> Option<&'a Value> {
     let is_name = |v: &Value| match v {
         Value::BulkString(b) => b.as_slice() == name,
@@ -220,6 +237,27 @@ mod tests {
             checked(&Err(LockError::Server("LOADING loading".into()))),
             Answer::Nothing
         );
+    }
+
+    #[test]
+    fn fence_refusals_say_gone_or_not_current_and_nothing_else_is_one() {
+        let cases = [
+            (
+                "FENCED the hold is gone: the owner no longer holds this lock (released, expired, force-released, handed on or deleted); the command did not run",
+                Some(LostReason::HoldGone),
+            ),
+            (
+                "FENCED the token is not current: the owner holds this lock under another token; the command did not run",
+                Some(LostReason::TokenNotCurrent),
+            ),
+            ("FENCED", Some(LostReason::HoldGone)),
+            ("FENCEDX the token is not current", None),
+            ("ERR a SHARED hold runs only read-only commands through LOCK.GUARD; SET writes", None),
+            ("WRONGTYPE Operation against a key holding the wrong kind of value", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(fence_refusal(text), want, "{text}");
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Where commands go: one server, or the masters of a Redis Cluster.
+//! Where commands go: one server (a fixed address, or the master Sentinel names), or the masters
+//! of a Redis Cluster.
 //!
 //! Ordinary commands (acquire without waiting, renew, release, `LOCK.INFO`) go through one shared
 //! connection: a multiplexed connection to the one server, or the `redis` crate's cluster
@@ -8,8 +9,9 @@
 //! `EPHEMERAL` hold lives exactly as long as its connection): [`Servers::node_of`] finds that
 //! node in the client's copy of the slot map (`CLUSTER SLOTS`, read when first needed), and
 //! [`Servers::node_at`] follows a redirect to another. A `MOVED` (or a node that cannot be
-//! reached) means the copy is stale: [`Servers::forget_slots`] drops it, and the next lookup
-//! reads it again.
+//! reached) means the copy is stale: [`Servers::forget`] drops it, and the next lookup reads it
+//! again. Through Sentinel the one server is the master the Sentinels name (`master.rs`),
+//! forgotten the same way when it fails.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,14 +19,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, Value};
 
 use crate::error::LockError;
+use crate::master::Master;
 
 /// The servers a client talks to.
 pub(crate) enum Servers {
-    /// One server (standalone, or a master without cluster mode).
-    Single {
-        client: redis::Client,
-        resp3: redis::Client,
-    },
+    /// One server (standalone, or a master without cluster mode): a fixed address, or the
+    /// master the Sentinels name.
+    Single(Arc<Master>),
     /// A Redis Cluster: `info` is a seed node's settings (credentials, database, TLS), which
     /// every node connection reuses with the node's address.
     Cluster {
@@ -44,20 +45,38 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// The node of `info` (its address and settings, the protocol of `info` for the first
+    /// client), with the library's name.
+    pub(crate) fn from_info(info: ConnectionInfo) -> Result<Node, LockError> {
+        let settings = crate::naming::with_lib_name(info.redis_settings().clone());
+        let resp3 = settings.clone().set_protocol(ProtocolVersion::RESP3);
+        Ok(Node {
+            client: redis::Client::open(info.clone().set_redis_settings(settings))
+                .map_err(LockError::Connection)?,
+            resp3: redis::Client::open(info.set_redis_settings(resp3))
+                .map_err(LockError::Connection)?,
+        })
+    }
+
     /// The node's host, for a redirect that names a port only (`MOVED 3999 :6381`: same host).
     fn host(&self) -> Option<String> {
         seed_host(self.client.get_connection_info())
+    }
+
+    /// Whether `other` is this node (the same address).
+    pub(crate) fn same_address(&self, other: &Node) -> bool {
+        self.client.get_connection_info().addr() == other.client.get_connection_info().addr()
     }
 }
 
 /// Where a node was found: a lookup in the client's slot map may be stale, a redirect is not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Found {
-    /// The one server, or the node a redirect named.
+    /// The one fixed server, or the node a redirect named.
     Sure,
-    /// The client's copy of the slot map: a `MOVED`, or a node that cannot be reached, means
-    /// the copy is stale.
-    FromSlotMap,
+    /// The client's copy of the slot map, or the master the Sentinels named: a `MOVED`, a node
+    /// that cannot be reached, or one that says it is a replica, means the copy is stale.
+    Cached,
 }
 
 impl Servers {
@@ -65,17 +84,31 @@ impl Servers {
         matches!(self, Servers::Cluster { .. })
     }
 
+    /// Whether the one server can change under the client (Sentinel: a failover).
+    pub(crate) fn follows_failover(&self) -> bool {
+        matches!(self, Servers::Single(master) if master.follows_failover())
+    }
+
+    /// Tells of each failover (`None` where the server never changes).
+    pub(crate) fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Servers::Single(master) => master.changes(),
+            Servers::Cluster { .. } => None,
+        }
+    }
+
     /// The node that serves `key` (the one server, or the master of the key's slot in the
     /// client's copy of the slot map, read with `CLUSTER SLOTS` when there is none).
     pub(crate) async fn node_of(&self, key: &[u8]) -> Result<(Node, Found), LockError> {
         match self {
-            Servers::Single { client, resp3 } => Ok((
-                Node {
-                    client: client.clone(),
-                    resp3: resp3.clone(),
-                },
-                Found::Sure,
-            )),
+            Servers::Single(master) => {
+                let found = if master.follows_failover() {
+                    Found::Cached
+                } else {
+                    Found::Sure
+                };
+                Ok((master.node().await?, found))
+            }
             Servers::Cluster { info, conn, slots } => {
                 let cached = relock(slots).clone();
                 let map = match cached {
@@ -102,16 +135,18 @@ impl Servers {
                 } else {
                     host
                 };
-                Ok((node_with(info, host, port)?, Found::FromSlotMap))
+                Ok((node_with(info, host, port)?, Found::Cached))
             }
         }
     }
 
-    /// Drops the client's copy of the slot map: a node it named answered `MOVED`, or could not
-    /// be reached. The next [`Servers::node_of`] reads the map again.
-    pub(crate) fn forget_slots(&self) {
-        if let Servers::Cluster { slots, .. } = self {
-            *relock(slots) = None;
+    /// Drops what the client knew of where keys are: a node it named (`node`) answered
+    /// `MOVED`, could not be reached, or said it is a replica. The next [`Servers::node_of`]
+    /// reads the slot map, or asks the Sentinels, again.
+    pub(crate) fn forget(&self, node: &Node) {
+        match self {
+            Servers::Cluster { slots, .. } => *relock(slots) = None,
+            Servers::Single(master) => master.forget(node),
         }
     }
 

@@ -28,6 +28,8 @@ use tokio::sync::mpsc;
 
 use crate::channel::{flush_channel, lost_signal_channel_with_prefix};
 use crate::conn::relock;
+use crate::error::LockError;
+use crate::master::Master;
 use crate::message::LostSignal;
 use crate::naming::setname;
 
@@ -81,8 +83,9 @@ impl Drop for Running<'_> {
 }
 
 enum HubServers {
-    /// `client` speaks RESP3 (pushes arrive on the connection that subscribed).
-    Single(redis::Client),
+    /// The one server (a fixed address, or the master the Sentinels name): its RESP3 client
+    /// (pushes arrive on the connection that subscribed).
+    Single(Arc<Master>),
     Cluster(Vec<ConnectionInfo>),
 }
 
@@ -126,9 +129,10 @@ fn same(a: &Weak<dyn Subscriber>, b: &Weak<dyn Subscriber>) -> bool {
 }
 
 impl SignalHub {
-    /// `client` must speak RESP3 (pushes arrive on the connection that subscribed).
-    pub(crate) fn single(client: redis::Client, prefix: &[u8], name: String) -> Arc<SignalHub> {
-        SignalHub::new(HubServers::Single(client), prefix, name)
+    /// Listens on the one server (its RESP3 client: pushes arrive on the connection that
+    /// subscribed); through Sentinel, on the master the Sentinels name after each reconnect.
+    pub(crate) fn single(master: Arc<Master>, prefix: &[u8], name: String) -> Arc<SignalHub> {
+        SignalHub::new(HubServers::Single(master), prefix, name)
     }
 
     pub(crate) fn cluster(
@@ -297,11 +301,38 @@ impl SignalHub {
         if slot.is_none() {
             let (tx, rx) = mpsc::unbounded_channel();
             let mut conn = match &self.servers {
-                HubServers::Single(client) => {
+                HubServers::Single(master) => {
                     let config = AsyncConnectionConfig::new().set_push_sender(tx);
-                    let mut conn = client
+                    let node = master.node().await.map_err(|e| match e {
+                        LockError::Connection(e) => e,
+                        other => redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "no master",
+                            other.to_string(),
+                        )),
+                    })?;
+                    let mut conn = match node
+                        .resp3
                         .get_multiplexed_async_connection_with_config(&config)
-                        .await?;
+                        .await
+                    {
+                        Ok(conn) => conn,
+                        Err(e) => {
+                            master.forget(&node);
+                            return Err(e);
+                        }
+                    };
+                    if let Some(changes) = master.changes() {
+                        // A failover: listen on the new master (the old one, paused and back,
+                        // would keep this connection open until the Sentinels demote it).
+                        let hub = Arc::downgrade(self);
+                        tokio::spawn(async move {
+                            crate::master::changed(Some(changes)).await;
+                            if let Some(hub) = hub.upgrade() {
+                                hub.start_resubscribe();
+                            }
+                        });
+                    }
                     // Refused (an ACL without CLIENT): the connection works unnamed.
                     let _ = setname(&self.name).query_async::<Value>(&mut conn).await;
                     PubSub::Single(conn)

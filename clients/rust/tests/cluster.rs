@@ -686,3 +686,104 @@ async fn a_held_key_whose_slot_moves_is_not_lost_and_is_renewed_on_its_new_node(
         assert_eq!(reason, LostReason::ForceReleased);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_command_goes_to_the_lock_keys_master() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let client = LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .without_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let mut con = raw(&cluster).await;
+    let moved_before: u64 = cluster.nodes.iter().map(moved_count).sum();
+    for key in one_key_per_master() {
+        // The lock key and its data share a hash tag, so a slot and a master.
+        let lock_key = format!("{{{key}}}");
+        let data = format!("{{{key}}}:data");
+        let guard = client.lock(&lock_key).acquire().await.unwrap();
+        let n: i64 = guard.fenced(redis::cmd("INCR").arg(&data)).await.unwrap();
+        assert_eq!(n, 1);
+        let node = cluster.node_for_slot(slot(&key));
+        let stored: String = redis::cmd("GET")
+            .arg(&data)
+            .query(&mut direct(node))
+            .unwrap();
+        assert_eq!(stored, "1", "written on the lock key's master");
+        // A data key of another slot: the server's CROSSSLOT; the hold is untouched.
+        let err = guard
+            .fenced::<i64>(redis::cmd("INCR").arg("untagged"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, redis_lock_client::LockError::Server(t) if t.starts_with("CROSSSLOT")),
+            "{err}"
+        );
+        assert_eq!(guard.lost_reason(), None);
+        let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(&lock_key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let refused = guard.fenced::<i64>(redis::cmd("INCR").arg(&data)).await;
+        assert!(
+            matches!(
+                refused,
+                Err(redis_lock_client::LockError::Fenced {
+                    lost: LostReason::HoldGone
+                })
+            ),
+            "{refused:?}"
+        );
+        let stored: String = redis::cmd("GET")
+            .arg(&data)
+            .query(&mut direct(node))
+            .unwrap();
+        assert_eq!(stored, "1", "the refused command did not run");
+    }
+    let moved_after: u64 = cluster.nodes.iter().map(moved_count).sum();
+    assert_eq!(moved_after, moved_before, "no MOVED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_hold_whose_slot_moves_lives_on_unbound_and_is_renewed_there() {
+    // The new node has the hold, bound to nothing (its connection is to the old node): it is
+    // not lost, it is renewed (and released) where the key is now, a lease hold from here.
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = &one_key_per_master()[1];
+    let slot = slot(key);
+    let from = cluster.node_for_slot(slot);
+    let to = cluster.nodes.iter().find(|n| n.port != from.port).unwrap();
+    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let lease = Duration::from_secs(3);
+    let mut guard = client
+        .lock(key)
+        .lease(lease)
+        .ephemeral()
+        .acquire()
+        .await
+        .unwrap();
+    move_slot(&cluster, slot, from, to);
+    tokio::time::sleep(lease + lease / 3).await;
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "reported lost after its slot moved"
+    );
+    assert!(
+        calls_on(to, "lock.renew") >= 2,
+        "not renewed on the new node"
+    );
+    assert_ne!(info_on(to, key), Value::Nil);
+    // A fenced command and the release go where the key is.
+    let n: i64 = guard
+        .fenced(redis::cmd("INCR").arg(format!("{{{key}}}:n")))
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+    assert_eq!(info_on(to, key), Value::Nil);
+}

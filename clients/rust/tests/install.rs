@@ -1,7 +1,8 @@
 //! The README's install forms and quick start, as a user's project of its own would use them:
 //! a project outside this repository that depends on the crate by a path relative to itself
 //! (and, with the network, by the repository's git URL), with `redis = "1.8"` beside it, and
-//! whose `main.rs` is the README's quick start, word for word.
+//! whose `main.rs` is the README's quick start (and its fenced-writes and Sentinel blocks), word
+//! for word.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -120,13 +121,20 @@ fn readme_dependency(form: &str) -> String {
 }
 
 #[test]
-fn the_readme_quick_start_builds_in_a_project_that_takes_the_crate_by_a_relative_path() {
+fn the_readme_blocks_build_in_a_project_that_takes_the_crate_by_a_relative_path() {
     let dependency = readme_dependency("path = ");
     assert!(
         dependency.contains("\"../"),
         "relative to the project: {dependency}"
     );
-    let project = Project::new("path", &dependency, &readme_block("## Quick start"));
+    // The quick start, and beside it the README's other complete blocks (they define functions).
+    let main = format!(
+        "{}\n\n#[allow(dead_code)]\nmod fenced {{\n{}\n}}\n\n#[allow(dead_code)]\nmod sentinel {{\n{}\n}}\n",
+        readme_block("## Quick start"),
+        readme_block("## Fenced writes"),
+        readme_block("## Sentinel and replicas")
+    );
+    let project = Project::new("path", &dependency, &main);
     let packages = project.packages(true);
     let version = format!("redis-lock-client {}", env!("CARGO_PKG_VERSION"));
     assert!(packages.contains(&version), "{packages:?}");

@@ -567,8 +567,16 @@ async fn the_example_runs() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("counter = 30"), "{stdout}");
-    assert!(stdout.contains("refused the stale token"), "{stdout}");
+    assert!(stdout.contains("counter = 30\n"), "{stdout}");
+    assert!(
+        stdout.contains("the server refused the stale token: fenced out"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Some(HoldGone)"), "{stdout}");
+    assert!(
+        stdout.contains("counter = 31 (the stale write did not land)"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,10 +9,14 @@
 //!    the lease left): the grant happened somewhere between the acquire's send and its reply,
 //!    and the only safe bound on the lease's end is the send time plus the lease, which a long
 //!    wait has nearly used up. That is no evidence of a loss; the confirmation's own send time
-//!    gives a fresh bound.
+//!    gives a fresh bound. When grants must be acknowledged by replicas, every grant is
+//!    confirmed (a renewal followed by `WAIT`), and one the replicas did not acknowledge is
+//!    refused (and released): not safely acquired.
 //! 2. The local deadline moves only on evidence from the server (a renewal answered, a re-entry,
 //!    a read of the lease left), counted from that command's *send* time, minus a tenth of the
-//!    lease for clock drift; it never moves back.
+//!    lease for clock drift; it never moves back. When renewals must be acknowledged by
+//!    replicas, only an acknowledged renewal moves it (a master that dies before replicating a
+//!    renewal leaves the new master with the older lease end).
 //! 3. *Lost* only on evidence: a renewal answered 0 (or, bound to its connection, not at all), a
 //!    signal naming this (db, key, owner, token), a check that no longer finds the hold, the
 //!    `EPHEMERAL` connection closing, the handle's acquire answered with another token, or time
@@ -91,6 +95,9 @@ pub(crate) struct Terms {
     pub(crate) renewal: Renewal,
     pub(crate) binding: Binding,
     pub(crate) form: Form,
+    /// Grants and renewals count only once replicas acknowledged them (`WAIT`/`WAITAOF` after
+    /// each).
+    pub(crate) acknowledged: bool,
 }
 
 impl Terms {
@@ -158,6 +165,9 @@ pub(crate) enum Read {
 pub(crate) enum Answer {
     /// The hold is there, and lasts at least this long from when the read ran, if known.
     Holds(Option<Duration>),
+    /// The hold is there, but fewer replicas acknowledged the renewal than asked: no evidence
+    /// that a promoted replica would have it.
+    Unacknowledged,
     /// The hold is not there.
     Gone,
     /// No answer (the connection broke or timed out), or one that says nothing.
@@ -185,6 +195,13 @@ pub(crate) enum Event<'a> {
     Signal(&'a LostSignal),
     /// The connection the hold is bound to closed or failed.
     ConnectionLost,
+    /// The hold is bound to nothing any more, but lives on: in a cluster its key moved to
+    /// another node with its slot (the node it was bound on no longer has it; the new one has
+    /// it, bound to nothing, until its lease ends). From here it is a plain lease.
+    Unbound,
+    /// The server refused a command fenced with this hold's token (`LOCK.GUARD` answered
+    /// `FENCED`): it no longer holds it under this token, for `reason`.
+    Fenced(LostReason),
     /// The application released the hold (its last guard).
     ReleaseRequested,
     /// The release was answered (or could not be sent).
@@ -205,9 +222,8 @@ pub(crate) enum Wake {
 pub(crate) struct Actions {
     /// Hand the guard to the application (the acquire returns it).
     pub(crate) deliver: bool,
-    /// The acquire fails: the hold is gone (`Some(reason)`), or the server did not answer the
-    /// confirmation (`None`).
-    pub(crate) refuse: Option<Option<LostReason>>,
+    /// The acquire fails (the guard is not handed out).
+    pub(crate) refuse: Option<Refusal>,
     /// Send a renewal now; answer with `Read::Renewal`.
     pub(crate) renew: bool,
     /// Read the lease this hold has left; answer with `Read::LeaseLeft`.
@@ -223,6 +239,18 @@ pub(crate) struct Actions {
     pub(crate) wake: Option<Wake>,
 }
 
+/// Why an acquire's grant is not handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The confirmation found the hold gone.
+    Gone(LostReason),
+    /// The server answered no confirmation.
+    Unanswered,
+    /// Fewer replicas acknowledged the grant than asked: the hold is released
+    /// ([`Actions::release`]).
+    Unacknowledged,
+}
+
 /// A check the machine asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Check {
@@ -234,6 +262,7 @@ pub(crate) struct Check {
 #[derive(Debug)]
 pub(crate) struct Machine {
     identity: Identity,
+    /// The terms, but for `binding`, which an [`Event::Unbound`] changes.
     terms: Terms,
     state: State,
     wake: Wake,
@@ -251,6 +280,11 @@ impl Machine {
 
     pub(crate) fn state(&self) -> State {
         self.state
+    }
+
+    /// What the hold is bound to now.
+    pub(crate) fn binding(&self) -> Binding {
+        self.terms.binding
     }
 
     /// What the application sees.
@@ -277,7 +311,8 @@ impl Machine {
         let mut out = Actions::default();
         self.state = match (self.state, event) {
             (State::Acquiring, Event::Granted { sent, replied }) => {
-                if replied.saturating_duration_since(sent) >= self.terms.interval() {
+                let long = replied.saturating_duration_since(sent) >= self.terms.interval();
+                if long || self.terms.acknowledged {
                     self.confirm(&mut out);
                     State::Confirming { attempts: 1 }
                 } else {
@@ -296,12 +331,17 @@ impl Machine {
                     self.held(sent, left.unwrap_or(self.terms.lease))
                 }
                 (Read::Renewal | Read::LeaseLeft, Answer::Gone) => {
-                    out.refuse = Some(Some(LostReason::HoldGone));
+                    out.refuse = Some(Refusal::Gone(LostReason::HoldGone));
+                    State::Refused
+                }
+                (Read::Renewal | Read::LeaseLeft, Answer::Unacknowledged) => {
+                    out.refuse = Some(Refusal::Unacknowledged);
+                    out.release = true;
                     State::Refused
                 }
                 (Read::Renewal | Read::LeaseLeft, Answer::Nothing) => {
                     if self.terms.binding == Binding::Connection {
-                        out.refuse = Some(Some(LostReason::ConnectionClosed));
+                        out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
                         State::Refused
                     } else if attempts < Terms::CONFIRMATIONS {
                         self.confirm(&mut out);
@@ -309,7 +349,7 @@ impl Machine {
                             attempts: attempts + 1,
                         }
                     } else {
-                        out.refuse = Some(None);
+                        out.refuse = Some(Refusal::Unanswered);
                         State::Refused
                     }
                 }
@@ -317,7 +357,7 @@ impl Machine {
             },
             (State::Confirming { .. }, Event::Signal(signal)) => match self.named(signal) {
                 Some(reason) => {
-                    out.refuse = Some(Some(reason));
+                    out.refuse = Some(Refusal::Gone(reason));
                     State::Refused
                 }
                 None => self.state,
@@ -325,8 +365,12 @@ impl Machine {
             (State::Confirming { .. }, Event::ConnectionLost)
                 if self.terms.binding == Binding::Connection =>
             {
-                out.refuse = Some(Some(LostReason::ConnectionClosed));
+                out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
                 State::Refused
+            }
+            (State::Held { .. }, Event::Unbound) => {
+                self.terms.binding = Binding::Lease;
+                self.state
             }
             (State::Held { .. }, event) => self.step_held(event, &mut out),
             (State::Releasing, Event::ReleaseReplied) => State::Released,
@@ -385,7 +429,8 @@ impl Machine {
                 Answer::Nothing if terms.binding == Binding::Connection => {
                     State::Lost(LostReason::ConnectionClosed)
                 }
-                Answer::Nothing => State::Held {
+                // Renewed on the master, not acknowledged: the deadline stays; again soon.
+                Answer::Nothing | Answer::Unacknowledged => State::Held {
                     deadline,
                     next: replied + terms.retry(),
                     renewing: false,
@@ -403,17 +448,19 @@ impl Machine {
                     renewing,
                 },
                 Answer::Gone => State::Lost(reason),
-                Answer::Holds(None) | Answer::Nothing => self.state,
+                Answer::Holds(None) | Answer::Nothing | Answer::Unacknowledged => self.state,
             },
             Event::Answered {
                 read: Read::LeaseLeft,
                 ..
             } => self.state,
-            Event::Reentered { sent } => State::Held {
+            // A re-entry sets the lease again; unacknowledged, it is no evidence for a replica.
+            Event::Reentered { sent } if !terms.acknowledged => State::Held {
                 deadline: deadline.max(terms.bound(sent, terms.lease)),
                 next,
                 renewing,
             },
+            Event::Reentered { .. } => self.state,
             Event::Replaced => State::Lost(LostReason::HoldGone),
             Event::Signal(signal) => {
                 if let Some(reason) = self.named(signal) {
@@ -425,11 +472,15 @@ impl Machine {
             Event::ConnectionLost if terms.binding == Binding::Connection => {
                 State::Lost(LostReason::ConnectionClosed)
             }
+            Event::Fenced(reason) => State::Lost(reason),
             Event::ReleaseRequested => {
                 out.release = true;
                 State::Releasing
             }
-            Event::ConnectionLost | Event::Granted { .. } | Event::ReleaseReplied => self.state,
+            Event::ConnectionLost
+            | Event::Unbound
+            | Event::Granted { .. }
+            | Event::ReleaseReplied => self.state,
         }
     }
 
@@ -463,9 +514,11 @@ impl Machine {
     }
 
     fn confirm(&self, out: &mut Actions) {
-        match self.terms.renewal {
-            Renewal::Watchdog => out.renew = true,
-            Renewal::Fixed => out.read_lease = true,
+        // An acknowledged grant is confirmed by a renewal (a write the replicas acknowledge),
+        // also for a fixed lease: it sets the lease again from the confirmation.
+        match (self.terms.renewal, self.terms.acknowledged) {
+            (Renewal::Watchdog, _) | (Renewal::Fixed, true) => out.renew = true,
+            (Renewal::Fixed, false) => out.read_lease = true,
         }
     }
 

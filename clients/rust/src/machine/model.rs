@@ -34,6 +34,8 @@ struct Model {
     /// How the hold ended: lost with a reason, released, or refused before delivery.
     ended: Option<End>,
     renewing: bool,
+    /// Bound to nothing any more (while held).
+    unbound: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +57,14 @@ impl Case {
 }
 
 impl Model {
+    fn binding(&self, terms: &Terms) -> Binding {
+        if self.unbound {
+            Binding::Lease
+        } else {
+            terms.binding
+        }
+    }
+
     fn held(&self) -> bool {
         self.delivered && self.ended.is_none()
     }
@@ -72,7 +82,8 @@ impl Model {
         match *event {
             Event::Granted { sent, replied } if !self.granted => {
                 self.granted = true;
-                self.long_wait = replied.saturating_duration_since(sent) >= terms.interval();
+                self.long_wait = replied.saturating_duration_since(sent) >= terms.interval()
+                    || terms.acknowledged;
                 if !self.long_wait {
                     self.delivered = true;
                     self.bound = Some(case.bound(sent, terms.lease));
@@ -85,7 +96,7 @@ impl Model {
                     self.delivered = true;
                     self.bound = Some(case.bound(sent, left.unwrap_or(terms.lease)));
                 }
-                Answer::Gone => self.end(End::Refused),
+                Answer::Gone | Answer::Unacknowledged => self.end(End::Refused),
                 Answer::Nothing => {
                     self.unanswered += 1;
                     if terms.binding == Binding::Connection || self.unanswered >= 3 {
@@ -119,10 +130,10 @@ impl Model {
                         self.extend(case.bound(sent, left.unwrap_or(terms.lease)))
                     }
                     Answer::Gone => self.end(End::Lost(LostReason::HoldGone)),
-                    Answer::Nothing if terms.binding == Binding::Connection => {
+                    Answer::Nothing if self.binding(terms) == Binding::Connection => {
                         self.end(End::Lost(LostReason::ConnectionClosed))
                     }
-                    Answer::Nothing => {}
+                    Answer::Nothing | Answer::Unacknowledged => {}
                 }
             }
             Event::Answered {
@@ -135,16 +146,20 @@ impl Model {
                 Answer::Gone => self.end(End::Lost(reason)),
                 _ => {}
             },
-            Event::Reentered { sent } => self.extend(case.bound(sent, terms.lease)),
+            Event::Reentered { sent } if !terms.acknowledged => {
+                self.extend(case.bound(sent, terms.lease))
+            }
             Event::Replaced => self.end(End::Lost(LostReason::HoldGone)),
+            Event::Fenced(reason) => self.end(End::Lost(reason)),
             Event::Signal(signal) => {
                 if let Some(reason) = names(&case.identity, signal) {
                     self.end(End::Lost(reason));
                 }
             }
-            Event::ConnectionLost if terms.binding == Binding::Connection => {
+            Event::ConnectionLost if self.binding(terms) == Binding::Connection => {
                 self.end(End::Lost(LostReason::ConnectionClosed))
             }
+            Event::Unbound => self.unbound = true,
             Event::ReleaseRequested => self.end(End::Released),
             _ => {}
         }
@@ -201,11 +216,12 @@ fn signals() -> Vec<LostSignal> {
 }
 
 fn random_answer(rng: &mut StdRng, lease: Duration) -> Answer {
-    match rng.gen_range(0..6) {
+    match rng.gen_range(0..7) {
         0 | 1 => Answer::Holds(Some(lease)),
         2 => Answer::Holds(Some(lease.mul_f64(rng.gen_range(0.0..1.0)))),
         3 => Answer::Holds(None),
         4 => Answer::Gone,
+        5 => Answer::Unacknowledged,
         _ => Answer::Nothing,
     }
 }
@@ -216,6 +232,8 @@ const REASONS: [LostReason; 4] = [
     LostReason::HoldGone,
     LostReason::Expired,
 ];
+
+const FENCES: [LostReason; 2] = [LostReason::HoldGone, LostReason::TokenNotCurrent];
 
 fn run(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -238,6 +256,7 @@ fn run(seed: u64) {
             } else {
                 Form::Many
             },
+            acknowledged: rng.gen_bool(0.3),
         },
         identity: Identity {
             db: 0,
@@ -285,7 +304,11 @@ fn run(seed: u64) {
                     answer: random_answer(&mut rng, lease),
                 },
                 6 | 7 => Event::Signal(&signals[rng.gen_range(0..signals.len())]),
-                8 => Event::ConnectionLost,
+                8 => match rng.gen_range(0..10) {
+                    0..=5 => Event::ConnectionLost,
+                    6 | 7 => Event::Unbound,
+                    _ => Event::Fenced(FENCES[rng.gen_range(0..FENCES.len())]),
+                },
                 9 => Event::Reentered {
                     sent: now.checked_sub(rtt(&mut rng)).unwrap_or(now),
                 },
@@ -338,20 +361,24 @@ fn run(seed: u64) {
         if model.held() {
             assert_eq!(machine.deadline(), model.bound, "{shown}: deadline");
         }
-        // One renewal at a time, only while held, never after the end.
+        // One renewal at a time, only while held, never after the end; a fixed lease only as
+        // an acknowledged grant's confirmation.
         if out.renew {
             assert!(!was_renewing, "{shown}: a second renewal in flight");
+            let fixed_confirmation = case.terms.acknowledged && !model.delivered;
             assert!(
-                model.ended.is_none() && case.terms.renewal == Renewal::Watchdog,
+                model.ended.is_none()
+                    && (case.terms.renewal == Renewal::Watchdog || fixed_confirmation),
                 "{shown}: renewed after the end, or a fixed lease renewed"
             );
         }
         // The release is sent once, when the application releases a held hold (or a lost
-        // multi-key one).
+        // multi-key one), or when the replicas did not acknowledge the grant.
         if out.release {
             assert!(
                 (was_held && model.ended == Some(End::Released))
-                    || (matches!(model.ended, Some(End::Lost(_))) && case.terms.form == Form::Many),
+                    || (matches!(model.ended, Some(End::Lost(_))) && case.terms.form == Form::Many)
+                    || out.refuse == Some(Refusal::Unacknowledged),
                 "{shown}: release"
             );
         }

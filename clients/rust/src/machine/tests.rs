@@ -24,6 +24,7 @@ fn terms(renewal: Renewal, binding: Binding) -> Terms {
         renewal,
         binding,
         form: Form::Many,
+        acknowledged: false,
     }
 }
 
@@ -99,7 +100,7 @@ fn a_confirmation_that_finds_the_hold_gone_or_unanswered_refuses_the_acquire() {
     let base = Instant::now();
     let (mut m, _) = granted(Renewal::Watchdog, Binding::Lease, base, 2_000);
     let out = m.step(answered(Read::Renewal, ms(base, 2_001), Answer::Gone));
-    assert_eq!(out.refuse, Some(Some(LostReason::HoldGone)));
+    assert_eq!(out.refuse, Some(Refusal::Gone(LostReason::HoldGone)));
     assert_eq!(m.state(), State::Refused);
 
     // Unanswered: sent again, then given up on after three.
@@ -113,13 +114,16 @@ fn a_confirmation_that_finds_the_hold_gone_or_unanswered_refuses_the_acquire() {
         if attempt < 3 {
             assert!(out.renew && out.refuse.is_none(), "attempt {attempt}");
         } else {
-            assert_eq!(out.refuse, Some(None));
+            assert_eq!(out.refuse, Some(Refusal::Unanswered));
         }
     }
     // Bound to its connection, one failure is the connection gone.
     let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 2_000);
     let out = m.step(answered(Read::Renewal, ms(base, 2_001), Answer::Nothing));
-    assert_eq!(out.refuse, Some(Some(LostReason::ConnectionClosed)));
+    assert_eq!(
+        out.refuse,
+        Some(Refusal::Gone(LostReason::ConnectionClosed))
+    );
 }
 
 #[test]
@@ -268,6 +272,16 @@ fn the_hold_is_lost_only_on_evidence_each_with_its_reason() {
         (Binding::Lease, Event::Replaced, Some(LostReason::HoldGone)),
         (
             Binding::Lease,
+            Event::Fenced(LostReason::HoldGone),
+            Some(LostReason::HoldGone),
+        ),
+        (
+            Binding::Connection,
+            Event::Fenced(LostReason::TokenNotCurrent),
+            Some(LostReason::TokenNotCurrent),
+        ),
+        (
+            Binding::Lease,
             Event::Tick {
                 now: ms(base, 2_699),
             },
@@ -374,6 +388,7 @@ fn after_a_release_or_a_loss_nothing_renews_and_nothing_changes() {
         Event::ConnectionLost,
         Event::Reentered { sent: ms(base, 5) },
         Event::Replaced,
+        Event::Fenced(LostReason::TokenNotCurrent),
     ];
     // Released.
     let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 5);
@@ -407,4 +422,93 @@ fn after_a_release_or_a_loss_nothing_renews_and_nothing_changes() {
         assert_eq!(m.step(Event::ReleaseRequested).release, sends, "{form:?}");
         assert_eq!(m.status(), Status::Lost(LostReason::HoldGone));
     }
+}
+
+#[test]
+fn acknowledged_grants_are_always_confirmed_and_unacknowledged_ones_refused_and_released() {
+    for renewal in [Renewal::Watchdog, Renewal::Fixed] {
+        let base = Instant::now();
+        let terms = Terms {
+            acknowledged: true,
+            ..terms(renewal, Binding::Lease)
+        };
+        // A grant at once (5 ms): still confirmed, by a renewal (also for a fixed lease).
+        let mut m = Machine::new(identity(), terms);
+        let out = m.step(Event::Granted {
+            sent: base,
+            replied: ms(base, 5),
+        });
+        assert!(!out.deliver && out.renew && !out.read_lease, "{renewal:?}");
+        let out = m.step(answered(Read::Renewal, ms(base, 6), Answer::Unacknowledged));
+        assert_eq!(out.refuse, Some(Refusal::Unacknowledged));
+        assert!(out.release, "the unacknowledged hold is released");
+        assert_eq!(m.status(), Status::Released);
+        // Acknowledged: held from the confirmation's send.
+        let mut m = Machine::new(identity(), terms);
+        m.step(Event::Granted {
+            sent: base,
+            replied: ms(base, 5),
+        });
+        let out = m.step(answered(
+            Read::Renewal,
+            ms(base, 6),
+            Answer::Holds(Some(LEASE)),
+        ));
+        assert!(out.deliver);
+        assert_eq!(m.deadline(), Some(ms(base, 2_706)));
+    }
+}
+
+#[test]
+fn only_acknowledged_renewals_move_the_deadline() {
+    let base = Instant::now();
+    let terms = Terms {
+        acknowledged: true,
+        ..terms(Renewal::Watchdog, Binding::Connection)
+    };
+    let mut m = Machine::new(identity(), terms);
+    m.step(Event::Granted {
+        sent: base,
+        replied: base,
+    });
+    m.step(answered(Read::Renewal, base, Answer::Holds(Some(LEASE))));
+    assert_eq!(m.deadline(), Some(ms(base, 2_700)));
+    // Renewed on the master, unacknowledged: the deadline stays (and the hold, bound to its
+    // connection, is not taken for lost), and the next renewal comes soon.
+    let out = m.step(answered(
+        Read::Renewal,
+        ms(base, 1_000),
+        Answer::Unacknowledged,
+    ));
+    assert_eq!(m.deadline(), Some(ms(base, 2_700)));
+    assert_eq!(m.status(), Status::Active);
+    assert_eq!(out.wake, Some(Wake::At(ms(base, 1_101))));
+    // A re-entry is no acknowledgement either.
+    m.step(Event::Reentered {
+        sent: ms(base, 1_500),
+    });
+    assert_eq!(m.deadline(), Some(ms(base, 2_700)));
+    // Unacknowledged until the deadline: lost.
+    m.step(Event::Tick {
+        now: ms(base, 2_700),
+    });
+    assert_eq!(m.status(), Status::Lost(LostReason::Unreachable));
+}
+
+#[test]
+fn an_unbound_hold_is_a_lease_from_then_on() {
+    let base = Instant::now();
+    let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 5);
+    assert_eq!(m.binding(), Binding::Connection);
+    let out = m.step(Event::Unbound);
+    assert_eq!(out, Actions::default());
+    assert_eq!(m.binding(), Binding::Lease);
+    // Its old connection closing, or a renewal unanswered, no longer ends it.
+    m.step(Event::ConnectionLost);
+    m.step(answered(Read::Renewal, ms(base, 1_000), Answer::Nothing));
+    assert_eq!(m.status(), Status::Active);
+    // Before the grant is handed out nothing unbinds.
+    let mut m = Machine::new(identity(), terms(Renewal::Watchdog, Binding::Connection));
+    m.step(Event::Unbound);
+    assert_eq!(m.binding(), Binding::Connection);
 }

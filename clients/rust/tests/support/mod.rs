@@ -8,7 +8,8 @@
 use redis::aio::MultiplexedConnection;
 use redis_lock_client::LockClient;
 
-pub use lock_testkit::{server_info, Server, ServerKind};
+#[allow(unused_imports)]
+pub use lock_testkit::{server_info, server_name, Server, ServerKind};
 
 /// Whether the server reports every key removal to modules (the key server event: Redis >= 7.2
 /// and Valkey): only there does the module see DEL, SET over a key, RENAME and eviction.
@@ -67,4 +68,140 @@ pub fn calls_in(commandstats: &str, command: &str) -> u64 {
         .and_then(|rest| rest.split(',').next())
         .map(|n| n.parse().expect("calls"))
         .unwrap_or(0)
+}
+
+/// The cluster slot of a key: CRC16 (XMODEM) of the key, or of its hash tag, modulo 16384.
+pub fn key_slot(key: &str) -> u16 {
+    let key = key.as_bytes();
+    let hashed = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|b| *b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for byte in hashed {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
+fn node_connection(host: &str, port: u16) -> redis::RedisResult<redis::Connection> {
+    redis::Client::open(format!("redis://{host}:{port}/"))?
+        .get_connection_with_timeout(std::time::Duration::from_secs(5))
+}
+
+/// The port of `slot`'s master in the `CLUSTER SLOTS` of the node at `port`.
+fn master_port(host: &str, port: u16, slot: u16) -> Option<u16> {
+    let Ok(redis::Value::Array(ranges)) = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query::<redis::Value>(&mut node_connection(host, port).ok()?)
+    else {
+        return None;
+    };
+    ranges.iter().find_map(|range| match range {
+        redis::Value::Array(f) => match f.as_slice() {
+            [redis::Value::Int(lo), redis::Value::Int(hi), redis::Value::Array(master), ..]
+                if (*lo..=*hi).contains(&i64::from(slot)) =>
+            {
+                match master.get(1) {
+                    Some(redis::Value::Int(port)) => u16::try_from(*port).ok(),
+                    _ => None,
+                }
+            }
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+/// Moves `slot` from its master to another of `nodes` (`nodes[pick]`, or the next one if that
+/// is its master), as `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, one `MIGRATE`
+/// of every key of the slot, then `SETSLOT NODE` everywhere; waits (bounded) until every node
+/// agrees. Returns whether the slot moved.
+pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> bool {
+    let Some((host, first)) = nodes.first().cloned() else {
+        return false;
+    };
+    let Some(from) = master_port(&host, first, slot) else {
+        return false;
+    };
+    let mut to = nodes[pick % nodes.len()].1;
+    if to == from {
+        to = nodes[(pick + 1) % nodes.len()].1;
+    }
+    let id = |port: u16| -> Option<String> {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut node_connection(&host, port).ok()?)
+            .ok()
+    };
+    let (Some(from_id), Some(to_id)) = (id(from), id(to)) else {
+        return false;
+    };
+    let setslot = |port: u16, args: &[&str]| -> bool {
+        node_connection(&host, port)
+            .and_then(|mut c| {
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(args)
+                    .query::<()>(&mut c)
+            })
+            .is_ok()
+    };
+    if !setslot(to, &["IMPORTING", &from_id]) || !setslot(from, &["MIGRATING", &to_id]) {
+        return false;
+    }
+    let Ok(mut source) = node_connection(&host, from) else {
+        return false;
+    };
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1_000)
+        .query(&mut source)
+        .unwrap_or_default();
+    if !keys.is_empty() {
+        let migrated: redis::RedisResult<redis::Value> = redis::cmd("MIGRATE")
+            .arg(&host)
+            .arg(to)
+            .arg("")
+            .arg(0)
+            .arg(5_000)
+            .arg("REPLACE")
+            .arg("KEYS")
+            .arg(&keys)
+            .query(&mut source);
+        assert!(migrated.is_ok(), "MIGRATE: {migrated:?}");
+    }
+    setslot(to, &["NODE", &to_id]);
+    setslot(from, &["NODE", &to_id]);
+    for (_, port) in nodes {
+        if *port != to && *port != from {
+            setslot(*port, &["NODE", &to_id]);
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while nodes
+        .iter()
+        .any(|(h, p)| master_port(h, *p, slot) != Some(to))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the nodes never agreed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
 }

@@ -1,0 +1,674 @@
+//! Through Sentinel, and grants acknowledged by replicas: real `redis-server` processes (a
+//! master, two replicas, three Sentinels from the test kit's `SentinelSet`), failovers made by
+//! killing or pausing the master.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use lock_testkit::{SentinelSet, Server, Signal};
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use redis_lock_client::{LockClient, LockError, LostReason, Release};
+
+async fn on(port: u16) -> MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Whether the server on `port` holds `key` for (`owner`, `token`) (`LOCK.CHECK`).
+async fn holds(port: u16, key: &str, owner: &str, token: u64) -> bool {
+    let n: i64 = redis::cmd("LOCK.CHECK")
+        .arg(key)
+        .arg(owner)
+        .arg(token)
+        .query_async(&mut on(port).await)
+        .await
+        .unwrap();
+    n == 1
+}
+
+/// Waits (bounded) until both replicas of the master on `port` have everything written so far.
+async fn replicated(port: u16) {
+    let n: i64 = redis::cmd("WAIT")
+        .arg(2)
+        .arg(5_000)
+        .query_async(&mut on(port).await)
+        .await
+        .unwrap();
+    assert_eq!(n, 2, "both replicas acknowledged");
+}
+
+async fn within<T>(what: &str, limit: Duration, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} within {limit:?}"))
+}
+
+/// The set on a thread of its own (its start blocks), with its Sentinels' URLs.
+async fn sentinel_set() -> SentinelSet {
+    tokio::task::spawn_blocking(SentinelSet::start)
+        .await
+        .unwrap()
+}
+
+async fn failover(set: &mut SentinelSet, kill: bool) -> ((String, u16), (String, u16)) {
+    let old = if kill {
+        set.kill_master()
+    } else {
+        set.pause_master()
+    };
+    let new = tokio::task::block_in_place(|| set.wait_failover(&old, Duration::from_secs(60)));
+    (old, new)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_client_follows_a_failover() {
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let first = set.master_addr().1;
+    // Longer than a failover takes: the hold outlives it.
+    let lease = Duration::from_secs(12);
+    let held = client.lock("kept").lease(lease).acquire().await.unwrap();
+    let ephemeral = client
+        .lock("bound")
+        .lease(lease)
+        .ephemeral()
+        .acquire()
+        .await
+        .unwrap();
+    assert!(holds(first, "kept", held.owner(), held.token()).await);
+    replicated(first).await;
+
+    let (_, new) = failover(&mut set, true).await;
+    // The EPHEMERAL hold's connection went with the old master.
+    let reason = within(
+        "the EPHEMERAL hold reported lost",
+        Duration::from_secs(5),
+        ephemeral.lost(),
+    )
+    .await;
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    // The other hold reached the replicas: the watchdog renews it on the new master.
+    let mut raw = on(new.1).await;
+    let deadline = Instant::now() + lease;
+    while support::calls(&mut raw, "lock.renew").await < 2 {
+        assert!(Instant::now() < deadline, "renewed on the new master");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(held.lost_reason(), None);
+    assert!(holds(new.1, "kept", held.owner(), held.token()).await);
+
+    // New holds go to the new master; a fenced command too.
+    let mut other = client
+        .lock("{new}:lock")
+        .try_acquire()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(holds(new.1, "{new}:lock", other.owner(), other.token()).await);
+    let n: i64 = other
+        .fenced(redis::cmd("INCR").arg("{new}:n"))
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(other.release().await.unwrap(), Release::Released);
+
+    // The lost-hold signal listens on the new master now.
+    let channel = redis_lock_client::lost_signal_channel(b"kept");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let numsub: Vec<Value> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if matches!(numsub.get(1), Some(Value::Int(n)) if *n > 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "subscribed again on the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lost = held.lost();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("kept")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let reason = within(
+        "the signal from the new master",
+        Duration::from_millis(900),
+        lost,
+    )
+    .await;
+    assert_eq!(reason, LostReason::ForceReleased);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_the_new_master_never_received_is_lost_at_the_first_renewal() {
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let master = set.master_addr().1;
+    // The replicas are paused and their links closed by the master: the grant never reaches
+    // them.
+    for server in set.servers.iter().filter(|s| s.port != master) {
+        server.signal(Signal::Stop);
+    }
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut on(master).await)
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(3);
+    let guard = client
+        .lock("unreplicated")
+        .lease(lease)
+        .acquire()
+        .await
+        .unwrap();
+    let old = set.kill_master();
+    for server in set.servers.iter().filter(|s| s.port != master) {
+        server.signal(Signal::Cont);
+    }
+    let new = tokio::task::block_in_place(|| set.wait_failover(&old, Duration::from_secs(60)));
+    assert!(!holds(new.1, "unreplicated", guard.owner(), guard.token()).await);
+    // The first renewal the new master answers (0): lost, HoldGone.
+    let reason = within("reported lost", lease * 3, guard.lost()).await;
+    assert_eq!(reason, LostReason::HoldGone);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_is_sent_again_to_the_new_master() {
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let master = set.master_addr().1;
+    // Longer than a failover takes: the key stays held until the release below.
+    let lease = Duration::from_secs(15);
+    let mut held = client.lock("queue").lease(lease).acquire().await.unwrap();
+    replicated(master).await;
+    let waiter = client
+        .lock("queue")
+        .lease(lease)
+        .wait_timeout(Duration::from_secs(60));
+    let waiting = tokio::spawn(async move { waiter.acquire().await });
+    let ephemeral_waiter = client
+        .lock("queue")
+        .ephemeral()
+        .wait_timeout(Duration::from_secs(60));
+    let ephemeral_waiting = tokio::spawn(async move { ephemeral_waiter.acquire().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+
+    let (_, new) = failover(&mut set, true).await;
+    // The EPHEMERAL acquire is not sent again: its connection went with the old master.
+    let answer = within(
+        "the EPHEMERAL acquire answers",
+        Duration::from_secs(10),
+        ephemeral_waiting,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(answer, Err(LockError::Connection(_))),
+        "{answer:?}"
+    );
+    // The other waits in the new master's queue, and is granted there on the release.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "still waiting for the holder");
+    assert_eq!(held.release().await.unwrap(), Release::Released);
+    let guard = within(
+        "granted on the new master",
+        Duration::from_secs(10),
+        waiting,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(guard.token() > held.token());
+    assert!(holds(new.1, "queue", guard.owner(), guard.token()).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_is_left_for_the_new_one() {
+    // A "zombie": paused past down-after-milliseconds, replaced, then continued (the Sentinels
+    // make it a replica, closing its clients' connections).
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(15);
+    let guard = client.lock("z").lease(lease).acquire().await.unwrap();
+    let mut leaders = client.election("ze").observe();
+    replicated(set.master_addr().1).await;
+    let (old, new) = failover(&mut set, false).await;
+    // An observer follows the new master's election (its connection to the paused one is
+    // still open).
+    let leadership = client
+        .election("ze")
+        .not_ephemeral()
+        .campaign()
+        .await
+        .unwrap();
+    let seen = within(
+        "the observer sees the new leader",
+        Duration::from_secs(5),
+        leaders.next(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(seen.epoch, leadership.epoch());
+    assert!(holds(new.1, "ze", leadership.candidate(), leadership.epoch()).await);
+    // The leader proclaims there, and the observer follows.
+    assert!(leadership.proclaim("v2").await.unwrap());
+    let seen = within(
+        "the observer sees the value",
+        Duration::from_secs(5),
+        leaders.next(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(seen.value.as_deref(), Some(&b"v2"[..]));
+    set.resume();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while set.role(old.1).as_deref() != Some("slave") {
+        assert!(Instant::now() < deadline, "the old master became a replica");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Renewed on the new master (the pause was shorter than the lease).
+    let mut raw = on(new.1).await;
+    let deadline = Instant::now() + lease;
+    while support::calls(&mut raw, "lock.renew").await < 2 {
+        assert!(Instant::now() < deadline, "renewed on the new master");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(guard.lost_reason(), None);
+    assert!(holds(new.1, "z", guard.owner(), guard.token()).await);
+    let mut next = client.lock("z2").try_acquire().await.unwrap().unwrap();
+    assert!(holds(new.1, "z2", next.owner(), next.token()).await);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_master_an_acquire_gives_up_after_the_failover_timeout() {
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel_builder(set.sentinel_urls(), set.master_name())
+        .unwrap()
+        .failover_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let mut guard = client.lock("k").acquire().await.unwrap();
+    guard.release().await.unwrap();
+    // Every data server gone: no failover can happen.
+    for server in &mut set.servers {
+        server.kill_hard();
+    }
+    for wait in [None, Some(Duration::from_secs(60))] {
+        let lock = match wait {
+            Some(w) => client.lock("k").wait_timeout(w),
+            None => client.lock("k"),
+        };
+        let started = Instant::now();
+        let answer = within("the acquire gives up", Duration::from_secs(20), async {
+            match wait {
+                Some(_) => lock.acquire().await.map(Some),
+                None => lock.try_acquire().await,
+            }
+        })
+        .await;
+        assert!(
+            matches!(answer, Err(LockError::Connection(_))),
+            "{answer:?}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(2_500),
+            "sent again for the failover timeout: {:?}",
+            started.elapsed()
+        );
+    }
+    // Only through Sentinel.
+    let refused = LockClient::builder(redis::Client::open("redis://127.0.0.1:1/").unwrap())
+        .failover_timeout(Duration::from_secs(1))
+        .build()
+        .await;
+    assert!(matches!(refused, Err(LockError::InvalidArgument(_))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Grants acknowledged by replicas (a master and a replica, no Sentinel needed)
+
+struct Replicated {
+    master: Server,
+    replica: Server,
+    client: LockClient,
+}
+
+async fn replicated_pair() -> Replicated {
+    let (master, replica) = tokio::task::spawn_blocking(|| {
+        let master = Server::start();
+        let replica = Server::replica_of(&master);
+        (master, replica)
+    })
+    .await
+    .unwrap();
+    let client = LockClient::open(&master.url()).await.unwrap();
+    Replicated {
+        master,
+        replica,
+        client,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_1_hands_out_acknowledged_grants_and_refuses_the_others() {
+    let r = replicated_pair().await;
+    let mut raw = support::raw(&r.master).await;
+    let wait = Duration::from_millis(300);
+    let lock = r.client.lock("acked").replicas(1, wait);
+    let waits = support::calls(&mut raw, "wait").await;
+    let mut guard = lock.acquire().await.unwrap();
+    assert!(support::calls(&mut raw, "wait").await > waits);
+    assert!(holds(r.replica.port, "acked", guard.owner(), guard.token()).await);
+    guard.release().await.unwrap();
+
+    // The replica is paused: nothing acknowledges. Every form answers NotSafelyAcquired with
+    // the grant's token, and the grant was released.
+    r.replica.signal(Signal::Stop);
+    let refused = lock.acquire().await;
+    let Err(LockError::NotSafelyAcquired {
+        tokens,
+        acknowledged,
+        wanted,
+        why,
+    }) = refused
+    else {
+        panic!("{refused:?}")
+    };
+    assert_eq!(tokens.len(), 1);
+    assert!(tokens[0] > guard.token());
+    assert_eq!((acknowledged, wanted), (0, 1));
+    assert_eq!(why, "0 of 1 replicas acknowledged within 300 ms (WAIT)");
+    let info: Value = redis::cmd("LOCK.INFO")
+        .arg("acked")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(info, Value::Nil, "released");
+    let refused = lock.try_acquire().await;
+    assert!(
+        matches!(refused, Err(LockError::NotSafelyAcquired { .. })),
+        "{refused:?}"
+    );
+    let refused = r
+        .client
+        .multi_lock(["{m}:1", "{m}:2"])
+        .replicas(1, wait)
+        .acquire()
+        .await;
+    assert!(
+        matches!(refused, Err(LockError::NotSafelyAcquired { .. })),
+        "{refused:?}"
+    );
+    let refused = r
+        .client
+        .election("leader")
+        .replicas(1, wait)
+        .campaign()
+        .await;
+    assert!(
+        matches!(refused, Err(LockError::NotSafelyAcquired { .. })),
+        "{refused:?}"
+    );
+    for key in ["{m}:1", "{m}:2", "leader"] {
+        let info: Value = redis::cmd("LOCK.INFO")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(info, Value::Nil, "{key} released");
+    }
+    // Acknowledged again once the replica runs.
+    r.replica.signal(Signal::Cont);
+    let guard = lock.acquire().await.unwrap();
+    assert!(holds(r.replica.port, "acked", guard.owner(), guard.token()).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_acknowledged_renewals_keep_a_hold() {
+    let r = replicated_pair().await;
+    let lease = Duration::from_millis(1_500);
+    let guard = r
+        .client
+        .lock("renewed")
+        .lease(lease)
+        .replicas(1, Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap();
+    // Acknowledged renewals: held past several leases.
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(guard.lost_reason(), None);
+    // Unacknowledged: the master renews, but the guard's deadline no longer moves, and the
+    // hold is reported lost within a lease (Unreachable) although the master still has it.
+    r.replica.signal(Signal::Stop);
+    let started = Instant::now();
+    let reason = within("reported lost", lease * 3, guard.lost()).await;
+    assert_eq!(reason, LostReason::Unreachable);
+    assert!(started.elapsed() <= lease * 2, "{:?}", started.elapsed());
+    assert!(holds(r.master.port, "renewed", guard.owner(), guard.token()).await);
+    r.replica.signal(Signal::Cont);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledgement_timeout_must_be_below_the_command_timeout() {
+    let r = replicated_pair().await;
+    let refused = r
+        .client
+        .lock("k")
+        .replicas(1, Duration::from_secs(2))
+        .try_acquire()
+        .await;
+    assert!(
+        matches!(refused, Err(LockError::InvalidArgument(_))),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_aof_asks_for_aof_fsyncs_where_the_server_has_waitaof() {
+    let info = support::server_info();
+    let has_waitaof = info.kind == support::ServerKind::Valkey || info.version >= (7, 2, 0);
+    let master = tokio::task::spawn_blocking(|| Server::start_with(&["--appendonly", "yes"]))
+        .await
+        .unwrap();
+    let client = LockClient::open(&master.url()).await.unwrap();
+    let lock = client
+        .lock("aof")
+        .wait_aof(1, 0, Duration::from_millis(500));
+    let answer = lock.acquire().await;
+    if has_waitaof {
+        let mut guard = answer.unwrap();
+        guard.release().await.unwrap();
+        // No replica to fsync: not safely acquired.
+        let refused = client
+            .lock("aof")
+            .wait_aof(1, 1, Duration::from_millis(200))
+            .acquire()
+            .await;
+        let Err(LockError::NotSafelyAcquired { why, .. }) = refused else {
+            panic!("{refused:?}")
+        };
+        assert!(why.contains("by replicas 0 of 1"), "{why}");
+    } else {
+        let Err(LockError::NotSafelyAcquired { why, .. }) = answer else {
+            panic!("{answer:?}")
+        };
+        assert!(
+            why.starts_with("WAITAOF: server error: ERR unknown command"),
+            "{why}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The failover driver (examples/failover_driver.rs)
+
+/// The fields of one flat JSON object line (strings unescaped for `\"` and `\\` only, numbers
+/// and `null` as text).
+fn fields(line: &str) -> std::collections::HashMap<String, String> {
+    let body = line
+        .trim()
+        .strip_prefix('{')
+        .and_then(|l| l.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("not an object: {line}"));
+    let mut out = std::collections::HashMap::new();
+    let mut chars = body.chars().peekable();
+    let string = |chars: &mut std::iter::Peekable<std::str::Chars>| {
+        assert_eq!(chars.next(), Some('"'), "{line}");
+        let mut s = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => s.push(chars.next().unwrap()),
+                '"' => return s,
+                c => s.push(c),
+            }
+        }
+        panic!("unterminated string: {line}")
+    };
+    while chars.peek().is_some() {
+        let name = string(&mut chars);
+        assert_eq!(chars.next(), Some(':'), "{line}");
+        let value = if chars.peek() == Some(&'"') {
+            string(&mut chars)
+        } else {
+            let mut v = String::new();
+            while let Some(c) = chars.peek().copied().filter(|c| *c != ',') {
+                v.push(c);
+                chars.next();
+            }
+            v
+        };
+        out.insert(name, value);
+        if chars.peek() == Some(&',') {
+            chars.next();
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failover_driver_writes_one_line_per_acknowledged_hold() {
+    let mut set = sentinel_set().await;
+    let exe = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("examples/failover_driver"))
+        .unwrap();
+    assert!(
+        exe.exists(),
+        "{exe:?}: cargo test builds it (--examples for a filtered run)"
+    );
+    let dir = tempfile_dir();
+    let output = dir.join("holds.jsonl");
+    let sentinels = set
+        .sentinel_addrs()
+        .iter()
+        .map(|(h, p)| format!("{h}:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let driver = tokio::process::Command::new(&exe)
+        .args(["--sentinels", &sentinels, "--master", set.master_name()])
+        .args([
+            "--exclusive",
+            "fx",
+            "--shared",
+            "fs",
+            "--semaphore",
+            "fm",
+            "--limit",
+            "2",
+        ])
+        .args(["--election", "fe", "--replicas", "1", "--duration", "10"])
+        .args(["--lease-ms", "3000", "--wait-ms", "2000"])
+        .arg("--output")
+        .arg(&output)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    failover(&mut set, true).await;
+    let failed_over = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let status = within(
+        "the driver ends",
+        Duration::from_secs(60),
+        driver.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(status.status.success());
+    let text = std::fs::read_to_string(&output).unwrap();
+    let lines: Vec<_> = text.lines().map(fields).collect();
+    let holds: Vec<_> = lines.iter().filter(|l| !l.contains_key("event")).collect();
+    for kind in ["exclusive", "shared", "permit", "leader"] {
+        assert!(
+            holds.iter().any(|h| h["kind"] == kind),
+            "a {kind} hold:\n{text}"
+        );
+    }
+    for h in &holds {
+        assert_eq!(h["lib"], "rust");
+        assert_eq!(h["replicas"], "1");
+        let (start, end): (u64, u64) =
+            (h["start_ms"].parse().unwrap(), h["end_ms"].parse().unwrap());
+        assert!(start <= end, "{h:?}");
+        assert!(h["token"].parse::<u64>().unwrap() > 0);
+        assert!(
+            h["end"] == "released" || h["end"] == "run-end" || h["end"].starts_with("lost:"),
+            "{h:?}"
+        );
+        assert_eq!(h["limit"], if h["kind"] == "permit" { "2" } else { "null" });
+    }
+    // Holds after the failover (on the new master), and every acquire answered.
+    assert!(
+        holds
+            .iter()
+            .any(|h| h["start_ms"].parse::<u64>().unwrap() > failed_over),
+        "holds after the failover:\n{text}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.get("event").map(String::as_str) == Some("unanswered")),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "failover-driver-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
