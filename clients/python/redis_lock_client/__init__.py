@@ -23,6 +23,7 @@ from ._commands import Leader
 from ._common import (
     DEFAULT_COMMAND_TIMEOUT,
     DEFAULT_LEASE,
+    Fenced,
     Kind,
     LockConnectionError,
     LockError,
@@ -60,6 +61,7 @@ __all__ = [
     "DEFAULT_COMMAND_TIMEOUT",
     "DEFAULT_LEASE",
     "Election",
+    "Fenced",
     "Kind",
     "Leader",
     "Leadership",

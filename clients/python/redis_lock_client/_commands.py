@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence
 
-from ._common import Key, Kind, UnexpectedReply, millis, to_bytes
-
-Arg = Union[bytes, int, str]
+from ._common import Arg, Key, Kind, LostReason, UnexpectedReply, millis, to_bytes
 
 #: The most keys one multi-key command takes (the server's limit).
 MAX_KEYS = 64
@@ -118,6 +116,31 @@ def is_final(text: str) -> bool:
     """Server errors after which the hold cannot be there any more (WRONGTYPE, "not a lock"), as
     opposed to LOADING, BUSY, MASTERDOWN, a pause, MOVED or ASK, which pass."""
     return (text.startswith("ERR ") and "paused" not in text) or text.startswith("WRONGTYPE")
+
+
+def guard(key: bytes, owner: bytes, token: int, command: Sequence[Arg]) -> list[Arg]:
+    """LOCK.GUARD key owner token command [arg ...]: the command runs only while ``owner``
+    holds ``key`` under ``token``."""
+    if not command:
+        raise ValueError("a fenced command needs a command: execute(\"SET\", key, value)")
+    return ["LOCK.GUARD", key, owner, token, *command]
+
+
+def fence_refusal(line: str) -> Optional[LostReason]:
+    """What a LOCK.GUARD refusal says of the hold: ``FENCED the hold is gone`` (the owner
+    holds nothing on the key), ``FENCED the token is not current`` (it holds it under another
+    token); None for any other error (the command's own, which is no loss)."""
+    if line.startswith("FENCED the token is not current"):
+        return LostReason.TOKEN_NOT_CURRENT
+    if line.startswith("FENCED"):
+        return LostReason.HOLD_GONE
+    return None
+
+
+def is_retry_later(line: str) -> bool:
+    """TRYAGAIN: in a cluster, a multi-key command during a slot migration found some of its
+    keys moved and others not; it did not run, and may be sent again in a moment."""
+    return line.startswith("TRYAGAIN")
 
 
 def info(key: bytes) -> list[Arg]:

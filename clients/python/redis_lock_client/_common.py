@@ -29,7 +29,9 @@ class LostReason(enum.Enum):
     lost-hold signal (the client option ``lost_signal=True``, the default).
     """
 
-    #: LOCK.RENEW answered 0 (or a re-entry found another holder): the server no longer has it.
+    #: LOCK.RENEW answered 0, a re-entry found another holder, a check found the hold gone, or a
+    #: fenced command (``guard.execute``) was refused ``FENCED the hold is gone``: the server no
+    #: longer has it.
     HOLD_GONE = "hold-gone"
     #: No renewal was confirmed within 90 % of the lease, counted from the last confirmed
     #: renewal's send time.
@@ -55,6 +57,10 @@ class LostReason(enum.Enum):
     #: Signal ``flushed <db>`` (FLUSHDB/FLUSHALL), after which ``LOCK.INFO key`` no longer showed
     #: this owner with this token: the flush took the hold.
     FLUSHED = "flushed"
+    #: A fenced command (``guard.execute``) was refused ``FENCED the token is not current``:
+    #: the owner holds the key under another fencing token now (a later hold under the same
+    #: owner name), so this hold is over. The command did not run.
+    TOKEN_NOT_CURRENT = "token-not-current"
 
 
 class Release(enum.Enum):
@@ -110,6 +116,18 @@ class NotHeld(LockError):
         self.reason = reason
 
 
+class Fenced(NotHeld):
+    """The server refused a fenced command (``LOCK.GUARD``) because the hold is not there any
+    more: the command did not run, and the hold is reported lost. ``reason`` is
+    ``LostReason.HOLD_GONE`` (``FENCED the hold is gone``) or ``LostReason.TOKEN_NOT_CURRENT``
+    (``FENCED the token is not current``); ``line`` is the server's error line."""
+
+    def __init__(self, reason: LostReason, line: str) -> None:
+        super().__init__(reason)
+        self.args = (f"the command did not run: {line}",)
+        self.line = line
+
+
 class LockServerError(LockError):
     """The server refused the command; the message is the server's own error line."""
 
@@ -123,6 +141,8 @@ class UnexpectedReply(LockError):
 
 
 Key = Union[str, bytes]
+#: An argument of a command: bytes, str (sent UTF-8 encoded) or int.
+Arg = Union[bytes, str, int, float]
 
 #: ``on_lost``: called once with the reason when a hold is lost, on the library's thread (sync)
 #: or in the event loop (asyncio) that saw it.

@@ -12,10 +12,10 @@ report a loss. The rules:
    of a loss; a confirmation (a renewal, or for a fixed lease a read of the hold's ttl) gives a
    bound that counts from its own send time. The deadline moves only on a reply of the server
    that set or showed the lease, and counts from that command's send time.
-2. *Lost* only on evidence: a renewal answered 0 (or a final error), a signal naming this
-   hold's database, key, owner and token, a check that no longer finds the hold, the EPHEMERAL
-   connection closing, or the time passing the deadline (no confirmed renewal for 90 % of a
-   lease: the backstop).
+2. *Lost* only on evidence: a renewal answered 0 (or a final error), a fenced command refused
+   (``FENCED``), a signal naming this hold's database, key, owner and token, a check that no
+   longer finds the hold, the EPHEMERAL connection closing, or the time passing the deadline
+   (no confirmed renewal for 90 % of a lease: the backstop).
 3. After *lost* or *released* (or once a release is requested) nothing renews, and nothing
    changes the state any more.
 """
@@ -166,6 +166,11 @@ class HoldMachine:
         """The server says the owner no longer holds it (a renewal or a proclamation answered 0,
         a final error)."""
         return self._lose(LostReason.HOLD_GONE)
+
+    def fenced(self, reason: LostReason) -> Optional[LostReason]:
+        """A fenced command (LOCK.GUARD) was refused: the server does not hold this owner with
+        this token (``HOLD_GONE``, ``TOKEN_NOT_CURRENT``)."""
+        return self._lose(reason)
 
     def signal(self, message: HoldEnded) -> Optional[LostReason]:
         return self._lose(message.reason) if self.names(message) else None

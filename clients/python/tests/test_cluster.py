@@ -15,6 +15,7 @@ import redis.cluster
 from conftest import Cluster, Server, reports_key_events, start_cluster, wait_until
 from redis_lock_client import (
     AsyncLockClient,
+    Fenced,
     Leader,
     LockClient,
     LockServerError,
@@ -470,3 +471,62 @@ def test_a_command_answered_ask_during_a_move_is_sent_to_the_target_after_asking
     for n in cluster.nodes:
         n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
     client.close()
+
+
+@pytest.mark.scenario("cluster-fenced")
+def test_execute_goes_to_the_lock_keys_master_and_follows_its_slot(own_cluster):
+    cluster = own_cluster
+    key = unique("fenced")
+    data = key + ":data"  # the lock key's hash tag: the same slot
+    client = LockClient(cluster.redis_cluster())
+    guard = client.lock(key).acquire()
+    source = cluster.node_of(key)
+    assert guard.execute("SET", data, "one") == b"OK"
+    assert source.commandstat("lock.guard") == 1 and cluster.errorstat("MOVED") == 0
+    with pytest.raises(LockServerError) as crossslot:
+        guard.execute("SET", "untagged:" + data, "x")  # another slot
+    assert str(crossslot.value).startswith("CROSSSLOT") and not guard.lost.is_set()
+    # Half moved: the lock key on the target, the data key still on the source. The source
+    # answers TRYAGAIN (some keys here, some gone): nothing ran, sent again twice, then raised.
+    slot = redis.cluster.key_slot(key.encode())
+    target = next(n for n in cluster.nodes if n is not source)
+    src, dst = source.client(), target.client()
+    source_id = src.execute_command("CLUSTER", "MYID").decode()
+    target_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", key)
+    with pytest.raises(LockServerError) as busy:
+        guard.execute("SET", data, "two")
+    assert str(busy.value).startswith("TRYAGAIN") and not guard.lost.is_set()
+    assert cluster.errorstat("TRYAGAIN") == 3
+    # Every key moved: the source answers ASK, the call goes to the target after ASKING.
+    src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", data)
+    assert guard.execute("SET", data, "three") == b"OK"
+    assert target.commandstat("lock.guard") == 1
+    for n in cluster.nodes:
+        n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    assert guard.execute("SET", data, "four") == b"OK"  # MOVED, the new map, then there
+    assert target.commandstat("lock.guard") == 2
+    assert dst.get(data) == b"four" and not guard.lost.is_set()
+    target.client().execute_command("LOCK.FORCERELEASE", key)
+    with pytest.raises(Fenced):
+        guard.execute("SET", data, "stale")
+    assert dst.get(data) == b"four"
+    client.close()
+
+
+@pytest.mark.scenario("cluster-fenced")
+def test_async_execute_in_a_cluster(cluster):
+    async def main() -> None:
+        key = unique("fenced")
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        async with AsyncLockClient(rc) as client:
+            guard = await client.lock(key).acquire()
+            assert await guard.execute("SET", key + ":data", "v") == b"OK"
+            with pytest.raises(LockServerError, match="CROSSSLOT"):
+                await guard.execute("SET", "elsewhere:" + key, "v")
+            await guard.release()
+        await rc.aclose()
+        assert cluster.node_of(key).client().get(key + ":data") == b"v"
+    asyncio.run(main())

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Any, Optional
 from redis.exceptions import ResponseError
 
 from .._commands import KeySet, Leader, campaign, leader, parse_leader, proclaim, proclaimed
-from .._common import Key, Kind, LockConnectionError, LockError, LockTimeout, Release, to_bytes
+from .._common import (
+    Arg,
+    Key,
+    Kind,
+    LockConnectionError,
+    LockError,
+    LockTimeout,
+    Release,
+    to_bytes,
+)
 from .._connect import Redirected
 from .._leaders import LeaderFeed
 from .._messages import leader_channel, parse_leader_message
@@ -141,6 +150,14 @@ class AsyncLeadership(_AsyncGuard):
             return True
         hold.refused()
         return False
+
+    async def execute(self, *command: Arg) -> Any:
+        """Runs ``command`` only while this candidate leads in this epoch, checked on the server
+        in the same step (``LOCK.GUARD key candidate epoch command...``), and returns its reply:
+        a write of a deposed leader never lands. As :meth:`AsyncLockGuard.execute`: ``Fenced``
+        (and the leadership reported lost) when the server refused it."""
+        hold = self._hold
+        return await self._fenced(hold.key, hold.token, command)
 
     async def resign(self) -> Release:
         """Stops leading (``LOCK.RELEASE``): the next candidate in the queue is elected at once.

@@ -14,9 +14,11 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from .. import _fork
-from .._commands import KeySet, holder_ttl, info, is_final
+from .._commands import KeySet, fence_refusal, guard, holder_ttl, info, is_final, is_retry_later
 from .._common import (
     RETRIES,
+    Arg,
+    Fenced,
     LockConnectionError,
     LockError,
     LockServerError,
@@ -27,7 +29,7 @@ from .._common import (
 )
 from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
-from ._backend import Event, Mutex, current_loop, spawn, wait_event
+from ._backend import Event, Mutex, current_loop, sleep, spawn, wait_event
 from ._connection import OwnConnection
 
 log = logging.getLogger("redis_lock_client")
@@ -166,6 +168,39 @@ class Hold:
         if own is not None:
             return await own.call(args, own.timeout)
         return await self.route.query(args)
+
+    async def fenced(self, key: bytes, token: int, command: tuple[Arg, ...]) -> Any:
+        """``LOCK.GUARD key owner token command...``: the command's reply, when the server still
+        holds this owner with this token on ``key``. A ``FENCED`` refusal reports the hold lost
+        (through the machine: ``lost``, ``on_lost``) and raises ``Fenced``; a hold already
+        lost or released raises ``NotHeld`` without sending anything. Never sent again after a
+        connection error (the command may have run); sent again after MOVED or ASK (followed by
+        the route) and TRYAGAIN (a slot migration caught between the lock key and a data key),
+        which ran nothing. Any other error is the command's own, raised as
+        ``LockServerError``: no loss."""
+        args = guard(key, self.owner, token, command)
+        attempt = 0
+        while True:
+            with self._lock:
+                active, reason = self._machine.active, self._machine.reason
+            if not active:
+                raise NotHeld(reason)
+            try:
+                return await self.send(args)
+            except LockServerError as e:
+                line = str(e)
+                refusal = fence_refusal(line)
+                if refusal is not None:
+                    self._event(lambda m: m.fenced(refusal))
+                    raise Fenced(refusal, line) from None
+                if not is_retry_later(line) or attempt >= RETRIES:
+                    raise
+                attempt += 1
+                await sleep(0.05 * attempt)
+            except LockConnectionError:
+                if self.own is not None:
+                    self.connection_lost()  # the server ends the hold with its connection
+                raise
 
     async def _renew(self) -> _Renewal:
         try:

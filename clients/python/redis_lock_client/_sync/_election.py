@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Any, Optional
 from redis.exceptions import ResponseError
 
 from .._commands import KeySet, Leader, campaign, leader, parse_leader, proclaim, proclaimed
-from .._common import Key, Kind, LockConnectionError, LockError, LockTimeout, Release, to_bytes
+from .._common import (
+    Arg,
+    Key,
+    Kind,
+    LockConnectionError,
+    LockError,
+    LockTimeout,
+    Release,
+    to_bytes,
+)
 from .._connect import Redirected
 from .._leaders import LeaderFeed
 from .._messages import leader_channel, parse_leader_message
@@ -143,6 +152,14 @@ class Leadership(_Guard):
             return True
         hold.refused()
         return False
+
+    def execute(self, *command: Arg) -> Any:
+        """Runs ``command`` only while this candidate leads in this epoch, checked on the server
+        in the same step (``LOCK.GUARD key candidate epoch command...``), and returns its reply:
+        a write of a deposed leader never lands. As :meth:`LockGuard.execute`: ``Fenced``
+        (and the leadership reported lost) when the server refused it."""
+        hold = self._hold
+        return self._fenced(hold.key, hold.token, command)
 
     def resign(self) -> Release:
         """Stops leading (``LOCK.RELEASE``): the next candidate in the queue is elected at once.

@@ -19,6 +19,7 @@ from .. import _fork
 from .._commands import KeySet
 from .._common import (
     DEFAULT_LEASE,
+    Arg,
     RETRIES,
     WAIT_MARGIN,
     Key,
@@ -32,6 +33,7 @@ from .._common import (
     Release,
     Renewal,
     UnexpectedReply,
+    to_bytes,
 )
 from .._connect import Redirected
 from ._backend import Cancelled, Event, close_connection, new_gate, spawn_from_any_thread
@@ -433,6 +435,13 @@ class _Guard:
     def lost_reason(self) -> Optional[LostReason]:
         return self._hold.reason
 
+    def _fenced(self, key: bytes, token: int, command: tuple[Arg, ...]) -> Any:
+        if self._released:
+            raise NotHeld(None)
+        if self._hold.pid != os.getpid():
+            raise NotHeld(LostReason.FORKED)
+        return self._hold.fenced(key, token, command)
+
     def release(self) -> Release:
         """Releases this guard. The last guard of a hold stops the watchdog, waits out a renewal
         in flight, and sends LOCK.RELEASE (LOCK.MRELEASE for several keys; never retried);
@@ -546,6 +555,28 @@ class LockGuard(_Guard):
     def key(self) -> bytes:
         return self._hold.key
 
+    def execute(self, *command: Arg) -> Any:
+        """Runs ``command`` on the server only while this hold is the key's, checked there in
+        the same step (``LOCK.GUARD key owner token command...``), and returns its reply as
+        redis-py gives it (bytes, int, list, None; RESP2): ``guard.execute("SET", "orders:42:
+        state", "paid")``. A write of a hold that is gone never lands, however late it comes.
+
+        Raises ``Fenced`` (a ``NotHeld``) when the server refused it because the hold is gone
+        (``lost_reason`` ``HOLD_GONE``) or its token is not current (``TOKEN_NOT_CURRENT``):
+        the command did not run, and the hold is reported lost (``lost``, ``on_lost``).
+        ``NotHeld`` without sending anything when the guard was released or the hold lost
+        before. The command's own errors (``WRONGTYPE``, ``NOPERM``, a write through a shared
+        hold, ...) raise ``LockServerError`` and are no loss. ``LockConnectionError`` when no
+        answer came: the command may have run (it is never sent again).
+
+        The keys of the command must be in the lock key's slot in a Redis Cluster (give them
+        its hash tag: ``orders:{42}`` and ``orders:{42}:state``); the call goes to the lock
+        key's master. It never blocks (a blocking command answers at once) and never runs a
+        ``LOCK.*`` command or one on the lock key itself: see the module's ``LOCK.GUARD``.
+        """
+        hold = self._hold
+        return self._fenced(hold.key, hold.token, command)
+
     def __repr__(self) -> str:
         return (
             f"LockGuard(key={self.key!r}, owner={self.owner!r}, token={self.token}, "
@@ -566,6 +597,17 @@ class MultiLockGuard(_Guard):
     @property
     def keys(self) -> tuple[bytes, ...]:
         return self._hold.keys.keys
+
+    def execute(self, key: Key, *command: Arg) -> Any:
+        """Runs ``command`` fenced by the hold of ``key`` (one of this guard's keys, as given or
+        as bytes): ``LOCK.GUARD key owner token command...`` with that key's token. As
+        :meth:`LockGuard.execute`; a refusal reports the whole hold lost (all or
+        nothing)."""
+        wanted = to_bytes(key)
+        for k, token in zip(self._hold.keys.keys, self._hold.tokens):
+            if k == wanted:
+                return self._fenced(k, token, command)
+        raise ValueError(f"{key!r} is not a key of this hold")
 
     def __repr__(self) -> str:
         return (
