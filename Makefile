@@ -13,7 +13,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults oracle-python bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -114,6 +114,21 @@ faults: test-deps
 	$(CARGO) build --lib
 	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
 	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --ignored --nocapture
+
+# The Python library's oracle (clients/python/tests/test_oracle.py: belief against truth, under
+# random disruptions; `make test` runs 2 seeds of 8 s and one cluster seed), longer: SEEDS seeds
+# of SECS seconds each standalone and CLUSTER_SEEDS on a cluster of three masters (seeds
+# SEED_BASE, SEED_BASE + 1, ...), on Redis 7.0.15 and on Redis 8.2.3 (key events).
+# `make oracle-python SEEDS=10 SECS=60`.
+SEEDS ?= 5
+CLUSTER_SEEDS ?= 2
+SEED_BASE ?= 1
+ORACLE_ENV = ORACLE_SEEDS=$(SEEDS) ORACLE_CLUSTER_SEEDS=$(CLUSTER_SEEDS) ORACLE_SECS=$(SECS) ORACLE_SEED_BASE=$(SEED_BASE) LOCK_MODULE=$(abspath $(DEBUG_MODULE))
+oracle-python: test-deps
+	@bash scripts/server-deps.sh redis8 >/dev/null
+	$(CARGO) build --lib
+	$(ORACLE_ENV) bash clients/python/run-tests.sh test_oracle.py
+	$(ORACLE_ENV) LOCK_SERVER=$(abspath target/redis8-venv/bin/redis-server) bash clients/python/run-tests.sh test_oracle.py
 
 # The module tarball, the Rust crate and the Python sdist and wheel, each checked (scripts/dist.sh).
 dist: test-deps

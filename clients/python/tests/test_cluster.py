@@ -484,7 +484,7 @@ def test_execute_goes_to_the_lock_keys_master_and_follows_its_slot(own_cluster):
     assert guard.execute("SET", data, "one") == b"OK"
     assert source.commandstat("lock.guard") == 1 and cluster.errorstat("MOVED") == 0
     with pytest.raises(LockServerError) as crossslot:
-        guard.execute("SET", "untagged:" + data, "x")  # another slot
+        guard.execute("SET", "untagged:" + uuid.uuid4().hex, "x")  # another slot
     assert str(crossslot.value).startswith("CROSSSLOT") and not guard.lost.is_set()
     # Half moved: the lock key on the target, the data key still on the source. The source
     # answers TRYAGAIN (some keys here, some gone): nothing ran, sent again twice, then raised.
@@ -504,8 +504,7 @@ def test_execute_goes_to_the_lock_keys_master_and_follows_its_slot(own_cluster):
     src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", data)
     assert guard.execute("SET", data, "three") == b"OK"
     assert target.commandstat("lock.guard") == 1
-    for n in cluster.nodes:
-        n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    finish_move(cluster, source, target, slot, target_id)
     assert guard.execute("SET", data, "four") == b"OK"  # MOVED, the new map, then there
     assert target.commandstat("lock.guard") == 2
     assert dst.get(data) == b"four" and not guard.lost.is_set()
@@ -525,8 +524,119 @@ def test_async_execute_in_a_cluster(cluster):
             guard = await client.lock(key).acquire()
             assert await guard.execute("SET", key + ":data", "v") == b"OK"
             with pytest.raises(LockServerError, match="CROSSSLOT"):
-                await guard.execute("SET", "elsewhere:" + key, "v")
+                await guard.execute("SET", "elsewhere:" + uuid.uuid4().hex, "v")
             await guard.release()
         await rc.aclose()
         assert cluster.node_of(key).client().get(key + ":data") == b"v"
     asyncio.run(main())
+
+
+def asking_info(node: Server, key: str):
+    """LOCK.INFO on a node importing the key's slot (ASKING first)."""
+    pipe = node.client().pipeline(transaction=False)
+    pipe.execute_command("ASKING")
+    pipe.execute_command("LOCK.INFO", key)
+    reply = pipe.execute()[1]
+    return None if reply is None else dict(zip(reply[::2], reply[1::2]))
+
+
+def half_move(cluster: Cluster, key: str, *moved: str) -> tuple[Server, Server, int, str]:
+    """The key's slot set MIGRATING on its master and IMPORTING on another, and ``moved`` (some
+    of its keys) migrated there: the source now answers ASK for those, TRYAGAIN for a command
+    naming some moved and some not. Returns (source, target, slot, target id)."""
+    slot = redis.cluster.key_slot(key.encode())
+    source = cluster.node_of(key)
+    target = next(n for n in cluster.nodes if n is not source)
+    src, dst = source.client(), target.client()
+    target_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.execute_command("CLUSTER", "MYID").decode())
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    if moved:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *moved)
+    return source, target, slot, target_id
+
+
+def finish_move(cluster: Cluster, source: Server, target: Server, slot: int, target_id: str) -> None:
+    """The rest of the slot's keys migrated, then the slot given to the target everywhere."""
+    keys = source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if keys:
+        source.client().execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
+                                        "REPLACE", "KEYS", *keys)
+    for n in cluster.nodes:
+        n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+
+@pytest.mark.scenario("cluster-moved", "cluster-ephemeral")
+def test_an_ephemeral_hold_whose_slot_moves_is_kept_and_renewed_on_the_new_master(own_cluster):
+    # The server binds a hold to a connection of its own node only: a migrated EPHEMERAL hold
+    # arrives unbound, an ordinary hold. The guard keeps it (the server holds it), renews it
+    # and fences through the new master; it is not reported lost.
+    cluster = own_cluster
+    key = unique("ephmoved")
+    client = LockClient(cluster.redis_cluster())
+    guard = client.lock(key, lease=1.5, ephemeral=True).acquire()
+    data = key + ":data"
+    assert guard.execute("SET", data, "before") == b"OK"
+    source, target = move_slot(cluster, key)
+    assert node_info(target, key)[b"ephemeral"] is None  # unbound there
+    assert guard.execute("SET", data, "after") == b"OK"  # MOVED on its connection: the route
+    renews = target.commandstat("lock.renew")
+    wait_until(lambda: target.commandstat("lock.renew") >= renews + 3, "renewed on the new master",
+               bound=10)
+    assert not guard.lost.is_set(), guard.lost_reason
+    assert node_info(target, key)[b"token"] == guard.token
+    assert target.client().get(data) == b"after"
+    assert guard.release() is Release.RELEASED
+    assert node_info(target, key) is None
+    client.close()
+
+
+@pytest.mark.scenario("cluster-moved")
+def test_a_wait_and_an_ephemeral_acquire_answered_ask_follow_it(own_cluster):
+    # The slot is half moved and the (free) key's slot is importing on the target: the source
+    # answers ASK for the key it no longer has; a wait and an EPHEMERAL acquire, each on a
+    # connection of its own, go to the target after ASKING.
+    cluster = own_cluster
+    key = unique("askwait")
+    client = LockClient(cluster.redis_cluster())
+    warm = client.lock(key).acquire()  # loads the slot map now
+    warm.release()
+    source, target, slot, target_id = half_move(cluster, key)
+    asks = cluster.errorstat("ASK")
+    waited = client.lock(key, wait_timeout=5).acquire()
+    assert cluster.errorstat("ASK") == asks + 1
+    assert asking_info(target, key)[b"token"] == waited.token
+    waited.release()  # (the release is answered ASK too, and follows it)
+    asks = cluster.errorstat("ASK")
+    bound = client.lock(key, ephemeral=True).acquire()
+    assert cluster.errorstat("ASK") == asks + 1
+    entry = asking_info(target, key)
+    assert entry[b"token"] == bound.token and entry[b"ephemeral"] is not None  # bound there
+    bound.release()
+    finish_move(cluster, source, target, slot, target_id)
+    client.close()
+
+
+@pytest.mark.scenario("cluster-moved", "multi-cluster")
+def test_a_multi_key_acquire_caught_by_a_half_moved_slot_is_sent_again(own_cluster):
+    # One key of the two moved, the other not: the source answers TRYAGAIN (nothing ran); the
+    # acquire is sent again after a pause, twice, then raises the server's error.
+    cluster = own_cluster
+    tag = unique("tryagain")
+    a, b = tag + ":a", tag + ":b"
+    client = LockClient(cluster.redis_cluster())
+    held = client.lock(b, lease=30).acquire()  # b exists on the source, a is moved alone
+    other = client.lock(a).acquire()
+    other.release()
+    client2 = LockClient(cluster.redis_cluster())
+    taken = client2.lock(a).acquire()  # a exists, so that MIGRATE moves it
+    source, target, slot, target_id = half_move(cluster, a, a)
+    before = cluster.errorstat("TRYAGAIN")
+    with pytest.raises(LockServerError, match="TRYAGAIN"):
+        client.multi_lock([a, b]).try_acquire()
+    assert cluster.errorstat("TRYAGAIN") == before + 3
+    finish_move(cluster, source, target, slot, target_id)
+    held.release()
+    taken.release()
+    client.close()
+    client2.close()

@@ -240,6 +240,13 @@ class AsyncLockClient:
                             pass  # the move is over: the slot map tells where
                 await self._refresh()
 
+    async def _query_at(self, ask: Redirected, args: list[Any]) -> Any:
+        """One command sent to the node an ASK named, after ASKING (pooled connection)."""
+        node = await self._node_at(ask.host or "", ask.port or 0)
+        if node is None:
+            raise ask
+        return await node.commands.query(args, asking=True)
+
     def _route(self, key: bytes) -> _Route:
         return _Route(self, key)
 

@@ -91,11 +91,15 @@ class OwnConnection:
         self.mutex = Mutex()
         self.broken = False
 
-    async def call(self, args: list[Any], timeout: Optional[float]) -> Any:
+    async def call(self, args: list[Any], timeout: Optional[float], asking: bool = False) -> Any:
+        """One command on the connection; ``asking``: preceded by ASKING (the keys' slot is
+        being imported by this connection's node)."""
         async with self.mutex:
             if self.broken:
                 raise LockConnectionError("the EPHEMERAL hold's connection is closed")
             try:
+                if asking:
+                    await call(self.conn, ["ASKING"], timeout)
                 return await call(self.conn, args, timeout)
             except (LockConnectionError, Cancelled):
                 self.broken = True

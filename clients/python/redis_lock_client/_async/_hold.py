@@ -27,6 +27,7 @@ from .._common import (
     NotHeld,
     Renewal,
 )
+from .._connect import Redirected
 from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
 from ._backend import Event, Mutex, current_loop, sleep, spawn, wait_event
@@ -164,9 +165,25 @@ class Hold:
     # -- I/O ---------------------------------------------------------------------------------
 
     async def send(self, args: list[Any]) -> Any:
+        """One command about the hold: on its own connection (EPHEMERAL), else through the
+        route. An EPHEMERAL hold whose keys' slot moved to another node (MOVED or ASK on its
+        own connection, also after ASKING) is no longer bound to a connection (the server binds
+        a hold on its connection's node only, and a migrated hold arrives unbound): from then
+        on it is an ordinary hold, reached through the route, and its own connection is
+        closed. One taken on a node importing the slot (an acquire that followed ASK) is sent
+        there after ASKING until the slot is that node's."""
         own = self.own
         if own is not None:
-            return await own.call(args, own.timeout)
+            try:
+                return await own.call(args, own.timeout)
+            except Redirected:
+                pass
+            try:  # the slot is moving: this connection's node may be the one importing it
+                return await own.call(args, own.timeout, asking=True)
+            except Redirected:
+                if self.own is own:
+                    self.own = None
+                await own.close()
         return await self.route.query(args)
 
     async def fenced(self, key: bytes, token: int, command: tuple[Arg, ...]) -> Any:
@@ -282,7 +299,7 @@ class Hold:
                 return await wait_event(self._stop, left)
             if await wait_event(self._stop, min(left, 0.1)):
                 return True
-            if not own.alive():
+            if not own.alive() and self.own is own:  # (not one given up after a move)
                 self.connection_lost()
                 return True
 

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar, cast
 
 from .. import _fork
-from .._commands import KeySet
+from .._commands import KeySet, is_retry_later
 from .._common import (
     DEFAULT_LEASE,
     Arg,
@@ -24,6 +24,7 @@ from .._common import (
     Kind,
     LockConnectionError,
     LockError,
+    LockServerError,
     LockTimeout,
     LostCallback,
     LostReason,
@@ -34,8 +35,15 @@ from .._common import (
     to_bytes,
 )
 from .._connect import Redirected
-from ._backend import Cancelled, Event, close_connection, new_gate, spawn_from_any_thread
-from ._connection import OwnConnection, call
+from ._backend import (
+    Cancelled,
+    Event,
+    close_connection,
+    new_gate,
+    sleep,
+    spawn_from_any_thread,
+)
+from ._connection import Connector, OwnConnection, call
 from ._hold import Hold
 
 if TYPE_CHECKING:
@@ -195,28 +203,57 @@ class _AsyncHandle(Generic[_G]):
     async def _send_with_retries(
         self, waits: bool, until: Optional[float], value: Optional[bytes]
     ) -> Any:
+        """An acquire that is not EPHEMERAL: sent again after a broken connection (ONCE makes
+        that safe), after MOVED (with the slot map loaded again) and TRYAGAIN (after a pause),
+        up to twice; an ASK is followed once, to the node named, after ASKING."""
         attempt = 0
+        ask: Optional[Redirected] = None
         while True:
             this_waits, wait = self._wait_left(waits, until)
             try:
                 if this_waits:
-                    return await self._send_waiting(self._args(True, wait, value), wait)
-                return await self.client._query(self.keys.route, self._args(False, None, value))
+                    return await self._send_waiting(self._args(True, wait, value), wait, ask)
+                args = self._args(False, None, value)
+                if ask is not None:
+                    return await self.client._query_at(ask, args)
+                return await self.client._query(self.keys.route, args)
             except LockConnectionError:
                 if attempt >= RETRIES:
                     raise
                 attempt += 1
-            except Redirected:
+                ask = None
+            except Redirected as e:
                 if attempt >= RETRIES:
                     raise
                 attempt += 1
-                await self.client._refresh()
+                ask = e if e.asking and ask is None else None
+                if ask is None:
+                    await self.client._refresh()
+            except LockServerError as e:
+                if not is_retry_later(str(e)) or attempt >= RETRIES:
+                    raise
+                attempt += 1
+                await sleep(0.05 * attempt)
 
-    async def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
-        """A wait, on a connection of its own (named for the owner), closed after."""
-        connector = (await self.client._node_for(self.keys.route)).commands
-        conn = await connector.new(self.owner)
+    async def _connector(self, ask: Optional[Redirected]) -> Connector:
+        """The connections of the node the keys' slot is served by, or (``ask``) of the node an
+        ASK named."""
+        if ask is not None:
+            node = await self.client._node_at(ask.host or "", ask.port or 0)
+            if node is not None:
+                return node.commands
+            raise ask
+        return (await self.client._node_for(self.keys.route)).commands
+
+    async def _send_waiting(
+        self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
+    ) -> Any:
+        """A wait, on a connection of its own (named for the owner), closed after; after an
+        ASK, on a connection to the node named, preceded by ASKING."""
+        conn = await (await self._connector(ask)).new(self.owner)
         try:
+            if ask is not None:
+                await call(conn, ["ASKING"], self.client.command_timeout)
             return await call(conn, args, None if wait is None else wait + WAIT_MARGIN)
         finally:
             await close_connection(conn)
@@ -229,7 +266,8 @@ class _AsyncHandle(Generic[_G]):
         value: Optional[bytes],
     ) -> tuple[Any, Optional[OwnConnection]]:
         """An EPHEMERAL acquire: on the hold's own connection (a re-entry), else on a new one
-        that the hold will own. Never sent again on another connection (it is the hold's)."""
+        that the hold will own. Never sent again after its connection broke (it is the hold's);
+        after MOVED, TRYAGAIN or an ASK (to the node named, after ASKING), on a new one."""
         this_waits, wait = self._wait_left(waits, until)
         timeout: Optional[float] = self.client.command_timeout
         if this_waits:
@@ -242,17 +280,29 @@ class _AsyncHandle(Generic[_G]):
                 current.connection_lost()
                 raise
         attempt = 0
+        ask: Optional[Redirected] = None
         while True:
-            node = await self.client._node_for(self.keys.route)
-            own = OwnConnection(await node.commands.new(self.owner), self.client.command_timeout)
+            connector = await self._connector(ask)
+            own = OwnConnection(await connector.new(self.owner), self.client.command_timeout)
             try:
+                if ask is not None:
+                    await own.call(["ASKING"], self.client.command_timeout)
                 return await own.call(args, timeout), own
-            except Redirected:
+            except Redirected as e:
                 await own.close()
                 if attempt >= RETRIES:
                     raise
                 attempt += 1
-                await self.client._refresh()
+                ask = e if e.asking and ask is None else None
+                if ask is None:
+                    await self.client._refresh()
+            except LockServerError as e:
+                await own.close()
+                if not is_retry_later(str(e)) or attempt >= RETRIES:
+                    raise
+                attempt += 1
+                ask = None
+                await sleep(0.05 * attempt)
             except (LockError, Cancelled):
                 await own.close()
                 raise

@@ -242,6 +242,13 @@ class LockClient:
                             pass  # the move is over: the slot map tells where
                 self._refresh()
 
+    def _query_at(self, ask: Redirected, args: list[Any]) -> Any:
+        """One command sent to the node an ASK named, after ASKING (pooled connection)."""
+        node = self._node_at(ask.host or "", ask.port or 0)
+        if node is None:
+            raise ask
+        return node.commands.query(args, asking=True)
+
     def _route(self, key: bytes) -> _Route:
         return _Route(self, key)
 

@@ -93,11 +93,15 @@ class OwnConnection:
         self.mutex = Mutex()
         self.broken = False
 
-    def call(self, args: list[Any], timeout: Optional[float]) -> Any:
+    def call(self, args: list[Any], timeout: Optional[float], asking: bool = False) -> Any:
+        """One command on the connection; ``asking``: preceded by ASKING (the keys' slot is
+        being imported by this connection's node)."""
         with self.mutex:
             if self.broken:
                 raise LockConnectionError("the EPHEMERAL hold's connection is closed")
             try:
+                if asking:
+                    call(self.conn, ["ASKING"], timeout)
                 return call(self.conn, args, timeout)
             except (LockConnectionError, Cancelled):
                 self.broken = True
