@@ -143,6 +143,53 @@ def is_retry_later(line: str) -> bool:
     return line.startswith("TRYAGAIN")
 
 
+@dataclass(frozen=True)
+class Replication:
+    """What a grant and each renewal wait for before they count: ``replicas`` replicas
+    acknowledging (``WAIT replicas timeout``), or with ``aof`` the local AOF and ``replicas``
+    replicas' AOF fsynced (``WAITAOF 1 replicas timeout``, Redis 7.2 and newer)."""
+
+    replicas: int
+    timeout: float
+    aof: bool
+
+    @property
+    def on(self) -> bool:
+        return self.replicas > 0 or self.aof
+
+    def command(self) -> list[Arg]:
+        if self.aof:
+            return ["WAITAOF", 1, self.replicas, millis(self.timeout)]
+        return ["WAIT", self.replicas, millis(self.timeout)]
+
+    def acknowledged(self, reply: object) -> Optional[int]:
+        """How many replicas acknowledged, or None when too few did (or the local fsync of
+        WAITAOF did not happen)."""
+        if self.aof:
+            if not (isinstance(reply, list) and len(reply) == 2):
+                raise UnexpectedReply(f"WAITAOF answered {reply!r}")
+            local, replicas = reply
+            if not isinstance(local, int) or not isinstance(replicas, int):
+                raise UnexpectedReply(f"WAITAOF answered {reply!r}")
+            return replicas if local >= 1 and replicas >= self.replicas else None
+        if not isinstance(reply, int) or isinstance(reply, bool):
+            raise UnexpectedReply(f"WAIT answered {reply!r}")
+        return reply if reply >= self.replicas else None
+
+    def count(self, reply: object) -> int:
+        """How many replicas acknowledged (for the error message)."""
+        if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], int):
+            return reply[1]
+        return reply if isinstance(reply, int) else 0
+
+    def describe(self) -> str:
+        what = "WAITAOF 1" if self.aof else "WAIT"
+        return f"{what} {self.replicas} {millis(self.timeout)}"
+
+
+NO_REPLICATION = Replication(0, 0.0, False)
+
+
 def info(key: bytes) -> list[Arg]:
     return ["LOCK.INFO", key]
 

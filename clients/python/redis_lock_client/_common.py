@@ -10,6 +10,11 @@ __version__ = "0.2.0"
 
 #: The default lease (Redisson's 30 s), renewed by the watchdog every lease / 3 (10 s).
 DEFAULT_LEASE = 30.0
+#: How long a grant or a renewal waits for replicas to acknowledge it (``replicas=``).
+DEFAULT_REPLICAS_TIMEOUT = 1.0
+#: Under Sentinel: how long an acquire whose connection broke is sent again while no master
+#: answers (a failover takes Sentinel's down-after-milliseconds plus its election).
+DEFAULT_FAILOVER_TIMEOUT = 30.0
 #: How long an ordinary command (acquire without waiting, renew, release) may take.
 DEFAULT_COMMAND_TIMEOUT = 2.0
 #: How much longer than the server-side wait a waiting connection's read timeout is.
@@ -17,6 +22,12 @@ WAIT_MARGIN = 2.0
 #: How many times a command is sent again after its connection broke or timed out, or after a
 #: MOVED/ASK. Safe for an acquire because every acquire carries ONCE.
 RETRIES = 2
+#: How many redirections (MOVED, ASK) in a row a wait follows: a reshard sends a blocked waiter
+#: to where its key went, and may move it again before it is granted.
+WAIT_REDIRECTS = 16
+#: The pauses before a command answered TRYAGAIN (a cluster slot move caught between its keys;
+#: nothing ran) is sent again.
+TRYAGAIN_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)
 #: The name the library's connections carry (CLIENT SETNAME) unless the application named its
 #: own; a connection bound to one owner (a wait, an EPHEMERAL hold) adds ``:<owner>``.
 CLIENT_NAME = "redis-lock-client"
@@ -126,6 +137,25 @@ class Fenced(NotHeld):
         super().__init__(reason)
         self.args = (f"the command did not run: {line}",)
         self.line = line
+
+
+class NotSafelyAcquired(LockError):
+    """The server granted the hold, but fewer replicas than asked (``replicas=``) acknowledged
+    the grant within ``replicas_timeout`` (``WAIT``, or ``WAITAOF`` with ``aof=True``): a
+    failover now could hand the key to another owner. The hold was released (best effort:
+    its lease ends it otherwise) and nothing was handed out. ``tokens`` are the tokens the
+    server granted (one per key), ``acknowledged`` how many replicas acknowledged,
+    ``wanted`` how many were asked for."""
+
+    def __init__(self, tokens: tuple[int, ...], acknowledged: int, wanted: int, how: str) -> None:
+        super().__init__(
+            f"not safely acquired: {acknowledged} of {wanted} replicas acknowledged the grant "
+            f"({how}); released"
+        )
+        self.tokens = tokens
+        self.token = tokens[0]
+        self.acknowledged = acknowledged
+        self.wanted = wanted
 
 
 class LockServerError(LockError):

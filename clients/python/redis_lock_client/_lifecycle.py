@@ -11,7 +11,9 @@ report a loss. The rules:
    lease's end is the send time plus the lease, which a long wait used up. That is no evidence
    of a loss; a confirmation (a renewal, or for a fixed lease a read of the hold's ttl) gives a
    bound that counts from its own send time. The deadline moves only on a reply of the server
-   that set or showed the lease, and counts from that command's send time.
+   that set or showed the lease, and counts from that command's send time. A replicated hold
+   (``replicas=``) is confirmed after every grant, by a renewal that replicas acknowledged, and
+   only renewals replicas acknowledged move its deadline.
 2. *Lost* only on evidence: a renewal answered 0 (or a final error), a fenced command refused
    (``FENCED``), a signal naming this hold's database, key, owner and token, a check that no
    longer finds the hold, the EPHEMERAL connection closing, or the time passing the deadline
@@ -71,6 +73,7 @@ class HoldMachine:
         renewal: Renewal,
         sent_at: float,
         replied_at: float,
+        replicated: bool = False,
     ) -> None:
         self.db = db
         self.owner = owner
@@ -84,8 +87,11 @@ class HoldMachine:
         self.deadline = sent_at + self._trusted
         #: When the watchdog sends its next renewal.
         self.renew_at = sent_at + self.interval
+        #: Replicated (``replicas=``): every grant is confirmed by a renewal that replicas
+        #: acknowledged, and only acknowledged renewals move the deadline.
+        self.replicated = replicated
         long_wait = replied_at - sent_at > self.interval
-        self.phase = Phase.CONFIRMING if long_wait else Phase.HELD
+        self.phase = Phase.CONFIRMING if long_wait or replicated else Phase.HELD
 
     # -- what the machine tells ------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class HoldMachine:
         """What must confirm the grant before the guard is handed out (None: nothing)."""
         if self.phase is not Phase.CONFIRMING:
             return None
-        return Confirm.READ if self.fixed else Confirm.RENEWAL
+        return Confirm.READ if self.fixed and not self.replicated else Confirm.RENEWAL
 
     def next_wake(self) -> Optional[float]:
         """When the watchdog must act next (renew, or see the deadline pass); None: never."""
@@ -153,8 +159,9 @@ class HoldMachine:
 
     def reentered(self, sent_at: float) -> None:
         """An acquire sent at ``sent_at`` answered this hold's tokens: the server reset the
-        lease (ONCE: a re-entry is not counted there)."""
-        if self.phase is Phase.HELD:
+        lease (ONCE: a re-entry is not counted there). Replicated, that reset was not
+        acknowledged: the deadline stays."""
+        if self.phase is Phase.HELD and not self.replicated:
             self.deadline = max(self.deadline, sent_at + self._trusted)
 
     def unanswered(self, now: float) -> None:

@@ -21,10 +21,11 @@ SECS = float(os.environ.get("ORACLE_SECS", "8"))
 BASE = int(os.environ.get("ORACLE_SEED_BASE", "1"))
 SEEDS = parse_seeds(os.environ.get("ORACLE_SEEDS"), 2, BASE)
 CLUSTER_SEEDS = parse_seeds(os.environ.get("ORACLE_CLUSTER_SEEDS"), 1, BASE)
-#: The false-held bounds: where the signal is on (a few hundred ms on a loaded machine), and
+#: The false-held bounds: where the signal is on (a few hundred ms on a loaded machine; and
+#: the median of those cases at most 50 ms), after a SIGSTOPped holder resumes 1.5 s, and
 #: otherwise the watchdog's period (lease / 3) plus this slack.
 SIGNAL_BOUND = float(os.environ.get("ORACLE_SIGNAL_BOUND", "0.5"))
-SLACK = float(os.environ.get("ORACLE_SLACK", "1.0"))
+SLACK = float(os.environ.get("ORACLE_SLACK", "1.5"))
 
 
 def _check(report, capsys, dump) -> None:
@@ -39,6 +40,7 @@ def _check(report, capsys, dump) -> None:
     assert report.over_bound == [], "a guard believed held past its bound"
 
 
+@pytest.mark.scenario("oracle")
 @pytest.mark.parametrize("seed", SEEDS)
 def test_oracle_standalone(tmp_path, capsys, seed):
     server = start_server(tmp_path)
@@ -54,6 +56,7 @@ def test_oracle_standalone(tmp_path, capsys, seed):
     _check(report, capsys, tmp_path / "oracle.jsonl")
 
 
+@pytest.mark.scenario("oracle")
 @pytest.mark.parametrize("seed", CLUSTER_SEEDS)
 def test_oracle_cluster(tmp_path, capsys, seed):
     cluster = start_cluster(tmp_path)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Coroutine, Optional, Protocol, cast
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection, ConnectionPool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -26,6 +27,7 @@ __all__ = [
     "RawConnection",
     "Redis",
     "RedisCluster",
+    "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
     "close_connection",
@@ -40,6 +42,7 @@ __all__ = [
     "pool_put",
     "read",
     "send",
+    "sentinel_master",
     "sleep",
     "spawn",
     "spawn_from_any_thread",
@@ -217,3 +220,14 @@ async def cluster_node_at(
 
 async def cluster_refresh(cluster: RedisCluster) -> None:
     await cluster.nodes_manager.initialize()
+
+
+def sentinel_master(
+    sentinels: list[tuple[str, int]],
+    service_name: str,
+    sentinel_kwargs: dict[str, Any],
+    connection_kwargs: dict[str, Any],
+) -> tuple[Sentinel, Redis]:
+    """redis-py's Sentinel manager and its client of the master named ``service_name``."""
+    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    return manager, manager.master_for(service_name, **connection_kwargs)

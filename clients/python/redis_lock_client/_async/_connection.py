@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from redis.exceptions import ResponseError
 
-from .._common import LockConnectionError
+from .._common import LockConnectionError, LockServerError
 from .._connect import name_for, own_kwargs, server_error
 from ._backend import (
     IO_ERRORS,
@@ -62,9 +62,18 @@ class Connector:
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
 
-    async def query(self, args: list[Any], asking: bool = False) -> Any:
+    async def query(
+        self,
+        args: list[Any],
+        asking: bool = False,
+        then: Optional[list[Any]] = None,
+        then_timeout: float = 0.0,
+    ) -> Any:
         """One command on a pooled connection; ``asking``: preceded by ASKING (the answer to an
-        ASK redirection, good for that one command)."""
+        ASK redirection, good for that one command). ``then``: a second command sent on the
+        same connection after the first answered (``WAIT`` after a write: it waits for this
+        connection's writes), read with ``then_timeout`` more; the answer is then the pair (a
+        server error of the second is returned in it, not raised)."""
         try:
             conn = await pool_get(self.pool)
         except IO_ERRORS as e:
@@ -72,7 +81,13 @@ class Connector:
         try:
             if asking:
                 await call(conn, ["ASKING"], self.timeout)
-            return await call(conn, args, self.timeout)
+            first = await call(conn, args, self.timeout)
+            if then is None:
+                return first
+            try:
+                return first, await call(conn, then, self.timeout + then_timeout)
+            except LockServerError as e:  # the first command's reply stands
+                return first, e
         finally:
             await pool_put(self.pool, conn)
 
@@ -91,16 +106,30 @@ class OwnConnection:
         self.mutex = Mutex()
         self.broken = False
 
-    async def call(self, args: list[Any], timeout: Optional[float], asking: bool = False) -> Any:
+    async def call(
+        self,
+        args: list[Any],
+        timeout: Optional[float],
+        asking: bool = False,
+        then: Optional[list[Any]] = None,
+        then_timeout: float = 0.0,
+    ) -> Any:
         """One command on the connection; ``asking``: preceded by ASKING (the keys' slot is
-        being imported by this connection's node)."""
+        being imported by this connection's node); ``then``: as for ``Connector.query``."""
         async with self.mutex:
             if self.broken:
                 raise LockConnectionError("the EPHEMERAL hold's connection is closed")
             try:
                 if asking:
                     await call(self.conn, ["ASKING"], timeout)
-                return await call(self.conn, args, timeout)
+                first = await call(self.conn, args, timeout)
+                if then is None:
+                    return first
+                more = None if timeout is None else timeout + then_timeout
+                try:
+                    return first, await call(self.conn, then, more)
+                except LockServerError as e:  # the first command's reply stands
+                    return first, e
             except (LockConnectionError, Cancelled):
                 self.broken = True
                 raise

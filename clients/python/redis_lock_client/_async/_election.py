@@ -43,10 +43,15 @@ class _AsyncCandidate(_AsyncHandle["AsyncLeadership"]):
         self.election = election
         self._leadership: Optional[AsyncLeadership] = None
 
-    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
-        return campaign(
-            self.election.key, self.owner, self.lease, self.ephemeral, wait, waits, value
-        )
+    def _args(
+        self,
+        waits: bool,
+        wait: Optional[float],
+        value: Optional[bytes],
+        ephemeral: Optional[bool] = None,
+    ) -> list[Any]:
+        bound = self.ephemeral if ephemeral is None else ephemeral
+        return campaign(self.election.key, self.owner, self.lease, bound, wait, waits, value)
 
     def _guard(self, hold: Hold) -> AsyncLeadership:
         current = self._leadership

@@ -16,6 +16,7 @@ from redis.cluster import RedisCluster
 from redis.connection import Connection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 __all__ = [
     "CLOSED",
@@ -28,6 +29,7 @@ __all__ = [
     "RawConnection",
     "Redis",
     "RedisCluster",
+    "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
     "close_connection",
@@ -42,6 +44,7 @@ __all__ = [
     "pool_put",
     "read",
     "send",
+    "sentinel_master",
     "sleep",
     "spawn",
     "spawn_from_any_thread",
@@ -255,3 +258,15 @@ def cluster_node_at(
 
 def cluster_refresh(cluster: RedisCluster) -> None:
     cluster.nodes_manager.initialize()
+
+
+def sentinel_master(
+    sentinels: list[tuple[str, int]],
+    service_name: str,
+    sentinel_kwargs: dict[str, Any],
+    connection_kwargs: dict[str, Any],
+) -> tuple[Sentinel, Redis]:
+    """redis-py's Sentinel manager and its client of the master named ``service_name``."""
+    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    master = manager.master_for(service_name, **connection_kwargs)  # type: ignore[no-untyped-call]
+    return manager, master

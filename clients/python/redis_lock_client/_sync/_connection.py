@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from redis.exceptions import ResponseError
 
-from .._common import LockConnectionError
+from .._common import LockConnectionError, LockServerError
 from .._connect import name_for, own_kwargs, server_error
 from ._backend import (
     IO_ERRORS,
@@ -64,9 +64,18 @@ class Connector:
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
 
-    def query(self, args: list[Any], asking: bool = False) -> Any:
+    def query(
+        self,
+        args: list[Any],
+        asking: bool = False,
+        then: Optional[list[Any]] = None,
+        then_timeout: float = 0.0,
+    ) -> Any:
         """One command on a pooled connection; ``asking``: preceded by ASKING (the answer to an
-        ASK redirection, good for that one command)."""
+        ASK redirection, good for that one command). ``then``: a second command sent on the
+        same connection after the first answered (``WAIT`` after a write: it waits for this
+        connection's writes), read with ``then_timeout`` more; the answer is then the pair (a
+        server error of the second is returned in it, not raised)."""
         try:
             conn = pool_get(self.pool)
         except IO_ERRORS as e:
@@ -74,7 +83,13 @@ class Connector:
         try:
             if asking:
                 call(conn, ["ASKING"], self.timeout)
-            return call(conn, args, self.timeout)
+            first = call(conn, args, self.timeout)
+            if then is None:
+                return first
+            try:
+                return first, call(conn, then, self.timeout + then_timeout)
+            except LockServerError as e:  # the first command's reply stands
+                return first, e
         finally:
             pool_put(self.pool, conn)
 
@@ -93,16 +108,30 @@ class OwnConnection:
         self.mutex = Mutex()
         self.broken = False
 
-    def call(self, args: list[Any], timeout: Optional[float], asking: bool = False) -> Any:
+    def call(
+        self,
+        args: list[Any],
+        timeout: Optional[float],
+        asking: bool = False,
+        then: Optional[list[Any]] = None,
+        then_timeout: float = 0.0,
+    ) -> Any:
         """One command on the connection; ``asking``: preceded by ASKING (the keys' slot is
-        being imported by this connection's node)."""
+        being imported by this connection's node); ``then``: as for ``Connector.query``."""
         with self.mutex:
             if self.broken:
                 raise LockConnectionError("the EPHEMERAL hold's connection is closed")
             try:
                 if asking:
                     call(self.conn, ["ASKING"], timeout)
-                return call(self.conn, args, timeout)
+                first = call(self.conn, args, timeout)
+                if then is None:
+                    return first
+                more = None if timeout is None else timeout + then_timeout
+                try:
+                    return first, call(self.conn, then, more)
+                except LockServerError as e:  # the first command's reply stands
+                    return first, e
             except (LockConnectionError, Cancelled):
                 self.broken = True
                 raise

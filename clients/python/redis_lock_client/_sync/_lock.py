@@ -16,12 +16,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar, cast
 
 from .. import _fork
-from .._commands import KeySet, is_retry_later
+from .._commands import KeySet, Replication, is_retry_later
 from .._common import (
     DEFAULT_LEASE,
-    Arg,
+    DEFAULT_REPLICAS_TIMEOUT,
     RETRIES,
+    TRYAGAIN_PAUSES,
     WAIT_MARGIN,
+    WAIT_REDIRECTS,
+    Arg,
     Key,
     Kind,
     LockConnectionError,
@@ -31,6 +34,7 @@ from .._common import (
     LostCallback,
     LostReason,
     NotHeld,
+    NotSafelyAcquired,
     Release,
     Renewal,
     UnexpectedReply,
@@ -46,7 +50,7 @@ from ._backend import (
     spawn_from_any_thread,
 )
 from ._connection import Connector, OwnConnection, call
-from ._hold import Hold
+from ._hold import Hold, Unconfirmed
 
 if TYPE_CHECKING:
     from ._client import LockClient
@@ -82,11 +86,18 @@ class _Handle(Generic[_G]):
         ephemeral: bool = False,
         on_lost: Optional[LostCallback] = None,
         owner: Optional[bytes] = None,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
     ) -> None:
         if lease < 0.001:
             raise ValueError("the lease must be at least 1 ms")
         if wait_timeout is not None and wait_timeout < 0:
             raise ValueError("wait_timeout must not be negative")
+        if replicas < 0:
+            raise ValueError("replicas must not be negative")
+        if replicas_timeout <= 0:
+            raise ValueError("replicas_timeout must be positive")
         self.client = client
         self.keys = keys
         self.kind = kind
@@ -96,6 +107,7 @@ class _Handle(Generic[_G]):
         self.wait_timeout = wait_timeout
         self.ephemeral = ephemeral
         self.on_lost = on_lost
+        self.replication = Replication(replicas, replicas_timeout, aof)
         self._named = owner
         self.owner = client._owner() if owner is None else owner
         self._gate = new_gate()
@@ -155,11 +167,17 @@ class _Handle(Generic[_G]):
         self._stack.set(stack[:-1])
         stack[-1].__exit__(exc_type, exc, tb)
 
-    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
-        """The acquire command; ``value`` is a campaign's (see ``_Candidate``)."""
-        return self.keys.acquire(
-            self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
-        )
+    def _args(
+        self,
+        waits: bool,
+        wait: Optional[float],
+        value: Optional[bytes],
+        ephemeral: Optional[bool] = None,
+    ) -> list[Any]:
+        """The acquire command; ``value`` is a campaign's (see ``_Candidate``); ``ephemeral``
+        None: the handle's."""
+        bound = self.ephemeral if ephemeral is None else ephemeral
+        return self.keys.acquire(self.owner, self.lease, self.kind, self.limit, bound, wait, waits)
 
     def _current(self) -> Optional[Hold]:
         with self._books:
@@ -178,10 +196,15 @@ class _Handle(Generic[_G]):
                 current = self._current()
                 sent = time.monotonic()
                 own: Optional[OwnConnection] = None
-                if self.ephemeral:
+                # An EPHEMERAL hold whose slot moved is bound to nothing any more: re-entered
+                # as the ordinary hold it now is.
+                unbound = self.ephemeral and current is not None and current.own is None
+                if self.ephemeral and not unbound:
                     reply, own = self._send_ephemeral(current, waits, until, value)
                 else:
-                    reply = self._send_with_retries(waits, until, value)
+                    reply = self._send_with_retries(
+                        waits, until, value, False if unbound else self.ephemeral
+                    )
                 replied = time.monotonic()
                 new_own = own if current is None or own is not current.own else None
                 try:
@@ -203,39 +226,60 @@ class _Handle(Generic[_G]):
         return (left >= 0.001), left  # no wait left: one last attempt
 
     def _send_with_retries(
-        self, waits: bool, until: Optional[float], value: Optional[bytes]
+        self, waits: bool, until: Optional[float], value: Optional[bytes], ephemeral: bool
     ) -> Any:
-        """An acquire that is not EPHEMERAL: sent again after a broken connection (ONCE makes
-        that safe), after MOVED (with the slot map loaded again) and TRYAGAIN (after a pause),
-        up to twice; an ASK is followed once, to the node named, after ASKING."""
-        attempt = 0
+        """An acquire on a pooled connection, or a wait on one of its own: sent again after a
+        broken connection (ONCE makes that safe) and after MOVED (with the slot map loaded
+        again), up to twice in a row; an ASK is followed, to the node named, after ASKING; a
+        TRYAGAIN (a slot move caught between keys) is sent again after growing pauses, up to
+        five times. A wait the server redirected after waiting (its key migrated) starts the
+        count again. Under Sentinel (``failover_timeout``) a broken connection is sent again,
+        with growing pauses, until a master answers or ``failover_timeout`` passed: a wait
+        whose master died is issued again on the new master, for what is left of its
+        ``wait_timeout``. ``ephemeral``: the hold is one that was EPHEMERAL and is bound to
+        nothing any more (its slot moved): re-entered without EPHEMERAL."""
+        attempt = later = 0
         ask: Optional[Redirected] = None
+        failover: Optional[float] = None  # under Sentinel: re-sent until then
+        pause = 0.05
         while True:
             this_waits, wait = self._wait_left(waits, until)
+            sent = time.monotonic()
             try:
                 if this_waits:
-                    return self._send_waiting(self._args(True, wait, value), wait, ask)
-                args = self._args(False, None, value)
+                    args = self._args(True, wait, value, ephemeral)
+                    return self._send_waiting(args, wait, ask)
+                args = self._args(False, None, value, ephemeral)
                 if ask is not None:
                     return self.client._query_at(ask, args)
                 return self.client._query(self.keys.route, args)
             except LockConnectionError:
-                if attempt >= RETRIES:
-                    raise
-                attempt += 1
                 ask = None
+                if attempt < RETRIES:
+                    attempt += 1
+                    continue
+                now = time.monotonic()
+                if failover is None:
+                    failover = now + self.client.failover_timeout
+                if now >= failover:
+                    raise
+                sleep(pause)  # a failover: the Sentinels name the new master soon
+                pause = min(pause * 2, 1.0)
             except Redirected as e:
-                if attempt >= RETRIES:
+                if time.monotonic() - sent > self.client.command_timeout:
+                    attempt = 0  # it waited, then its key moved: no failed send
+                if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
                     raise
                 attempt += 1
-                ask = e if e.asking and ask is None else None
+                ask = e if e.asking else None
                 if ask is None:
                     self.client._refresh()
             except LockServerError as e:
-                if not is_retry_later(str(e)) or attempt >= RETRIES:
+                if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
-                attempt += 1
-                sleep(0.05 * attempt)
+                ask = None
+                sleep(TRYAGAIN_PAUSES[later])
+                later += 1
 
     def _connector(self, ask: Optional[Redirected]) -> Connector:
         """The connections of the node the keys' slot is served by, or (``ask``) of the node an
@@ -281,30 +325,35 @@ class _Handle(Generic[_G]):
             except LockConnectionError:
                 current.connection_lost()
                 raise
-        attempt = 0
+        attempt = later = 0
         ask: Optional[Redirected] = None
         while True:
             connector = self._connector(ask)
             own = OwnConnection(connector.new(self.owner), self.client.command_timeout)
+            sent = time.monotonic()
             try:
                 if ask is not None:
                     own.call(["ASKING"], self.client.command_timeout)
                 return own.call(args, timeout), own
             except Redirected as e:
                 own.close()
-                if attempt >= RETRIES:
+                if time.monotonic() - sent > self.client.command_timeout:
+                    attempt = 0  # it waited, then its key moved: no failed send
+                if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
                     raise
                 attempt += 1
-                ask = e if e.asking and ask is None else None
+                ask = e if e.asking else None
                 if ask is None:
                     self.client._refresh()
+                this_waits, wait = self._wait_left(waits, until)
+                args = self._args(this_waits, wait, value)
             except LockServerError as e:
                 own.close()
-                if not is_retry_later(str(e)) or attempt >= RETRIES:
+                if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
-                attempt += 1
                 ask = None
-                sleep(0.05 * attempt)
+                sleep(TRYAGAIN_PAUSES[later])
+                later += 1
             except (LockError, Cancelled):
                 own.close()
                 raise
@@ -350,19 +399,38 @@ class _Handle(Generic[_G]):
             sent_at=sent,
             replied_at=replied,
             on_lost=self.on_lost,
+            replication=self.replication,
         )
         try:
-            confirmed = hold.confirm()
+            unconfirmed = hold.confirm()
         except (LockError, Cancelled):
             hold.close_own()
             raise
-        if not confirmed:
+        if unconfirmed is Unconfirmed.GONE:
             hold.close_own()
             return _AGAIN
+        if unconfirmed is Unconfirmed.UNACKED:
+            self._unsafe(hold)
         with self._books:
             self._active, self._guards = hold, 1
         hold.start()
         return self._guard(hold)
+
+    def _unsafe(self, hold: Hold) -> None:
+        """A grant too few replicas acknowledged: released (best effort: its lease ends it
+        otherwise), then ``NotSafelyAcquired`` (or the server's error for WAIT/WAITAOF, e.g.
+        WAITAOF on a server without it or without appendonly) is raised."""
+        ack = hold.acknowledged
+        try:
+            hold.send(hold.keys.release(hold.owner))
+        except LockError:
+            log.debug("releasing an unsafe grant of %r failed", hold.keys.keys, exc_info=True)
+        finally:
+            hold.close_own()
+        if isinstance(ack, LockError):
+            raise ack
+        rep = self.replication
+        raise NotSafelyAcquired(hold.tokens, rep.count(ack), rep.replicas, rep.describe())
 
     # -- ends of guards ----------------------------------------------------------------------
 

@@ -76,6 +76,7 @@ class Report:
     errors: list[str] = field(default_factory=list)
     acquire_errors: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    signal_median_ms: float = 0.0
 
     def longest(self) -> dict[str, tuple[int, float]]:
         out: dict[str, tuple[int, float]] = {}
@@ -93,7 +94,8 @@ class Report:
             "  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())),
             f"  false lost: {len(self.false_lost)}; stale writes landed: {len(self.stale)}; "
             f"tokens handed out twice: {len(self.regranted)}; errors: {len(self.errors)}",
-            f"  false held: {len(self.false_held)} cases; longest per cause (ms): "
+            f"  false held: {len(self.false_held)} cases (signalled: median "
+            f"{self.signal_median_ms:.1f} ms); longest per cause (ms): "
             + ", ".join(f"{c} {n}x max {w:.0f}" for c, (n, w) in sorted(self.longest().items())),
         ]
         for case in sorted(self.false_held, key=lambda c: -c["ms"]):
@@ -120,6 +122,8 @@ def analyse(
     signal_bound: float,
     slack: float,
     exclusive_keys: set[str],
+    resume_bound: float = 1.5,
+    signal_median: float = 0.05,
 ) -> Report:
     report = Report(label, seed)
     events = sorted(events, key=lambda e: e["t"])
@@ -189,14 +193,16 @@ def analyse(
             per_key[k].append(s)
     gone: dict[tuple[str, str, int], Snap] = {}  # (key, owner, token) -> first read without it
     ended_by: dict[tuple[str, str, int], int] = {}  # -> the disruption that removed it
+    landed: set[tuple[str, str, int, int]] = set()
     for key, reads in per_key.items():
         alive: set[tuple[str, int]] = set()
         ended: set[tuple[str, int]] = set()
         top = 0
         for s in reads:
             for w in s.writes.get(key, []):
-                owner, token_text, _ = w.split("|")
+                owner, token_text, seq_text = w.split("|")
                 token = int(token_text)
+                landed.add((key, owner, token, int(seq_text)))
                 report.writes += 1
                 if (owner, token) in ended:
                     report.stale.append(
@@ -216,6 +222,16 @@ def analyse(
             if back:
                 report.errors.append(f"{key}: holds seen again after they ended: {back}")
             alive = set(now)
+
+    # Every write the server answered landed.
+    for e in events:
+        if e["e"] != "wrote":
+            continue
+        for key, seq in e.get("acked", []):
+            token = e["tokens"][e["keys"].index(key)]
+            if (key, e["owner"], token, seq) not in landed:
+                report.stale.append(f"{key}: write {seq} of {e['owner']} token {token} was "
+                                    f"answered but never landed")
 
     # False held: believed held while the server no longer held it.
     dis = {d.idx: d for d in disruptions}
@@ -264,7 +280,10 @@ def analyse(
             notes.append("migration")
         if cause == "del" and not key_events:
             notes.append("no-key-events")
-        bound = signal_bound if heard else b.lease / 3 + slack
+        if cause == "sigstop" and not notes:
+            bound = resume_bound  # counted from the resume: the watchdog's first look
+        else:
+            bound = signal_bound if heard else b.lease / 3 + slack
         label = cause + "".join(f"+{n}" for n in notes)
         case = {"cause": label, "ms": ms, "bound_ms": bound * 1000, "hid": b.hid, "key": key,
                 "token": token, "reason": b.reason or b.how}
@@ -273,6 +292,13 @@ def analyse(
             report.over_bound.append(
                 f"{b.hid} {key} token {token}: {ms:.0f} ms believed held after the server "
                 f"ended it ({label}; bound {bound * 1000:.0f} ms; then {b.reason or b.how})")
+    signalled = sorted(c["ms"] for c in report.false_held if c["bound_ms"] == signal_bound * 1000)
+    if signalled:
+        report.signal_median_ms = signalled[len(signalled) // 2]
+        if len(signalled) >= 6 and report.signal_median_ms > signal_median * 1000:
+            report.over_bound.append(
+                f"the median false held of the {len(signalled)} signalled cases is "
+                f"{report.signal_median_ms:.0f} ms (over {signal_median * 1000:.0f} ms)")
     for d in disruptions:
         report.disruptions[d.kind] = report.disruptions.get(d.kind, 0) + 1
         if d.error and d.kind not in ("client-kill",):

@@ -149,16 +149,17 @@ class _Base:
             return "release"  # a leadership is kept by its election handle: never collected
         return self.rng.choices(["release", "drop", "gc"], weights=[6, 2, 1])[0]
 
-    def write_args(self, guard: Any, seq: int) -> list[tuple[Any, ...]]:
-        """The fenced commands of one step of a critical section."""
+    def write_args(self, guard: Any, seq: int) -> list[tuple[Optional[str], tuple[Any, ...]]]:
+        """The fenced commands of one step of a critical section, each with the lock key whose
+        writes list it appends to (None: a read)."""
         hold = guard._hold
         if self.spec.kind == "read":
-            return [("LLEN", writes_key(self.spec.keys[0]))]
+            return [(None, ("LLEN", writes_key(self.spec.keys[0])))]
         if self.spec.kind == "multi":
-            return [(k, "RPUSH", writes_key(k.decode()), entry(hold.owner, t, seq))
+            return [(k.decode(), (k, "RPUSH", writes_key(k.decode()), entry(hold.owner, t, seq)))
                     for k, t in zip(hold.keys.keys, hold.tokens)]
         key = hold.keys.keys[0].decode()
-        return [("RPUSH", writes_key(key), entry(hold.owner, hold.token, seq))]
+        return [(key, ("RPUSH", writes_key(key), entry(hold.owner, hold.token, seq)))]
 
 
 class SyncHolder(_Base):
@@ -226,14 +227,17 @@ class SyncHolder(_Base):
     def section(self, guard: Any) -> None:
         until = time.monotonic() + self.section_length()
         seq = wrote = 0
+        acked: list[tuple[str, int]] = []  # (key, seq) of each write the server answered
         reentered = False
         # Not stopped by ``guard.lost``: a holder paused past its lease writes on when it wakes,
         # and only the fence (or the library's own knowledge of the loss) stops the write.
         while time.monotonic() < until and not self.stop.is_set():
             try:
-                for args in self.write_args(guard, seq):
+                for key, args in self.write_args(guard, seq):
                     guard.execute(*args)
                     wrote += 1
+                    if key is not None:
+                        acked.append((key, seq))
             except Fenced as e:
                 self.emit("fenced", reason=e.reason.value if e.reason else None,
                           **self.describe(guard))
@@ -251,7 +255,7 @@ class SyncHolder(_Base):
                 reentered = True
                 self.reenter(guard)
             time.sleep(self.rng.uniform(0.02, 0.15))
-        self.emit("wrote", n=wrote)
+        self.emit("wrote", n=wrote, acked=acked, **self.describe(guard))
 
     def reenter(self, guard: Any) -> None:
         try:
@@ -352,14 +356,17 @@ class AsyncHolder(_Base):
     async def section(self, guard: Any) -> None:
         until = time.monotonic() + self.section_length()
         seq = wrote = 0
+        acked: list[tuple[str, int]] = []  # (key, seq) of each write the server answered
         reentered = False
         # Not stopped by ``guard.lost``: a holder paused past its lease writes on when it wakes,
         # and only the fence (or the library's own knowledge of the loss) stops the write.
         while time.monotonic() < until and not self.stop.is_set():
             try:
-                for args in self.write_args(guard, seq):
+                for key, args in self.write_args(guard, seq):
                     await guard.execute(*args)
                     wrote += 1
+                    if key is not None:
+                        acked.append((key, seq))
             except Fenced as e:
                 self.emit("fenced", reason=e.reason.value if e.reason else None,
                           **self.describe(guard))
@@ -377,7 +384,7 @@ class AsyncHolder(_Base):
                 reentered = True
                 await self.reenter(guard)
             await asyncio.sleep(self.rng.uniform(0.02, 0.15))
-        self.emit("wrote", n=wrote)
+        self.emit("wrote", n=wrote, acked=acked, **self.describe(guard))
 
     async def reenter(self, guard: Any) -> None:
         try:

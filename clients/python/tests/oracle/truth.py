@@ -18,18 +18,21 @@ import redis
 Holds = frozenset[tuple[str, int]]
 
 
-def parse_holds(reply: Any) -> Holds:
-    """(owner, token) of every hold ``LOCK.INFO`` shows (a hold whose lease ended is not)."""
+def parse_holds(reply: Any) -> tuple[Holds, int]:
+    """(owner, token) of every hold ``LOCK.INFO`` shows (a hold whose lease ended is not), and
+    how many of them are exclusive."""
     if not isinstance(reply, list):
-        return frozenset()
+        return frozenset(), 0
     fields = dict(zip(reply[::2], reply[1::2]))
     out = set()
+    exclusive = 0
     for entry in fields.get(b"holders") or []:
         holder = dict(zip(entry[::2], entry[1::2]))
         owner, token = holder.get(b"owner"), holder.get(b"token")
         if isinstance(owner, bytes) and isinstance(token, int):
             out.add((owner.decode(), token))
-    return frozenset(out)
+        exclusive += holder.get(b"mode") == b"exclusive"
+    return frozenset(out), exclusive
 
 
 @dataclass
@@ -76,8 +79,12 @@ class Truth:
     keys (one hash tag in a cluster); ``where``: group → port of the server that serves it."""
 
     def __init__(self, nodes: dict[int, redis.Redis], groups: dict[str, list[str]],
-                 where: dict[str, int], period: float = 0.005) -> None:
+                 where: dict[str, int], limits: dict[str, int], period: float = 0.005) -> None:
         self.nodes = nodes
+        #: A semaphore key's limit: more permits than that at once is a violation (and on any
+        #: other key an exclusive hold beside another hold).
+        self.limits = limits
+        self.violations: list[str] = []
         self.groups = groups
         self.where = dict(where)
         self.period = period
@@ -109,8 +116,13 @@ class Truth:
             info, landed = replies[3 * i], replies[3 * i + 1]
             if isinstance(info, Exception) or isinstance(landed, Exception):
                 raise RuntimeError(f"truth read of {k}: {info!r} {landed!r}")
-            holds[k] = parse_holds(info)
+            holds[k], exclusive = parse_holds(info)
             writes[k] = [w.decode() for w in landed]
+            limit = self.limits.get(k)
+            if limit is not None and len(holds[k]) > limit:
+                self.violations.append(f"{k}: {len(holds[k])} permits held, limit {limit}")
+            if exclusive and len(holds[k]) > 1:
+                self.violations.append(f"{k}: an exclusive hold beside others: {holds[k]}")
         return holds, writes
 
     def _multi(self, group: str, middle: list[list[Any]]) -> tuple[float, float, list[Any]]:
