@@ -315,17 +315,23 @@ def test_readme_sentinel_example_runs_as_printed(sentinels):
 
 
 @pytest.mark.scenario("sentinel-failover")
-def test_a_paused_master_is_left_for_the_new_one_and_its_connections_closed_on_its_return(
-        sentinel_set):
+def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentinel_set):
     # SIGSTOP past down-after-milliseconds: the Sentinels promote a replica while the old master
-    # still holds the library's connections open. Commands to it time out (their connections
-    # are dropped, and new ones go to the new master); on SIGCONT the Sentinels make it a
-    # replica and close its clients: the signal listener reconnects, to the new master.
+    # still holds the library's connections open, answering nothing. A renewal to it times out
+    # (its connection is dropped; the next one asks the Sentinels and reaches the new master),
+    # and the signal listener and the observer, whose connections do not break, leave the old
+    # master as soon as the Sentinels name another: all before the old master resumes.
     s = sentinel_set
     lease = 10.0
-    key = unique("paused")
+    key, elect_key = unique("paused"), unique("elect")
     client = LockClient.from_sentinel(s.addresses, SentinelSet.NAME, command_timeout=1.0)
     guard = client.lock(key, lease=lease).acquire()
+    election = client.election(elect_key, "leader", lease=lease, ephemeral=False)
+    leadership = election.campaign(value="before")
+    seen: "queue.Queue[object]" = queue.Queue()
+    observer = election.observe()
+    threading.Thread(target=lambda: [seen.put(x) for x in observer], daemon=True).start()
+    assert seen.get(timeout=5).value == b"before"
     s.wait_replicated()
     old = s.master()
     os.kill(old.proc.pid, signal.SIGSTOP)
@@ -335,14 +341,21 @@ def test_a_paused_master_is_left_for_the_new_one_and_its_connections_closed_on_i
         wait_until(lambda: new.commandstat("lock.renew") > renews, "renewed on the new master",
                    bound=lease)
         assert not guard.lost.is_set()
+        channel = lost_signal_channel(key)
+        wait_until(lambda: new.client().execute_command("PUBSUB", "NUMSUB", channel)[1] == 1,
+                   "the signal listener on the new master", bound=10)
+        assert old.proc.poll() is None  # still paused, its connections still open
+        new.client().execute_command("LOCK.FORCERELEASE", key)
+        assert guard.lost.wait(2) and guard.lost_reason is LostReason.FORCE_RELEASED
+        assert leadership.proclaim("after")  # renewed there too
+        deadline = time.monotonic() + 10
+        while getattr(seen.get(timeout=max(deadline - time.monotonic(), 0.01)), "value",
+                      None) != b"after":
+            pass
     finally:
         os.kill(old.proc.pid, signal.SIGCONT)
-    wait_until(lambda: old.client().info("replication")["role"] == "slave", "demoted", bound=30)
-    channel = lost_signal_channel(key)
-    wait_until(lambda: new.client().execute_command("PUBSUB", "NUMSUB", channel)[1] == 1,
-               "the signal heard from the new master", bound=15)
-    new.client().execute_command("LOCK.FORCERELEASE", key)
-    assert guard.lost.wait(2) and guard.lost_reason is LostReason.FORCE_RELEASED
+    leadership.resign()
+    observer.close()
     client.close()
 
 

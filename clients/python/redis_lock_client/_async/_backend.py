@@ -37,6 +37,7 @@ __all__ = [
     "current_loop",
     "new_gate",
     "open_connection",
+    "peer",
     "pool_close",
     "pool_get",
     "pool_put",
@@ -121,6 +122,12 @@ class RawConnection(Protocol):
     async def disconnect(self, nowait: bool = False) -> None: ...
 
 
+def peer(conn: RawConnection) -> Optional[tuple[str, int]]:
+    """The server a connection reached (under Sentinel: the master it was told of)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return (host, port) if isinstance(host, str) and isinstance(port, int) else None
+
+
 async def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
     conn = cast(RawConnection, cls(**kwargs))
     await conn.connect()
@@ -173,9 +180,18 @@ class Subscriber:
     def __init__(self, conn: RawConnection) -> None:
         self._conn = conn
         self._closed = False
+        self._kicked = False
+        #: The server this connection reached (host, port).
+        self.address = peer(conn)
 
     def post(self, op: str, channel: bytes) -> None:
         spawn("redis-lock-subscribe", self._send, op, channel)
+
+    async def kick(self) -> None:
+        """Breaks the connection from another task: a ``read`` waiting meanwhile raises a
+        ConnectionError, as for a connection the server closed (the reader connects again)."""
+        self._kicked = True
+        await close_connection(self._conn)
 
     async def _send(self, op: str, channel: bytes) -> None:
         if self._closed:
@@ -191,9 +207,11 @@ class Subscriber:
             return CLOSED
         try:
             return await read(self._conn, timeout)
-        except IO_ERRORS:
+        except Exception as e:
             if self._closed:
                 return CLOSED
+            if self._kicked:
+                raise RedisConnectionError("left for the new master") from e
             raise
 
     async def close(self) -> None:

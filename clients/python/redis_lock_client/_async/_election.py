@@ -22,9 +22,11 @@ from .._common import (
 from .._connect import Redirected
 from .._leaders import LeaderFeed
 from .._messages import leader_channel, parse_leader_message
-from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep
+from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep, spawn
+from ._connection import Connector
 from ._hold import Hold
 from ._lock import _AsyncGuard, _AsyncHandle
+from ._signals import FOLLOW_PERIOD
 
 if TYPE_CHECKING:
     from ._client import AsyncLockClient
@@ -267,6 +269,8 @@ class AsyncObserver:
         if closed:
             await sub.close()
             return
+        if connector.master_address() is not None:
+            spawn("redis-lock-follow", self._follow, sub, connector)
         self._push(self._feed.read(found))
 
     async def _take(self, reply: Any) -> None:
@@ -284,6 +288,16 @@ class AsyncObserver:
             except LockError:
                 return  # the next message or reconnection tells
             self._push(self._feed.read(found))
+
+    async def _follow(self, sub: Subscriber, connector: Connector) -> None:
+        """Under Sentinel: leaves ``sub`` as soon as the Sentinels name another master (as the
+        signal listener does); the observer connects again and reads the leader there."""
+        while not self._closed and self._sub is sub:
+            await sleep(FOLLOW_PERIOD)
+            master = connector.master_address()
+            if self._sub is sub and master is not None and sub.address not in (None, master):
+                await sub.kick()
+                return
 
     def _push(self, found: Optional[Leader]) -> None:
         if found is not None:

@@ -39,6 +39,7 @@ __all__ = [
     "current_loop",
     "new_gate",
     "open_connection",
+    "peer",
     "pool_close",
     "pool_get",
     "pool_put",
@@ -108,6 +109,12 @@ class RawConnection(Protocol):
     def disconnect(self, *args: Any) -> None: ...
 
 
+def peer(conn: RawConnection) -> Optional[tuple[str, int]]:
+    """The server a connection reached (under Sentinel: the master it was told of)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return (host, port) if isinstance(host, str) and isinstance(port, int) else None
+
+
 def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
     conn = cast(RawConnection, cls(**kwargs))
     conn.connect()
@@ -171,6 +178,9 @@ class Subscriber:
         self._lock = threading.Lock()
         self._pending: list[tuple[str, bytes]] = []
         self._closed = False
+        self._kicked = False
+        #: The server this connection reached (host, port).
+        self.address = peer(conn)
         self._reading = False
         self._shut_down = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -186,6 +196,13 @@ class Subscriber:
         except OSError:
             pass
 
+    def kick(self) -> None:
+        """Breaks the connection from another thread: a ``read`` waiting meanwhile raises a
+        ConnectionError, as for a connection the server closed (the reader connects again)."""
+        with self._lock:
+            self._kicked = True
+        self._wake()
+
     def read(self, timeout: Optional[float] = None) -> Any:
         """The next reply (``timeout`` None: as long as it takes; past it, a TimeoutError)."""
         with self._lock:
@@ -198,6 +215,8 @@ class Subscriber:
                 with self._lock:
                     if self._closed:
                         return CLOSED
+                    if self._kicked:
+                        raise RedisConnectionError("left for the new master")
                     ops, self._pending = self._pending, []
                 for op, channel in ops:
                     send(self._conn, [op, channel])

@@ -144,6 +144,7 @@ class LockClient:
         self._refreshed_at = 0.0
         self._single: Optional[_Node] = None
         self._sentinel: Optional[tuple[Any, Any]] = None
+        self._pool: Optional[ConnectionPool] = None
         if isinstance(redis_client, RedisCluster):
             self._cluster = redis_client
         else:
@@ -156,6 +157,8 @@ class LockClient:
                 cls: type[Any] = pool.connection_class
                 kwargs = {**pool.connection_kwargs, **connection_kwargs}
                 sentinel = isinstance(pool, SentinelConnectionPool)
+                # A Sentinel pool's connections refer to it weakly: it lives as long as we do.
+                self._pool = pool
             else:
                 cls = DefaultConnection
                 kwargs = connection_kwargs

@@ -93,6 +93,19 @@ class Connector:
         finally:
             pool_put(self.pool, conn)
 
+    def master_address(self) -> Optional[tuple[str, int]]:
+        """Under Sentinel: the master the Sentinels named when a connection last connected
+        (redis-py's Sentinel pool keeps it); None elsewhere. It changes with a failover, once
+        a connection to the old master broke and a new one asked."""
+        pool = self.kwargs.get("connection_pool")
+        try:
+            address = getattr(pool, "master_address", None)
+        except ReferenceError:  # the application's Sentinel pool is gone
+            return None
+        if isinstance(address, tuple) and len(address) == 2:
+            return (str(address[0]), int(address[1]))
+        return None
+
     def close(self) -> None:
         pool_close(self.pool)
 

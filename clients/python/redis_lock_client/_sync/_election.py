@@ -24,9 +24,11 @@ from .._common import (
 from .._connect import Redirected
 from .._leaders import LeaderFeed
 from .._messages import leader_channel, parse_leader_message
-from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep
+from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep, spawn
+from ._connection import Connector
 from ._hold import Hold
 from ._lock import _Guard, _Handle
+from ._signals import FOLLOW_PERIOD
 
 if TYPE_CHECKING:
     from ._client import LockClient
@@ -269,6 +271,8 @@ class Observer:
         if closed:
             sub.close()
             return
+        if connector.master_address() is not None:
+            spawn("redis-lock-follow", self._follow, sub, connector)
         self._push(self._feed.read(found))
 
     def _take(self, reply: Any) -> None:
@@ -286,6 +290,16 @@ class Observer:
             except LockError:
                 return  # the next message or reconnection tells
             self._push(self._feed.read(found))
+
+    def _follow(self, sub: Subscriber, connector: Connector) -> None:
+        """Under Sentinel: leaves ``sub`` as soon as the Sentinels name another master (as the
+        signal listener does); the observer connects again and reads the leader there."""
+        while not self._closed and self._sub is sub:
+            sleep(FOLLOW_PERIOD)
+            master = connector.master_address()
+            if self._sub is sub and master is not None and sub.address not in (None, master):
+                sub.kick()
+                return
 
     def _push(self, found: Optional[Leader]) -> None:
         if found is not None:
