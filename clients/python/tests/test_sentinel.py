@@ -268,36 +268,57 @@ def test_a_failover_moves_renewals_waits_and_signals_to_the_new_master(sentinel_
 def test_async_a_hold_the_new_master_never_got_is_lost_at_its_first_renewal(tmp_path):
     # The replicas are writable here, so that the hold can be taken out of them (DEL on each,
     # not replicated): the promoted one never had it, as if the master died before sending it.
+    # The master is paused (SIGSTOP), not killed: the asyncio client's listener and wait leave
+    # it for the new master while it is still paused.
     s = start_sentinel_set(tmp_path, "--replica-read-only", "no")
+    old = s.master()
     try:
         async def main() -> None:
             lease = 10.0
-            async with AsyncLockClient.from_sentinel(s.addresses, SentinelSet.NAME) as client:
-                gone_key, kept_key = unique("gone"), unique("kept")
+            async with AsyncLockClient.from_sentinel(s.addresses, SentinelSet.NAME,
+                                                     command_timeout=1.0) as client:
+                gone_key, kept_key, wait_key = unique("gone"), unique("kept"), unique("wait")
                 gone = await client.lock(gone_key, lease=lease).acquire()
                 kept = await client.lock(kept_key, lease=lease).acquire()
+                old.client().execute_command("LOCK.ACQUIRE", wait_key, "blocker", 30000)
+                waiter = asyncio.ensure_future(client.lock(wait_key, lease=lease).acquire())
+                for _ in range(100):
+                    if old.blocked_clients("lock.acquire"):
+                        break
+                    await asyncio.sleep(0.05)
                 s.wait_replicated()
-                old = s.master()
                 for r in s.replicas():
                     assert r.client().delete(gone_key) == 1
-                old.proc.kill()
-                old.proc.wait()
+                os.kill(old.proc.pid, signal.SIGSTOP)
                 new = s.wait_for_failover(old)
                 assert info(new, gone_key) is None and info(new, kept_key) is not None
                 await asyncio.wait_for(gone.lost.wait(), lease)  # the first renewal there
                 assert gone.lost_reason is LostReason.HOLD_GONE
-                renews = new.commandstat("lock.renew")
-                for _ in range(int(lease * 20)):
-                    if new.commandstat("lock.renew") > renews:
+                assert not kept.lost.is_set() and info(new, kept_key)[b"token"] == kept.token
+                channel = lost_signal_channel(kept_key)
+                for _ in range(200):
+                    if new.client().execute_command("PUBSUB", "NUMSUB", channel)[1] == 1:
                         break
                     await asyncio.sleep(0.05)
-                await asyncio.sleep(0.2)
-                assert not kept.lost.is_set() and info(new, kept_key)[b"token"] == kept.token
-                assert await kept.release() is Release.RELEASED
+                new.client().execute_command("LOCK.FORCERELEASE", kept_key)
+                await asyncio.wait_for(kept.lost.wait(), 2)  # heard from the new master
+                assert kept.lost_reason is LostReason.FORCE_RELEASED
+                for _ in range(200):
+                    if new.blocked_clients("lock.acquire"):
+                        break
+                    await asyncio.sleep(0.05)
+                new.client().execute_command("LOCK.FORCERELEASE", wait_key)
+                granted = await asyncio.wait_for(waiter, 10)  # issued again there
+                assert info(new, wait_key)[b"owner"] == granted.owner
+                assert old.proc.poll() is None  # all while the old master was paused
+                await granted.release()
         asyncio.run(main())
     finally:
+        try:
+            os.kill(old.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
         s.stop()
-
 
 def test_readme_sentinel_example_runs_as_printed(sentinels):
     from pathlib import Path
@@ -319,13 +340,28 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
     # SIGSTOP past down-after-milliseconds: the Sentinels promote a replica while the old master
     # still holds the library's connections open, answering nothing. A renewal to it times out
     # (its connection is dropped; the next one asks the Sentinels and reaches the new master),
-    # and the signal listener and the observer, whose connections do not break, leave the old
-    # master as soon as the Sentinels name another: all before the old master resumes.
+    # and the signal listener, the observer and the waits, whose connections do not break,
+    # leave the old master as soon as the Sentinels name another: all before it resumes.
     s = sentinel_set
     lease = 10.0
     key, elect_key = unique("paused"), unique("elect")
     client = LockClient.from_sentinel(s.addresses, SentinelSet.NAME, command_timeout=1.0)
     guard = client.lock(key, lease=lease).acquire()
+    wait_key = unique("wait")
+    s.master().client().execute_command("LOCK.ACQUIRE", wait_key, "blocker", 30000)
+    results: dict[str, object] = {}
+
+    def wait(name: str, **options: object) -> None:
+        try:
+            results[name] = client.lock(wait_key, lease=lease, **options).acquire()
+        except Exception as e:  # noqa: BLE001 - looked at below
+            results[name] = e
+
+    waiters = [threading.Thread(target=wait, args=("plain",)),  # waits as long as it takes
+               threading.Thread(target=wait, args=("ephemeral",), kwargs={"ephemeral": True})]
+    for t in waiters:
+        t.start()
+    wait_until(lambda: len(s.master().blocked_clients("lock.acquire")) == 2, "both waiting")
     election = client.election(elect_key, "leader", lease=lease, ephemeral=False)
     leadership = election.campaign(value="before")
     seen: "queue.Queue[object]" = queue.Queue()
@@ -352,9 +388,22 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
         while getattr(seen.get(timeout=max(deadline - time.monotonic(), 0.01)), "value",
                       None) != b"after":
             pass
+        # The waits on the paused master ended: the EPHEMERAL one with an error, the other
+        # issued again on the new master, where the blocker's hold (replicated) still is.
+        waiters[1].join(10)
+        assert isinstance(results["ephemeral"], LockConnectionError)
+        wait_until(lambda: len(new.blocked_clients("lock.acquire")) == 1, "waiting there",
+                   bound=10)
+        new.client().execute_command("LOCK.FORCERELEASE", wait_key)
+        waiters[0].join(10)
+        granted = results["plain"]
+        assert not isinstance(granted, Exception), granted
+        assert info(new, wait_key)[b"owner"] == granted.owner  # type: ignore[attr-defined]
+        assert old.proc.poll() is None  # all of it while the old master was paused
     finally:
         os.kill(old.proc.pid, signal.SIGCONT)
     leadership.resign()
+    granted.release()  # type: ignore[attr-defined]
     observer.close()
     client.close()
 

@@ -38,6 +38,8 @@ __all__ = [
     "new_gate",
     "open_connection",
     "peer",
+    "ask_master",
+    "interrupt",
     "pool_close",
     "pool_get",
     "pool_put",
@@ -191,7 +193,7 @@ class Subscriber:
         """Breaks the connection from another task: a ``read`` waiting meanwhile raises a
         ConnectionError, as for a connection the server closed (the reader connects again)."""
         self._kicked = True
-        await close_connection(self._conn)
+        interrupt(self._conn)
 
     async def _send(self, op: str, channel: bytes) -> None:
         if self._closed:
@@ -249,3 +251,17 @@ def sentinel_master(
     """redis-py's Sentinel manager and its client of the master named ``service_name``."""
     manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     return manager, manager.master_for(service_name, **connection_kwargs)
+
+
+async def ask_master(pool: Any) -> None:
+    """Asks the Sentinels for the master now (redis-py's Sentinel pool remembers it)."""
+    await pool.get_master_address()
+
+
+def interrupt(conn: RawConnection) -> None:
+    """Breaks ``conn`` under a task reading from it: that read ends with a ConnectionError (as
+    for a connection the server closed), and its caller closes the connection."""
+    writer = getattr(conn, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is not None:
+        transport.abort()

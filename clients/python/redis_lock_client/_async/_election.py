@@ -23,10 +23,9 @@ from .._connect import Redirected
 from .._leaders import LeaderFeed
 from .._messages import leader_channel, parse_leader_message
 from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep, spawn
-from ._connection import Connector
+from ._connection import FOLLOW_PERIOD, Connector
 from ._hold import Hold
 from ._lock import _AsyncGuard, _AsyncHandle
-from ._signals import FOLLOW_PERIOD
 
 if TYPE_CHECKING:
     from ._client import AsyncLockClient
@@ -269,7 +268,7 @@ class AsyncObserver:
         if closed:
             await sub.close()
             return
-        if connector.master_address() is not None:
+        if connector.sentinel:
             spawn("redis-lock-follow", self._follow, sub, connector)
         self._push(self._feed.read(found))
 
@@ -294,7 +293,7 @@ class AsyncObserver:
         signal listener does); the observer connects again and reads the leader there."""
         while not self._closed and self._sub is sub:
             await sleep(FOLLOW_PERIOD)
-            master = connector.master_address()
+            master = await connector.current_master()
             if self._sub is sub and master is not None and sub.address not in (None, master):
                 await sub.kick()
                 return

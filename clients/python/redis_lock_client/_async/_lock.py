@@ -45,6 +45,7 @@ from ._backend import (
     close_connection,
     new_gate,
     sleep,
+    spawn,
     spawn_from_any_thread,
 )
 from ._connection import Connector, OwnConnection, call
@@ -293,13 +294,20 @@ class _AsyncHandle(Generic[_G]):
         self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
     ) -> Any:
         """A wait, on a connection of its own (named for the owner), closed after; after an
-        ASK, on a connection to the node named, preceded by ASKING."""
-        conn = await (await self._connector(ask)).new(self.owner)
+        ASK, on a connection to the node named, preceded by ASKING. Under Sentinel the
+        connection is closed as soon as the Sentinels name another master (the wait is then
+        sent again, to it)."""
+        connector = await self._connector(ask)
+        conn = await connector.new(self.owner)
+        done = Event()
+        if connector.sentinel:  # a wait on a master the Sentinels replaced ends at once
+            spawn("redis-lock-follow", connector.follow, conn, done)
         try:
             if ask is not None:
                 await call(conn, ["ASKING"], self.client.command_timeout)
             return await call(conn, args, None if wait is None else wait + WAIT_MARGIN)
         finally:
+            done.set()
             await close_connection(conn)
 
     async def _send_ephemeral(
@@ -329,6 +337,9 @@ class _AsyncHandle(Generic[_G]):
             connector = await self._connector(ask)
             own = OwnConnection(await connector.new(self.owner), self.client.command_timeout)
             sent = time.monotonic()
+            done = Event()
+            if connector.sentinel and this_waits:  # a replaced master: the wait ends at once
+                spawn("redis-lock-follow", connector.follow, own.conn, done)
             try:
                 if ask is not None:
                     await own.call(["ASKING"], self.client.command_timeout)
@@ -355,6 +366,8 @@ class _AsyncHandle(Generic[_G]):
             except (LockError, Cancelled):
                 await own.close()
                 raise
+            finally:
+                done.set()
 
     async def _settle(
         self,

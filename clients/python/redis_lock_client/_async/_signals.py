@@ -24,11 +24,7 @@ from .. import _fork
 from .._common import LockConnectionError
 from .._messages import LostMessage, flush_channel, parse_flush, parse_lost
 from ._backend import CLOSED, IO_ERRORS, Event, Subscriber, sleep, spawn, wait_event
-
-#: Under Sentinel, how often a listener looks whether the master it listens to is still the one
-#: the Sentinels name.
-FOLLOW_PERIOD = 0.5
-from ._connection import Connector
+from ._connection import FOLLOW_PERIOD, Connector
 
 
 class Watcher(Protocol):
@@ -130,7 +126,7 @@ class SignalHub:
                 for channel in self._confirmed:
                     sub.post(self._subscribe, channel)
                 self._sub = sub
-            if self._connector.master_address() is not None:
+            if self._connector.sentinel:
                 spawn("redis-lock-follow", self._follow, sub)
             try:
                 while True:
@@ -155,7 +151,7 @@ class SignalHub:
         again, to the new master."""
         while not self._closed and self._sub is sub:
             await sleep(FOLLOW_PERIOD)
-            master = self._connector.master_address()
+            master = await self._connector.current_master()
             if self._sub is sub and master is not None and sub.address not in (None, master):
                 await sub.kick()
                 return

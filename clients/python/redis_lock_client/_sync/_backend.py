@@ -40,6 +40,8 @@ __all__ = [
     "new_gate",
     "open_connection",
     "peer",
+    "ask_master",
+    "interrupt",
     "pool_close",
     "pool_get",
     "pool_put",
@@ -289,3 +291,19 @@ def sentinel_master(
     manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     master = manager.master_for(service_name, **connection_kwargs)  # type: ignore[no-untyped-call]
     return manager, master
+
+
+def ask_master(pool: Any) -> None:
+    """Asks the Sentinels for the master now (redis-py's Sentinel pool remembers it)."""
+    pool.get_master_address()
+
+
+def interrupt(conn: RawConnection) -> None:
+    """Breaks ``conn`` under a thread reading from it: that read ends with a ConnectionError (as
+    for a connection the server closed), and its caller closes the connection."""
+    sock = getattr(conn, "_sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -25,10 +25,9 @@ from .._connect import Redirected
 from .._leaders import LeaderFeed
 from .._messages import leader_channel, parse_leader_message
 from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep, spawn
-from ._connection import Connector
+from ._connection import FOLLOW_PERIOD, Connector
 from ._hold import Hold
 from ._lock import _Guard, _Handle
-from ._signals import FOLLOW_PERIOD
 
 if TYPE_CHECKING:
     from ._client import LockClient
@@ -271,7 +270,7 @@ class Observer:
         if closed:
             sub.close()
             return
-        if connector.master_address() is not None:
+        if connector.sentinel:
             spawn("redis-lock-follow", self._follow, sub, connector)
         self._push(self._feed.read(found))
 
@@ -296,7 +295,7 @@ class Observer:
         signal listener does); the observer connects again and reads the leader there."""
         while not self._closed and self._sub is sub:
             sleep(FOLLOW_PERIOD)
-            master = connector.master_address()
+            master = connector.current_master()
             if self._sub is sub and master is not None and sub.address not in (None, master):
                 sub.kick()
                 return

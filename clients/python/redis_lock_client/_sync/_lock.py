@@ -47,6 +47,7 @@ from ._backend import (
     close_connection,
     new_gate,
     sleep,
+    spawn,
     spawn_from_any_thread,
 )
 from ._connection import Connector, OwnConnection, call
@@ -295,13 +296,20 @@ class _Handle(Generic[_G]):
         self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
     ) -> Any:
         """A wait, on a connection of its own (named for the owner), closed after; after an
-        ASK, on a connection to the node named, preceded by ASKING."""
-        conn = (self._connector(ask)).new(self.owner)
+        ASK, on a connection to the node named, preceded by ASKING. Under Sentinel the
+        connection is closed as soon as the Sentinels name another master (the wait is then
+        sent again, to it)."""
+        connector = self._connector(ask)
+        conn = connector.new(self.owner)
+        done = Event()
+        if connector.sentinel:  # a wait on a master the Sentinels replaced ends at once
+            spawn("redis-lock-follow", connector.follow, conn, done)
         try:
             if ask is not None:
                 call(conn, ["ASKING"], self.client.command_timeout)
             return call(conn, args, None if wait is None else wait + WAIT_MARGIN)
         finally:
+            done.set()
             close_connection(conn)
 
     def _send_ephemeral(
@@ -331,6 +339,9 @@ class _Handle(Generic[_G]):
             connector = self._connector(ask)
             own = OwnConnection(connector.new(self.owner), self.client.command_timeout)
             sent = time.monotonic()
+            done = Event()
+            if connector.sentinel and this_waits:  # a replaced master: the wait ends at once
+                spawn("redis-lock-follow", connector.follow, own.conn, done)
             try:
                 if ask is not None:
                     own.call(["ASKING"], self.client.command_timeout)
@@ -357,6 +368,8 @@ class _Handle(Generic[_G]):
             except (LockError, Cancelled):
                 own.close()
                 raise
+            finally:
+                done.set()
 
     def _settle(
         self,
