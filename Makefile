@@ -17,7 +17,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults oracle oracle-rust bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults oracle oracle-rust oracle-python bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -119,11 +119,15 @@ faults: test-deps
 	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
 	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --ignored --nocapture
 
-# The oracle of each lock library (a guard's belief against the server's truth on seeded random
-# histories, every write through the fence; a short run of a few seeds is in `make test`), longer:
-# SEEDS seeds of SECS seconds each, on Redis 7.0.15 and on Redis 8.2.3 (key events), standalone
-# and in a cluster: `make oracle SEEDS=20 SECS=60`. oracle-rust runs clients/rust/tests/oracle.rs.
-SEEDS ?= 10
+# The oracle of each lock library: a guard's belief against the server's truth on seeded random
+# histories, every write through the fence (a short run of a few seeds is in `make test`). Longer:
+# SEEDS seeds of SECS seconds each (seeds SEED_BASE, SEED_BASE + 1, ... for Python), on Redis
+# 7.0.15 and on Redis 8.2.3 (key events), standalone and in a cluster (CLUSTER_SEEDS for
+# Python): `make oracle SEEDS=10 SECS=60`. oracle-rust runs clients/rust/tests/oracle.rs,
+# oracle-python clients/python/tests/test_oracle.py.
+SEEDS ?= 5
+CLUSTER_SEEDS ?= 2
+SEED_BASE ?= 1
 REDIS8_ENV := LOCK_SERVER=$(abspath target/redis8-venv/bin/redis-server) LOCK_CLI=redis-cli
 oracle: oracle-rust oracle-python
 
@@ -133,6 +137,13 @@ oracle-rust: test-deps
 	$(CARGO) build -p redis-lock-client --examples
 	ORACLE_SEEDS=$(SEEDS) ORACLE_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test -p redis-lock-client --test oracle -- --nocapture --test-threads 1
 	$(REDIS8_ENV) ORACLE_SEEDS=$(SEEDS) ORACLE_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test -p redis-lock-client --test oracle -- --nocapture --test-threads 1
+
+ORACLE_ENV = ORACLE_SEEDS=$(SEEDS) ORACLE_CLUSTER_SEEDS=$(CLUSTER_SEEDS) ORACLE_SECS=$(SECS) ORACLE_SEED_BASE=$(SEED_BASE) LOCK_MODULE=$(abspath $(DEBUG_MODULE))
+oracle-python: test-deps
+	@bash scripts/server-deps.sh redis8 >/dev/null
+	$(CARGO) build --lib
+	$(ORACLE_ENV) bash clients/python/run-tests.sh test_oracle.py
+	$(ORACLE_ENV) $(REDIS8_ENV) bash clients/python/run-tests.sh test_oracle.py
 
 # The module tarball, the Rust crate and the Python sdist and wheel, each checked (scripts/dist.sh).
 dist: test-deps

@@ -5,7 +5,8 @@
 # generated sync library (redis_lock_client/_sync/) is not what the asyncio source makes, and
 # check-scenarios.py when a row of docs/client-scenarios.md has no Python test. LOCK_MODULE names
 # the module (default target/debug/libredis_lock.so, built by `cargo build --lib`); LOCK_SERVER
-# another server.
+# another server. Arguments go to pytest instead of the whole suite (`run-tests.sh
+# test_oracle.py`: only the oracle).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -23,4 +24,4 @@ fi
 "$venv/bin/python" -m mypy --strict --cache-dir "$root/target/python-client-mypy-cache" -p redis_lock_client
 "$venv/bin/python" -m mypy --strict --cache-dir "$root/target/python-client-mypy-cache" "$here/unasync.py"
 cd "$here/tests"
-PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider
+PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

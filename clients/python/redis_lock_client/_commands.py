@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional, Sequence
 
-from ._common import Key, Kind, UnexpectedReply, millis, to_bytes
-
-Arg = Union[bytes, int, str]
+from ._common import Arg, Key, Kind, LostReason, UnexpectedReply, millis, to_bytes
 
 #: The most keys one multi-key command takes (the server's limit).
 MAX_KEYS = 64
@@ -118,6 +116,78 @@ def is_final(text: str) -> bool:
     """Server errors after which the hold cannot be there any more (WRONGTYPE, "not a lock"), as
     opposed to LOADING, BUSY, MASTERDOWN, a pause, MOVED or ASK, which pass."""
     return (text.startswith("ERR ") and "paused" not in text) or text.startswith("WRONGTYPE")
+
+
+def guard(key: bytes, owner: bytes, token: int, command: Sequence[Arg]) -> list[Arg]:
+    """LOCK.GUARD key owner token command [arg ...]: the command runs only while ``owner``
+    holds ``key`` under ``token``."""
+    if not command:
+        raise ValueError("a fenced command needs a command: execute(\"SET\", key, value)")
+    return ["LOCK.GUARD", key, owner, token, *command]
+
+
+def fence_refusal(line: str) -> Optional[LostReason]:
+    """What a LOCK.GUARD refusal says of the hold: ``FENCED the hold is gone`` (the owner
+    holds nothing on the key), ``FENCED the token is not current`` (it holds it under another
+    token); None for any other error (the command's own, which is no loss)."""
+    if line.startswith("FENCED the token is not current"):
+        return LostReason.TOKEN_NOT_CURRENT
+    if line.startswith("FENCED"):
+        return LostReason.HOLD_GONE
+    return None
+
+
+def is_retry_later(line: str) -> bool:
+    """TRYAGAIN: in a cluster, a multi-key command during a slot migration found some of its
+    keys moved and others not; it did not run, and may be sent again in a moment."""
+    return line.startswith("TRYAGAIN")
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What a grant and each renewal wait for before they count: ``replicas`` replicas
+    acknowledging (``WAIT replicas timeout``), or with ``aof`` the local AOF and ``replicas``
+    replicas' AOF fsynced (``WAITAOF 1 replicas timeout``, Redis 7.2 and newer)."""
+
+    replicas: int
+    timeout: float
+    aof: bool
+
+    @property
+    def on(self) -> bool:
+        return self.replicas > 0 or self.aof
+
+    def command(self) -> list[Arg]:
+        if self.aof:
+            return ["WAITAOF", 1, self.replicas, millis(self.timeout)]
+        return ["WAIT", self.replicas, millis(self.timeout)]
+
+    def acknowledged(self, reply: object) -> Optional[int]:
+        """How many replicas acknowledged, or None when too few did (or the local fsync of
+        WAITAOF did not happen)."""
+        if self.aof:
+            if not (isinstance(reply, list) and len(reply) == 2):
+                raise UnexpectedReply(f"WAITAOF answered {reply!r}")
+            local, replicas = reply
+            if not isinstance(local, int) or not isinstance(replicas, int):
+                raise UnexpectedReply(f"WAITAOF answered {reply!r}")
+            return replicas if local >= 1 and replicas >= self.replicas else None
+        if not isinstance(reply, int) or isinstance(reply, bool):
+            raise UnexpectedReply(f"WAIT answered {reply!r}")
+        return reply if reply >= self.replicas else None
+
+    def count(self, reply: object) -> int:
+        """How many replicas acknowledged (for the error message)."""
+        if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], int):
+            return reply[1]
+        return reply if isinstance(reply, int) else 0
+
+    def describe(self) -> str:
+        what = "WAITAOF 1" if self.aof else "WAIT"
+        return f"{what} {self.replicas} {millis(self.timeout)}"
+
+
+NO_REPLICATION = Replication(0, 0.0, False)
 
 
 def info(key: bytes) -> list[Arg]:

@@ -10,6 +10,11 @@ __version__ = "0.2.0"
 
 #: The default lease (Redisson's 30 s), renewed by the watchdog every lease / 3 (10 s).
 DEFAULT_LEASE = 30.0
+#: How long a grant or a renewal waits for replicas to acknowledge it (``replicas=``).
+DEFAULT_REPLICAS_TIMEOUT = 1.0
+#: Under Sentinel: how long an acquire whose connection broke is sent again while no master
+#: answers (a failover takes Sentinel's down-after-milliseconds plus its election).
+DEFAULT_FAILOVER_TIMEOUT = 30.0
 #: How long an ordinary command (acquire without waiting, renew, release) may take.
 DEFAULT_COMMAND_TIMEOUT = 2.0
 #: How much longer than the server-side wait a waiting connection's read timeout is.
@@ -17,6 +22,12 @@ WAIT_MARGIN = 2.0
 #: How many times a command is sent again after its connection broke or timed out, or after a
 #: MOVED/ASK. Safe for an acquire because every acquire carries ONCE.
 RETRIES = 2
+#: How many redirections (MOVED, ASK) in a row a wait follows: a reshard sends a blocked waiter
+#: to where its key went, and may move it again before it is granted.
+WAIT_REDIRECTS = 16
+#: The pauses before a command answered TRYAGAIN (a cluster slot move caught between its keys;
+#: nothing ran) is sent again.
+TRYAGAIN_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)
 #: The name the library's connections carry (CLIENT SETNAME) unless the application named its
 #: own; a connection bound to one owner (a wait, an EPHEMERAL hold) adds ``:<owner>``.
 CLIENT_NAME = "redis-lock-client"
@@ -29,7 +40,9 @@ class LostReason(enum.Enum):
     lost-hold signal (the client option ``lost_signal=True``, the default).
     """
 
-    #: LOCK.RENEW answered 0 (or a re-entry found another holder): the server no longer has it.
+    #: LOCK.RENEW answered 0, a re-entry found another holder, a check found the hold gone, or a
+    #: fenced command (``guard.execute``) was refused ``FENCED the hold is gone``: the server no
+    #: longer has it.
     HOLD_GONE = "hold-gone"
     #: No renewal was confirmed within 90 % of the lease, counted from the last confirmed
     #: renewal's send time.
@@ -55,6 +68,10 @@ class LostReason(enum.Enum):
     #: Signal ``flushed <db>`` (FLUSHDB/FLUSHALL), after which ``LOCK.INFO key`` no longer showed
     #: this owner with this token: the flush took the hold.
     FLUSHED = "flushed"
+    #: A fenced command (``guard.execute``) was refused ``FENCED the token is not current``:
+    #: the owner holds the key under another fencing token now (a later hold under the same
+    #: owner name), so this hold is over. The command did not run.
+    TOKEN_NOT_CURRENT = "token-not-current"
 
 
 class Release(enum.Enum):
@@ -110,6 +127,37 @@ class NotHeld(LockError):
         self.reason = reason
 
 
+class Fenced(NotHeld):
+    """The server refused a fenced command (``LOCK.GUARD``) because the hold is not there any
+    more: the command did not run, and the hold is reported lost. ``reason`` is
+    ``LostReason.HOLD_GONE`` (``FENCED the hold is gone``) or ``LostReason.TOKEN_NOT_CURRENT``
+    (``FENCED the token is not current``); ``line`` is the server's error line."""
+
+    def __init__(self, reason: LostReason, line: str) -> None:
+        super().__init__(reason)
+        self.args = (f"the command did not run: {line}",)
+        self.line = line
+
+
+class NotSafelyAcquired(LockError):
+    """The server granted the hold, but fewer replicas than asked (``replicas=``) acknowledged
+    the grant within ``replicas_timeout`` (``WAIT``, or ``WAITAOF`` with ``aof=True``): a
+    failover now could hand the key to another owner. The hold was released (best effort:
+    its lease ends it otherwise) and nothing was handed out. ``tokens`` are the tokens the
+    server granted (one per key), ``acknowledged`` how many replicas acknowledged,
+    ``wanted`` how many were asked for."""
+
+    def __init__(self, tokens: tuple[int, ...], acknowledged: int, wanted: int, how: str) -> None:
+        super().__init__(
+            f"not safely acquired: {acknowledged} of {wanted} replicas acknowledged the grant "
+            f"({how}); released"
+        )
+        self.tokens = tokens
+        self.token = tokens[0]
+        self.acknowledged = acknowledged
+        self.wanted = wanted
+
+
 class LockServerError(LockError):
     """The server refused the command; the message is the server's own error line."""
 
@@ -123,6 +171,8 @@ class UnexpectedReply(LockError):
 
 
 Key = Union[str, bytes]
+#: An argument of a command: bytes, str (sent UTF-8 encoded) or int.
+Arg = Union[bytes, str, int, float]
 
 #: ``on_lost``: called once with the reason when a hold is lost, on the library's thread (sync)
 #: or in the event loop (asyncio) that saw it.

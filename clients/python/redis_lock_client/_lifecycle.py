@@ -11,11 +11,13 @@ report a loss. The rules:
    lease's end is the send time plus the lease, which a long wait used up. That is no evidence
    of a loss; a confirmation (a renewal, or for a fixed lease a read of the hold's ttl) gives a
    bound that counts from its own send time. The deadline moves only on a reply of the server
-   that set or showed the lease, and counts from that command's send time.
-2. *Lost* only on evidence: a renewal answered 0 (or a final error), a signal naming this
-   hold's database, key, owner and token, a check that no longer finds the hold, the EPHEMERAL
-   connection closing, or the time passing the deadline (no confirmed renewal for 90 % of a
-   lease: the backstop).
+   that set or showed the lease, and counts from that command's send time. A replicated hold
+   (``replicas=``) is confirmed after every grant, by a renewal that replicas acknowledged, and
+   only renewals replicas acknowledged move its deadline.
+2. *Lost* only on evidence: a renewal answered 0 (or a final error), a fenced command refused
+   (``FENCED``), a signal naming this hold's database, key, owner and token, a check that no
+   longer finds the hold, the EPHEMERAL connection closing, or the time passing the deadline
+   (no confirmed renewal for 90 % of a lease: the backstop).
 3. After *lost* or *released* (or once a release is requested) nothing renews, and nothing
    changes the state any more.
 """
@@ -71,6 +73,7 @@ class HoldMachine:
         renewal: Renewal,
         sent_at: float,
         replied_at: float,
+        replicated: bool = False,
     ) -> None:
         self.db = db
         self.owner = owner
@@ -84,8 +87,11 @@ class HoldMachine:
         self.deadline = sent_at + self._trusted
         #: When the watchdog sends its next renewal.
         self.renew_at = sent_at + self.interval
+        #: Replicated (``replicas=``): every grant is confirmed by a renewal that replicas
+        #: acknowledged, and only acknowledged renewals move the deadline.
+        self.replicated = replicated
         long_wait = replied_at - sent_at > self.interval
-        self.phase = Phase.CONFIRMING if long_wait else Phase.HELD
+        self.phase = Phase.CONFIRMING if long_wait or replicated else Phase.HELD
 
     # -- what the machine tells ------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class HoldMachine:
         """What must confirm the grant before the guard is handed out (None: nothing)."""
         if self.phase is not Phase.CONFIRMING:
             return None
-        return Confirm.READ if self.fixed else Confirm.RENEWAL
+        return Confirm.READ if self.fixed and not self.replicated else Confirm.RENEWAL
 
     def next_wake(self) -> Optional[float]:
         """When the watchdog must act next (renew, or see the deadline pass); None: never."""
@@ -153,8 +159,9 @@ class HoldMachine:
 
     def reentered(self, sent_at: float) -> None:
         """An acquire sent at ``sent_at`` answered this hold's tokens: the server reset the
-        lease (ONCE: a re-entry is not counted there)."""
-        if self.phase is Phase.HELD:
+        lease (ONCE: a re-entry is not counted there). Replicated, that reset was not
+        acknowledged: the deadline stays."""
+        if self.phase is Phase.HELD and not self.replicated:
             self.deadline = max(self.deadline, sent_at + self._trusted)
 
     def unanswered(self, now: float) -> None:
@@ -166,6 +173,11 @@ class HoldMachine:
         """The server says the owner no longer holds it (a renewal or a proclamation answered 0,
         a final error)."""
         return self._lose(LostReason.HOLD_GONE)
+
+    def fenced(self, reason: LostReason) -> Optional[LostReason]:
+        """A fenced command (LOCK.GUARD) was refused: the server does not hold this owner with
+        this token (``HOLD_GONE``, ``TOKEN_NOT_CURRENT``)."""
+        return self._lose(reason)
 
     def signal(self, message: HoldEnded) -> Optional[LostReason]:
         return self._lose(message.reason) if self.names(message) else None

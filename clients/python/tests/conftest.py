@@ -273,3 +273,142 @@ def wait_until(condition: Callable[[], object], what: str, bound: float = 5.0) -
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.005)
+
+
+class SentinelSet:
+    """One master and two replicas with the module, watched by three Sentinels (``redis-server
+    <conf> --sentinel``) under the name ``mymaster``, all on loopback: down-after-milliseconds
+    1000, failover-timeout 3000, quorum 2."""
+
+    NAME = "mymaster"
+
+    def __init__(self, servers: list[Server], sentinels: list[Server]) -> None:
+        self.servers = servers
+        self.sentinels = sentinels
+        self.addresses = [("127.0.0.1", s.port) for s in sentinels]
+
+    def sentinel(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.sentinels[0].port, socket_timeout=2,
+                           decode_responses=True)
+
+    def master_port(self) -> int:
+        """The master's port as the Sentinels say it now (asks each until one answers)."""
+        for s in self.sentinels:
+            try:
+                host, port = redis.Redis(host="127.0.0.1", port=s.port, socket_timeout=1,
+                                         decode_responses=True).execute_command(
+                    "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.NAME)
+                return int(port)
+            except (redis.RedisError, TypeError, ValueError):
+                continue
+        raise AssertionError("no Sentinel answers")
+
+    def master(self) -> Server:
+        port = self.master_port()
+        return next(s for s in self.servers if s.port == port)
+
+    def replicas(self) -> list[Server]:
+        port = self.master_port()
+        return [s for s in self.servers if s.port != port and s.proc.poll() is None]
+
+    def wait_for_failover(self, old: Server, bound: float = 30.0) -> Server:
+        """After ``old`` died or stopped: waits until the Sentinels name another master and it
+        answers as one (role master, serving writes). Returns it."""
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            try:
+                port = self.master_port()
+            except AssertionError:
+                port = old.port
+            if port != old.port:
+                new = next(s for s in self.servers if s.port == port)
+                try:
+                    if new.client(socket_timeout=1).info("replication")["role"] == "master":
+                        return new
+                except redis.RedisError:
+                    pass
+            time.sleep(0.05)
+        raise AssertionError("the Sentinels did not fail over")
+
+    def wait_replicated(self) -> None:
+        """Every write of the master so far acknowledged by both replicas."""
+        assert self.master().client().execute_command("WAIT", 2, 5000) == 2
+
+    def stop(self) -> None:
+        for s in self.sentinels + self.servers:
+            if s.proc.poll() is None:
+                try:
+                    os.kill(s.proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                s.proc.kill()
+            s.proc.wait()
+
+
+def _start_sentinel(tmp: Path, master_port: int) -> Server:
+    for _ in range(5):
+        port = _free_port()
+        conf = tmp / f"sentinel-{port}.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {tmp}\n"
+            f"sentinel monitor {SentinelSet.NAME} 127.0.0.1 {master_port} 2\n"
+            f"sentinel down-after-milliseconds {SentinelSet.NAME} 1000\n"
+            f"sentinel failover-timeout {SentinelSet.NAME} 3000\n"
+            f"sentinel parallel-syncs {SentinelSet.NAME} 2\n"
+        )
+        proc = subprocess.Popen(
+            [os.environ.get("LOCK_SERVER", "redis-server"), str(conf), "--sentinel"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if int(r.info("server")["process_id"]) == proc.pid:
+                    return Server(port, proc)
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    pytest.fail("redis-server --sentinel did not start")
+
+
+def start_sentinel_set(tmp: Path, *replica_extra: str) -> SentinelSet:
+    """The master, its two replicas (``replica_extra``: more of their settings), three
+    Sentinels; returns once both replicas are in sync and every Sentinel sees both replicas
+    and the two other Sentinels."""
+    master = start_server(_mkdir(tmp / "master"))
+    replicas = [start_server(_mkdir(tmp / f"replica{i}"), "--replicaof", "127.0.0.1",
+                             str(master.port), *replica_extra) for i in range(2)]
+    deadline = time.monotonic() + 20
+    while master.client().info("replication").get("connected_slaves", 0) < 2 or any(
+            r.client().info("replication").get("master_link_status") != "up" for r in replicas):
+        assert time.monotonic() < deadline, "the replicas did not sync"
+        time.sleep(0.05)
+    sentinels = [_start_sentinel(_mkdir(tmp / f"sentinel{i}"), master.port) for i in range(3)]
+    s = SentinelSet([master] + replicas, sentinels)
+    for sentinel in sentinels:
+        conn = redis.Redis(host="127.0.0.1", port=sentinel.port, decode_responses=True)
+        while True:
+            fields = conn.sentinel_master(SentinelSet.NAME)  # parsed by redis-py
+            if int(fields["num-slaves"]) == 2 and int(fields["num-other-sentinels"]) == 2:
+                break
+            if time.monotonic() > deadline:
+                s.stop()
+                pytest.fail(f"the Sentinels did not see each other: {fields}")
+            time.sleep(0.05)
+    return s
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
+    """A Sentinel set of the test's own (failovers change it)."""
+    s = start_sentinel_set(tmp_path)
+    yield s
+    s.stop()

@@ -470,3 +470,241 @@ def test_a_command_answered_ask_during_a_move_is_sent_to_the_target_after_asking
     for n in cluster.nodes:
         n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
     client.close()
+
+
+@pytest.mark.scenario("cluster-fenced")
+def test_execute_goes_to_the_lock_keys_master_and_follows_its_slot(own_cluster):
+    cluster = own_cluster
+    key = unique("fenced")
+    data = key + ":data"  # the lock key's hash tag: the same slot
+    client = LockClient(cluster.redis_cluster())
+    guard = client.lock(key).acquire()
+    source = cluster.node_of(key)
+    assert guard.execute("SET", data, "one") == b"OK"
+    assert source.commandstat("lock.guard") == 1 and cluster.errorstat("MOVED") == 0
+    with pytest.raises(LockServerError) as crossslot:
+        guard.execute("SET", "untagged:" + uuid.uuid4().hex, "x")  # another slot
+    assert str(crossslot.value).startswith("CROSSSLOT") and not guard.lost.is_set()
+    # Half moved: the lock key on the target, the data key still on the source. The source
+    # answers TRYAGAIN (some keys here, some gone): nothing ran, sent again five times after
+    # growing pauses, then raised.
+    slot = redis.cluster.key_slot(key.encode())
+    target = next(n for n in cluster.nodes if n is not source)
+    src, dst = source.client(), target.client()
+    source_id = src.execute_command("CLUSTER", "MYID").decode()
+    target_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", key)
+    with pytest.raises(LockServerError) as busy:
+        guard.execute("SET", data, "two")
+    assert str(busy.value).startswith("TRYAGAIN") and not guard.lost.is_set()
+    assert cluster.errorstat("TRYAGAIN") == 6
+    # Every key moved: the source answers ASK, the call goes to the target after ASKING.
+    src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", data)
+    assert guard.execute("SET", data, "three") == b"OK"
+    assert target.commandstat("lock.guard") == 1
+    finish_move(cluster, source, target, slot, target_id)
+    assert guard.execute("SET", data, "four") == b"OK"  # MOVED, the new map, then there
+    assert target.commandstat("lock.guard") == 2
+    assert dst.get(data) == b"four" and not guard.lost.is_set()
+    target.client().execute_command("LOCK.FORCERELEASE", key)
+    with pytest.raises(NotHeld):  # Fenced, or NotHeld if the signal told first
+        guard.execute("SET", data, "stale")
+    assert dst.get(data) == b"four"
+    client.close()
+
+
+@pytest.mark.scenario("cluster-fenced")
+def test_async_execute_in_a_cluster(cluster):
+    async def main() -> None:
+        key = unique("fenced")
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        async with AsyncLockClient(rc) as client:
+            guard = await client.lock(key).acquire()
+            assert await guard.execute("SET", key + ":data", "v") == b"OK"
+            with pytest.raises(LockServerError, match="CROSSSLOT"):
+                await guard.execute("SET", "elsewhere:" + uuid.uuid4().hex, "v")
+            await guard.release()
+        await rc.aclose()
+        assert cluster.node_of(key).client().get(key + ":data") == b"v"
+    asyncio.run(main())
+
+
+def asking_info(node: Server, key: str):
+    """LOCK.INFO on a node importing the key's slot (ASKING first)."""
+    pipe = node.client().pipeline(transaction=False)
+    pipe.execute_command("ASKING")
+    pipe.execute_command("LOCK.INFO", key)
+    reply = pipe.execute()[1]
+    return None if reply is None else dict(zip(reply[::2], reply[1::2]))
+
+
+def half_move(cluster: Cluster, key: str, *moved: str) -> tuple[Server, Server, int, str]:
+    """The key's slot set MIGRATING on its master and IMPORTING on another, and ``moved`` (some
+    of its keys) migrated there: the source now answers ASK for those, TRYAGAIN for a command
+    naming some moved and some not. Returns (source, target, slot, target id)."""
+    slot = redis.cluster.key_slot(key.encode())
+    source = cluster.node_of(key)
+    target = next(n for n in cluster.nodes if n is not source)
+    src, dst = source.client(), target.client()
+    target_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.execute_command("CLUSTER", "MYID").decode())
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    if moved:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *moved)
+    return source, target, slot, target_id
+
+
+def finish_move(cluster: Cluster, source: Server, target: Server, slot: int, target_id: str) -> None:
+    """The rest of the slot's keys migrated, then the slot given to the target everywhere."""
+    keys = source.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if keys:
+        source.client().execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
+                                        "REPLACE", "KEYS", *keys)
+    for n in cluster.nodes:
+        n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+
+@pytest.mark.scenario("cluster-moved", "cluster-ephemeral")
+def test_an_ephemeral_hold_whose_slot_moves_is_kept_and_renewed_on_the_new_master(own_cluster):
+    # The server binds a hold to a connection of its own node only: a migrated EPHEMERAL hold
+    # arrives unbound, an ordinary hold. The guard keeps it (the server holds it), renews it
+    # and fences through the new master; it is not reported lost.
+    cluster = own_cluster
+    key = unique("ephmoved")
+    client = LockClient(cluster.redis_cluster())
+    handle = client.lock(key, lease=1.5, ephemeral=True)
+    guard = handle.acquire()
+    data = key + ":data"
+    assert guard.execute("SET", data, "before") == b"OK"
+    source, target = move_slot(cluster, key)
+    assert node_info(target, key)[b"ephemeral"] is None  # unbound there
+    assert guard.execute("SET", data, "after") == b"OK"  # MOVED on its connection: the route
+    inner = handle.acquire()  # a re-entry, without EPHEMERAL: the hold is an ordinary one now
+    assert inner.token == guard.token and node_info(target, key)[b"count"] == 1
+    assert inner.release() is Release.STILL_HELD
+    renews = target.commandstat("lock.renew")
+    wait_until(lambda: target.commandstat("lock.renew") >= renews + 3, "renewed on the new master",
+               bound=10)
+    assert not guard.lost.is_set(), guard.lost_reason
+    assert node_info(target, key)[b"token"] == guard.token
+    assert target.client().get(data) == b"after"
+    assert guard.release() is Release.RELEASED
+    assert node_info(target, key) is None
+    client.close()
+
+
+@pytest.mark.scenario("cluster-moved")
+def test_a_wait_and_an_ephemeral_acquire_answered_ask_follow_it(own_cluster):
+    # The slot is half moved and the (free) key's slot is importing on the target: the source
+    # answers ASK for the key it no longer has; a wait and an EPHEMERAL acquire, each on a
+    # connection of its own, go to the target after ASKING.
+    cluster = own_cluster
+    key = unique("askwait")
+    client = LockClient(cluster.redis_cluster())
+    warm = client.lock(key).acquire()  # loads the slot map now
+    warm.release()
+    source, target, slot, target_id = half_move(cluster, key)
+    asks = cluster.errorstat("ASK")
+    waited = client.lock(key, wait_timeout=5).acquire()
+    assert cluster.errorstat("ASK") == asks + 1
+    assert asking_info(target, key)[b"token"] == waited.token
+    waited.release()  # (the release is answered ASK too, and follows it)
+    asks = cluster.errorstat("ASK")
+    bound = client.lock(key, ephemeral=True).acquire()
+    assert cluster.errorstat("ASK") == asks + 1
+    entry = asking_info(target, key)
+    assert entry[b"token"] == bound.token and entry[b"ephemeral"] is not None  # bound there
+    bound.release()
+    finish_move(cluster, source, target, slot, target_id)
+    client.close()
+
+
+@pytest.mark.scenario("cluster-moved", "multi-cluster")
+def test_a_multi_key_acquire_caught_by_a_half_moved_slot_is_sent_again(own_cluster):
+    # One key of the two moved, the other not: the source answers TRYAGAIN (nothing ran); the
+    # acquire is sent again after growing pauses, five times, then raises the server's error.
+    cluster = own_cluster
+    tag = unique("tryagain")
+    a, b = tag + ":a", tag + ":b"
+    client = LockClient(cluster.redis_cluster())
+    held = client.lock(b, lease=30).acquire()  # b exists on the source, a is moved alone
+    other = client.lock(a).acquire()
+    other.release()
+    client2 = LockClient(cluster.redis_cluster())
+    taken = client2.lock(a).acquire()  # a exists, so that MIGRATE moves it
+    source, target, slot, target_id = half_move(cluster, a, a)
+    before = cluster.errorstat("TRYAGAIN")
+    with pytest.raises(LockServerError, match="TRYAGAIN"):
+        client.multi_lock([a, b]).try_acquire()
+    assert cluster.errorstat("TRYAGAIN") == before + 6
+    finish_move(cluster, source, target, slot, target_id)
+    held.release()
+    taken.release()
+    client.close()
+    client2.close()
+
+
+def move_slot_to(cluster: Cluster, slot: int, source: Server, target: Server) -> None:
+    """Every key of ``slot`` from ``source`` to ``target`` (MIGRATING/IMPORTING, MIGRATE, the
+    slot given to the target everywhere, the target's config epoch bumped), then until every
+    node agrees."""
+    src, dst = source.client(), target.client()
+    target_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.execute_command("CLUSTER", "MYID").decode())
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if keys:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    for n in cluster.nodes:
+        n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    # Moves back and forth faster than a reshard's can let gossip a node sent before the move
+    # give the slot back to its old owner: the new owner's config epoch made the highest, and
+    # every node seen to agree for a while.
+    dst.execute_command("CLUSTER", "BUMPEPOCH")
+    agreed = 0
+    deadline = time.monotonic() + 10
+    while agreed < 5:
+        owners = {e[2][1] for n in cluster.nodes
+                  for e in n.client().execute_command("CLUSTER", "SLOTS") if e[0] <= slot <= e[1]}
+        agreed = agreed + 1 if owners == {target.port} else 0
+        assert time.monotonic() < deadline, f"the nodes do not agree on slot {slot}: {owners}"
+        time.sleep(0.05)
+
+
+@pytest.mark.scenario("cluster-moved", "cluster-wait")
+def test_a_wait_whose_key_moves_again_and_again_follows_it_and_is_granted(own_cluster):
+    # The server sends a blocked waiter away (ASK, MOVED) when its key leaves the node; the wait
+    # is sent again where the key went, each time: a redirection after waiting is no failure.
+    cluster = own_cluster
+    key = unique("wandering")
+    slot = redis.cluster.key_slot(key.encode())
+    client, other = LockClient(cluster.redis_cluster()), LockClient(cluster.redis_cluster())
+    holder = client.lock(key, lease=30).acquire()
+    got: list[object] = []
+    def wait() -> None:
+        try:
+            got.append(other.lock(key, wait_timeout=60).acquire())
+        except Exception as e:  # noqa: BLE001 - asserted on
+            got.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    node = cluster.node_of(key)
+    for hop in range(4):
+        wait_until(lambda: len(node.blocked_clients("lock.acquire")) == 1 or got,
+                   f"waiting, hop {hop}", bound=10)
+        assert not got, got
+        nxt = next(n for n in cluster.nodes if n is not node)
+        move_slot_to(cluster, slot, node, nxt)
+        node = nxt
+    wait_until(lambda: len(node.blocked_clients("lock.acquire")) == 1, "waiting at the end",
+               bound=10)
+    assert holder.release() is Release.RELEASED
+    waiter.join(10)
+    assert len(got) == 1 and got[0].token > holder.token  # type: ignore[attr-defined]
+    assert node_info(node, key)[b"owner"] == got[0].owner  # type: ignore[attr-defined]
+    got[0].release()  # type: ignore[attr-defined]
+    client.close()
+    other.close()

@@ -69,6 +69,8 @@ def test_lost_only_on_evidence_and_nothing_changes_after():
         (lambda m: m.connection_lost(), LostReason.CONNECTION_CLOSED),
         (lambda m: m.checked(False, LostReason.FLUSHED), LostReason.FLUSHED),
         (lambda m: m.signal(HoldEnded(LostReason.EXPIRED, DB, TOKEN, KEY, OWNER)), LostReason.EXPIRED),
+        (lambda m: m.fenced(LostReason.HOLD_GONE), LostReason.HOLD_GONE),
+        (lambda m: m.fenced(LostReason.TOKEN_NOT_CURRENT), LostReason.TOKEN_NOT_CURRENT),
     ]:
         m = machine()
         assert event(m) is reason and m.phase is Phase.LOST and m.reason is reason
@@ -168,13 +170,19 @@ class HoldRules(RuleBasedStateMachine):
         self.m.unanswered(self.now)
 
     @rule(
-        event=st.sampled_from(["refused", "connection", "checked-gone", "checked-there"]),
+        event=st.sampled_from(
+            ["refused", "connection", "checked-gone", "checked-there", "fenced", "not-current"]
+        ),
     )
     def evidence(self, event: str) -> None:
         if event == "refused":
             got, want = self.m.refused(), LostReason.HOLD_GONE
         elif event == "connection":
             got, want = self.m.connection_lost(), LostReason.CONNECTION_CLOSED
+        elif event == "fenced":
+            got, want = self.m.fenced(LostReason.HOLD_GONE), LostReason.HOLD_GONE
+        elif event == "not-current":
+            got, want = self.m.fenced(LostReason.TOKEN_NOT_CURRENT), LostReason.TOKEN_NOT_CURRENT
         elif event == "checked-gone":
             got, want = self.m.checked(False, LostReason.DELETED), LostReason.DELETED
         else:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Coroutine, Optional, Protocol, cast
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection, ConnectionPool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -26,6 +27,7 @@ __all__ = [
     "RawConnection",
     "Redis",
     "RedisCluster",
+    "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
     "close_connection",
@@ -35,11 +37,15 @@ __all__ = [
     "current_loop",
     "new_gate",
     "open_connection",
+    "peer",
+    "ask_master",
+    "interrupt",
     "pool_close",
     "pool_get",
     "pool_put",
     "read",
     "send",
+    "sentinel_master",
     "sleep",
     "spawn",
     "spawn_from_any_thread",
@@ -118,6 +124,12 @@ class RawConnection(Protocol):
     async def disconnect(self, nowait: bool = False) -> None: ...
 
 
+def peer(conn: RawConnection) -> Optional[tuple[str, int]]:
+    """The server a connection reached (under Sentinel: the master it was told of)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return (host, port) if isinstance(host, str) and isinstance(port, int) else None
+
+
 async def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
     conn = cast(RawConnection, cls(**kwargs))
     await conn.connect()
@@ -170,9 +182,18 @@ class Subscriber:
     def __init__(self, conn: RawConnection) -> None:
         self._conn = conn
         self._closed = False
+        self._kicked = False
+        #: The server this connection reached (host, port).
+        self.address = peer(conn)
 
     def post(self, op: str, channel: bytes) -> None:
         spawn("redis-lock-subscribe", self._send, op, channel)
+
+    async def kick(self) -> None:
+        """Breaks the connection from another task: a ``read`` waiting meanwhile raises a
+        ConnectionError, as for a connection the server closed (the reader connects again)."""
+        self._kicked = True
+        interrupt(self._conn)
 
     async def _send(self, op: str, channel: bytes) -> None:
         if self._closed:
@@ -188,9 +209,11 @@ class Subscriber:
             return CLOSED
         try:
             return await read(self._conn, timeout)
-        except IO_ERRORS:
+        except Exception as e:
             if self._closed:
                 return CLOSED
+            if self._kicked:
+                raise RedisConnectionError("left for the new master") from e
             raise
 
     async def close(self) -> None:
@@ -217,3 +240,28 @@ async def cluster_node_at(
 
 async def cluster_refresh(cluster: RedisCluster) -> None:
     await cluster.nodes_manager.initialize()
+
+
+def sentinel_master(
+    sentinels: list[tuple[str, int]],
+    service_name: str,
+    sentinel_kwargs: dict[str, Any],
+    connection_kwargs: dict[str, Any],
+) -> tuple[Sentinel, Redis]:
+    """redis-py's Sentinel manager and its client of the master named ``service_name``."""
+    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    return manager, manager.master_for(service_name, **connection_kwargs)
+
+
+async def ask_master(pool: Any) -> None:
+    """Asks the Sentinels for the master now (redis-py's Sentinel pool remembers it)."""
+    await pool.get_master_address()
+
+
+def interrupt(conn: RawConnection) -> None:
+    """Breaks ``conn`` under a task reading from it: that read ends with a ConnectionError (as
+    for a connection the server closed), and its caller closes the connection."""
+    writer = getattr(conn, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    if transport is not None:
+        transport.abort()

@@ -9,11 +9,21 @@ from typing import TYPE_CHECKING, Any, Optional
 from redis.exceptions import ResponseError
 
 from .._commands import KeySet, Leader, campaign, leader, parse_leader, proclaim, proclaimed
-from .._common import Key, Kind, LockConnectionError, LockError, LockTimeout, Release, to_bytes
+from .._common import (
+    Arg,
+    Key,
+    Kind,
+    LockConnectionError,
+    LockError,
+    LockTimeout,
+    Release,
+    to_bytes,
+)
 from .._connect import Redirected
 from .._leaders import LeaderFeed
 from .._messages import leader_channel, parse_leader_message
-from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep
+from ._backend import CLOSED, IO_ERRORS, Cancelled, Subscriber, sleep, spawn
+from ._connection import FOLLOW_PERIOD, Connector
 from ._hold import Hold
 from ._lock import _AsyncGuard, _AsyncHandle
 
@@ -34,10 +44,15 @@ class _AsyncCandidate(_AsyncHandle["AsyncLeadership"]):
         self.election = election
         self._leadership: Optional[AsyncLeadership] = None
 
-    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
-        return campaign(
-            self.election.key, self.owner, self.lease, self.ephemeral, wait, waits, value
-        )
+    def _args(
+        self,
+        waits: bool,
+        wait: Optional[float],
+        value: Optional[bytes],
+        ephemeral: Optional[bool] = None,
+    ) -> list[Any]:
+        bound = self.ephemeral if ephemeral is None else ephemeral
+        return campaign(self.election.key, self.owner, self.lease, bound, wait, waits, value)
 
     def _guard(self, hold: Hold) -> AsyncLeadership:
         current = self._leadership
@@ -142,6 +157,14 @@ class AsyncLeadership(_AsyncGuard):
         hold.refused()
         return False
 
+    async def execute(self, *command: Arg) -> Any:
+        """Runs ``command`` only while this candidate leads in this epoch, checked on the server
+        in the same step (``LOCK.GUARD key candidate epoch command...``), and returns its reply:
+        a write of a deposed leader never lands. As :meth:`AsyncLockGuard.execute`: ``Fenced``
+        (and the leadership reported lost) when the server refused it."""
+        hold = self._hold
+        return await self._fenced(hold.key, hold.token, command)
+
     async def resign(self) -> Release:
         """Stops leading (``LOCK.RELEASE``): the next candidate in the queue is elected at once.
         As ``release()``: raises ``NotHeld`` if the leadership was lost before."""
@@ -245,6 +268,8 @@ class AsyncObserver:
         if closed:
             await sub.close()
             return
+        if connector.sentinel:
+            spawn("redis-lock-follow", self._follow, sub, connector)
         self._push(self._feed.read(found))
 
     async def _take(self, reply: Any) -> None:
@@ -262,6 +287,16 @@ class AsyncObserver:
             except LockError:
                 return  # the next message or reconnection tells
             self._push(self._feed.read(found))
+
+    async def _follow(self, sub: Subscriber, connector: Connector) -> None:
+        """Under Sentinel: leaves ``sub`` as soon as the Sentinels name another master (as the
+        signal listener does); the observer connects again and reads the leader there."""
+        while not self._closed and self._sub is sub:
+            await sleep(FOLLOW_PERIOD)
+            master = await connector.current_master()
+            if self._sub is sub and master is not None and sub.address not in (None, master):
+                await sub.kick()
+                return
 
     def _push(self, found: Optional[Leader]) -> None:
         if found is not None:

@@ -14,9 +14,22 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from .. import _fork
-from .._commands import KeySet, holder_ttl, info, is_final
+from .._commands import (
+    NO_REPLICATION,
+    KeySet,
+    Replication,
+    fence_refusal,
+    guard,
+    holder_ttl,
+    info,
+    is_final,
+    is_retry_later,
+)
 from .._common import (
     RETRIES,
+    TRYAGAIN_PAUSES,
+    Arg,
+    Fenced,
     LockConnectionError,
     LockError,
     LockServerError,
@@ -24,10 +37,12 @@ from .._common import (
     LostReason,
     NotHeld,
     Renewal,
+    UnexpectedReply,
 )
+from .._connect import Redirected
 from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
-from ._backend import Event, Mutex, current_loop, spawn, wait_event
+from ._backend import Event, Mutex, current_loop, sleep, spawn, wait_event
 from ._connection import OwnConnection
 
 log = logging.getLogger("redis_lock_client")
@@ -36,8 +51,11 @@ log = logging.getLogger("redis_lock_client")
 class Route(Protocol):
     """How a hold reaches the server of its keys (the client that made it gives it one)."""
 
-    async def query(self, args: list[Any]) -> Any:
-        """One command on a pooled connection to the keys' server, following MOVED and ASK."""
+    async def query(
+        self, args: list[Any], then: Optional[list[Any]] = None, then_timeout: float = 0.0
+    ) -> Any:
+        """One command on a pooled connection to the keys' server, following MOVED and ASK;
+        ``then``: a second one on the same connection (the answer is then the pair)."""
         ...
 
     async def watch(self, hold: Hold) -> None:
@@ -55,10 +73,18 @@ class Route(Protocol):
 class _Renewal(enum.Enum):
     """What one renewal (or confirmation) found."""
 
-    HELD = "held"  # answered 1 for every key
+    HELD = "held"  # answered 1 for every key (and, replicated, acknowledged)
     GONE = "gone"  # answered 0 for a key, or a final error
     CLOSED = "closed"  # the EPHEMERAL hold's connection failed
     NO_ANSWER = "no-answer"  # a broken connection, a timeout, a passing error
+    UNACKED = "unacked"  # answered 1, but fewer replicas than asked acknowledged it
+
+
+class Unconfirmed(enum.Enum):
+    """Why ``confirm`` did not confirm a grant."""
+
+    GONE = "gone"  # the server no longer has it
+    UNACKED = "unacked"  # fewer replicas than asked acknowledged it
 
 
 class Hold:
@@ -79,8 +105,12 @@ class Hold:
         sent_at: float,
         replied_at: float,
         on_lost: Optional[LostCallback],
+        replication: Replication = NO_REPLICATION,
     ) -> None:
         self.route = route
+        self.replication = replication
+        #: What the last renewal's WAIT (WAITAOF) answered, for the error of an unsafe grant.
+        self.acknowledged: object = None
         self.keys = keys
         self.key = keys.route
         self.owner = owner
@@ -108,6 +138,7 @@ class Hold:
             renewal=renewal,
             sent_at=sent_at,
             replied_at=replied_at,
+            replicated=replication.on,
         )
         self.pid = os.getpid()
         self.loop = current_loop()
@@ -161,15 +192,77 @@ class Hold:
 
     # -- I/O ---------------------------------------------------------------------------------
 
-    async def send(self, args: list[Any]) -> Any:
+    async def send(
+        self, args: list[Any], then: Optional[list[Any]] = None, then_timeout: float = 0.0
+    ) -> Any:
+        """One command about the hold: on its own connection (EPHEMERAL), else through the
+        route. An EPHEMERAL hold whose keys' slot moved to another node (MOVED or ASK on its
+        own connection, also after ASKING) is no longer bound to a connection (the server binds
+        a hold on its connection's node only, and a migrated hold arrives unbound): from then
+        on it is an ordinary hold, reached through the route, and its own connection is
+        closed. One taken on a node importing the slot (an acquire that followed ASK) is sent
+        there after ASKING until the slot is that node's. ``then``: a second command on the
+        same connection, after the first (``WAIT``); the answer is then the pair."""
         own = self.own
         if own is not None:
-            return await own.call(args, own.timeout)
-        return await self.route.query(args)
+            try:
+                return await own.call(args, own.timeout, then=then, then_timeout=then_timeout)
+            except Redirected:
+                pass
+            try:  # the slot is moving: this connection's node may be the one importing it
+                return await own.call(
+                    args, own.timeout, asking=True, then=then, then_timeout=then_timeout
+                )
+            except Redirected:
+                if self.own is own:
+                    self.own = None
+                await own.close()
+        return await self.route.query(args, then, then_timeout)
+
+    async def fenced(self, key: bytes, token: int, command: tuple[Arg, ...]) -> Any:
+        """``LOCK.GUARD key owner token command...``: the command's reply, when the server still
+        holds this owner with this token on ``key``. A ``FENCED`` refusal reports the hold lost
+        (through the machine: ``lost``, ``on_lost``) and raises ``Fenced``; a hold already
+        lost or released raises ``NotHeld`` without sending anything. Never sent again after a
+        connection error (the command may have run); sent again after MOVED or ASK (followed by
+        the route) and TRYAGAIN (a slot migration caught between the lock key and a data key,
+        after growing pauses, up to five times), which ran nothing. Any other error is the command's own, raised as
+        ``LockServerError``: no loss."""
+        args = guard(key, self.owner, token, command)
+        later = 0
+        while True:
+            with self._lock:
+                active, reason = self._machine.active, self._machine.reason
+            if not active:
+                raise NotHeld(reason)
+            try:
+                return await self.send(args)
+            except LockServerError as e:
+                line = str(e)
+                refusal = fence_refusal(line)
+                if refusal is not None:
+                    self._event(lambda m: m.fenced(refusal))
+                    raise Fenced(refusal, line) from None
+                if not is_retry_later(line) or later >= len(TRYAGAIN_PAUSES):
+                    raise
+                await sleep(TRYAGAIN_PAUSES[later])
+                later += 1
+            except LockConnectionError:
+                if self.own is not None:
+                    self.connection_lost()  # the server ends the hold with its connection
+                raise
 
     async def _renew(self) -> _Renewal:
+        """One renewal; with ``replication``, followed on the same connection by WAIT (or
+        WAITAOF), which waits for this connection's writes, the renewal included: it counts
+        only when enough replicas acknowledged it."""
+        rep = self.replication
+        args = self.keys.renew(self.owner, self.lease)
         try:
-            reply = await self.send(self.keys.renew(self.owner, self.lease))
+            if rep.on:
+                reply, self.acknowledged = await self.send(args, rep.command(), rep.timeout)
+            else:
+                reply = await self.send(args)
         except LockServerError as e:
             return _Renewal.GONE if is_final(str(e)) else _Renewal.NO_ANSWER
         except LockConnectionError:
@@ -177,7 +270,16 @@ class Hold:
         renewed = self.keys.renewed(reply)
         if renewed is None:
             return _Renewal.NO_ANSWER
-        return _Renewal.HELD if renewed else _Renewal.GONE
+        if not renewed:
+            return _Renewal.GONE
+        if rep.on:
+            ack = self.acknowledged
+            try:
+                if isinstance(ack, LockError) or rep.acknowledged(ack) is None:
+                    return _Renewal.UNACKED
+            except UnexpectedReply:
+                return _Renewal.UNACKED
+        return _Renewal.HELD
 
     async def _read_ttl(self) -> tuple[_Renewal, Optional[float]]:
         """Each key's hold read with LOCK.INFO: HELD and the shortest ttl in seconds (-1: no
@@ -198,14 +300,15 @@ class Hold:
                 shortest = seconds
         return _Renewal.HELD, shortest
 
-    async def confirm(self) -> bool:
-        """Before the guard is handed out. True: the hold is the owner's (nothing to confirm,
-        or confirmed now); False: the server no longer has it (nothing is reported: nobody was
-        told of it). Raises ``LockConnectionError`` when no answer came."""
+    async def confirm(self) -> Optional[Unconfirmed]:
+        """Before the guard is handed out: None when the hold is the owner's (nothing to
+        confirm, or confirmed now); ``GONE`` when the server no longer has it, ``UNACKED``
+        when (with ``replication``) too few replicas acknowledged it (nothing is reported:
+        nobody was told of it). Raises ``LockConnectionError`` when no answer came."""
         with self._lock:
             how = self._machine.confirmation
         if how is None:
-            return True
+            return None
         for _ in range(RETRIES + 1):
             sent = time.monotonic()
             ttl: Optional[float] = None
@@ -216,12 +319,14 @@ class Hold:
             if found is _Renewal.HELD:
                 with self._lock:
                     self._machine.confirmed(sent, ttl)
-                return True
+                return None
+            if found is _Renewal.UNACKED:
+                return Unconfirmed.UNACKED
             if found is not _Renewal.NO_ANSWER:
                 with self._lock:
                     self._machine.refused()
-                return False
-        raise LockConnectionError("the grant after a long wait could not be confirmed: no answer")
+                return Unconfirmed.GONE
+        raise LockConnectionError("the grant could not be confirmed: no answer")
 
     async def start(self) -> None:
         """Starts the watchdog and listens to the hold's lost-hold channels."""
@@ -247,7 +352,7 @@ class Hold:
                 return await wait_event(self._stop, left)
             if await wait_event(self._stop, min(left, 0.1)):
                 return True
-            if not own.alive():
+            if not own.alive() and self.own is own:  # (not one given up after a move)
                 self.connection_lost()
                 return True
 

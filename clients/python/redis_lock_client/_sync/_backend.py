@@ -16,6 +16,7 @@ from redis.cluster import RedisCluster
 from redis.connection import Connection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 __all__ = [
     "CLOSED",
@@ -28,6 +29,7 @@ __all__ = [
     "RawConnection",
     "Redis",
     "RedisCluster",
+    "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
     "close_connection",
@@ -37,11 +39,15 @@ __all__ = [
     "current_loop",
     "new_gate",
     "open_connection",
+    "peer",
+    "ask_master",
+    "interrupt",
     "pool_close",
     "pool_get",
     "pool_put",
     "read",
     "send",
+    "sentinel_master",
     "sleep",
     "spawn",
     "spawn_from_any_thread",
@@ -103,6 +109,12 @@ class RawConnection(Protocol):
     def read_response(self, disable_decoding: bool = False, *, timeout: Any = ...) -> Any: ...
     def can_read(self, timeout: float = 0) -> bool: ...
     def disconnect(self, *args: Any) -> None: ...
+
+
+def peer(conn: RawConnection) -> Optional[tuple[str, int]]:
+    """The server a connection reached (under Sentinel: the master it was told of)."""
+    host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+    return (host, port) if isinstance(host, str) and isinstance(port, int) else None
 
 
 def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
@@ -168,6 +180,9 @@ class Subscriber:
         self._lock = threading.Lock()
         self._pending: list[tuple[str, bytes]] = []
         self._closed = False
+        self._kicked = False
+        #: The server this connection reached (host, port).
+        self.address = peer(conn)
         self._reading = False
         self._shut_down = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -183,6 +198,13 @@ class Subscriber:
         except OSError:
             pass
 
+    def kick(self) -> None:
+        """Breaks the connection from another thread: a ``read`` waiting meanwhile raises a
+        ConnectionError, as for a connection the server closed (the reader connects again)."""
+        with self._lock:
+            self._kicked = True
+        self._wake()
+
     def read(self, timeout: Optional[float] = None) -> Any:
         """The next reply (``timeout`` None: as long as it takes; past it, a TimeoutError)."""
         with self._lock:
@@ -195,6 +217,8 @@ class Subscriber:
                 with self._lock:
                     if self._closed:
                         return CLOSED
+                    if self._kicked:
+                        raise RedisConnectionError("left for the new master")
                     ops, self._pending = self._pending, []
                 for op, channel in ops:
                     send(self._conn, [op, channel])
@@ -255,3 +279,31 @@ def cluster_node_at(
 
 def cluster_refresh(cluster: RedisCluster) -> None:
     cluster.nodes_manager.initialize()
+
+
+def sentinel_master(
+    sentinels: list[tuple[str, int]],
+    service_name: str,
+    sentinel_kwargs: dict[str, Any],
+    connection_kwargs: dict[str, Any],
+) -> tuple[Sentinel, Redis]:
+    """redis-py's Sentinel manager and its client of the master named ``service_name``."""
+    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    master = manager.master_for(service_name, **connection_kwargs)  # type: ignore[no-untyped-call]
+    return manager, master
+
+
+def ask_master(pool: Any) -> None:
+    """Asks the Sentinels for the master now (redis-py's Sentinel pool remembers it)."""
+    pool.get_master_address()
+
+
+def interrupt(conn: RawConnection) -> None:
+    """Breaks ``conn`` under a thread reading from it: that read ends with a ConnectionError (as
+    for a connection the server closed), and its caller closes the connection."""
+    sock = getattr(conn, "_sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

@@ -18,7 +18,9 @@ from .. import _fork
 from .._commands import KeySet, multi_keys
 from .._common import (
     DEFAULT_COMMAND_TIMEOUT,
+    DEFAULT_FAILOVER_TIMEOUT,
     DEFAULT_LEASE,
+    DEFAULT_REPLICAS_TIMEOUT,
     RETRIES,
     Key,
     Kind,
@@ -35,9 +37,11 @@ from ._backend import (
     Mutex,
     Redis,
     RedisCluster,
+    SentinelConnectionPool,
     cluster_node,
     cluster_node_at,
     cluster_refresh,
+    sentinel_master,
     sleep,
     spawn,
 )
@@ -72,8 +76,10 @@ class _Route:
         self._key = key
         self.hub: Optional[SignalHub] = None
 
-    def query(self, args: list[Any]) -> Any:
-        return self._client._query(self._key, args)
+    def query(
+        self, args: list[Any], then: Optional[list[Any]] = None, then_timeout: float = 0.0
+    ) -> Any:
+        return self._client._query(self._key, args, then, then_timeout)
 
     def watch(self, hold: Hold) -> None:
         self.hub = (self._client._node_for(self._key)).signals
@@ -121,10 +127,13 @@ class LockClient:
         *,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
         lost_signal: bool = True,
+        failover_timeout: Optional[float] = None,
         **connection_kwargs: Any,
     ) -> None:
         if command_timeout <= 0:
             raise ValueError("command_timeout must be positive")
+        if failover_timeout is not None and failover_timeout < 0:
+            raise ValueError("failover_timeout must not be negative")
         self.command_timeout = command_timeout
         self._lost_signal = lost_signal
         self._extra = connection_kwargs
@@ -134,6 +143,8 @@ class LockClient:
         self._refreshing = Mutex()
         self._refreshed_at = 0.0
         self._single: Optional[_Node] = None
+        self._sentinel: Optional[tuple[Any, Any]] = None
+        self._pool: Optional[ConnectionPool] = None
         if isinstance(redis_client, RedisCluster):
             self._cluster = redis_client
         else:
@@ -145,10 +156,21 @@ class LockClient:
                 )
                 cls: type[Any] = pool.connection_class
                 kwargs = {**pool.connection_kwargs, **connection_kwargs}
+                sentinel = isinstance(pool, SentinelConnectionPool)
+                # A Sentinel pool's connections refer to it weakly: it lives as long as we do.
+                self._pool = pool
             else:
                 cls = DefaultConnection
                 kwargs = connection_kwargs
+                sentinel = False
             self._single = _Node(self, Connector(cls, kwargs, command_timeout), sharded=False)
+        #: How long an acquire whose connection broke is sent again while no master answers
+        #: (a failover under Sentinel); 0: twice, at once, as anywhere else.
+        self.failover_timeout = (
+            failover_timeout
+            if failover_timeout is not None
+            else DEFAULT_FAILOVER_TIMEOUT if self._single is not None and sentinel else 0.0
+        )
         self.id = new_client_id()
         self._pid = os.getpid()
         self._next = 0
@@ -174,6 +196,45 @@ class LockClient:
             command_timeout=command_timeout,
             lost_signal=lost_signal,
         )
+
+    @classmethod
+    def from_sentinel(
+        cls,
+        sentinels: Sequence[tuple[str, int]],
+        service_name: str,
+        *,
+        sentinel_kwargs: Optional[dict[str, Any]] = None,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
+        lost_signal: bool = True,
+        failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT,
+        **connection_kwargs: Any,
+    ) -> LockClient:
+        """A client on the master Sentinel names for ``service_name`` (redis-py's
+        ``Sentinel(sentinels).master_for(service_name)``), following failovers: every
+        connection the library opens asks the Sentinels for the master first, so commands,
+        waits, EPHEMERAL holds and the signal listener reach the new master once the old
+        one's connections broke (a demoted master's are closed by Sentinel; its READONLY
+        answers count as broken). ``sentinels``: ``[(host, port), ...]``;
+        ``sentinel_kwargs``: the connections to the Sentinels (default: ``command_timeout``
+        for their timeouts); ``failover_timeout`` (default 30 s): how long an acquire (not
+        EPHEMERAL) whose connection broke is sent again while no master answers. Other
+        keywords (``password``, ``db``, ``ssl``, ``client_name``, ...) are the masters'."""
+        if sentinel_kwargs is None:
+            sentinel_kwargs = {
+                "socket_timeout": command_timeout,
+                "socket_connect_timeout": command_timeout,
+            }
+        manager, master = sentinel_master(
+            list(sentinels), service_name, sentinel_kwargs, connection_kwargs
+        )
+        client = cls(
+            master,
+            command_timeout=command_timeout,
+            lost_signal=lost_signal,
+            failover_timeout=failover_timeout,
+        )
+        client._sentinel = (manager, master)  # the pool's proxy refers to them weakly
+        return client
 
     def _node_named(self, name: str, cls: type[Any], kwargs: dict[str, Any]) -> _Node:
         with self._nodes_lock:
@@ -207,40 +268,59 @@ class LockClient:
     def _refresh(self) -> None:
         """A MOVED reply: the slot map is stale (a resharding, a failover); load it again. Many
         callers at once (every hold of a moved slot) load it once: one that waited while
-        another loaded it does not load it again."""
+        another load began after it asked does not load it again (one that began before may
+        have read the map before the move this caller saw)."""
         if self._cluster is None:
             return
         asked = time.monotonic()
         with self._refreshing:
             if self._refreshed_at > asked:
-                return
+                return  # a load that began after this caller saw the MOVED
+            began = time.monotonic()
             try:
                 cluster_refresh(self._cluster)
             except (redis.RedisError, RedisClusterException) as e:
                 raise LockConnectionError(f"cluster slot map: {e}") from e
             finally:
-                self._refreshed_at = time.monotonic()
+                self._refreshed_at = began
 
-    def _query(self, key: bytes, args: list[Any]) -> Any:
+    def _query(
+        self,
+        key: bytes,
+        args: list[Any],
+        then: Optional[list[Any]] = None,
+        then_timeout: float = 0.0,
+    ) -> Any:
         """One command on a pooled connection to the key's server. In a cluster, a MOVED
         reloads the slot map and sends it again; an ASK (the slot is being moved) sends it once
-        to the node named, after ASKING; up to twice."""
+        to the node named, after ASKING; up to twice. ``then``: a second command on the same
+        connection (see ``Connector.query``)."""
         attempt = 0
         while True:
             try:
-                return (self._node_for(key)).commands.query(args)
+                node = self._node_for(key)
+                return node.commands.query(args, then=then, then_timeout=then_timeout)
             except Redirected as e:
                 if self._cluster is None or attempt >= RETRIES:
                     raise
                 attempt += 1
                 if e.asking and e.host is not None and e.port is not None:
-                    node = self._node_at(e.host, e.port)
-                    if node is not None:
+                    target = self._node_at(e.host, e.port)
+                    if target is not None:
                         try:
-                            return node.commands.query(args, asking=True)
+                            return target.commands.query(
+                                args, asking=True, then=then, then_timeout=then_timeout
+                            )
                         except Redirected:
                             pass  # the move is over: the slot map tells where
                 self._refresh()
+
+    def _query_at(self, ask: Redirected, args: list[Any]) -> Any:
+        """One command sent to the node an ASK named, after ASKING (pooled connection)."""
+        node = self._node_at(ask.host or "", ask.port or 0)
+        if node is None:
+            raise ask
+        return node.commands.query(args, asking=True)
 
     def _route(self, key: bytes) -> _Route:
         return _Route(self, key)
@@ -344,10 +424,14 @@ class LockClient:
         renewal: Renewal = Renewal.WATCHDOG,
         ephemeral: bool = True,
         on_lost: Optional[LostCallback] = None,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
     ) -> Election:
         """A handle on the election ``key`` (``LOCK.CAMPAIGN``/``PROCLAIM``/``LEADER``), as
         ``candidate`` (default: a name of its own, ``<client id>:<n>``), with a lease of 30 s by
-        default, EPHEMERAL by default. See :class:`Election`."""
+        default, EPHEMERAL by default; ``replicas``, ``replicas_timeout`` and ``aof`` as for a
+        lock. See :class:`Election`."""
         return Election(
             self,
             to_bytes(key),
@@ -356,4 +440,7 @@ class LockClient:
             renewal=renewal,
             ephemeral=ephemeral,
             on_lost=on_lost,
+            replicas=replicas,
+            replicas_timeout=replicas_timeout,
+            aof=aof,
         )

@@ -5,27 +5,37 @@ for each wait, one connection per EPHEMERAL hold."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
-from .._common import LockConnectionError
+from .._common import LockConnectionError, LockServerError
 from .._connect import name_for, own_kwargs, server_error
 from ._backend import (
     IO_ERRORS,
     Cancelled,
+    Event,
     Mutex,
     RawConnection,
+    ask_master,
     close_connection,
+    interrupt,
     closed_by_server,
     new_pool,
     open_connection,
+    peer,
     pool_close,
     pool_get,
     pool_put,
     read,
     send,
+    wait_event,
 )
+
+#: Under Sentinel, how often a connection that waits or listens looks whether the server it
+#: reached is still the master the Sentinels name.
+FOLLOW_PERIOD = 0.5
 
 
 def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -> Any:
@@ -53,6 +63,7 @@ class Connector:
         self.timeout = timeout
         self.db = int(self.kwargs.get("db", 0) or 0)
         self.pool = new_pool(cls, self.kwargs)
+        self._asked = 0.0
 
     def new(self, owner: Optional[bytes] = None) -> RawConnection:
         """A connection of its own; one bound to ``owner`` carries the owner in its name."""
@@ -64,9 +75,18 @@ class Connector:
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
 
-    def query(self, args: list[Any], asking: bool = False) -> Any:
+    def query(
+        self,
+        args: list[Any],
+        asking: bool = False,
+        then: Optional[list[Any]] = None,
+        then_timeout: float = 0.0,
+    ) -> Any:
         """One command on a pooled connection; ``asking``: preceded by ASKING (the answer to an
-        ASK redirection, good for that one command)."""
+        ASK redirection, good for that one command). ``then``: a second command sent on the
+        same connection after the first answered (``WAIT`` after a write: it waits for this
+        connection's writes), read with ``then_timeout`` more; the answer is then the pair (a
+        server error of the second is returned in it, not raised)."""
         try:
             conn = pool_get(self.pool)
         except IO_ERRORS as e:
@@ -74,9 +94,58 @@ class Connector:
         try:
             if asking:
                 call(conn, ["ASKING"], self.timeout)
-            return call(conn, args, self.timeout)
+            first = call(conn, args, self.timeout)
+            if then is None:
+                return first
+            try:
+                return first, call(conn, then, self.timeout + then_timeout)
+            except LockServerError as e:  # the first command's reply stands
+                return first, e
         finally:
             pool_put(self.pool, conn)
+
+    @property
+    def sentinel(self) -> bool:
+        """Whether the connections are to the master Sentinel names (which may change)."""
+        return hasattr(self.kwargs.get("connection_pool"), "get_master_address")
+
+    def current_master(self) -> Optional[tuple[str, int]]:
+        """Under Sentinel: the master the Sentinels name now, asked at most every
+        ``FOLLOW_PERIOD`` (between, the last answer); None elsewhere."""
+        if not self.sentinel:
+            return None
+        now = time.monotonic()
+        if now - self._asked >= FOLLOW_PERIOD:
+            self._asked = now
+            try:
+                ask_master(self.kwargs["connection_pool"])
+            except (RedisError, ReferenceError, OSError):
+                pass  # no Sentinel answers: the last answer stands
+        return self.master_address()
+
+    def follow(self, conn: RawConnection, done: Event) -> None:
+        """Under Sentinel, while ``done`` is not set: closes ``conn`` as soon as the Sentinels
+        name a master other than the server it reached (a failover that did not break it: a
+        paused master keeps its connections open), so that what waits on it ends at once."""
+        reached = peer(conn)
+        while not wait_event(done, FOLLOW_PERIOD):
+            master = self.current_master()
+            if master is not None and reached is not None and master != reached:
+                interrupt(conn)
+                return
+
+    def master_address(self) -> Optional[tuple[str, int]]:
+        """Under Sentinel: the master the Sentinels named when a connection last connected
+        (redis-py's Sentinel pool keeps it); None elsewhere. It changes with a failover, once
+        a connection to the old master broke and a new one asked."""
+        pool = self.kwargs.get("connection_pool")
+        try:
+            address = getattr(pool, "master_address", None)
+        except ReferenceError:  # the application's Sentinel pool is gone
+            return None
+        if isinstance(address, tuple) and len(address) == 2:
+            return (str(address[0]), int(address[1]))
+        return None
 
     def close(self) -> None:
         pool_close(self.pool)
@@ -93,12 +162,30 @@ class OwnConnection:
         self.mutex = Mutex()
         self.broken = False
 
-    def call(self, args: list[Any], timeout: Optional[float]) -> Any:
+    def call(
+        self,
+        args: list[Any],
+        timeout: Optional[float],
+        asking: bool = False,
+        then: Optional[list[Any]] = None,
+        then_timeout: float = 0.0,
+    ) -> Any:
+        """One command on the connection; ``asking``: preceded by ASKING (the keys' slot is
+        being imported by this connection's node); ``then``: as for ``Connector.query``."""
         with self.mutex:
             if self.broken:
                 raise LockConnectionError("the EPHEMERAL hold's connection is closed")
             try:
-                return call(self.conn, args, timeout)
+                if asking:
+                    call(self.conn, ["ASKING"], timeout)
+                first = call(self.conn, args, timeout)
+                if then is None:
+                    return first
+                more = None if timeout is None else timeout + then_timeout
+                try:
+                    return first, call(self.conn, then, more)
+                except LockServerError as e:  # the first command's reply stands
+                    return first, e
             except (LockConnectionError, Cancelled):
                 self.broken = True
                 raise

@@ -16,27 +16,42 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar, cast
 
 from .. import _fork
-from .._commands import KeySet
+from .._commands import KeySet, Replication, is_retry_later
 from .._common import (
     DEFAULT_LEASE,
+    DEFAULT_REPLICAS_TIMEOUT,
     RETRIES,
+    TRYAGAIN_PAUSES,
     WAIT_MARGIN,
+    WAIT_REDIRECTS,
+    Arg,
     Key,
     Kind,
     LockConnectionError,
     LockError,
+    LockServerError,
     LockTimeout,
     LostCallback,
     LostReason,
     NotHeld,
+    NotSafelyAcquired,
     Release,
     Renewal,
     UnexpectedReply,
+    to_bytes,
 )
 from .._connect import Redirected
-from ._backend import Cancelled, Event, close_connection, new_gate, spawn_from_any_thread
-from ._connection import OwnConnection, call
-from ._hold import Hold
+from ._backend import (
+    Cancelled,
+    Event,
+    close_connection,
+    new_gate,
+    sleep,
+    spawn,
+    spawn_from_any_thread,
+)
+from ._connection import Connector, OwnConnection, call
+from ._hold import Hold, Unconfirmed
 
 if TYPE_CHECKING:
     from ._client import LockClient
@@ -72,11 +87,18 @@ class _Handle(Generic[_G]):
         ephemeral: bool = False,
         on_lost: Optional[LostCallback] = None,
         owner: Optional[bytes] = None,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
     ) -> None:
         if lease < 0.001:
             raise ValueError("the lease must be at least 1 ms")
         if wait_timeout is not None and wait_timeout < 0:
             raise ValueError("wait_timeout must not be negative")
+        if replicas < 0:
+            raise ValueError("replicas must not be negative")
+        if replicas_timeout <= 0:
+            raise ValueError("replicas_timeout must be positive")
         self.client = client
         self.keys = keys
         self.kind = kind
@@ -86,6 +108,7 @@ class _Handle(Generic[_G]):
         self.wait_timeout = wait_timeout
         self.ephemeral = ephemeral
         self.on_lost = on_lost
+        self.replication = Replication(replicas, replicas_timeout, aof)
         self._named = owner
         self.owner = client._owner() if owner is None else owner
         self._gate = new_gate()
@@ -145,11 +168,17 @@ class _Handle(Generic[_G]):
         self._stack.set(stack[:-1])
         stack[-1].__exit__(exc_type, exc, tb)
 
-    def _args(self, waits: bool, wait: Optional[float], value: Optional[bytes]) -> list[Any]:
-        """The acquire command; ``value`` is a campaign's (see ``_Candidate``)."""
-        return self.keys.acquire(
-            self.owner, self.lease, self.kind, self.limit, self.ephemeral, wait, waits
-        )
+    def _args(
+        self,
+        waits: bool,
+        wait: Optional[float],
+        value: Optional[bytes],
+        ephemeral: Optional[bool] = None,
+    ) -> list[Any]:
+        """The acquire command; ``value`` is a campaign's (see ``_Candidate``); ``ephemeral``
+        None: the handle's."""
+        bound = self.ephemeral if ephemeral is None else ephemeral
+        return self.keys.acquire(self.owner, self.lease, self.kind, self.limit, bound, wait, waits)
 
     def _current(self) -> Optional[Hold]:
         with self._books:
@@ -168,10 +197,15 @@ class _Handle(Generic[_G]):
                 current = self._current()
                 sent = time.monotonic()
                 own: Optional[OwnConnection] = None
-                if self.ephemeral:
+                # An EPHEMERAL hold whose slot moved is bound to nothing any more: re-entered
+                # as the ordinary hold it now is.
+                unbound = self.ephemeral and current is not None and current.own is None
+                if self.ephemeral and not unbound:
                     reply, own = self._send_ephemeral(current, waits, until, value)
                 else:
-                    reply = self._send_with_retries(waits, until, value)
+                    reply = self._send_with_retries(
+                        waits, until, value, False if unbound else self.ephemeral
+                    )
                 replied = time.monotonic()
                 new_own = own if current is None or own is not current.own else None
                 try:
@@ -193,32 +227,89 @@ class _Handle(Generic[_G]):
         return (left >= 0.001), left  # no wait left: one last attempt
 
     def _send_with_retries(
-        self, waits: bool, until: Optional[float], value: Optional[bytes]
+        self, waits: bool, until: Optional[float], value: Optional[bytes], ephemeral: bool
     ) -> Any:
-        attempt = 0
+        """An acquire on a pooled connection, or a wait on one of its own: sent again after a
+        broken connection (ONCE makes that safe) and after MOVED (with the slot map loaded
+        again), up to twice in a row; an ASK is followed, to the node named, after ASKING; a
+        TRYAGAIN (a slot move caught between keys) is sent again after growing pauses, up to
+        five times. A wait the server redirected after waiting (its key migrated) starts the
+        count again. Under Sentinel (``failover_timeout``) a broken connection is sent again,
+        with growing pauses, until a master answers or ``failover_timeout`` passed: a wait
+        whose master died is issued again on the new master, for what is left of its
+        ``wait_timeout``. ``ephemeral``: the hold is one that was EPHEMERAL and is bound to
+        nothing any more (its slot moved): re-entered without EPHEMERAL."""
+        attempt = later = 0
+        ask: Optional[Redirected] = None
+        failover: Optional[float] = None  # under Sentinel: re-sent until then
+        pause = 0.05
         while True:
             this_waits, wait = self._wait_left(waits, until)
+            sent = time.monotonic()
             try:
                 if this_waits:
-                    return self._send_waiting(self._args(True, wait, value), wait)
-                return self.client._query(self.keys.route, self._args(False, None, value))
+                    args = self._args(True, wait, value, ephemeral)
+                    return self._send_waiting(args, wait, ask)
+                args = self._args(False, None, value, ephemeral)
+                if ask is not None:
+                    return self.client._query_at(ask, args)
+                return self.client._query(self.keys.route, args)
             except LockConnectionError:
-                if attempt >= RETRIES:
+                ask = None
+                if attempt < RETRIES:
+                    attempt += 1
+                    continue
+                now = time.monotonic()
+                if failover is None:
+                    failover = now + self.client.failover_timeout
+                if now >= failover:
+                    raise
+                sleep(pause)  # a failover: the Sentinels name the new master soon
+                pause = min(pause * 2, 1.0)
+            except Redirected as e:
+                if time.monotonic() - sent > self.client.command_timeout:
+                    attempt = 0  # it waited, then its key moved: no failed send
+                if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
                     raise
                 attempt += 1
-            except Redirected:
-                if attempt >= RETRIES:
+                ask = e if e.asking else None
+                if ask is None:
+                    self.client._refresh()
+            except LockServerError as e:
+                if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
-                attempt += 1
-                self.client._refresh()
+                ask = None
+                sleep(TRYAGAIN_PAUSES[later])
+                later += 1
 
-    def _send_waiting(self, args: list[Any], wait: Optional[float]) -> Any:
-        """A wait, on a connection of its own (named for the owner), closed after."""
-        connector = (self.client._node_for(self.keys.route)).commands
+    def _connector(self, ask: Optional[Redirected]) -> Connector:
+        """The connections of the node the keys' slot is served by, or (``ask``) of the node an
+        ASK named."""
+        if ask is not None:
+            node = self.client._node_at(ask.host or "", ask.port or 0)
+            if node is not None:
+                return node.commands
+            raise ask
+        return (self.client._node_for(self.keys.route)).commands
+
+    def _send_waiting(
+        self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
+    ) -> Any:
+        """A wait, on a connection of its own (named for the owner), closed after; after an
+        ASK, on a connection to the node named, preceded by ASKING. Under Sentinel the
+        connection is closed as soon as the Sentinels name another master (the wait is then
+        sent again, to it)."""
+        connector = self._connector(ask)
         conn = connector.new(self.owner)
+        done = Event()
+        if connector.sentinel:  # a wait on a master the Sentinels replaced ends at once
+            spawn("redis-lock-follow", connector.follow, conn, done)
         try:
+            if ask is not None:
+                call(conn, ["ASKING"], self.client.command_timeout)
             return call(conn, args, None if wait is None else wait + WAIT_MARGIN)
         finally:
+            done.set()
             close_connection(conn)
 
     def _send_ephemeral(
@@ -229,7 +320,8 @@ class _Handle(Generic[_G]):
         value: Optional[bytes],
     ) -> tuple[Any, Optional[OwnConnection]]:
         """An EPHEMERAL acquire: on the hold's own connection (a re-entry), else on a new one
-        that the hold will own. Never sent again on another connection (it is the hold's)."""
+        that the hold will own. Never sent again after its connection broke (it is the hold's);
+        after MOVED, TRYAGAIN or an ASK (to the node named, after ASKING), on a new one."""
         this_waits, wait = self._wait_left(waits, until)
         timeout: Optional[float] = self.client.command_timeout
         if this_waits:
@@ -241,21 +333,43 @@ class _Handle(Generic[_G]):
             except LockConnectionError:
                 current.connection_lost()
                 raise
-        attempt = 0
+        attempt = later = 0
+        ask: Optional[Redirected] = None
         while True:
-            node = self.client._node_for(self.keys.route)
-            own = OwnConnection(node.commands.new(self.owner), self.client.command_timeout)
+            connector = self._connector(ask)
+            own = OwnConnection(connector.new(self.owner), self.client.command_timeout)
+            sent = time.monotonic()
+            done = Event()
+            if connector.sentinel and this_waits:  # a replaced master: the wait ends at once
+                spawn("redis-lock-follow", connector.follow, own.conn, done)
             try:
+                if ask is not None:
+                    own.call(["ASKING"], self.client.command_timeout)
                 return own.call(args, timeout), own
-            except Redirected:
+            except Redirected as e:
                 own.close()
-                if attempt >= RETRIES:
+                if time.monotonic() - sent > self.client.command_timeout:
+                    attempt = 0  # it waited, then its key moved: no failed send
+                if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
                     raise
                 attempt += 1
-                self.client._refresh()
+                ask = e if e.asking else None
+                if ask is None:
+                    self.client._refresh()
+                this_waits, wait = self._wait_left(waits, until)
+                args = self._args(this_waits, wait, value)
+            except LockServerError as e:
+                own.close()
+                if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
+                    raise
+                ask = None
+                sleep(TRYAGAIN_PAUSES[later])
+                later += 1
             except (LockError, Cancelled):
                 own.close()
                 raise
+            finally:
+                done.set()
 
     def _settle(
         self,
@@ -298,19 +412,38 @@ class _Handle(Generic[_G]):
             sent_at=sent,
             replied_at=replied,
             on_lost=self.on_lost,
+            replication=self.replication,
         )
         try:
-            confirmed = hold.confirm()
+            unconfirmed = hold.confirm()
         except (LockError, Cancelled):
             hold.close_own()
             raise
-        if not confirmed:
+        if unconfirmed is Unconfirmed.GONE:
             hold.close_own()
             return _AGAIN
+        if unconfirmed is Unconfirmed.UNACKED:
+            self._unsafe(hold)
         with self._books:
             self._active, self._guards = hold, 1
         hold.start()
         return self._guard(hold)
+
+    def _unsafe(self, hold: Hold) -> None:
+        """A grant too few replicas acknowledged: released (best effort: its lease ends it
+        otherwise), then ``NotSafelyAcquired`` (or the server's error for WAIT/WAITAOF, e.g.
+        WAITAOF on a server without it or without appendonly) is raised."""
+        ack = hold.acknowledged
+        try:
+            hold.send(hold.keys.release(hold.owner))
+        except LockError:
+            log.debug("releasing an unsafe grant of %r failed", hold.keys.keys, exc_info=True)
+        finally:
+            hold.close_own()
+        if isinstance(ack, LockError):
+            raise ack
+        rep = self.replication
+        raise NotSafelyAcquired(hold.tokens, rep.count(ack), rep.replicas, rep.describe())
 
     # -- ends of guards ----------------------------------------------------------------------
 
@@ -433,6 +566,13 @@ class _Guard:
     def lost_reason(self) -> Optional[LostReason]:
         return self._hold.reason
 
+    def _fenced(self, key: bytes, token: int, command: tuple[Arg, ...]) -> Any:
+        if self._released:
+            raise NotHeld(None)
+        if self._hold.pid != os.getpid():
+            raise NotHeld(LostReason.FORKED)
+        return self._hold.fenced(key, token, command)
+
     def release(self) -> Release:
         """Releases this guard. The last guard of a hold stops the watchdog, waits out a renewal
         in flight, and sends LOCK.RELEASE (LOCK.MRELEASE for several keys; never retried);
@@ -546,6 +686,28 @@ class LockGuard(_Guard):
     def key(self) -> bytes:
         return self._hold.key
 
+    def execute(self, *command: Arg) -> Any:
+        """Runs ``command`` on the server only while this hold is the key's, checked there in
+        the same step (``LOCK.GUARD key owner token command...``), and returns its reply as
+        redis-py gives it (bytes, int, list, None; RESP2): ``guard.execute("SET", "orders:42:
+        state", "paid")``. A write of a hold that is gone never lands, however late it comes.
+
+        Raises ``Fenced`` (a ``NotHeld``) when the server refused it because the hold is gone
+        (``lost_reason`` ``HOLD_GONE``) or its token is not current (``TOKEN_NOT_CURRENT``):
+        the command did not run, and the hold is reported lost (``lost``, ``on_lost``).
+        ``NotHeld`` without sending anything when the guard was released or the hold lost
+        before. The command's own errors (``WRONGTYPE``, ``NOPERM``, a write through a shared
+        hold, ...) raise ``LockServerError`` and are no loss. ``LockConnectionError`` when no
+        answer came: the command may have run (it is never sent again).
+
+        The keys of the command must be in the lock key's slot in a Redis Cluster (give them
+        its hash tag: ``orders:{42}`` and ``orders:{42}:state``); the call goes to the lock
+        key's master. It never blocks (a blocking command answers at once) and never runs a
+        ``LOCK.*`` command or one on the lock key itself: see the module's ``LOCK.GUARD``.
+        """
+        hold = self._hold
+        return self._fenced(hold.key, hold.token, command)
+
     def __repr__(self) -> str:
         return (
             f"LockGuard(key={self.key!r}, owner={self.owner!r}, token={self.token}, "
@@ -566,6 +728,17 @@ class MultiLockGuard(_Guard):
     @property
     def keys(self) -> tuple[bytes, ...]:
         return self._hold.keys.keys
+
+    def execute(self, key: Key, *command: Arg) -> Any:
+        """Runs ``command`` fenced by the hold of ``key`` (one of this guard's keys, as given or
+        as bytes): ``LOCK.GUARD key owner token command...`` with that key's token. As
+        :meth:`LockGuard.execute`; a refusal reports the whole hold lost (all or
+        nothing)."""
+        wanted = to_bytes(key)
+        for k, token in zip(self._hold.keys.keys, self._hold.tokens):
+            if k == wanted:
+                return self._fenced(k, token, command)
+        raise ValueError(f"{key!r} is not a key of this hold")
 
     def __repr__(self) -> str:
         return (

@@ -26,7 +26,7 @@ from .. import _fork
 from .._common import LockConnectionError
 from .._messages import LostMessage, flush_channel, parse_flush, parse_lost
 from ._backend import CLOSED, IO_ERRORS, Event, Subscriber, sleep, spawn, wait_event
-from ._connection import Connector
+from ._connection import FOLLOW_PERIOD, Connector
 
 
 class Watcher(Protocol):
@@ -128,6 +128,8 @@ class SignalHub:
                 for channel in self._confirmed:
                     sub.post(self._subscribe, channel)
                 self._sub = sub
+            if self._connector.sentinel:
+                spawn("redis-lock-follow", self._follow, sub)
             try:
                 while True:
                     try:
@@ -143,6 +145,18 @@ class SignalHub:
                 with self._lock:
                     self._sub = None
                 sub.close()
+
+    def _follow(self, sub: Subscriber) -> None:
+        """Under Sentinel: while ``sub`` is the listener's connection, leaves it as soon as the
+        master the Sentinels name is another server (a failover the connection did not see
+        break: a paused master, a demoted one that kept its clients); the listener connects
+        again, to the new master."""
+        while not self._closed and self._sub is sub:
+            sleep(FOLLOW_PERIOD)
+            master = self._connector.current_master()
+            if self._sub is sub and master is not None and sub.address not in (None, master):
+                sub.kick()
+                return
 
     def _watchers(self, channel: Optional[bytes]) -> list[Watcher]:
         """The watchers of ``channel`` (None: every watcher, each once)."""

@@ -1,0 +1,306 @@
+"""Belief against truth: what the holders recorded (``holders.py``) against what the truth
+keeper read (``truth.py``)."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from oracle.truth import Disruption, Snap
+
+#: Causes whose end the library hears at once where the signal is on (a message, or the
+#: EPHEMERAL connection's own close, or — after SIGCONT — the watchdog's first look at a
+#: deadline long past). ``del`` only where the server has key events.
+SIGNALLED = {"forcerelease", "flushdb", "client-kill", "sigstop"}
+
+
+@dataclass
+class Belief:
+    hid: str
+    ctx: str
+    owner: str
+    keys: list[str]
+    tokens: list[int]
+    granted: float
+    lease: float
+    end: Optional[float] = None
+    how: Optional[str] = None
+    lost: Optional[float] = None
+    reason: Optional[str] = None
+
+    @property
+    def believed_until(self) -> float:
+        ends = [t for t in (self.end, self.lost) if t is not None]
+        return min(ends)
+
+
+@dataclass
+class Context:
+    """A worker process (or the test process, ``main``): its SIGSTOP intervals, its kill."""
+
+    name: str
+    lost_signal: bool = True
+    stopped: list[tuple[float, float]] = field(default_factory=list)
+    killed: Optional[float] = None
+
+    def running(self, start: float, end: float) -> float:
+        """How much of [start, end] this context was not stopped."""
+        if end <= start:
+            return 0.0
+        total = end - start
+        for a, b in self.stopped:
+            total -= max(0.0, min(b, end) - max(a, start))
+        return total
+
+    def stopped_near(self, start: float, end: float) -> bool:
+        return any(a < end and b > start for a, b in self.stopped)
+
+
+@dataclass
+class Report:
+    label: str
+    seed: int
+    holds: int = 0
+    reentries: int = 0
+    writes: int = 0
+    fenced: int = 0
+    disruptions: dict[str, int] = field(default_factory=dict)
+    lost: dict[str, int] = field(default_factory=dict)
+    false_lost: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+    false_held: list[dict[str, Any]] = field(default_factory=list)
+    over_bound: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    regranted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    acquire_errors: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    signal_median_ms: float = 0.0
+
+    def longest(self) -> dict[str, tuple[int, float]]:
+        out: dict[str, tuple[int, float]] = {}
+        for case in self.false_held:
+            n, worst = out.get(case["cause"], (0, 0.0))
+            out[case["cause"]] = (n + 1, max(worst, case["ms"]))
+        return out
+
+    def summary(self) -> str:
+        lines = [
+            f"oracle {self.label} seed {self.seed}: {self.holds} holds ({self.reentries} "
+            f"re-entries), {self.writes} fenced writes landed, {self.fenced} refused FENCED",
+            "  disruptions: " + ", ".join(f"{k} {v}" for k, v in sorted(self.disruptions.items())),
+            "  lost reported: " + ", ".join(f"{k} {v}" for k, v in sorted(self.lost.items())),
+            "  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())),
+            f"  false lost: {len(self.false_lost)}; stale writes landed: {len(self.stale)}; "
+            f"tokens handed out twice: {len(self.regranted)}; errors: {len(self.errors)}",
+            f"  false held: {len(self.false_held)} cases (signalled: median "
+            f"{self.signal_median_ms:.1f} ms); longest per cause (ms): "
+            + ", ".join(f"{c} {n}x max {w:.0f}" for c, (n, w) in sorted(self.longest().items())),
+        ]
+        for case in sorted(self.false_held, key=lambda c: -c["ms"]):
+            lines.append(
+                f"    {case['ms']:7.1f} ms (bound {case['bound_ms']:.0f}) {case['cause']:<28} "
+                f"{case['hid']} {case['key']} token {case['token']} -> {case['reason']}")
+        for what, items in [("FALSE LOST", self.false_lost), ("OVER BOUND", self.over_bound),
+                            ("STALE WRITE", self.stale), ("REGRANTED", self.regranted),
+                            ("ERROR", self.errors), ("unchecked lost", self.unchecked)]:
+            for item in items[:20]:
+                lines.append(f"  {what}: {item}")
+        return "\n".join(lines)
+
+
+def analyse(
+    label: str,
+    seed: int,
+    events: list[dict[str, Any]],
+    snaps: list[Snap],
+    disruptions: list[Disruption],
+    contexts: dict[str, Context],
+    run_end: float,
+    key_events: bool,
+    signal_bound: float,
+    slack: float,
+    exclusive_keys: set[str],
+    resume_bound: float = 1.5,
+    signal_median: float = 0.05,
+) -> Report:
+    report = Report(label, seed)
+    events = sorted(events, key=lambda e: e["t"])
+    leases = {e["h"]: e.get("lease", 0.0) for e in events if e["e"] == "spec"}
+
+    # Beliefs: from each grant to the first of its loss, its end, its process's kill, the end.
+    beliefs: dict[tuple[str, tuple[int, ...]], list[Belief]] = collections.defaultdict(list)
+    for e in events:
+        kind = e["e"]
+        report.outcomes[kind] = report.outcomes.get(kind, 0) + 1
+        if kind == "granted":
+            if e["reentry"]:
+                report.reentries += 1
+                continue
+            ident = (e["owner"], tuple(e["tokens"]))
+            if beliefs[ident]:
+                report.regranted.append(f"{e['h']} {ident} at {e['t']:.3f}")
+            beliefs[ident].append(Belief(e["h"], e["ctx"], e["owner"], e["keys"], e["tokens"],
+                                         e["t"], leases.get(e["h"], 0.0)))
+            report.holds += 1
+        elif kind in ("error", "release-error"):
+            report.errors.append(f"{e['h']}: {e['what']}")
+        elif kind == "acquire-error":
+            report.acquire_errors += 1
+        elif kind == "fenced":
+            report.fenced += 1
+    for e in events:
+        if e["e"] not in ("lost", "end") or e.get("owner") is None:
+            if e["e"] == "lost":
+                report.errors.append(f"{e['h']}: a loss reported with no active hold")
+            continue
+        found = beliefs.get((e["owner"], tuple(e["tokens"])))
+        if not found:
+            report.errors.append(f"{e['h']}: {e['e']} of a hold never granted: {e}")
+            continue
+        b = found[-1]
+        if e["e"] == "end":
+            if b.end is None:
+                b.end, b.how = e["t"], e["how"]
+            continue
+        report.lost[e["reason"]] = report.lost.get(e["reason"], 0) + 1
+        if b.lost is None:
+            b.lost, b.reason = e["t"], e["reason"]
+        checks = e.get("check", [])
+        if not checks or not all(isinstance(c, int) for c in checks):
+            report.unchecked.append(f"{e['h']} {e['owner']} {e['tokens']}: {checks}")
+        elif all(c == 1 for c in checks):
+            report.false_lost.append(
+                f"{e['h']} {e['keys']} owner {e['owner']} tokens {e['tokens']}: reported "
+                f"{e['reason']} at {e['t']:.3f}, LOCK.CHECK answered {checks} "
+                f"{(e['ct'] - e['t']) * 1000:.1f} ms later")
+    all_beliefs = [b for bs in beliefs.values() for b in bs]
+    for b in all_beliefs:
+        ctx = contexts.get(b.ctx)
+        if b.end is None and b.lost is None:
+            if ctx is not None and ctx.killed is not None and ctx.killed >= b.granted:
+                b.end, b.how = ctx.killed, "killed"
+            else:
+                b.end, b.how = run_end, "run-end"
+        elif ctx is not None and ctx.killed is not None and b.granted <= ctx.killed < b.believed_until:
+            b.end, b.how = ctx.killed, "killed"
+
+    # Truth: per key, the reads of it in order; when each hold was seen and when it was gone.
+    per_key: dict[str, list[Snap]] = collections.defaultdict(list)
+    for s in snaps:
+        for k in s.holds:
+            per_key[k].append(s)
+    gone: dict[tuple[str, str, int], Snap] = {}  # (key, owner, token) -> first read without it
+    ended_by: dict[tuple[str, str, int], int] = {}  # -> the disruption that removed it
+    landed: set[tuple[str, str, int, int]] = set()
+    for key, reads in per_key.items():
+        alive: set[tuple[str, int]] = set()
+        ended: set[tuple[str, int]] = set()
+        top = 0
+        for s in reads:
+            for w in s.writes.get(key, []):
+                owner, token_text, seq_text = w.split("|")
+                token = int(token_text)
+                landed.add((key, owner, token, int(seq_text)))
+                report.writes += 1
+                if (owner, token) in ended:
+                    report.stale.append(
+                        f"{key}: a write of {owner} token {token} landed after the hold ended "
+                        f"(read at {s.t0:.3f})")
+                if key in exclusive_keys and token < top:
+                    report.stale.append(
+                        f"{key}: a write of token {token} landed after one of token {top}")
+                top = max(top, token)
+            now = s.holds[key]
+            for h in alive - now:
+                gone[(key, *h)] = s
+                if s.phase == "after" and s.dis is not None:
+                    ended_by[(key, *h)] = s.dis
+            ended |= alive - now
+            back = ended & now
+            if back:
+                report.errors.append(f"{key}: holds seen again after they ended: {back}")
+            alive = set(now)
+
+    # Every write the server answered landed.
+    for e in events:
+        if e["e"] != "wrote":
+            continue
+        for key, seq in e.get("acked", []):
+            token = e["tokens"][e["keys"].index(key)]
+            if (key, e["owner"], token, seq) not in landed:
+                report.stale.append(f"{key}: write {seq} of {e['owner']} token {token} was "
+                                    f"answered but never landed")
+
+    # False held: believed held while the server no longer held it.
+    dis = {d.idx: d for d in disruptions}
+    pubsub_kills = [d for d in disruptions
+                    if d.kind == "client-kill" and d.detail.get("conn") == "pubsub"]
+    migrations = [d for d in disruptions if d.kind == "migrate"]
+    for b in all_beliefs:
+        ends = []
+        for k, token in zip(b.keys, b.tokens):
+            s = gone.get((k, b.owner, token))
+            if s is not None:
+                d_idx = ended_by.get((k, b.owner, token))
+                ends.append((s.t0, k, token, d_idx))
+        if not ends:
+            continue
+        end_est, key, token, d_idx = min(ends)
+        until = b.believed_until
+        ctx = contexts.get(b.ctx, Context(b.ctx))
+        start = max(end_est, b.granted)
+        ms = ctx.running(start, until) * 1000
+        if ms <= 0:
+            continue
+        if d_idx is not None:
+            cause = dis[d_idx].kind
+        elif ctx.stopped_near(end_est - b.lease - 0.5, end_est + 0.01):
+            cause = "sigstop"
+        elif any(d.kind == "client-kill" and d.detail.get("owner") == b.owner
+                 and end_est - 1.0 <= d.t0 <= end_est + 0.05 for d in disruptions):
+            cause = "client-kill"
+        else:
+            cause = "expired"
+        heard = cause in SIGNALLED or (cause == "del" and key_events) or cause.startswith("copy")
+        notes = []
+        if not ctx.lost_signal and cause not in ("client-kill", "sigstop"):
+            heard = False
+            notes.append("signal-off")
+        if any(d.detail.get("ctx") == b.ctx and end_est - 0.1 <= d.t0 <= end_est + 1.0
+               for d in pubsub_kills):
+            heard = False
+            notes.append("lost-message")
+        if end_est < b.granted:
+            heard = False
+            notes.append("before-grant")
+        if any(m.t0 - 0.1 <= end_est <= m.t1 + 1.0 for m in migrations):
+            heard = False
+            notes.append("migration")
+        if cause == "del" and not key_events:
+            notes.append("no-key-events")
+        if cause == "sigstop" and not notes:
+            bound = resume_bound  # counted from the resume: the watchdog's first look
+        else:
+            bound = signal_bound if heard else b.lease / 3 + slack
+        label = cause + "".join(f"+{n}" for n in notes)
+        case = {"cause": label, "ms": ms, "bound_ms": bound * 1000, "hid": b.hid, "key": key,
+                "token": token, "reason": b.reason or b.how}
+        report.false_held.append(case)
+        if ms > bound * 1000:
+            report.over_bound.append(
+                f"{b.hid} {key} token {token}: {ms:.0f} ms believed held after the server "
+                f"ended it ({label}; bound {bound * 1000:.0f} ms; then {b.reason or b.how})")
+    signalled = sorted(c["ms"] for c in report.false_held if c["bound_ms"] == signal_bound * 1000)
+    if signalled:
+        report.signal_median_ms = signalled[len(signalled) // 2]
+        if len(signalled) >= 6 and report.signal_median_ms > signal_median * 1000:
+            report.over_bound.append(
+                f"the median false held of the {len(signalled)} signalled cases is "
+                f"{report.signal_median_ms:.0f} ms (over {signal_median * 1000:.0f} ms)")
+    for d in disruptions:
+        report.disruptions[d.kind] = report.disruptions.get(d.kind, 0) + 1
+        if d.error and d.kind not in ("client-kill",):
+            report.errors.append(f"disruption {d.kind}: {d.error}")
+    return report

@@ -1,0 +1,459 @@
+"""The library through Sentinel (one master, two replicas, three Sentinels, see conftest.py's
+SentinelSet), and grants acknowledged by replicas (``replicas=``), against real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+from conftest import SentinelSet, start_sentinel_set, wait_until
+from redis_lock_client import (
+    AsyncLockClient,
+    LockClient,
+    LockConnectionError,
+    LockServerError,
+    LostReason,
+    NotSafelyAcquired,
+    Release,
+    lost_signal_channel,
+)
+
+
+@pytest.fixture(scope="module")
+def sentinels(tmp_path_factory: pytest.TempPathFactory):
+    """A Sentinel set shared by the tests that cause no failover."""
+    s = start_sentinel_set(tmp_path_factory.mktemp("sentinel"))
+    yield s
+    s.stop()
+
+
+def unique(tag: str) -> str:
+    return f"{tag}:{uuid.uuid4().hex}"
+
+
+def waits(set_: SentinelSet) -> int:
+    """WAIT commands the master ran so far."""
+    return set_.master().commandstat("wait")
+
+
+def info(server, key: str):
+    reply = server.client().execute_command("LOCK.INFO", key)
+    return None if reply is None else dict(zip(reply[::2], reply[1::2]))
+
+
+@pytest.mark.scenario("sentinel-connect")
+def test_a_client_through_sentinel_locks_on_the_master_and_its_replicas_get_it(sentinels):
+    key = unique("connect")
+    client = LockClient.from_sentinel(sentinels.addresses, SentinelSet.NAME)
+    guard = client.lock(key).acquire()
+    master = sentinels.master()
+    assert info(master, key)[b"token"] == guard.token
+    assert guard.execute("SET", key + ":data", "v") == b"OK"
+    sentinels.wait_replicated()
+    for replica in sentinels.replicas():
+        assert info(replica, key)[b"token"] == guard.token
+    assert guard.release() is Release.RELEASED
+    client.close()
+    # A client made from redis-py's own Sentinel client follows failovers the same way.
+    from redis.sentinel import Sentinel
+
+    direct = LockClient(Sentinel(sentinels.addresses).master_for(SentinelSet.NAME))
+    assert direct.failover_timeout == 30.0
+    with direct.lock(key) as again:
+        assert info(master, key)[b"token"] == again.token
+    direct.close()
+
+
+@pytest.mark.scenario("replicas-unsafe")
+def test_min_replicas_to_write_makes_the_master_refuse_grants(sentinels):
+    key = unique("minreplicas")
+    client = LockClient.from_sentinel(sentinels.addresses, SentinelSet.NAME)
+    master = sentinels.master()
+    master.client().config_set("min-replicas-to-write", 3)  # two replicas exist
+    try:
+        with pytest.raises(LockServerError, match="NOREPLICAS"):
+            client.lock(key).acquire()
+    finally:
+        master.client().config_set("min-replicas-to-write", 0)
+    assert info(master, key) is None
+    client.close()
+
+
+@pytest.mark.scenario("replicas-ack")
+def test_replicas_1_waits_for_a_replica_after_the_grant_and_after_every_renewal(sentinels):
+    key = unique("ack")
+    client = LockClient.from_sentinel(sentinels.addresses, SentinelSet.NAME)
+    master = sentinels.master()
+    before_waits, before_renews = waits(sentinels), master.commandstat("lock.renew")
+    guard = client.lock(key, lease=1.5, replicas=1).acquire()
+    # The grant was confirmed by a renewal and a WAIT on its connection before acquire()
+    # returned: the replica had it by then.
+    assert waits(sentinels) == before_waits + 1
+    assert master.commandstat("lock.renew") == before_renews + 1
+    wait_until(lambda: master.commandstat("lock.renew") >= before_renews + 4, "renewals",
+               bound=10)
+    renews = master.commandstat("lock.renew") - before_renews
+    assert waits(sentinels) - before_waits in (renews, renews - 1)  # one WAIT after each
+    assert not guard.lost.is_set()
+    assert guard.release() is Release.RELEASED
+    # Elections and multi-key locks take the option too.
+    now = waits(sentinels)
+    multi = client.multi_lock([key + ":a", key + ":b"], replicas=2).acquire()
+    leader = client.election(key + ":e", replicas=2).campaign()
+    reader = client.read_lock(key + ":r", replicas=1).acquire()
+    permit = client.semaphore(key + ":s", 2, replicas=1).acquire()
+    assert waits(sentinels) >= now + 4
+    for g in (multi, reader, permit):
+        g.release()
+    leader.resign()
+    client.close()
+
+
+@pytest.mark.scenario("replicas-unsafe")
+def test_too_few_replicas_release_the_grant_and_raise_not_safely_acquired(sentinels):
+    key = unique("unsafe")
+    client = LockClient.from_sentinel(sentinels.addresses, SentinelSet.NAME)
+    master = sentinels.master()
+    started = time.monotonic()
+    with pytest.raises(NotSafelyAcquired) as unsafe:
+        client.lock(key, replicas=3, replicas_timeout=0.3).acquire()  # two replicas exist
+    assert time.monotonic() - started >= 0.3  # WAIT waited its timeout
+    assert unsafe.value.acknowledged == 2 and unsafe.value.wanted == 3
+    assert unsafe.value.token > 0 and unsafe.value.tokens == (unsafe.value.token,)
+    assert info(master, key) is None  # released
+    # After a wait: granted when the holder leaves, then the same.
+    holder = client.lock(key).acquire()
+    threading.Timer(0.3, holder.release).start()
+    with pytest.raises(NotSafelyAcquired) as after_wait:
+        client.lock(key, replicas=3, replicas_timeout=0.3, wait_timeout=5).acquire()
+    assert after_wait.value.token > holder.token
+    assert info(master, key) is None
+    # A multi-key lock and a campaign: released as well.
+    with pytest.raises(NotSafelyAcquired):
+        client.multi_lock([key + ":a", key + ":b"], replicas=3, replicas_timeout=0.3).acquire()
+    assert info(master, key + ":a") is None and info(master, key + ":b") is None
+    with pytest.raises(NotSafelyAcquired):
+        client.election(key + ":e", replicas=3, replicas_timeout=0.3).campaign()
+    assert info(master, key + ":e") is None
+    # The handle is not left holding anything: the next acquire is a new grant.
+    again = client.lock(key, replicas=2).acquire()
+    assert again.token > after_wait.value.token
+    again.release()
+    client.close()
+
+
+@pytest.mark.scenario("replicas-ack")
+def test_renewals_no_replica_acknowledged_do_not_move_the_loss_deadline(sentinels):
+    key = unique("unacked")
+    client = LockClient.from_sentinel(sentinels.addresses, SentinelSet.NAME)
+    master = sentinels.master()
+    seen: list[LostReason] = []
+    guard = client.lock(key, lease=1.5, replicas=1, replicas_timeout=0.2,
+                        on_lost=seen.append).acquire()
+    replicas = sentinels.replicas()
+    for r in replicas:
+        os.kill(r.proc.pid, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        renews = master.commandstat("lock.renew")
+        assert guard.lost.wait(5)
+        # The master kept answering the renewals 1, but no replica acknowledged any: the
+        # deadline (90 % of the lease after the last acknowledged renewal) passed.
+        assert guard.lost_reason is LostReason.UNREACHABLE
+        wait_until(lambda: seen, "on_lost called")  # just after ``lost`` is set
+        assert seen == [LostReason.UNREACHABLE]
+        assert time.monotonic() - stopped < 1.5 + 1.0
+        assert master.commandstat("lock.renew") > renews
+    finally:
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGCONT)
+    wait_until(lambda: master.client().execute_command("WAIT", 2, 1000) == 2, "replicas back",
+               bound=20)
+    client.close()
+
+
+@pytest.mark.scenario("replicas-unsafe")
+def test_aof_waits_with_waitaof_and_a_server_that_cannot_is_an_error(sentinels):
+    # The set runs without appendonly: WAITAOF 1 ... is refused (Redis 7.2+), or unknown (7.0).
+    key = unique("aof")
+    client = LockClient.from_sentinel(sentinels.addresses, SentinelSet.NAME)
+    master = sentinels.master()
+    with pytest.raises(LockServerError) as refused:
+        client.lock(key, aof=True).acquire()
+    assert "WAITAOF" in str(refused.value) or "waitaof" in str(refused.value)
+    assert info(master, key) is None  # released
+    client.close()
+
+
+@pytest.mark.scenario("sentinel-failover")
+def test_a_failover_moves_renewals_waits_and_signals_to_the_new_master(sentinel_set):
+    s = sentinel_set
+    lease = 10.0
+    kept_key, wait_key, eph_key, elect_key = (unique(t) for t in ("kept", "wait", "eph", "elect"))
+    client = LockClient.from_sentinel(s.addresses, SentinelSet.NAME)
+    old = s.master()
+    kept = client.lock(kept_key, lease=lease).acquire()
+    ephemeral = client.lock(eph_key, lease=lease, ephemeral=True).acquire()
+    old.client().execute_command("LOCK.ACQUIRE", wait_key, "blocker", 30000)
+    results: dict[str, object] = {}
+
+    def wait(name: str, **options: object) -> None:
+        try:
+            results[name] = client.lock(wait_key, lease=lease, wait_timeout=60,
+                                        **options).acquire()
+        except Exception as e:  # noqa: BLE001 - looked at below
+            results[name] = e
+
+    waiters = [threading.Thread(target=wait, args=("plain",)),
+               threading.Thread(target=wait, args=("ephemeral",), kwargs={"ephemeral": True})]
+    for t in waiters:
+        t.start()
+    wait_until(lambda: len(old.blocked_clients("lock.acquire")) == 2, "both waiting")
+    election = client.election(elect_key, "leader", lease=lease, ephemeral=False)
+    leadership = election.campaign(value="before")
+    seen: "queue.Queue[object]" = queue.Queue()
+    observer = election.observe()
+    threading.Thread(target=lambda: [seen.put(x) for x in observer], daemon=True).start()
+    assert seen.get(timeout=5).value == b"before"
+    s.wait_replicated()
+
+    old.proc.kill()
+    old.proc.wait()
+    new = s.wait_for_failover(old)
+
+    # The EPHEMERAL hold is reported lost (its connection is gone); the EPHEMERAL wait ends
+    # with an error (its connection was the hold's to be).
+    assert ephemeral.lost.wait(10) and ephemeral.lost_reason is LostReason.CONNECTION_CLOSED
+    waiters[1].join(10)
+    assert isinstance(results["ephemeral"], LockConnectionError)
+    # The replicated hold is renewed on the new master.
+    renews = new.commandstat("lock.renew")
+    wait_until(lambda: new.commandstat("lock.renew") > renews, "a renewal on the new master",
+               bound=lease)
+    assert not kept.lost.is_set() and info(new, kept_key)[b"token"] == kept.token
+    # The plain wait was issued again on the new master, where the blocker still holds.
+    wait_until(lambda: len(new.blocked_clients("lock.acquire")) == 1, "waiting again", bound=15)
+    new.client().execute_command("LOCK.FORCERELEASE", wait_key)
+    waiters[0].join(10)
+    granted = results["plain"]
+    assert not isinstance(granted, Exception), granted
+    assert info(new, wait_key)[b"owner"] == granted.owner  # type: ignore[attr-defined]
+    # The lost-hold signal is heard from the new master.
+    channel = lost_signal_channel(kept_key)
+    wait_until(lambda: new.client().execute_command("PUBSUB", "NUMSUB", channel)[1] == 1,
+               "subscribed on the new master", bound=15)
+    new.client().execute_command("LOCK.FORCERELEASE", kept_key)
+    assert kept.lost.wait(2) and kept.lost_reason is LostReason.FORCE_RELEASED
+    # The leader leads on the new master, and the observer follows it there.
+    assert leadership.proclaim("after")
+    deadline = time.monotonic() + 15
+    while True:
+        got = seen.get(timeout=max(deadline - time.monotonic(), 0.01))
+        if getattr(got, "value", None) == b"after":
+            break
+    assert leadership.resign() is Release.RELEASED
+    granted.release()  # type: ignore[attr-defined]
+    observer.close()
+    client.close()
+
+
+@pytest.mark.scenario("sentinel-failover")
+def test_async_a_hold_the_new_master_never_got_is_lost_at_its_first_renewal(tmp_path):
+    # The replicas are writable here, so that the hold can be taken out of them (DEL on each,
+    # not replicated): the promoted one never had it, as if the master died before sending it.
+    # The master is paused (SIGSTOP), not killed: the asyncio client's listener and wait leave
+    # it for the new master while it is still paused.
+    s = start_sentinel_set(tmp_path, "--replica-read-only", "no")
+    old = s.master()
+    try:
+        async def main() -> None:
+            lease = 10.0
+            async with AsyncLockClient.from_sentinel(s.addresses, SentinelSet.NAME,
+                                                     command_timeout=1.0) as client:
+                gone_key, kept_key, wait_key = unique("gone"), unique("kept"), unique("wait")
+                gone = await client.lock(gone_key, lease=lease).acquire()
+                kept = await client.lock(kept_key, lease=lease).acquire()
+                old.client().execute_command("LOCK.ACQUIRE", wait_key, "blocker", 30000)
+                waiter = asyncio.ensure_future(client.lock(wait_key, lease=lease).acquire())
+                for _ in range(100):
+                    if old.blocked_clients("lock.acquire"):
+                        break
+                    await asyncio.sleep(0.05)
+                s.wait_replicated()
+                for r in s.replicas():
+                    assert r.client().delete(gone_key) == 1
+                os.kill(old.proc.pid, signal.SIGSTOP)
+                new = s.wait_for_failover(old)
+                assert info(new, gone_key) is None and info(new, kept_key) is not None
+                await asyncio.wait_for(gone.lost.wait(), lease)  # the first renewal there
+                assert gone.lost_reason is LostReason.HOLD_GONE
+                assert not kept.lost.is_set() and info(new, kept_key)[b"token"] == kept.token
+                channel = lost_signal_channel(kept_key)
+                for _ in range(200):
+                    if new.client().execute_command("PUBSUB", "NUMSUB", channel)[1] == 1:
+                        break
+                    await asyncio.sleep(0.05)
+                new.client().execute_command("LOCK.FORCERELEASE", kept_key)
+                await asyncio.wait_for(kept.lost.wait(), 2)  # heard from the new master
+                assert kept.lost_reason is LostReason.FORCE_RELEASED
+                for _ in range(200):
+                    if new.blocked_clients("lock.acquire"):
+                        break
+                    await asyncio.sleep(0.05)
+                new.client().execute_command("LOCK.FORCERELEASE", wait_key)
+                granted = await asyncio.wait_for(waiter, 10)  # issued again there
+                assert info(new, wait_key)[b"owner"] == granted.owner
+                assert old.proc.poll() is None  # all while the old master was paused
+                await granted.release()
+        asyncio.run(main())
+    finally:
+        try:
+            os.kill(old.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        s.stop()
+
+def test_readme_sentinel_example_runs_as_printed(sentinels):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = readme.split("## Sentinel and replicas", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    code = code.replace(
+        'SENTINELS = [("127.0.0.1", 26379), ("127.0.0.1", 26380), ("127.0.0.1", 26381)]',
+        f"SENTINELS = {sentinels.addresses!r}")
+    assert f"SENTINELS = {sentinels.addresses!r}" in code
+    exec(compile(code, "README.md", "exec"), {})
+    master = sentinels.master()
+    assert master.client().get("orders:{42}:state") == b"paid"
+    assert info(master, "orders:{42}") is None  # released by `with`
+
+
+@pytest.mark.scenario("sentinel-failover")
+def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentinel_set):
+    # SIGSTOP past down-after-milliseconds: the Sentinels promote a replica while the old master
+    # still holds the library's connections open, answering nothing. A renewal to it times out
+    # (its connection is dropped; the next one asks the Sentinels and reaches the new master),
+    # and the signal listener, the observer and the waits, whose connections do not break,
+    # leave the old master as soon as the Sentinels name another: all before it resumes.
+    s = sentinel_set
+    lease = 10.0
+    key, elect_key = unique("paused"), unique("elect")
+    client = LockClient.from_sentinel(s.addresses, SentinelSet.NAME, command_timeout=1.0)
+    guard = client.lock(key, lease=lease).acquire()
+    wait_key = unique("wait")
+    s.master().client().execute_command("LOCK.ACQUIRE", wait_key, "blocker", 30000)
+    results: dict[str, object] = {}
+
+    def wait(name: str, **options: object) -> None:
+        try:
+            results[name] = client.lock(wait_key, lease=lease, **options).acquire()
+        except Exception as e:  # noqa: BLE001 - looked at below
+            results[name] = e
+
+    waiters = [threading.Thread(target=wait, args=("plain",)),  # waits as long as it takes
+               threading.Thread(target=wait, args=("ephemeral",), kwargs={"ephemeral": True})]
+    for t in waiters:
+        t.start()
+    wait_until(lambda: len(s.master().blocked_clients("lock.acquire")) == 2, "both waiting")
+    election = client.election(elect_key, "leader", lease=lease, ephemeral=False)
+    leadership = election.campaign(value="before")
+    seen: "queue.Queue[object]" = queue.Queue()
+    observer = election.observe()
+    threading.Thread(target=lambda: [seen.put(x) for x in observer], daemon=True).start()
+    assert seen.get(timeout=5).value == b"before"
+    s.wait_replicated()
+    old = s.master()
+    os.kill(old.proc.pid, signal.SIGSTOP)
+    try:
+        new = s.wait_for_failover(old)
+        renews = new.commandstat("lock.renew")
+        wait_until(lambda: new.commandstat("lock.renew") > renews, "renewed on the new master",
+                   bound=lease)
+        assert not guard.lost.is_set()
+        channel = lost_signal_channel(key)
+        wait_until(lambda: new.client().execute_command("PUBSUB", "NUMSUB", channel)[1] == 1,
+                   "the signal listener on the new master", bound=10)
+        assert old.proc.poll() is None  # still paused, its connections still open
+        new.client().execute_command("LOCK.FORCERELEASE", key)
+        assert guard.lost.wait(2) and guard.lost_reason is LostReason.FORCE_RELEASED
+        assert leadership.proclaim("after")  # renewed there too
+        deadline = time.monotonic() + 10
+        while getattr(seen.get(timeout=max(deadline - time.monotonic(), 0.01)), "value",
+                      None) != b"after":
+            pass
+        # The waits on the paused master ended: the EPHEMERAL one with an error, the other
+        # issued again on the new master, where the blocker's hold (replicated) still is.
+        waiters[1].join(10)
+        assert isinstance(results["ephemeral"], LockConnectionError)
+        wait_until(lambda: len(new.blocked_clients("lock.acquire")) == 1, "waiting there",
+                   bound=10)
+        new.client().execute_command("LOCK.FORCERELEASE", wait_key)
+        waiters[0].join(10)
+        granted = results["plain"]
+        assert not isinstance(granted, Exception), granted
+        assert info(new, wait_key)[b"owner"] == granted.owner  # type: ignore[attr-defined]
+        assert old.proc.poll() is None  # all of it while the old master was paused
+    finally:
+        os.kill(old.proc.pid, signal.SIGCONT)
+    leadership.resign()
+    granted.release()  # type: ignore[attr-defined]
+    observer.close()
+    client.close()
+
+
+@pytest.mark.scenario("sentinel-failover")
+def test_the_failover_driver_writes_a_line_per_hold_across_a_failover(sentinel_set, tmp_path):
+    # The driver of the failover test (failover_driver.py) against a real failover: its lines
+    # are what the checker reads; holds go on on the new master.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    s = sentinel_set
+    out = tmp_path / "python.jsonl"
+    here = Path(__file__).resolve().parent
+    proc = subprocess.Popen(
+        [sys.executable, str(here / "failover_driver.py"),
+         "--sentinels", ",".join(f"{h}:{p}" for h, p in s.addresses), "--master", SentinelSet.NAME,
+         "--exclusive", "fo:x", "--shared", "fo:r", "--semaphore", "fo:s", "--limit", "2",
+         "--election", "fo:e", "--replicas", "1", "--duration", "9", "--lease", "3",
+         "--holders", "2", "--out", str(out), "--seed", "7"],
+        stderr=subprocess.PIPE)
+    time.sleep(3)
+    old = s.master()
+    killed_ms = time.time() * 1000
+    old.proc.kill()
+    old.proc.wait()
+    s.wait_for_failover(old)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    holds = [x for x in lines if "event" not in x]
+    assert not [x for x in lines if x.get("event") == "unanswered"]
+    assert {x["kind"] for x in holds} == {"exclusive", "shared", "permit", "leader"}
+    for x in holds:
+        assert x["lib"] == "python" and x["replicas"] == 1
+        assert set(x) == {"lib", "replicas", "key", "kind", "limit", "owner", "token",
+                          "start_ms", "end_ms", "end"}
+        assert x["limit"] == (2 if x["kind"] == "permit" else None)
+        assert x["start_ms"] <= x["end_ms"]
+        assert x["end"] in ("released", "run-end") or x["end"].startswith("lost:")
+    assert any(x["start_ms"] > killed_ms for x in holds), "no hold after the failover"
+    # A token comes back only to its own owner, after the failover (seen: a release the old
+    # master answered but did not replicate before it died is undone, and the handle's next
+    # acquire, ONCE, is answered with the hold the new master still has).
+    first: dict[tuple[str, int], dict[str, object]] = {}
+    for x in sorted(holds, key=lambda x: x["start_ms"]):
+        seen = first.setdefault((x["key"], x["token"]), x)
+        if seen is not x:
+            assert seen["owner"] == x["owner"] and seen["start_ms"] < killed_ms < x["start_ms"]
+    for x in lines:
+        if x.get("event") == "acquire-error":
+            assert set(x) == {"lib", "event", "replicas", "key", "kind", "owner", "ms", "error"}
