@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::report::fmt_num;
+use crate::format::fmt_num;
 use crate::scenarios::contention::{ChartPoint, Series};
 use crate::Plan;
 

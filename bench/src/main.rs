@@ -9,6 +9,7 @@
 
 mod chart;
 mod drivers;
+mod format;
 mod report;
 mod resp;
 mod scenarios;

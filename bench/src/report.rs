@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::drivers::{
     Approach, COMPARE_AND_DELETE, POLL_INTERVAL_MS, REDISSON_LOCK, REDISSON_UNLOCK,
 };
+use crate::format::{fmt_num, Target};
 use crate::scenarios::contention::Contention;
 use crate::scenarios::crash::Crash;
 use crate::scenarios::deadlines::{Deadlines, Kind};
@@ -17,17 +18,8 @@ use crate::scenarios::multikey::MultiKey;
 use crate::scenarios::scaling::Scaling;
 use crate::scenarios::throughput::Throughput;
 use crate::scenarios::tickets::Tickets;
-use crate::stats::Spread;
 use crate::system::Machine;
 use crate::Bench;
-
-/// One target of the issue, judged.
-pub struct Target {
-    pub scenario: &'static str,
-    pub goal: String,
-    pub measured: String,
-    pub met: bool,
-}
 
 pub struct Results {
     pub throughput: Option<Throughput>,
@@ -42,55 +34,6 @@ pub struct Results {
     pub library: Option<Library>,
     pub guard: Option<Guard>,
     pub tickets: Option<Tickets>,
-}
-
-/// `1234567.8` → `1,234,568` (0 decimals) or `12.35` (2 decimals); NaN → `–`.
-pub fn fmt_num(value: f64, decimals: usize) -> String {
-    if !value.is_finite() {
-        return "–".to_string();
-    }
-    let text = format!("{:.*}", decimals, value.abs());
-    let (whole, fraction) = match text.split_once('.') {
-        Some((w, f)) => (w.to_string(), Some(f.to_string())),
-        None => (text, None),
-    };
-    let mut grouped = String::new();
-    for (i, digit) in whole.chars().enumerate() {
-        if i > 0 && (whole.len() - i) % 3 == 0 {
-            grouped.push(',');
-        }
-        grouped.push(digit);
-    }
-    let sign = if value < 0.0 && text_is_nonzero(&grouped, &fraction) {
-        "-"
-    } else {
-        ""
-    };
-    match fraction {
-        Some(f) => format!("{sign}{grouped}.{f}"),
-        None => format!("{sign}{grouped}"),
-    }
-}
-
-fn text_is_nonzero(whole: &str, fraction: &Option<String>) -> bool {
-    whole.chars().any(|c| c.is_ascii_digit() && c != '0')
-        || fraction
-            .as_ref()
-            .is_some_and(|f| f.chars().any(|c| c != '0'))
-}
-
-/// `median (min–max)`, or just the median when the repetitions agree to the digits shown.
-pub fn fmt_spread(spread: Spread, decimals: usize) -> String {
-    let (median, min, max) = (
-        fmt_num(spread.median, decimals),
-        fmt_num(spread.min, decimals),
-        fmt_num(spread.max, decimals),
-    );
-    if min == max {
-        median
-    } else {
-        format!("{median} ({min}–{max})")
-    }
 }
 
 fn targets(results: &Results) -> Vec<Target> {
@@ -329,35 +272,4 @@ fn method() -> String {
          - **SET/DEL floor**: `SET key value`, `DEL key`.\n\n",
         POLL_INTERVAL_MS.0, POLL_INTERVAL_MS.1
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbers_are_grouped_and_rounded() {
-        assert_eq!(fmt_num(1234567.8, 0), "1,234,568");
-        assert_eq!(fmt_num(999.0, 0), "999");
-        assert_eq!(fmt_num(12.345, 2), "12.35");
-        assert_eq!(fmt_num(-1500.0, 0), "-1,500");
-        assert_eq!(fmt_num(-0.001, 2), "0.00");
-        assert_eq!(fmt_num(f64::NAN, 2), "–");
-    }
-
-    #[test]
-    fn spreads_collapse_when_repetitions_agree() {
-        let same = Spread {
-            median: 2.0,
-            min: 2.0,
-            max: 2.0,
-        };
-        assert_eq!(fmt_spread(same, 1), "2.0");
-        let varied = Spread {
-            median: 2.0,
-            min: 1.5,
-            max: 3.0,
-        };
-        assert_eq!(fmt_spread(varied, 1), "2.0 (1.5–3.0)");
-    }
 }

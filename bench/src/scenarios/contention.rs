@@ -9,7 +9,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use crate::drivers::{self, Approach, Scripts, Tally, POLL_INTERVAL_MS};
-use crate::report::{fmt_num, fmt_spread, Target};
+use crate::format::{fmt_num, fmt_spread, Target};
 use crate::server::{self, ServerOptions};
 use crate::stats::{jain, now_ns, percentile, Spread};
 use crate::Bench;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lock_testkit::{Cli, Server};
 
 use crate::drivers::{self, owner_id, unlock_channel, Approach, Scripts, LEASE_MS};
-use crate::report::fmt_num;
+use crate::format::fmt_num;
 use crate::resp::{RawConn, Resp};
 use crate::stats::{max, percentile};
 use crate::Bench;

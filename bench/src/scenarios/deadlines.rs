@@ -7,7 +7,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use crate::drivers::{self, owner_id, Approach, Scripts, LEASE_MS};
-use crate::report::{fmt_num, fmt_spread, Target};
+use crate::format::{fmt_num, fmt_spread, Target};
 use crate::resp::RawConn;
 use crate::server::{self, ServerOptions};
 use crate::stats::{max, percentile, Spread};

@@ -21,7 +21,7 @@ use crate::drivers::family::{
     self, hold_client, module_options, server_error, FamilyScripts, HoldApproach, Mode, PERMITS,
 };
 use crate::drivers::Tally;
-use crate::report::{fmt_num, fmt_spread, Target};
+use crate::format::{fmt_num, fmt_spread, Target};
 use crate::server::{self, ServerOptions};
 use crate::stats::{jain, now_ns, percentile, Spread};
 use crate::Bench;

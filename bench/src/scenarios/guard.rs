@@ -16,7 +16,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use crate::drivers::load_script;
-use crate::report::{fmt_num, fmt_spread, Target};
+use crate::format::{fmt_num, fmt_spread, Target};
 use crate::resp::{encode_into, RawConn, Resp};
 use crate::server::{self, Probe, ServerOptions};
 use crate::stats::Spread;

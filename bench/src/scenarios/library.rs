@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use redis_lock_client::{LockClient, Release};
 
 use crate::drivers::LEASE_MS;
-use crate::report::{fmt_num, fmt_spread, Target};
+use crate::format::{fmt_num, fmt_spread, Target};
 use crate::stats::Spread;
 use crate::Bench;
 

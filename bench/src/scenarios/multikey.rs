@@ -22,7 +22,7 @@ use rand::SeedableRng;
 
 use crate::drivers::multikey::{self, Acquired, MultiApproach, MultiTally};
 use crate::drivers::Scripts;
-use crate::report::fmt_spread;
+use crate::format::fmt_spread;
 use crate::server::{self, Probe, ServerOptions};
 use crate::stats::{jain, now_ns, percentile, Spread};
 use crate::Bench;

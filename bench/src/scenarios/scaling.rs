@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::drivers::{owner_id, pair_commands, unlock_channel, Approach, Scripts, LEASE_MS};
-use crate::report::{fmt_num, fmt_spread, Target};
+use crate::format::{fmt_num, fmt_spread, Target};
 use crate::resp::{RawConn, Resp};
 use crate::server::{self, Probe, ServerOptions};
 use crate::stats::{percentile, Spread};

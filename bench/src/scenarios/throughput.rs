@@ -7,7 +7,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use crate::drivers::{acquired, owner_id, pair_args, Approach, Scripts};
-use crate::report::{fmt_num, fmt_spread, Target};
+use crate::format::{fmt_num, fmt_spread, Target};
 use crate::resp::{encode_into, RawConn, Resp};
 use crate::server::{self, Probe, ServerOptions};
 use crate::stats::Spread;

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use crate::report::{fmt_spread, Target};
+use crate::format::{fmt_spread, Target};
 use crate::resp::{RawConn, Resp};
 use crate::server::{self, Probe, ServerOptions};
 use crate::stats::{percentile, Spread};
