@@ -656,17 +656,23 @@ impl Chaos {
             }
             58..=64 if self.db1.is_some() => {
                 let key = self.key();
-                let _ = self
-                    .raw
-                    .query(
-                        redis::cmd("COPY")
-                            .arg(&key)
-                            .arg(&key)
-                            .arg("DB")
-                            .arg(1)
-                            .arg("REPLACE"),
-                    )
-                    .await;
+                // `SELECT 0` in the same transaction: Valkey 8.1 leaves the connection that ran
+                // `COPY ... DB 1` on database 1 (docs/guarantees.md), and this connection is
+                // shared with the poller and the checker.
+                if let Raw::Single(conn) = &self.raw {
+                    let _: redis::RedisResult<Value> = redis::pipe()
+                        .atomic()
+                        .cmd("COPY")
+                        .arg(&key)
+                        .arg(&key)
+                        .arg("DB")
+                        .arg(1)
+                        .arg("REPLACE")
+                        .cmd("SELECT")
+                        .arg(0)
+                        .query_async(&mut conn.clone())
+                        .await;
+                }
                 tokio::time::sleep(Duration::from_millis(self.rng.gen_range(0..50))).await;
                 if let Some(db1) = &mut self.db1 {
                     let _: redis::RedisResult<i64> =

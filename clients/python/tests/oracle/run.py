@@ -352,8 +352,9 @@ class Oracle:
             time.sleep(rng.uniform(0.05, 0.4))
             self.truth.submit("copy-same-del", group, [["DEL", copy]], key=copy)
         elif kind == "copy-db":
-            self.truth.submit("copy-db", group, [["COPY", key, key, "DB", 1, "REPLACE"]],
-                              key=key)
+            # SELECT 0 after: Valkey 8.1 leaves the connection on database 1 (docs/guarantees.md).
+            self.truth.submit("copy-db", group,
+                              [["COPY", key, key, "DB", 1, "REPLACE"], ["SELECT", 0]], key=key)
             time.sleep(rng.uniform(0.05, 0.4))
             self.truth.submit("copy-db-del", group,
                               [["SELECT", 1], ["DEL", key], ["SELECT", 0]], key=key)
