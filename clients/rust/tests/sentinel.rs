@@ -493,13 +493,17 @@ async fn an_acknowledgement_timeout_must_be_below_the_command_timeout() {
 async fn wait_aof_asks_for_aof_fsyncs_where_the_server_has_waitaof() {
     let info = support::server_info();
     let has_waitaof = info.kind == support::ServerKind::Valkey || info.version >= (7, 2, 0);
-    let master = tokio::task::spawn_blocking(|| Server::start_with(&["--appendonly", "yes"]))
-        .await
-        .unwrap();
+    // `appendfsync always`: with the default `everysec` a local fsync may be a second away, past
+    // the timeout (Redis 8.2.3 answered 0 local fsyncs within 500 ms in CI).
+    let master = tokio::task::spawn_blocking(|| {
+        Server::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    })
+    .await
+    .unwrap();
     let client = LockClient::open(&master.url()).await.unwrap();
     let lock = client
         .lock("aof")
-        .wait_aof(1, 0, Duration::from_millis(500));
+        .wait_aof(1, 0, Duration::from_millis(900));
     let answer = lock.acquire().await;
     if has_waitaof {
         let mut guard = answer.unwrap();
