@@ -409,10 +409,10 @@ mod tests {
         set.restart(killed.1);
         wait_role(&set, killed.1, "slave");
 
+        // Usually `second`; on a loaded machine the Sentinels may have moved on again since
+        // (down-after is 1 s): whichever they name is the one paused.
         let paused = set.pause_master();
-        assert_eq!(paused, second);
         let third = set.wait_failover(&paused, Duration::from_secs(30));
-        assert_ne!(third, second);
         set.resume();
         wait_role(&set, paused.1, "slave");
     }
