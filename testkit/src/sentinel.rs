@@ -412,7 +412,7 @@ mod tests {
         // Usually `second`; on a loaded machine the Sentinels may have moved on again since
         // (down-after is 1 s): whichever they name is the one paused.
         let paused = set.pause_master();
-        let third = set.wait_failover(&paused, Duration::from_secs(30));
+        set.wait_failover(&paused, Duration::from_secs(30));
         set.resume();
         wait_role(&set, paused.1, "slave");
     }
