@@ -145,6 +145,7 @@ mod observer;
 mod reply;
 mod servers;
 mod signal;
+mod tickets;
 
 pub use channel::{
     leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,
