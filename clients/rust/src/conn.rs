@@ -73,11 +73,11 @@ impl Commands {
         match self {
             Commands::Cluster(_) => (self.query(cmd).await, 0),
             Commands::Single { .. } => {
-                let (mut conn, node, new, generation, number) =
-                    match self.single_connection().await {
-                        Ok(found) => found,
-                        Err(e) => return (Err(e), 0),
-                    };
+                let (mut conn, node, new, generation, number) = match self.single_connection().await
+                {
+                    Ok(found) => found,
+                    Err(e) => return (Err(e), 0),
+                };
                 let reply = if new {
                     first_query(&mut conn, self.name(), false, cmd).await
                 } else {

@@ -427,7 +427,12 @@ impl Lock {
     /// `LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms]`,
     /// `LOCK.MACQUIRE n key... owner lease [SHARED] [EPHEMERAL] ONCE [WAIT ms]`, or
     /// `LOCK.CAMPAIGN key candidate lease [EPHEMERAL] [WAIT ms] [VALUE v]`.
-    fn acquire_cmd(&self, wait: Option<Wait>, value: Option<&[u8]>, ticket: Ticket) -> Cow<'_, Cmd> {
+    fn acquire_cmd(
+        &self,
+        wait: Option<Wait>,
+        value: Option<&[u8]>,
+        ticket: Ticket,
+    ) -> Cow<'_, Cmd> {
         let base = self.acquire.get_or_init(|| {
             let mut cmd = match self.spec.verb {
                 Verb::Acquire => redis::cmd("LOCK.ACQUIRE"),
@@ -525,8 +530,13 @@ impl Lock {
                 }
             } else {
                 match (wait, &self.ctx.tickets) {
-                    (Some(wait), Some(tickets)) => (self.send_ticketed(tickets, wait, value).await?, None),
-                    _ => (self.send_with_retries(wait, value, Ticket::No).await?.0, None),
+                    (Some(wait), Some(tickets)) => {
+                        (self.send_ticketed(tickets, wait, value).await?, None)
+                    }
+                    _ => (
+                        self.send_with_retries(wait, value, Ticket::No).await?.0,
+                        None,
+                    ),
                 }
             };
             let replied = Instant::now();
@@ -646,7 +656,12 @@ impl Lock {
                 ticket: ticket.clone(),
                 deadline,
                 asked_on,
-                key: self.spec.keys.first().cloned().unwrap_or_else(|| Arc::from(&[][..])),
+                key: self
+                    .spec
+                    .keys
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from(&[][..])),
                 release: self.spec.release.clone(),
             });
             let mut waiting = TicketWait {
