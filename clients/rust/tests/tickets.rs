@@ -260,6 +260,7 @@ async fn ticket_waits_are_granted_in_arrival_order() {
         }));
         until_waiters(&mut raw, "k", i + 1).await;
     }
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 5);
     held.release().await.unwrap();
     for task in tasks {
         tokio::time::timeout(Duration::from_secs(20), task)
@@ -391,6 +392,7 @@ async fn a_wait_given_up_as_it_is_granted_gets_the_grant_once() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 24);
     assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
     eprintln!("{won} of 24 waiters got the lock");
 }
@@ -526,6 +528,7 @@ async fn a_ticket_wait_longer_than_the_lease_is_confirmed_at_the_grant() {
     until_waiters(&mut raw, "k", 1).await;
     // A wait of more than 0.9 of the waiter's lease.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 1);
     let renewals = calls(&mut raw, "lock.renew").await;
     held.release().await.unwrap();
     let guard = tokio::time::timeout(Duration::from_secs(10), task)
