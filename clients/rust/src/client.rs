@@ -36,7 +36,9 @@ pub const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 /// each other even for the same key, like two threads of a Redisson client.
 ///
 /// Connections: one multiplexed connection for ordinary commands (replaced after it breaks),
-/// one fresh connection for each acquire that waits (so a long `WAIT` delays nothing else),
+/// one waiting connection that pops the tickets of all waiting acquires
+/// ([`LockClientBuilder::wait_with_tickets`], the default; opened while they wait), or else one
+/// fresh connection for each acquire that waits (so a long `WAIT` delays nothing else),
 /// one connection owned by each `EPHEMERAL` hold, and one pub/sub connection for the server's
 /// lost-hold signal (on by default; [`LockClientBuilder::without_lost_signal`] turns it off).
 /// Each connection the client opens to a node is named `redis-lock-client:<client id>`

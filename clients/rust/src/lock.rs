@@ -346,9 +346,12 @@ impl Lock {
     }
 
     /// Takes the key, waiting in the server (FIFO, no polling) as long as
-    /// [`Lock::wait_timeout`] allows; [`LockError::Timeout`] when it passes. The wait runs on a
-    /// connection of its own, whose read timeout is above the wait, so it delays no other
-    /// command. Dropping the future closes that connection, and the server forgets the waiter.
+    /// [`Lock::wait_timeout`] allows; [`LockError::Timeout`] when it passes. The wait delays no
+    /// other command: it takes a ticket popped on the client's waiting connection
+    /// ([`LockClientBuilder::wait_with_tickets`](crate::LockClientBuilder::wait_with_tickets),
+    /// the default), or runs on a connection of its own whose read timeout is above the wait.
+    /// Dropping the future withdraws the ticket (a grant that came meanwhile is released), or
+    /// closes that connection, and the server forgets the waiter.
     ///
     /// When the wait took a third of the lease or more, the hold is confirmed before the guard
     /// is returned (a renewal sent at once; for a fixed lease, a read of the lease it has left):
