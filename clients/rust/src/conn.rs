@@ -62,7 +62,20 @@ impl Commands {
     /// the server dropped it with its connection.
     pub(crate) fn asking(&self) -> u64 {
         match self {
-            Commands::Single { current, .. } => current.load(std::sync::atomic::Ordering::SeqCst),
+            Commands::Single {
+                master,
+                conn: slot,
+                current,
+                ..
+            } => {
+                let slot = relock(slot);
+                match slot.as_ref() {
+                    // A failover since: that connection is done with (its next use replaces it).
+                    Some((_, _, generation, _)) if *generation != master.generation() => 0,
+                    Some(_) => current.load(std::sync::atomic::Ordering::SeqCst),
+                    None => 0,
+                }
+            }
             Commands::Cluster(_) => 0,
         }
     }

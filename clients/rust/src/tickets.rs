@@ -147,6 +147,12 @@ impl Tickets {
             while let Ok(entry) = inbox.try_recv() {
                 entries.push(entry);
             }
+            let generation = self.master.generation();
+            if waiting.as_ref().is_some_and(|w| w.generation != generation) {
+                // A failover: the waiting connection goes (the shared connection is done with
+                // too, which voids every ticket it asked for).
+                waiting = None;
+            }
             self.sweep(&mut entries);
             if entries.is_empty() {
                 // Nothing waits: the connection goes, and the task after a while.
@@ -166,10 +172,6 @@ impl Tickets {
                     }
                 }
                 continue;
-            }
-            let generation = self.master.generation();
-            if waiting.as_ref().is_some_and(|w| w.generation != generation) {
-                waiting = None;
             }
             let current = match waiting.take() {
                 Some(w) => w,
@@ -283,6 +285,8 @@ impl Tickets {
         let mut interrupt = false;
         let mut interrupted = false;
         let mut inbox_open = true;
+        let failover = crate::master::changed(self.master.changes());
+        tokio::pin!(failover);
         let reply = loop {
             if interrupt && !interrupted {
                 if let Some(id) = waiting.id {
@@ -302,6 +306,8 @@ impl Tickets {
                     None => inbox_open = false,
                 },
                 _ = tokio::time::sleep(UNBLOCK_AGAIN), if retry => {}
+                // Through Sentinel, the master was replaced: its tickets no longer count.
+                _ = &mut failover => return Popped::Broken,
                 _ = check.tick() => {
                     if self.master.generation() != waiting.generation {
                         return Popped::Broken;
