@@ -650,6 +650,7 @@ impl Lock {
             Wait::Forever => None,
         };
         let mut left = Some(wait);
+        let mut failing_since: Option<Instant> = None;
         loop {
             let (reply, asked_on) = self.send_with_retries(left, value, Ticket::Yes).await?;
             let Value::BulkString(ticket) = reply else {
@@ -678,18 +679,36 @@ impl Lock {
                     waiting.done();
                     return self.popped(&answer);
                 }
-                Answer::Void | Answer::Expired => {
+                Answer::Void => {
+                    // The server dropped the ticket with its connection (a grant not popped
+                    // went to the next waiter), or the master that has it is no longer the
+                    // master: it holds nothing for us, whatever the withdrawal answers.
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
+                    if !matches!(taken, Value::Nil) {
+                        return Ok(taken);
+                    }
+                }
+                Answer::Expired => {
                     let taken = waiting.withdraw().await?;
                     if !matches!(taken, Value::Nil) {
                         return Ok(taken);
                     }
                 }
                 Answer::Failed(e) => {
-                    let taken = waiting.withdraw().await?;
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
                     if !matches!(taken, Value::Nil) {
                         return Ok(taken);
                     }
-                    return Err(e);
+                    // Through a failover the waiting connection cannot be opened to the old
+                    // master: asked again (on the new one, once the Sentinels name it) until
+                    // the failover timeout passes.
+                    let failing = failing_since.get_or_insert_with(Instant::now).elapsed();
+                    if !self.ctx.servers.follows_failover()
+                        || failing + FAILOVER_PAUSE_MAX >= self.ctx.failover_timeout
+                    {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(FAILOVER_PAUSE_MAX).await;
                 }
             }
             left = match deadline {

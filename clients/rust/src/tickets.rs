@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::conn::{self, relock, Commands};
 use crate::error::LockError;
 use crate::master::Master;
+use crate::servers::Node;
 
 /// How long the waiting connection stays open with no ticket waiting.
 const IDLE: Duration = Duration::from_secs(2);
@@ -231,6 +232,15 @@ impl Tickets {
     /// Opens the waiting connection to the master: its name and `CLIENT ID` in one round trip.
     async fn open(&self, generation: u64) -> Result<Waiting, LockError> {
         let node = self.master.node().await?;
+        let opened = self.open_to(&node, generation).await;
+        if opened.is_err() {
+            // Through Sentinel, the next lookup asks the Sentinels again (a failover).
+            self.master.forget(&node);
+        }
+        opened
+    }
+
+    async fn open_to(&self, node: &Node, generation: u64) -> Result<Waiting, LockError> {
         let mut own = conn::own_connection(&node.client, false, self.timeout).await?;
         let mut id_cmd = redis::cmd("CLIENT");
         id_cmd.arg("ID");
