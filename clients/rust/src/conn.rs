@@ -30,7 +30,12 @@ pub(crate) enum Commands {
         name: String,
         /// The current connection, the node it is to and the master's generation then: cloned
         /// under this lock (no await while it is held).
-        conn: Mutex<Option<(MultiplexedConnection, Node, u64)>>,
+        conn: Mutex<Option<(MultiplexedConnection, Node, u64, u64)>>,
+        /// How many connections were made: the current one's number (tickets belong to the
+        /// connection that asked for them, [`Commands::asking`]).
+        made: std::sync::atomic::AtomicU64,
+        /// The number of the current connection (0: none).
+        current: std::sync::atomic::AtomicU64,
         /// Held while (re)connecting, so that one task connects and the others wait for it.
         connecting: tokio::sync::Mutex<()>,
     },
@@ -46,7 +51,54 @@ impl Commands {
                 .set_connection_timeout(Some(timeout)),
             name,
             conn: Mutex::new(None),
+            made: std::sync::atomic::AtomicU64::new(0),
+            current: std::sync::atomic::AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The number of the single server's current connection (0: none now; always 0 in a
+    /// cluster). A ticket asked on a connection whose number is no longer current is void:
+    /// the server dropped it with its connection.
+    pub(crate) fn asking(&self) -> u64 {
+        match self {
+            Commands::Single {
+                master,
+                conn: slot,
+                current,
+                ..
+            } => {
+                let slot = relock(slot);
+                match slot.as_ref() {
+                    // A failover since: that connection is done with (its next use replaces it).
+                    Some((_, _, generation, _)) if *generation != master.generation() => 0,
+                    Some(_) => current.load(std::sync::atomic::Ordering::SeqCst),
+                    None => 0,
+                }
+            }
+            Commands::Cluster(_) => 0,
+        }
+    }
+
+    /// `cmd` on the single server's connection, with the number of the connection that
+    /// answered ([`Commands::asking`]).
+    pub(crate) async fn query_asking(&self, cmd: &Cmd) -> (Result<Value, LockError>, u64) {
+        match self {
+            Commands::Cluster(_) => (self.query(cmd).await, 0),
+            Commands::Single { .. } => {
+                let (mut conn, node, new, generation, number) = match self.single_connection().await
+                {
+                    Ok(found) => found,
+                    Err(e) => return (Err(e), 0),
+                };
+                let reply = if new {
+                    first_query(&mut conn, self.name(), false, cmd).await
+                } else {
+                    cmd.query_async::<Value>(&mut conn).await
+                }
+                .map_err(LockError::from);
+                (self.after(&node, generation, reply), number)
+            }
         }
     }
 
@@ -74,7 +126,7 @@ impl Commands {
             }
             .map_err(LockError::from),
             Commands::Single { .. } => {
-                let (mut conn, node, new, generation) = self.single_connection().await?;
+                let (mut conn, node, new, generation, _) = self.single_connection().await?;
                 // A new connection sends its name with its first command: one round trip.
                 let reply = if new {
                     first_query(&mut conn, self.name(), false, cmd).await
@@ -101,7 +153,7 @@ impl Commands {
                 .await
                 .map_err(LockError::from)?,
             Commands::Single { .. } => {
-                let (mut conn, node, new, generation) = self.single_connection().await?;
+                let (mut conn, node, new, generation, _) = self.single_connection().await?;
                 if new {
                     // Refused (an ACL without CLIENT): the connection works unnamed.
                     let _ = setname(self.name()).query_async::<Value>(&mut conn).await;
@@ -125,10 +177,10 @@ impl Commands {
 
     /// The single server's connection, the node it is to and the master's generation when it
     /// was made, made (to the master the Sentinels name now, through Sentinel) if there is none
-    /// or the master changed since; `true` when it is new.
+    /// or the master changed since; `true` when it is new; and its number ([`Commands::asking`]).
     async fn single_connection(
         &self,
-    ) -> Result<(MultiplexedConnection, Node, bool, u64), LockError> {
+    ) -> Result<(MultiplexedConnection, Node, bool, u64, u64), LockError> {
         let Commands::Single {
             master,
             config,
@@ -142,12 +194,15 @@ impl Commands {
         let current = || {
             let mut slot = relock(slot);
             match slot.clone() {
-                Some((conn, node, generation)) if generation == master.generation() => {
-                    Some((conn, node, false, generation))
+                Some((conn, node, generation, number)) if generation == master.generation() => {
+                    Some((conn, node, false, generation, number))
                 }
                 // A failover since: never the old master's connection again.
                 Some(_) => {
                     *slot = None;
+                    if let Commands::Single { current, .. } = self {
+                        current.store(0, std::sync::atomic::Ordering::SeqCst);
+                    }
                     None
                 }
                 None => None,
@@ -174,8 +229,16 @@ impl Commands {
             }
         };
         let generation = generation.max(master.generation());
-        *relock(slot) = Some((conn.clone(), node.clone(), generation));
-        Ok((conn, node, true, generation))
+        let Commands::Single { made, current, .. } = self else {
+            return Err(LockError::InvalidArgument("not a single server"));
+        };
+        let number = made.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        {
+            let mut slot = relock(slot);
+            *slot = Some((conn.clone(), node.clone(), generation, number));
+            current.store(number, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok((conn, node, true, generation, number))
     }
 
     /// After an answer on the single server's connection to `node`, made in `generation`:
@@ -189,7 +252,10 @@ impl Commands {
         reply: Result<T, LockError>,
     ) -> Result<T, LockError> {
         let Commands::Single {
-            master, conn: slot, ..
+            master,
+            conn: slot,
+            current: number,
+            ..
         } = self
         else {
             return reply;
@@ -204,9 +270,10 @@ impl Commands {
                 let mut current = relock(slot);
                 if current
                     .as_ref()
-                    .is_some_and(|(_, n, _)| n.same_address(node))
+                    .is_some_and(|(_, n, _, _)| n.same_address(node))
                 {
                     *current = None;
+                    number.store(0, std::sync::atomic::Ordering::SeqCst);
                 }
                 master.forget(node);
             }

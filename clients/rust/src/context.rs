@@ -8,6 +8,7 @@ use crate::conn::Commands;
 use crate::keeper::Keepers;
 use crate::servers::Servers;
 use crate::signal::SignalHub;
+use crate::tickets::Tickets;
 use std::sync::Arc;
 
 pub(crate) struct Context {
@@ -24,6 +25,9 @@ pub(crate) struct Context {
     /// Through Sentinel, how long an acquire is sent again while no master answers.
     pub(crate) failover_timeout: Duration,
     pub(crate) signals: Option<Arc<SignalHub>>,
+    /// The waiting connection of acquires that wait with tickets (none: they wait on
+    /// connections of their own).
+    pub(crate) tickets: Option<Arc<Tickets>>,
     /// The tasks that renew this client's holds, one per runtime.
     pub(crate) keepers: Keepers,
 }

@@ -34,8 +34,11 @@
 //!   acquire's send and its reply; after a wait of a third of the lease or more, the hold is
 //!   confirmed (a renewal sent at once) before the guard is handed out, and its deadline counts
 //!   from that renewal's send time.
-//! - **Waiting never blocks other commands.** An acquire that waits (`LOCK.ACQUIRE ... WAIT`)
-//!   goes on a connection of its own whose read timeout is above the wait; everything else
+//! - **Waiting never blocks other commands.** An acquire that waits takes a ticket
+//!   (`LOCK.ACQUIRE ... WAIT ms TICKET`) and the client's one waiting connection pops the
+//!   answers of all its waits ([`LockClientBuilder::wait_with_tickets`], on by default;
+//!   standalone and Sentinel). Without tickets (turned off, in a cluster, `EPHEMERAL`), a wait
+//!   goes on a connection of its own whose read timeout is above the wait. Everything else
 //!   shares one multiplexed connection.
 //! - **Retries never enter twice.** Every acquire carries `ONCE`, so an acquire re-sent after a
 //!   timeout or a broken connection (the library retries twice) cannot count a second re-entry.
@@ -59,7 +62,9 @@
 //! The watchdog is a tokio task (the keeper, on the runtime the hold was acquired on): on a
 //! multi-threaded runtime it renews while the application's task is busy, even blocked. On a `current_thread` runtime a task that blocks the thread
 //! blocks the watchdog too (use `spawn_blocking` for blocking work). Dropping an
-//! [`Lock::acquire`] future that waits closes its connection, and the server forgets the waiter;
+//! [`Lock::acquire`] future that waits withdraws its ticket (`LOCK.CANCEL`; a grant that came
+//! meanwhile is released) or, for a blocking wait, closes its connection, and the server forgets
+//! the waiter;
 //! dropping one mid-flight otherwise may leave a hold the application never saw, which ends at its
 //! lease end (or is taken back by the handle's next acquire, thanks to `ONCE`).
 //!
@@ -145,6 +150,7 @@ mod observer;
 mod reply;
 mod servers;
 mod signal;
+mod tickets;
 
 pub use channel::{
     leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,

@@ -20,6 +20,7 @@ use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
 use crate::reply;
 use crate::servers::Found;
+use crate::tickets::{is_grant, Answer, Tickets, Wanted};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -345,9 +346,12 @@ impl Lock {
     }
 
     /// Takes the key, waiting in the server (FIFO, no polling) as long as
-    /// [`Lock::wait_timeout`] allows; [`LockError::Timeout`] when it passes. The wait runs on a
-    /// connection of its own, whose read timeout is above the wait, so it delays no other
-    /// command. Dropping the future closes that connection, and the server forgets the waiter.
+    /// [`Lock::wait_timeout`] allows; [`LockError::Timeout`] when it passes. The wait delays no
+    /// other command: it takes a ticket popped on the client's waiting connection
+    /// ([`LockClientBuilder::wait_with_tickets`](crate::LockClientBuilder::wait_with_tickets),
+    /// the default), or runs on a connection of its own whose read timeout is above the wait.
+    /// Dropping the future withdraws the ticket (a grant that came meanwhile is released), or
+    /// closes that connection, and the server forgets the waiter.
     ///
     /// When the wait took a third of the lease or more, the hold is confirmed before the guard
     /// is returned (a renewal sent at once; for a fixed lease, a read of the lease it has left):
@@ -426,7 +430,12 @@ impl Lock {
     /// `LOCK.ACQUIRE key owner lease [SHARED | LIMIT n] [EPHEMERAL] ONCE [WAIT ms]`,
     /// `LOCK.MACQUIRE n key... owner lease [SHARED] [EPHEMERAL] ONCE [WAIT ms]`, or
     /// `LOCK.CAMPAIGN key candidate lease [EPHEMERAL] [WAIT ms] [VALUE v]`.
-    fn acquire_cmd(&self, wait: Option<Wait>, value: Option<&[u8]>) -> Cow<'_, Cmd> {
+    fn acquire_cmd(
+        &self,
+        wait: Option<Wait>,
+        value: Option<&[u8]>,
+        ticket: Ticket,
+    ) -> Cow<'_, Cmd> {
         let base = self.acquire.get_or_init(|| {
             let mut cmd = match self.spec.verb {
                 Verb::Acquire => redis::cmd("LOCK.ACQUIRE"),
@@ -470,6 +479,9 @@ impl Lock {
         let mut cmd = base.clone();
         if let Some(ms) = ms {
             cmd.arg("WAIT").arg(ms);
+            if ticket == Ticket::Yes {
+                cmd.arg("TICKET");
+            }
         }
         if let Some(value) = value {
             cmd.arg("VALUE").arg(value);
@@ -520,7 +532,15 @@ impl Lock {
                     }
                 }
             } else {
-                (self.send_with_retries(wait, value).await?, None)
+                match (wait, &self.ctx.tickets) {
+                    (Some(wait), Some(tickets)) => {
+                        (self.send_ticketed(tickets, wait, value).await?, None)
+                    }
+                    _ => (
+                        self.send_with_retries(wait, value, Ticket::No).await?.0,
+                        None,
+                    ),
+                }
             };
             let replied = Instant::now();
             let tokens = reply::tokens(reply, self.spec.keys.len())?;
@@ -549,11 +569,15 @@ impl Lock {
     /// acquire is sent again, to the master the Sentinels name, with growing pauses, until a
     /// master answers or the failover timeout passes; a wait for what is left of it (its place
     /// in the old master's queue is gone, it joins the new one's).
+    ///
+    /// With `ticket`, a wait is asked with `TICKET` on the shared connection: the reply (a
+    /// ticket, the token, or nil) comes at once, with the number of the connection that asked.
     async fn send_with_retries(
         &self,
         wait: Option<Wait>,
         value: Option<&[u8]>,
-    ) -> Result<Value, LockError> {
+        ticket: Ticket,
+    ) -> Result<(Value, u64), LockError> {
         let until = match wait {
             Some(Wait::Timeout(t)) => Some(Instant::now() + t),
             _ => None,
@@ -575,13 +599,19 @@ impl Lock {
                 }
                 (w, _) => w,
             };
-            let cmd = self.acquire_cmd(this_wait, value);
-            let reply = match this_wait {
-                None => {
+            let cmd = self.acquire_cmd(this_wait, value, ticket);
+            let mut asked_on = 0;
+            let reply = match (this_wait, ticket) {
+                (None, _) => {
                     let key = self.spec.key();
                     self.ctx.commands.query_routed(&cmd, Some(key)).await
                 }
-                Some(w) => self.send_waiting(&cmd, w).await,
+                (Some(_), Ticket::Yes) => {
+                    let (reply, on) = self.ctx.commands.query_asking(&cmd).await;
+                    asked_on = on;
+                    reply
+                }
+                (Some(w), Ticket::No) => self.send_waiting(&cmd, w).await,
             };
             let again = |e: &LockError| e.is_retryable() || (failover && says_not_master(e));
             match reply {
@@ -597,8 +627,123 @@ impl Lock {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
                 }
-                r => return r,
+                r => return r.map(|reply| (reply, asked_on)),
             }
+        }
+    }
+
+    /// A waiting acquire with a ticket: asked on the shared connection; a ticket replied is
+    /// waited for on the client's waiting connection. A ticket made void (its asking connection
+    /// closed, the master changed) is withdrawn and the acquire asked again, for what is left
+    /// of the wait; one whose wait passed with no answer is withdrawn. Withdrawn, a ticket
+    /// that was granted meanwhile answers the grant (`LOCK.CANCEL`): it is taken. Dropped while
+    /// it waits, the ticket is withdrawn in the background (and a grant released), counted as
+    /// a release of the handle.
+    async fn send_ticketed(
+        &self,
+        tickets: &Arc<Tickets>,
+        wait: Wait,
+        value: Option<&[u8]>,
+    ) -> Result<Value, LockError> {
+        let deadline = match wait {
+            Wait::Timeout(t) => Some(Instant::now() + t),
+            Wait::Forever => None,
+        };
+        let mut left = Some(wait);
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            let (reply, asked_on) = self.send_with_retries(left, value, Ticket::Yes).await?;
+            let Value::BulkString(ticket) = reply else {
+                return Ok(reply);
+            };
+            let answer = tickets.wait(Wanted {
+                ticket: ticket.clone(),
+                deadline,
+                asked_on,
+                key: self
+                    .spec
+                    .keys
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| Arc::from(&[][..])),
+                release: self.spec.release.clone(),
+            });
+            let mut waiting = TicketWait {
+                ticket,
+                answer: Some(answer),
+                lock: self,
+            };
+            let answer = waiting.answer().await;
+            match answer {
+                Answer::Popped(answer) => {
+                    waiting.done();
+                    return self.popped(&answer);
+                }
+                Answer::Void => {
+                    // The server dropped the ticket with its connection (a grant not popped
+                    // went to the next waiter), or the master that has it is no longer the
+                    // master: it holds nothing for us, whatever the withdrawal answers.
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
+                    if !matches!(taken, Value::Nil) {
+                        return Ok(taken);
+                    }
+                }
+                Answer::Expired => {
+                    let taken = waiting.withdraw().await?;
+                    if !matches!(taken, Value::Nil) {
+                        return Ok(taken);
+                    }
+                }
+                Answer::Failed(e) => {
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
+                    if !matches!(taken, Value::Nil) {
+                        return Ok(taken);
+                    }
+                    // Through a failover the waiting connection cannot be opened to the old
+                    // master: asked again (on the new one, once the Sentinels name it) until
+                    // the failover timeout passes.
+                    let failing = failing_since.get_or_insert_with(Instant::now).elapsed();
+                    if !self.ctx.servers.follows_failover()
+                        || failing + FAILOVER_PAUSE_MAX >= self.ctx.failover_timeout
+                    {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(FAILOVER_PAUSE_MAX).await;
+                }
+            }
+            left = match deadline {
+                None => Some(Wait::Forever),
+                Some(d) => {
+                    let rest = d.saturating_duration_since(Instant::now());
+                    if rest.is_zero() {
+                        return Ok(Value::Nil);
+                    }
+                    Some(Wait::Timeout(rest))
+                }
+            };
+        }
+    }
+
+    /// A ticket's popped answer as the acquire's reply: the token (tokens, for a multi-key
+    /// acquire), nil for `timeout`, or the error.
+    fn popped(&self, answer: &[u8]) -> Result<Value, LockError> {
+        let text = String::from_utf8_lossy(answer);
+        if let Some(error) = text.strip_prefix('-') {
+            return Err(LockError::Server(error.to_string()));
+        }
+        if text == "timeout" {
+            return Ok(Value::Nil);
+        }
+        let tokens: Option<Vec<Value>> = text
+            .split(' ')
+            .map(|t| t.parse::<i64>().ok().map(Value::Int))
+            .collect();
+        match (tokens, self.spec.verb) {
+            (Some(tokens), Verb::MultiAcquire) => Ok(Value::Array(tokens)),
+            (Some(mut tokens), _) if tokens.len() == 1 => Ok(tokens.remove(0)),
+            _ => Err(LockError::UnexpectedReply(format!(
+                "the ticket answered {text:?}"
+            ))),
         }
     }
 
@@ -624,7 +769,7 @@ impl Lock {
             Some(Wait::Forever) => None,
             Some(Wait::Timeout(t)) => Some(t + WAIT_MARGIN),
         };
-        let cmd = self.acquire_cmd(wait, value);
+        let cmd = self.acquire_cmd(wait, value, Ticket::No);
         let existing = current.and_then(|c| c.own_connection());
         match existing {
             Some(mut conn) => (
@@ -810,6 +955,75 @@ impl Lock {
         }
         hold.start(pushes);
         Ok(Settled::Guard(guard))
+    }
+}
+
+/// Whether a waiting acquire asks with `TICKET`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ticket {
+    Yes,
+    No,
+}
+
+/// A ticket being waited for: withdrawn if it is dropped before its answer was taken.
+struct TicketWait<'a> {
+    ticket: Vec<u8>,
+    answer: Option<tokio::sync::oneshot::Receiver<Answer>>,
+    lock: &'a Lock,
+}
+
+impl TicketWait<'_> {
+    /// The ticket's answer (the waiting task ended: void, asked again).
+    async fn answer(&mut self) -> Answer {
+        match self.answer.as_mut() {
+            Some(rx) => rx.await.unwrap_or(Answer::Void),
+            None => Answer::Void,
+        }
+    }
+
+    /// The answer was taken: nothing to withdraw.
+    fn done(&mut self) {
+        self.answer = None;
+    }
+
+    /// `LOCK.CANCEL` of the ticket: nil, or the grant it held (now the caller's).
+    async fn withdraw(&mut self) -> Result<Value, LockError> {
+        self.answer = None;
+        let mut cancel = redis::cmd("LOCK.CANCEL");
+        cancel.arg(&self.ticket);
+        match self.lock.ctx.commands.query(&cancel).await {
+            // The asking connection is gone (the server dropped its tickets) or cannot say.
+            Err(LockError::Connection(_)) => Ok(Value::Nil),
+            other => other,
+        }
+    }
+}
+
+impl Drop for TicketWait<'_> {
+    fn drop(&mut self) {
+        let Some(mut answer) = self.answer.take() else {
+            return;
+        };
+        let commands = self.lock.ctx.commands.clone();
+        let release = self.lock.spec.release.clone();
+        let key: Arc<[u8]> = Arc::from(self.lock.spec.key());
+        let mut cancel = redis::cmd("LOCK.CANCEL");
+        cancel.arg(&self.ticket);
+        let withdraw = async move {
+            let popped = matches!(answer.try_recv(), Ok(Answer::Popped(a)) if is_grant(&a));
+            let held = popped
+                || match commands.query(&cancel).await {
+                    Ok(Value::Nil) | Err(_) => false,
+                    Ok(_) => true,
+                };
+            if held {
+                let _ = commands.query_routed(&release, Some(&key)).await;
+            }
+        };
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        self.lock
+            .state
+            .release_in_background(runtime.as_ref(), withdraw);
     }
 }
 

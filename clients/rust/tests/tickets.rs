@@ -1,0 +1,548 @@
+//! Waiting with tickets: a waiting acquire asks with `... WAIT ms TICKET` on the client's shared
+//! connection, and the client's one waiting connection pops every ticket's answer (`BLPOP`).
+//! Real servers (the test kit), real connections: what the server sees is read with `CLIENT
+//! LIST`, `INFO lock` and `INFO commandstats`.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use redis_lock_client::{LockClient, LockError};
+use support::{calls, raw, Server};
+use tokio::time::Instant;
+
+/// A client of `server` with the default settings but for the lost-hold signal (so that its
+/// connections are the shared one and, while tickets wait, the waiting one).
+async fn client_of(server: &Server, tickets: Option<bool>) -> LockClient {
+    let mut builder =
+        LockClient::builder(redis::Client::open(server.url()).unwrap()).without_lost_signal();
+    if let Some(on) = tickets {
+        builder = builder.wait_with_tickets(on);
+    }
+    builder.build().await.unwrap()
+}
+
+/// A counter of `INFO lock`.
+async fn stat(raw: &mut MultiplexedConnection, name: &str) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("lock")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let prefix = format!("{name}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("INFO lock has no {name}"))
+}
+
+/// `CLIENT LIST` lines of the connections named `name`.
+async fn connections(raw: &mut MultiplexedConnection, name: &str) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let field = format!(" name={name} ");
+    list.lines()
+        .filter(|l| l.contains(&field))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The connections named `name` once one of them runs `BLPOP` (bounded wait).
+async fn until_popping(raw: &mut MultiplexedConnection, name: &str) -> Vec<String> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let conns = connections(raw, name).await;
+        if conns.iter().any(|c| c.contains(" cmd=blpop ")) {
+            return conns;
+        }
+        assert!(
+            Instant::now() < until,
+            "no waiting connection pops: {conns:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn id_of(line: &str) -> i64 {
+    line.split(' ')
+        .find_map(|f| f.strip_prefix("id="))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn name_of(client: &LockClient) -> String {
+    format!("redis-lock-client:{}", client.id())
+}
+
+/// The number of waiters `LOCK.INFO key` reports (0 when the key is free).
+async fn waiters(raw: &mut MultiplexedConnection, key: &str) -> i64 {
+    let info: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let Value::Array(fields) = info else { return 0 };
+    let mut it = fields.iter();
+    while let Some(f) = it.next() {
+        let v = it.next();
+        if matches!(f, Value::BulkString(b) if b == b"waiters") {
+            if let Some(Value::Int(n)) = v {
+                return *n;
+            }
+        }
+    }
+    0
+}
+
+/// Waits (bounded) until `LOCK.INFO key` counts `n` waiters.
+async fn until_waiters(raw: &mut MultiplexedConnection, key: &str, n: i64) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while waiters(raw, key).await != n {
+        assert!(Instant::now() < until, "{n} waiters never queued on {key}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether `key` is free (`LOCK.INFO` nil or no holder).
+async fn is_free(raw: &mut MultiplexedConnection, key: &str) -> bool {
+    let info: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .unwrap();
+    match info {
+        Value::Nil => true,
+        Value::Array(fields) => {
+            let mut it = fields.iter();
+            while let Some(f) = it.next() {
+                let v = it.next();
+                if matches!(f, Value::BulkString(b) if b == b"holders") {
+                    return matches!(v, Some(Value::Array(h)) if h.is_empty())
+                        || matches!(v, Some(Value::Map(h)) if h.is_empty());
+                }
+            }
+            false
+        }
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_waits_with_a_ticket_by_default() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let mut held = client.lock("k").acquire().await.unwrap();
+    let waiter = client.lock("k").wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "k", 1).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 1);
+    let name = name_of(&client);
+    let conns = until_popping(&mut raw, &name).await;
+    assert!(
+        !conns
+            .iter()
+            .any(|c| c.contains(" cmd=lock.acquire ") && c.contains(" flags=b")),
+        "no connection blocks in LOCK.ACQUIRE: {conns:?}"
+    );
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("granted")
+        .unwrap()
+        .expect("granted");
+    assert!(guard.token() > held.token());
+    assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
+    // The waiting connection closes when no ticket waits.
+    let until = Instant::now() + Duration::from_secs(10);
+    while connections(&mut raw, &name).await.len() > 1 {
+        assert!(
+            Instant::now() < until,
+            "the idle waiting connection stays open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tickets_a_wait_blocks_on_a_connection_of_its_own() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, Some(false)).await;
+    let mut held = client.lock("k").acquire().await.unwrap();
+    let waiter = client.lock("k").wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "k", 1).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 0);
+    let conns = connections(&mut raw, &name_of(&client)).await;
+    assert!(
+        conns.iter().any(|c| c.contains(" cmd=lock.acquire ")),
+        "{conns:?}"
+    );
+    held.release().await.unwrap();
+    let guard = task.await.unwrap().expect("granted");
+    assert!(guard.token() > held.token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waits_of_one_client_share_one_waiting_connection() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = Vec::new();
+    for i in 0..8 {
+        held.push(holder.lock(format!("k{i}")).acquire().await.unwrap());
+    }
+    // Eight waits, four of them on one key and one on each of four others.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let key = if i < 4 {
+            "k0".to_string()
+        } else {
+            format!("k{i}")
+        };
+        let lock = client.lock(key).wait_timeout(Duration::from_secs(30));
+        tasks.push(tokio::spawn(async move {
+            let mut guard = lock.acquire().await?;
+            guard.release().await
+        }));
+    }
+    until_waiters(&mut raw, "k0", 4).await;
+    for i in 4..8 {
+        until_waiters(&mut raw, &format!("k{i}"), 1).await;
+    }
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 8);
+    let conns = until_popping(&mut raw, &name_of(&client)).await;
+    // The shared connection and one waiting connection, whatever the number of waits.
+    assert_eq!(conns.len(), 2, "{conns:?}");
+    assert_eq!(
+        conns.iter().filter(|c| c.contains(" cmd=blpop ")).count(),
+        1,
+        "{conns:?}"
+    );
+    for mut guard in held {
+        guard.release().await.unwrap();
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("granted")
+            .unwrap()
+            .expect("granted and released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticket_waits_are_granted_in_arrival_order() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let mut held = client.lock("k").acquire().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let lock = client.lock("k").wait_timeout(Duration::from_secs(30));
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut guard = lock.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+        until_waiters(&mut raw, "k", i + 1).await;
+    }
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 5);
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("every waiter served")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_release_wakes_one_ticket_waiter() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let inside = Arc::new(AtomicU64::new(0));
+    let sections = Arc::new(AtomicU64::new(0));
+    let blpops_before = calls(&mut raw, "blpop").await;
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let lock = client.lock("k").lease(Duration::from_secs(10));
+        let (inside, sections) = (inside.clone(), sections.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..50 {
+                let mut guard = lock.acquire().await.unwrap();
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                sections.fetch_add(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("the sections end")
+            .unwrap();
+    }
+    assert_eq!(sections.load(Ordering::SeqCst), 400);
+    let ticketed = stat(&mut raw, "lock_waits_ticketed").await;
+    assert!(ticketed > 0, "some acquires had to wait");
+    assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
+    assert_eq!(calls(&mut raw, "lock.cancel").await, 0, "no wait gave up");
+    // Every ticket is popped once; a BLPOP answered nil (interrupted to add a ticket) is sent
+    // again, so there are fewer than three BLPOPs per ticket: no waiter is woken for nothing.
+    let blpops = calls(&mut raw, "blpop").await - blpops_before;
+    assert!(
+        blpops >= ticketed as u64 && blpops <= 3 * ticketed as u64,
+        "{blpops} BLPOPs for {ticketed} tickets"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_wait_times_out_and_leaves_nothing() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let _held = client.lock("k").acquire().await.unwrap();
+    let start = Instant::now();
+    let err = client
+        .lock("k")
+        .wait_timeout(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 1);
+    assert_eq!(waiters(&mut raw, "k").await, 0);
+    assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_ticket_wait_is_withdrawn() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let mut held = client.lock("k").acquire().await.unwrap();
+    let waiter = client.lock("k");
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), waiter.acquire()).await;
+    assert!(gave_up.is_err(), "still waiting when dropped");
+    let until = Instant::now() + Duration::from_secs(5);
+    while calls(&mut raw, "lock.cancel").await != 1 {
+        assert!(Instant::now() < until, "the ticket is withdrawn");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(waiters(&mut raw, "k").await, 0);
+    held.release().await.unwrap();
+    assert!(is_free(&mut raw, "k").await, "nobody was granted the key");
+    // The handle acquires again at once.
+    assert!(waiter.try_acquire().await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_given_up_as_it_is_granted_gets_the_grant_once() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut won = 0;
+    for round in 0..24u64 {
+        let mut held = holder.lock("k").acquire().await.unwrap();
+        let waiter = client.lock("k");
+        let give_up = Duration::from_millis(100 + (round % 8) * 2);
+        let task =
+            tokio::spawn(async move { tokio::time::timeout(give_up, waiter.acquire()).await });
+        until_waiters(&mut raw, "k", 1).await;
+        // Released about when the waiter gives up: the grant goes to the pop or to the
+        // cancel, and whoever takes it without a caller releases it.
+        tokio::time::sleep(Duration::from_millis(60 + (round % 5) * 10)).await;
+        held.release().await.unwrap();
+        match task.await.unwrap() {
+            Ok(Ok(mut guard)) => {
+                won += 1;
+                guard.release().await.unwrap();
+            }
+            Ok(Err(e)) => panic!("{e:?}"),
+            Err(_) => {}
+        }
+        // Free again soon, in every case: no grant is left with nobody.
+        let until = Instant::now() + Duration::from_secs(5);
+        while !is_free(&mut raw, "k").await {
+            assert!(Instant::now() < until, "round {round}: a grant leaked");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 24);
+    assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
+    eprintln!("{won} of 24 waiters got the lock");
+}
+
+/// Kills the client's connection that is (`blpop`) or is not its waiting connection, while a
+/// ticket waits; the wait still ends with the lock.
+async fn killed_connection_while_a_ticket_waits(waiting_one: bool) {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = holder.lock("k").acquire().await.unwrap();
+    let waiter = client.lock("k").wait_timeout(Duration::from_secs(30));
+    let owner = waiter.owner().to_string();
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "k", 1).await;
+    let name = name_of(&client);
+    let until = Instant::now() + Duration::from_secs(5);
+    let victim = loop {
+        let conns = connections(&mut raw, &name).await;
+        let found = conns
+            .iter()
+            .find(|c| c.contains(" cmd=blpop ") == waiting_one);
+        if conns.len() == 2 {
+            if let Some(c) = found {
+                break id_of(c);
+            }
+        }
+        assert!(Instant::now() < until, "{conns:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(victim)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    if !waiting_one {
+        // The server dropped the ticket with its asking connection; the library asks again.
+        let until = Instant::now() + Duration::from_secs(10);
+        while stat(&mut raw, "lock_waits_ticketed").await < 2 {
+            assert!(Instant::now() < until, "the acquire is asked again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    until_waiters(&mut raw, "k", 1).await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the wait ends")
+        .unwrap()
+        .expect("granted");
+    let holders: Value = redis::cmd("LOCK.CHECK")
+        .arg("k")
+        .arg(&owner)
+        .arg(guard.token())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(holders, Value::Int(1), "the guard's hold is the server's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_asking_connection_makes_the_wait_ask_again() {
+    killed_connection_while_a_ticket_waits(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_waiting_connection_is_replaced() {
+    killed_connection_while_a_ticket_waits(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_acquire_waits_with_a_ticket() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let mut held = client.lock("{s}:b").acquire().await.unwrap();
+    let waiter = client
+        .multi_lock(["{s}:a", "{s}:b"])
+        .wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "{s}:b", 1).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 1);
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("granted")
+        .unwrap()
+        .expect("granted");
+    assert_eq!(guard.tokens().len(), 2);
+    assert!(!is_free(&mut raw, "{s}:a").await && !is_free(&mut raw, "{s}:b").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_waits_with_a_ticket() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let mut leader = client
+        .election("e")
+        .not_ephemeral()
+        .campaign()
+        .await
+        .unwrap();
+    let candidate = client
+        .election("e")
+        .not_ephemeral()
+        .wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { candidate.campaign().await });
+    until_waiters(&mut raw, "e", 1).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 1);
+    leader.resign().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("elected")
+        .unwrap()
+        .expect("elected");
+    assert!(next.epoch() > leader.epoch());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_wait_longer_than_the_lease_is_confirmed_at_the_grant() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let lease = Duration::from_millis(1_000);
+    let mut held = client.lock("k").acquire().await.unwrap();
+    let waiter = client.lock("k").lease(lease);
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "k", 1).await;
+    // A wait of more than 0.9 of the waiter's lease.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 1);
+    let renewals = calls(&mut raw, "lock.renew").await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("granted")
+        .unwrap()
+        .expect("granted");
+    assert!(
+        calls(&mut raw, "lock.renew").await > renewals,
+        "confirmed by a renewal before it was handed out"
+    );
+    // Its deadline counts from the grant: held, not lost, well past a lease from the ask.
+    assert!(guard.lost_reason().is_none());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(guard.lost_reason().is_none(), "{:?}", guard.lost_reason());
+    assert!(!is_free(&mut raw, "k").await);
+}
