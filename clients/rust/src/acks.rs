@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
+use crate::basics::millis;
 use crate::error::LockError;
-use crate::hold::millis;
 
 /// What a lock asks of its grants and renewals before they count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

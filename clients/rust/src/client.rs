@@ -17,7 +17,8 @@ use crate::lock::{Kind, Lock, Verb};
 use crate::master::{watch_sentinels, Master, SentinelMaster};
 use crate::multi::MultiLock;
 use crate::naming::client_name;
-use crate::servers::{Node, Servers};
+use crate::node::Node;
+use crate::servers::Servers;
 use crate::signal::SignalHub;
 use crate::tickets::Tickets;
 

@@ -1,7 +1,7 @@
 //! The connections commands go through: the client's shared one, a hold's, and connections of
 //! their own (a waiting acquire's, an `EPHEMERAL` hold's), each named (`naming.rs`).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -10,10 +10,11 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, Value};
 use tokio::sync::mpsc;
 
+use crate::basics::relock;
 use crate::error::LockError;
 use crate::master::{says_not_master, Master};
 use crate::naming::setname;
-use crate::servers::Node;
+use crate::node::Node;
 
 /// The client's shared connection for ordinary commands (acquire without WAIT, renew, release,
 /// `LOCK.INFO`): a multiplexed connection to the one server, replaced by a new one after it
@@ -302,11 +303,6 @@ fn answers(replies: Vec<Value>) -> Vec<Result<Value, LockError>> {
         .into_iter()
         .map(|v| v.extract_error().map_err(LockError::from))
         .collect()
-}
-
-pub(crate) fn relock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Only whole values are stored under these locks: a poisoned one is used as it is.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The connection a hold's renewals and release go through.

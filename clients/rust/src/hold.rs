@@ -5,7 +5,6 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Duration;
 
 use redis::{Cmd, PushKind, Value};
 use tokio::runtime::Handle;
@@ -14,6 +13,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::acks::{Acknowledgement, Shortfall};
+use crate::basics::millis;
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
@@ -596,9 +596,4 @@ fn no_confirmation() -> redis::RedisError {
         std::io::ErrorKind::TimedOut,
         "granted after a long wait, but the server answered no confirmation",
     ))
-}
-
-/// Whole milliseconds, at least 1 (the server takes leases and timeouts in ms).
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

@@ -21,7 +21,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
-use crate::conn::relock;
+use crate::basics::relock;
 
 /// Something the keeper wakes at a due time.
 pub(crate) trait Timed: Send + Sync + 'static {

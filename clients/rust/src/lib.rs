@@ -128,6 +128,7 @@
 )]
 
 mod acks;
+mod basics;
 pub mod blocking;
 mod channel;
 mod client;
@@ -146,6 +147,7 @@ mod master;
 mod message;
 mod multi;
 mod naming;
+mod node;
 mod observer;
 mod reply;
 mod servers;

@@ -9,12 +9,13 @@ use redis::{Cmd, Value};
 use tokio::time::Instant;
 
 use crate::acks::Acknowledgement;
+use crate::basics::millis;
 use crate::conn::{self, HoldConn, OwnConnection};
 use crate::context::Context;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::handle::HandleState;
-use crate::hold::{millis, Hold, NewHold};
+use crate::hold::{Hold, NewHold};
 use crate::lost::LostWatch;
 use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;

@@ -26,9 +26,9 @@ use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 use tokio::sync::watch;
 
-use crate::conn::relock;
+use crate::basics::relock;
 use crate::error::LockError;
-use crate::servers::Node;
+use crate::node::Node;
 
 /// Where a standalone client's server is.
 // One per client, made once and never moved: the size of the larger variant costs nothing.

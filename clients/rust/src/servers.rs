@@ -18,8 +18,10 @@ use std::sync::{Arc, Mutex};
 use redis::cluster_async::ClusterConnection;
 use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, Value};
 
+use crate::basics::relock;
 use crate::error::LockError;
 use crate::master::Master;
+use crate::node::{seed_host, Node};
 
 /// The servers a client talks to.
 pub(crate) enum Servers {
@@ -34,39 +36,6 @@ pub(crate) enum Servers {
         /// The last `CLUSTER SLOTS` reply, until a redirect says it is stale.
         slots: Mutex<Option<Arc<Value>>>,
     },
-}
-
-/// One node, as a client for RESP2 connections (waiting acquires) and one for RESP3 connections
-/// (those that need pushes: `EPHEMERAL` holds).
-#[derive(Clone)]
-pub(crate) struct Node {
-    pub(crate) client: redis::Client,
-    pub(crate) resp3: redis::Client,
-}
-
-impl Node {
-    /// The node of `info` (its address and settings, the protocol of `info` for the first
-    /// client), with the library's name.
-    pub(crate) fn from_info(info: ConnectionInfo) -> Result<Node, LockError> {
-        let settings = crate::naming::with_lib_name(info.redis_settings().clone());
-        let resp3 = settings.clone().set_protocol(ProtocolVersion::RESP3);
-        Ok(Node {
-            client: redis::Client::open(info.clone().set_redis_settings(settings))
-                .map_err(LockError::Connection)?,
-            resp3: redis::Client::open(info.set_redis_settings(resp3))
-                .map_err(LockError::Connection)?,
-        })
-    }
-
-    /// The node's host, for a redirect that names a port only (`MOVED 3999 :6381`: same host).
-    fn host(&self) -> Option<String> {
-        seed_host(self.client.get_connection_info())
-    }
-
-    /// Whether `other` is this node (the same address).
-    pub(crate) fn same_address(&self, other: &Node) -> bool {
-        self.client.get_connection_info().addr() == other.client.get_connection_info().addr()
-    }
 }
 
 /// Where a node was found: a lookup in the client's slot map may be stale, a redirect is not.
@@ -168,18 +137,6 @@ impl Servers {
             host
         };
         node_with(info, host, port)
-    }
-}
-
-fn relock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Only whole values are stored under this lock: a poisoned one is used as it is.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn seed_host(info: &ConnectionInfo) -> Option<String> {
-    match info.addr() {
-        ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => Some(host.clone()),
-        _ => None,
     }
 }
 

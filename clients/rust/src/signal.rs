@@ -26,8 +26,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, ConnectionInfo, ProtocolVersion, PushKind, Value};
 use tokio::sync::mpsc;
 
+use crate::basics::relock;
 use crate::channel::{flush_channel, lost_signal_channel_with_prefix};
-use crate::conn::relock;
 use crate::error::LockError;
 use crate::master::Master;
 use crate::message::LostSignal;

@@ -24,10 +24,11 @@ use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::conn::{self, relock, Commands};
+use crate::basics::relock;
+use crate::conn::{self, Commands};
 use crate::error::LockError;
 use crate::master::Master;
-use crate::servers::Node;
+use crate::node::Node;
 
 /// How long the waiting connection stays open with no ticket waiting.
 const IDLE: Duration = Duration::from_secs(2);
