@@ -12,7 +12,14 @@ from typing import Any, Callable
 import pytest
 
 from conftest import Server, info, wait_until
-from redis_lock_client import AsyncLockClient, LockClient, LockTimeout, Release
+from conftest import waiting as waiters
+from redis_lock_client import (
+    AsyncLockClient,
+    LockClient,
+    LockConnectionError,
+    LockTimeout,
+    Release,
+)
 
 
 def run(coro: Any) -> Any:
@@ -32,11 +39,6 @@ def named(server: Server, suffix: str) -> list[dict[str, str]]:
 
 def in_blpop(server: Server) -> list[dict[str, str]]:
     return [c for c in connections(server) if c.get("cmd") == "blpop"]
-
-
-def waiters(server: Server, key: str) -> int:
-    found = info(server, key)
-    return 0 if found is None else int(found[b"waiters"])  # type: ignore[call-overload]
 
 
 def hold_elsewhere(server: Server, key: str, owner: str = "other") -> Callable[[], None]:
@@ -257,6 +259,26 @@ def test_a_killed_asking_connection_is_noticed_and_the_acquire_asks_again(server
     guard = waiter.result()
     assert_held(server, key, guard)
     guard.release()
+
+
+@pytest.mark.scenario("tickets-connection-lost")
+def test_an_asking_connection_killed_three_times_raises_after_two_retries(server, client, key):
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+    waiter.start()
+    seen: set[str] = set()
+    for _ in range(3):
+        def asked_again() -> list[dict[str, str]]:
+            fresh = [c for c in named(server, ":tickets-ask") if c["id"] not in seen]
+            return fresh if fresh and waiters(server, key) == 1 else []
+        wait_until(asked_again, "the acquire waits with a ticket asked on a new connection")
+        (asking,) = asked_again()
+        seen.add(asking["id"])
+        server.client().execute_command("CLIENT", "KILL", "ID", asking["id"])
+    with pytest.raises(LockConnectionError):
+        waiter.result()
+    assert waiters(server, key) == 0
+    release()
 
 
 @pytest.mark.scenario("tickets-connection-lost")
