@@ -377,3 +377,34 @@ def test_the_waiting_connections_close_when_idle(server, key):
         release()
         waiter.result().release()
         wait_until(lambda: named(server, ":tickets-") == [], "closed when idle", bound=15)
+
+
+@pytest.fixture
+def debug_server(tmp_path):
+    from conftest import start_server
+
+    s = start_server(tmp_path, "--enable-debug-command", "yes")
+    yield s
+    s.proc.kill()
+    s.proc.wait()
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_a_grant_whose_ticket_expired_before_the_pop_is_never_handed_out(debug_server, key):
+    """The server grants, then stalls past the grant's lease before anyone can pop it (one
+    MULTI): the grant expires with its ticket and its hold. The waiter is not told: it ends at
+    its own timeout with LockTimeout, never with a hold the server does not have."""
+    server, lease = debug_server, 0.3
+    with LockClient.from_url(server.url, lost_signal=False) as client:
+        hold_elsewhere(server, key)
+        waiter = Waiter(lambda: client.lock(key, lease=lease, wait_timeout=1.0).acquire())
+        waiter.start()
+        wait_until(lambda: len(in_blpop(server)) == 1, "the ticket is popped")
+        raw = server.client()
+        pipe = raw.pipeline(transaction=True)
+        pipe.execute_command("LOCK.RELEASE", key, "other")
+        pipe.execute_command("DEBUG", "SLEEP", lease * 2)
+        pipe.execute()
+        with pytest.raises(LockTimeout):
+            waiter.result()
+        assert info(server, key) is None

@@ -145,8 +145,9 @@ class _AsyncHandle(Generic[_G]):
         return await self._acquire(False, self.wait_timeout)
 
     async def acquire(self) -> _G:
-        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (on a
-        connection of its own); raises ``LockTimeout`` when it passes."""
+        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (with a
+        ticket, or on a connection of its own: the client's ``wait_with_tickets``); raises
+        ``LockTimeout`` when it passes."""
         guard = await self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
@@ -228,7 +229,8 @@ class _AsyncHandle(Generic[_G]):
     async def _send_with_retries(
         self, waits: bool, until: Optional[float], value: Optional[bytes], ephemeral: bool
     ) -> Any:
-        """An acquire on a pooled connection, or a wait on one of its own: sent again after a
+        """An acquire on a pooled connection, or a wait (with a ticket, or on a connection of
+        its own): sent again after a
         broken connection (ONCE makes that safe) and after MOVED (with the slot map loaded
         again), up to twice in a row; an ASK is followed, to the node named, after ASKING; a
         TRYAGAIN (a slot move caught between keys) is sent again after growing pauses, up to

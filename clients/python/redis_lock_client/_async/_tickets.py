@@ -136,8 +136,7 @@ class TicketDesk:
         connection only when no ticket waits)."""
         connector = self._connector
         async with self._ask_mutex:
-            if self._closed:
-                raise LockConnectionError("the client is closed")
+            self._closed = False  # a client used again after close() opens them again
             master = await connector.current_master()
             if self._ask is not None and master is not None and peer(self._ask) != master:
                 await self._drop_ask()  # the Sentinels named another master
@@ -372,7 +371,8 @@ class TicketDesk:
                 self._ask = None
 
     async def close(self) -> None:
-        """The client closes: waiters are told, both connections closed."""
+        """The client closes: both connections closed (a wait still out asks again on new
+        ones, as a blocking wait keeps its connection)."""
         self._closed = True
         if self._waiting is not None:
             interrupt(self._waiting)
