@@ -74,6 +74,8 @@ class _Ticket:
         self.lost = False
         #: The waiter gave up: an answer popped now is the desk's to dispose of.
         self.abandoned = False
+        #: The ``BLPOP`` out when it was issued (to be interrupted), if one was.
+        self.unblock: Optional[int] = None
         #: The last ``BLPOP`` that may have popped it (an abandoned ticket is never asked for
         #: again: once that round is read, the ticket is forgotten).
         self.last_round = 0
@@ -118,6 +120,8 @@ class TicketDesk:
             return ticket
         limit = None if wait is None else wait + WAIT_MARGIN
         try:
+            if ticket.unblock is not None:
+                self._unblock(ticket.unblock)
             answered = wait_event(ticket.event, limit)
         except Cancelled:
             self._give_up(ticket, multi, keep=False)
@@ -164,12 +168,11 @@ class TicketDesk:
                 self._tickets[name] = ticket
                 start = not self._running
                 self._running = True
-                blocked, at = self._blocked, self._round
+                if self._blocked and not start:
+                    ticket.unblock = self._round
                 self._wake.set()
         if start:
             spawn("redis-lock-tickets", self._run)
-        elif blocked:
-            self._unblock(at)
         return ticket
 
     def _unblock(self, at: int) -> None:
