@@ -368,6 +368,7 @@ def test_a_ticket_wait_longer_than_the_lease_is_confirmed_and_renewed(server, cl
     guard.release()
 
 
+@pytest.mark.scenario("tickets-one-connection")
 def test_the_waiting_connections_close_when_idle(server, key):
     with LockClient.from_url(server.url) as client:
         release = hold_elsewhere(server, key)
