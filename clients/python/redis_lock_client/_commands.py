@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence
 
-from ._common import Arg, Key, Kind, LostReason, UnexpectedReply, millis, to_bytes
+from ._common import (
+    Arg,
+    Key,
+    Kind,
+    LockServerError,
+    LostReason,
+    UnexpectedReply,
+    millis,
+    to_bytes,
+)
+from ._connect import redirected
 
 #: The most keys one multi-key command takes (the server's limit).
 MAX_KEYS = 64
@@ -274,3 +284,36 @@ def proclaimed(reply: object) -> bool:
     if reply in (0, 1) and not isinstance(reply, bool):
         return reply == 1
     raise UnexpectedReply(f"LOCK.PROCLAIM answered {reply!r}")
+
+
+#: The prefix of every ticket name the module replies (``__lock_fence__ticket{tag}hex``,
+#: ``__lock_fence__mticket{tag}hex``).
+TICKET_PREFIX = b"__lock_fence__"
+
+
+def ticket_of(reply: object) -> Optional[bytes]:
+    """The ticket an acquire ``... WAIT ms TICKET`` replied when it has to wait (a bulk string),
+    or None when it replied what the acquire replies without TICKET (a token, tokens, nil)."""
+    if isinstance(reply, bytes) and reply.startswith(TICKET_PREFIX):
+        return reply
+    return None
+
+
+def ticket_answer(value: bytes, multi: bool) -> object:
+    """What was popped from a ticket, as the acquire without TICKET would have replied: digits
+    are the token (a list of tokens, in the order of the keys, for ``LOCK.MACQUIRE``), ``timeout``
+    is nil; ``-<error>`` is that error, raised (``-ASK``/``-MOVED`` as ``Redirected``)."""
+    if value.startswith(b"-"):
+        line = value[1:].decode("utf-8", "replace")
+        raise redirected(line) or LockServerError(line)
+    if value == b"timeout":
+        return None
+    try:
+        tokens = [int(part) for part in value.split(b" ")]
+    except ValueError:
+        raise UnexpectedReply(f"a ticket held {value!r}") from None
+    if multi:
+        return tokens
+    if len(tokens) != 1:
+        raise UnexpectedReply(f"a ticket held {value!r}")
+    return tokens[0]

@@ -93,3 +93,18 @@ def server_error(e: ResponseError) -> LockServerError:
             port=port if isinstance(port, int) else None,
         )
     return LockServerError(line)
+
+
+def redirected(line: str) -> Optional[Redirected]:
+    """``ASK <slot> <host:port>`` or ``MOVED <slot> <host:port>`` (an error line, as a ticket
+    holds it) as ``Redirected``; None for any other line."""
+    parts = line.split(" ")
+    if len(parts) != 3 or parts[0] not in ("ASK", "MOVED"):
+        return None
+    host, _, port = parts[2].rpartition(":")
+    return Redirected(
+        line,
+        asking=parts[0] == "ASK",
+        host=host or None,
+        port=int(port) if port.isdigit() else None,
+    )

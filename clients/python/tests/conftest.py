@@ -267,6 +267,12 @@ def info(server: Server, key: str) -> dict[bytes, object] | None:
     return dict(zip(reply[::2], reply[1::2]))
 
 
+def waiting(server: Server, key: str) -> int:
+    """How many acquires wait in `key`'s queue (LOCK.INFO `waiters`: blocked ones and tickets)."""
+    found = info(server, key)
+    return 0 if found is None else int(found[b"waiters"])  # type: ignore[call-overload]
+
+
 def wait_until(condition: Callable[[], object], what: str, bound: float = 5.0) -> None:
     """Polls `condition` (a bound that only catches a hang, never a timing claim)."""
     deadline = time.monotonic() + bound

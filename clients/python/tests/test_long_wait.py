@@ -182,7 +182,8 @@ def _grant_then_sleep_past_its_lease(server: Server, key: str, lease: float) -> 
 def test_a_grant_gone_before_its_confirmation_is_not_handed_out(debug_server, key):
     # The confirmation answers 0: the acquire goes on as if not granted, and is granted again.
     server, lease = debug_server, 0.3
-    with LockClient.from_url(server.url, lost_signal=False) as client:
+    # A blocking wait (a ticket's grant expires with its lease: never popped stale).
+    with LockClient.from_url(server.url, lost_signal=False, wait_with_tickets=False) as client:
         assert server.client().execute_command("LOCK.ACQUIRE", key, "other", 60000) > 0
         acquires, renews = server.commandstat("lock.acquire"), _renewals(server)
         threading.Thread(target=_grant_then_sleep_past_its_lease,
@@ -201,7 +202,8 @@ def test_async_a_grant_gone_before_its_confirmation_is_not_handed_out(debug_serv
     server, lease = debug_server, 0.3
 
     async def main() -> None:
-        async with AsyncLockClient.from_url(server.url, lost_signal=False) as client:
+        async with AsyncLockClient.from_url(server.url, lost_signal=False,
+                                            wait_with_tickets=False) as client:
             assert server.client().execute_command("LOCK.ACQUIRE", key, "other", 60000) > 0
             acquires = server.commandstat("lock.acquire")
             threading.Thread(target=_grant_then_sleep_past_its_lease,

@@ -45,7 +45,21 @@ def test_every_connection_is_named_and_an_ephemeral_holds_connection_names_its_o
         mine = [c for c in clients(server).values() if c["name"].startswith("redis-lock-client")]
         assert {c["name"] for c in mine} == {"redis-lock-client", conn["name"]}
         assert any(c["cmd"] in ("subscribe", "ssubscribe") for c in mine)
-        # A wait, on a connection of its own, named for the owner that waits.
+        # The waits: a ticket asked on one connection and popped on another, named for it.
+        waiter = client.lock(key, wait_timeout=10)
+        waiting = threading.Thread(target=lambda: waiter.acquire().release(), daemon=True)
+        waiting.start()
+        popping = lambda: [c for c in clients(server).values() if c["cmd"] == "blpop"]  # noqa: E731
+        wait_until(popping, "the wait's ticket is popped")
+        (blpop,) = popping()
+        assert blpop["name"] == "redis-lock-client:tickets-wait"
+        names = {c["name"] for c in clients(server).values()}
+        assert "redis-lock-client:tickets-ask" in names
+        guard.release()
+        waiting.join(5)
+    # A blocking wait (wait_with_tickets=False), on a connection of its own, named for its owner.
+    with LockClient.from_url(server.url, wait_with_tickets=False) as client:
+        guard = client.lock(key).acquire()
         waiter = client.lock(key, wait_timeout=10)
         waiting = threading.Thread(target=lambda: waiter.acquire().release(), daemon=True)
         waiting.start()

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from conftest import SentinelSet, start_sentinel_set, wait_until
+from conftest import SentinelSet, start_sentinel_set, wait_until, waiting
 from redis_lock_client import (
     AsyncLockClient,
     LockClient,
@@ -215,7 +215,7 @@ def test_a_failover_moves_renewals_waits_and_signals_to_the_new_master(sentinel_
                threading.Thread(target=wait, args=("ephemeral",), kwargs={"ephemeral": True})]
     for t in waiters:
         t.start()
-    wait_until(lambda: len(old.blocked_clients("lock.acquire")) == 2, "both waiting")
+    wait_until(lambda: waiting(old, wait_key) == 2, "both waiting")
     election = client.election(elect_key, "leader", lease=lease, ephemeral=False)
     leadership = election.campaign(value="before")
     seen: "queue.Queue[object]" = queue.Queue()
@@ -239,7 +239,7 @@ def test_a_failover_moves_renewals_waits_and_signals_to_the_new_master(sentinel_
                bound=lease)
     assert not kept.lost.is_set() and info(new, kept_key)[b"token"] == kept.token
     # The plain wait was issued again on the new master, where the blocker still holds.
-    wait_until(lambda: len(new.blocked_clients("lock.acquire")) == 1, "waiting again", bound=15)
+    wait_until(lambda: waiting(new, wait_key) == 1, "waiting again", bound=15)
     new.client().execute_command("LOCK.FORCERELEASE", wait_key)
     waiters[0].join(10)
     granted = results["plain"]
@@ -283,7 +283,7 @@ def test_async_a_hold_the_new_master_never_got_is_lost_at_its_first_renewal(tmp_
                 old.client().execute_command("LOCK.ACQUIRE", wait_key, "blocker", 30000)
                 waiter = asyncio.ensure_future(client.lock(wait_key, lease=lease).acquire())
                 for _ in range(100):
-                    if old.blocked_clients("lock.acquire"):
+                    if waiting(old, wait_key):
                         break
                     await asyncio.sleep(0.05)
                 s.wait_replicated()
@@ -304,7 +304,7 @@ def test_async_a_hold_the_new_master_never_got_is_lost_at_its_first_renewal(tmp_
                 await asyncio.wait_for(kept.lost.wait(), 2)  # heard from the new master
                 assert kept.lost_reason is LostReason.FORCE_RELEASED
                 for _ in range(200):
-                    if new.blocked_clients("lock.acquire"):
+                    if waiting(new, wait_key):
                         break
                     await asyncio.sleep(0.05)
                 new.client().execute_command("LOCK.FORCERELEASE", wait_key)
@@ -361,7 +361,7 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
                threading.Thread(target=wait, args=("ephemeral",), kwargs={"ephemeral": True})]
     for t in waiters:
         t.start()
-    wait_until(lambda: len(s.master().blocked_clients("lock.acquire")) == 2, "both waiting")
+    wait_until(lambda: waiting(s.master(), wait_key) == 2, "both waiting")
     election = client.election(elect_key, "leader", lease=lease, ephemeral=False)
     leadership = election.campaign(value="before")
     seen: "queue.Queue[object]" = queue.Queue()
@@ -392,7 +392,7 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
         # issued again on the new master, where the blocker's hold (replicated) still is.
         waiters[1].join(10)
         assert isinstance(results["ephemeral"], LockConnectionError)
-        wait_until(lambda: len(new.blocked_clients("lock.acquire")) == 1, "waiting there",
+        wait_until(lambda: waiting(new, wait_key) == 1, "waiting there",
                    bound=10)
         new.client().execute_command("LOCK.FORCERELEASE", wait_key)
         waiters[0].join(10)

@@ -332,7 +332,17 @@ def in_thread(fn):
     return t, out
 
 
-def test_a_wait_whose_connection_is_killed_is_sent_again_twice_and_then_granted(server, client, key):
+@pytest.fixture
+def blocking(server):
+    """A client whose waits block, each on a connection of its own (``wait_with_tickets=False``;
+    test_tickets.py kills the connections of ticket waits)."""
+    c = LockClient.from_url(server.url, wait_with_tickets=False)
+    yield c
+    c.close()
+
+
+def test_a_wait_whose_connection_is_killed_is_sent_again_twice_and_then_granted(server, blocking, key):
+    client = blocking
     # Each send is seen waiting on a connection of its own (CLIENT LIST): Redis >= 8 and Valkey
     # count a blocked call in commandstats only once it is answered, not when it is killed.
     raw = server.client()
@@ -354,7 +364,8 @@ def test_a_wait_whose_connection_is_killed_is_sent_again_twice_and_then_granted(
     assert guard.release() is Release.RELEASED  # type: ignore[attr-defined]
 
 
-def test_a_wait_whose_connection_is_killed_three_times_raises_after_two_retries(server, client, key):
+def test_a_wait_whose_connection_is_killed_three_times_raises_after_two_retries(server, blocking, key):
+    client = blocking
     raw = server.client()
     assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
     t, out = in_thread(client.lock(key, wait_timeout=10).acquire)
@@ -409,7 +420,8 @@ def test_an_acquire_answered_after_its_first_send_timed_out_holds_once(fresh_ser
     client.close()
 
 
-def test_a_wait_reads_with_a_timeout_of_the_wait_plus_the_margin(server, client, key):
+def test_a_wait_reads_with_a_timeout_of_the_wait_plus_the_margin(server, blocking, key):
+    client = blocking
     # The waiting connection's socket, found by the port the server sees it on.
     import gc
     import socket

@@ -68,9 +68,10 @@ def new_gate() -> asyncio.Lock:
     return asyncio.Lock()
 
 
-async def wait_event(event: asyncio.Event, timeout: float) -> bool:
-    """Waits up to ``timeout`` seconds for ``event``; whether it is set."""
-    if timeout <= 0:
+async def wait_event(event: asyncio.Event, timeout: Optional[float]) -> bool:
+    """Waits up to ``timeout`` seconds (None: as long as it takes) for ``event``; whether it is
+    set."""
+    if timeout is not None and timeout <= 0:
         return event.is_set()
     try:
         await asyncio.wait_for(event.wait(), timeout)

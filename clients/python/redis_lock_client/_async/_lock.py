@@ -50,6 +50,7 @@ from ._backend import (
 )
 from ._connection import Connector, OwnConnection, call
 from ._hold import Hold, Unconfirmed
+from ._tickets import NoTickets
 
 if TYPE_CHECKING:
     from ._client import AsyncLockClient
@@ -144,8 +145,9 @@ class _AsyncHandle(Generic[_G]):
         return await self._acquire(False, self.wait_timeout)
 
     async def acquire(self) -> _G:
-        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (on a
-        connection of its own); raises ``LockTimeout`` when it passes."""
+        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (with a
+        ticket, or on a connection of its own: the client's ``wait_with_tickets``); raises
+        ``LockTimeout`` when it passes."""
         guard = await self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
@@ -227,7 +229,8 @@ class _AsyncHandle(Generic[_G]):
     async def _send_with_retries(
         self, waits: bool, until: Optional[float], value: Optional[bytes], ephemeral: bool
     ) -> Any:
-        """An acquire on a pooled connection, or a wait on one of its own: sent again after a
+        """An acquire on a pooled connection, or a wait (with a ticket, or on a connection of
+        its own): sent again after a
         broken connection (ONCE makes that safe) and after MOVED (with the slot map loaded
         again), up to twice in a row; an ASK is followed, to the node named, after ASKING; a
         TRYAGAIN (a slot move caught between keys) is sent again after growing pauses, up to
@@ -293,10 +296,19 @@ class _AsyncHandle(Generic[_G]):
     async def _send_waiting(
         self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
     ) -> Any:
-        """A wait, on a connection of its own (named for the owner), closed after; after an
-        ASK, on a connection to the node named, preceded by ASKING. Under Sentinel the
+        """A wait with a ticket (the client's ``wait_with_tickets``: standalone and Sentinel),
+        else on a connection of its own (named for the owner), closed after; after an ASK, on a
+        connection to the node named, preceded by ASKING. Under Sentinel the
         connection is closed as soon as the Sentinels name another master (the wait is then
         sent again, to it)."""
+        if ask is None:
+            tickets = (await self.client._node_for(self.keys.route)).tickets
+            if tickets is not None and not tickets.unsupported:
+                release = self.keys.release(self.owner)
+                try:
+                    return await tickets.wait(args, wait, self.keys.multi, release)
+                except NoTickets:
+                    pass
         connector = await self._connector(ask)
         conn = await connector.new(self.owner)
         done = Event()
@@ -414,7 +426,10 @@ class _AsyncHandle(Generic[_G]):
         )
         try:
             unconfirmed = await hold.confirm()
-        except (LockError, Cancelled):
+        except Cancelled:  # a grant nobody will hold: released
+            await _release_rest(hold)
+            raise
+        except LockError:
             await hold.close_own()
             raise
         if unconfirmed is Unconfirmed.GONE:
@@ -424,7 +439,14 @@ class _AsyncHandle(Generic[_G]):
             await self._unsafe(hold)
         with self._books:
             self._active, self._guards = hold, 1
-        await hold.start()
+        try:
+            await hold.start()
+        except Cancelled:  # cancelled before the guard was handed out: released
+            try:
+                await self._end(hold)
+            except LockError:
+                log.debug("releasing a cancelled grant of %r failed", hold.keys.keys)
+            raise
         return self._guard(hold)
 
     async def _unsafe(self, hold: Hold) -> None:

@@ -75,9 +75,10 @@ def new_gate() -> threading.RLock:
     return threading.RLock()
 
 
-def wait_event(event: threading.Event, timeout: float) -> bool:
-    """Waits up to ``timeout`` seconds for ``event``; whether it is set."""
-    if timeout <= 0:
+def wait_event(event: threading.Event, timeout: Optional[float]) -> bool:
+    """Waits up to ``timeout`` seconds (None: as long as it takes) for ``event``; whether it is
+    set."""
+    if timeout is not None and timeout <= 0:
         return event.is_set()
     return event.wait(timeout)
 

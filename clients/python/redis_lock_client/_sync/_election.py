@@ -96,8 +96,8 @@ class Election:
     def campaign(
         self, value: Optional[Key] = None, timeout: Optional[float] = None
     ) -> Leadership:
-        """Waits until this candidate leads (``LOCK.CAMPAIGN ... WAIT``, on a connection of its
-        own) and returns its leadership; with ``value``, proclaims it with the election. Raises
+        """Waits until this candidate leads (``LOCK.CAMPAIGN ... WAIT``: EPHEMERAL, on a
+        connection of its own; else with a ticket, as a lock's wait) and returns its leadership; with ``value``, proclaims it with the election. Raises
         ``LockTimeout`` when ``timeout`` passes (0: one attempt, no wait). Campaigning again
         while leading returns the same leadership (the epoch is kept; ``value`` is proclaimed).
         """

@@ -52,6 +52,7 @@ from ._backend import (
 )
 from ._connection import Connector, OwnConnection, call
 from ._hold import Hold, Unconfirmed
+from ._tickets import NoTickets
 
 if TYPE_CHECKING:
     from ._client import LockClient
@@ -146,8 +147,9 @@ class _Handle(Generic[_G]):
         return self._acquire(False, self.wait_timeout)
 
     def acquire(self) -> _G:
-        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (on a
-        connection of its own); raises ``LockTimeout`` when it passes."""
+        """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (with a
+        ticket, or on a connection of its own: the client's ``wait_with_tickets``); raises
+        ``LockTimeout`` when it passes."""
         guard = self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
@@ -229,7 +231,8 @@ class _Handle(Generic[_G]):
     def _send_with_retries(
         self, waits: bool, until: Optional[float], value: Optional[bytes], ephemeral: bool
     ) -> Any:
-        """An acquire on a pooled connection, or a wait on one of its own: sent again after a
+        """An acquire on a pooled connection, or a wait (with a ticket, or on a connection of
+        its own): sent again after a
         broken connection (ONCE makes that safe) and after MOVED (with the slot map loaded
         again), up to twice in a row; an ASK is followed, to the node named, after ASKING; a
         TRYAGAIN (a slot move caught between keys) is sent again after growing pauses, up to
@@ -295,10 +298,19 @@ class _Handle(Generic[_G]):
     def _send_waiting(
         self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
     ) -> Any:
-        """A wait, on a connection of its own (named for the owner), closed after; after an
-        ASK, on a connection to the node named, preceded by ASKING. Under Sentinel the
+        """A wait with a ticket (the client's ``wait_with_tickets``: standalone and Sentinel),
+        else on a connection of its own (named for the owner), closed after; after an ASK, on a
+        connection to the node named, preceded by ASKING. Under Sentinel the
         connection is closed as soon as the Sentinels name another master (the wait is then
         sent again, to it)."""
+        if ask is None:
+            tickets = (self.client._node_for(self.keys.route)).tickets
+            if tickets is not None and not tickets.unsupported:
+                release = self.keys.release(self.owner)
+                try:
+                    return tickets.wait(args, wait, self.keys.multi, release)
+                except NoTickets:
+                    pass
         connector = self._connector(ask)
         conn = connector.new(self.owner)
         done = Event()
@@ -416,7 +428,10 @@ class _Handle(Generic[_G]):
         )
         try:
             unconfirmed = hold.confirm()
-        except (LockError, Cancelled):
+        except Cancelled:  # a grant nobody will hold: released
+            _release_rest(hold)
+            raise
+        except LockError:
             hold.close_own()
             raise
         if unconfirmed is Unconfirmed.GONE:
@@ -426,7 +441,14 @@ class _Handle(Generic[_G]):
             self._unsafe(hold)
         with self._books:
             self._active, self._guards = hold, 1
-        hold.start()
+        try:
+            hold.start()
+        except Cancelled:  # cancelled before the guard was handed out: released
+            try:
+                self._end(hold)
+            except LockError:
+                log.debug("releasing a cancelled grant of %r failed", hold.keys.keys)
+            raise
         return self._guard(hold)
 
     def _unsafe(self, hold: Hold) -> None:

@@ -1,0 +1,411 @@
+"""Waiting with tickets (the clients' ``wait_with_tickets``, on by default): an acquire that has
+to wait gets a ticket from the server and every wait of a client on a server is popped by one
+``BLPOP`` on one waiting connection (sync and asyncio; a lock, a multi-key lock, a campaign)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from conftest import Server, info, wait_until
+from conftest import waiting as waiters
+from redis_lock_client import (
+    AsyncLockClient,
+    LockClient,
+    LockConnectionError,
+    LockTimeout,
+    Release,
+)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def connections(server: Server) -> list[dict[str, str]]:
+    out = []
+    for line in server.client().execute_command("CLIENT", "LIST").decode().splitlines():
+        out.append(dict(f.split("=", 1) for f in line.split(" ") if "=" in f))
+    return out
+
+
+def named(server: Server, suffix: str) -> list[dict[str, str]]:
+    return [c for c in connections(server) if c.get("name", "").endswith(suffix)]
+
+
+def in_blpop(server: Server) -> list[dict[str, str]]:
+    return [c for c in connections(server) if c.get("cmd") == "blpop"]
+
+
+def hold_elsewhere(server: Server, key: str, owner: str = "other") -> Callable[[], None]:
+    """Another owner holds `key`; the returned function releases it."""
+    raw = server.client()
+    assert raw.execute_command("LOCK.ACQUIRE", key, owner, 60000) > 0
+    return lambda: raw.execute_command("LOCK.RELEASE", key, owner)
+
+
+class Waiter(threading.Thread):
+    """acquire() in a thread of its own: its guard, or what it raised."""
+
+    def __init__(self, acquire: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self._acquire = acquire
+        self.guard: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.guard = self._acquire()
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            self.error = e
+
+    def result(self, bound: float = 10.0) -> Any:
+        self.join(bound)
+        assert not self.is_alive(), "the acquire hangs"
+        if self.error is not None:
+            raise self.error
+        return self.guard
+
+
+def assert_held(server: Server, key: str, guard: Any) -> None:
+    found = info(server, key)
+    assert found is not None and found[b"owner"] == guard.owner and found[b"token"] == guard.token
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_a_wait_is_a_ticket_popped_by_blpop_not_a_blocked_acquire(server, client, key):
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=10).acquire())
+    waiter.start()
+    wait_until(lambda: waiters(server, key) == 1, "the acquire waits in the server")
+    assert server.blocked_clients("lock.acquire") == []
+    wait_until(lambda: len(in_blpop(server)) == 1, "the waiting connection pops the ticket")
+    release()
+    guard = waiter.result()
+    assert_held(server, key, guard)
+    assert guard.release() is Release.RELEASED
+    assert client._single.tickets.issued == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_wait_with_tickets_false_blocks_on_a_connection_of_its_own(server, key):
+    with LockClient.from_url(server.url, wait_with_tickets=False) as client:
+        release = hold_elsewhere(server, key)
+        waiter = Waiter(lambda: client.lock(key, wait_timeout=10).acquire())
+        waiter.start()
+        wait_until(lambda: len(server.blocked_clients("lock.acquire")) == 1, "a blocked acquire")
+        assert named(server, ":tickets-wait") == []
+        release()
+        waiter.result().release()
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_ticket_waits_are_granted_in_arrival_order(server, client, key):
+    release = hold_elsewhere(server, key)
+    order: list[int] = []
+    threads = []
+    for i in range(5):
+        def take(i: int = i) -> Any:
+            guard = client.lock(key, wait_timeout=20).acquire()
+            order.append(i)
+            guard.release()
+            return guard
+        threads.append(Waiter(take))
+        threads[-1].start()
+        wait_until(lambda: waiters(server, key) == i + 1, f"waiter {i} queued")
+    release()
+    for t in threads:
+        t.result(20)
+    assert order == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.scenario("tickets-wait", "acquire-timeout")
+def test_a_ticket_wait_times_out_with_lock_timeout_and_leaves_the_queue(server, client, key):
+    release = hold_elsewhere(server, key)
+    cancels = server.commandstat("lock.cancel")
+    start = time.monotonic()
+    with pytest.raises(LockTimeout):
+        client.lock(key, wait_timeout=0.3).acquire()
+    assert 0.298 <= time.monotonic() - start < 3
+    assert waiters(server, key) == 0
+    assert server.commandstat("lock.cancel") == cancels  # the server answered `timeout`
+    release()
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_many_waits_of_one_client_share_one_waiting_connection(server, client, key):
+    keys = [f"{key}:{i}" for i in range(10)]
+    releases = [hold_elsewhere(server, k) for k in keys]
+    threads = [Waiter(lambda k=k: client.lock(k, wait_timeout=20).acquire()) for k in keys]
+    for t in threads:
+        t.start()
+    wait_until(lambda: all(waiters(server, k) == 1 for k in keys), "every acquire waits")
+    wait_until(lambda: len(in_blpop(server)) == 1, "one BLPOP pops every ticket")
+    assert len(named(server, ":tickets-wait")) == 1
+    assert len(named(server, ":tickets-ask")) == 1
+    assert server.blocked_clients("lock.acquire") == []
+    for r in releases:
+        r()
+    for k, t in zip(keys, threads):
+        guard = t.result(20)
+        assert_held(server, k, guard)
+        guard.release()
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_one_wake_up_per_release_eight_tasks_fifty_sections(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            cancels = server.commandstat("lock.cancel")
+            inside = 0
+
+            async def worker() -> None:
+                nonlocal inside
+                lock = client.lock(key, wait_timeout=30)
+                for _ in range(50):
+                    async with lock:
+                        inside += 1
+                        assert inside == 1
+                        await asyncio.sleep(0)
+                        inside -= 1
+            await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(8))), 120)
+            desk = client._single.tickets  # type: ignore[union-attr]
+            assert desk is not None and desk.issued > 0
+            assert desk.answered == desk.issued  # each ticket answered once: one wake-up each
+            assert server.commandstat("lock.cancel") == cancels
+            assert len(named(server, ":tickets-wait")) == 1
+    run(main())
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_async_many_waits_share_one_waiting_connection(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            keys = [f"{key}:{i}" for i in range(10)]
+            releases = [hold_elsewhere(server, k) for k in keys]
+            tasks = [asyncio.create_task(client.lock(k, wait_timeout=20).acquire()) for k in keys]
+            while not all(waiters(server, k) == 1 for k in keys) or len(in_blpop(server)) != 1:
+                await asyncio.sleep(0.01)
+            assert len(named(server, ":tickets-wait")) == 1
+            for r in releases:
+                r()
+            guards = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+            for k, guard in zip(keys, guards):
+                assert_held(server, k, guard)
+                await guard.release()
+    run(main())
+
+
+@pytest.mark.scenario("tickets-cancel")
+def test_a_cancelled_ticket_wait_leaves_the_queue_and_holds_nothing(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            release = hold_elsewhere(server, key)
+            task = asyncio.create_task(client.lock(key).acquire())
+            while waiters(server, key) != 1:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert waiters(server, key) == 0  # withdrawn with LOCK.CANCEL
+            release()
+            assert info(server, key) is None
+    run(main())
+
+
+@pytest.mark.scenario("tickets-cancel")
+def test_a_cancel_racing_a_grant_delivers_the_token_once(server, key):
+    """The holder releases as the waiter is cancelled, in every order: the grant is either the
+    waiter's (its acquire returned it) or released; the key is never left held by nobody."""
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            for i in range(30):
+                release = hold_elsewhere(server, key)
+                task = asyncio.create_task(client.lock(key).acquire())
+                while waiters(server, key) != 1:
+                    await asyncio.sleep(0.005)
+                release()
+                await asyncio.sleep((i % 10) * 0.0005)
+                task.cancel()
+                try:
+                    guard = await task
+                except asyncio.CancelledError:
+                    guard = None
+                if guard is not None:
+                    assert_held(server, key, guard)
+                    await guard.release()
+                deadline = time.monotonic() + 5
+                while info(server, key) is not None:  # a grant released in the background
+                    assert time.monotonic() < deadline, f"round {i}: the grant leaked"
+                    await asyncio.sleep(0.01)
+    run(main())
+
+
+@pytest.mark.scenario("tickets-connection-lost")
+def test_a_killed_asking_connection_is_noticed_and_the_acquire_asks_again(server, client, key):
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key).acquire())  # no timeout: a lost ticket would hang
+    waiter.start()
+    wait_until(lambda: waiters(server, key) == 1, "the acquire waits")
+    (asking,) = named(server, ":tickets-ask")
+    server.client().execute_command("CLIENT", "KILL", "ID", asking["id"])
+    wait_until(lambda: len(named(server, ":tickets-ask")) == 1, "asked again on a new connection")
+    wait_until(lambda: waiters(server, key) == 1, "the acquire waits again")
+    release()
+    guard = waiter.result()
+    assert_held(server, key, guard)
+    guard.release()
+
+
+@pytest.mark.scenario("tickets-connection-lost")
+def test_an_asking_connection_killed_three_times_raises_after_two_retries(server, client, key):
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+    waiter.start()
+    seen: set[str] = set()
+    for _ in range(3):
+        def asked_again() -> list[dict[str, str]]:
+            fresh = [c for c in named(server, ":tickets-ask") if c["id"] not in seen]
+            return fresh if fresh and waiters(server, key) == 1 else []
+        wait_until(asked_again, "the acquire waits with a ticket asked on a new connection")
+        (asking,) = asked_again()
+        seen.add(asking["id"])
+        server.client().execute_command("CLIENT", "KILL", "ID", asking["id"])
+    with pytest.raises(LockConnectionError):
+        waiter.result()
+    assert waiters(server, key) == 0
+    release()
+
+
+@pytest.mark.scenario("tickets-connection-lost")
+def test_a_killed_waiting_connection_is_replaced_and_the_grant_delivered(server, client, key):
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+    waiter.start()
+    wait_until(lambda: len(in_blpop(server)) == 1, "the ticket is popped")
+    (waiting,) = named(server, ":tickets-wait")
+    server.client().execute_command("CLIENT", "KILL", "ID", waiting["id"])
+    release()
+    guard = waiter.result()
+    assert_held(server, key, guard)
+    guard.release()
+    assert info(server, key) is None
+
+
+@pytest.mark.scenario("tickets-connection-lost")
+def test_a_grant_written_while_the_waiting_connection_is_gone_is_taken_by_cancel(
+    server, client, key
+):
+    """The waiting connection dies, the grant is written meanwhile and nobody pops it: the
+    waiter's LOCK.CANCEL takes it (its acquire returns it), never a hold nobody knows of."""
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+    waiter.start()
+    wait_until(lambda: len(in_blpop(server)) == 1, "the ticket is popped")
+    (waiting,) = named(server, ":tickets-wait")
+    raw = server.client()
+    raw.execute_command("MULTI")
+    raw.execute_command("LOCK.RELEASE", key, "other")
+    raw.execute_command("CLIENT", "KILL", "ID", waiting["id"])
+    raw.execute_command("EXEC")
+    guard = waiter.result()
+    assert_held(server, key, guard)
+    guard.release()
+    del release
+
+
+@pytest.mark.scenario("tickets-wait", "multi-wait")
+def test_a_multi_key_wait_is_a_ticket_with_a_token_per_key(server, client, key):
+    a, b = f"{key}:a", f"{key}:b"
+    release = hold_elsewhere(server, b)
+    waiter = Waiter(lambda: client.multi_lock([a, b], wait_timeout=10).acquire())
+    waiter.start()
+    wait_until(lambda: waiters(server, b) == 1, "the multi-key acquire waits")
+    assert server.blocked_clients("lock.macquire") == []
+    wait_until(lambda: len(in_blpop(server)) == 1, "its ticket is popped")
+    release()
+    guard = waiter.result()
+    for k in (a, b):
+        found = info(server, k)
+        assert found is not None and found[b"owner"] == guard.owner
+        assert found[b"token"] == guard.tokens[k]
+    assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("tickets-wait", "election-campaign")
+def test_a_campaign_waits_with_a_ticket(server, client, key):
+    first = client.election(key, "node-a", ephemeral=False).campaign()
+    waiter = Waiter(lambda: client.election(key, "node-b", ephemeral=False).campaign(timeout=10))
+    waiter.start()
+    wait_until(lambda: waiters(server, key) == 1, "node-b waits")
+    assert server.blocked_clients("lock.campaign") == []
+    wait_until(lambda: len(in_blpop(server)) == 1, "its ticket is popped")
+    first.resign()
+    leadership = waiter.result()
+    assert leadership.epoch > first.epoch
+    assert client.election(key).leader().candidate == b"node-b"
+    leadership.resign()
+
+
+@pytest.mark.scenario("tickets-wait", "acquire-long-wait")
+def test_a_ticket_wait_longer_than_the_lease_is_confirmed_and_renewed(server, client, key):
+    lease = 1.0
+    release = hold_elsewhere(server, key)
+    threading.Timer(1.3 * lease, release).start()
+    renews = server.commandstat("lock.renew")
+    guard = client.lock(key, lease=lease, wait_timeout=30).acquire()
+    assert server.commandstat("lock.renew") > renews  # confirmed by a renewal at once
+    assert client._single.tickets.issued == 1  # type: ignore[union-attr]
+    end = time.monotonic() + 1.5 * lease
+    while time.monotonic() < end:
+        assert not guard.lost.is_set()
+        time.sleep(0.02)
+    assert_held(server, key, guard)
+    guard.release()
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_the_waiting_connections_close_when_idle(server, key):
+    with LockClient.from_url(server.url) as client:
+        release = hold_elsewhere(server, key)
+        waiter = Waiter(lambda: client.lock(key, wait_timeout=10).acquire())
+        waiter.start()
+        wait_until(lambda: len(named(server, ":tickets-wait")) == 1, "the desk opened")
+        release()
+        waiter.result().release()
+        wait_until(lambda: named(server, ":tickets-") == [], "closed when idle", bound=15)
+
+
+@pytest.fixture
+def debug_server(tmp_path):
+    from conftest import start_server
+
+    s = start_server(tmp_path, "--enable-debug-command", "yes")
+    yield s
+    s.proc.kill()
+    s.proc.wait()
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_a_grant_whose_ticket_expired_before_the_pop_is_never_handed_out(debug_server, key):
+    """The server grants, then stalls past the grant's lease before anyone can pop it (one
+    MULTI): the grant expires with its ticket and its hold. The waiter is not told: it ends at
+    its own timeout with LockTimeout, never with a hold the server does not have."""
+    server, lease = debug_server, 0.3
+    with LockClient.from_url(server.url, lost_signal=False) as client:
+        hold_elsewhere(server, key)
+        waiter = Waiter(lambda: client.lock(key, lease=lease, wait_timeout=1.0).acquire())
+        waiter.start()
+        wait_until(lambda: len(in_blpop(server)) == 1, "the ticket is popped")
+        raw = server.client()
+        pipe = raw.pipeline(transaction=True)
+        pipe.execute_command("LOCK.RELEASE", key, "other")
+        pipe.execute_command("DEBUG", "SLEEP", lease * 2)
+        pipe.execute()
+        with pytest.raises(LockTimeout):
+            waiter.result()
+        assert info(server, key) is None
