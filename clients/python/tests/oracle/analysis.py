@@ -63,6 +63,7 @@ class Report:
     seed: int
     holds: int = 0
     reentries: int = 0
+    late_losses: int = 0
     writes: int = 0
     fenced: int = 0
     disruptions: dict[str, int] = field(default_factory=dict)
@@ -93,7 +94,8 @@ class Report:
             "  lost reported: " + ", ".join(f"{k} {v}" for k, v in sorted(self.lost.items())),
             "  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())),
             f"  false lost: {len(self.false_lost)}; stale writes landed: {len(self.stale)}; "
-            f"tokens handed out twice: {len(self.regranted)}; errors: {len(self.errors)}",
+            f"tokens handed out twice: {len(self.regranted)}; errors: {len(self.errors)}; "
+            f"losses delivered as the hold was let go: {self.late_losses}",
             f"  false held: {len(self.false_held)} cases (signalled: median "
             f"{self.signal_median_ms:.1f} ms); longest per cause (ms): "
             + ", ".join(f"{c} {n}x max {w:.0f}" for c, (n, w) in sorted(self.longest().items())),
@@ -152,8 +154,11 @@ def analyse(
             report.fenced += 1
     for e in events:
         if e["e"] not in ("lost", "end") or e.get("owner") is None:
+            # A loss the library delivers (from its signal thread) as the handle lets its hold
+            # go: the handle has no active hold to name by then. It misleads nobody (no guard
+            # is left to believe in), so it is counted, not an error.
             if e["e"] == "lost":
-                report.errors.append(f"{e['h']}: a loss reported with no active hold")
+                report.late_losses += 1
             continue
         found = beliefs.get((e["owner"], tuple(e["tokens"])))
         if not found:
