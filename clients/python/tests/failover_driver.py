@@ -23,7 +23,8 @@ milliseconds):
   "key": ..., "kind": ..., "owner": ..., "ms": ..., "error": "<Type>: <message>"}`` (a timeout,
   ``LockTimeout``, is an answer, not an error: nothing is written for it).
 
-Holders wait up to ``--wait`` seconds (default 2) for each acquire, hold for 50-500 ms, release;
+Holders wait up to ``--wait`` seconds (default 2) for each acquire, hold for 50 ms to
+``--hold-max`` (default 0.5 s), release;
 leases are ``--lease`` seconds (default 5), renewed by the watchdog. The client's
 ``failover_timeout`` is ``--failover-timeout`` (default 10 s). A summary goes to stderr.
 """
@@ -123,7 +124,7 @@ class Holder:
             start = now_ms()
             self.asking = None
             token = guard.epoch if self.kind == "leader" else guard.token
-            until = time.monotonic() + self.rng.uniform(0.05, 0.5)
+            until = time.monotonic() + self.rng.uniform(0.05, self.args.hold_max)
             while time.monotonic() < until and not self.stop.is_set() and self.lost is None:
                 time.sleep(0.01)
             if self.lost is not None:
@@ -159,6 +160,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--lease", type=float, default=5.0)
     p.add_argument("--wait", type=float, default=2.0, help="each acquire's wait_timeout")
     p.add_argument("--holders", type=int, default=3, help="holders per key")
+    p.add_argument("--hold-max", type=float, default=0.5,
+                   help="the longest a hold is kept, seconds (each is kept 50 ms to this)")
     p.add_argument("--failover-timeout", type=float, default=10.0)
     p.add_argument("--grace", type=float, default=None,
                    help="after the run, how long an acquire may still answer (default: "

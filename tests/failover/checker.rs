@@ -1,0 +1,523 @@
+//! The failover test's checker: the drivers' lines (every acknowledged hold with its token and
+//! client-side interval, every acquire left unanswered or answered an error), the truth poller's
+//! reads of the current master, and the injector's failovers in; the cases of each measure out.
+//!
+//! Every time is wall-clock epoch milliseconds: the drivers, the poller and the injector run on
+//! one machine and read one clock.
+
+use std::collections::{HashMap, HashSet};
+
+use super::json::{parse_object, Json};
+
+/// Rust's driver writes whole milliseconds, Python's fractions: intervals closer than this are
+/// not taken for overlapping, nor a read this close to a grant for one made after it.
+pub const TOLERANCE_MS: f64 = 1.0;
+
+/// Two holds that may be held together (two readers, two permits) are ordered by their
+/// acknowledgements only when this far apart: a grant's acknowledgement can come late (a
+/// `WAIT` for a replica, a paused master resumed), but not this late.
+pub const UNORDERED_MARGIN_MS: f64 = 10_000.0;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lib {
+    Rust,
+    Python,
+}
+
+impl Lib {
+    pub const ALL: [Lib; 2] = [Lib::Rust, Lib::Python];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Lib::Rust => "rust",
+            Lib::Python => "python",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Lib> {
+        match s {
+            "rust" => Some(Lib::Rust),
+            "python" => Some(Lib::Python),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Exclusive,
+    Shared,
+    Permit,
+    Leader,
+}
+
+impl Kind {
+    fn parse(s: &str) -> Option<Kind> {
+        match s {
+            "exclusive" => Some(Kind::Exclusive),
+            "shared" => Some(Kind::Shared),
+            "permit" => Some(Kind::Permit),
+            "leader" => Some(Kind::Leader),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "exclusive",
+            Kind::Shared => "shared",
+            Kind::Permit => "permit",
+            Kind::Leader => "leader",
+        }
+    }
+
+    fn exclusive(self) -> bool {
+        matches!(self, Kind::Exclusive | Kind::Leader)
+    }
+
+    /// Whether two holds of these kinds on one key may not be held at once: an exclusive hold
+    /// or a leadership excludes every other hold, a shared one excludes exclusive ones.
+    /// (Permits are counted against their limit instead.)
+    pub fn excludes(self, other: Kind) -> bool {
+        self.exclusive() || other.exclusive()
+    }
+}
+
+/// One acknowledged hold, as its driver wrote it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hold {
+    pub lib: Lib,
+    pub replicas: u8,
+    pub key: String,
+    pub kind: Kind,
+    pub limit: Option<usize>,
+    pub owner: String,
+    pub token: i64,
+    /// When the grant was handed to the application (after the replicas' acknowledgement).
+    pub start: f64,
+    /// When the application stopped believing it held.
+    pub end: f64,
+    /// `released`, `lost:<reason>`, `run-end`.
+    pub how: String,
+    /// When the acquire was sent, if the driver says (`asked_ms`).
+    pub asked: Option<f64>,
+}
+
+impl std::fmt::Display for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {:?} token {} [{:.0} .. {:.0}] ({:.0} ms, {}) on {}",
+            self.lib.name(),
+            self.kind.name(),
+            self.owner,
+            self.token,
+            self.start,
+            self.end,
+            self.end - self.start,
+            self.how,
+            self.key
+        )
+    }
+}
+
+/// An acquire that never got an answer, or got an error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub lib: Lib,
+    pub replicas: u8,
+    pub key: String,
+    pub kind: String,
+    pub owner: String,
+    pub at: f64,
+    /// None: unanswered; Some: the error.
+    pub error: Option<String>,
+}
+
+/// What the drivers wrote.
+#[derive(Debug, Default)]
+pub struct Lines {
+    pub holds: Vec<Hold>,
+    pub events: Vec<Event>,
+    /// Lines that could not be read, with why.
+    pub unreadable: Vec<String>,
+}
+
+impl Lines {
+    pub fn read(&mut self, text: &str) {
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            if let Err(why) = self.read_line(line) {
+                self.unreadable.push(format!("{why}: {line}"));
+            }
+        }
+    }
+
+    fn read_line(&mut self, line: &str) -> Result<(), String> {
+        let o = parse_object(line)?;
+        let text = |name: &str| -> Result<String, String> {
+            o.get(name)
+                .and_then(Json::str)
+                .map(str::to_string)
+                .ok_or_else(|| format!("no {name}"))
+        };
+        let number = |name: &str| -> Result<f64, String> {
+            o.get(name)
+                .and_then(Json::float)
+                .ok_or_else(|| format!("no {name}"))
+        };
+        let lib = Lib::parse(&text("lib")?).ok_or("unknown lib")?;
+        let replicas = o
+            .get("replicas")
+            .and_then(Json::int)
+            .and_then(|r| u8::try_from(r).ok())
+            .ok_or("no replicas")?;
+        if let Some(event) = o.get("event").and_then(Json::str) {
+            // Python's driver names the time of an error `ms`, Rust's `at_ms`; an unanswered
+            // acquire's `start_ms` is when it was sent.
+            let at = ["start_ms", "at_ms", "ms"]
+                .iter()
+                .find_map(|n| o.get(*n).and_then(Json::float))
+                .unwrap_or(0.0);
+            let error = match event {
+                "unanswered" => None,
+                "acquire-error" => Some(text("error")?),
+                other => return Err(format!("unknown event {other}")),
+            };
+            self.events.push(Event {
+                lib,
+                replicas,
+                key: text("key").unwrap_or_default(),
+                kind: text("kind").unwrap_or_default(),
+                owner: text("owner").unwrap_or_default(),
+                at,
+                error,
+            });
+            return Ok(());
+        }
+        let kind = Kind::parse(&text("kind")?).ok_or("unknown kind")?;
+        self.holds.push(Hold {
+            lib,
+            replicas,
+            key: text("key")?,
+            kind,
+            limit: o
+                .get("limit")
+                .and_then(Json::int)
+                .and_then(|l| usize::try_from(l).ok()),
+            owner: text("owner")?,
+            token: o.get("token").and_then(Json::int).ok_or("no token")?,
+            start: number("start_ms")?,
+            end: number("end_ms")?,
+            how: text("end")?,
+            asked: o.get("asked_ms").and_then(Json::float),
+        });
+        Ok(())
+    }
+}
+
+/// Two acknowledged holds of one key that exclude each other and were believed at once.
+#[derive(Debug, Clone)]
+pub struct Overlap {
+    pub first: Hold,
+    pub second: Hold,
+}
+
+impl Overlap {
+    pub fn ms(&self) -> f64 {
+        self.first.end.min(self.second.end) - self.second.start
+    }
+}
+
+/// More permits believed at once than the semaphore's limit.
+#[derive(Debug, Clone)]
+pub struct Crowd {
+    pub key: String,
+    pub limit: usize,
+    pub at: f64,
+    pub holds: Vec<Hold>,
+}
+
+fn by_key<'a>(holds: &[&'a Hold]) -> HashMap<&'a str, Vec<&'a Hold>> {
+    let mut keys: HashMap<&str, Vec<&Hold>> = HashMap::new();
+    for h in holds {
+        keys.entry(h.key.as_str()).or_default().push(h);
+    }
+    for list in keys.values_mut() {
+        list.sort_by(|a, b| a.start.total_cmp(&b.start));
+    }
+    keys
+}
+
+/// Overlapping acknowledged holds: two that exclude each other believed at once (by more
+/// than [`TOLERANCE_MS`]), and every moment more permits than the limit were believed.
+pub fn overlaps(holds: &[&Hold], default_limit: usize) -> (Vec<Overlap>, Vec<Crowd>) {
+    let mut pairs = Vec::new();
+    let mut crowds = Vec::new();
+    for (key, list) in by_key(holds) {
+        for (i, a) in list.iter().enumerate() {
+            for b in &list[i + 1..] {
+                if b.start + TOLERANCE_MS >= a.end {
+                    break;
+                }
+                if a.kind.excludes(b.kind) {
+                    pairs.push(Overlap {
+                        first: (*a).clone(),
+                        second: (*b).clone(),
+                    });
+                }
+            }
+        }
+        let permits: Vec<&Hold> = list
+            .iter()
+            .copied()
+            .filter(|h| h.kind == Kind::Permit)
+            .collect();
+        let limit = permits
+            .iter()
+            .find_map(|h| h.limit)
+            .unwrap_or(default_limit);
+        // A sweep: each hold from its start to its end (less the tolerance); ends first.
+        let mut edges: Vec<(f64, bool, usize)> = Vec::new();
+        for (n, h) in permits.iter().enumerate() {
+            let end = h.end - TOLERANCE_MS;
+            if end > h.start {
+                edges.push((h.start, true, n));
+                edges.push((end, false, n));
+            }
+        }
+        edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut active: Vec<usize> = Vec::new();
+        let mut crowded = false;
+        for (at, starts, n) in edges {
+            if starts {
+                active.push(n);
+                if active.len() > limit && !crowded {
+                    crowded = true;
+                    crowds.push(Crowd {
+                        key: key.to_string(),
+                        limit,
+                        at,
+                        holds: active.iter().map(|&i| permits[i].clone()).collect(),
+                    });
+                }
+            } else {
+                active.retain(|&i| i != n);
+                crowded = active.len() > limit;
+            }
+        }
+    }
+    pairs.sort_by(|a, b| a.second.start.total_cmp(&b.second.start));
+    crowds.sort_by(|a, b| a.at.total_cmp(&b.at));
+    (pairs, crowds)
+}
+
+/// A token that did not rise: `later`'s grant came after `earlier`'s (and `earlier` was over,
+/// or asked for before, as `why` says), yet its token is not above it; or a token handed out
+/// twice.
+#[derive(Debug, Clone)]
+pub struct TokenCase {
+    pub earlier: Hold,
+    pub later: Hold,
+    pub why: &'static str,
+}
+
+/// Tokens that did not rise, per key: each grant's token must be above every earlier grant's
+/// of that key. "Earlier" on the evidence the drivers give: a hold that excludes the later one
+/// and whose application stopped believing before the later one's grant was acknowledged;
+/// any hold over [`UNORDERED_MARGIN_MS`] before it; any hold acknowledged before the later one
+/// was asked for (when the driver writes `asked_ms`). And no token twice.
+///
+/// A token handed out again to its own owner is counted apart (the second number), not as a
+/// case: a release the old master answered but had not replicated when it died is undone by the
+/// failover, and the owner's next acquire (`ONCE`) is answered with the hold the new master still
+/// has. Nobody else held the key in between (an acknowledged grant to another would have
+/// carried the release to the replicas before it).
+pub fn token_cases(holds: &[&Hold]) -> (Vec<TokenCase>, usize) {
+    let mut cases = Vec::new();
+    let mut resumed = 0;
+    for list in by_key(holds).into_values() {
+        let mut seen: HashMap<i64, &Hold> = HashMap::new();
+        for h in &list {
+            if let Some(first) = seen.insert(h.token, h) {
+                if first.owner == h.owner {
+                    resumed += 1;
+                    continue;
+                }
+                cases.push(TokenCase {
+                    earlier: first.clone(),
+                    later: (*h).clone(),
+                    why: "the same token handed out twice",
+                });
+            }
+        }
+        for later in &list {
+            let mut worst: Option<(&Hold, &'static str)> = None;
+            for earlier in &list {
+                if earlier.token < later.token || std::ptr::eq(*earlier, *later) {
+                    continue;
+                }
+                let why = if earlier.kind.excludes(later.kind)
+                    && earlier.end + TOLERANCE_MS <= later.start
+                {
+                    "the earlier hold was over before the later one was acknowledged"
+                } else if earlier.end + UNORDERED_MARGIN_MS <= later.start {
+                    "the earlier hold was over 10 s before the later one was acknowledged"
+                } else if later
+                    .asked
+                    .is_some_and(|asked| earlier.start + TOLERANCE_MS <= asked)
+                {
+                    "the earlier hold was acknowledged before the later one was asked for"
+                } else {
+                    continue;
+                };
+                if earlier.token == later.token {
+                    continue; // reported above
+                }
+                if worst.is_none_or(|(w, _)| earlier.token > w.token) {
+                    worst = Some((earlier, why));
+                }
+            }
+            if let Some((earlier, why)) = worst {
+                cases.push(TokenCase {
+                    earlier: earlier.clone(),
+                    later: (*later).clone(),
+                    why,
+                });
+            }
+        }
+    }
+    cases.sort_by(|a, b| a.later.start.total_cmp(&b.later.start));
+    (cases, resumed)
+}
+
+/// One read of every key on the master the Sentinels named.
+#[derive(Debug, Clone)]
+pub struct Round {
+    /// When the read was sent.
+    pub sent: f64,
+    pub port: u16,
+    /// Per key (in the truth's key order), the holders: (owner, token).
+    pub holders: Vec<Vec<(String, i64)>>,
+}
+
+/// What the truth poller read, in the order it read it.
+#[derive(Debug, Clone, Default)]
+pub struct Truth {
+    pub keys: Vec<String>,
+    pub rounds: Vec<Round>,
+}
+
+impl Truth {
+    fn key_index(&self, key: &str) -> Option<usize> {
+        self.keys.iter().position(|k| k == key)
+    }
+
+    /// Every master each (key, owner, token) was read on.
+    fn seen_on(&self) -> HashMap<(usize, &str, i64), HashSet<u16>> {
+        let mut seen: HashMap<(usize, &str, i64), HashSet<u16>> = HashMap::new();
+        for round in &self.rounds {
+            for (k, holders) in round.holders.iter().enumerate() {
+                for (owner, token) in holders {
+                    seen.entry((k, owner.as_str(), *token))
+                        .or_default()
+                        .insert(round.port);
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// A hold its application still believed after the current master was read without it.
+#[derive(Debug, Clone)]
+pub struct Belief {
+    pub hold: Hold,
+    /// When the first read that did not find it was sent.
+    pub gone: f64,
+    pub port: u16,
+}
+
+impl Belief {
+    /// How long the application believed it past that read.
+    pub fn ms(&self) -> f64 {
+        self.hold.end - self.gone
+    }
+}
+
+/// For each hold, the first read of the current master sent after its grant was acknowledged
+/// that does not list it (owner and token); a case when its application believed it after.
+pub fn beliefs(holds: &[&Hold], truth: &Truth) -> Vec<Belief> {
+    let mut out = Vec::new();
+    for h in holds {
+        let Some(k) = truth.key_index(&h.key) else {
+            continue;
+        };
+        let from = truth
+            .rounds
+            .partition_point(|r| r.sent < h.start + TOLERANCE_MS);
+        let gone = truth.rounds[from..]
+            .iter()
+            .take_while(|r| r.sent < h.end)
+            .find(|r| {
+                !r.holders
+                    .get(k)
+                    .is_some_and(|list| list.iter().any(|(o, t)| *o == h.owner && *t == h.token))
+            });
+        if let Some(r) = gone {
+            out.push(Belief {
+                hold: (*h).clone(),
+                gone: r.sent,
+                port: r.port,
+            });
+        }
+    }
+    out.sort_by(|a, b| b.ms().total_cmp(&a.ms()));
+    out
+}
+
+/// A failover the injector caused.
+#[derive(Debug, Clone)]
+pub struct Failover {
+    /// `kill` (SIGKILL, restarted later) or `pause` (SIGSTOP, SIGCONT later).
+    pub how: &'static str,
+    pub old: u16,
+    pub new: u16,
+    /// The signal sent.
+    pub death: f64,
+    /// Every Sentinel names the new master, and it says it is one.
+    pub named: f64,
+    /// The old master restarted, or continued.
+    pub back: f64,
+}
+
+/// The first grant on the new master after each failover's death, of the holds given: the
+/// earliest acknowledged after the death (and before the next death) that the poller read on
+/// the new master. None when there was none.
+pub fn first_grants(holds: &[&Hold], truth: &Truth, failovers: &[Failover]) -> Vec<Option<f64>> {
+    let seen = truth.seen_on();
+    failovers
+        .iter()
+        .enumerate()
+        .map(|(n, f)| {
+            let until = failovers.get(n + 1).map_or(f64::MAX, |next| next.death);
+            holds
+                .iter()
+                .filter(|h| h.start > f.death && h.start < until)
+                .filter(|h| {
+                    truth.key_index(&h.key).is_some_and(|k| {
+                        seen.get(&(k, h.owner.as_str(), h.token))
+                            .is_some_and(|ports| ports.contains(&f.new))
+                    })
+                })
+                .map(|h| h.start - f.death)
+                .min_by(f64::total_cmp)
+        })
+        .collect()
+}
+
+/// (min, median, max) of some durations.
+pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v: Vec<f64> = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    Some((*v.first()?, v[v.len() / 2], *v.last()?))
+}
