@@ -403,7 +403,11 @@ fn holds_acknowledged_by_a_replica_survive_failovers() {
     );
     eprintln!("failover test: FAILOVER_SECS={secs} FAILOVER_SEED={seed}");
     let started = Instant::now();
-    let mut set = SentinelSet::start();
+    // A replica that comes back resyncs at once (Redis waits 5 s for more replicas by default).
+    let mut set = SentinelSet::start_with(&SentinelOptions {
+        extra: vec!["--repl-diskless-sync-delay".into(), "0".into()],
+        ..SentinelOptions::default()
+    });
     let dir = tempfile::tempdir().unwrap();
     let drivers = start_drivers(&set, dir.path(), secs, seed);
     let until = Instant::now() + Duration::from_secs(secs);

@@ -521,3 +521,67 @@ pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
     v.sort_by(f64::total_cmp);
     Some((*v.first()?, v[v.len() / 2], *v.last()?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(kind: Kind, owner: &str, token: i64, start: f64, end: f64) -> Hold {
+        Hold {
+            lib: Lib::Rust,
+            replicas: 1,
+            key: "k".into(),
+            kind,
+            limit: (kind == Kind::Permit).then_some(2),
+            owner: owner.into(),
+            token,
+            start,
+            end,
+            how: "released".into(),
+            asked: None,
+        }
+    }
+
+    #[test]
+    fn overlaps_count_holds_that_exclude_each_other_and_crowded_permits() {
+        let holds = [
+            hold(Kind::Shared, "r1", 1, 0.0, 100.0),
+            hold(Kind::Shared, "r2", 2, 50.0, 150.0), // readers together: fine
+            hold(Kind::Exclusive, "w", 3, 140.0, 200.0), // a writer inside a reader: a case
+            hold(Kind::Exclusive, "w2", 4, 200.5, 300.0), // within the tolerance: fine
+        ];
+        let (pairs, crowds) = overlaps(&holds.iter().collect::<Vec<_>>(), 2);
+        assert_eq!(pairs.len(), 1);
+        assert_eq!((pairs[0].first.token, pairs[0].second.token), (2, 3));
+        assert!(crowds.is_empty());
+
+        let permits = [
+            hold(Kind::Permit, "a", 1, 0.0, 100.0),
+            hold(Kind::Permit, "b", 2, 10.0, 100.0),
+            hold(Kind::Permit, "c", 3, 20.0, 30.0),
+            hold(Kind::Permit, "d", 4, 100.0, 130.0),
+        ];
+        let (pairs, crowds) = overlaps(&permits.iter().collect::<Vec<_>>(), 2);
+        assert!(pairs.is_empty());
+        assert_eq!(crowds.len(), 1);
+        assert_eq!(crowds[0].holds.len(), 3);
+    }
+
+    #[test]
+    fn a_token_must_rise_past_every_earlier_hold_but_may_come_back_to_its_owner() {
+        let holds = [
+            hold(Kind::Exclusive, "a", 10, 0.0, 100.0),
+            hold(Kind::Exclusive, "b", 5, 200.0, 300.0), // after a's hold, lower: a case
+            hold(Kind::Exclusive, "c", 20, 400.0, 500.0),
+            hold(Kind::Exclusive, "c", 20, 600.0, 700.0), // its own hold given back: counted apart
+            hold(Kind::Exclusive, "d", 20, 800.0, 900.0), // another owner's token: a case
+        ];
+        let (cases, resumed) = token_cases(&holds.iter().collect::<Vec<_>>());
+        assert_eq!(resumed, 1);
+        let found: Vec<(i64, &str)> = cases
+            .iter()
+            .map(|c| (c.later.token, c.later.owner.as_str()))
+            .collect();
+        assert_eq!(found, [(5, "b"), (20, "d")]);
+    }
+}
