@@ -218,7 +218,7 @@ fn poll_truth(urls: Vec<String>, name: String, keys: Vec<String>, stop: Arc<Atom
     let mut master: Option<(u16, Connection)> = None;
     let mut truth = Truth {
         keys: keys.clone(),
-        rounds: Vec::new(),
+        ..Truth::default()
     };
     while !stop.load(Ordering::Relaxed) {
         sleep(Duration::from_millis(25));
@@ -280,6 +280,81 @@ fn poll_truth(urls: Vec<String>, name: String, keys: Vec<String>, stop: Arc<Atom
         });
     }
     truth
+}
+
+/// Reads one data server on its own, about every 25 ms, whatever its role, until told to stop:
+/// its `ROLE` (as text: a master's replicas with their acknowledged offsets, a replica's
+/// master and link state) and every key.
+fn spy(port: u16, keys: Vec<String>, stop: Arc<AtomicBool>) -> Vec<(String, Round)> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let timeout = Duration::from_millis(300);
+    let mut con: Option<Connection> = None;
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        sleep(Duration::from_millis(25));
+        if con.is_none() {
+            con = client
+                .get_connection_with_timeout(timeout)
+                .ok()
+                .filter(|c| {
+                    c.set_read_timeout(Some(timeout)).is_ok()
+                        && c.set_write_timeout(Some(timeout)).is_ok()
+                });
+        }
+        let Some(c) = con.as_mut() else {
+            continue;
+        };
+        let sent = now_ms();
+        let mut pipe = redis::pipe();
+        pipe.cmd("ROLE");
+        for key in &keys {
+            pipe.cmd("LOCK.INFO").arg(key);
+        }
+        let Ok(replies) = pipe.query::<Vec<Value>>(c) else {
+            con = None;
+            continue;
+        };
+        let role = replies.first().map(role_text).unwrap_or_default();
+        let holders = replies.iter().skip(1).map(holders_of).collect();
+        out.push((
+            role,
+            Round {
+                sent,
+                port,
+                holders,
+            },
+        ));
+    }
+    out
+}
+
+/// `ROLE` as text: `master [replica-port@acked-offset ...]`, `slave of <port> <state>`.
+fn role_text(reply: &Value) -> String {
+    let Value::Bulk(items) = reply else {
+        return format!("{reply:?}");
+    };
+    let text = |v: Option<&Value>| -> String {
+        v.and_then(|v| redis::from_redis_value::<String>(v).ok())
+            .unwrap_or_default()
+    };
+    match text(items.first()).as_str() {
+        "master" => {
+            let replicas = match items.get(2) {
+                Some(Value::Bulk(list)) => list
+                    .iter()
+                    .map(|r| match r {
+                        Value::Bulk(f) => format!("{}@{}", text(f.get(1)), text(f.get(2))),
+                        _ => "?".into(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                _ => String::new(),
+            };
+            format!("master [{replicas}]")
+        }
+        "slave" => format!("slave of {} {}", text(items.get(2)), text(items.get(3))),
+        other => other.to_string(),
+    }
 }
 
 /// `LOCK.INFO`'s `holders`: (owner, token) of each hold; none for a free key.
@@ -422,6 +497,15 @@ fn holds_acknowledged_by_a_replica_survive_failovers() {
         let keys: Vec<String> = [1, 0].into_iter().flat_map(keys).collect();
         std::thread::spawn(move || poll_truth(urls, name, keys, stop))
     };
+    let spies: Vec<_> = set
+        .servers
+        .iter()
+        .map(|server| {
+            let (port, stop) = (server.port, stop.clone());
+            let keys: Vec<String> = [1, 0].into_iter().flat_map(keys).collect();
+            std::thread::spawn(move || spy(port, keys, stop))
+        })
+        .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     sleep(Duration::from_secs(3)); // the drivers start and hold a while before the first failover
     let failovers = inject(&mut set, &mut rng, until);
@@ -450,7 +534,11 @@ fn holds_acknowledged_by_a_replica_survive_failovers() {
         lines.read(&std::fs::read_to_string(&driver.output).unwrap_or_default());
     }
     stop.store(true, Ordering::Relaxed);
-    let truth = poller.join().expect("the poller");
+    let mut truth = poller.join().expect("the poller");
+    for spy in spies {
+        truth.spied.extend(spy.join().expect("a spy"));
+    }
+    truth.spied.sort_by(|a, b| a.1.sent.total_cmp(&b.1.sent));
     let total = started.elapsed();
     report(&lines, &truth, &failovers, secs, seed, total);
 }
@@ -487,6 +575,31 @@ fn figures(lines: &Lines, truth: &Truth, failovers: &[Failover], replicas: u8) -
     let (tokens, resumed) = checker::token_cases(&holds);
     let beliefs = checker::beliefs(&holds, truth);
     let label = format!("replicas={replicas}");
+    // The story of a case with replicas=1: where each hold was read, and the servers' roles.
+    let story = |holds: &[&Hold]| {
+        if replicas == 0 {
+            return;
+        }
+        for h in holds {
+            eprintln!(
+                "    {} {} read on: {:?}",
+                h.owner,
+                h.token,
+                truth.sightings(h)
+            );
+        }
+        let from = holds.iter().map(|h| h.start).fold(f64::MAX, f64::min) - 15_000.0;
+        let to = holds.iter().map(|h| h.end).fold(0.0, f64::max) + 2_000.0;
+        for line in truth.roles(from, to) {
+            eprintln!("    {line}");
+        }
+        for f in failovers.iter().filter(|f| f.death > from && f.death < to) {
+            eprintln!(
+                "    {} {} at {:.0}, {} named at {:.0}, back at {:.0}",
+                f.how, f.old, f.death, f.new, f.named, f.back
+            );
+        }
+    };
     for o in pairs.iter().take(10) {
         eprintln!(
             "{label}: overlap of {:.0} ms:\n  {}\n  {}",
@@ -494,6 +607,7 @@ fn figures(lines: &Lines, truth: &Truth, failovers: &[Failover], replicas: u8) -
             o.first,
             o.second
         );
+        story(&[&o.first, &o.second]);
     }
     for c in crowds.iter().take(10) {
         eprintln!(
@@ -511,6 +625,7 @@ fn figures(lines: &Lines, truth: &Truth, failovers: &[Failover], replicas: u8) -
             "{label}: token did not rise ({}):\n  {}\n  {}",
             t.why, t.earlier, t.later
         );
+        story(&[&t.earlier, &t.later]);
     }
     let renewed: Vec<_> = beliefs
         .iter()

@@ -405,6 +405,53 @@ pub struct Round {
 pub struct Truth {
     pub keys: Vec<String>,
     pub rounds: Vec<Round>,
+    /// Every data server read on its own (whatever the Sentinels say), with its `ROLE` as
+    /// text: for the story of a case.
+    pub spied: Vec<(String, Round)>,
+}
+
+impl Truth {
+    /// Where and when a hold was read: per server and role, the first and last read listing it.
+    pub fn sightings(&self, h: &Hold) -> Vec<String> {
+        let Some(k) = self.key_index(&h.key) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u16, String, f64, f64)> = Vec::new();
+        for (role, r) in &self.spied {
+            let listed = r
+                .holders
+                .get(k)
+                .is_some_and(|l| l.iter().any(|(o, t)| *o == h.owner && *t == h.token));
+            if !listed {
+                continue;
+            }
+            match out
+                .iter_mut()
+                .find(|(p, w, _, _)| *p == r.port && w == role)
+            {
+                Some(entry) => entry.3 = r.sent,
+                None => out.push((r.port, role.clone(), r.sent, r.sent)),
+            }
+        }
+        out.into_iter()
+            .map(|(p, role, a, b)| format!("{p} ({role}) {a:.0}..{b:.0}"))
+            .collect()
+    }
+
+    /// What the spies read of one server between two moments (role changes only).
+    pub fn roles(&self, from: f64, to: f64) -> Vec<String> {
+        let mut last: HashMap<u16, &str> = HashMap::new();
+        let mut out = Vec::new();
+        for (role, r) in &self.spied {
+            if r.sent < from || r.sent > to {
+                continue;
+            }
+            if last.insert(r.port, role.as_str()) != Some(role.as_str()) {
+                out.push(format!("{:.0} {}: {role}", r.sent, r.port));
+            }
+        }
+        out
+    }
 }
 
 impl Truth {
