@@ -334,8 +334,12 @@ fn role_text(reply: &Value) -> String {
         return format!("{reply:?}");
     };
     let text = |v: Option<&Value>| -> String {
-        v.and_then(|v| redis::from_redis_value::<String>(v).ok())
-            .unwrap_or_default()
+        match v {
+            Some(Value::Int(n)) => n.to_string(),
+            v => v
+                .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                .unwrap_or_default(),
+        }
     };
     match text(items.first()).as_str() {
         "master" => {

@@ -12,8 +12,8 @@ milliseconds):
 
 - each acknowledged hold, once it ended: ``{"lib": "python", "replicas": 1, "key": ...,
   "kind": "exclusive|shared|permit|leader", "limit": null|n, "owner": ..., "token": ...,
-  "start_ms": ..., "end_ms": ..., "end": "released|lost:<reason>|run-end"}`` — ``start_ms``
-  when the acquire (campaign) returned the guard, ``end_ms`` when the application stopped
+  "asked_ms": ..., "start_ms": ..., "end_ms": ..., "end": "released|lost:<reason>|run-end"}``
+  — ``asked_ms`` when the acquire (campaign) was called, ``start_ms`` when it returned the guard, ``end_ms`` when the application stopped
   believing it held: when it began the release, when the library reported the loss (its
   ``on_lost``), or the end of the run;
 - each acquire that never got an answer by the end of the run (and a grace period after it):
@@ -121,7 +121,7 @@ class Holder:
                                 "error": f"{type(e).__name__}: {e}"})
                 time.sleep(0.1)
                 continue
-            start = now_ms()
+            start, asked = now_ms(), self.asking
             self.asking = None
             token = guard.epoch if self.kind == "leader" else guard.token
             until = time.monotonic() + self.rng.uniform(0.05, self.args.hold_max)
@@ -141,7 +141,7 @@ class Holder:
             except LockError:
                 pass
             self.out.write({**self._base(), "limit": self.limit, "token": token,
-                            "start_ms": start, "end_ms": end_ms, "end": end})
+                            "asked_ms": asked, "start_ms": start, "end_ms": end_ms, "end": end})
 
 
 def main(argv: Optional[list[str]] = None) -> int:
