@@ -2,8 +2,8 @@
 //! loopback. Both lock libraries' drivers (`clients/rust/examples/failover_driver.rs`,
 //! `clients/python/tests/failover_driver.py`) contend for an exclusive lock, a read-write lock, a
 //! semaphore and an election through Sentinel, once with `replicas=1` and once (the control, on
-//! other keys) without; an injector SIGKILLs the master (then starts it again: it comes back as
-//! a replica) or SIGSTOPs it past `down-after-milliseconds` and continues it after the failover
+//! other keys) without; an injector SIGKILLs the master (then starts it again as a replica of
+//! the new one) or SIGSTOPs it past `down-after-milliseconds` and continues it after the failover
 //! (a paused "zombie" master, demoted by the Sentinels when it runs again), at seeded random
 //! moments; a poller reads every key on the master all Sentinels name. Then the checker
 //! (`failover/checker.rs`) measures, per setting: overlapping acknowledged holds (0 with
@@ -441,7 +441,7 @@ fn inject(set: &mut SentinelSet, rng: &mut rand::rngs::StdRng, until: Instant) -
         let named = now_ms();
         sleep(Duration::from_millis(rng.gen_range(0..1_500)));
         if kill {
-            set.restart(old.1);
+            set.restart_as_replica(old.1);
         } else {
             set.resume();
         }

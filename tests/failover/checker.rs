@@ -352,6 +352,13 @@ pub fn token_cases(holds: &[&Hold]) -> (Vec<TokenCase>, usize) {
             }
         }
         for later in &list {
+            // A hold given back to its owner is no new grant: its token is as old as the hold.
+            if list
+                .iter()
+                .any(|e| e.start < later.start && e.owner == later.owner && e.token == later.token)
+            {
+                continue;
+            }
             let mut worst: Option<(&Hold, &'static str)> = None;
             for earlier in &list {
                 if earlier.token < later.token || std::ptr::eq(*earlier, *later) {
@@ -632,9 +639,16 @@ mod tests {
             hold(Kind::Exclusive, "c", 20, 400.0, 500.0),
             hold(Kind::Exclusive, "c", 20, 600.0, 700.0), // its own hold given back: counted apart
             hold(Kind::Exclusive, "d", 20, 800.0, 900.0), // another owner's token: a case
+            Hold {
+                asked: Some(1_000.0), // asked after c's hold, yet given back to its owner e...
+                ..hold(Kind::Exclusive, "e", 1, 1_100.0, 1_200.0)
+            },
         ];
+        let mut holds = holds.to_vec();
+        // ... whose first hold of that token came before: no case.
+        holds.insert(0, hold(Kind::Exclusive, "e", 1, -100.0, -50.0));
         let (cases, resumed) = token_cases(&holds.iter().collect::<Vec<_>>());
-        assert_eq!(resumed, 1);
+        assert_eq!(resumed, 2);
         let found: Vec<(i64, &str)> = cases
             .iter()
             .map(|c| (c.later.token, c.later.owner.as_str()))
