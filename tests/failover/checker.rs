@@ -333,7 +333,12 @@ pub struct TokenCase {
 /// failover, and the owner's next acquire (`ONCE`) is answered with the hold the new master still
 /// has. Nobody else held the key in between (an acknowledged grant to another would have
 /// carried the release to the replicas before it).
-pub fn token_cases(holds: &[&Hold]) -> (Vec<TokenCase>, usize) {
+///
+/// And a hold some server already had before its acquire was called (the spies read it) is no
+/// new grant either: an earlier acquire of that owner that never reached the application (an
+/// unsafe grant whose release was lost with a master) is answered again as a re-entry.
+pub fn token_cases(holds: &[&Hold], truth: &Truth) -> (Vec<TokenCase>, usize) {
+    let first_seen = truth.first_seen();
     let mut cases = Vec::new();
     let mut resumed = 0;
     for list in by_key(holds).into_values() {
@@ -358,6 +363,15 @@ pub fn token_cases(holds: &[&Hold]) -> (Vec<TokenCase>, usize) {
                 .any(|e| e.start < later.start && e.owner == later.owner && e.token == later.token)
             {
                 continue;
+            }
+            let seen = truth
+                .key_index(&later.key)
+                .and_then(|k| first_seen.get(&(k, later.owner.as_str(), later.token)));
+            if let (Some(seen), Some(asked)) = (seen, later.asked) {
+                if *seen + TOLERANCE_MS < asked {
+                    resumed += 1;
+                    continue;
+                }
             }
             let mut worst: Option<(&Hold, &'static str)> = None;
             for earlier in &list {
@@ -447,6 +461,20 @@ impl Truth {
         out.into_iter()
             .map(|(p, role, a, b)| format!("{p} ({role}) {a:.0}..{b:.0}"))
             .collect()
+    }
+
+    /// When the spies first read each (key, owner, token), on any server.
+    pub fn first_seen(&self) -> HashMap<(usize, &str, i64), f64> {
+        let mut seen: HashMap<(usize, &str, i64), f64> = HashMap::new();
+        for (_, round) in &self.spied {
+            for (k, holders) in round.holders.iter().enumerate() {
+                for (owner, token) in holders {
+                    seen.entry((k, owner.as_str(), *token))
+                        .or_insert(round.sent);
+                }
+            }
+        }
+        seen
     }
 
     /// What the spies read of one server between two moments (role changes only).
@@ -647,7 +675,7 @@ mod tests {
         let mut holds = holds.to_vec();
         // ... whose first hold of that token came before: no case.
         holds.insert(0, hold(Kind::Exclusive, "e", 1, -100.0, -50.0));
-        let (cases, resumed) = token_cases(&holds.iter().collect::<Vec<_>>());
+        let (cases, resumed) = token_cases(&holds.iter().collect::<Vec<_>>(), &Truth::default());
         assert_eq!(resumed, 2);
         let found: Vec<(i64, &str)> = cases
             .iter()
