@@ -120,9 +120,9 @@ faults: test-deps
 	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
 	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --ignored --nocapture
 
-# The failover test of `make test` (tests/failover.rs: 40 s, two or three failovers with real
+# The failover test of `make test` (tests/failover.rs: 45 s, two or three failovers with real
 # Sentinels, both libraries' drivers with replicas=1 and without), run longer: `make failover
-# SECS=300` (about 30 failovers), SEED=n to replay a run's injections. It builds the Rust driver
+# SECS=300` (about 25 failovers), SEED=n to replay a run's injections. It builds the Rust driver
 # (the failover_driver example) and makes the Python library's venv (clients/python/venv.sh).
 failover: test-deps
 	$(CARGO) build --lib
