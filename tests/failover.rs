@@ -654,6 +654,14 @@ fn figures(
         }
         let from = holds.iter().map(|h| h.start).fold(f64::MAX, f64::min) - 15_000.0;
         let to = holds.iter().map(|h| h.end).fold(0.0, f64::max) + 2_000.0;
+        for h in holds {
+            eprintln!(
+                "    {}'s other tokens on {}: {:?}",
+                h.owner,
+                h.key,
+                truth.owner_tokens(h, h.start - 5_000.0, h.end)
+            );
+        }
         for line in truth.roles(from, to) {
             eprintln!("    {line}");
         }

@@ -463,6 +463,37 @@ impl Truth {
             .collect()
     }
 
+    /// Every other token the spies read for a hold's owner on its key between two moments:
+    /// (server, role, token, first read, last read).
+    pub fn owner_tokens(&self, h: &Hold, from: f64, to: f64) -> Vec<String> {
+        let Some(k) = self.key_index(&h.key) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u16, String, i64, f64, f64)> = Vec::new();
+        for (role, r) in self
+            .spied
+            .iter()
+            .filter(|(_, r)| r.sent >= from && r.sent <= to)
+        {
+            let role = role.split(' ').next().unwrap_or_default().to_string();
+            for (owner, token) in r.holders.get(k).into_iter().flatten() {
+                if *owner != h.owner || *token == h.token {
+                    continue;
+                }
+                match out
+                    .iter_mut()
+                    .find(|e| e.0 == r.port && e.1 == role && e.2 == *token)
+                {
+                    Some(e) => e.4 = r.sent,
+                    None => out.push((r.port, role.clone(), *token, r.sent, r.sent)),
+                }
+            }
+        }
+        out.into_iter()
+            .map(|(p, role, t, a, b)| format!("{p} ({role}) token {t} {a:.0}..{b:.0}"))
+            .collect()
+    }
+
     /// When the spies first read each (key, owner, token), on any server.
     pub fn first_seen(&self) -> HashMap<(usize, &str, i64), f64> {
         let mut seen: HashMap<(usize, &str, i64), f64> = HashMap::new();
