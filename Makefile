@@ -17,7 +17,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults oracle oracle-rust oracle-python bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults failover oracle oracle-rust oracle-python bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -44,9 +44,10 @@ lint: test-deps
 # stale .so is never tested.
 test: test-deps lint
 	$(CARGO) build --lib
-	LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
+	LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test failover -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/make-run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh default
@@ -86,7 +87,7 @@ VALKEY_ENV := LOCK_SERVER=$(abspath target/valkey-venv/bin/valkey-server) LOCK_C
 test-valkey: test-deps
 	@bash scripts/server-deps.sh valkey8 >/dev/null
 	$(CARGO) build --lib
-	$(VALKEY_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
+	$(VALKEY_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
@@ -102,7 +103,7 @@ test-valkey9: SERVER := valkey9
 test-redis8 test-valkey9: test-deps
 	@bash scripts/server-deps.sh $(SERVER) >/dev/null
 	$(CARGO) build --lib
-	$(SERVER_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial
+	$(SERVER_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture)
@@ -118,6 +119,16 @@ faults: test-deps
 	$(CARGO) build --lib
 	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
 	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --ignored --nocapture
+
+# The failover test of `make test` (tests/failover.rs: 45 s, two or three failovers with real
+# Sentinels, both libraries' drivers with replicas=1 and without), run longer: `make failover
+# SECS=300` (about 25 failovers), SEED=n to replay a run's injections. It builds the Rust driver
+# (the failover_driver example) and makes the Python library's venv (clients/python/venv.sh).
+failover: test-deps
+	$(CARGO) build --lib
+	$(CARGO) build -p redis-lock-client --example failover_driver
+	bash clients/python/venv.sh
+	FAILOVER_SECS=$(SECS) $(if $(SEED),FAILOVER_SEED=$(SEED)) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test failover -- --nocapture
 
 # The oracle of each lock library: a guard's belief against the server's truth on seeded random
 # histories, every write through the fence (a short run of a few seeds is in `make test`). Longer:

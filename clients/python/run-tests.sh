@@ -13,12 +13,8 @@ root=$(cd "$here/../.." && pwd)
 venv=${PYTHON_CLIENT_VENV:-$root/target/python-client-venv}
 export LOCK_MODULE=${LOCK_MODULE:-$root/target/debug/libredis_lock.so}
 
-if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-fi
-# Not editable: what is tested is what `pip install ./clients/python` installs.
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$here[test]"
+# Not editable: what is tested is what `pip install ./clients/python` installs (venv.sh).
+PYTHON_CLIENT_VENV=$venv bash "$here/venv.sh"
 "$venv/bin/python" "$here/unasync.py" --check
 "$venv/bin/python" "$here/check-scenarios.py"
 "$venv/bin/python" -m mypy --strict --cache-dir "$root/target/python-client-mypy-cache" -p redis_lock_client

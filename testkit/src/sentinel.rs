@@ -311,6 +311,15 @@ impl SentinelSet {
         self.server_mut(port).restart();
     }
 
+    /// Starts a killed server again on its port and directory as a replica of the master the
+    /// Sentinels name: what a deployment does whose restarted servers come back with the
+    /// configuration the Sentinels gave them. ([`SentinelSet::restart`] of the first master
+    /// brings it back as an empty master, which the Sentinels demote only after a while.)
+    pub fn restart_as_replica(&mut self, port: u16) {
+        let (_, master) = self.master_addr();
+        self.server_mut(port).restart_as_replica_of(master);
+    }
+
     /// Waits until every Sentinel names a master other than `old` and that server says it is a
     /// master (`ROLE`); returns its address. Panics after `timeout`.
     pub fn wait_failover(&self, old: &(String, u16), timeout: Duration) -> (String, u16) {

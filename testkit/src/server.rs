@@ -501,6 +501,20 @@ impl Server {
         self.respawn();
     }
 
+    /// Starts again on the same port and directory as a replica of the server on `port` (from
+    /// its first moment: `--replicaof`), whatever it was started as; later restarts keep that.
+    /// Panics for a server started from a config file.
+    pub fn restart_as_replica_of(&mut self, port: u16) {
+        let Launch::Args { extra, .. } = &mut self.launch else {
+            panic!("a server started from a config file");
+        };
+        if let Some(at) = extra.iter().position(|a| a == "--replicaof") {
+            extra.drain(at..(at + 3).min(extra.len()));
+        }
+        extra.extend(["--replicaof".into(), "127.0.0.1".into(), port.to_string()]);
+        self.restart();
+    }
+
     pub fn is_alive(&mut self) -> bool {
         match self.child.as_mut().map(|c| c.try_wait()) {
             Some(Ok(None)) => self.try_connect().is_ok(),

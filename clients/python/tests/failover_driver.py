@@ -12,8 +12,8 @@ milliseconds):
 
 - each acknowledged hold, once it ended: ``{"lib": "python", "replicas": 1, "key": ...,
   "kind": "exclusive|shared|permit|leader", "limit": null|n, "owner": ..., "token": ...,
-  "start_ms": ..., "end_ms": ..., "end": "released|lost:<reason>|run-end"}`` — ``start_ms``
-  when the acquire (campaign) returned the guard, ``end_ms`` when the application stopped
+  "asked_ms": ..., "start_ms": ..., "end_ms": ..., "end": "released|lost:<reason>|run-end"}``
+  — ``asked_ms`` when the acquire (campaign) was called, ``start_ms`` when it returned the guard, ``end_ms`` when the application stopped
   believing it held: when it began the release, when the library reported the loss (its
   ``on_lost``), or the end of the run;
 - each acquire that never got an answer by the end of the run (and a grace period after it):
@@ -23,7 +23,8 @@ milliseconds):
   "key": ..., "kind": ..., "owner": ..., "ms": ..., "error": "<Type>: <message>"}`` (a timeout,
   ``LockTimeout``, is an answer, not an error: nothing is written for it).
 
-Holders wait up to ``--wait`` seconds (default 2) for each acquire, hold for 50-500 ms, release;
+Holders wait up to ``--wait`` seconds (default 2) for each acquire, hold for 50 ms to
+``--hold-max`` (default 0.5 s), release;
 leases are ``--lease`` seconds (default 5), renewed by the watchdog. The client's
 ``failover_timeout`` is ``--failover-timeout`` (default 10 s). A summary goes to stderr.
 """
@@ -120,10 +121,10 @@ class Holder:
                                 "error": f"{type(e).__name__}: {e}"})
                 time.sleep(0.1)
                 continue
-            start = now_ms()
+            start, asked = now_ms(), self.asking
             self.asking = None
             token = guard.epoch if self.kind == "leader" else guard.token
-            until = time.monotonic() + self.rng.uniform(0.05, 0.5)
+            until = time.monotonic() + self.rng.uniform(0.05, self.args.hold_max)
             while time.monotonic() < until and not self.stop.is_set() and self.lost is None:
                 time.sleep(0.01)
             if self.lost is not None:
@@ -140,7 +141,7 @@ class Holder:
             except LockError:
                 pass
             self.out.write({**self._base(), "limit": self.limit, "token": token,
-                            "start_ms": start, "end_ms": end_ms, "end": end})
+                            "asked_ms": asked, "start_ms": start, "end_ms": end_ms, "end": end})
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -159,6 +160,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--lease", type=float, default=5.0)
     p.add_argument("--wait", type=float, default=2.0, help="each acquire's wait_timeout")
     p.add_argument("--holders", type=int, default=3, help="holders per key")
+    p.add_argument("--hold-max", type=float, default=0.5,
+                   help="the longest a hold is kept, seconds (each is kept 50 ms to this)")
     p.add_argument("--failover-timeout", type=float, default=10.0)
     p.add_argument("--grace", type=float, default=None,
                    help="after the run, how long an acquire may still answer (default: "

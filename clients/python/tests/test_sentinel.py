@@ -441,7 +441,8 @@ def test_the_failover_driver_writes_a_line_per_hold_across_a_failover(sentinel_s
     for x in holds:
         assert x["lib"] == "python" and x["replicas"] == 1
         assert set(x) == {"lib", "replicas", "key", "kind", "limit", "owner", "token",
-                          "start_ms", "end_ms", "end"}
+                          "asked_ms", "start_ms", "end_ms", "end"}
+        assert x["asked_ms"] <= x["start_ms"]
         assert x["limit"] == (2 if x["kind"] == "permit" else None)
         assert x["start_ms"] <= x["end_ms"]
         assert x["end"] in ("released", "run-end") or x["end"].startswith("lost:")

@@ -17,14 +17,14 @@
 //!
 //! ```text
 //! {"lib":"rust","replicas":1,"key":"fx","kind":"exclusive","limit":null,"owner":"…","token":123,
-//!  "start_ms":…,"end_ms":…,"end":"released"}          one per acknowledged hold
+//!  "asked_ms":…,"start_ms":…,"end_ms":…,"end":"released"}   one per acknowledged hold
 //! {"lib":"rust","event":"acquire-error","replicas":1,"key":"fx","kind":"exclusive","owner":"…",
 //!  "at_ms":…,"error":"…"}                              every acquire that answered an error
 //! {"lib":"rust","event":"unanswered","replicas":1,"key":"fx","kind":"exclusive","owner":"…",
 //!  "start_ms":…}                                       an acquire still unanswered at the end
 //! ```
 //!
-//! `start_ms` is when the grant was handed to the application (after the replicas'
+//! `asked_ms` is when the acquire (campaign) was called, `start_ms` when the grant was handed to the application (after the replicas'
 //! acknowledgement), `end_ms` when the application stopped believing it held: the release sent
 //! (`released`), the loss reported (`lost:<reason>`), or the run's end (`run-end`). After the
 //! run's end the driver waits up to `--wait-ms` + 20 s for the acquires still on their way.
@@ -113,14 +113,14 @@ impl Out {
         )
     }
 
-    fn hold(&self, key: &str, kind: Kind, owner: &str, token: u64, span: (u64, u64), end: &str) {
+    /// `times`: the acquire sent, the grant handed out, the belief ended.
+    fn hold(&self, key: &str, kind: Kind, owner: &str, token: u64, times: [u64; 3], end: &str) {
+        let [asked, start, end_ms] = times;
         self.line(format!(
-            "{{{},\"limit\":{},\"owner\":{},\"token\":{token},\"start_ms\":{},\"end_ms\":{},\"end\":{}}}",
+            "{{{},\"limit\":{},\"owner\":{},\"token\":{token},\"asked_ms\":{asked},\"start_ms\":{start},\"end_ms\":{end_ms},\"end\":{}}}",
             self.head(key, kind),
             kind.limit(),
             quoted(owner),
-            span.0,
-            span.1,
             quoted(end)
         ));
     }
@@ -253,7 +253,7 @@ async fn holder(
             _ = run_end => "run-end".to_string(),
         };
         let end_ms = now_ms();
-        out.hold(&key, kind, &owner, token, (start, end_ms), &end);
+        out.hold(&key, kind, &owner, token, [started, start, end_ms], &end);
         held.release().await;
         tokio::time::sleep(Duration::from_millis(rng.gen_range(0..50))).await;
     }

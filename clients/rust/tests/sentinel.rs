@@ -641,9 +641,12 @@ async fn the_failover_driver_writes_one_line_per_acknowledged_hold() {
     for h in &holds {
         assert_eq!(h["lib"], "rust");
         assert_eq!(h["replicas"], "1");
-        let (start, end): (u64, u64) =
-            (h["start_ms"].parse().unwrap(), h["end_ms"].parse().unwrap());
-        assert!(start <= end, "{h:?}");
+        let (asked, start, end): (u64, u64, u64) = (
+            h["asked_ms"].parse().unwrap(),
+            h["start_ms"].parse().unwrap(),
+            h["end_ms"].parse().unwrap(),
+        );
+        assert!(asked <= start && start <= end, "{h:?}");
         assert!(h["token"].parse::<u64>().unwrap() > 0);
         assert!(
             h["end"] == "released" || h["end"] == "run-end" || h["end"].starts_with("lost:"),
