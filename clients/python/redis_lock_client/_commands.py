@@ -204,6 +204,11 @@ def info(key: bytes) -> list[Arg]:
     return ["LOCK.INFO", key]
 
 
+def check(key: bytes, owner: bytes, token: int) -> list[Arg]:
+    """LOCK.CHECK key owner token: 1 while ``owner`` holds ``key`` under ``token``, else 0."""
+    return ["LOCK.CHECK", key, owner, token]
+
+
 def holder_ttl(reply: object, owner: bytes, token: int) -> Optional[int]:
     """From a RESP2 ``LOCK.INFO`` reply: the milliseconds left on the lease of the hold of this
     owner with this token (-1: no lease), or None when the server does not show that hold."""

@@ -147,3 +147,20 @@ def test_a_server_that_answers_no_renewal_within_the_lease_is_reported_unreachab
     assert e.value.reason is LostReason.UNREACHABLE
     client.close()
 
+
+
+def test_a_renewal_that_finds_the_owner_under_another_token_reports_the_hold_gone(server, key):
+    # LOCK.RENEW names no token: it renews whatever hold the owner has. Here the guard's hold is
+    # force-released and the same owner takes the key again behind the library's back (as a
+    # paused "zombie" master's grant, confirmed on the real master where the owner held another
+    # token, in the failover test): the renewal answers 1 for a hold that is not the guard's.
+    # The library checks the token too and reports the hold gone (the signal is off: the
+    # watchdog alone must see it).
+    with LockClient.from_url(server.url, lost_signal=False) as client:
+        guard = client.lock(key, lease=0.6).acquire()
+        raw = server.client()
+        raw.execute_command("LOCK.FORCERELEASE", key)
+        other = raw.execute_command("LOCK.ACQUIRE", key, guard.owner, 30000)
+        assert other != guard.token
+        assert guard.lost.wait(2.0), "a hold under another token was taken for the guard's"
+        assert guard.lost_reason is LostReason.HOLD_GONE

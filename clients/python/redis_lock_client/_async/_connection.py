@@ -89,6 +89,14 @@ class Connector:
             conn = await pool_get(self.pool)
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
+        if self.sentinel:
+            # A pooled connection opened before a failover may still reach the old master (a
+            # paused one keeps its connections open and answers again once resumed, until the
+            # Sentinels demote it): it is closed, and reconnects to the master named now.
+            master = await self.current_master()
+            reached = peer(conn)
+            if master is not None and reached is not None and reached != master:
+                await close_connection(conn)
         try:
             if asking:
                 await call(conn, ["ASKING"], self.timeout)

@@ -20,6 +20,7 @@ from .._commands import (
     NO_REPLICATION,
     KeySet,
     Replication,
+    check,
     fence_refusal,
     guard,
     holder_ttl,
@@ -274,6 +275,19 @@ class Hold:
             return _Renewal.NO_ANSWER
         if not renewed:
             return _Renewal.GONE
+        # LOCK.RENEW names no token: it renews whatever hold the owner has on the key. A server
+        # other than the one that granted (through Sentinel, a paused "zombie" master's grant
+        # confirmed on the real master, where the owner held an older token) would answer 1
+        # for a hold it does not have: the token is checked too.
+        for key, token in zip(self.keys.keys, self.tokens):
+            try:
+                held = self.send(check(key, self.owner, token))
+            except LockServerError as e:
+                return _Renewal.GONE if is_final(str(e)) else _Renewal.NO_ANSWER
+            except LockConnectionError:
+                return _Renewal.CLOSED if self.own is not None else _Renewal.NO_ANSWER
+            if held != 1:
+                return _Renewal.GONE
         if rep.on:
             ack = self.acknowledged
             try:
