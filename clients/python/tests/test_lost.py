@@ -149,6 +149,7 @@ def test_a_server_that_answers_no_renewal_within_the_lease_is_reported_unreachab
 
 
 
+@pytest.mark.scenario("renewal-token")
 def test_a_renewal_that_finds_the_owner_under_another_token_reports_the_hold_gone(server, key):
     # LOCK.RENEW names no token: it renews whatever hold the owner has. Here the guard's hold is
     # force-released and the same owner takes the key again behind the library's back (as a

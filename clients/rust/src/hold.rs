@@ -343,6 +343,10 @@ impl Hold {
             }
             (reply::renewal(&reply, self.terms.lease), None)
         };
+        let answer = match answer {
+            Answer::Holds(_) | Answer::Unacknowledged => self.check_tokens(answer).await,
+            answer => answer,
+        };
         let event = Event::Answered {
             read: Read::Renewal,
             sent,
@@ -350,6 +354,33 @@ impl Hold {
             answer,
         };
         (event, why)
+    }
+
+    /// `answer` when the server holds every key under this hold's token, `Gone` when it does not
+    /// (`LOCK.CHECK`, one pipeline). `LOCK.RENEW` names no token: it renews whatever hold the
+    /// owner has on the key, so a renewal answered on a server where the owner holds another
+    /// token (the key force-released and taken again by the same owner; through Sentinel, a
+    /// paused "zombie" master's grant confirmed on the real master) says nothing of this hold.
+    async fn check_tokens(&self, answer: Answer) -> Answer {
+        let mut pipe = redis::pipe();
+        for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
+            pipe.cmd("LOCK.CHECK")
+                .arg(&**key)
+                .arg(self.owner.as_bytes())
+                .arg(*token);
+        }
+        match self.connection().query_pipeline(&pipe, self.key()).await {
+            Ok(replies) if replies.len() == self.keys.len() => {
+                if replies.iter().all(|r| matches!(r, Ok(Value::Int(1)))) {
+                    answer
+                } else if replies.iter().all(|r| matches!(r, Ok(Value::Int(_)))) {
+                    Answer::Gone
+                } else {
+                    Answer::Nothing
+                }
+            }
+            _ => Answer::Nothing,
+        }
     }
 
     /// A fixed lease's confirmation: the lease this hold has left on its first key

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use redis_lock_client::{LockClient, LockGuard, Release};
+use redis_lock_client::{LockClient, LockGuard, LostReason, Release};
 use support::{calls, raw, Server};
 
 /// The lease of the long-wait tests, and how long their acquire waits: longer than nine tenths
@@ -302,4 +302,43 @@ fn a_dropped_guards_release_never_frees_the_next_hold_of_its_handle_multi_thread
             "waiting {waiting}: {false_held}/60 guards said held over nothing"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_finds_the_owner_under_another_token_reports_the_hold_gone() {
+    // LOCK.RENEW names no token: it renews whatever hold the owner has. The guard's hold is
+    // force-released and the same owner takes the key again behind the library's back (as a
+    // paused "zombie" master's grant confirmed on the real master, where the owner held another
+    // token, in the failover test): a renewal answers 1 for a hold that is not the guard's. The
+    // watchdog alone (no lost signal) must report it gone.
+    let server = Server::start();
+    let mut raw = support::raw(&server).await;
+    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
+        .without_lost_signal()
+        .build()
+        .await
+        .unwrap();
+    let guard = client
+        .lock("k")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let other: u64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("k")
+        .arg(guard.owner())
+        .arg(30_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_ne!(other, guard.token());
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("a hold under another token was taken for the guard's");
+    assert_eq!(reason, LostReason::HoldGone);
 }
