@@ -30,7 +30,8 @@ pub struct SentinelOptions {
     /// Sentinel processes (3 by default; the quorum is a majority of them).
     pub sentinels: usize,
     /// `sentinel down-after-milliseconds`: how long the master may be silent before it is
-    /// taken for down (1000 ms by default: a failover within a few seconds).
+    /// taken for down (3000 ms by default: with 1000 ms, two busy cores made the Sentinels
+    /// promote a second replica while the first still served, or disagree for long).
     pub down_after_ms: u64,
     /// `sentinel failover-timeout` (5000 ms by default).
     pub failover_timeout_ms: u64,
@@ -43,7 +44,7 @@ impl Default for SentinelOptions {
         SentinelOptions {
             replicas: 2,
             sentinels: 3,
-            down_after_ms: 1_000,
+            down_after_ms: 3_000,
             failover_timeout_ms: 5_000,
             extra: Vec::new(),
         }
@@ -186,7 +187,7 @@ pub struct SentinelSet {
 }
 
 impl SentinelSet {
-    /// 1 master, 2 replicas, 3 Sentinels (quorum 2), the master taken for down after 1 s.
+    /// 1 master, 2 replicas, 3 Sentinels (quorum 2), the master taken for down after 3 s.
     pub fn start() -> SentinelSet {
         SentinelSet::start_with(&SentinelOptions::default())
     }
@@ -419,7 +420,7 @@ mod tests {
         wait_role(&set, killed.1, "slave");
 
         // Usually `second`; on a loaded machine the Sentinels may have moved on again since
-        // (down-after is 1 s): whichever they name is the one paused.
+        // (a loaded machine can delay a Sentinel past down-after): whichever they name is paused.
         let paused = set.pause_master();
         set.wait_failover(&paused, Duration::from_secs(30));
         set.resume();

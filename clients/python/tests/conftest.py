@@ -284,7 +284,7 @@ def wait_until(condition: Callable[[], object], what: str, bound: float = 5.0) -
 class SentinelSet:
     """One master and two replicas with the module, watched by three Sentinels (``redis-server
     <conf> --sentinel``) under the name ``mymaster``, all on loopback: down-after-milliseconds
-    1000, failover-timeout 3000, quorum 2."""
+    3000 (1000 made busy Sentinels promote twice), failover-timeout 3000, quorum 2."""
 
     NAME = "mymaster"
 
@@ -358,7 +358,7 @@ def _start_sentinel(tmp: Path, master_port: int) -> Server:
         conf.write_text(
             f"port {port}\nbind 127.0.0.1\ndir {tmp}\n"
             f"sentinel monitor {SentinelSet.NAME} 127.0.0.1 {master_port} 2\n"
-            f"sentinel down-after-milliseconds {SentinelSet.NAME} 1000\n"
+            f"sentinel down-after-milliseconds {SentinelSet.NAME} 3000\n"
             f"sentinel failover-timeout {SentinelSet.NAME} 3000\n"
             f"sentinel parallel-syncs {SentinelSet.NAME} 2\n"
         )

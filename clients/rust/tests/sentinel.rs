@@ -172,7 +172,7 @@ async fn a_hold_the_new_master_never_received_is_lost_at_the_first_renewal() {
         .query_async(&mut on(master).await)
         .await
         .unwrap();
-    let lease = Duration::from_secs(3);
+    let lease = Duration::from_secs(10); // longer than the failover (down-after 3 s)
     let guard = client
         .lock("unreplicated")
         .lease(lease)
