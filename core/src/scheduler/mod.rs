@@ -544,8 +544,13 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.turn = Turn::default();
         let mark = self.deadlines.mark();
         while let Some((fired, due)) = self.deadlines.pop_due_until(now, mark) {
+            // A lapsed grant is rewritten in its ticket: a write, as a grant is.
+            let cost = match due {
+                Due::GrantLapsed(_) => batch::GRANT_COST,
+                _ => 1,
+            };
             self.handle_due(port, fired, due, now);
-            self.turn.spent += 1;
+            self.turn.spent += cost;
             if self.turn.spent >= batch::TURN_START_LIMIT {
                 self.not_before = now.saturating_add(batch::CONTINUE_AFTER_MS);
                 break;

@@ -396,6 +396,49 @@ fn a_storm_of_grants_is_written_so_many_a_turn() {
     assert_eq!(written, asked, "in the order granted");
 }
 
+#[test]
+fn grants_lapsing_together_are_rewritten_a_batch_a_turn() {
+    let mut port = FakePort::default();
+    let mut s = Scheduler::default();
+    // Shared waiters on several keys (a key takes at most so many holders).
+    let keys: Vec<LockKey> = (0..10).map(|i| key(&format!("k{i}"))).collect();
+    for k in &keys {
+        hold(&mut port, k, "x", 61_000);
+    }
+    let n = 2 * batch::TURN_START_LIMIT / batch::GRANT_COST + 10;
+    for i in 0..n {
+        wait_ticket(
+            &mut s,
+            &mut port,
+            1,
+            std::slice::from_ref(&keys[i % keys.len()]),
+            &format!("r{i}"),
+            Mode::Shared,
+            5_000,
+            Wait::Forever,
+            None,
+        )
+        .unwrap();
+    }
+    for k in &keys {
+        release(&mut s, &mut port, k);
+    }
+    let granted_at = port.now;
+    advance_to(&mut s, &mut port, granted_at + 10);
+    assert_eq!(tickets_answered(&port).len(), n);
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), 0);
+    port.now = granted_at + 5_001;
+    s.timer_fired(&mut port, granted_at + 5_001);
+    let first = count_notes(&port, &Note::GrantLapsed);
+    assert!(
+        first > 0 && first <= batch::TURN_START_LIMIT / batch::GRANT_COST,
+        "{first}"
+    );
+    advance_to(&mut s, &mut port, granted_at + 5_100);
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), n);
+    assert!(s.is_idle());
+}
+
 fn count_notes(port: &FakePort, note: &Note) -> usize {
     port.effects
         .iter()
