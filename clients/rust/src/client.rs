@@ -248,7 +248,7 @@ impl LockClientBuilder {
         let timeout = self.command_timeout;
         let tickets = |master: &Arc<Master>, commands: &Arc<Commands>, name: &String| {
             tickets_on.then(|| {
-                Arc::new(Tickets::new(
+                Arc::new(Tickets::single(
                     master.clone(),
                     commands.clone(),
                     name.clone(),
@@ -313,12 +313,21 @@ impl LockClientBuilder {
                 let signals = self
                     .lost_signal
                     .then(|| SignalHub::cluster(seeds, prefix, name.clone()));
+                let commands = Arc::new(Commands::Cluster(conn.clone()));
+                let tickets = tickets_on.then(|| {
+                    Arc::new(Tickets::cluster(
+                        seed.clone(),
+                        commands.clone(),
+                        name.clone(),
+                        timeout,
+                    ))
+                });
                 let servers = Servers::Cluster {
                     info: seed,
-                    conn: conn.clone(),
+                    conn,
                     slots: std::sync::Mutex::new(None),
                 };
-                (servers, Arc::new(Commands::Cluster(conn)), signals, 0, None)
+                (servers, commands, signals, 0, tickets)
             }
         };
         commands.query(&redis::cmd("PING")).await?;

@@ -21,7 +21,8 @@ use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
 use crate::reply;
 use crate::servers::Found;
-use crate::tickets::{is_grant, Answer, Tickets, Wanted};
+use crate::node::Node;
+use crate::tickets::{is_grant, said, Answer, Asked, Redirect, Said, Tickets, Wanted};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -538,7 +539,9 @@ impl Lock {
                         (self.send_ticketed(tickets, wait, value).await?, None)
                     }
                     _ => (
-                        self.send_with_retries(wait, value, Ticket::No).await?.0,
+                        self.send_with_retries(wait, value, Ticket::No, None)
+                            .await?
+                            .0,
                         None,
                     ),
                 }
@@ -571,14 +574,16 @@ impl Lock {
     /// master answers or the failover timeout passes; a wait for what is left of it (its place
     /// in the old master's queue is gone, it joins the new one's).
     ///
-    /// With `ticket`, a wait is asked with `TICKET` on the shared connection: the reply (a
-    /// ticket, the token, or nil) comes at once, with the number of the connection that asked.
+    /// With `ticket`, a wait is asked with `TICKET` ([`Tickets::ask`]; `to`: where a ticket's
+    /// redirect sent it): the reply (a ticket, the token, or nil) comes at once, with the
+    /// connection that asked.
     async fn send_with_retries(
         &self,
         wait: Option<Wait>,
         value: Option<&[u8]>,
         ticket: Ticket,
-    ) -> Result<(Value, u64), LockError> {
+        to: Option<(&Redirect, &Node)>,
+    ) -> Result<(Value, Option<Asked>), LockError> {
         let until = match wait {
             Some(Wait::Timeout(t)) => Some(Instant::now() + t),
             _ => None,
@@ -601,14 +606,14 @@ impl Lock {
                 (w, _) => w,
             };
             let cmd = self.acquire_cmd(this_wait, value, ticket);
-            let mut asked_on = 0;
+            let mut asked_on = None;
             let reply = match (this_wait, ticket) {
                 (None, _) => {
                     let key = self.spec.key();
                     self.ctx.commands.query_routed(&cmd, Some(key)).await
                 }
                 (Some(_), Ticket::Yes) => {
-                    let (reply, on) = self.ask_for_ticket(cmd.into_owned()).await;
+                    let (reply, on) = self.ask_for_ticket(cmd.into_owned(), to).await;
                     asked_on = on;
                     reply
                 }
@@ -633,15 +638,28 @@ impl Lock {
         }
     }
 
-    /// `cmd` (`... WAIT ms TICKET`) on the shared connection, in a task of its own: if this
+    /// `cmd` (`... WAIT ms TICKET`) asked ([`Tickets::ask`]) in a task of its own: if this
     /// future is dropped while the ask is on its way, what the server answers (a ticket, or a
     /// grant made at once) is withdrawn (`LOCK.CANCEL`) or released in the background, counted
     /// as the handle's release, instead of being left queued and granted to nobody.
-    async fn ask_for_ticket(&self, cmd: Cmd) -> (Result<Value, LockError>, u64) {
+    async fn ask_for_ticket(
+        &self,
+        cmd: Cmd,
+        to: Option<(&Redirect, &Node)>,
+    ) -> (Result<Value, LockError>, Option<Asked>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let commands = self.ctx.commands.clone();
+        let ctx = self.ctx.clone();
+        let key: Arc<[u8]> = Arc::from(self.spec.key());
+        let to = to.map(|(redirect, node)| (redirect.clone(), node.clone()));
         tokio::spawn(async move {
-            let _ = tx.send(commands.query_asking(&cmd).await);
+            let reply = match &ctx.tickets {
+                Some(tickets) => {
+                    let to = to.as_ref().map(|(redirect, node)| (redirect, node));
+                    tickets.ask(&ctx.servers, &cmd, &key, to).await
+                }
+                None => (Err(LockError::Connection(ask_lost())), None),
+            };
+            let _ = tx.send(reply);
         });
         let mut asking = AskInFlight {
             reply: Some(rx),
@@ -649,19 +667,21 @@ impl Lock {
         };
         let answer = match asking.reply.as_mut() {
             Some(rx) => rx.await,
-            None => return (Err(LockError::Connection(ask_lost())), 0),
+            None => return (Err(LockError::Connection(ask_lost())), None),
         };
         asking.reply = None;
-        answer.unwrap_or_else(|_| (Err(LockError::Connection(ask_lost())), 0))
+        answer.unwrap_or_else(|_| (Err(LockError::Connection(ask_lost())), None))
     }
 
-    /// A waiting acquire with a ticket: asked on the shared connection; a ticket replied is
-    /// waited for on the client's waiting connection. A ticket made void (its asking connection
+    /// A waiting acquire with a ticket: asked ([`Tickets::ask`]); a ticket replied is waited
+    /// for on the client's waiting connections. A ticket made void (its asking connection
     /// closed, the master changed) is withdrawn and the acquire asked again, for what is left
     /// of the wait; one whose wait passed with no answer is withdrawn. Withdrawn, a ticket
-    /// that was granted meanwhile answers the grant (`LOCK.CANCEL`): it is taken. Dropped while
-    /// it waits, the ticket is withdrawn in the background (and a grant released), counted as
-    /// a release of the handle.
+    /// that was granted meanwhile answers the grant (`LOCK.CANCEL`): it is taken. A ticket that
+    /// answers a redirect (in a cluster, the lock left with its slot) is asked again where it
+    /// says, and one that answers `expired` (a grant not popped before its lease ended) is asked
+    /// again, both for what is left of the wait. Dropped while it waits, the ticket is withdrawn
+    /// in the background (and a grant released), counted as a release of the handle.
     async fn send_ticketed(
         &self,
         tickets: &Arc<Tickets>,
@@ -674,15 +694,25 @@ impl Lock {
         };
         let mut left = Some(wait);
         let mut failing_since: Option<Instant> = None;
+        let mut to: Option<(Redirect, Node)> = None;
         loop {
-            let (reply, asked_on) = self.send_with_retries(left, value, Ticket::Yes).await?;
+            let next = to.take();
+            let next = next.as_ref().map(|(redirect, node)| (redirect, node));
+            let (reply, asked) = self
+                .send_with_retries(left, value, Ticket::Yes, next)
+                .await?;
             let Value::BulkString(ticket) = reply else {
                 return Ok(reply);
+            };
+            let Some(asked) = asked else {
+                return Err(LockError::UnexpectedReply(
+                    "a ticket from an acquire that did not ask for one".into(),
+                ));
             };
             let answer = tickets.wait(Wanted {
                 ticket: ticket.clone(),
                 deadline,
-                asked_on,
+                asked: asked.clone(),
                 key: self
                     .spec
                     .keys
@@ -700,7 +730,21 @@ impl Lock {
             match answer {
                 Answer::Popped(answer) => {
                     waiting.done();
-                    return self.popped(&answer);
+                    match said(&answer) {
+                        // The lock left with its slot: asked again where it went.
+                        Said::Redirect(redirect) if self.ctx.servers.is_cluster() => {
+                            let Some(node) = asked.node() else {
+                                return self.popped(&answer);
+                            };
+                            if !redirect.asking {
+                                self.ctx.servers.forget(node);
+                            }
+                            to = Some((redirect, node.clone()));
+                        }
+                        // A grant not popped before its lease ended: nothing is held.
+                        Said::Expired => {}
+                        _ => return self.popped(&answer),
+                    }
                 }
                 Answer::Void => {
                     // The server dropped the ticket with its connection (a grant not popped
@@ -750,13 +794,22 @@ impl Lock {
     /// A ticket's popped answer as the acquire's reply: the token (tokens, for a multi-key
     /// acquire), nil for `timeout`, or the error.
     fn popped(&self, answer: &[u8]) -> Result<Value, LockError> {
-        let text = String::from_utf8_lossy(answer);
-        if let Some(error) = text.strip_prefix('-') {
-            return Err(LockError::Server(error.to_string()));
-        }
-        if text == "timeout" {
-            return Ok(Value::Nil);
-        }
+        let unexpected = || {
+            LockError::UnexpectedReply(format!(
+                "the ticket answered {:?}",
+                String::from_utf8_lossy(answer)
+            ))
+        };
+        let text = match said(answer) {
+            Said::TimedOut | Said::Expired => return Ok(Value::Nil),
+            Said::Error(_) | Said::Redirect(_) => {
+                let text = String::from_utf8_lossy(answer);
+                let error = text.strip_prefix('-').unwrap_or(&text);
+                return Err(LockError::Server(error.to_string()));
+            }
+            Said::Unknown(_) => return Err(unexpected()),
+            Said::Granted(text) => text,
+        };
         let tokens: Option<Vec<Value>> = text
             .split(' ')
             .map(|t| t.parse::<i64>().ok().map(Value::Int))
@@ -764,9 +817,7 @@ impl Lock {
         match (tokens, self.spec.verb) {
             (Some(tokens), Verb::MultiAcquire) => Ok(Value::Array(tokens)),
             (Some(mut tokens), _) if tokens.len() == 1 => Ok(tokens.remove(0)),
-            _ => Err(LockError::UnexpectedReply(format!(
-                "the ticket answered {text:?}"
-            ))),
+            _ => Err(unexpected()),
         }
     }
 
@@ -1027,31 +1078,18 @@ impl Drop for TicketWait<'_> {
         let Some(mut answer) = self.answer.take() else {
             return;
         };
-        let commands = self.lock.ctx.commands.clone();
-        let release = self.lock.spec.release.clone();
-        let key: Arc<[u8]> = Arc::from(self.lock.spec.key());
-        let mut cancel = redis::cmd("LOCK.CANCEL");
-        cancel.arg(&self.ticket);
-        let withdraw = async move {
+        let ticket = std::mem::take(&mut self.ticket);
+        self.lock.give_up(async move {
             // Closed first: an answer the task delivers from now on fails to arrive, and the
             // task releases a grant it popped; one delivered before is read here. (Read without
             // closing, an answer on its way was missed here and not released there: CI's
             // `a_wait_given_up_as_it_is_granted_gets_the_grant_once` saw a grant leak.)
             answer.close();
-            let popped = matches!(answer.try_recv(), Ok(Answer::Popped(a)) if is_grant(&a));
-            let held = popped
-                || match commands.query(&cancel).await {
-                    Ok(Value::Nil) | Err(_) => false,
-                    Ok(_) => true,
-                };
-            if held {
-                let _ = commands.query_routed(&release, Some(&key)).await;
+            match answer.try_recv() {
+                Ok(Answer::Popped(a)) if is_grant(&a) => Taken::Grant,
+                _ => Taken::Ticket(ticket),
             }
-        };
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        self.lock
-            .state
-            .release_in_background(runtime.as_ref(), withdraw);
+        });
     }
 }
 
@@ -1059,7 +1097,7 @@ impl Drop for TicketWait<'_> {
 /// in the background and withdrawn: a ticket is cancelled (and the grant the cancel hands back
 /// released), a grant made at once released.
 struct AskInFlight<'a> {
-    reply: Option<tokio::sync::oneshot::Receiver<(Result<Value, LockError>, u64)>>,
+    reply: Option<tokio::sync::oneshot::Receiver<(Result<Value, LockError>, Option<Asked>)>>,
     lock: &'a Lock,
 }
 
@@ -1068,27 +1106,48 @@ impl Drop for AskInFlight<'_> {
         let Some(reply) = self.reply.take() else {
             return;
         };
-        let commands = self.lock.ctx.commands.clone();
-        let release = self.lock.spec.release.clone();
-        let key: Arc<[u8]> = Arc::from(self.lock.spec.key());
+        self.lock.give_up(async move {
+            match reply.await {
+                Ok((Ok(Value::BulkString(ticket)), _)) => Taken::Ticket(ticket),
+                Ok((Ok(Value::Nil), _)) | Ok((Err(_), _)) | Err(_) => Taken::Nothing,
+                Ok((Ok(_), _)) => Taken::Grant,
+            }
+        });
+    }
+}
+
+/// What a ticketed wait that was given up had when it was: nothing, a grant (a token answered
+/// at once, or popped), or a ticket.
+enum Taken {
+    Nothing,
+    Grant,
+    Ticket(Vec<u8>),
+}
+
+impl Lock {
+    /// Gives up a ticketed wait in the background, counted as a release of the handle: once
+    /// `taken` says what the wait had, a ticket is withdrawn (`LOCK.CANCEL`, routed by the
+    /// ticket's name), and a grant (one it had, or the one the cancel hands back) is released.
+    fn give_up(&self, taken: impl std::future::Future<Output = Taken> + Send + 'static) {
+        let commands = self.ctx.commands.clone();
+        let release = self.spec.release.clone();
+        let key: Arc<[u8]> = Arc::from(self.spec.key());
         let withdraw = async move {
-            let held = match reply.await {
-                Ok((Ok(Value::BulkString(ticket)), _)) => {
+            let held = match taken.await {
+                Taken::Nothing => false,
+                Taken::Grant => true,
+                Taken::Ticket(ticket) => {
                     let mut cancel = redis::cmd("LOCK.CANCEL");
                     cancel.arg(ticket);
                     matches!(commands.query(&cancel).await, Ok(v) if v != Value::Nil)
                 }
-                Ok((Ok(Value::Nil), _)) | Ok((Err(_), _)) | Err(_) => false,
-                Ok((Ok(_), _)) => true,
             };
             if held {
                 let _ = commands.query_routed(&release, Some(&key)).await;
             }
         };
         let runtime = tokio::runtime::Handle::try_current().ok();
-        self.lock
-            .state
-            .release_in_background(runtime.as_ref(), withdraw);
+        self.state.release_in_background(runtime.as_ref(), withdraw);
     }
 }
 
