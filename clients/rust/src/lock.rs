@@ -19,9 +19,9 @@ use crate::hold::{Hold, NewHold};
 use crate::lost::LostWatch;
 use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
+use crate::node::Node;
 use crate::reply;
 use crate::servers::Found;
-use crate::node::Node;
 use crate::tickets::{is_grant, said, Answer, Asked, Redirect, Said, Tickets, Wanted};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.

@@ -924,7 +924,12 @@ mod tests {
             (b"what", Said::Unknown("what")),
         ];
         for (answer, expected) in cases {
-            assert_eq!(said(answer), expected, "{}", String::from_utf8_lossy(answer));
+            assert_eq!(
+                said(answer),
+                expected,
+                "{}",
+                String::from_utf8_lossy(answer)
+            );
         }
     }
 }
