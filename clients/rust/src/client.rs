@@ -38,7 +38,9 @@ pub const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// Connections: one multiplexed connection for ordinary commands (replaced after it breaks),
 /// one waiting connection that pops the tickets of all waiting acquires
-/// ([`LockClientBuilder::wait_with_tickets`], the default; opened while they wait), or else one
+/// ([`LockClientBuilder::wait_with_tickets`], the default; opened while they wait; in a
+/// cluster, one per slot with waits, and one connection to each node the tickets are asked
+/// on), or else one
 /// fresh connection for each acquire that waits (so a long `WAIT` delays nothing else),
 /// one connection owned by each `EPHEMERAL` hold, and one pub/sub connection for the server's
 /// lost-hold signal (on by default; [`LockClientBuilder::without_lost_signal`] turns it off).
@@ -176,10 +178,17 @@ impl LockClientBuilder {
     /// the shared connection closes while tickets wait (the server drops them), each waiting
     /// acquire asks again on the new one; after a failover, on the new master.
     ///
+    /// In a cluster a ticket lives in its lock's slot and one `BLPOP` names keys of one slot
+    /// only: tickets are asked on a connection of the client's own to the node that serves the
+    /// key (one per node), and popped on one waiting connection per slot with waits, on that
+    /// node (a waiting connection no slot needs any more is reused by the next, and closed
+    /// after two seconds unused). A ticket whose lock left with its slot is asked again where
+    /// the redirect says; a `BLPOP` the server redirects is sent there, never the acquire.
+    ///
     /// `false`: each waiting acquire blocks on a connection of its own
-    /// (`LOCK.ACQUIRE ... WAIT ms`), as before. In a cluster and for `EPHEMERAL` holds (and
-    /// so for an election's campaign, unless [`Election::not_ephemeral`]), waits always
-    /// block on a connection of their own.
+    /// (`LOCK.ACQUIRE ... WAIT ms`), as before. For `EPHEMERAL` holds (and so for an election's
+    /// campaign, unless [`Election::not_ephemeral`]), waits always block on a connection of
+    /// their own.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), redis_lock_client::LockError> {

@@ -36,10 +36,10 @@
 //!   from that renewal's send time.
 //! - **Waiting never blocks other commands.** An acquire that waits takes a ticket
 //!   (`LOCK.ACQUIRE ... WAIT ms TICKET`) and the client's one waiting connection pops the
-//!   answers of all its waits ([`LockClientBuilder::wait_with_tickets`], on by default;
-//!   standalone and Sentinel). Without tickets (turned off, in a cluster, `EPHEMERAL`), a wait
-//!   goes on a connection of its own whose read timeout is above the wait. Everything else
-//!   shares one multiplexed connection.
+//!   answers of all its waits ([`LockClientBuilder::wait_with_tickets`], on by default; in a
+//!   cluster, one waiting connection per slot with waits, on the node that serves it). Without
+//!   tickets (turned off, `EPHEMERAL`), a wait goes on a connection of its own whose read
+//!   timeout is above the wait. Everything else shares one multiplexed connection.
 //! - **Retries never enter twice.** Every acquire carries `ONCE`, so an acquire re-sent after a
 //!   timeout or a broken connection (the library retries twice) cannot count a second re-entry.
 //! - **`EPHEMERAL` holds live on a connection the guard owns**, never a pooled or shared one;

@@ -148,6 +148,17 @@ async fn ephemeral_holds_live_on_a_connection_to_the_keys_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_on_its_own_connection_follows_ask_while_the_slot_migrates() {
+    follows_ask_while_the_slot_migrates(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_ask_follows_ask_while_the_slot_migrates() {
+    follows_ask_while_the_slot_migrates(true).await;
+}
+
+/// A waiting acquire (with a ticket, or blocking on a connection of its own) while the key's
+/// slot migrates: the source answers ASK, the acquire is granted by the importing node.
+async fn follows_ask_while_the_slot_migrates(tickets: bool) {
     let cluster = Cluster::start(3);
     PORT.with(|p| p.set(cluster.nodes[0].port));
     let key = &one_key_per_master()[0];
@@ -175,7 +186,12 @@ async fn an_acquire_on_its_own_connection_follows_ask_while_the_slot_migrates() 
     // Mid-migration: the source answers ASK for a key it does not have.
     setslot(target, "IMPORTING", &source_id);
     setslot(source, "MIGRATING", &target_id);
-    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let client = LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .wait_with_tickets(tickets)
+        .build()
+        .await
+        .unwrap();
     let guard = client
         .lock(key)
         .wait_timeout(Duration::from_secs(2))
@@ -302,9 +318,18 @@ fn info_on(node: &lock_testkit::Server, key: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_connections_follow_moved_after_the_slot_moved() {
-    // The library keeps its copy of the slot map for the connections of its own (a waiting
-    // acquire's, an EPHEMERAL hold's). Once the key's slot moves, that copy names the old node:
-    // its MOVED must be followed, and the copy read again.
+    follow_moved_after_the_slot_moved(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticket_asks_follow_moved_after_the_slot_moved() {
+    follow_moved_after_the_slot_moved(true).await;
+}
+
+/// The library keeps its copy of the slot map for the connections of its own (a waiting
+/// acquire's, or the one tickets are asked on; an EPHEMERAL hold's). Once the key's slot
+/// moves, that copy names the old node: its MOVED must be followed, and the copy read again.
+async fn follow_moved_after_the_slot_moved(tickets: bool) {
     let cluster = Cluster::start(3);
     PORT.with(|p| p.set(cluster.nodes[0].port));
     let key = &one_key_per_master()[0];
@@ -315,6 +340,7 @@ async fn own_connections_follow_moved_after_the_slot_moved() {
     let client = LockClient::cluster_builder(cluster.urls())
         .unwrap()
         .without_lost_signal()
+        .wait_with_tickets(tickets)
         .build()
         .await
         .unwrap();
