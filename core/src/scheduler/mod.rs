@@ -171,6 +171,8 @@ pub enum Note {
     },
     /// `LOCK.CANCEL` took a ticket's grant that was not popped: the canceller holds it.
     TicketTaken,
+    /// A ticket's grant was not popped before its lease ended: the ticket says `expired` now.
+    GrantLapsed,
 }
 
 /// What the scheduler needs from the server: a store of locks and a way to answer waiters. It
@@ -227,8 +229,8 @@ enum Due {
     PauseCheck,
     /// Check some bound holds for ends the module did not see (see [`BINDING_SWEEP_MS`]).
     BindingSweep,
-    /// A grant written into its ticket, never seen popped, expired with its lease: forget it.
-    TicketExpired(TicketName),
+    /// A grant written into a ticket reaches its lease end (see `grant_lapsed`).
+    GrantLapsed(TicketName),
 }
 
 /// A change noticed outside the module (keyspace and server events).
@@ -675,7 +677,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 }
             },
             Due::BindingSweep => self.sweep_bindings(port, now),
-            Due::TicketExpired(name) => self.ticket_expired(name),
+            Due::GrantLapsed(name) => self.grant_lapsed(port, name, now),
         }
     }
 
