@@ -62,8 +62,8 @@ const UNBLOCK_AGAIN: Duration = Duration::from_millis(5);
 const OPEN_FAILURES: u32 = 3;
 
 /// How long a group pauses before it pops again after the server answered `TRYAGAIN` (a
-/// `BLPOP` over several tickets of a slot that is migrating) or `CLUSTERDOWN`, or after a few
-/// redirects in a row.
+/// `BLPOP` over several tickets of a slot that is migrating), `CLUSTERDOWN` or another error,
+/// or after a few redirects in a row.
 const PAUSE: Duration = Duration::from_millis(100);
 
 /// How many `MOVED`/`ASK` redirects one ask follows.
@@ -829,7 +829,9 @@ impl Tickets {
                 Some((address, _slot)) if waiting.node.is_some() => {
                     Popped::Redirect(address.to_string(), e.code() == Some("ASK"))
                 }
-                _ if matches!(e.code(), Some("TRYAGAIN" | "CLUSTERDOWN")) => Popped::Again,
+                // TRYAGAIN, CLUSTERDOWN, or refused (NOPERM: an ACL without BLPOP or the
+                // tickets' keys): the connection is fine, the pop is sent again after a pause.
+                _ if e.code().is_some() => Popped::Again,
                 _ => Popped::Broken,
             },
         }
@@ -871,7 +873,8 @@ enum Popped {
     Broken,
     /// The server sent the `BLPOP` to another node (`host:port`; `true`: with `ASKING`).
     Redirect(String, bool),
-    /// The server cannot serve it now (`TRYAGAIN`, `CLUSTERDOWN`): again after a pause.
+    /// The server cannot serve it now (`TRYAGAIN`, `CLUSTERDOWN`) or refused it: again after a
+    /// pause.
     Again,
 }
 
