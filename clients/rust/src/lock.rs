@@ -520,7 +520,15 @@ impl Lock {
             let current = self.state.current();
             let sent = Instant::now();
             let (reply, own) = if self.ephemeral {
-                let (reply, own) = self.send_ephemeral(current.as_ref(), wait, value).await;
+                // A new EPHEMERAL hold that must wait takes a ticket on the connection it will
+                // be bound to; a re-entry asks on its hold's connection, as before.
+                let reentry = current.as_ref().and_then(|c| c.own_connection()).is_some();
+                let (reply, own) = match (wait, &self.ctx.tickets) {
+                    (Some(wait), Some(tickets)) if !reentry => {
+                        self.send_ephemeral_ticketed(tickets, wait, value).await
+                    }
+                    _ => self.send_ephemeral(current.as_ref(), wait, value).await,
+                };
                 match reply {
                     Ok(reply) => (reply, own),
                     Err(e) => {
@@ -854,6 +862,111 @@ impl Lock {
         }
     }
 
+    /// A new `EPHEMERAL` hold that waits with a ticket: asked (`... EPHEMERAL WAIT ms TICKET`) on
+    /// a new connection to the key's node, the one the hold will be bound to (the server binds
+    /// it to the connection that asked), and popped on the client's waiting connection. That
+    /// connection stays the acquire's while the ticket waits: if it fails, the server dropped
+    /// the ticket (and any grant in it), and the acquire asks again on a new one. A ticket that
+    /// answers a redirect or `expired` is asked again (on a new connection, where the redirect
+    /// says), for what is left of the wait. Returns the answer, and the connection the grant is
+    /// bound to.
+    async fn send_ephemeral_ticketed(
+        &self,
+        tickets: &Arc<Tickets>,
+        wait: Wait,
+        value: Option<&[u8]>,
+    ) -> (Result<Value, LockError>, Option<OwnConnection>) {
+        let deadline = match wait {
+            Wait::Timeout(t) => Some(Instant::now() + t),
+            Wait::Forever => None,
+        };
+        let mut left = wait;
+        let mut to: Option<(Redirect, Node)> = None;
+        loop {
+            let cmd = self.acquire_cmd(Some(left), value, Ticket::Yes);
+            let start = to.take();
+            let start = start.as_ref().map(|(redirect, node)| (redirect, node));
+            let limit = Some(self.ctx.command_timeout);
+            let (reply, own, node) = self
+                .send_on_own_connection_from(&cmd, Pushes::Yes, limit, start)
+                .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => return (Err(e), None),
+            };
+            let (Value::BulkString(ticket), Some(conn), Some(node)) = (&reply, &own, &node) else {
+                return (Ok(reply), own);
+            };
+            let ticket = ticket.clone();
+            let asked = tickets.asked_on_own(conn.conn.clone(), node);
+            let answer = tickets.wait(Wanted {
+                ticket: ticket.clone(),
+                deadline,
+                asked,
+                key: Arc::from(self.spec.key()),
+                release: self.spec.release.clone(),
+            });
+            let mut waiting = TicketWait {
+                ticket,
+                answer: Some(answer),
+                lock: self,
+            };
+            match waiting.answer().await {
+                Answer::Popped(answer) => {
+                    waiting.done();
+                    match said(&answer) {
+                        Said::Redirect(redirect) if self.ctx.servers.is_cluster() => {
+                            if !redirect.asking {
+                                self.ctx.servers.forget(node);
+                            }
+                            to = Some((redirect, node.clone()));
+                        }
+                        Said::Expired => {}
+                        // A grant is bound to `own`, the connection that asked.
+                        _ => return (self.popped(&answer), own),
+                    }
+                }
+                Answer::Void => {
+                    // The connection that asked failed: the server dropped the ticket, and a
+                    // grant in it, with it. One the withdrawal still hands back is bound to
+                    // nothing that lives: released.
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
+                    if taken != Value::Nil {
+                        let key = self.spec.key();
+                        let _ = self
+                            .ctx
+                            .commands
+                            .query_routed(&self.spec.release, Some(key))
+                            .await;
+                    }
+                }
+                Answer::Expired => match waiting.withdraw().await {
+                    Ok(Value::Nil) => {}
+                    // Granted just then: bound to `own`, which lives.
+                    Ok(taken) => return (Ok(taken), own),
+                    Err(e) => return (Err(e), None),
+                },
+                Answer::Failed(e) => {
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
+                    if taken != Value::Nil {
+                        return (Ok(taken), own);
+                    }
+                    return (Err(e), None);
+                }
+            }
+            left = match deadline {
+                None => Wait::Forever,
+                Some(d) => {
+                    let rest = d.saturating_duration_since(Instant::now());
+                    if rest.is_zero() {
+                        return (Ok(Value::Nil), None);
+                    }
+                    Wait::Timeout(rest)
+                }
+            };
+        }
+    }
+
     /// Sends `cmd` on a new connection to the node that serves the key (the one server, or the
     /// master of the key's slot in the client's slot map), following `MOVED` (the slot moved:
     /// the map is dropped, to be read again by the next lookup) and `ASK` (with `ASKING`: the
@@ -866,13 +979,40 @@ impl Lock {
         pushes: Pushes,
         limit: Option<Duration>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
+        let (reply, own, _) = self
+            .send_on_own_connection_from(cmd, pushes, limit, None)
+            .await;
+        (reply, own)
+    }
+
+    /// [`Lock::send_on_own_connection`], starting where a redirect said (`start`: the redirect
+    /// and the node that sent it) when one is given; with the node that answered.
+    async fn send_on_own_connection_from(
+        &self,
+        cmd: &Cmd,
+        pushes: Pushes,
+        limit: Option<Duration>,
+        start: Option<(&Redirect, &Node)>,
+    ) -> (
+        Result<Value, LockError>,
+        Option<OwnConnection>,
+        Option<Node>,
+    ) {
         let servers = &self.ctx.servers;
         let timeout = self.ctx.command_timeout;
-        let (mut node, mut found) = match servers.node_of(self.spec.key()).await {
-            Ok(found) => found,
-            Err(e) => return (Err(e), None),
+        let started = match start {
+            Some((redirect, from)) => servers
+                .node_at(&redirect.address, from)
+                .map(|node| (node, Found::Sure, redirect.asking)),
+            None => servers
+                .node_of(self.spec.key())
+                .await
+                .map(|(node, found)| (node, found, false)),
         };
-        let mut asking = false;
+        let (mut node, mut found, mut asking) = match started {
+            Ok(started) => started,
+            Err(e) => return (Err(e), None, None),
+        };
         let mut redirects = 0;
         loop {
             let (target, push) = match pushes {
@@ -885,11 +1025,11 @@ impl Lock {
                     servers.forget(&node);
                     (node, found) = match servers.node_of(self.spec.key()).await {
                         Ok((node, _)) => (node, Found::Sure),
-                        Err(e) => return (Err(e), None),
+                        Err(e) => return (Err(e), None, None),
                     };
                     continue;
                 }
-                Err(e) => return (Err(e), None),
+                Err(e) => return (Err(e), None, None),
             };
             // The connection's name, ASKING when a redirect said so, and the acquire: one
             // round trip.
@@ -907,12 +1047,12 @@ impl Lock {
                 None => first.await,
                 Some(limit) => match tokio::time::timeout(limit, first).await {
                     Ok(r) => r,
-                    Err(_) => return (Err(timed_out()), None),
+                    Err(_) => return (Err(timed_out()), None, None),
                 },
             };
             let reply = match reply {
                 Ok(reply) => reply,
-                Err(e) => return (Err(e), None),
+                Err(e) => return (Err(e), None, None),
             };
             match &reply {
                 Err(e) if redirects < REDIRECTS => {
@@ -923,7 +1063,7 @@ impl Lock {
                         }
                         node = match servers.node_at(address, &node) {
                             Ok(node) => node,
-                            Err(e) => return (Err(e), None),
+                            Err(e) => return (Err(e), None, None),
                         };
                         found = Found::Sure;
                         redirects += 1;
@@ -939,7 +1079,7 @@ impl Lock {
                     servers.forget(&node);
                 }
             }
-            return (reply, Some(own));
+            return (reply, Some(own), Some(node));
         }
     }
 

@@ -27,7 +27,7 @@
 //! waiter left ([`Wanted::release`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -174,16 +174,29 @@ impl Asked {
         match &self.asker {
             Asker::Shared(_) => None,
             Asker::Node(node) => Some(&node.node),
+            Asker::Own(own) => own.node.as_ref().map(|n| &n.node),
         }
     }
 }
 
-/// A connection tickets are asked on: the client's shared connection to its one server, or
-/// the client's asking connection to a cluster node.
+/// A connection tickets are asked on: the client's shared connection to its one server, the
+/// client's asking connection to a cluster node, or the connection of its own an `EPHEMERAL`
+/// acquire asks on (the hold it is granted is bound to it).
 #[derive(Clone)]
 enum Asker {
     Shared(Arc<Commands>),
     Node(Arc<NodeConns>),
+    Own(Arc<OwnAsker>),
+}
+
+/// An `EPHEMERAL` acquire's connection of its own, while its ticket waits: never replaced, so
+/// its ticket is void once it failed (number 1 while it works, 0 after). `node`: in a cluster,
+/// the client's connections to its node (where the ticket is popped).
+pub(crate) struct OwnAsker {
+    conn: MultiplexedConnection,
+    failed: AtomicBool,
+    node: Option<Arc<NodeConns>>,
+    timeout: Duration,
 }
 
 impl Asker {
@@ -192,6 +205,7 @@ impl Asker {
         match self {
             Asker::Shared(commands) => commands.asking(),
             Asker::Node(node) => node.current(),
+            Asker::Own(own) => u64::from(!own.failed.load(Ordering::SeqCst)),
         }
     }
 
@@ -199,6 +213,16 @@ impl Asker {
         match self {
             Asker::Shared(commands) => commands.query(cmd).await,
             Asker::Node(node) => node.query(cmd, false).await.0.map_err(LockError::from),
+            Asker::Own(own) => {
+                let mut conn = own.conn.clone();
+                let reply = tokio::time::timeout(own.timeout, cmd.query_async::<Value>(&mut conn))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out_io()));
+                if matches!(&reply, Err(e) if e.code().is_none()) {
+                    own.failed.store(true, Ordering::SeqCst);
+                }
+                reply.map_err(LockError::from)
+            }
         }
     }
 
@@ -206,6 +230,7 @@ impl Asker {
         match (self, other) {
             (Asker::Shared(a), Asker::Shared(b)) => Arc::ptr_eq(a, b),
             (Asker::Node(a), Asker::Node(b)) => Arc::ptr_eq(a, b),
+            (Asker::Own(a), Asker::Own(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -405,6 +430,25 @@ impl Tickets {
         }
     }
 
+    /// The connection of its own an `EPHEMERAL` acquire asked on (`conn`, to `node`), for its
+    /// ticket's waiter.
+    pub(crate) fn asked_on_own(&self, conn: MultiplexedConnection, node: &Node) -> Asked {
+        let node = match self.place {
+            Place::Cluster { .. } => Some(self.node_conns(node)),
+            Place::Single(_) => None,
+        };
+        let own = OwnAsker {
+            conn,
+            failed: AtomicBool::new(false),
+            node,
+            timeout: self.timeout,
+        };
+        Asked {
+            asker: Asker::Own(Arc::new(own)),
+            number: 1,
+        }
+    }
+
     /// Asks `cmd` (`... WAIT ms TICKET`) for `key`: on one server on the shared connection; in
     /// a cluster on the client's asking connection to the node that serves `key` (`to`: the
     /// node a ticket's redirect named), following `MOVED` and `ASK` as a waiting acquire on a
@@ -479,11 +523,16 @@ impl Tickets {
     /// ticket up here (the caller withdraws it with `LOCK.CANCEL`).
     pub(crate) fn wait(self: &Arc<Self>, wanted: Wanted) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
-        let (group, pop) = match (&self.place, &wanted.asked.asker) {
-            (Place::Cluster { .. }, Asker::Node(node)) => (
+        let asked_at = match &wanted.asked.asker {
+            Asker::Node(node) => Some(node.clone()),
+            Asker::Own(own) => own.node.clone(),
+            Asker::Shared(_) => None,
+        };
+        let (group, pop) = match (&self.place, asked_at) {
+            (Place::Cluster { .. }, Some(node)) => (
                 Some(key_slot(&wanted.ticket)),
                 Some(Pop {
-                    node: node.clone(),
+                    node,
                     asking: false,
                 }),
             ),
@@ -884,10 +933,14 @@ pub(crate) fn is_grant(answer: &[u8]) -> bool {
 }
 
 fn timed_out() -> LockError {
-    LockError::Connection(redis::RedisError::from(std::io::Error::new(
+    LockError::Connection(timed_out_io())
+}
+
+fn timed_out_io() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
-        "the waiting connection did not answer in time",
-    )))
+        "the connection did not answer in time",
+    ))
 }
 
 /// The error of a waiting connection that cannot be opened, for each of its waiters.

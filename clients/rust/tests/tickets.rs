@@ -549,7 +549,9 @@ async fn a_ticket_wait_longer_than_the_lease_is_confirmed_at_the_grant() {
 
 /// A client of `server` as `user` (password `pw`), without the lost-hold signal.
 async fn client_as(server: &Server, user: &str) -> LockClient {
-    let url = server.url().replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    let url = server
+        .url()
+        .replacen("redis://", &format!("redis://{user}:pw@"), 1);
     LockClient::builder(redis::Client::open(url).unwrap())
         .without_lost_signal()
         .build()
@@ -630,7 +632,11 @@ async fn a_popped_expired_grant_is_asked_again_while_the_wait_lasts() {
         .unwrap();
     assert_eq!(alive, Value::Int(1), "the guard's hold is the server's");
     assert_eq!(stat(&mut raw, "lock_ticket_grants_lapsed").await, 1);
-    assert_eq!(calls(&mut raw, "lock.acquire").await, 3, "holder, ask, ask again");
+    assert_eq!(
+        calls(&mut raw, "lock.acquire").await,
+        3,
+        "holder, ask, ask again"
+    );
     assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
 }
 
@@ -646,6 +652,101 @@ async fn a_popped_expired_grant_after_the_wait_is_the_timeout() {
         acquired.map(|g| g.token())
     );
     assert_eq!(calls(&mut raw, "lock.acquire").await, 2, "not asked again");
-    assert_eq!(calls(&mut raw, "lock.cancel").await, 0, "popped, not withdrawn");
+    assert_eq!(
+        calls(&mut raw, "lock.cancel").await,
+        0,
+        "popped, not withdrawn"
+    );
     assert!(is_free(&mut raw, "k").await);
+}
+
+/// `LOCK.INFO key`'s `ephemeral`: the id of the connection the hold is bound to.
+async fn bound_to(raw: &mut MultiplexedConnection, key: &str) -> Option<i64> {
+    let info: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let Value::Array(fields) = info else {
+        return None;
+    };
+    fields.chunks(2).find_map(|p| match p {
+        [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_wait_takes_a_ticket_and_its_hold_dies_with_the_asking_connection() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = holder.lock("k").acquire().await.unwrap();
+    // Two EPHEMERAL waits (a lock and a campaign): tickets, popped on one waiting connection,
+    // nothing blocked in a LOCK.* command.
+    let waiter = client
+        .lock("k")
+        .ephemeral()
+        .wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    let mut leader = holder.election("e").campaign().await.unwrap();
+    let candidate = client.election("e").wait_timeout(Duration::from_secs(20));
+    let campaign = tokio::spawn(async move { candidate.campaign().await });
+    until_waiters(&mut raw, "k", 1).await;
+    until_waiters(&mut raw, "e", 1).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 2);
+    let name = name_of(&client);
+    let conns = until_popping(&mut raw, &name).await;
+    assert!(
+        !conns
+            .iter()
+            .any(|c| c.contains(" cmd=lock.") && c.contains(" flags=b")),
+        "no connection blocks in a LOCK.* command: {conns:?}"
+    );
+    assert_eq!(
+        conns.iter().filter(|c| c.contains(" cmd=blpop ")).count(),
+        1,
+        "{conns:?}"
+    );
+    // Granted: each hold is bound to the connection that asked for it, the guard's own.
+    held.release().await.unwrap();
+    leader.resign().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("granted")
+        .unwrap()
+        .expect("granted");
+    let leadership = tokio::time::timeout(Duration::from_secs(10), campaign)
+        .await
+        .expect("elected")
+        .unwrap()
+        .expect("elected");
+    assert!(leadership.epoch() > leader.epoch());
+    let id = bound_to(&mut raw, "k").await.expect("an EPHEMERAL hold");
+    let asked_on = connections(&mut raw, &name)
+        .await
+        .into_iter()
+        .find(|c| id_of(c) == id)
+        .expect("bound to one of the client's connections");
+    assert!(asked_on.contains(" cmd=lock.acquire "), "{asked_on}");
+    // That connection closes: the hold ends at once, and the guard knows.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost at once");
+    assert_eq!(reason, redis_lock_client::LostReason::ConnectionClosed);
+    assert!(is_free(&mut raw, "k").await);
+    assert!(
+        bound_to(&mut raw, "e").await.is_some(),
+        "the leader's hold is EPHEMERAL"
+    );
+    assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
 }
