@@ -1199,3 +1199,60 @@ async fn a_killed_asking_connection_to_a_node_makes_the_wait_ask_again() {
         .unwrap();
     assert_eq!(alive, 1, "the guard's hold is the server's");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_wait_in_a_cluster_takes_a_ticket_on_the_keys_node() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[2].clone();
+    let node = cluster.node_for_slot(slot(&key));
+    let client = ticket_client(&cluster, true).await;
+    let holder = ticket_client(&cluster, false).await;
+    let mut held = holder.lock(&key).acquire().await.unwrap();
+    let waiter = client
+        .lock(&key)
+        .ephemeral()
+        .wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    let name = client_name(&client);
+    wait_until("the wait pops on the key's node", || {
+        waiters_on(node, &key) == 1 && popping(&client_list(node, Some(&name))) == 1
+    })
+    .await;
+    assert_eq!(lock_stat(node, "lock_waits_ticketed"), 1);
+    assert!(
+        blocked_in_lock(&cluster).is_empty(),
+        "{:?}",
+        blocked_in_lock(&cluster)
+    );
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("granted")
+        .unwrap()
+        .expect("granted");
+    // Bound to the connection that asked: killed, the hold ends at once.
+    let Value::Array(fields) = info_on(node, &key) else {
+        panic!("held");
+    };
+    let id = fields
+        .chunks(2)
+        .find_map(|p| match p {
+            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+            _ => None,
+        })
+        .expect("bound to a connection");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut direct(node))
+        .unwrap();
+    assert_eq!(killed, 1);
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost at once");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    assert_eq!(info_on(node, &key), Value::Nil);
+    assert_eq!(lock_stat(node, "lock_tickets"), 0);
+}

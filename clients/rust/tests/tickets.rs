@@ -750,3 +750,59 @@ async fn an_ephemeral_wait_takes_a_ticket_and_its_hold_dies_with_the_asking_conn
     );
     assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_ephemeral_asking_connection_makes_the_wait_ask_again_on_a_new_one() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = holder.lock("k").acquire().await.unwrap();
+    let waiter = client
+        .lock("k")
+        .ephemeral()
+        .wait_timeout(Duration::from_secs(30));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "k", 1).await;
+    let name = name_of(&client);
+    // The shared connection (made first), the one the wait asked on, the waiting one (made
+    // once the ticket came).
+    let conns = until_popping(&mut raw, &name).await;
+    let asked_on = conns
+        .iter()
+        .filter(|c| !c.contains(" cmd=blpop "))
+        .map(|c| id_of(c))
+        .max()
+        .unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(asked_on)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    // The server dropped the ticket with its connection; the library asks again on a new one.
+    let until = Instant::now() + Duration::from_secs(10);
+    while stat(&mut raw, "lock_waits_ticketed").await < 2 {
+        assert!(Instant::now() < until, "the acquire is asked again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_waiters(&mut raw, "k", 1).await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the wait ends")
+        .unwrap()
+        .expect("granted");
+    let id = bound_to(&mut raw, "k").await.expect("an EPHEMERAL hold");
+    assert!(id > asked_on, "bound to the new connection");
+    let alive: Value = redis::cmd("LOCK.CHECK")
+        .arg("k")
+        .arg(guard.owner())
+        .arg(guard.token())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(alive, Value::Int(1));
+}
