@@ -185,10 +185,13 @@ impl LockClientBuilder {
     /// after two seconds unused). A ticket whose lock left with its slot is asked again where
     /// the redirect says; a `BLPOP` the server redirects is sent there, never the acquire.
     ///
+    /// An `EPHEMERAL` wait (and so an election's campaign, unless [`Election::not_ephemeral`])
+    /// asks with `TICKET` on a new connection of its own, the one its hold will be bound to
+    /// (the server binds the hold to the connection that asks), and its ticket is popped with
+    /// the others; if that connection fails while the ticket waits, it asks again on a new one.
+    ///
     /// `false`: each waiting acquire blocks on a connection of its own
-    /// (`LOCK.ACQUIRE ... WAIT ms`), as before. For `EPHEMERAL` holds (and so for an election's
-    /// campaign, unless [`Election::not_ephemeral`]), waits always block on a connection of
-    /// their own.
+    /// (`LOCK.ACQUIRE ... WAIT ms`), as before.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
@@ -415,8 +418,10 @@ impl LockClient {
 
     /// [`LockClient::cluster`] with settings beyond the defaults. In a cluster, ordinary
     /// commands go through the `redis` crate's cluster connection (routed by key, `MOVED` and
-    /// `ASK` followed); a waiting acquire and an `EPHEMERAL` hold get a connection of their own
-    /// to the master of the key's slot, found in the client's copy of the slot map (read with
+    /// `ASK` followed); a waiting acquire's ticket is asked on the client's own connection to
+    /// the master of the key's slot and popped there ([`LockClientBuilder::wait_with_tickets`]),
+    /// a blocking wait and an `EPHEMERAL` hold get a connection of their own to that master,
+    /// found in the client's copy of the slot map (read with
     /// `CLUSTER SLOTS` when first needed, dropped by a `MOVED`; `MOVED` and `ASK` are followed
     /// there too); the lost-hold signal is heard with `SSUBSCRIBE` on that node.
     pub fn cluster_builder<T: IntoConnectionInfo>(
