@@ -650,11 +650,7 @@ impl Lock {
     /// future is dropped while the ask is on its way, what the server answers (a ticket, or a
     /// grant made at once) is withdrawn (`LOCK.CANCEL`) or released in the background, counted
     /// as the handle's release, instead of being left queued and granted to nobody.
-    async fn ask_for_ticket(
-        &self,
-        cmd: Cmd,
-        to: Option<(&Redirect, &Node)>,
-    ) -> (Result<Value, LockError>, Option<Asked>) {
+    async fn ask_for_ticket(&self, cmd: Cmd, to: Option<(&Redirect, &Node)>) -> Asking {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let ctx = self.ctx.clone();
         let key: Arc<[u8]> = Arc::from(self.spec.key());
@@ -1237,7 +1233,7 @@ impl Drop for TicketWait<'_> {
 /// in the background and withdrawn: a ticket is cancelled (and the grant the cancel hands back
 /// released), a grant made at once released.
 struct AskInFlight<'a> {
-    reply: Option<tokio::sync::oneshot::Receiver<(Result<Value, LockError>, Option<Asked>)>>,
+    reply: Option<tokio::sync::oneshot::Receiver<Asking>>,
     lock: &'a Lock,
 }
 
@@ -1290,6 +1286,9 @@ impl Lock {
         self.state.release_in_background(runtime.as_ref(), withdraw);
     }
 }
+
+/// What a ticketed ask came to: the reply, and the connection that asked.
+type Asking = (Result<Value, LockError>, Option<Asked>);
 
 fn ask_lost() -> redis::RedisError {
     redis::RedisError::from(io::Error::other(

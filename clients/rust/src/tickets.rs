@@ -242,6 +242,8 @@ struct Entry {
 }
 
 /// Where tickets are asked and popped.
+// One per client, made once and never moved: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Place {
     /// One server: asked on the client's shared connection, popped on one waiting connection
     /// to the master (of the current generation, through Sentinel).
