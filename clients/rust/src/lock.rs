@@ -883,6 +883,9 @@ impl Lock {
             let start = to.take();
             let start = start.as_ref().map(|(redirect, node)| (redirect, node));
             let limit = Some(self.ctx.command_timeout);
+            // Through Sentinel, the master of this generation or an older one is asked (a
+            // failover since voids the ticket).
+            let generation = tickets.generation();
             let (reply, own, node) = self
                 .send_on_own_connection_from(&cmd, Pushes::Yes, limit, start)
                 .await;
@@ -894,7 +897,7 @@ impl Lock {
                 return (Ok(reply), own);
             };
             let ticket = ticket.clone();
-            let asked = tickets.asked_on_own(conn.conn.clone(), node);
+            let asked = tickets.asked_on_own(conn.conn.clone(), node, generation);
             let answer = tickets.wait(Wanted {
                 ticket: ticket.clone(),
                 deadline,

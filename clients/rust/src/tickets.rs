@@ -190,13 +190,26 @@ enum Asker {
 }
 
 /// An `EPHEMERAL` acquire's connection of its own, while its ticket waits: never replaced, so
-/// its ticket is void once it failed (number 1 while it works, 0 after). `node`: in a cluster,
-/// the client's connections to its node (where the ticket is popped).
+/// its ticket is void once it failed, or (through Sentinel) once the master it is to is no
+/// longer the master (number 1 while it works, 0 after). `node`: in a cluster, the client's
+/// connections to its node (where the ticket is popped); `master`: on one server, the master
+/// and its generation when the connection was made.
 pub(crate) struct OwnAsker {
     conn: MultiplexedConnection,
     failed: AtomicBool,
     node: Option<Arc<NodeConns>>,
+    master: Option<(Arc<Master>, u64)>,
     timeout: Duration,
+}
+
+impl OwnAsker {
+    fn current(&self) -> u64 {
+        let replaced = self
+            .master
+            .as_ref()
+            .is_some_and(|(master, generation)| master.generation() != *generation);
+        u64::from(!replaced && !self.failed.load(Ordering::SeqCst))
+    }
 }
 
 impl Asker {
@@ -205,7 +218,7 @@ impl Asker {
         match self {
             Asker::Shared(commands) => commands.asking(),
             Asker::Node(node) => node.current(),
-            Asker::Own(own) => u64::from(!own.failed.load(Ordering::SeqCst)),
+            Asker::Own(own) => own.current(),
         }
     }
 
@@ -434,15 +447,21 @@ impl Tickets {
 
     /// The connection of its own an `EPHEMERAL` acquire asked on (`conn`, to `node`), for its
     /// ticket's waiter.
-    pub(crate) fn asked_on_own(&self, conn: MultiplexedConnection, node: &Node) -> Asked {
-        let node = match self.place {
-            Place::Cluster { .. } => Some(self.node_conns(node)),
-            Place::Single(_) => None,
+    pub(crate) fn asked_on_own(
+        &self,
+        conn: MultiplexedConnection,
+        node: &Node,
+        generation: u64,
+    ) -> Asked {
+        let (node, master) = match &self.place {
+            Place::Cluster { .. } => (Some(self.node_conns(node)), None),
+            Place::Single(master) => (None, Some((master.clone(), generation))),
         };
         let own = OwnAsker {
             conn,
             failed: AtomicBool::new(false),
             node,
+            master,
             timeout: self.timeout,
         };
         Asked {
@@ -671,7 +690,7 @@ impl Tickets {
     }
 
     /// The master's generation on one server (0 in a cluster).
-    fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         match &self.place {
             Place::Single(master) => master.generation(),
             Place::Cluster { .. } => 0,
