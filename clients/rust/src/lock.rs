@@ -862,7 +862,9 @@ impl Lock {
     /// a new connection to the key's node, the one the hold will be bound to (the server binds
     /// it to the connection that asked), and popped on the client's waiting connection. That
     /// connection stays the acquire's while the ticket waits: if it fails, the server dropped
-    /// the ticket (and any grant in it), and the acquire asks again on a new one. A ticket that
+    /// the ticket (and any grant in it), and the acquire asks again on a new one (through
+    /// Sentinel, a failover ends the acquire with a connection error instead, as it ends a
+    /// blocking `EPHEMERAL` one). A ticket that
     /// answers a redirect or `expired` is asked again (on a new connection, where the redirect
     /// says), for what is left of the wait. Returns the answer, and the connection the grant is
     /// bound to.
@@ -937,6 +939,11 @@ impl Lock {
                             .commands
                             .query_routed(&self.spec.release, Some(key))
                             .await;
+                    }
+                    // Through Sentinel, a failover ends an EPHEMERAL acquire, as it ends a
+                    // blocking one: it is not sent again to the new master.
+                    if tickets.generation() != generation {
+                        return (Err(crate::conn::master_changed()), None);
                     }
                 }
                 Answer::Expired => match waiting.withdraw().await {
