@@ -1057,11 +1057,14 @@ async fn a_ticket_wait_across_a_slot_migration_is_granted_once() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Both asked again on the target (ASKING: still importing).
+    // Both asked again on the target (ASKING: still importing), once each: after the redirect
+    // their tickets answered, not after the server redirected a BLPOP.
     wait_until("both waits queue on the target", || {
         waiters_on(target, &key) == 2
     })
     .await;
+    assert_eq!(lock_stat(source, "lock_waits_ticketed"), 2);
+    assert_eq!(lock_stat(target, "lock_waits_ticketed"), 2);
     for node in [target, source] {
         setslot(node, &["NODE", &target_id]);
     }
