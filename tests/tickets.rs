@@ -843,3 +843,36 @@ fn a_replica_refuses_tickets_and_a_restarted_master_hands_over_a_grant_written_b
     assert_eq!(cancel(&mut con, &t), Value::Bulk(vec![Value::Int(granted)]));
     assert!(!exists(&mut con, &t));
 }
+
+/// Review: `expired` says "the hold is gone, nothing is held". LOCK.RENEW is owner-based, so the
+/// owner's name can extend the lease of a grant still sitting unpopped in its ticket; the
+/// ticket's expiry (the old lease end) and the `GrantLapsed` deadline do not follow, and the
+/// module writes `expired` while the hold lives on (a false "not granted": the waiter asks
+/// again, and under another owner waits behind its own orphaned hold).
+#[test]
+fn a_grant_renewed_before_its_pop_is_not_answered_expired_while_it_is_held() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut asker = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let late = ticket(&mut asker, "LOCK.ACQUIRE k late 300 WAIT 0 TICKET");
+    release(&mut con, "k", "holder").unwrap();
+    let granted: i64 = peek(&mut con, &late)[0].parse().unwrap();
+    // The owner's name renews the hold before anyone pops the grant.
+    let renewed: i64 = redis::cmd("LOCK.RENEW")
+        .arg("k")
+        .arg("late")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(renewed, 1);
+    thread::sleep(Duration::from_millis(600));
+    let held = owner_of(&mut con, "k");
+    let popped = pop(&mut asker, &late, 0.5);
+    assert_eq!(held, Some(("late".into(), granted)), "the hold lives on");
+    assert_ne!(
+        popped.as_deref(),
+        Some("expired"),
+        "the ticket says `expired` (nothing held) while {held:?} holds the lock"
+    );
+}
