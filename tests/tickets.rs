@@ -876,3 +876,27 @@ fn a_grant_renewed_before_its_pop_is_not_answered_expired_while_it_is_held() {
         "the ticket says `expired` (nothing held) while {held:?} holds the lock"
     );
 }
+
+/// Review: a grant written into its ticket and not popped when `FLUSHDB` empties the database
+/// (hold and ticket both go) is forgotten as if popped: nothing is written into the ticket, ever,
+/// so a client that pops it after the flush with no timeout blocks for ever (and one with a
+/// timeout reports a timeout although the key is free). The `expired` rewrite exists for exactly
+/// this ("a client that pops late, even with no timeout, is answered").
+#[test]
+fn a_grant_flushed_before_its_pop_is_answered() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut asker = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let late = ticket(&mut asker, "LOCK.ACQUIRE k late 300 WAIT 0 TICKET");
+    release(&mut con, "k", "holder").unwrap();
+    assert!(peek(&mut con, &late)[0].parse::<i64>().is_ok());
+    let _: () = redis::cmd("FLUSHDB").query(&mut con).unwrap();
+    thread::sleep(Duration::from_millis(600));
+    assert_eq!(owner_of(&mut con, "k"), None);
+    let popped = pop(&mut asker, &late, 2.0);
+    assert!(
+        popped.is_some(),
+        "nothing is ever written into the flushed grant's ticket: a pop with no timeout blocks for ever"
+    );
+}
