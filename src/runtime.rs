@@ -379,7 +379,7 @@ pub fn databases_swapped(ctx: Ctx, a: i32, b: i32) {
 /// `FLUSHDB` (Some) or `FLUSHALL` (None): the bindings of the holds there go with them.
 pub fn flushed(ctx: Ctx, db: Option<i32>) {
     if any_bound() || any_tickets() {
-        with_scheduler(ctx, |s, _| s.flushed(db));
+        with_scheduler(ctx, |s, _| s.flushed(db, now_ms()));
     }
 }
 

@@ -170,12 +170,12 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
 
     /// `FLUSHDB` (Some) or `FLUSHALL` (None): the holds there are gone, with their bindings,
     /// and so are the tickets written there.
-    pub fn flushed(&mut self, db: Option<i32>) {
+    pub fn flushed(&mut self, db: Option<i32>, now: UnixMs) {
         if !self.bindings.is_empty() {
             self.bindings.flushed(db);
             self.stop_idle_sweep();
         }
-        self.tickets_flushed(db);
+        self.tickets_flushed(db, now);
     }
 
     /// Holds bound to connections (INFO).

@@ -556,20 +556,70 @@ fn ticket_waiters_are_granted_no_faster_than_their_answers_are_written() {
 }
 
 #[test]
-fn a_flush_forgets_the_grants_written_in_its_database() {
+fn a_flush_answers_the_grants_written_in_its_database_expired() {
     let (mut s, mut port, k) = setup();
-    ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
+    let t = ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
     let other = LockKey::new(1, b"k");
     hold(&mut port, &other, "x", 61_000);
-    ticket(&mut s, &mut port, 1, &other, "u", Wait::Forever);
+    let u = ticket(&mut s, &mut port, 1, &other, "u", Wait::Forever);
     release(&mut s, &mut port, &k);
     release(&mut s, &mut port, &other);
     assert_eq!(s.open_tickets(), 2);
+    // FLUSHDB 0: the hold and the ticket go; the ticket is answered `expired` at once.
+    port.keys.retain(|key, _| key.db != 0);
     port.tickets.retain(|name, _| name.db != 0);
-    s.flushed(Some(0));
+    let now = port.now;
+    s.flushed(Some(0), now);
+    advance_to(&mut s, &mut port, now);
     assert_eq!(s.open_tickets(), 1, "db 1's grant is still there");
+    assert_eq!(pop(&mut s, &mut port, &t.name), Some(b"expired".to_vec()));
+    assert!(matches!(
+        port.tickets
+            .get(&u.name)
+            .map(|(v, _)| TicketValue::decode(v)),
+        Some(Some(TicketValue::Granted(_)))
+    ));
+    port.keys.clear();
     port.tickets.clear();
-    s.flushed(None);
+    s.flushed(None, now);
+    advance_to(&mut s, &mut port, now);
     assert_eq!(s.open_tickets(), 0);
+    assert_eq!(pop(&mut s, &mut port, &u.name), Some(b"expired".to_vec()));
+    assert!(s.is_idle());
+}
+
+#[test]
+fn a_grant_its_owner_renewed_before_the_pop_stands_until_the_new_lease_end() {
+    let (mut s, mut port, k) = setup();
+    let t = ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
+    release(&mut s, &mut port, &k);
+    let granted_at = port.now;
+    let token = match port
+        .tickets
+        .get(&t.name)
+        .map(|(v, _)| TicketValue::decode(v))
+    {
+        Some(Some(TicketValue::Granted(tokens))) => tokens[0],
+        other => panic!("{other:?}"),
+    };
+    // `LOCK.RENEW k t 60000` by the owner's name, before anyone popped the grant.
+    let renewed_to = granted_at + 60_000;
+    if let Some(lock) = port.keys.get_mut(&k) {
+        for h in lock.holds.iter_mut() {
+            h.expires_at = Some(renewed_to);
+        }
+    }
+    advance_to(&mut s, &mut port, granted_at + 5_001);
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), 0);
+    assert_eq!(
+        port.tickets.get(&t.name),
+        Some(&(token.to_string().into_bytes(), renewed_to)),
+        "the grant written back, to expire with the renewed lease"
+    );
+    assert_eq!(s.open_tickets(), 1);
+    // Not renewed again: at the new lease end it is answered `expired`.
+    advance_to(&mut s, &mut port, renewed_to + 1);
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), 1);
+    assert_eq!(pop(&mut s, &mut port, &t.name), Some(b"expired".to_vec()));
     assert!(s.is_idle());
 }

@@ -35,7 +35,7 @@ use std::hash::Hash;
 use super::*;
 use crate::memory::{shrink_map, shrink_set};
 use crate::slot::key_slot;
-use crate::ticket::{Shape, Ticket, TicketIds, TicketName, TicketValue};
+use crate::ticket::{Shape, Ticket, TicketIds, TicketName, TicketValue, MARKER_TTL_MS};
 
 /// How many answers the adapter writes into tickets in one turn of the server's event loop
 /// ([`Scheduler::deliver_tickets`]): each wakes the client blocked on its ticket, whom the
@@ -295,8 +295,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     }
 
     /// `FLUSHDB` (Some) or `FLUSHALL` (None): the grants written into tickets there are gone
-    /// with their holds (no `del` event tells of each key).
-    pub(super) fn tickets_flushed(&mut self, db: Option<i32>) {
+    /// with their holds (no `del` event tells of each key). Each is looked at as a grant that
+    /// reached its lease end, at once ([`Scheduler::grant_lapsed`]): its ticket is answered
+    /// `expired`, so that a client popping it later is told.
+    pub(super) fn tickets_flushed(&mut self, db: Option<i32>, now: UnixMs) {
         let gone: Vec<TicketName> = self
             .tickets
             .pushed
@@ -305,14 +307,20 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             .copied()
             .collect();
         for name in gone {
-            self.ticket_popped(name);
+            if let Some(pushed) = self.tickets.pushed.get_mut(&name) {
+                self.deadlines.remove(pushed.expiry);
+                pushed.expiry = self.deadlines.insert(now, Due::GrantLapsed(name));
+            }
         }
     }
 
-    /// A grant never seen popped reached its lease end: the ticket expired with it (its hold
-    /// ends with its lease, as any hold's). So that a client still blocked on the ticket is
-    /// answered rather than left waiting, the ticket now says so ([`TicketValue::Lapsed`]).
-    /// Writing is a write: while writes are paused it waits for the pause to end.
+    /// A grant never seen popped reached its lease end: the ticket expired with it. If the hold
+    /// lives on under the grant's tokens (its owner's name renewed it: `LOCK.RENEW` is by owner),
+    /// the grant stands: it is written back, to expire with the new lease end, and looked at
+    /// again then. Otherwise the hold is gone and, so that a client still blocked on the ticket
+    /// is answered rather than left waiting, the ticket says so ([`TicketValue::Lapsed`]); any
+    /// hold of a multi-key grant left on another key is ended (nobody received it). Writing is a
+    /// write: while writes are paused it waits for the pause to end.
     pub(super) fn grant_lapsed(&mut self, port: &mut impl Port<H>, name: TicketName, now: UnixMs) {
         let Some(pushed) = self.tickets.pushed.remove(&name) else {
             return;
@@ -330,13 +338,52 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             // Its master writes the answer; the replica gets it by replication.
             Writes::Replica => {}
             Writes::Allowed => {
+                if let Some(lease_end) = self.grant_held_until(port, &pushed.grants, now) {
+                    let tokens = pushed.grants.iter().map(|g| g.token).collect();
+                    port.push_ticket(&name, &TicketValue::Granted(tokens).encode(), lease_end);
+                    let expiry = self
+                        .deadlines
+                        .insert(lease_end.saturating_add(1), Due::GrantLapsed(name));
+                    self.tickets
+                        .pushed
+                        .insert(name, Pushed { expiry, ..pushed });
+                    return;
+                }
                 port.note(Note::GrantLapsed);
                 let lapsed = TicketValue::Lapsed;
                 port.push_ticket(&name, &lapsed.encode(), lapsed.expires_at(now, now));
+                for grant in &pushed.grants {
+                    self.abandon(port, grant, now);
+                }
             }
         }
         self.tickets.close(&name, pushed.client);
         shrink_map(&mut self.tickets.pushed);
+    }
+
+    /// Until when every hold of a grant lives on (the earliest lease end), None once one is
+    /// gone. A hold with no lease (made outside the module) counts as lasting a marker's time.
+    fn grant_held_until(
+        &mut self,
+        port: &mut impl Port<H>,
+        grants: &[GrantRef],
+        now: UnixMs,
+    ) -> Option<UnixMs> {
+        let mut until = UnixMs::MAX;
+        for grant in grants {
+            let Read::Lock(Some(stored)) = port.read(&grant.key, false) else {
+                return None;
+            };
+            let hold =
+                stored.lock.holds.iter().find(|h| {
+                    h.kind == grant.kind && h.token == Some(grant.token) && !h.ended(now)
+                })?;
+            let end = hold
+                .expires_at
+                .unwrap_or_else(|| now.saturating_add(MARKER_TTL_MS));
+            until = until.min(end);
+        }
+        Some(until)
     }
 
     /// `LOCK.CANCEL`: takes a ticket out of the queue, or takes its grant if it was not popped
