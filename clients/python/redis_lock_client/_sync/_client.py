@@ -61,8 +61,11 @@ class _Node:
         self.signals = (
             SignalHub(connector, sharded, client._slot_left) if client._lost_signal else None
         )
-        # In a cluster, waits block: tickets of different slots cannot share one BLPOP.
-        self.tickets = TicketDesk(connector) if client._tickets and not sharded else None
+        # In a cluster the desk groups its tickets by slot, and routes LOCK.CANCEL through the
+        # client (by the ticket's name, following MOVED and ASK).
+        self.tickets = (
+            TicketDesk(connector, client if sharded else None) if client._tickets else None
+        )
 
     def close(self) -> None:
         if self.signals is not None:
