@@ -56,6 +56,14 @@ def hold_elsewhere(node: Server, key: str, owner: str = "other") -> Any:
     return lambda: raw.execute_command("LOCK.RELEASE", key, owner)
 
 
+async def until(condition: Any, what: str, bound: float = 10.0) -> None:
+    """Polls ``condition`` from a task (a bound that only catches a hang)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     c = start_cluster(tmp_path_factory.mktemp("cluster"))
@@ -178,8 +186,7 @@ def test_cluster_async_cancelled_ticket_wait_leaves_the_queue_and_holds_nothing(
                 node = cluster.node_of(key)
                 release = hold_elsewhere(node, key)
                 task = asyncio.create_task(client.lock(key).acquire())
-                while waiters(node, key) != 1 or not in_blpop(node):
-                    await asyncio.sleep(0.01)
+                await until(lambda: waiters(node, key) == 1 and in_blpop(node), "waits")
                 assert node.blocked_clients("lock.acquire") == []
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -201,8 +208,8 @@ def test_cluster_async_many_waits_share_one_waiting_connection_per_slot(cluster)
             keys = ["{" + tags[i % 2] + "}:" + str(i) for i in range(10)]
             releases = [hold_elsewhere(node, k) for k in keys]
             tasks = [asyncio.create_task(client.lock(k, wait_timeout=20).acquire()) for k in keys]
-            while not all(waiters(node, k) == 1 for k in keys) or len(in_blpop(node)) != 2:
-                await asyncio.sleep(0.02)
+            await until(lambda: all(waiters(node, k) == 1 for k in keys)
+                        and len(in_blpop(node)) == 2, "ten waits, two BLPOPs")
             assert len(waiting_conns(node)) == 2  # two slots, ten waits
             assert node.blocked_clients("lock.acquire") == []
             for release in releases:
@@ -287,11 +294,9 @@ def test_cluster_async_a_ticket_wait_across_a_slot_move_is_granted_exactly_once(
         rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
         async with AsyncLockClient(rc) as client:
             task = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
-            while waiters(source, key) != 1 or not in_blpop(source):
-                await asyncio.sleep(0.01)
+            await until(lambda: waiters(source, key) == 1 and in_blpop(source), "waits")
             await asyncio.to_thread(move_slot_to, cluster, slot, source, target)
-            while waiters(target, key) != 1:
-                await asyncio.sleep(0.01)
+            await until(lambda: waiters(target, key) == 1, "waits again on the new master")
             assert target.blocked_clients("lock.acquire") == []
             target.client().execute_command("LOCK.RELEASE", key, "other")
             guard = await task

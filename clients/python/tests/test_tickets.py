@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import Server, info, wait_until
+from redis_lock_client._async._tickets import HEALTH_PERIOD
 from conftest import waiting as waiters
 from redis_lock_client import (
     AsyncLockClient,
@@ -409,3 +410,70 @@ def test_a_grant_whose_ticket_expired_before_the_pop_is_never_handed_out(debug_s
         with pytest.raises(LockTimeout):
             waiter.result()
         assert info(server, key) is None
+
+
+@pytest.mark.scenario("tickets-cancel")
+def test_an_async_cancel_while_the_acquire_is_asked_leaves_the_other_waits_in_place(server, key):
+    """Writes are paused, so that an acquire's ask is out unanswered when its task is cancelled:
+    the asking connection (every other wait's tickets belong to it) is kept; the cancelled
+    acquire's ticket is withdrawn once the ask is answered, and nobody else asks again."""
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            desk = client._single.tickets  # type: ignore[union-attr]
+            release = hold_elsewhere(server, key)
+            first = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
+            while waiters(server, key) != 1:
+                await asyncio.sleep(0.01)
+            second = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
+            while waiters(server, key) != 2:
+                await asyncio.sleep(0.01)
+            (asking,) = named(server, ":tickets-ask")
+            server.client().execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+            cancelled = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
+            await asyncio.sleep(0.3)  # its LOCK.ACQUIRE is held back by the pause
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            deadline = time.monotonic() + 10
+            while desk.issued < 3 or waiters(server, key) != 2:  # asked, then withdrawn
+                assert time.monotonic() < deadline, (desk.issued, waiters(server, key))
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(HEALTH_PERIOD)  # a broken desk would have been noticed
+            assert [c["id"] for c in named(server, ":tickets-ask")] == [asking["id"]]
+            assert desk.issued == 3  # nobody asked again
+            release()
+            guard = await first
+            assert_held(server, key, guard)
+            assert not second.done()
+            await guard.release()
+            guard = await second
+            assert_held(server, key, guard)
+            await guard.release()
+            assert info(server, key) is None
+    run(main())
+
+
+def the_ticket(client: Any) -> bytes:
+    """The name of the one ticket the client's desk waits for."""
+    desk = client._single.tickets
+    (name,) = [n for group in desk._slots.values() for n in group.tickets]
+    return bytes(name)
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_a_ticket_popped_expired_is_no_grant_and_the_wait_asks_again(server, client, key):
+    """``expired`` (a grant not popped within its lease; written here from outside, as the
+    server writes it) grants nothing: the wait, whose deadline has not passed, asks again
+    (its new ticket takes the old one's place) and is granted when the key is released."""
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=20).acquire())
+    waiter.start()
+    wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "waits")
+    desk = client._single.tickets
+    server.client().lpush(the_ticket(client), "expired")
+    wait_until(lambda: desk.issued == 2 and waiters(server, key) == 1, "asked again")
+    assert waiter.is_alive()
+    release()
+    guard = waiter.result()
+    assert_held(server, key, guard)
+    assert guard.release() is Release.RELEASED
