@@ -742,6 +742,7 @@ impl Port<Blocked> for RedisPort {
             Note::Mismatched => bump(&STATS.errors),
             Note::Disconnected { .. } => bump(&STATS.disconnected),
             Note::TicketTaken => bump(&STATS.tickets_taken),
+            Note::GrantLapsed => bump(&STATS.ticket_grants_lapsed),
         }
     }
 }

@@ -31,6 +31,7 @@ counters! {
     waits_started: "LOCK.ACQUIRE ... WAIT calls that blocked.",
     waits_ticketed: "LOCK.ACQUIRE/MACQUIRE/CAMPAIGN ... WAIT ... TICKET calls that queued a ticket.",
     tickets_taken: "Ticket grants LOCK.CANCEL took before they were popped (the canceller holds them).",
+    ticket_grants_lapsed: "Ticket grants nobody popped before their lease ended (the ticket says expired).",
     handoffs: "Locks handed to the head waiter on release, expiry or removal.",
     released: "Full releases (the last re-entry released).",
     released_partial: "Releases that counted one re-entry down.",

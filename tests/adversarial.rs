@@ -907,6 +907,13 @@ impl Worker {
             self.shared.count("tickets timed out");
             return Outcome::Reply(Value::Nil);
         }
+        // Granted, but not popped before the grant's lease ended (a pause or a stall as long
+        // as the lease): nothing is held.
+        if element == "expired" {
+            self.shared
+                .count("tickets granted and lapsed before the pop");
+            return Outcome::Reply(Value::Nil);
+        }
         if let Some(error) = element.strip_prefix('-') {
             self.shared
                 .count(&format!("tickets answered {}", first_word(error)));

@@ -539,6 +539,9 @@ fn wait_with_ticket(
         .query(con)?;
     match popped {
         Some((_, element)) if element == "timeout" => Ok(None),
+        // Granted, and its lease ended before the pop (the server stopped or stalled for a
+        // whole lease in between): nothing is held.
+        Some((_, element)) if element == "expired" => Ok(None),
         Some((_, element)) => match element.parse::<i64>() {
             Ok(token) => Ok(Some(token)),
             Err(_) => Err(redis::RedisError::from((

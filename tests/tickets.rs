@@ -432,6 +432,63 @@ fn client_kill_after_the_grant_is_written_and_before_it_is_popped_passes_it_on()
     assert_eq!(lock_stat(&mut con, "abandoned_grants"), 1);
 }
 
+#[test]
+fn a_grant_nobody_pops_before_its_lease_ends_is_answered_expired() {
+    let server = Server::start();
+    let replica = Server::replica_of(&server);
+    let mut con = server.connect();
+    let mut asker = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let late = ticket(&mut asker, "LOCK.ACQUIRE k late 300 WAIT 0 TICKET");
+    release(&mut con, "k", "holder").unwrap();
+    let granted: i64 = peek(&mut con, &late)[0].parse().unwrap();
+    assert_eq!(owner_of(&mut con, "k"), Some(("late".into(), granted)));
+    // Its client stalls past the lease: the hold ends with its lease, and the ticket says so
+    // instead of vanishing (a pop with no timeout would block for ever).
+    thread::sleep(Duration::from_millis(600));
+    assert!(eventually(SOON, || lock_stat(
+        &mut con,
+        "ticket_grants_lapsed"
+    ) == 1));
+    assert_eq!(pop(&mut asker, &late, 0.0).as_deref(), Some("expired"));
+    assert_eq!(owner_of(&mut con, "k"), None);
+    assert_eq!(lock_stat(&mut con, "tickets"), 0);
+    // Whoever asks next gets the lock.
+    assert!(acquire(&mut con, "k", "next", 60_000).is_some());
+
+    // A client already blocked on its ticket pops the grant itself: nothing is rewritten.
+    let mut popper = server.connect();
+    let blocked = ticket(&mut asker, "LOCK.ACQUIRE k quick 300 WAIT 0 TICKET");
+    let waiting = {
+        let blocked = blocked.clone();
+        thread::spawn(move || pop(&mut popper, &blocked, 10.0))
+    };
+    let id_seen = eventually(SOON, || {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut con).unwrap();
+        list.contains("cmd=blpop")
+    });
+    assert!(id_seen);
+    release(&mut con, "k", "next").unwrap();
+    let token: i64 = waiting.join().unwrap().unwrap().parse().unwrap();
+    thread::sleep(Duration::from_millis(600));
+    assert!(!exists(&mut con, &blocked));
+    assert!(token > granted);
+    assert_eq!(lock_stat(&mut con, "ticket_grants_lapsed"), 1);
+
+    // A lease ends unreleased and the lock goes to the next ticket, which nobody pops either.
+    // The marker is a plain replicated write: the replica holds the same.
+    assert!(acquire(&mut con, "k", "brief", 300).is_some());
+    let late2 = ticket(&mut asker, "LOCK.ACQUIRE k late2 300 WAIT 0 TICKET");
+    assert!(eventually(SOON, || lock_stat(
+        &mut con,
+        "ticket_grants_lapsed"
+    ) == 2));
+    assert_eq!(peek(&mut con, &late2), vec!["expired".to_string()]);
+    let mut rcon = replica.connect();
+    assert!(eventually(SOON, || peek(&mut rcon, &late2)
+        == vec!["expired".to_string()]));
+}
+
 /// How one round of the race ended for the waiter.
 #[derive(Debug, Default)]
 struct RaceEnd {
@@ -650,11 +707,12 @@ fn a_ticket_key_going_away_is_never_a_lost_hold() {
         .query(&mut con)
         .unwrap();
     let _: i64 = con.del(&granted).unwrap();
-    // A grant nobody pops expires with its lease, ticket and hold together.
+    // A grant nobody pops expires with its lease, ticket and hold together (and the ticket
+    // says `expired` then).
     let short = ticket(&mut asker, "LOCK.ACQUIRE k s 300 WAIT 0 TICKET");
     release(&mut con, "k", "g").unwrap();
     assert!(exists(&mut con, &short));
-    assert!(eventually(SOON, || !exists(&mut con, &short)));
+    assert!(eventually(SOON, || peek(&mut con, &short) == ["expired"]));
     // Nothing about a ticket on any lost-hold channel (on servers that report key removals the
     // module looks at every key that goes).
     while let Ok(msg) = pubsub.get_message() {

@@ -160,6 +160,10 @@ pub enum TicketValue {
     Granted(Vec<u64>),
     /// The `WAIT` timeout passed: the waiter left the queue without the lock. Written `timeout`.
     TimedOut,
+    /// A grant nobody popped before its lease ended: the hold is gone, nothing is held. Written
+    /// `expired` in place of the grant, so that a client still waiting on the ticket (it stalled
+    /// for a whole lease, or the server did) is answered rather than left blocked.
+    Lapsed,
     /// An error reply the blocking form would have sent (a redirect `ASK`/`MOVED` when the key
     /// left with its slot, or why the lock cannot be granted), written with a leading `-` as on
     /// the wire: `-MOVED 3999 127.0.0.1:7001`.
@@ -167,6 +171,7 @@ pub enum TicketValue {
 }
 
 const TIMED_OUT: &[u8] = b"timeout";
+const LAPSED: &[u8] = b"expired";
 
 impl TicketValue {
     pub fn encode(&self) -> Vec<u8> {
@@ -183,6 +188,7 @@ impl TicketValue {
                 out
             }
             TicketValue::TimedOut => TIMED_OUT.to_vec(),
+            TicketValue::Lapsed => LAPSED.to_vec(),
             TicketValue::Refused(reply) => {
                 let mut out = Vec::with_capacity(1 + reply.len());
                 out.push(b'-');
@@ -198,6 +204,9 @@ impl TicketValue {
         if bytes == TIMED_OUT {
             return Some(TicketValue::TimedOut);
         }
+        if bytes == LAPSED {
+            return Some(TicketValue::Lapsed);
+        }
         if let Some(reply) = bytes.strip_prefix(b"-") {
             return std::str::from_utf8(reply)
                 .ok()
@@ -208,7 +217,8 @@ impl TicketValue {
     }
 
     /// When a ticket holding this answer expires: a grant with its lease (a grant nobody pops
-    /// ends with it, as any hold), anything else [`MARKER_TTL_MS`] after it is written.
+    /// ends with it, as any hold, and the module writes [`TicketValue::Lapsed`] in its place),
+    /// anything else [`MARKER_TTL_MS`] after it is written.
     pub fn expires_at(&self, lease_end: UnixMs, now: UnixMs) -> UnixMs {
         match self {
             TicketValue::Granted(_) => lease_end,
@@ -307,6 +317,7 @@ mod tests {
             ),
             (TicketValue::Granted(vec![5, 6, 7]), "5 6 7"),
             (TicketValue::TimedOut, "timeout"),
+            (TicketValue::Lapsed, "expired"),
             (
                 TicketValue::Refused("MOVED 3999 127.0.0.1:7001".into()),
                 "-MOVED 3999 127.0.0.1:7001",

@@ -171,6 +171,8 @@ pub enum Note {
     },
     /// `LOCK.CANCEL` took a ticket's grant that was not popped: the canceller holds it.
     TicketTaken,
+    /// A ticket's grant was not popped before its lease ended: the ticket says `expired` now.
+    GrantLapsed,
 }
 
 /// What the scheduler needs from the server: a store of locks and a way to answer waiters. It
@@ -227,8 +229,8 @@ enum Due {
     PauseCheck,
     /// Check some bound holds for ends the module did not see (see [`BINDING_SWEEP_MS`]).
     BindingSweep,
-    /// A grant written into its ticket, never seen popped, expired with its lease: forget it.
-    TicketExpired(TicketName),
+    /// A grant written into a ticket reaches its lease end (see `grant_lapsed`).
+    GrantLapsed(TicketName),
 }
 
 /// A change noticed outside the module (keyspace and server events).
@@ -542,8 +544,13 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         self.turn = Turn::default();
         let mark = self.deadlines.mark();
         while let Some((fired, due)) = self.deadlines.pop_due_until(now, mark) {
+            // A lapsed grant is rewritten in its ticket: a write, as a grant is.
+            let cost = match due {
+                Due::GrantLapsed(_) => batch::GRANT_COST,
+                _ => 1,
+            };
             self.handle_due(port, fired, due, now);
-            self.turn.spent += 1;
+            self.turn.spent += cost;
             if self.turn.spent >= batch::TURN_START_LIMIT {
                 self.not_before = now.saturating_add(batch::CONTINUE_AFTER_MS);
                 break;
@@ -675,7 +682,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 }
             },
             Due::BindingSweep => self.sweep_bindings(port, now),
-            Due::TicketExpired(name) => self.ticket_expired(name),
+            Due::GrantLapsed(name) => self.grant_lapsed(port, name, now),
         }
     }
 

@@ -294,6 +294,8 @@ impl Port<u32> for FakePort {
             Writes::Allowed,
             "a ticket written while writes are not allowed"
         );
+        // Redis replaces an expired key; one still there is written twice.
+        self.expire_tickets();
         assert!(!self.tickets.contains_key(ticket), "a ticket written twice");
         self.tickets.insert(*ticket, (value.to_vec(), expires_at));
         self.effects.push(Effect::TicketWritten {
@@ -588,4 +590,50 @@ pub fn tickets_written(port: &FakePort) -> Vec<(TicketName, TicketValue, UnixMs,
             _ => None,
         })
         .collect()
+}
+
+/// The answers written into tickets, each ticket's first (its answer: a grant that lapsed
+/// unpopped is later rewritten `expired`, see [`lapses_checked`]).
+pub fn tickets_answered(port: &FakePort) -> HashMap<TicketName, (TicketValue, UnixMs)> {
+    let mut answered = HashMap::new();
+    for (name, value, _, at) in tickets_written(port) {
+        answered.entry(name).or_insert((value, at));
+    }
+    answered
+}
+
+/// Whether `expired` was written into the ticket (its grant lapsed unpopped).
+pub fn lapsed(port: &FakePort, name: &TicketName) -> bool {
+    tickets_written(port)
+        .iter()
+        .any(|(n, value, _, _)| n == name && *value == TicketValue::Lapsed)
+}
+
+/// Every `expired` written into a ticket replaced a grant written there before, once, and no
+/// earlier than that grant's expiry (its lease end).
+pub fn lapses_checked(port: &FakePort) -> Result<(), String> {
+    let mut granted: HashMap<TicketName, UnixMs> = HashMap::new();
+    let mut lapsed = HashSet::new();
+    for (name, value, expires_at, at) in tickets_written(port) {
+        match value {
+            TicketValue::Granted(_) => {
+                granted.insert(name, expires_at);
+            }
+            TicketValue::Lapsed => {
+                let Some(&lease_end) = granted.get(&name) else {
+                    return Err(format!("{name:?} answered expired without a grant"));
+                };
+                if at <= lease_end {
+                    return Err(format!(
+                        "{name:?} answered expired at {at}, lease end {lease_end}"
+                    ));
+                }
+                if !lapsed.insert(name) {
+                    return Err(format!("{name:?} answered expired twice"));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }

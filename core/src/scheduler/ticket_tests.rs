@@ -227,23 +227,65 @@ fn a_closed_connection_s_queued_tickets_leave_and_its_unpopped_grant_is_passed_o
 }
 
 #[test]
-fn a_written_grant_is_forgotten_once_popped_or_expired() {
+fn a_written_grant_is_forgotten_once_popped_or_answered_expired_at_its_lease_end() {
     let (mut s, mut port, k) = setup();
     let t = ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
     release(&mut s, &mut port, &k);
     let now = port.now;
     advance_to(&mut s, &mut port, now + 50);
     assert_eq!(s.open_tickets(), 1, "not popped: still the connection's");
-    pop(&mut s, &mut port, &t.name);
-    advance_to(&mut s, &mut port, now + 2_000);
+    assert!(pop(&mut s, &mut port, &t.name).is_some());
+    advance_to(&mut s, &mut port, now + 70_000);
     assert_eq!(s.open_tickets(), 0);
     assert!(s.is_idle());
-    // Never popped: done once it expired (with its lease, when the hold ends too).
+    assert_eq!(
+        port.tickets.get(&t.name),
+        None,
+        "a popped grant is never rewritten"
+    );
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), 0);
+
+    // Never popped: at its lease end the ticket is answered `expired` instead (a client still
+    // blocked on it is told), kept for the markers' time.
     let (mut s, mut port, k) = setup();
-    ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
+    let t = ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
     release(&mut s, &mut port, &k);
-    let now = port.now;
-    advance_to(&mut s, &mut port, now + 5_001);
+    let granted_at = port.now;
+    advance_to(&mut s, &mut port, granted_at + 4_999);
+    assert!(matches!(
+        port.tickets
+            .get(&t.name)
+            .map(|(v, _)| TicketValue::decode(v)),
+        Some(Some(TicketValue::Granted(_)))
+    ));
+    advance_to(&mut s, &mut port, granted_at + 5_001);
+    assert_eq!(
+        port.tickets.get(&t.name),
+        Some(&(b"expired".to_vec(), granted_at + 5_001 + MARKER_TTL_MS))
+    );
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), 1);
+    assert_eq!(s.open_tickets(), 0);
+    assert!(s.is_idle());
+    assert_eq!(pop(&mut s, &mut port, &t.name), Some(b"expired".to_vec()));
+}
+
+#[test]
+fn a_grant_that_lapses_while_writes_are_paused_is_answered_when_the_pause_ends() {
+    let (mut s, mut port, k) = setup();
+    let t = ticket(&mut s, &mut port, 1, &k, "t", Wait::Forever);
+    release(&mut s, &mut port, &k);
+    let granted_at = port.now;
+    advance_to(&mut s, &mut port, granted_at + 10);
+    port.writes = Writes::Paused;
+    advance_to(&mut s, &mut port, granted_at + 6_000);
+    assert!(
+        !port.ticket_unpopped(&t.name),
+        "expired with its lease, not answered yet"
+    );
+    assert_eq!(s.open_tickets(), 1);
+    port.writes = Writes::Allowed;
+    advance_to(&mut s, &mut port, granted_at + 6_100);
+    assert_eq!(pop(&mut s, &mut port, &t.name), Some(b"expired".to_vec()));
     assert_eq!(s.open_tickets(), 0);
     assert!(s.is_idle());
 }
@@ -352,6 +394,49 @@ fn a_storm_of_grants_is_written_so_many_a_turn() {
     let written: Vec<TicketName> = tickets_written(&port).iter().map(|w| w.0).collect();
     let asked: Vec<TicketName> = tickets.iter().map(|t| t.name).collect();
     assert_eq!(written, asked, "in the order granted");
+}
+
+#[test]
+fn grants_lapsing_together_are_rewritten_a_batch_a_turn() {
+    let mut port = FakePort::default();
+    let mut s = Scheduler::default();
+    // Shared waiters on several keys (a key takes at most so many holders).
+    let keys: Vec<LockKey> = (0..10).map(|i| key(&format!("k{i}"))).collect();
+    for k in &keys {
+        hold(&mut port, k, "x", 61_000);
+    }
+    let n = 2 * batch::TURN_START_LIMIT / batch::GRANT_COST + 10;
+    for i in 0..n {
+        wait_ticket(
+            &mut s,
+            &mut port,
+            1,
+            std::slice::from_ref(&keys[i % keys.len()]),
+            &format!("r{i}"),
+            Mode::Shared,
+            5_000,
+            Wait::Forever,
+            None,
+        )
+        .unwrap();
+    }
+    for k in &keys {
+        release(&mut s, &mut port, k);
+    }
+    let granted_at = port.now;
+    advance_to(&mut s, &mut port, granted_at + 10);
+    assert_eq!(tickets_answered(&port).len(), n);
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), 0);
+    port.now = granted_at + 5_001;
+    s.timer_fired(&mut port, granted_at + 5_001);
+    let first = count_notes(&port, &Note::GrantLapsed);
+    assert!(
+        first > 0 && first <= batch::TURN_START_LIMIT / batch::GRANT_COST,
+        "{first}"
+    );
+    advance_to(&mut s, &mut port, granted_at + 5_100);
+    assert_eq!(count_notes(&port, &Note::GrantLapsed), n);
+    assert!(s.is_idle());
 }
 
 fn count_notes(port: &FakePort, note: &Note) -> usize {

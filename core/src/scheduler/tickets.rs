@@ -17,8 +17,9 @@
 //!    Popping it is its delivery: the server deletes a list with its last element, so a ticket
 //!    whose key is gone was popped, and a grant that was popped is never taken back. The server
 //!    tells the module when the key goes (the generic `del` keyspace event, which every pop
-//!    that empties a list raises: [`Scheduler::ticket_popped`]); a grant never popped is
-//!    forgotten when it expires with its lease. Until then a cancel takes it out of the list
+//!    that empties a list raises: [`Scheduler::ticket_popped`]); a grant never popped expires
+//!    with its lease, and the module writes `expired` in its place (a client still blocked on
+//!    the ticket is answered). Until then a cancel takes it out of the list
 //!    (the canceller holds it), and a close of the asking connection takes it out and passes
 //!    it on — each finding the list gone if it was popped. An answer that is not a grant is
 //!    forgotten once written (it expires after [`MARKER_TTL_MS`]).
@@ -254,7 +255,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             // The server removes a key once its expiry is in the past (`now > at`).
             let expiry = self
                 .deadlines
-                .insert(expires_at.saturating_add(1), Due::TicketExpired(name));
+                .insert(expires_at.saturating_add(1), Due::GrantLapsed(name));
             self.tickets.pushed.insert(
                 name,
                 Pushed {
@@ -298,12 +299,34 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         }
     }
 
-    /// A grant never seen popped expired with its lease (and its hold with it).
-    pub(super) fn ticket_expired(&mut self, name: TicketName) {
-        if let Some(pushed) = self.tickets.pushed.remove(&name) {
-            self.tickets.close(&name, pushed.client);
-            shrink_map(&mut self.tickets.pushed);
+    /// A grant never seen popped reached its lease end: the ticket expired with it (its hold
+    /// ends with its lease, as any hold's). So that a client still blocked on the ticket is
+    /// answered rather than left waiting, the ticket now says so ([`TicketValue::Lapsed`]).
+    /// Writing is a write: while writes are paused it waits for the pause to end.
+    pub(super) fn grant_lapsed(&mut self, port: &mut impl Port<H>, name: TicketName, now: UnixMs) {
+        let Some(pushed) = self.tickets.pushed.remove(&name) else {
+            return;
+        };
+        match port.writes() {
+            Writes::Paused => {
+                let expiry = self
+                    .deadlines
+                    .insert(now.saturating_add(PAUSE_POLL_MS), Due::GrantLapsed(name));
+                self.tickets
+                    .pushed
+                    .insert(name, Pushed { expiry, ..pushed });
+                return;
+            }
+            // Its master writes the answer; the replica gets it by replication.
+            Writes::Replica => {}
+            Writes::Allowed => {
+                port.note(Note::GrantLapsed);
+                let lapsed = TicketValue::Lapsed;
+                port.push_ticket(&name, &lapsed.encode(), lapsed.expires_at(now, now));
+            }
         }
+        self.tickets.close(&name, pushed.client);
+        shrink_map(&mut self.tickets.pushed);
     }
 
     /// `LOCK.CANCEL`: takes a ticket out of the queue, or takes its grant if it was not popped

@@ -27,6 +27,7 @@ import random
 import threading
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -127,6 +128,16 @@ class _Base:
         return {"owner": hold.owner.decode(), "keys": [k.decode() for k in hold.keys.keys],
                 "tokens": list(hold.tokens)}
 
+    def dropped(self, guard: Any) -> None:
+        """A guard let go unreleased: remembered (weakly) to tell a later grant that joins its
+        hold — the library's, when the collector has not taken the dropped guard yet — from one
+        that gets its token anew."""
+        self._dropped_hold = weakref.ref(guard._hold)
+
+    def joins_dropped(self, guard: Any) -> bool:
+        ref: Optional[weakref.ref[Any]] = getattr(self, "_dropped_hold", None)
+        return ref is not None and ref() is guard._hold
+
     def wait_choice(self) -> tuple[str, Optional[float]]:
         lease = self.spec.lease
         action = self.rng.choices(
@@ -204,7 +215,8 @@ class SyncHolder(_Base):
         if guard is None:
             self.emit("busy", action=action)
             return
-        self.emit("granted", reentry=False, action=action, **self.describe(guard))
+        self.emit("granted", reentry=False, action=action, joined=self.joins_dropped(guard),
+                  **self.describe(guard))
         self.section(guard)
         how = self.leave_choice()
         self.emit("end", how=how, **self.describe(guard))
@@ -216,6 +228,7 @@ class SyncHolder(_Base):
             except LockError as e:
                 self.emit("release-error", what=f"{type(e).__name__}: {e}")
             return
+        self.dropped(guard)
         if how == "gc":  # only the collector can take it: a cycle holds it
             cycle: list[Any] = [guard]
             cycle.append(cycle)
@@ -333,7 +346,8 @@ class AsyncHolder(_Base):
         if guard is None:
             self.emit("busy", action=action)
             return
-        self.emit("granted", reentry=False, action=action, **self.describe(guard))
+        self.emit("granted", reentry=False, action=action, joined=self.joins_dropped(guard),
+                  **self.describe(guard))
         await self.section(guard)
         how = self.leave_choice()
         self.emit("end", how=how, **self.describe(guard))
@@ -345,6 +359,7 @@ class AsyncHolder(_Base):
             except LockError as e:
                 self.emit("release-error", what=f"{type(e).__name__}: {e}")
             return
+        self.dropped(guard)
         if how == "gc":
             cycle: list[Any] = [guard]
             cycle.append(cycle)
