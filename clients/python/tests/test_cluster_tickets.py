@@ -256,27 +256,32 @@ def test_cluster_a_pop_redirected_by_ask_is_followed_and_the_lock_not_asked_agai
     # the target (ASKING), and comes back: the grant written on the source is popped there;
     # the lock is asked for once.
     cluster = own_cluster
-    key = key_of("askpop")
+    tag = "askpop-" + uuid.uuid4().hex[:8]
+    keys = ["{" + tag + "}:a", "{" + tag + "}:b"]  # two tickets in one slot
     client = LockClient(cluster.redis_cluster())
-    warm = client.lock(key).acquire()  # the slot map loaded now
+    warm = client.lock(keys[0]).acquire()  # the slot map loaded now
     warm.release()
-    source = cluster.node_of(key)
-    release = hold_elsewhere(source, key)
-    waiter = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
-    waiter.start()
-    wait_until(lambda: waiters(source, key) == 1 and in_blpop(source), "waits on the source")
+    source = cluster.node_of(keys[0])
+    releases = [hold_elsewhere(source, k) for k in keys]
+    ws = [Waiter(lambda k=k: client.lock(k, wait_timeout=30).acquire()) for k in keys]
+    for w in ws:
+        w.start()
+    wait_until(lambda: all(waiters(source, k) == 1 for k in keys) and in_blpop(source),
+               "both wait on the source")
     asked = source.commandstat("lock.acquire")
     asks = cluster.errorstat("ASK")
-    source_, target, slot, target_id = half_move(cluster, key)
+    source_, target, slot, target_id = half_move(cluster, keys[0])
     assert source_ is source
     wait_until(lambda: cluster.errorstat("ASK") >= asks + 2, "pops redirected by ASK")
-    release()
-    guard = waiter.result()
-    assert node_info(source, key)[b"token"] == guard.token
+    time.sleep(0.5)  # several rounds between the two nodes
+    for release, w, k in zip(releases, ws, keys):
+        release()
+        guard = w.result()
+        assert node_info(source, k)[b"token"] == guard.token
+        assert guard.release() is Release.RELEASED
     assert source.commandstat("lock.acquire") == asked  # not asked again
     assert target.commandstat("lock.acquire") == 0
-    assert asking_info(target, key) is None
-    assert guard.release() is Release.RELEASED
+    assert all(asking_info(target, k) is None for k in keys)
     finish_move(cluster, source, target, slot, target_id)
     client.close()
 
@@ -307,3 +312,24 @@ def test_cluster_async_a_ticket_wait_across_a_slot_move_is_granted_exactly_once(
         await rc.aclose()
         del release
     asyncio.run(main())
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-ephemeral")
+def test_cluster_an_ephemeral_wait_takes_a_ticket_on_the_keys_master(cluster):
+    with LockClient(cluster.redis_cluster()) as client:
+        key = key_of("eph")
+        node = cluster.node_of(key)
+        release = hold_elsewhere(node, key)
+        handle = client.lock(key, ephemeral=True, wait_timeout=10)
+        waiter = Waiter(handle.acquire)
+        waiter.start()
+        wait_until(lambda: waiters(node, key) == 1 and len(in_blpop(node)) == 1,
+                   "waits with a ticket")
+        assert node.blocked_clients("lock.acquire") == []
+        (own,) = [c for c in connections(node)
+                  if c.get("name", "").endswith(":" + handle.owner.decode())]
+        release()
+        guard = waiter.result()
+        found = node_info(node, key)
+        assert found[b"token"] == guard.token and int(found[b"ephemeral"]) == int(own["id"])
+        assert guard.release() is Release.RELEASED

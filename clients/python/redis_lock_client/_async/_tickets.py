@@ -33,6 +33,10 @@ lands while the acquire is being asked does not touch the asking connection (the
 keep their places): the ask finishes in the background, then its ticket is withdrawn (and a
 grant it got released). A ticket popped ``expired`` (a grant nobody popped within its lease: the
 hold is gone) is no grant: the waiter asks again while its wait lasts.
+
+An EPHEMERAL acquire asks on the connection its hold will be bound to (``wait_own``: the server
+binds the hold to the connection that asked), and its ticket is popped as any other; the loss
+of the desk's asking connection does not touch it, the loss of its own ends the wait.
 """
 
 from __future__ import annotations
@@ -65,7 +69,17 @@ from ._backend import (
     start,
     wait_event,
 )
-from ._connection import Connector, call
+from ._connection import Connector, OwnConnection, call
+
+
+def _with_wait(args: list[Any], wait: float) -> list[Any]:
+    """``args`` (an acquire ``... WAIT ms``) with ``wait`` seconds instead."""
+    out = list(args)
+    for i in range(len(out) - 1):
+        if out[i] == "WAIT":
+            out[i + 1] = max(1, int(wait * 1000))
+            break
+    return out
 
 #: The longest one ``BLPOP`` of a waiting connection blocks; after one that answered nothing
 #: the asking connection is checked with a ``PING`` (a server-side close of it voids its tickets
@@ -161,6 +175,9 @@ class _Ticket:
         #: The last ``BLPOP`` that may have popped it (an abandoned ticket is never asked for
         #: again: once that round is read, the ticket is forgotten).
         self.last_round = 0
+        #: An EPHEMERAL wait's ticket, asked on the hold's own connection (not the desk's
+        #: asking connection: its loss does not touch it).
+        self.own = False
 
 
 class TicketDesk:
@@ -277,21 +294,93 @@ class TicketDesk:
             name = ticket_of(reply)
             if name is None:
                 return reply
-            slot = key_slot(name) if self._cluster is not None else None
-            with self._books:
-                group = self._slots.get(slot)
-                begin = group is None
-                if group is None:
-                    group = self._slots[slot] = _Slot(slot)
-                ticket = _Ticket(name, release, group)
-                self.issued += 1
-                group.tickets[name] = ticket
-                if group.blocked:
-                    ticket.unblock = group.round
-                group.wake.set()
+            return self._register(name, release, own=False)
+
+    def _register(self, name: bytes, release: list[Any], own: bool) -> _Ticket:
+        """A ticket the server issued, given to the ``BLPOP`` of its slot (started if none)."""
+        slot = key_slot(name) if self._cluster is not None else None
+        with self._books:
+            self._closed = False
+            group = self._slots.get(slot)
+            begin = group is None
+            if group is None:
+                group = self._slots[slot] = _Slot(slot)
+            ticket = _Ticket(name, release, group)
+            ticket.own = own
+            self.issued += 1
+            group.tickets[name] = ticket
+            if group.blocked:
+                ticket.unblock = group.round
+            group.wake.set()
         if begin:
             spawn("redis-lock-tickets", self._run, group)
         return ticket
+
+    async def wait_own(
+        self,
+        own: OwnConnection,
+        args: list[Any],
+        wait: Optional[float],
+        multi: bool,
+        release: list[Any],
+        asking: bool = False,
+    ) -> Any:
+        """An EPHEMERAL acquire with ``WAIT`` (``args``, without TICKET), asked on ``own``, the
+        connection the hold will be bound to (a ticket belongs to the connection that asked:
+        the hold is bound to it too); the ticket is popped as any other. The reply the acquire
+        without TICKET would have given. ``own`` is looked at every ``HEALTH_PERIOD`` while the
+        ticket waits: once it closed, its ticket is void and ``LockConnectionError`` raised (as
+        for a blocking EPHEMERAL wait whose connection broke). When the waiting connection
+        broke, the ticket is withdrawn and, with no grant in it, asked again on ``own`` (ONCE:
+        a grant popped and lost answers with its token). ``NoTickets``: a module without
+        TICKET (nothing was asked)."""
+        until = None if wait is None else time.monotonic() + wait
+        while True:
+            try:
+                if asking:
+                    await own.call(["ASKING"], own.timeout)
+                reply = await own.call(args + ["TICKET"], own.timeout)
+            except LockServerError as e:
+                if "syntax error" in str(e):
+                    self.unsupported = True
+                    raise NoTickets() from e
+                raise
+            name = ticket_of(reply)
+            if name is None:
+                return reply
+            ticket = self._register(name, release, own=True)
+            limit = None if until is None else until + WAIT_MARGIN
+            try:
+                if ticket.unblock is not None:
+                    await self._unblock(ticket)
+                while not ticket.event.is_set():
+                    left = None if limit is None else limit - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    step = HEALTH_PERIOD if left is None else min(HEALTH_PERIOD, left)
+                    if await wait_event(ticket.event, step):
+                        break
+                    if not own.alive():
+                        await self._give_up(ticket, multi, keep=False)
+                        raise LockConnectionError("an EPHEMERAL wait's connection closed")
+            except Cancelled:
+                await self._give_up(ticket, multi, keep=False)
+                raise
+            if not ticket.event.is_set():
+                return await self._give_up(ticket, multi, keep=True)
+            if ticket.answer is not None:
+                if ticket.answer == EXPIRED:
+                    raise TicketExpired()
+                return ticket_answer(ticket.answer, multi)
+            granted = await self._cancel(ticket.name)  # the waiting connection broke
+            if granted is not None:
+                return granted
+            # Asked again on the same connection for what is left of the wait.
+            if until is not None:
+                left = until - time.monotonic()
+                if left <= 0.001:
+                    return None
+                args = _with_wait(args, left)
 
     async def _unblock(self, ticket: _Ticket) -> None:
         """Interrupts the ``BLPOP`` out when ``ticket`` was issued (it answers nil) so that the
@@ -374,7 +463,10 @@ class TicketDesk:
         its connection put back after a round with nothing to wait for, and the group ended
         after ``IDLE`` with nothing to wait for."""
         checked = time.monotonic()
+        redirected = 0  # pops redirected in a row
         while True:
+            if redirected > 1:
+                await sleep(SHORT_PERIOD / 2)  # nodes that disagree on the slot: not a spin
             with self._books:
                 names = [t.name for t in group.tickets.values() if not t.abandoned]
                 if names:
@@ -392,12 +484,14 @@ class TicketDesk:
                 waiting = await self._waiting_for(group)
                 reply = await self._pop(group, waiting, names, at)
             except Redirected as e:
+                redirected += 1
                 self._round_read(group, at)
                 if e.host is not None and e.port is not None:
                     group.away = (e.host, e.port, not e.asking)
                 self._forget_abandoned(group)
                 continue
             except LockServerError as e:  # TRYAGAIN: a slot move caught between tickets
+                redirected += 1
                 self._round_read(group, at)
                 if is_retry_later(str(e)):
                     group.one_by_one = True
@@ -409,6 +503,7 @@ class TicketDesk:
             except (LockError, *IO_ERRORS):
                 self._break_waiting(group)
                 continue
+            redirected = 0
             self._round_read(group, at)
             if isinstance(reply, list) and len(reply) == 2:
                 self._deliver(group, bytes(reply[0]), bytes(reply[1]))
@@ -429,18 +524,26 @@ class TicketDesk:
         """One ``BLPOP`` (in a cluster after ``ASKING``): its reply, or the server's error
         raised (``Redirected``, TRYAGAIN)."""
         block = HEALTH_PERIOD
-        if group.one_by_one:
+        asked = not waiting.home and group.away is None  # an ASK's target, for one pop
+        if group.one_by_one or (asked and len(names) > 1):
+            # TRYAGAIN, or a node importing the slot (it refuses a BLPOP naming a ticket it
+            # does not have beside others: TRYAGAIN): one ticket at a time, in turn.
             group.one_by_one = False
             names, block = [names[at % len(names)]], SHORT_PERIOD
-        elif not waiting.home and group.away is None:
-            block = SHORT_PERIOD  # an ASK's target: the source is popped again soon
+        elif asked:
+            block = SHORT_PERIOD  # the source is popped again soon
         conn, timeout = waiting.conn, self._connector.timeout
-        try:
-            if self._cluster is not None:
+        if self._cluster is not None:
+            try:
                 await send(conn, ["ASKING"])
-            await send(conn, ["BLPOP", *names, block])
-            if self._cluster is not None:
+                await send(conn, ["BLPOP", *names, block])
                 await read(conn, timeout)
+            except ResponseError as e:  # the BLPOP's reply would be read as ASKING's
+                waiting.abort()
+                raise LockConnectionError(f"ASKING: {e}") from e
+        else:
+            await send(conn, ["BLPOP", *names, block])
+        try:
             return await read(conn, block + timeout)
         except ResponseError as e:
             raise server_error(e) from None
@@ -578,11 +681,15 @@ class TicketDesk:
         self._tell_lost(lost)
 
     def _lose_all(self) -> None:
-        """Every outstanding ticket of the desk is told its connections broke."""
+        """Every outstanding ticket the desk's asking connection asked for is told its
+        connections broke (an EPHEMERAL wait's ticket belongs to its own connection)."""
         with self._books:
-            lost = [t for group in self._slots.values() for t in group.tickets.values()]
+            lost = []
             for group in self._slots.values():
-                group.tickets.clear()
+                for ticket in list(group.tickets.values()):
+                    if not ticket.own or self._closed:
+                        lost.append(ticket)
+                        del group.tickets[ticket.name]
         self._tell_lost(lost)
 
     @staticmethod

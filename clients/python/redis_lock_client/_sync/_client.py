@@ -117,9 +117,10 @@ class LockClient:
     - ``lost_signal`` (default True): one pub/sub connection per server hears the server's
       lost-hold signal, so that a hold ended from outside (``LOCK.FORCERELEASE``, ``DEL``, an
       EPHEMERAL connection's close, a flush) is reported at once, not at the next renewal.
-    - ``wait_with_tickets`` (default True): an acquire that waits (not EPHEMERAL) waits with a
-      ticket (``... WAIT ms TICKET``): every such wait of the client on a server shares one
-      asking and one waiting connection (in a cluster, per master: one asking connection and
+    - ``wait_with_tickets`` (default True): an acquire that waits waits with a ticket
+      (``... WAIT ms TICKET``; an EPHEMERAL one asked on the connection its hold will be bound
+      to): every such wait of the client on a server shares one asking and one waiting
+      connection (in a cluster, per master: one asking connection and
       one waiting connection per slot with a wait in progress), instead of a connection each,
       and costs the server under 1 KB instead of about 36 KB. False: each wait blocks on a
       connection of its own.
