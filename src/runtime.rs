@@ -17,6 +17,7 @@ use lock_core::election::Campaign;
 use lock_core::hold::{HoldKind, Lock, Lost, Mode, StoredLock};
 use lock_core::kind::Reentry;
 use lock_core::queue::LockKey;
+use lock_core::scheduler::tickets::TICKETS_PER_TURN;
 use lock_core::scheduler::{
     Answer, Cancelled, Change, Delivery, Event, Handle, NewWait, Note, Port, Read, Scheduler, Seen,
     Shape, TicketName, Writes,
@@ -65,10 +66,9 @@ thread_local! {
 /// UNBLOCK`) before its answer is an undelivered grant, as before: its hold is passed on.
 const ANSWERS_PER_TURN: usize = 500;
 
-/// How many ticket answers are written in one turn of the event loop, for the same reason:
-/// each wakes a client blocked on its ticket, which Redis serves right after the turn. The rest
-/// are written from the same 0 ms timer.
-const TICKETS_PER_TURN: usize = 500;
+// Ticket answers are written `TICKETS_PER_TURN` a turn for the same reason (each wakes a client
+// blocked on its ticket, which Redis serves right after the turn; the scheduler grants ticket
+// waiters no faster): the rest are written from the same 0 ms timer.
 
 /// Whether the code that calls the scheduler may write keys (a command, a timer): then the
 /// ticket answers it decided are written at once. Inside the server's callbacks (a client being

@@ -38,7 +38,9 @@ pub const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// Connections: one multiplexed connection for ordinary commands (replaced after it breaks),
 /// one waiting connection that pops the tickets of all waiting acquires
-/// ([`LockClientBuilder::wait_with_tickets`], the default; opened while they wait), or else one
+/// ([`LockClientBuilder::wait_with_tickets`], the default; opened while they wait; in a
+/// cluster, one per slot with waits, and one connection to each node the tickets are asked
+/// on), or else one
 /// fresh connection for each acquire that waits (so a long `WAIT` delays nothing else),
 /// one connection owned by each `EPHEMERAL` hold, and one pub/sub connection for the server's
 /// lost-hold signal (on by default; [`LockClientBuilder::without_lost_signal`] turns it off).
@@ -176,10 +178,20 @@ impl LockClientBuilder {
     /// the shared connection closes while tickets wait (the server drops them), each waiting
     /// acquire asks again on the new one; after a failover, on the new master.
     ///
+    /// In a cluster a ticket lives in its lock's slot and one `BLPOP` names keys of one slot
+    /// only: tickets are asked on a connection of the client's own to the node that serves the
+    /// key (one per node), and popped on one waiting connection per slot with waits, on that
+    /// node (a waiting connection no slot needs any more is reused by the next, and closed
+    /// after two seconds unused). A ticket whose lock left with its slot is asked again where
+    /// the redirect says; a `BLPOP` the server redirects is sent there, never the acquire.
+    ///
+    /// An `EPHEMERAL` wait (and so an election's campaign, unless [`Election::not_ephemeral`])
+    /// asks with `TICKET` on a new connection of its own, the one its hold will be bound to
+    /// (the server binds the hold to the connection that asks), and its ticket is popped with
+    /// the others; if that connection fails while the ticket waits, it asks again on a new one.
+    ///
     /// `false`: each waiting acquire blocks on a connection of its own
-    /// (`LOCK.ACQUIRE ... WAIT ms`), as before. In a cluster and for `EPHEMERAL` holds (and
-    /// so for an election's campaign, unless [`Election::not_ephemeral`]), waits always
-    /// block on a connection of their own.
+    /// (`LOCK.ACQUIRE ... WAIT ms`), as before.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), redis_lock_client::LockError> {
@@ -248,7 +260,7 @@ impl LockClientBuilder {
         let timeout = self.command_timeout;
         let tickets = |master: &Arc<Master>, commands: &Arc<Commands>, name: &String| {
             tickets_on.then(|| {
-                Arc::new(Tickets::new(
+                Arc::new(Tickets::single(
                     master.clone(),
                     commands.clone(),
                     name.clone(),
@@ -313,12 +325,21 @@ impl LockClientBuilder {
                 let signals = self
                     .lost_signal
                     .then(|| SignalHub::cluster(seeds, prefix, name.clone()));
+                let commands = Arc::new(Commands::Cluster(conn.clone()));
+                let tickets = tickets_on.then(|| {
+                    Arc::new(Tickets::cluster(
+                        seed.clone(),
+                        commands.clone(),
+                        name.clone(),
+                        timeout,
+                    ))
+                });
                 let servers = Servers::Cluster {
                     info: seed,
-                    conn: conn.clone(),
+                    conn,
                     slots: std::sync::Mutex::new(None),
                 };
-                (servers, Arc::new(Commands::Cluster(conn)), signals, 0, None)
+                (servers, commands, signals, 0, tickets)
             }
         };
         commands.query(&redis::cmd("PING")).await?;
@@ -397,8 +418,10 @@ impl LockClient {
 
     /// [`LockClient::cluster`] with settings beyond the defaults. In a cluster, ordinary
     /// commands go through the `redis` crate's cluster connection (routed by key, `MOVED` and
-    /// `ASK` followed); a waiting acquire and an `EPHEMERAL` hold get a connection of their own
-    /// to the master of the key's slot, found in the client's copy of the slot map (read with
+    /// `ASK` followed); a waiting acquire's ticket is asked on the client's own connection to
+    /// the master of the key's slot and popped there ([`LockClientBuilder::wait_with_tickets`]),
+    /// a blocking wait and an `EPHEMERAL` hold get a connection of their own to that master,
+    /// found in the client's copy of the slot map (read with
     /// `CLUSTER SLOTS` when first needed, dropped by a `MOVED`; `MOVED` and `ASK` are followed
     /// there too); the lost-hold signal is heard with `SSUBSCRIBE` on that node.
     pub fn cluster_builder<T: IntoConnectionInfo>(

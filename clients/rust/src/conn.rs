@@ -390,9 +390,22 @@ pub(crate) async fn first_query(
     asking: bool,
     cmd: &Cmd,
 ) -> redis::RedisResult<Value> {
+    prefixed_query(conn, Some(name), asking, cmd).await
+}
+
+/// `cmd` in one round trip after `CLIENT SETNAME name` (when a name is given) and `ASKING`
+/// (when `asking`): `cmd`'s reply, a server error as an error.
+pub(crate) async fn prefixed_query(
+    conn: &mut MultiplexedConnection,
+    name: Option<&str>,
+    asking: bool,
+    cmd: &Cmd,
+) -> redis::RedisResult<Value> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    pipe.add_command(setname(name)).ignore();
+    if let Some(name) = name {
+        pipe.add_command(setname(name)).ignore();
+    }
     if asking {
         pipe.cmd("ASKING").ignore();
     }

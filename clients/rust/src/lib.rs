@@ -36,10 +36,11 @@
 //!   from that renewal's send time.
 //! - **Waiting never blocks other commands.** An acquire that waits takes a ticket
 //!   (`LOCK.ACQUIRE ... WAIT ms TICKET`) and the client's one waiting connection pops the
-//!   answers of all its waits ([`LockClientBuilder::wait_with_tickets`], on by default;
-//!   standalone and Sentinel). Without tickets (turned off, in a cluster, `EPHEMERAL`), a wait
-//!   goes on a connection of its own whose read timeout is above the wait. Everything else
-//!   shares one multiplexed connection.
+//!   answers of all its waits ([`LockClientBuilder::wait_with_tickets`], on by default; in a
+//!   cluster, one waiting connection per slot with waits, on the node that serves it; an
+//!   `EPHEMERAL` wait asks on the connection its hold will be bound to). Without tickets, a
+//!   wait goes on a connection of its own whose read timeout is above the wait. Everything
+//!   else shares one multiplexed connection.
 //! - **Retries never enter twice.** Every acquire carries `ONCE`, so an acquire re-sent after a
 //!   timeout or a broken connection (the library retries twice) cannot count a second re-entry.
 //! - **`EPHEMERAL` holds live on a connection the guard owns**, never a pooled or shared one;
@@ -106,8 +107,9 @@
 //! - [`blocking`] is the same API for code without a runtime: a client owns a one-thread tokio
 //!   runtime where the watchdog and the signal run while the caller's thread is busy.
 //! - [`LockClient::cluster`] talks to a Redis Cluster: commands routed by key (`MOVED`/`ASK`
-//!   followed by the `redis` crate's cluster connection), a waiting acquire and an `EPHEMERAL`
-//!   hold on a connection of their own to the key's master, found in the client's copy of the
+//!   followed by the `redis` crate's cluster connection), a waiting acquire's ticket asked and
+//!   popped on the key's master, an `EPHEMERAL` hold on a connection of its own to that
+//!   master, found in the client's copy of the
 //!   slot map (`MOVED`/`ASK` followed there too; a `MOVED` drops the copy, read again when next
 //!   needed), the lost-hold signal with `SSUBSCRIBE` on that node.
 //! - [`LockClientBuilder::lost_signal_prefix`] listens to a server whose

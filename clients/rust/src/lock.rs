@@ -19,9 +19,10 @@ use crate::hold::{Hold, NewHold};
 use crate::lost::LostWatch;
 use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
+use crate::node::Node;
 use crate::reply;
 use crate::servers::Found;
-use crate::tickets::{is_grant, Answer, Tickets, Wanted};
+use crate::tickets::{is_grant, said, Answer, Asked, Redirect, Said, Tickets, Wanted};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -519,7 +520,15 @@ impl Lock {
             let current = self.state.current();
             let sent = Instant::now();
             let (reply, own) = if self.ephemeral {
-                let (reply, own) = self.send_ephemeral(current.as_ref(), wait, value).await;
+                // A new EPHEMERAL hold that must wait takes a ticket on the connection it will
+                // be bound to; a re-entry asks on its hold's connection, as before.
+                let reentry = current.as_ref().and_then(|c| c.own_connection()).is_some();
+                let (reply, own) = match (wait, &self.ctx.tickets) {
+                    (Some(wait), Some(tickets)) if !reentry => {
+                        self.send_ephemeral_ticketed(tickets, wait, value).await
+                    }
+                    _ => self.send_ephemeral(current.as_ref(), wait, value).await,
+                };
                 match reply {
                     Ok(reply) => (reply, own),
                     Err(e) => {
@@ -538,7 +547,9 @@ impl Lock {
                         (self.send_ticketed(tickets, wait, value).await?, None)
                     }
                     _ => (
-                        self.send_with_retries(wait, value, Ticket::No).await?.0,
+                        self.send_with_retries(wait, value, Ticket::No, None)
+                            .await?
+                            .0,
                         None,
                     ),
                 }
@@ -571,14 +582,16 @@ impl Lock {
     /// master answers or the failover timeout passes; a wait for what is left of it (its place
     /// in the old master's queue is gone, it joins the new one's).
     ///
-    /// With `ticket`, a wait is asked with `TICKET` on the shared connection: the reply (a
-    /// ticket, the token, or nil) comes at once, with the number of the connection that asked.
+    /// With `ticket`, a wait is asked with `TICKET` ([`Tickets::ask`]; `to`: where a ticket's
+    /// redirect sent it): the reply (a ticket, the token, or nil) comes at once, with the
+    /// connection that asked.
     async fn send_with_retries(
         &self,
         wait: Option<Wait>,
         value: Option<&[u8]>,
         ticket: Ticket,
-    ) -> Result<(Value, u64), LockError> {
+        to: Option<(&Redirect, &Node)>,
+    ) -> Result<(Value, Option<Asked>), LockError> {
         let until = match wait {
             Some(Wait::Timeout(t)) => Some(Instant::now() + t),
             _ => None,
@@ -601,14 +614,14 @@ impl Lock {
                 (w, _) => w,
             };
             let cmd = self.acquire_cmd(this_wait, value, ticket);
-            let mut asked_on = 0;
+            let mut asked_on = None;
             let reply = match (this_wait, ticket) {
                 (None, _) => {
                     let key = self.spec.key();
                     self.ctx.commands.query_routed(&cmd, Some(key)).await
                 }
                 (Some(_), Ticket::Yes) => {
-                    let (reply, on) = self.ask_for_ticket(cmd.into_owned()).await;
+                    let (reply, on) = self.ask_for_ticket(cmd.into_owned(), to).await;
                     asked_on = on;
                     reply
                 }
@@ -633,15 +646,24 @@ impl Lock {
         }
     }
 
-    /// `cmd` (`... WAIT ms TICKET`) on the shared connection, in a task of its own: if this
+    /// `cmd` (`... WAIT ms TICKET`) asked ([`Tickets::ask`]) in a task of its own: if this
     /// future is dropped while the ask is on its way, what the server answers (a ticket, or a
     /// grant made at once) is withdrawn (`LOCK.CANCEL`) or released in the background, counted
     /// as the handle's release, instead of being left queued and granted to nobody.
-    async fn ask_for_ticket(&self, cmd: Cmd) -> (Result<Value, LockError>, u64) {
+    async fn ask_for_ticket(&self, cmd: Cmd, to: Option<(&Redirect, &Node)>) -> Asking {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let commands = self.ctx.commands.clone();
+        let ctx = self.ctx.clone();
+        let key: Arc<[u8]> = Arc::from(self.spec.key());
+        let to = to.map(|(redirect, node)| (redirect.clone(), node.clone()));
         tokio::spawn(async move {
-            let _ = tx.send(commands.query_asking(&cmd).await);
+            let reply = match &ctx.tickets {
+                Some(tickets) => {
+                    let to = to.as_ref().map(|(redirect, node)| (redirect, node));
+                    tickets.ask(&ctx.servers, &cmd, &key, to).await
+                }
+                None => (Err(LockError::Connection(ask_lost())), None),
+            };
+            let _ = tx.send(reply);
         });
         let mut asking = AskInFlight {
             reply: Some(rx),
@@ -649,19 +671,21 @@ impl Lock {
         };
         let answer = match asking.reply.as_mut() {
             Some(rx) => rx.await,
-            None => return (Err(LockError::Connection(ask_lost())), 0),
+            None => return (Err(LockError::Connection(ask_lost())), None),
         };
         asking.reply = None;
-        answer.unwrap_or_else(|_| (Err(LockError::Connection(ask_lost())), 0))
+        answer.unwrap_or_else(|_| (Err(LockError::Connection(ask_lost())), None))
     }
 
-    /// A waiting acquire with a ticket: asked on the shared connection; a ticket replied is
-    /// waited for on the client's waiting connection. A ticket made void (its asking connection
+    /// A waiting acquire with a ticket: asked ([`Tickets::ask`]); a ticket replied is waited
+    /// for on the client's waiting connections. A ticket made void (its asking connection
     /// closed, the master changed) is withdrawn and the acquire asked again, for what is left
     /// of the wait; one whose wait passed with no answer is withdrawn. Withdrawn, a ticket
-    /// that was granted meanwhile answers the grant (`LOCK.CANCEL`): it is taken. Dropped while
-    /// it waits, the ticket is withdrawn in the background (and a grant released), counted as
-    /// a release of the handle.
+    /// that was granted meanwhile answers the grant (`LOCK.CANCEL`): it is taken. A ticket that
+    /// answers a redirect (in a cluster, the lock left with its slot) is asked again where it
+    /// says, and one that answers `expired` (a grant not popped before its lease ended) is asked
+    /// again, both for what is left of the wait. Dropped while it waits, the ticket is withdrawn
+    /// in the background (and a grant released), counted as a release of the handle.
     async fn send_ticketed(
         &self,
         tickets: &Arc<Tickets>,
@@ -674,15 +698,25 @@ impl Lock {
         };
         let mut left = Some(wait);
         let mut failing_since: Option<Instant> = None;
+        let mut to: Option<(Redirect, Node)> = None;
         loop {
-            let (reply, asked_on) = self.send_with_retries(left, value, Ticket::Yes).await?;
+            let next = to.take();
+            let next = next.as_ref().map(|(redirect, node)| (redirect, node));
+            let (reply, asked) = self
+                .send_with_retries(left, value, Ticket::Yes, next)
+                .await?;
             let Value::BulkString(ticket) = reply else {
                 return Ok(reply);
+            };
+            let Some(asked) = asked else {
+                return Err(LockError::UnexpectedReply(
+                    "a ticket from an acquire that did not ask for one".into(),
+                ));
             };
             let answer = tickets.wait(Wanted {
                 ticket: ticket.clone(),
                 deadline,
-                asked_on,
+                asked: asked.clone(),
                 key: self
                     .spec
                     .keys
@@ -700,7 +734,21 @@ impl Lock {
             match answer {
                 Answer::Popped(answer) => {
                     waiting.done();
-                    return self.popped(&answer);
+                    match said(&answer) {
+                        // The lock left with its slot: asked again where it went.
+                        Said::Redirect(redirect) if self.ctx.servers.is_cluster() => {
+                            let Some(node) = asked.node() else {
+                                return self.popped(&answer);
+                            };
+                            if !redirect.asking {
+                                self.ctx.servers.forget(node);
+                            }
+                            to = Some((redirect, node.clone()));
+                        }
+                        // A grant not popped before its lease ended: nothing is held.
+                        Said::Expired => {}
+                        _ => return self.popped(&answer),
+                    }
                 }
                 Answer::Void => {
                     // The server dropped the ticket with its connection (a grant not popped
@@ -750,13 +798,22 @@ impl Lock {
     /// A ticket's popped answer as the acquire's reply: the token (tokens, for a multi-key
     /// acquire), nil for `timeout`, or the error.
     fn popped(&self, answer: &[u8]) -> Result<Value, LockError> {
-        let text = String::from_utf8_lossy(answer);
-        if let Some(error) = text.strip_prefix('-') {
-            return Err(LockError::Server(error.to_string()));
-        }
-        if text == "timeout" {
-            return Ok(Value::Nil);
-        }
+        let unexpected = || {
+            LockError::UnexpectedReply(format!(
+                "the ticket answered {:?}",
+                String::from_utf8_lossy(answer)
+            ))
+        };
+        let text = match said(answer) {
+            Said::TimedOut | Said::Expired => return Ok(Value::Nil),
+            Said::Error(_) | Said::Redirect(_) => {
+                let text = String::from_utf8_lossy(answer);
+                let error = text.strip_prefix('-').unwrap_or(&text);
+                return Err(LockError::Server(error.to_string()));
+            }
+            Said::Unknown(_) => return Err(unexpected()),
+            Said::Granted(text) => text,
+        };
         let tokens: Option<Vec<Value>> = text
             .split(' ')
             .map(|t| t.parse::<i64>().ok().map(Value::Int))
@@ -764,9 +821,7 @@ impl Lock {
         match (tokens, self.spec.verb) {
             (Some(tokens), Verb::MultiAcquire) => Ok(Value::Array(tokens)),
             (Some(mut tokens), _) if tokens.len() == 1 => Ok(tokens.remove(0)),
-            _ => Err(LockError::UnexpectedReply(format!(
-                "the ticket answered {text:?}"
-            ))),
+            _ => Err(unexpected()),
         }
     }
 
@@ -803,6 +858,121 @@ impl Lock {
         }
     }
 
+    /// A new `EPHEMERAL` hold that waits with a ticket: asked (`... EPHEMERAL WAIT ms TICKET`) on
+    /// a new connection to the key's node, the one the hold will be bound to (the server binds
+    /// it to the connection that asked), and popped on the client's waiting connection. That
+    /// connection stays the acquire's while the ticket waits: if it fails, the server dropped
+    /// the ticket (and any grant in it), and the acquire asks again on a new one (through
+    /// Sentinel, a failover ends the acquire with a connection error instead, as it ends a
+    /// blocking `EPHEMERAL` one). A ticket that
+    /// answers a redirect or `expired` is asked again (on a new connection, where the redirect
+    /// says), for what is left of the wait. Returns the answer, and the connection the grant is
+    /// bound to.
+    async fn send_ephemeral_ticketed(
+        &self,
+        tickets: &Arc<Tickets>,
+        wait: Wait,
+        value: Option<&[u8]>,
+    ) -> (Result<Value, LockError>, Option<OwnConnection>) {
+        let deadline = match wait {
+            Wait::Timeout(t) => Some(Instant::now() + t),
+            Wait::Forever => None,
+        };
+        let mut left = wait;
+        let mut to: Option<(Redirect, Node)> = None;
+        loop {
+            let cmd = self.acquire_cmd(Some(left), value, Ticket::Yes);
+            let start = to.take();
+            let start = start.as_ref().map(|(redirect, node)| (redirect, node));
+            let limit = Some(self.ctx.command_timeout);
+            // Through Sentinel, the master of this generation or an older one is asked (a
+            // failover since voids the ticket).
+            let generation = tickets.generation();
+            let (reply, own, node) = self
+                .send_on_own_connection_from(&cmd, Pushes::Yes, limit, start)
+                .await;
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => return (Err(e), None),
+            };
+            let (Value::BulkString(ticket), Some(conn), Some(node)) = (&reply, &own, &node) else {
+                return (Ok(reply), own);
+            };
+            let ticket = ticket.clone();
+            let asked = tickets.asked_on_own(conn.conn.clone(), node, generation);
+            let answer = tickets.wait(Wanted {
+                ticket: ticket.clone(),
+                deadline,
+                asked,
+                key: Arc::from(self.spec.key()),
+                release: self.spec.release.clone(),
+            });
+            let mut waiting = TicketWait {
+                ticket,
+                answer: Some(answer),
+                lock: self,
+            };
+            match waiting.answer().await {
+                Answer::Popped(answer) => {
+                    waiting.done();
+                    match said(&answer) {
+                        Said::Redirect(redirect) if self.ctx.servers.is_cluster() => {
+                            if !redirect.asking {
+                                self.ctx.servers.forget(node);
+                            }
+                            to = Some((redirect, node.clone()));
+                        }
+                        Said::Expired => {}
+                        // A grant is bound to `own`, the connection that asked.
+                        _ => return (self.popped(&answer), own),
+                    }
+                }
+                Answer::Void => {
+                    // The connection that asked failed: the server dropped the ticket, and a
+                    // grant in it, with it. One the withdrawal still hands back is bound to
+                    // nothing that lives: released.
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
+                    if taken != Value::Nil {
+                        let key = self.spec.key();
+                        let _ = self
+                            .ctx
+                            .commands
+                            .query_routed(&self.spec.release, Some(key))
+                            .await;
+                    }
+                    // Through Sentinel, a failover ends an EPHEMERAL acquire, as it ends a
+                    // blocking one: it is not sent again to the new master.
+                    if tickets.generation() != generation {
+                        return (Err(crate::conn::master_changed()), None);
+                    }
+                }
+                Answer::Expired => match waiting.withdraw().await {
+                    Ok(Value::Nil) => {}
+                    // Granted just then: bound to `own`, which lives.
+                    Ok(taken) => return (Ok(taken), own),
+                    Err(e) => return (Err(e), None),
+                },
+                Answer::Failed(e) => {
+                    let taken = waiting.withdraw().await.unwrap_or(Value::Nil);
+                    if taken != Value::Nil {
+                        return (Ok(taken), own);
+                    }
+                    return (Err(e), None);
+                }
+            }
+            left = match deadline {
+                None => Wait::Forever,
+                Some(d) => {
+                    let rest = d.saturating_duration_since(Instant::now());
+                    if rest.is_zero() {
+                        return (Ok(Value::Nil), None);
+                    }
+                    Wait::Timeout(rest)
+                }
+            };
+        }
+    }
+
     /// Sends `cmd` on a new connection to the node that serves the key (the one server, or the
     /// master of the key's slot in the client's slot map), following `MOVED` (the slot moved:
     /// the map is dropped, to be read again by the next lookup) and `ASK` (with `ASKING`: the
@@ -815,13 +985,40 @@ impl Lock {
         pushes: Pushes,
         limit: Option<Duration>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
+        let (reply, own, _) = self
+            .send_on_own_connection_from(cmd, pushes, limit, None)
+            .await;
+        (reply, own)
+    }
+
+    /// [`Lock::send_on_own_connection`], starting where a redirect said (`start`: the redirect
+    /// and the node that sent it) when one is given; with the node that answered.
+    async fn send_on_own_connection_from(
+        &self,
+        cmd: &Cmd,
+        pushes: Pushes,
+        limit: Option<Duration>,
+        start: Option<(&Redirect, &Node)>,
+    ) -> (
+        Result<Value, LockError>,
+        Option<OwnConnection>,
+        Option<Node>,
+    ) {
         let servers = &self.ctx.servers;
         let timeout = self.ctx.command_timeout;
-        let (mut node, mut found) = match servers.node_of(self.spec.key()).await {
-            Ok(found) => found,
-            Err(e) => return (Err(e), None),
+        let started = match start {
+            Some((redirect, from)) => servers
+                .node_at(&redirect.address, from)
+                .map(|node| (node, Found::Sure, redirect.asking)),
+            None => servers
+                .node_of(self.spec.key())
+                .await
+                .map(|(node, found)| (node, found, false)),
         };
-        let mut asking = false;
+        let (mut node, mut found, mut asking) = match started {
+            Ok(started) => started,
+            Err(e) => return (Err(e), None, None),
+        };
         let mut redirects = 0;
         loop {
             let (target, push) = match pushes {
@@ -834,11 +1031,11 @@ impl Lock {
                     servers.forget(&node);
                     (node, found) = match servers.node_of(self.spec.key()).await {
                         Ok((node, _)) => (node, Found::Sure),
-                        Err(e) => return (Err(e), None),
+                        Err(e) => return (Err(e), None, None),
                     };
                     continue;
                 }
-                Err(e) => return (Err(e), None),
+                Err(e) => return (Err(e), None, None),
             };
             // The connection's name, ASKING when a redirect said so, and the acquire: one
             // round trip.
@@ -856,12 +1053,12 @@ impl Lock {
                 None => first.await,
                 Some(limit) => match tokio::time::timeout(limit, first).await {
                     Ok(r) => r,
-                    Err(_) => return (Err(timed_out()), None),
+                    Err(_) => return (Err(timed_out()), None, None),
                 },
             };
             let reply = match reply {
                 Ok(reply) => reply,
-                Err(e) => return (Err(e), None),
+                Err(e) => return (Err(e), None, None),
             };
             match &reply {
                 Err(e) if redirects < REDIRECTS => {
@@ -872,7 +1069,7 @@ impl Lock {
                         }
                         node = match servers.node_at(address, &node) {
                             Ok(node) => node,
-                            Err(e) => return (Err(e), None),
+                            Err(e) => return (Err(e), None, None),
                         };
                         found = Found::Sure;
                         redirects += 1;
@@ -888,7 +1085,7 @@ impl Lock {
                     servers.forget(&node);
                 }
             }
-            return (reply, Some(own));
+            return (reply, Some(own), Some(node));
         }
     }
 
@@ -1027,31 +1224,18 @@ impl Drop for TicketWait<'_> {
         let Some(mut answer) = self.answer.take() else {
             return;
         };
-        let commands = self.lock.ctx.commands.clone();
-        let release = self.lock.spec.release.clone();
-        let key: Arc<[u8]> = Arc::from(self.lock.spec.key());
-        let mut cancel = redis::cmd("LOCK.CANCEL");
-        cancel.arg(&self.ticket);
-        let withdraw = async move {
+        let ticket = std::mem::take(&mut self.ticket);
+        self.lock.give_up(async move {
             // Closed first: an answer the task delivers from now on fails to arrive, and the
             // task releases a grant it popped; one delivered before is read here. (Read without
             // closing, an answer on its way was missed here and not released there: CI's
             // `a_wait_given_up_as_it_is_granted_gets_the_grant_once` saw a grant leak.)
             answer.close();
-            let popped = matches!(answer.try_recv(), Ok(Answer::Popped(a)) if is_grant(&a));
-            let held = popped
-                || match commands.query(&cancel).await {
-                    Ok(Value::Nil) | Err(_) => false,
-                    Ok(_) => true,
-                };
-            if held {
-                let _ = commands.query_routed(&release, Some(&key)).await;
+            match answer.try_recv() {
+                Ok(Answer::Popped(a)) if is_grant(&a) => Taken::Grant,
+                _ => Taken::Ticket(ticket),
             }
-        };
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        self.lock
-            .state
-            .release_in_background(runtime.as_ref(), withdraw);
+        });
     }
 }
 
@@ -1059,7 +1243,7 @@ impl Drop for TicketWait<'_> {
 /// in the background and withdrawn: a ticket is cancelled (and the grant the cancel hands back
 /// released), a grant made at once released.
 struct AskInFlight<'a> {
-    reply: Option<tokio::sync::oneshot::Receiver<(Result<Value, LockError>, u64)>>,
+    reply: Option<tokio::sync::oneshot::Receiver<Asking>>,
     lock: &'a Lock,
 }
 
@@ -1068,29 +1252,53 @@ impl Drop for AskInFlight<'_> {
         let Some(reply) = self.reply.take() else {
             return;
         };
-        let commands = self.lock.ctx.commands.clone();
-        let release = self.lock.spec.release.clone();
-        let key: Arc<[u8]> = Arc::from(self.lock.spec.key());
+        self.lock.give_up(async move {
+            match reply.await {
+                Ok((Ok(Value::BulkString(ticket)), _)) => Taken::Ticket(ticket),
+                Ok((Ok(Value::Nil), _)) | Ok((Err(_), _)) | Err(_) => Taken::Nothing,
+                Ok((Ok(_), _)) => Taken::Grant,
+            }
+        });
+    }
+}
+
+/// What a ticketed wait that was given up had when it was: nothing, a grant (a token answered
+/// at once, or popped), or a ticket.
+enum Taken {
+    Nothing,
+    Grant,
+    Ticket(Vec<u8>),
+}
+
+impl Lock {
+    /// Gives up a ticketed wait in the background, counted as a release of the handle: once
+    /// `taken` says what the wait had, a ticket is withdrawn (`LOCK.CANCEL`, routed by the
+    /// ticket's name), and a grant (one it had, or the one the cancel hands back) is released.
+    fn give_up(&self, taken: impl std::future::Future<Output = Taken> + Send + 'static) {
+        let commands = self.ctx.commands.clone();
+        let release = self.spec.release.clone();
+        let key: Arc<[u8]> = Arc::from(self.spec.key());
         let withdraw = async move {
-            let held = match reply.await {
-                Ok((Ok(Value::BulkString(ticket)), _)) => {
+            let held = match taken.await {
+                Taken::Nothing => false,
+                Taken::Grant => true,
+                Taken::Ticket(ticket) => {
                     let mut cancel = redis::cmd("LOCK.CANCEL");
                     cancel.arg(ticket);
                     matches!(commands.query(&cancel).await, Ok(v) if v != Value::Nil)
                 }
-                Ok((Ok(Value::Nil), _)) | Ok((Err(_), _)) | Err(_) => false,
-                Ok((Ok(_), _)) => true,
             };
             if held {
                 let _ = commands.query_routed(&release, Some(&key)).await;
             }
         };
         let runtime = tokio::runtime::Handle::try_current().ok();
-        self.lock
-            .state
-            .release_in_background(runtime.as_ref(), withdraw);
+        self.state.release_in_background(runtime.as_ref(), withdraw);
     }
 }
+
+/// What a ticketed ask came to: the reply, and the connection that asked.
+type Asking = (Result<Value, LockError>, Option<Asked>);
 
 fn ask_lost() -> redis::RedisError {
     redis::RedisError::from(io::Error::other(

@@ -127,17 +127,27 @@ impl Servers {
                 "a redirect to {address} from a server that is not in cluster mode"
             )));
         };
-        let (host, port) = address
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
-            .ok_or_else(|| LockError::UnexpectedReply(format!("redirect to {address}")))?;
-        let host = if host.is_empty() {
-            from.host().unwrap_or(host)
-        } else {
-            host
-        };
-        node_with(info, host, port)
+        node_at(info, address, from)
     }
+}
+
+/// The node of a cluster (`info`: the seed's settings) that a `MOVED` or `ASK` redirect names
+/// (`host:port`; no host: the host of `from`, the node that sent it).
+pub(crate) fn node_at(
+    info: &ConnectionInfo,
+    address: &str,
+    from: &Node,
+) -> Result<Node, LockError> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
+        .ok_or_else(|| LockError::UnexpectedReply(format!("redirect to {address}")))?;
+    let host = if host.is_empty() {
+        from.host().unwrap_or(host)
+    } else {
+        host
+    };
+    node_with(info, host, port)
 }
 
 /// The seed's settings with another node's address.

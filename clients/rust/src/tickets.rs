@@ -1,26 +1,38 @@
-//! Waiting with tickets: every waiting acquire of a client on one server is served by one
-//! waiting connection.
+//! Waiting with tickets: the waiting acquires of a client are served by a few waiting
+//! connections.
 //!
-//! A waiting acquire asks on the client's shared connection with `... WAIT ms TICKET`; when the
-//! server must queue it, the reply is a ticket (a key the server pushes the answer into). The
-//! waiter hands the ticket here: one task per client ([`Tickets`]) keeps one connection of its
-//! own to the server (opened when a ticket first waits, closed when none has waited for a
-//! while) and runs `BLPOP t1 ... tk timeout` over every outstanding ticket; a ticket that comes
-//! while a `BLPOP` runs interrupts it (`CLIENT UNBLOCK` on the shared connection: it answers nil)
-//! and the `BLPOP` is sent again with the new set. A popped answer goes to its waiter.
+//! A waiting acquire asks with `... WAIT ms TICKET`; when the server must queue it, the reply is
+//! a ticket (a key the server pushes the answer into). The waiter hands the ticket here. One
+//! task per **group** of tickets keeps a waiting connection of its own (opened when a ticket of
+//! the group first waits, given up when none has waited for a while) and runs
+//! `BLPOP t1 ... tk timeout` over the group's outstanding tickets; a ticket that comes while a
+//! `BLPOP` runs interrupts it (`CLIENT UNBLOCK` on the asking connection: it answers nil) and the
+//! `BLPOP` is sent again with the new set. A popped answer goes to its waiter.
 //!
-//! A ticket belongs to the connection that asked for it: when the shared connection is replaced
-//! (it broke, or the master changed), its tickets are void, and their waiters are told so
-//! ([`Answer::Void`]) to withdraw them and ask again. The task pings the shared connection while
+//! On one server (standalone, Sentinel) there is one group: the client's tickets are asked on
+//! its shared connection and popped on one waiting connection to the master. In a cluster a
+//! ticket hashes to its lock's slot and one `BLPOP` may only name keys of one slot, so there is
+//! a group per slot with tickets waiting, popping on the node that serves the slot; tickets are
+//! asked on a connection of the client's own to that node (one per node: [`NodeConns`], so that
+//! the library sees it close), and a group that stops waiting leaves its waiting connection to
+//! the next group on that node (closed when none took it for a while). A `BLPOP` the server
+//! redirects (`ASK`/`MOVED`: the slot is migrating or moved) is sent again where it says (with
+//! `ASKING` for an `ASK`): the tickets move with the slot.
+//!
+//! A ticket belongs to the connection that asked for it: when that connection is replaced (it
+//! broke, or the master changed), its tickets are void, and their waiters are told so
+//! ([`Answer::Void`]) to withdraw them and ask again. The task pings the asking connections while
 //! tickets wait, so that a connection closed under it is noticed within a second. It knows
 //! nothing of locks: a grant popped for a waiter that is gone is released with the command the
 //! waiter left ([`Wanted::release`]).
 
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{Cmd, Value};
+use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -29,12 +41,12 @@ use crate::conn::{self, Commands};
 use crate::error::LockError;
 use crate::master::Master;
 use crate::node::Node;
+use crate::servers::{key_slot, Found, Servers};
 
-/// How long the waiting connection stays open with no ticket waiting.
+/// How long a waiting connection stays open with no ticket waiting.
 const IDLE: Duration = Duration::from_secs(2);
 
-/// How often the shared connection (the tickets' asking connection) is checked while tickets
-/// wait.
+/// How often the asking connections are checked while tickets wait.
 const CHECK: Duration = Duration::from_secs(1);
 
 /// How long past a ticket's deadline (and past a `BLPOP`'s own timeout) the task waits for an
@@ -49,10 +61,18 @@ const UNBLOCK_AGAIN: Duration = Duration::from_millis(5);
 /// answered with the error.
 const OPEN_FAILURES: u32 = 3;
 
+/// How long a group pauses before it pops again after the server answered `TRYAGAIN` (a
+/// `BLPOP` over several tickets of a slot that is migrating), `CLUSTERDOWN` or another error,
+/// or after a few redirects in a row.
+const PAUSE: Duration = Duration::from_millis(100);
+
+/// How many `MOVED`/`ASK` redirects one ask follows.
+const REDIRECTS: u32 = 3;
+
 /// What a ticket came to.
 #[derive(Debug)]
 pub(crate) enum Answer {
-    /// What the server pushed into it: the token(s), `timeout`, or `-` and an error.
+    /// What the server pushed into it (see [`said`]).
     Popped(Vec<u8>),
     /// The ticket is void: the connection that asked for it was replaced (it closed, or the
     /// master changed). Withdraw it (`LOCK.CANCEL`) and ask again.
@@ -63,18 +83,170 @@ pub(crate) enum Answer {
     Failed(LockError),
 }
 
+/// What a popped answer says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Said<'a> {
+    /// Digits: the token (space-separated tokens, for a multi-key acquire).
+    Granted(&'a str),
+    /// `timeout`: the wait passed, nothing is held.
+    TimedOut,
+    /// `expired`: a grant nobody popped before its lease ended; nothing is held.
+    Expired,
+    /// `-ASK <slot> <host:port>` or `-MOVED ...`: the lock left with its cluster slot; ask
+    /// again there (`ASKING` first for an `ASK`).
+    Redirect(Redirect),
+    /// `-` and another error: what a blocked waiter would have been answered.
+    Error(&'a str),
+    /// Anything else.
+    Unknown(&'a str),
+}
+
+/// Decodes a popped answer (its first byte tells: a digit, `t`, `e` or `-`).
+pub(crate) fn said(answer: &[u8]) -> Said<'_> {
+    let Ok(text) = std::str::from_utf8(answer) else {
+        return Said::Unknown("");
+    };
+    if let Some(error) = text.strip_prefix('-') {
+        return match Redirect::parse(error) {
+            Some(redirect) => Said::Redirect(redirect),
+            None => Said::Error(error),
+        };
+    }
+    match text {
+        "timeout" => Said::TimedOut,
+        "expired" => Said::Expired,
+        _ if is_grant(answer) => Said::Granted(text),
+        _ => Said::Unknown(text),
+    }
+}
+
+/// Where a lock went with its slot: ask again at `address` (after `ASKING` when `asking`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Redirect {
+    pub(crate) address: String,
+    pub(crate) asking: bool,
+}
+
+impl Redirect {
+    /// `ASK <slot> <host:port>` or `MOVED <slot> <host:port>`.
+    fn parse(error: &str) -> Option<Redirect> {
+        let mut words = error.split(' ');
+        let asking = match words.next()? {
+            "ASK" => true,
+            "MOVED" => false,
+            _ => return None,
+        };
+        let _slot: u16 = words.next()?.parse().ok()?;
+        let address = words.next()?.to_string();
+        (words.next().is_none() && !address.is_empty()).then_some(Redirect { address, asking })
+    }
+}
+
 /// A ticket to wait for.
 pub(crate) struct Wanted {
     /// The ticket's name, as the server replied it.
     pub(crate) ticket: Vec<u8>,
     /// When the acquire's wait ends (none: waits until granted).
     pub(crate) deadline: Option<Instant>,
-    /// The number of the shared connection that asked ([`Commands::query_asking`]).
-    pub(crate) asked_on: u64,
+    /// The connection that asked ([`Tickets::ask`]).
+    pub(crate) asked: Asked,
     /// The key the grant is on (a cluster routes the release by it).
     pub(crate) key: Arc<[u8]>,
     /// Releases a grant popped for a waiter that gave up meanwhile.
     pub(crate) release: Arc<Cmd>,
+}
+
+/// The connection a ticket was asked on, and its number then: when its number changes (it was
+/// replaced), the ticket is void.
+#[derive(Clone)]
+pub(crate) struct Asked {
+    asker: Asker,
+    number: u64,
+}
+
+impl Asked {
+    fn is_void(&self) -> bool {
+        self.asker.current() != self.number
+    }
+
+    /// In a cluster, the node the ticket was asked on.
+    pub(crate) fn node(&self) -> Option<&Node> {
+        match &self.asker {
+            Asker::Shared(_) => None,
+            Asker::Node(node) => Some(&node.node),
+            Asker::Own(own) => own.node.as_ref().map(|n| &n.node),
+        }
+    }
+}
+
+/// A connection tickets are asked on: the client's shared connection to its one server, the
+/// client's asking connection to a cluster node, or the connection of its own an `EPHEMERAL`
+/// acquire asks on (the hold it is granted is bound to it).
+#[derive(Clone)]
+enum Asker {
+    Shared(Arc<Commands>),
+    Node(Arc<NodeConns>),
+    Own(Arc<OwnAsker>),
+}
+
+/// An `EPHEMERAL` acquire's connection of its own, while its ticket waits: never replaced, so
+/// its ticket is void once it failed, or (through Sentinel) once the master it is to is no
+/// longer the master (number 1 while it works, 0 after). `node`: in a cluster, the client's
+/// connections to its node (where the ticket is popped); `master`: on one server, the master
+/// and its generation when the connection was made.
+pub(crate) struct OwnAsker {
+    conn: MultiplexedConnection,
+    failed: AtomicBool,
+    node: Option<Arc<NodeConns>>,
+    master: Option<(Arc<Master>, u64)>,
+    timeout: Duration,
+}
+
+impl OwnAsker {
+    fn current(&self) -> u64 {
+        let replaced = self
+            .master
+            .as_ref()
+            .is_some_and(|(master, generation)| master.generation() != *generation);
+        u64::from(!replaced && !self.failed.load(Ordering::SeqCst))
+    }
+}
+
+impl Asker {
+    /// The number of its current connection (0: none).
+    fn current(&self) -> u64 {
+        match self {
+            Asker::Shared(commands) => commands.asking(),
+            Asker::Node(node) => node.current(),
+            Asker::Own(own) => own.current(),
+        }
+    }
+
+    async fn query(&self, cmd: &Cmd) -> Result<Value, LockError> {
+        match self {
+            Asker::Shared(commands) => commands.query(cmd).await,
+            Asker::Node(node) => node.query(cmd, false).await.0.map_err(LockError::from),
+            Asker::Own(own) => {
+                let mut conn = own.conn.clone();
+                let reply = tokio::time::timeout(own.timeout, cmd.query_async::<Value>(&mut conn))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out_io()));
+                if matches!(&reply, Err(e) if e.code().is_none()) {
+                    own.failed.store(true, Ordering::SeqCst);
+                }
+                reply.map_err(LockError::from)
+            }
+        }
+    }
+
+    fn same(&self, other: &Asker) -> bool {
+        match (self, other) {
+            (Asker::Shared(a), Asker::Shared(b)) => Arc::ptr_eq(a, b),
+            (Asker::Node(a), Asker::Node(b)) => Arc::ptr_eq(a, b),
+            (Asker::Own(a), Asker::Own(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
 }
 
 struct Entry {
@@ -82,38 +254,289 @@ struct Entry {
     answer: oneshot::Sender<Answer>,
 }
 
-/// The client's waiting connection and the task that runs it.
-pub(crate) struct Tickets {
-    master: Arc<Master>,
-    commands: Arc<Commands>,
-    /// `CLIENT SETNAME` of the waiting connection.
-    name: String,
-    timeout: Duration,
-    /// The running task's inbox, if one runs.
-    runner: Mutex<Option<mpsc::UnboundedSender<Entry>>>,
+/// Where tickets are asked and popped.
+// One per client, made once and never moved: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Place {
+    /// One server: asked on the client's shared connection, popped on one waiting connection
+    /// to the master (of the current generation, through Sentinel).
+    Single(Arc<Master>),
+    /// A cluster: `info` is the seed's settings (every node connection reuses them with the
+    /// node's address); the client's connections to each node.
+    Cluster {
+        info: ConnectionInfo,
+        nodes: Mutex<HashMap<String, Arc<NodeConns>>>,
+    },
 }
 
-/// The waiting connection: to the master of `generation`, with its id for `CLIENT UNBLOCK`
-/// (none when the server refused `CLIENT ID`: then each `BLPOP` lasts at most a second).
+/// The client's waiting connections and the tasks that run them.
+pub(crate) struct Tickets {
+    place: Place,
+    /// The client's shared connection: asks on one server, releases grants nobody took.
+    commands: Arc<Commands>,
+    /// `CLIENT SETNAME` of the connections it opens.
+    name: String,
+    timeout: Duration,
+    /// The inbox of each group's running task: one group on one server (`None`), one per slot
+    /// in a cluster.
+    groups: Mutex<HashMap<Option<u16>, mpsc::UnboundedSender<Entry>>>,
+}
+
+/// A waiting connection, with its id for `CLIENT UNBLOCK` (none when the server refused
+/// `CLIENT ID`: then each `BLPOP` lasts at most a second): to the master of `generation` on one
+/// server, to `node` in a cluster.
 struct Waiting {
     conn: MultiplexedConnection,
     id: Option<i64>,
     generation: u64,
+    node: Option<Arc<NodeConns>>,
+}
+
+/// Where a cluster group pops: the node, and whether `ASKING` goes before each `BLPOP` (after
+/// an `ASK`: the slot is being imported there).
+#[derive(Clone)]
+struct Pop {
+    node: Arc<NodeConns>,
+    asking: bool,
+}
+
+/// The client's connections to one cluster node: the one tickets for its slots are asked on,
+/// and the waiting connections no group uses now.
+pub(crate) struct NodeConns {
+    node: Node,
+    name: String,
+    timeout: Duration,
+    /// The asking connection and its number; none until first needed, or after it broke.
+    asking: Mutex<Option<(MultiplexedConnection, u64)>>,
+    made: AtomicU64,
+    connecting: tokio::sync::Mutex<()>,
+    /// Waiting connections left by groups that stopped waiting, each with its number (closed
+    /// [`IDLE`] after it was left, if no group took it).
+    idle: Mutex<Vec<(u64, Waiting)>>,
+    left: AtomicU64,
+}
+
+impl NodeConns {
+    fn current(&self) -> u64 {
+        relock(&self.asking).as_ref().map_or(0, |(_, n)| *n)
+    }
+
+    /// `cmd` on the asking connection (after `ASKING` when `asking`), made if there is none,
+    /// with the number of the connection that answered. A connection that broke or timed out is
+    /// dropped: the next command makes a new one (and the tickets of this one are void).
+    async fn query(&self, cmd: &Cmd, asking: bool) -> (redis::RedisResult<Value>, u64) {
+        let (mut conn, number, new) = match self.connection().await {
+            Ok(found) => found,
+            Err(e) => return (Err(e), 0),
+        };
+        let reply = if new || asking {
+            let name = new.then_some(self.name.as_str());
+            conn::prefixed_query(&mut conn, name, asking, cmd).await
+        } else {
+            cmd.query_async::<Value>(&mut conn).await
+        };
+        if matches!(&reply, Err(e) if e.code().is_none()) {
+            let mut slot = relock(&self.asking);
+            if slot.as_ref().is_some_and(|(_, n)| *n == number) {
+                *slot = None;
+            }
+        }
+        (reply, number)
+    }
+
+    async fn connection(&self) -> redis::RedisResult<(MultiplexedConnection, u64, bool)> {
+        if let Some((conn, n)) = relock(&self.asking).clone() {
+            return Ok((conn, n, false));
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some((conn, n)) = relock(&self.asking).clone() {
+            return Ok((conn, n, false));
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_response_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.timeout));
+        let conn = self
+            .node
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let number = self.made.fetch_add(1, Ordering::SeqCst) + 1;
+        *relock(&self.asking) = Some((conn.clone(), number));
+        Ok((conn, number, true))
+    }
+
+    /// Keeps `waiting` for the next group that pops here, for [`IDLE`].
+    fn leave(self: &Arc<Self>, waiting: Waiting) {
+        let number = self.left.fetch_add(1, Ordering::SeqCst) + 1;
+        relock(&self.idle).push((number, waiting));
+        let conns: Weak<NodeConns> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(IDLE).await;
+            if let Some(conns) = conns.upgrade() {
+                relock(&conns.idle).retain(|(n, _)| *n != number);
+            }
+        });
+    }
+
+    fn take_idle(&self) -> Option<Waiting> {
+        relock(&self.idle).pop().map(|(_, waiting)| waiting)
+    }
 }
 
 impl Tickets {
-    pub(crate) fn new(
+    /// The tickets of a client of one server (`master`), asked on `commands`.
+    pub(crate) fn single(
         master: Arc<Master>,
         commands: Arc<Commands>,
         name: String,
         timeout: Duration,
     ) -> Tickets {
         Tickets {
-            master,
+            place: Place::Single(master),
             commands,
             name,
             timeout,
-            runner: Mutex::new(None),
+            groups: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The tickets of a cluster client (`info`: the seed's settings).
+    pub(crate) fn cluster(
+        info: ConnectionInfo,
+        commands: Arc<Commands>,
+        name: String,
+        timeout: Duration,
+    ) -> Tickets {
+        Tickets {
+            place: Place::Cluster {
+                info,
+                nodes: Mutex::new(HashMap::new()),
+            },
+            commands,
+            name,
+            timeout,
+            groups: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The client's connections to a cluster `node` (made on first use).
+    fn node_conns(&self, node: &Node) -> Arc<NodeConns> {
+        let Place::Cluster { nodes, .. } = &self.place else {
+            // Not reached: only a cluster asks nodes.
+            return Arc::new(self.new_node_conns(node));
+        };
+        let address = node.client.get_connection_info().addr().to_string();
+        relock(nodes)
+            .entry(address)
+            .or_insert_with(|| Arc::new(self.new_node_conns(node)))
+            .clone()
+    }
+
+    fn new_node_conns(&self, node: &Node) -> NodeConns {
+        NodeConns {
+            node: node.clone(),
+            name: self.name.clone(),
+            timeout: self.timeout,
+            asking: Mutex::new(None),
+            made: AtomicU64::new(0),
+            connecting: tokio::sync::Mutex::new(()),
+            idle: Mutex::new(Vec::new()),
+            left: AtomicU64::new(0),
+        }
+    }
+
+    /// The connection of its own an `EPHEMERAL` acquire asked on (`conn`, to `node`), for its
+    /// ticket's waiter.
+    pub(crate) fn asked_on_own(
+        &self,
+        conn: MultiplexedConnection,
+        node: &Node,
+        generation: u64,
+    ) -> Asked {
+        let (node, master) = match &self.place {
+            Place::Cluster { .. } => (Some(self.node_conns(node)), None),
+            Place::Single(master) => (None, Some((master.clone(), generation))),
+        };
+        let own = OwnAsker {
+            conn,
+            failed: AtomicBool::new(false),
+            node,
+            master,
+            timeout: self.timeout,
+        };
+        Asked {
+            asker: Asker::Own(Arc::new(own)),
+            number: 1,
+        }
+    }
+
+    /// Asks `cmd` (`... WAIT ms TICKET`) for `key`: on one server on the shared connection; in
+    /// a cluster on the client's asking connection to the node that serves `key` (`to`: the
+    /// node a ticket's redirect named), following `MOVED` and `ASK` as a waiting acquire on a
+    /// connection of its own does. The reply (a ticket, the token, nil, or the error) comes
+    /// with the connection that asked, for the ticket's waiter.
+    pub(crate) async fn ask(
+        &self,
+        servers: &Servers,
+        cmd: &Cmd,
+        key: &[u8],
+        to: Option<(&Redirect, &Node)>,
+    ) -> (Result<Value, LockError>, Option<Asked>) {
+        if let Place::Single(_) = self.place {
+            let (reply, number) = self.commands.query_asking(cmd).await;
+            let asked = Asked {
+                asker: Asker::Shared(self.commands.clone()),
+                number,
+            };
+            return (reply, Some(asked));
+        }
+        let (mut node, mut found, mut asking) = match to {
+            Some((redirect, from)) => match servers.node_at(&redirect.address, from) {
+                Ok(node) => (node, Found::Sure, redirect.asking),
+                Err(e) => return (Err(e), None),
+            },
+            None => match servers.node_of(key).await {
+                Ok((node, found)) => (node, found, false),
+                Err(e) => return (Err(e), None),
+            },
+        };
+        let mut redirects = 0;
+        loop {
+            let conns = self.node_conns(&node);
+            let (reply, number) = conns.query(cmd, asking).await;
+            match &reply {
+                // The slot map named a node that cannot be reached: read it again, once.
+                Err(e) if e.code().is_none() && found == Found::Cached => {
+                    servers.forget(&node);
+                    node = match servers.node_of(key).await {
+                        Ok((node, _)) => node,
+                        Err(e) => return (Err(e), None),
+                    };
+                    found = Found::Sure;
+                    continue;
+                }
+                Err(e) if redirects < REDIRECTS => {
+                    if let Some((address, _slot)) = e.redirect_node() {
+                        asking = e.code() == Some("ASK");
+                        if !asking {
+                            servers.forget(&node);
+                        }
+                        node = match servers.node_at(address, &node) {
+                            Ok(node) => node,
+                            Err(e) => return (Err(e), None),
+                        };
+                        found = Found::Sure;
+                        redirects += 1;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            let asked = Asked {
+                asker: Asker::Node(conns),
+                number,
+            };
+            return (reply.map_err(LockError::from), Some(asked));
         }
     }
 
@@ -121,9 +544,24 @@ impl Tickets {
     /// ticket up here (the caller withdraws it with `LOCK.CANCEL`).
     pub(crate) fn wait(self: &Arc<Self>, wanted: Wanted) -> oneshot::Receiver<Answer> {
         let (tx, rx) = oneshot::channel();
+        let asked_at = match &wanted.asked.asker {
+            Asker::Node(node) => Some(node.clone()),
+            Asker::Own(own) => own.node.clone(),
+            Asker::Shared(_) => None,
+        };
+        let (group, pop) = match (&self.place, asked_at) {
+            (Place::Cluster { .. }, Some(node)) => (
+                Some(key_slot(&wanted.ticket)),
+                Some(Pop {
+                    node,
+                    asking: false,
+                }),
+            ),
+            _ => (None, None),
+        };
         let mut entry = Entry { wanted, answer: tx };
-        let mut runner = relock(&self.runner);
-        if let Some(inbox) = runner.as_ref() {
+        let mut groups = relock(&self.groups);
+        if let Some(inbox) = groups.get(&group) {
             match inbox.send(entry) {
                 Ok(()) => return rx,
                 // The task ended (its runtime shut down): a new one.
@@ -133,23 +571,30 @@ impl Tickets {
         let (inbox, rx_entries) = mpsc::unbounded_channel();
         // Cannot fail: the receiver is alive.
         let _ = inbox.send(entry);
-        *runner = Some(inbox);
-        drop(runner);
-        tokio::spawn(self.clone().run(rx_entries));
+        groups.insert(group, inbox);
+        drop(groups);
+        tokio::spawn(self.clone().run(group, pop, rx_entries));
         rx
     }
 
-    /// The task: one `BLPOP` at a time over every outstanding ticket, until none has waited
-    /// for [`IDLE`].
-    async fn run(self: Arc<Self>, mut inbox: mpsc::UnboundedReceiver<Entry>) {
+    /// A group's task: one `BLPOP` at a time over its outstanding tickets, until none has
+    /// waited for [`IDLE`]. `pop`: where a cluster group pops (first, the node its first ticket
+    /// was asked on).
+    async fn run(
+        self: Arc<Self>,
+        group: Option<u16>,
+        mut pop: Option<Pop>,
+        mut inbox: mpsc::UnboundedReceiver<Entry>,
+    ) {
         let mut entries: Vec<Entry> = Vec::new();
         let mut waiting: Option<Waiting> = None;
         let mut failures = 0;
+        let mut redirected = 0;
         loop {
             while let Ok(entry) = inbox.try_recv() {
                 entries.push(entry);
             }
-            let generation = self.master.generation();
+            let generation = self.generation();
             if waiting.as_ref().is_some_and(|w| w.generation != generation) {
                 // A failover: the waiting connection goes (the shared connection is done with
                 // too, which voids every ticket it asked for).
@@ -157,17 +602,22 @@ impl Tickets {
             }
             self.sweep(&mut entries);
             if entries.is_empty() {
-                // Nothing waits: the connection goes, and the task after a while.
-                waiting = None;
+                // Nothing waits: the connection goes (to the next group on its node, in a
+                // cluster), and the task after a while.
+                if let Some(w) = waiting.take() {
+                    leave(w);
+                }
                 match tokio::time::timeout(IDLE, inbox.recv()).await {
                     Ok(Some(entry)) => entries.push(entry),
                     Ok(None) => return,
                     Err(_) => {
-                        let mut runner = relock(&self.runner);
+                        let mut groups = relock(&self.groups);
                         match inbox.try_recv() {
                             Ok(entry) => entries.push(entry),
                             Err(_) => {
-                                *runner = None;
+                                // The group's inbox is this task's (a new one is made only
+                                // when sending to this one fails).
+                                groups.remove(&group);
                                 return;
                             }
                         }
@@ -177,7 +627,7 @@ impl Tickets {
             }
             let current = match waiting.take() {
                 Some(w) => w,
-                None => match self.open(generation).await {
+                None => match self.open(pop.as_ref(), generation).await {
                     Ok(w) => {
                         failures = 0;
                         w
@@ -190,36 +640,73 @@ impl Tickets {
                                 let _ = entry.answer.send(Answer::Failed(clone_error(&e)));
                             }
                         } else {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            tokio::time::sleep(PAUSE).await;
                         }
                         continue;
                     }
                 },
             };
-            match self.pop(&current, &mut entries, &mut inbox).await {
+            let asking = pop.as_ref().is_some_and(|p| p.asking);
+            match self.pop(&current, asking, &mut entries, &mut inbox).await {
                 Popped::Answer(ticket, answer) => {
                     waiting = Some(current);
+                    redirected = 0;
                     self.deliver(&mut entries, &ticket, answer);
                 }
-                Popped::Nothing => waiting = Some(current),
+                Popped::Nothing => {
+                    waiting = Some(current);
+                    redirected = 0;
+                }
                 // The waiting connection broke, or stayed silent past its BLPOP's timeout, or
                 // is to a master that is no longer the master: a new one (the tickets stand).
                 Popped::Broken => {}
+                // The slot is migrating (ASK: the tickets are not on this node) or moved: the
+                // tickets are popped where the server says; nothing is asked again.
+                Popped::Redirect(address, ask) => {
+                    let to = match (&self.place, &current.node) {
+                        (Place::Cluster { info, .. }, Some(from)) => {
+                            crate::servers::node_at(info, &address, &from.node).ok()
+                        }
+                        _ => None,
+                    };
+                    leave(current);
+                    if let Some(to) = to {
+                        pop = Some(Pop {
+                            node: self.node_conns(&to),
+                            asking: ask,
+                        });
+                    }
+                    redirected += 1;
+                    if redirected > REDIRECTS {
+                        tokio::time::sleep(PAUSE).await;
+                    }
+                }
+                Popped::Again => {
+                    waiting = Some(current);
+                    tokio::time::sleep(PAUSE).await;
+                }
             }
+        }
+    }
+
+    /// The master's generation on one server (0 in a cluster).
+    pub(crate) fn generation(&self) -> u64 {
+        match &self.place {
+            Place::Single(master) => master.generation(),
+            Place::Cluster { .. } => 0,
         }
     }
 
     /// Answers and drops what needs no `BLPOP`: waiters that gave up, tickets whose asking
     /// connection was replaced, tickets past their deadline.
     fn sweep(&self, entries: &mut Vec<Entry>) {
-        let asking = self.commands.asking();
         let now = Instant::now();
         let mut kept = Vec::with_capacity(entries.len());
         for entry in entries.drain(..) {
             if entry.answer.is_closed() {
                 continue;
             }
-            if entry.wanted.asked_on != asking {
+            if entry.wanted.asked.is_void() {
                 let _ = entry.answer.send(Answer::Void);
             } else if entry.wanted.deadline.is_some_and(|d| d + MARGIN <= now) {
                 let _ = entry.answer.send(Answer::Expired);
@@ -230,18 +717,39 @@ impl Tickets {
         *entries = kept;
     }
 
-    /// Opens the waiting connection to the master: its name and `CLIENT ID` in one round trip.
-    async fn open(&self, generation: u64) -> Result<Waiting, LockError> {
-        let node = self.master.node().await?;
-        let opened = self.open_to(&node, generation).await;
-        if opened.is_err() {
-            // Through Sentinel, the next lookup asks the Sentinels again (a failover).
-            self.master.forget(&node);
+    /// A waiting connection: to the master on one server, to `pop`'s node in a cluster (one a
+    /// group left there, or a new one).
+    async fn open(&self, pop: Option<&Pop>, generation: u64) -> Result<Waiting, LockError> {
+        match (&self.place, pop) {
+            (Place::Single(master), _) => {
+                let node = master.node().await?;
+                let opened = self.open_to(&node, generation, None).await;
+                if opened.is_err() {
+                    // Through Sentinel, the next lookup asks the Sentinels again (a failover).
+                    master.forget(&node);
+                }
+                opened
+            }
+            (Place::Cluster { .. }, Some(pop)) => match pop.node.take_idle() {
+                Some(waiting) => Ok(waiting),
+                None => {
+                    self.open_to(&pop.node.node, 0, Some(pop.node.clone()))
+                        .await
+                }
+            },
+            (Place::Cluster { .. }, None) => Err(LockError::InvalidArgument(
+                "a cluster ticket without the node it was asked on",
+            )),
         }
-        opened
     }
 
-    async fn open_to(&self, node: &Node, generation: u64) -> Result<Waiting, LockError> {
+    /// Opens a waiting connection to `node`: its name and `CLIENT ID` in one round trip.
+    async fn open_to(
+        &self,
+        node: &Node,
+        generation: u64,
+        conns: Option<Arc<NodeConns>>,
+    ) -> Result<Waiting, LockError> {
         let mut own = conn::own_connection(&node.client, false, self.timeout).await?;
         let mut id_cmd = redis::cmd("CLIENT");
         id_cmd.arg("ID");
@@ -262,14 +770,36 @@ impl Tickets {
             conn: own.conn,
             id,
             generation,
+            node: conns,
         })
     }
 
-    /// One `BLPOP` over `entries`' tickets, interrupted (and its nil answer read) when a ticket
-    /// comes, a waiter gives up, or the asking connection is replaced.
+    /// The failovers that end a `BLPOP` on one server (none in a cluster).
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match &self.place {
+            Place::Single(master) => master.changes(),
+            Place::Cluster { .. } => None,
+        }
+    }
+
+    /// `CLIENT UNBLOCK id` on the asking connection to the waiting connection's server.
+    async fn unblock(&self, waiting: &Waiting, id: i64) -> bool {
+        let mut unblock = redis::cmd("CLIENT");
+        unblock.arg("UNBLOCK").arg(id);
+        let reply = match &waiting.node {
+            Some(node) => Asker::Node(node.clone()).query(&unblock).await,
+            None => self.commands.query(&unblock).await,
+        };
+        matches!(reply, Ok(Value::Int(1)))
+    }
+
+    /// One `BLPOP` over `entries`' tickets (after `ASKING` when `asking`), interrupted (and its
+    /// nil answer read) when a ticket comes, a waiter gives up, or an asking connection is
+    /// replaced.
     async fn pop(
         &self,
         waiting: &Waiting,
+        asking: bool,
         entries: &mut Vec<Entry>,
         inbox: &mut mpsc::UnboundedReceiver<Entry>,
     ) -> Popped {
@@ -290,20 +820,24 @@ impl Tickets {
         }
         cmd.arg(secs);
         let mut conn = waiting.conn.clone();
-        let mut blpop = Box::pin(async move { cmd.query_async::<Value>(&mut conn).await });
+        let mut blpop = Box::pin(async move {
+            if asking {
+                conn::prefixed_query(&mut conn, None, true, &cmd).await
+            } else {
+                cmd.query_async::<Value>(&mut conn).await
+            }
+        });
         let silent_after = (secs > 0).then(|| now + Duration::from_secs(secs) + MARGIN);
         let mut check = tokio::time::interval_at(now + CHECK, CHECK);
         let mut interrupt = false;
         let mut interrupted = false;
         let mut inbox_open = true;
-        let failover = crate::master::changed(self.master.changes());
+        let failover = crate::master::changed(self.changes());
         tokio::pin!(failover);
         let reply = loop {
             if interrupt && !interrupted {
                 if let Some(id) = waiting.id {
-                    let mut unblock = redis::cmd("CLIENT");
-                    unblock.arg("UNBLOCK").arg(id);
-                    interrupted = matches!(self.commands.query(&unblock).await, Ok(Value::Int(1)));
+                    interrupted = self.unblock(waiting, id).await;
                 }
             }
             let retry = interrupt && !interrupted && waiting.id.is_some();
@@ -320,20 +854,27 @@ impl Tickets {
                 // Through Sentinel, the master was replaced: its tickets no longer count.
                 _ = &mut failover => return Popped::Broken,
                 _ = check.tick() => {
-                    if self.master.generation() != waiting.generation {
+                    if self.generation() != waiting.generation {
                         return Popped::Broken;
                     }
-                    // A ping: a shared connection closed under the client is replaced now,
-                    // and the tickets it asked for are void.
-                    let _ = self.commands.query(&redis::cmd("PING")).await;
-                    let asking = self.commands.asking();
+                    // A ping on each asking connection: one closed under the client is
+                    // replaced now, and the tickets it asked for are void.
+                    let mut askers: Vec<Asker> = Vec::new();
+                    for e in entries.iter() {
+                        if !askers.iter().any(|a| a.same(&e.wanted.asked.asker)) {
+                            askers.push(e.wanted.asked.asker.clone());
+                        }
+                    }
+                    for asker in &askers {
+                        let _ = asker.query(&redis::cmd("PING")).await;
+                    }
                     if entries
                         .iter()
-                        .any(|e| e.answer.is_closed() || e.wanted.asked_on != asking)
+                        .any(|e| e.answer.is_closed() || e.wanted.asked.is_void())
                     {
                         interrupt = true;
                     }
-                    if self.master.generation() != waiting.generation {
+                    if self.generation() != waiting.generation {
                         return Popped::Broken;
                     }
                     if silent_after.is_some_and(|t| Instant::now() > t) {
@@ -354,7 +895,15 @@ impl Tickets {
                 }
             }
             Ok(_) => Popped::Nothing,
-            Err(_) => Popped::Broken,
+            Err(e) => match e.redirect_node() {
+                Some((address, _slot)) if waiting.node.is_some() => {
+                    Popped::Redirect(address.to_string(), e.code() == Some("ASK"))
+                }
+                // TRYAGAIN, CLUSTERDOWN, or refused (NOPERM: an ACL without BLPOP or the
+                // tickets' keys): the connection is fine, the pop is sent again after a pause.
+                _ if e.code().is_some() => Popped::Again,
+                _ => Popped::Broken,
+            },
         }
     }
 
@@ -376,6 +925,14 @@ impl Tickets {
     }
 }
 
+/// A waiting connection no group uses now: kept for the next group on its cluster node, or
+/// closed.
+fn leave(waiting: Waiting) {
+    if let Some(node) = waiting.node.clone() {
+        node.leave(waiting);
+    }
+}
+
 /// What one `BLPOP` came to.
 enum Popped {
     /// A ticket and its answer.
@@ -384,6 +941,11 @@ enum Popped {
     Nothing,
     /// The waiting connection is of no more use.
     Broken,
+    /// The server sent the `BLPOP` to another node (`host:port`; `true`: with `ASKING`).
+    Redirect(String, bool),
+    /// The server cannot serve it now (`TRYAGAIN`, `CLUSTERDOWN`) or refused it: again after a
+    /// pause.
+    Again,
 }
 
 /// Whether a ticket's answer is a grant (digits: the token or tokens).
@@ -392,10 +954,14 @@ pub(crate) fn is_grant(answer: &[u8]) -> bool {
 }
 
 fn timed_out() -> LockError {
-    LockError::Connection(redis::RedisError::from(std::io::Error::new(
+    LockError::Connection(timed_out_io())
+}
+
+fn timed_out_io() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
-        "the waiting connection did not answer in time",
-    )))
+        "the connection did not answer in time",
+    ))
 }
 
 /// The error of a waiting connection that cannot be opened, for each of its waiters.
@@ -404,4 +970,43 @@ fn clone_error(e: &LockError) -> LockError {
         std::io::ErrorKind::ConnectionRefused,
         format!("the waiting connection cannot be opened: {e}"),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn popped_answers_are_told_apart_by_their_first_byte() {
+        let ask = Redirect {
+            address: "127.0.0.1:7001".into(),
+            asking: true,
+        };
+        let moved = Redirect {
+            address: "10.0.0.2:6379".into(),
+            asking: false,
+        };
+        let cases: [(&[u8], Said); 9] = [
+            (b"1795352340123003", Said::Granted("1795352340123003")),
+            (b"17 18", Said::Granted("17 18")),
+            (b"timeout", Said::TimedOut),
+            (b"expired", Said::Expired),
+            (b"-ASK 3999 127.0.0.1:7001", Said::Redirect(ask)),
+            (b"-MOVED 3999 10.0.0.2:6379", Said::Redirect(moved)),
+            (
+                b"-ERR too many waiters",
+                Said::Error("ERR too many waiters"),
+            ),
+            (b"-ASK nonsense", Said::Error("ASK nonsense")),
+            (b"what", Said::Unknown("what")),
+        ];
+        for (answer, expected) in cases {
+            assert_eq!(
+                said(answer),
+                expected,
+                "{}",
+                String::from_utf8_lossy(answer)
+            );
+        }
+    }
 }

@@ -148,6 +148,17 @@ async fn ephemeral_holds_live_on_a_connection_to_the_keys_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_on_its_own_connection_follows_ask_while_the_slot_migrates() {
+    follows_ask_while_the_slot_migrates(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_ask_follows_ask_while_the_slot_migrates() {
+    follows_ask_while_the_slot_migrates(true).await;
+}
+
+/// A waiting acquire (with a ticket, or blocking on a connection of its own) while the key's
+/// slot migrates: the source answers ASK, the acquire is granted by the importing node.
+async fn follows_ask_while_the_slot_migrates(tickets: bool) {
     let cluster = Cluster::start(3);
     PORT.with(|p| p.set(cluster.nodes[0].port));
     let key = &one_key_per_master()[0];
@@ -175,7 +186,12 @@ async fn an_acquire_on_its_own_connection_follows_ask_while_the_slot_migrates() 
     // Mid-migration: the source answers ASK for a key it does not have.
     setslot(target, "IMPORTING", &source_id);
     setslot(source, "MIGRATING", &target_id);
-    let client = LockClient::cluster(cluster.urls()).await.unwrap();
+    let client = LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .wait_with_tickets(tickets)
+        .build()
+        .await
+        .unwrap();
     let guard = client
         .lock(key)
         .wait_timeout(Duration::from_secs(2))
@@ -302,9 +318,18 @@ fn info_on(node: &lock_testkit::Server, key: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_connections_follow_moved_after_the_slot_moved() {
-    // The library keeps its copy of the slot map for the connections of its own (a waiting
-    // acquire's, an EPHEMERAL hold's). Once the key's slot moves, that copy names the old node:
-    // its MOVED must be followed, and the copy read again.
+    follow_moved_after_the_slot_moved(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticket_asks_follow_moved_after_the_slot_moved() {
+    follow_moved_after_the_slot_moved(true).await;
+}
+
+/// The library keeps its copy of the slot map for the connections of its own (a waiting
+/// acquire's, or the one tickets are asked on; an EPHEMERAL hold's). Once the key's slot
+/// moves, that copy names the old node: its MOVED must be followed, and the copy read again.
+async fn follow_moved_after_the_slot_moved(tickets: bool) {
     let cluster = Cluster::start(3);
     PORT.with(|p| p.set(cluster.nodes[0].port));
     let key = &one_key_per_master()[0];
@@ -315,6 +340,7 @@ async fn own_connections_follow_moved_after_the_slot_moved() {
     let client = LockClient::cluster_builder(cluster.urls())
         .unwrap()
         .without_lost_signal()
+        .wait_with_tickets(tickets)
         .build()
         .await
         .unwrap();
@@ -786,4 +812,450 @@ async fn an_ephemeral_hold_whose_slot_moves_lives_on_unbound_and_is_renewed_ther
     assert_eq!(n, 1);
     assert_eq!(guard.release().await.unwrap(), Release::Released);
     assert_eq!(info_on(to, key), Value::Nil);
+}
+
+// ---- Waiting with tickets in a cluster ----
+
+/// Two keys whose slots differ and are served by the same master (the first third of the slot
+/// space), and one served by another master.
+fn two_slots_on_one_node_and_another() -> (String, String, String) {
+    let mut first_third = (0..)
+        .map(|i| format!("lock:{i}"))
+        .filter(|k| slot(k) < 5_000);
+    let a = first_third.next().unwrap();
+    let b = first_third.find(|k| slot(k) != slot(&a)).unwrap();
+    (a, b, one_key_per_master()[1].clone())
+}
+
+/// A cluster client with the default settings but for the lost-hold signal (so that its
+/// connections to a node are the asking one and, while tickets wait, the waiting ones).
+async fn ticket_client(cluster: &Cluster, tickets: bool) -> LockClient {
+    LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .without_lost_signal()
+        .wait_with_tickets(tickets)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// `CLIENT LIST` lines of `node` (of the connections named `name`, when given).
+fn client_list(node: &lock_testkit::Server, name: Option<&str>) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut direct(node))
+        .unwrap();
+    let field = name.map(|n| format!(" name={n} "));
+    list.lines()
+        .filter(|l| field.as_ref().is_none_or(|f| l.contains(f.as_str())))
+        .map(str::to_string)
+        .collect()
+}
+
+fn popping(lines: &[String]) -> usize {
+    lines.iter().filter(|l| l.contains(" cmd=blpop ")).count()
+}
+
+/// Whether any connection of any node is blocked in a LOCK.* command.
+fn blocked_in_lock(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .nodes
+        .iter()
+        .flat_map(|n| client_list(n, None))
+        .filter(|l| l.contains(" flags=b") && l.contains(" cmd=lock."))
+        .collect()
+}
+
+/// A counter of `INFO lock` on `node`.
+fn lock_stat(node: &lock_testkit::Server, name: &str) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("lock")
+        .query(&mut direct(node))
+        .unwrap();
+    let prefix = format!("{name}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("INFO lock has no {name}"))
+}
+
+/// `LOCK.INFO key`'s `waiters` on `node` (`ASKING` first: the slot may be importing there; 0
+/// where the key is not served).
+fn waiters_on(node: &lock_testkit::Server, key: &str) -> i64 {
+    let mut con = direct(node);
+    let _: () = redis::cmd("ASKING").query(&mut con).unwrap();
+    // A node the key left answers a redirect: no waiters there.
+    let Ok(Value::Array(fields)) = redis::cmd("LOCK.INFO").arg(key).query::<Value>(&mut con) else {
+        return 0;
+    };
+    fields
+        .chunks(2)
+        .find_map(|p| match p {
+            [Value::BulkString(n), Value::Int(w)] if n == b"waiters" => Some(*w),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+fn client_name(client: &LockClient) -> String {
+    format!("redis-lock-client:{}", client.id())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waits_take_tickets_one_blpop_per_slot_in_arrival_order() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let (a, b, c) = two_slots_on_one_node_and_another();
+    let node = cluster.node_for_slot(slot(&a));
+    let other = cluster.node_for_slot(slot(&c));
+    assert_eq!(cluster.node_for_slot(slot(&b)).port, node.port);
+    assert_ne!(other.port, node.port);
+    let client = ticket_client(&cluster, true).await;
+    let holder = ticket_client(&cluster, true).await;
+    let mut held = Vec::new();
+    for key in [&a, &b, &c] {
+        held.push(holder.lock(key).acquire().await.unwrap());
+    }
+    // Four waits on `a`, one after the other; two on `b` (another slot of the same node); one
+    // on `c` (another node).
+    let (granted, mut order) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for (i, key) in [&a, &a, &a, &a, &b, &b, &c].into_iter().enumerate() {
+        let lock = client.lock(key).wait_timeout(Duration::from_secs(30));
+        let granted = granted.clone();
+        let key_node = cluster.node_for_slot(slot(key));
+        let before = waiters_on(key_node, key);
+        tasks.push(tokio::spawn(async move {
+            let mut guard = lock.acquire().await?;
+            let _ = granted.send(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await
+        }));
+        wait_until("the wait queues", || {
+            waiters_on(key_node, key) == before + 1
+        })
+        .await;
+    }
+    assert_eq!(lock_stat(node, "lock_waits_ticketed"), 6);
+    assert_eq!(lock_stat(other, "lock_waits_ticketed"), 1);
+    // One BLPOP per slot with waits: two on `node` for six waits, one on `other`.
+    let name = client_name(&client);
+    wait_until("one BLPOP per slot", || {
+        popping(&client_list(node, Some(&name))) == 2
+            && popping(&client_list(other, Some(&name))) == 1
+    })
+    .await;
+    assert!(
+        blocked_in_lock(&cluster).is_empty(),
+        "{:?}",
+        blocked_in_lock(&cluster)
+    );
+    // Released: `a`'s waiters are granted in the order they came, then the others.
+    for mut guard in held {
+        guard.release().await.unwrap();
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("granted")
+            .unwrap()
+            .expect("granted and released");
+    }
+    drop(granted);
+    let mut on_a = Vec::new();
+    while let Some(i) = order.recv().await {
+        if i < 4 {
+            on_a.push(i);
+        }
+    }
+    assert_eq!(on_a, vec![0, 1, 2, 3], "arrival order");
+    for n in &cluster.nodes {
+        assert_eq!(lock_stat(n, "lock_tickets"), 0);
+    }
+    // The waiting connections close when no ticket waits.
+    wait_until("the waiting connections close", || {
+        popping(&client_list(node, Some(&name))) == 0 && client_list(node, Some(&name)).len() <= 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_wait_across_a_slot_migration_is_granted_once() {
+    // Two ticket waits while the key's slot migrates: the first waits (BLPOP on the source)
+    // before it starts, the second comes during it (its BLPOP, with the first's, is redirected
+    // by the server: ASK, TRYAGAIN on the importing node until the tickets arrive). Each
+    // ticket is told the redirect when the lock leaves, each waiter asks again on the target,
+    // and each is granted there once, after the holder.
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[0].clone();
+    let slot = slot(&key);
+    let source = cluster.node_for_slot(slot);
+    let target = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != source.port)
+        .unwrap();
+    let (source_id, target_id) = (Cluster::node_id(source), Cluster::node_id(target));
+    let client = ticket_client(&cluster, true).await;
+    let holder = ticket_client(&cluster, false).await;
+    let mut held = holder.lock(&key).acquire().await.unwrap();
+    let waiter = |owner_lock: redis_lock_client::Lock| {
+        tokio::spawn(async move {
+            let mut guard = owner_lock.acquire().await?;
+            let token = guard.token();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            guard.release().await?;
+            Ok::<u64, redis_lock_client::LockError>(token)
+        })
+    };
+    let w1 = waiter(client.lock(&key).wait_timeout(Duration::from_secs(60)));
+    let name = client_name(&client);
+    wait_until("the first wait pops on the source", || {
+        waiters_on(source, &key) == 1 && popping(&client_list(source, Some(&name))) == 1
+    })
+    .await;
+    let setslot = |node: &lock_testkit::Server, args: &[&str]| {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(args)
+            .query(&mut direct(node))
+            .unwrap();
+    };
+    setslot(target, &["IMPORTING", &source_id]);
+    setslot(source, &["MIGRATING", &target_id]);
+    let w2 = waiter(client.lock(&key).wait_timeout(Duration::from_secs(60)));
+    wait_until("the second wait queues on the source", || {
+        waiters_on(source, &key) == 2
+    })
+    .await;
+    // The reshard: every key of the slot (the lock, its counter, then the tickets the module
+    // answered with the redirect), until none is left.
+    let mut quiet = 0;
+    while quiet < 3 {
+        let keys: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(&mut direct(source))
+            .unwrap();
+        if keys.is_empty() {
+            quiet += 1;
+        } else {
+            quiet = 0;
+            let _: () = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(target.port)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut direct(source))
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Both asked again on the target (ASKING: still importing), once each: after the redirect
+    // their tickets answered, not after the server redirected a BLPOP.
+    wait_until("both waits queue on the target", || {
+        waiters_on(target, &key) == 2
+    })
+    .await;
+    assert_eq!(lock_stat(source, "lock_waits_ticketed"), 2);
+    assert_eq!(lock_stat(target, "lock_waits_ticketed"), 2);
+    for node in [target, source] {
+        setslot(node, &["NODE", &target_id]);
+    }
+    for node in &cluster.nodes {
+        if node.port != target.port && node.port != source.port {
+            setslot(node, &["NODE", &target_id]);
+        }
+    }
+    assert!(
+        blocked_in_lock(&cluster).is_empty(),
+        "{:?}",
+        blocked_in_lock(&cluster)
+    );
+    held.release().await.unwrap();
+    let mut tokens = Vec::new();
+    for task in [w1, w2] {
+        let token = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("granted")
+            .unwrap()
+            .expect("granted on the target");
+        assert!(token > held.token(), "{token} after {}", held.token());
+        tokens.push(token);
+    }
+    assert_ne!(tokens[0], tokens[1], "two grants, one each");
+    // Exactly once each: nothing queued, held or left in a ticket on either node.
+    for node in [source, target] {
+        assert_eq!(lock_stat(node, "lock_tickets"), 0);
+        assert_eq!(waiters_on(node, &key), 0);
+    }
+    assert_eq!(info_on(target, &key), Value::Nil, "the key is free");
+    let left: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(&mut direct(source))
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_ticket_wait_given_up_leaks_nothing() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[2].clone();
+    let node = cluster.node_for_slot(slot(&key));
+    let client = ticket_client(&cluster, true).await;
+    let holder = ticket_client(&cluster, false).await;
+    // Dropped while it waits: withdrawn (LOCK.CANCEL, on the key's node).
+    let mut held = holder.lock(&key).acquire().await.unwrap();
+    let waiter = client.lock(&key);
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), waiter.acquire()).await;
+    assert!(gave_up.is_err(), "still waiting when dropped");
+    wait_until("the ticket is withdrawn", || {
+        calls_on(node, "lock.cancel") == 1
+    })
+    .await;
+    assert_eq!(waiters_on(node, &key), 0);
+    held.release().await.unwrap();
+    assert_eq!(
+        info_on(node, &key),
+        Value::Nil,
+        "nobody was granted the key"
+    );
+    // Given up about when it is granted: the grant goes to the pop or to the cancel, and is
+    // released either way.
+    for round in 0..8u64 {
+        let mut held = holder.lock(&key).acquire().await.unwrap();
+        let waiter = client.lock(&key);
+        let give_up = Duration::from_millis(100 + round * 3);
+        let task =
+            tokio::spawn(async move { tokio::time::timeout(give_up, waiter.acquire()).await });
+        wait_until("the wait queues", || waiters_on(node, &key) == 1).await;
+        tokio::time::sleep(Duration::from_millis(60 + round * 7)).await;
+        held.release().await.unwrap();
+        if let Ok(got) = task.await.unwrap() {
+            got.expect("granted").release().await.unwrap();
+        }
+        wait_until("no grant leaked", || info_on(node, &key) == Value::Nil).await;
+    }
+    assert_eq!(lock_stat(node, "lock_tickets"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_asking_connection_to_a_node_makes_the_wait_ask_again() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[1].clone();
+    let node = cluster.node_for_slot(slot(&key));
+    let client = ticket_client(&cluster, true).await;
+    let holder = ticket_client(&cluster, false).await;
+    let mut held = holder.lock(&key).acquire().await.unwrap();
+    let waiter = client.lock(&key).wait_timeout(Duration::from_secs(30));
+    let owner = waiter.owner().to_string();
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    let name = client_name(&client);
+    wait_until("the wait pops", || {
+        popping(&client_list(node, Some(&name))) == 1
+    })
+    .await;
+    // The client's other connection to the node is the one that asked.
+    let asking = client_list(node, Some(&name))
+        .into_iter()
+        .find(|l| !l.contains(" cmd=blpop "))
+        .expect("the asking connection");
+    let id: i64 = asking
+        .split(' ')
+        .find_map(|f| f.strip_prefix("id="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut direct(node))
+        .unwrap();
+    assert_eq!(killed, 1);
+    // The server dropped the ticket with its connection; the library asks again.
+    wait_until("the acquire is asked again", || {
+        lock_stat(node, "lock_waits_ticketed") == 2 && waiters_on(node, &key) == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the wait ends")
+        .unwrap()
+        .expect("granted");
+    let alive: i64 = redis::cmd("LOCK.CHECK")
+        .arg(&key)
+        .arg(&owner)
+        .arg(guard.token())
+        .query(&mut direct(node))
+        .unwrap();
+    assert_eq!(alive, 1, "the guard's hold is the server's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_wait_in_a_cluster_takes_a_ticket_on_the_keys_node() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[2].clone();
+    let node = cluster.node_for_slot(slot(&key));
+    let client = ticket_client(&cluster, true).await;
+    let holder = ticket_client(&cluster, false).await;
+    let mut held = holder.lock(&key).acquire().await.unwrap();
+    let waiter = client
+        .lock(&key)
+        .ephemeral()
+        .wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    let name = client_name(&client);
+    wait_until("the wait pops on the key's node", || {
+        waiters_on(node, &key) == 1 && popping(&client_list(node, Some(&name))) == 1
+    })
+    .await;
+    assert_eq!(lock_stat(node, "lock_waits_ticketed"), 1);
+    assert!(
+        blocked_in_lock(&cluster).is_empty(),
+        "{:?}",
+        blocked_in_lock(&cluster)
+    );
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("granted")
+        .unwrap()
+        .expect("granted");
+    // Bound to the connection that asked: killed, the hold ends at once.
+    let Value::Array(fields) = info_on(node, &key) else {
+        panic!("held");
+    };
+    let id = fields
+        .chunks(2)
+        .find_map(|p| match p {
+            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+            _ => None,
+        })
+        .expect("bound to a connection");
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query(&mut direct(node))
+        .unwrap();
+    assert_eq!(killed, 1);
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost at once");
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    assert_eq!(info_on(node, &key), Value::Nil);
+    assert_eq!(lock_stat(node, "lock_tickets"), 0);
 }

@@ -546,3 +546,263 @@ async fn a_ticket_wait_longer_than_the_lease_is_confirmed_at_the_grant() {
     assert!(guard.lost_reason().is_none(), "{:?}", guard.lost_reason());
     assert!(!is_free(&mut raw, "k").await);
 }
+
+/// A client of `server` as `user` (password `pw`), without the lost-hold signal.
+async fn client_as(server: &Server, user: &str) -> LockClient {
+    let url = server
+        .url()
+        .replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    LockClient::builder(redis::Client::open(url).unwrap())
+        .without_lost_signal()
+        .build()
+        .await
+        .unwrap()
+}
+
+/// `ACL SETUSER user` with every command but `BLPOP` (`pop`: with it too).
+async fn allow_pop(raw: &mut MultiplexedConnection, user: &str, pop: bool) {
+    let rule = if pop { "+blpop" } else { "-blpop" };
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(user)
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg(rule)
+        .query_async(raw)
+        .await
+        .unwrap();
+}
+
+/// A ticket wait whose client cannot pop (its user may not `BLPOP`, until the test allows it)
+/// while the lock is granted with a 300 ms lease: the grant lapses into `expired`. Popped
+/// `pop_after` after the ask, within a wait of `wait`.
+async fn a_grant_that_lapsed_before_the_pop(
+    wait: Duration,
+    pop_after: Duration,
+) -> (
+    Result<redis_lock_client::LockGuard, LockError>,
+    MultiplexedConnection,
+    String,
+    Server,
+) {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    allow_pop(&mut raw, "waiter", false).await;
+    let client = client_as(&server, "waiter").await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = holder.lock("k").acquire().await.unwrap();
+    let waiter = client
+        .lock("k")
+        .lease(Duration::from_millis(300))
+        .wait_timeout(wait);
+    let owner = waiter.owner().to_string();
+    let asked = Instant::now();
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "k", 1).await;
+    held.release().await.unwrap();
+    // Granted into the ticket, nobody pops it: its lease ends and the ticket says `expired`.
+    let until = Instant::now() + Duration::from_secs(10);
+    while stat(&mut raw, "lock_ticket_grants_lapsed").await < 1 {
+        assert!(Instant::now() < until, "the grant lapses");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep_until(asked + pop_after).await;
+    allow_pop(&mut raw, "waiter", true).await;
+    let acquired = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the wait ends")
+        .unwrap();
+    (acquired, raw, owner, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_popped_expired_grant_is_asked_again_while_the_wait_lasts() {
+    let (acquired, mut raw, owner, _server) =
+        a_grant_that_lapsed_before_the_pop(Duration::from_secs(30), Duration::ZERO).await;
+    let guard = acquired.expect("asked again, and granted: the key is free");
+    let alive: Value = redis::cmd("LOCK.CHECK")
+        .arg("k")
+        .arg(&owner)
+        .arg(guard.token())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(alive, Value::Int(1), "the guard's hold is the server's");
+    assert_eq!(stat(&mut raw, "lock_ticket_grants_lapsed").await, 1);
+    assert_eq!(
+        calls(&mut raw, "lock.acquire").await,
+        3,
+        "holder, ask, ask again"
+    );
+    assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_popped_expired_grant_after_the_wait_is_the_timeout() {
+    // Popped after the 1 s wait passed (and before the library gives the ticket up, 2 s later).
+    let (acquired, mut raw, _, _server) =
+        a_grant_that_lapsed_before_the_pop(Duration::from_secs(1), Duration::from_millis(1_500))
+            .await;
+    assert!(
+        matches!(acquired, Err(LockError::Timeout { .. })),
+        "{:?}",
+        acquired.map(|g| g.token())
+    );
+    assert_eq!(calls(&mut raw, "lock.acquire").await, 2, "not asked again");
+    assert_eq!(
+        calls(&mut raw, "lock.cancel").await,
+        0,
+        "popped, not withdrawn"
+    );
+    assert!(is_free(&mut raw, "k").await);
+}
+
+/// `LOCK.INFO key`'s `ephemeral`: the id of the connection the hold is bound to.
+async fn bound_to(raw: &mut MultiplexedConnection, key: &str) -> Option<i64> {
+    let info: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let Value::Array(fields) = info else {
+        return None;
+    };
+    fields.chunks(2).find_map(|p| match p {
+        [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_wait_takes_a_ticket_and_its_hold_dies_with_the_asking_connection() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = holder.lock("k").acquire().await.unwrap();
+    // Two EPHEMERAL waits (a lock and a campaign): tickets, popped on one waiting connection,
+    // nothing blocked in a LOCK.* command.
+    let waiter = client
+        .lock("k")
+        .ephemeral()
+        .wait_timeout(Duration::from_secs(20));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    let mut leader = holder.election("e").campaign().await.unwrap();
+    let candidate = client.election("e").wait_timeout(Duration::from_secs(20));
+    let campaign = tokio::spawn(async move { candidate.campaign().await });
+    until_waiters(&mut raw, "k", 1).await;
+    until_waiters(&mut raw, "e", 1).await;
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 2);
+    let name = name_of(&client);
+    let conns = until_popping(&mut raw, &name).await;
+    assert!(
+        !conns
+            .iter()
+            .any(|c| c.contains(" cmd=lock.") && c.contains(" flags=b")),
+        "no connection blocks in a LOCK.* command: {conns:?}"
+    );
+    assert_eq!(
+        conns.iter().filter(|c| c.contains(" cmd=blpop ")).count(),
+        1,
+        "{conns:?}"
+    );
+    // Granted: each hold is bound to the connection that asked for it, the guard's own.
+    held.release().await.unwrap();
+    leader.resign().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("granted")
+        .unwrap()
+        .expect("granted");
+    let leadership = tokio::time::timeout(Duration::from_secs(10), campaign)
+        .await
+        .expect("elected")
+        .unwrap()
+        .expect("elected");
+    assert!(leadership.epoch() > leader.epoch());
+    let id = bound_to(&mut raw, "k").await.expect("an EPHEMERAL hold");
+    let asked_on = connections(&mut raw, &name)
+        .await
+        .into_iter()
+        .find(|c| id_of(c) == id)
+        .expect("bound to one of the client's connections");
+    assert!(asked_on.contains(" cmd=lock.acquire "), "{asked_on}");
+    // That connection closes: the hold ends at once, and the guard knows.
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let reason = tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost at once");
+    assert_eq!(reason, redis_lock_client::LostReason::ConnectionClosed);
+    assert!(is_free(&mut raw, "k").await);
+    assert!(
+        bound_to(&mut raw, "e").await.is_some(),
+        "the leader's hold is EPHEMERAL"
+    );
+    assert_eq!(stat(&mut raw, "lock_tickets").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_ephemeral_asking_connection_makes_the_wait_ask_again_on_a_new_one() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = holder.lock("k").acquire().await.unwrap();
+    let waiter = client
+        .lock("k")
+        .ephemeral()
+        .wait_timeout(Duration::from_secs(30));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    until_waiters(&mut raw, "k", 1).await;
+    let name = name_of(&client);
+    // The shared connection (made first), the one the wait asked on, the waiting one (made
+    // once the ticket came).
+    let conns = until_popping(&mut raw, &name).await;
+    let asked_on = conns
+        .iter()
+        .filter(|c| !c.contains(" cmd=blpop "))
+        .map(|c| id_of(c))
+        .max()
+        .unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(asked_on)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    // The server dropped the ticket with its connection; the library asks again on a new one.
+    let until = Instant::now() + Duration::from_secs(10);
+    while stat(&mut raw, "lock_waits_ticketed").await < 2 {
+        assert!(Instant::now() < until, "the acquire is asked again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until_waiters(&mut raw, "k", 1).await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the wait ends")
+        .unwrap()
+        .expect("granted");
+    let id = bound_to(&mut raw, "k").await.expect("an EPHEMERAL hold");
+    assert!(id > asked_on, "bound to the new connection");
+    let alive: Value = redis::cmd("LOCK.CHECK")
+        .arg("k")
+        .arg(guard.owner())
+        .arg(guard.token())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(alive, Value::Int(1));
+}

@@ -13,7 +13,10 @@
 //! [`BATCH_HOLDS`] holds and, once it granted somebody, reads no further key after it read
 //! [`BATCH_READS`] holds; and a turn of the server's event loop (a command, one firing of the
 //! timer, one round of outside changes) starts another batch only while it has done less than
-//! [`TURN_START_LIMIT`] units of work (a hold read counts one, a hold granted [`GRANT_COST`]).
+//! [`TURN_START_LIMIT`] units of work (a hold read counts one, a hold granted [`GRANT_COST`])
+//! and fewer ticket answers wait to be written than a turn writes ([`TICKETS_PER_TURN`]: granting
+//! faster than they are written makes the turn longer without telling anyone sooner, and starts
+//! leases nobody has been told of).
 //! What is left is looked at again from the timer a millisecond later, so that the server reads
 //! and answers its other clients in between. The first batch of a turn always runs: a release
 //! hands its key to the head waiter in the release itself.
@@ -25,6 +28,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
+use super::tickets::TICKETS_PER_TURN;
 use super::{Answer, Cause, Event, Handle, Note, Origin, Port, Read, Scheduler, Writes};
 use crate::hold::{Decision, Granted, Hold, HoldKind, Lock, Run, StoredLock};
 use crate::kind::Mode;
@@ -183,8 +187,8 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return false;
             }
         }
-        // The first batch of a turn always starts; later ones only while the turn did little.
-        if self.turn.batches > 0 && self.turn.spent >= TURN_START_LIMIT {
+        // The first batch of a turn always starts; later ones only while the turn has room.
+        if self.turn.batches > 0 && self.turn_used_up() {
             self.recheck(key.clone(), now.saturating_add(CONTINUE_AFTER_MS));
             return false;
         }
@@ -202,6 +206,13 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         let lease_ended = (cause == Cause::LeaseEnded).then_some(key);
         self.carry_out(port, batch, now, lease_ended);
         granted_here
+    }
+
+    /// Whether the turn has done its share: [`TURN_START_LIMIT`] units of work, or — once it
+    /// ran a batch — as many ticket answers wait to be written as a turn writes.
+    pub(super) fn turn_used_up(&self) -> bool {
+        self.turn.spent >= TURN_START_LIMIT
+            || (self.turn.batches > 0 && self.tickets_unwritten() >= TICKETS_PER_TURN)
     }
 
     /// Grants `key`'s waiters from the head while they have room.

@@ -537,9 +537,10 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// in between: the adapter's next timer fires at once.
     ///
     /// Each deadline handled counts a unit of the turn's work: once the turn has done
-    /// [`batch::TURN_START_LIMIT`] units, the deadlines still due wait, in order, for a turn
-    /// [`batch::CONTINUE_AFTER_MS`] later, rather than each be looked at only to be put off
-    /// again.
+    /// [`batch::TURN_START_LIMIT`] units (or granted as many ticket waiters as a turn writes
+    /// answers, [`tickets::TICKETS_PER_TURN`]), the deadlines still due wait, in order, for a
+    /// turn [`batch::CONTINUE_AFTER_MS`] later, rather than each be looked at only to be put
+    /// off again.
     pub fn timer_fired(&mut self, port: &mut impl Port<H>, now: UnixMs) {
         self.turn = Turn::default();
         let mark = self.deadlines.mark();
@@ -551,7 +552,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
             };
             self.handle_due(port, fired, due, now);
             self.turn.spent += cost;
-            if self.turn.spent >= batch::TURN_START_LIMIT {
+            if self.turn_used_up() {
                 self.not_before = now.saturating_add(batch::CONTINUE_AFTER_MS);
                 break;
             }

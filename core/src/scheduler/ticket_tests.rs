@@ -485,6 +485,76 @@ fn a_flood_of_deadlines_due_at_once_is_spread_over_turns_a_millisecond_apart() {
         .all(|(_, v, _, _)| *v == TicketValue::TimedOut));
 }
 
+/// A storm of lease ends over many keys of ticket waiters: each turn grants about as many as
+/// it writes (a run of one key is not split), not the thousands its work limit would allow —
+/// every grant's ticket is written within a turn or two of it.
+#[test]
+fn ticket_waiters_are_granted_no_faster_than_their_answers_are_written() {
+    const KEYS: usize = 300;
+    const PER_KEY: usize = 10;
+    let mut port = FakePort::default();
+    let mut s = Scheduler::default();
+    port.deliver_max = tickets::TICKETS_PER_TURN;
+    let keys: Vec<LockKey> = (0..KEYS).map(|i| key(&format!("k{i}"))).collect();
+    for k in &keys {
+        hold(&mut port, k, "x", 61_000);
+    }
+    let mut asked = Vec::new();
+    for i in 0..KEYS * PER_KEY {
+        let k = std::slice::from_ref(&keys[i % KEYS]);
+        let t = wait_ticket(
+            &mut s,
+            &mut port,
+            1,
+            k,
+            &format!("w{i}"),
+            Mode::Shared,
+            5_000,
+            Wait::Forever,
+            None,
+        )
+        .unwrap();
+        asked.push(t.name);
+    }
+    // Every lease ends at once; the turns follow a millisecond apart.
+    let mut now = 61_001;
+    let mut turns = 0;
+    while s.waiting() > 0 {
+        port.now = now;
+        let before = tickets_written(&port).len() + s.tickets_unwritten();
+        s.timer_fired(&mut port, now);
+        let granted = tickets_written(&port).len() + s.tickets_unwritten() - before;
+        deliver(&mut s, &mut port);
+        assert!(
+            granted <= tickets::TICKETS_PER_TURN + PER_KEY,
+            "{granted} granted in turn {turns}"
+        );
+        assert!(
+            s.tickets_unwritten() < PER_KEY,
+            "{} left unwritten after turn {turns}",
+            s.tickets_unwritten()
+        );
+        turns += 1;
+        if s.waiting() > 0 {
+            now = s.next_deadline().expect("the rest is scheduled");
+            assert_eq!(now, port.now + batch::CONTINUE_AFTER_MS);
+        }
+    }
+    assert!(turns >= KEYS * PER_KEY / (tickets::TICKETS_PER_TURN + PER_KEY));
+    let written = tickets_written(&port);
+    assert_eq!(written.len(), KEYS * PER_KEY);
+    assert!(written
+        .iter()
+        .all(|(_, v, _, _)| matches!(v, TicketValue::Granted(_))));
+    // Key by key in the order the lease checks were due, each key's waiters in their order.
+    let mut by_key: Vec<Vec<TicketName>> = vec![Vec::new(); KEYS];
+    for (i, name) in asked.iter().enumerate() {
+        by_key[i % KEYS].push(*name);
+    }
+    let order: Vec<TicketName> = by_key.concat();
+    assert_eq!(written.iter().map(|w| w.0).collect::<Vec<_>>(), order);
+}
+
 #[test]
 fn a_flush_forgets_the_grants_written_in_its_database() {
     let (mut s, mut port, k) = setup();

@@ -37,6 +37,11 @@ use crate::memory::{shrink_map, shrink_set};
 use crate::slot::key_slot;
 use crate::ticket::{Shape, Ticket, TicketIds, TicketName, TicketValue};
 
+/// How many answers the adapter writes into tickets in one turn of the server's event loop
+/// ([`Scheduler::deliver_tickets`]): each wakes the client blocked on its ticket, whom the
+/// server serves right after the turn. The rest wait for the next turns.
+pub const TICKETS_PER_TURN: usize = 500;
+
 /// What became of a cancelled ticket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cancelled {
@@ -204,6 +209,11 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// Whether answers wait to be written into their tickets.
     pub fn tickets_to_deliver(&self) -> bool {
         !self.tickets.outbox.is_empty()
+    }
+
+    /// How many decided answers wait to be written.
+    pub(super) fn tickets_unwritten(&self) -> usize {
+        self.tickets.outgoing.len()
     }
 
     /// Writes up to `max` decided answers into their tickets, in the order decided. Each is a
