@@ -296,6 +296,15 @@ def proclaimed(reply: object) -> bool:
 TICKET_PREFIX = b"__lock_fence__"
 
 
+#: What a ticket holds once a grant written into it was not popped within its lease: the hold is
+#: gone, nothing was granted.
+EXPIRED = b"expired"
+
+
+class TicketExpired(Exception):
+    """A ticket popped ``expired``: not granted (the wait asks again while it lasts)."""
+
+
 def ticket_of(reply: object) -> Optional[bytes]:
     """The ticket an acquire ``... WAIT ms TICKET`` replied when it has to wait (a bulk string),
     or None when it replied what the acquire replies without TICKET (a token, tokens, nil)."""

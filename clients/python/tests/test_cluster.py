@@ -673,14 +673,24 @@ def move_slot_to(cluster: Cluster, slot: int, source: Server, target: Server) ->
         time.sleep(0.05)
 
 
-@pytest.mark.scenario("cluster-moved", "cluster-wait")
-def test_a_wait_whose_key_moves_again_and_again_follows_it_and_is_granted(own_cluster):
-    # The server sends a blocked waiter away (ASK, MOVED) when its key leaves the node; the wait
-    # is sent again where the key went, each time: a redirection after waiting is no failure.
+@pytest.mark.scenario("cluster-moved", "cluster-wait", "tickets-wait")
+@pytest.mark.parametrize("tickets", [False, True], ids=["blocking", "tickets"])
+def test_a_wait_whose_key_moves_again_and_again_follows_it_and_is_granted(own_cluster, tickets):
+    # The server sends a waiter away (ASK, MOVED: as the reply of a blocked acquire, or written
+    # into its ticket) when its key leaves the node; the wait is sent again where the key went,
+    # each time: a redirection after waiting is no failure.
     cluster = own_cluster
     key = unique("wandering")
     slot = redis.cluster.key_slot(key.encode())
-    client, other = LockClient(cluster.redis_cluster()), LockClient(cluster.redis_cluster())
+    client = LockClient(cluster.redis_cluster())
+    other = LockClient(cluster.redis_cluster(), wait_with_tickets=tickets)
+
+    def waits_there(node: Server) -> bool:
+        if not tickets:
+            return len(node.blocked_clients("lock.acquire")) == 1
+        found = node_info(node, key)
+        return (found is not None and found[b"waiters"] == 1
+                and not node.blocked_clients("lock.acquire"))
     holder = client.lock(key, lease=30).acquire()
     got: list[object] = []
     def wait() -> None:
@@ -693,14 +703,12 @@ def test_a_wait_whose_key_moves_again_and_again_follows_it_and_is_granted(own_cl
     waiter.start()
     node = cluster.node_of(key)
     for hop in range(4):
-        wait_until(lambda: len(node.blocked_clients("lock.acquire")) == 1 or got,
-                   f"waiting, hop {hop}", bound=10)
+        wait_until(lambda: waits_there(node) or got, f"waiting, hop {hop}", bound=10)
         assert not got, got
         nxt = next(n for n in cluster.nodes if n is not node)
         move_slot_to(cluster, slot, node, nxt)
         node = nxt
-    wait_until(lambda: len(node.blocked_clients("lock.acquire")) == 1, "waiting at the end",
-               bound=10)
+    wait_until(lambda: waits_there(node), "waiting at the end", bound=10)
     assert holder.release() is Release.RELEASED
     waiter.join(10)
     assert len(got) == 1 and got[0].token > holder.token  # type: ignore[attr-defined]

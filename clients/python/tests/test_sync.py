@@ -380,8 +380,10 @@ def test_a_wait_whose_connection_is_killed_three_times_raises_after_two_retries(
     raw.execute_command("LOCK.RELEASE", key, "other")
 
 
-def test_an_ephemeral_wait_whose_connection_is_killed_is_not_sent_again(server, client, key):
-    # Its connection would have been the hold's: the library raises rather than re-send.
+def test_an_ephemeral_wait_whose_connection_is_killed_is_not_sent_again(server, blocking, key):
+    # Its connection would have been the hold's: the library raises rather than re-send (with
+    # tickets: test_tickets.py, an EPHEMERAL ticket wait whose connection is killed).
+    client = blocking
     raw = server.client()
     assert raw.execute_command("LOCK.ACQUIRE", key, "other", 30000) > 0
     t, out = in_thread(client.lock(key, wait_timeout=10, ephemeral=True).acquire)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pytest
 
 from conftest import Server, info, wait_until
+from redis_lock_client._async._tickets import HEALTH_PERIOD
 from conftest import waiting as waiters
 from redis_lock_client import (
     AsyncLockClient,
@@ -390,22 +391,187 @@ def debug_server(tmp_path):
     s.proc.wait()
 
 
-@pytest.mark.scenario("tickets-wait")
-def test_a_grant_whose_ticket_expired_before_the_pop_is_never_handed_out(debug_server, key):
-    """The server grants, then stalls past the grant's lease before anyone can pop it (one
-    MULTI): the grant expires with its ticket and its hold. The waiter is not told: it ends at
-    its own timeout with LockTimeout, never with a hold the server does not have."""
+def lapsed(server: Server) -> int:
+    """Ticket grants the server marked ``expired`` (INFO lock)."""
+    return int(server.client().info("lock").get("lock_ticket_grants_lapsed", 0))
+
+
+def stall_past_the_grant(server: Server, key: str, seconds: float) -> None:
+    """The holder releases (the waiter is granted) and the server stalls right after, in one
+    MULTI: nobody can pop the grant before its lease ends."""
+    pipe = server.client().pipeline(transaction=True)
+    pipe.execute_command("LOCK.RELEASE", key, "other")
+    pipe.execute_command("DEBUG", "SLEEP", seconds)
+    pipe.execute()
+
+
+@pytest.mark.scenario("tickets-wait", "tickets-expired")
+def test_a_grant_that_lapsed_before_the_pop_is_no_grant_and_the_wait_asks_again(
+        debug_server, key):
+    """The server grants, then stalls past the grant's lease before anyone can pop it: the
+    server marks the ticket ``expired`` (the hold is gone). The waiter, whose deadline has not
+    passed, asks again and is granted the (free) key: a hold the server has, never the lapsed
+    one."""
     server, lease = debug_server, 0.3
     with LockClient.from_url(server.url, lost_signal=False) as client:
         hold_elsewhere(server, key)
+        asked = server.commandstat("lock.acquire")
+        waiter = Waiter(lambda: client.lock(key, lease=lease, wait_timeout=10).acquire())
+        waiter.start()
+        wait_until(lambda: len(in_blpop(server)) == 1, "the ticket is popped")
+        stall_past_the_grant(server, key, lease * 2)
+        guard = waiter.result()
+        assert lapsed(server) == 1
+        assert server.commandstat("lock.acquire") == asked + 2  # asked again
+        assert_held(server, key, guard)
+        guard.release()
+        assert info(server, key) is None
+
+
+@pytest.mark.scenario("tickets-wait", "tickets-expired", "acquire-timeout")
+def test_a_grant_that_lapsed_and_is_popped_after_the_wait_is_the_timeout(debug_server, key):
+    """As above, but the server stalls past the waiter's own deadline too: ``expired`` popped
+    then is LockTimeout, not asked again, and nothing is held."""
+    server, lease = debug_server, 0.3
+    with LockClient.from_url(server.url, lost_signal=False) as client:
+        hold_elsewhere(server, key)
+        asked = server.commandstat("lock.acquire")
         waiter = Waiter(lambda: client.lock(key, lease=lease, wait_timeout=1.0).acquire())
         waiter.start()
         wait_until(lambda: len(in_blpop(server)) == 1, "the ticket is popped")
-        raw = server.client()
-        pipe = raw.pipeline(transaction=True)
-        pipe.execute_command("LOCK.RELEASE", key, "other")
-        pipe.execute_command("DEBUG", "SLEEP", lease * 2)
-        pipe.execute()
+        stall_past_the_grant(server, key, 1.5)
         with pytest.raises(LockTimeout):
             waiter.result()
+        assert lapsed(server) == 1
+        assert server.commandstat("lock.acquire") == asked + 1  # not asked again
         assert info(server, key) is None
+
+
+@pytest.mark.scenario("tickets-cancel")
+def test_an_async_cancel_while_the_acquire_is_asked_leaves_the_other_waits_in_place(server, key):
+    """Writes are paused, so that an acquire's ask is out unanswered when its task is cancelled:
+    the asking connection (every other wait's tickets belong to it) is kept; the cancelled
+    acquire's ticket is withdrawn once the ask is answered, and nobody else asks again."""
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            desk = client._single.tickets  # type: ignore[union-attr]
+            release = hold_elsewhere(server, key)
+            first = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
+            while waiters(server, key) != 1:
+                await asyncio.sleep(0.01)
+            second = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
+            while waiters(server, key) != 2:
+                await asyncio.sleep(0.01)
+            (asking,) = named(server, ":tickets-ask")
+            server.client().execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+            cancelled = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
+            await asyncio.sleep(0.3)  # its LOCK.ACQUIRE is held back by the pause
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            deadline = time.monotonic() + 10
+            while desk.issued < 3 or waiters(server, key) != 2:  # asked, then withdrawn
+                assert time.monotonic() < deadline, (desk.issued, waiters(server, key))
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(HEALTH_PERIOD)  # a broken desk would have been noticed
+            assert [c["id"] for c in named(server, ":tickets-ask")] == [asking["id"]]
+            assert desk.issued == 3  # nobody asked again
+            release()
+            guard = await first
+            assert_held(server, key, guard)
+            assert not second.done()
+            await guard.release()
+            guard = await second
+            assert_held(server, key, guard)
+            await guard.release()
+            assert info(server, key) is None
+    run(main())
+
+
+def the_ticket(client: Any) -> bytes:
+    """The name of the one ticket the client's desk waits for."""
+    desk = client._single.tickets
+    (name,) = [n for group in desk._slots.values() for n in group.tickets]
+    return bytes(name)
+
+
+@pytest.mark.scenario("tickets-wait", "tickets-expired")
+def test_a_ticket_popped_expired_is_no_grant_and_the_wait_asks_again(server, client, key):
+    """``expired`` (a grant not popped within its lease; written here from outside, as the
+    server writes it) grants nothing: the wait, whose deadline has not passed, asks again
+    (its new ticket takes the old one's place) and is granted when the key is released."""
+    release = hold_elsewhere(server, key)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=20).acquire())
+    waiter.start()
+    wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "waits")
+    desk = client._single.tickets
+    server.client().lpush(the_ticket(client), "expired")
+    wait_until(lambda: desk.issued == 2 and waiters(server, key) == 1, "asked again")
+    assert waiter.is_alive()
+    release()
+    guard = waiter.result()
+    assert_held(server, key, guard)
+    assert guard.release() is Release.RELEASED
+
+
+def own_connection(server: Server, owner: bytes) -> list[dict[str, str]]:
+    return [c for c in connections(server) if c.get("name", "").endswith(":" + owner.decode())]
+
+
+@pytest.mark.scenario("tickets-wait", "ephemeral-owned-connection")
+def test_an_ephemeral_wait_takes_a_ticket_on_the_connection_its_hold_is_bound_to(
+        server, client, key):
+    release = hold_elsewhere(server, key)
+    handle = client.lock(key, ephemeral=True, wait_timeout=10)
+    waiter = Waiter(handle.acquire)
+    waiter.start()
+    wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1,
+               "waits with a ticket")
+    assert server.blocked_clients("lock.acquire") == []
+    (own,) = own_connection(server, handle.owner)
+    assert own["cmd"] == "lock.acquire"  # asked there, not blocked there
+    release()
+    guard = waiter.result()
+    assert_held(server, key, guard)
+    assert int(info(server, key)[b"ephemeral"]) == int(own["id"])  # bound to the asking one
+    server.client().execute_command("CLIENT", "KILL", "ID", own["id"])
+    assert guard.lost.wait(5)
+    assert info(server, key) is None
+
+
+@pytest.mark.scenario("tickets-connection-lost", "ephemeral-owned-connection")
+def test_an_ephemeral_ticket_wait_whose_connection_is_killed_raises_and_leaves_the_queue(
+        server, client, key):
+    release = hold_elsewhere(server, key)
+    handle = client.lock(key, ephemeral=True)  # no timeout: a lost ticket would hang
+    waiter = Waiter(handle.acquire)
+    waiter.start()
+    wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "waits")
+    (own,) = own_connection(server, handle.owner)
+    server.client().execute_command("CLIENT", "KILL", "ID", own["id"])
+    with pytest.raises(LockConnectionError):
+        waiter.result()
+    assert waiters(server, key) == 0
+    release()
+    assert info(server, key) is None
+
+
+@pytest.mark.scenario("tickets-wait", "ephemeral-owned-connection")
+def test_async_an_ephemeral_wait_takes_a_ticket(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            release = hold_elsewhere(server, key)
+            handle = client.lock(key, ephemeral=True, wait_timeout=10)
+            task = asyncio.create_task(handle.acquire())
+            deadline = time.monotonic() + 10
+            while waiters(server, key) != 1 or len(in_blpop(server)) != 1:
+                assert time.monotonic() < deadline, "waits with a ticket"
+                await asyncio.sleep(0.01)
+            assert server.blocked_clients("lock.acquire") == []
+            (own,) = own_connection(server, handle.owner)
+            release()
+            guard = await task
+            assert_held(server, key, guard)
+            assert int(info(server, key)[b"ephemeral"]) == int(own["id"])
+            await guard.release()
+    run(main())

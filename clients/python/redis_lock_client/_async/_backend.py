@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Callable, Coroutine, Optional, Protocol, cast
+from typing import Any, Callable, Coroutine, Optional, Protocol, TypeVar, cast
 
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
@@ -49,6 +49,8 @@ __all__ = [
     "sleep",
     "spawn",
     "spawn_from_any_thread",
+    "start",
+    "finish",
     "wait_event",
 ]
 
@@ -93,6 +95,20 @@ def spawn(name: str, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -
     task: asyncio.Task[None] = asyncio.get_running_loop().create_task(fn(*args), name=name)
     _running.add(task)
     task.add_done_callback(_running.discard)
+
+
+T = TypeVar("T")
+
+
+def start(work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """Runs ``work`` as a task of its own, so that a cancel of the caller does not reach it
+    (awaited with ``finish``). The threaded twin runs it at once (nothing cancels a thread)."""
+    return asyncio.ensure_future(work)
+
+
+async def finish(task: asyncio.Task[T]) -> T:
+    """What ``start``'s task returned (or raised); a cancel of the caller leaves it running."""
+    return await asyncio.shield(task)
 
 
 def current_loop() -> Optional[asyncio.AbstractEventLoop]:

@@ -59,8 +59,11 @@ class _Node:
         self.signals = (
             SignalHub(connector, sharded, client._slot_left) if client._lost_signal else None
         )
-        # In a cluster, waits block: tickets of different slots cannot share one BLPOP.
-        self.tickets = TicketDesk(connector) if client._tickets and not sharded else None
+        # In a cluster the desk groups its tickets by slot, and routes LOCK.CANCEL through the
+        # client (by the ticket's name, following MOVED and ASK).
+        self.tickets = (
+            TicketDesk(connector, client if sharded else None) if client._tickets else None
+        )
 
     async def close(self) -> None:
         if self.signals is not None:
@@ -112,17 +115,19 @@ class AsyncLockClient:
     - ``lost_signal`` (default True): one pub/sub connection per server hears the server's
       lost-hold signal, so that a hold ended from outside (``LOCK.FORCERELEASE``, ``DEL``, an
       EPHEMERAL connection's close, a flush) is reported at once, not at the next renewal.
-    - ``wait_with_tickets`` (default True): an acquire that waits (not EPHEMERAL; not in a
-      cluster) waits with a ticket (``... WAIT ms TICKET``): every such wait of the client on
-      a server shares one asking and one waiting connection, instead of a connection each, and
-      costs the server under 1 KB instead of about 36 KB. False: each wait blocks on a
+    - ``wait_with_tickets`` (default True): an acquire that waits waits with a ticket
+      (``... WAIT ms TICKET``; an EPHEMERAL one asked on the connection its hold will be bound
+      to): every such wait of the client on a server shares one asking and one waiting
+      connection (in a cluster, per master: one asking connection and
+      one waiting connection per slot with a wait in progress), instead of a connection each,
+      and costs the server under 1 KB instead of about 36 KB. False: each wait blocks on a
       connection of its own.
 
     Connections, per server (in a cluster: per master, each command going to the master that
     serves its key, following MOVED and ASK): a pool for ordinary commands (acquire without
     waiting, renewals, releases, reads), for the acquires that wait two connections shared by all
     (``wait_with_tickets``; named ``...:tickets-ask`` and ``...:tickets-wait``, closed 5 s after
-    the last wait) or else a fresh connection for each acquire that waits, one
+    the last wait; in a cluster a waiting connection per slot with a wait in progress) or else a fresh connection for each acquire that waits, one
     connection owned by each EPHEMERAL hold, and (``lost_signal=True``) one pub/sub connection
     (``SSUBSCRIBE`` in a cluster). Each is named (``CLIENT SETNAME``) ``redis-lock-client``, or
     the name the application gave its own connections; those of a wait or of an EPHEMERAL hold

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar, cast
 
 from .. import _fork
-from .._commands import KeySet, Replication, is_retry_later
+from .._commands import KeySet, Replication, TicketExpired, is_retry_later
 from .._common import (
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
@@ -50,10 +50,10 @@ from ._backend import (
 )
 from ._connection import Connector, OwnConnection, call
 from ._hold import Hold, Unconfirmed
-from ._tickets import NoTickets
+from ._tickets import NoTickets, TicketDesk
 
 if TYPE_CHECKING:
-    from ._client import AsyncLockClient
+    from ._client import AsyncLockClient, _Node
 
 log = logging.getLogger("redis_lock_client")
 
@@ -255,6 +255,12 @@ class _AsyncHandle(Generic[_G]):
                 if ask is not None:
                     return await self.client._query_at(ask, args)
                 return await self.client._query(self.keys.route, args)
+            except TicketExpired:
+                # A grant that expired before it was popped: not granted; asked again while
+                # the wait lasts.
+                ask = None
+                if until is not None and time.monotonic() >= until:
+                    return None
             except LockConnectionError:
                 ask = None
                 if attempt < RETRIES:
@@ -293,22 +299,41 @@ class _AsyncHandle(Generic[_G]):
             raise ask
         return (await self.client._node_for(self.keys.route)).commands
 
+    async def _desk(self, ask: Optional[Redirected]) -> Optional[TicketDesk]:
+        """The ticket desk of the keys' node (or of the node an ASK named), when the client
+        waits with tickets and the server has them."""
+        node: Optional[_Node]
+        if ask is None:
+            node = await self.client._node_for(self.keys.route)
+        else:
+            node = await self.client._node_at(ask.host or "", ask.port or 0)
+        tickets = None if node is None else node.tickets
+        return tickets if tickets is not None and not tickets.unsupported else None
+
     async def _send_waiting(
         self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
     ) -> Any:
-        """A wait with a ticket (the client's ``wait_with_tickets``: standalone and Sentinel),
-        else on a connection of its own (named for the owner), closed after; after an ASK, on a
-        connection to the node named, preceded by ASKING. Under Sentinel the
+        """A wait with a ticket (the client's ``wait_with_tickets``), else on a connection of
+        its own (named for the owner), closed after; after an ASK, asked on the node named,
+        preceded by ASKING. Under Sentinel the
         connection is closed as soon as the Sentinels name another master (the wait is then
         sent again, to it)."""
-        if ask is None:
-            tickets = (await self.client._node_for(self.keys.route)).tickets
-            if tickets is not None and not tickets.unsupported:
-                release = self.keys.release(self.owner)
-                try:
-                    return await tickets.wait(args, wait, self.keys.multi, release)
-                except NoTickets:
-                    pass
+        tickets = await self._desk(ask)
+        if tickets is not None:
+            release = self.keys.release(self.owner)
+            held = self._current() is not None
+            try:
+                return await tickets.wait(
+                    args,
+                    wait,
+                    self.keys.multi,
+                    release,
+                    asking=ask is not None,
+                    held=held,
+                    route=self.keys.route,
+                )
+            except NoTickets:
+                pass
         connector = await self._connector(ask)
         conn = await connector.new(self.owner)
         done = Event()
@@ -353,9 +378,27 @@ class _AsyncHandle(Generic[_G]):
             if connector.sentinel and this_waits:  # a replaced master: the wait ends at once
                 spawn("redis-lock-follow", connector.follow, own.conn, done)
             try:
+                desk = await self._desk(ask) if this_waits else None
+                if desk is not None:
+                    try:
+                        release = self.keys.release(self.owner)
+                        multi = self.keys.multi
+                        asking = ask is not None
+                        return await desk.wait_own(own, args, wait, multi, release, asking), own
+                    except NoTickets:
+                        pass
                 if ask is not None:
                     await own.call(["ASKING"], self.client.command_timeout)
                 return await own.call(args, timeout), own
+            except TicketExpired:
+                # Not granted (the grant lapsed before it was popped): asked again, on a new
+                # connection, while the wait lasts.
+                await own.close()
+                ask = None
+                this_waits, wait = self._wait_left(waits, until)
+                if not this_waits:
+                    return None, None
+                args = self._args(this_waits, wait, value)
             except Redirected as e:
                 await own.close()
                 if time.monotonic() - sent > self.client.command_timeout:

@@ -1,19 +1,42 @@
-"""Waiting with tickets: every wait of a client on one server shares two connections.
+"""Waiting with tickets: the waits of a client on one server share one asking connection and a
+few waiting connections.
 
 An acquire that has to wait (``LOCK.ACQUIRE|MACQUIRE|CAMPAIGN ... WAIT ms TICKET``) is sent on
-the desk's **asking connection** (one, kept open while any ticket waits: a ticket belongs to the
-connection that asked, and goes with it). The server replies the token at once, or the name of a
-ticket it will push the answer into. The desk's **waiting connection** pops every outstanding
-ticket with one ``BLPOP t1 ... tk``; a new ticket interrupts it (``CLIENT UNBLOCK``, sent on a
-pooled connection) so that the next ``BLPOP`` takes it in. An answer popped goes to its waiter.
+the desk's **asking connection** (one per server, kept open while any ticket waits: a ticket
+belongs to the connection that asked, and goes with it). The server replies the token at once,
+or the name of a ticket it will push the answer into. A **waiting connection** pops the
+outstanding tickets with one ``BLPOP t1 ... tk``; a new ticket interrupts it (``CLIENT
+UNBLOCK``, sent on a pooled connection) so that the next ``BLPOP`` takes it in. An answer popped
+goes to its waiter.
 
-When either connection breaks (or the asking one no longer answers a ``PING``, asked every
-``HEALTH_PERIOD`` while tickets wait), every waiter is told: each withdraws its ticket
+Standalone and under Sentinel one waiting connection pops every ticket. In a Redis Cluster a
+ticket lives in its lock's slot and one ``BLPOP`` may only name keys of one slot, so the tickets
+are grouped by slot: one ``BLPOP`` (and one waiting connection) per slot with a wait in progress,
+per node; a connection a slot no longer needs is kept for the next slot that does, and closed
+after ``IDLE`` unused. Each ``BLPOP`` there is preceded by ``ASKING`` (a ticket asked on a node
+importing its slot lives there before the slot does; elsewhere ``ASKING`` changes nothing). A
+``BLPOP`` the server itself redirects (the slot is migrating and the ticket is not on the source,
+or the slot has moved) is followed with the pop only, on the node named: the lock is not asked
+for again because of it (the answer moves with the slot; an ``ASK`` is followed for one short
+pop, then the source is popped again, where the ticket may still be answered). A ``TRYAGAIN``
+(some tickets moved, some not) pops one ticket at a time until the move is over.
+
+When the asking connection breaks (or no longer answers a ``PING``, asked every
+``HEALTH_PERIOD`` while tickets wait), every waiter of the server is told; when a waiting
+connection breaks, every waiter it popped for. Each told waiter withdraws its ticket
 (``LOCK.CANCEL``: a grant nobody popped is the canceller's) and, if that gave nothing, its
 acquire is sent again (it carries ONCE: a grant popped by a ``BLPOP`` whose answer was lost
 answers with its token). A waiter that gives up (its timeout passed with no answer, or asyncio
 cancelled it) withdraws its ticket the same way; a grant it was given by that, or popped for it
-meanwhile, is released when nobody takes it: a grant is delivered once.
+meanwhile, is released when nobody takes it: a grant is delivered once. An asyncio cancel that
+lands while the acquire is being asked does not touch the asking connection (the other waits
+keep their places): the ask finishes in the background, then its ticket is withdrawn (and a
+grant it got released). A ticket popped ``expired`` (a grant nobody popped within its lease: the
+hold is gone) is no grant: the waiter asks again while its wait lasts.
+
+An EPHEMERAL acquire asks on the connection its hold will be bound to (``wait_own``: the server
+binds the hold to the connection that asked), and its ticket is popped as any other; the loss
+of the desk's asking connection does not touch it, the loss of its own ends the wait.
 """
 
 from __future__ import annotations
@@ -22,9 +45,13 @@ import threading
 import time
 from typing import Any, Optional
 
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
+
 from .. import _fork
-from .._commands import ticket_answer, ticket_of
+from .._commands import EXPIRED, TicketExpired, is_retry_later, ticket_answer, ticket_of
 from .._common import WAIT_MARGIN, LockConnectionError, LockError, LockServerError
+from .._connect import Redirected, server_error
 from ._backend import (
     IO_ERRORS,
     Cancelled,
@@ -32,23 +59,38 @@ from ._backend import (
     Mutex,
     RawConnection,
     close_connection,
+    finish,
     interrupt,
     peer,
     read,
     send,
     sleep,
     spawn,
+    start,
     wait_event,
 )
-from ._connection import Connector, call
+from ._connection import Connector, OwnConnection, call
 
-#: The longest one ``BLPOP`` of the waiting connection blocks; after one that answered nothing
+
+def _with_wait(args: list[Any], wait: float) -> list[Any]:
+    """``args`` (an acquire ``... WAIT ms``) with ``wait`` seconds instead."""
+    out = list(args)
+    for i in range(len(out) - 1):
+        if out[i] == "WAIT":
+            out[i + 1] = max(1, int(wait * 1000))
+            break
+    return out
+
+#: The longest one ``BLPOP`` of a waiting connection blocks; after one that answered nothing
 #: the asking connection is checked with a ``PING`` (a server-side close of it voids its tickets
 #: without a word).
 HEALTH_PERIOD = 1.0
-#: How long the two connections stay open with no ticket waiting.
+#: How long one ``BLPOP`` blocks on a node an ``ASK`` named, or for one ticket alone after a
+#: ``TRYAGAIN`` (a slot being moved): the source is popped again after it.
+SHORT_PERIOD = 0.1
+#: How long the connections stay open with no ticket waiting.
 IDLE = 5.0
-#: The names the two connections add to the client's connection name.
+#: The names the two kinds of connections add to the client's connection name.
 ASKING_NAME = b"tickets-ask"
 WAITING_NAME = b"tickets-wait"
 
@@ -57,14 +99,70 @@ class NoTickets(Exception):
     """The server refused TICKET (a module without it): the wait blocks instead."""
 
 
+class _Waiting:
+    """A waiting connection: where it reaches, and its client id (for ``CLIENT UNBLOCK``)."""
+
+    def __init__(
+        self, conn: RawConnection, client_id: int, via: Connector, home: bool
+    ) -> None:
+        self.conn = conn
+        self.id = client_id
+        #: The connections of the node it reaches (``CLIENT UNBLOCK`` goes there).
+        self.via = via
+        #: Whether it reaches the desk's own node (else: a node a redirection named).
+        self.home = home
+        #: Under Sentinel: set when the connection closes (ends its follower).
+        self.following: Optional[Event] = None
+        #: When it was last put back unused.
+        self.since = 0.0
+
+    def at(self, target: tuple[str, int, bool]) -> bool:
+        """Whether it reaches the node ``target`` names."""
+        return not self.home and peer(self.conn) == (target[0], target[1])
+
+    def abort(self) -> None:
+        if self.following is not None:
+            self.following.set()
+        interrupt(self.conn)
+
+    async def close(self) -> None:
+        if self.following is not None:
+            self.following.set()
+        await close_connection(self.conn)
+
+
+class _Slot:
+    """The tickets one ``BLPOP`` pops (standalone: all of a server's; in a cluster: those of
+    one slot), and its waiting connection."""
+
+    def __init__(self, slot: Optional[int]) -> None:
+        self.slot = slot
+        self.tickets: dict[bytes, _Ticket] = {}
+        self.wake = Event()
+        #: Rounds (``BLPOP`` sent) and the last whose answer was read.
+        self.round = 0
+        self.read = 0
+        self.blocked = False  # a BLPOP is out
+        self.waiting: Optional[_Waiting] = None
+        #: Where the next pop goes after the server redirected one: (host, port, sticky); an
+        #: ASK is followed for one pop (not sticky), a MOVED until the node says otherwise.
+        self.away: Optional[tuple[str, int, bool]] = None
+        #: A TRYAGAIN: the next pop names one ticket.
+        self.one_by_one = False
+        #: The connection to the node an ASK named, kept while pops alternate between the two.
+        self.spare: Optional[_Waiting] = None
+
+
 class _Ticket:
     """One waiting acquire's ticket, as the desk and its waiter share it (under the desk's
     books)."""
 
-    def __init__(self, name: bytes, release: list[Any]) -> None:
+    def __init__(self, name: bytes, release: list[Any], group: _Slot) -> None:
         self.name = name
-        #: What releases a grant nobody takes (the waiter gave up).
+        #: What releases a grant nobody takes (the waiter gave up); routed by the ticket's name
+        #: (in the lock's slot).
         self.release = release
+        self.group = group
         self.event = Event()
         #: What was popped for it (set once, then ``event``).
         self.answer: Optional[bytes] = None
@@ -77,25 +175,25 @@ class _Ticket:
         #: The last ``BLPOP`` that may have popped it (an abandoned ticket is never asked for
         #: again: once that round is read, the ticket is forgotten).
         self.last_round = 0
+        #: An EPHEMERAL wait's ticket, asked on the hold's own connection (not the desk's
+        #: asking connection: its loss does not touch it).
+        self.own = False
 
 
 class TicketDesk:
-    """The waits of one client on one server (standalone or Sentinel's master)."""
+    """The waits of one client on one server (standalone, Sentinel's master, or one cluster
+    master: ``cluster`` is then the client, which routes a command by its key and knows the
+    other nodes)."""
 
-    def __init__(self, connector: Connector) -> None:
+    def __init__(self, connector: Connector, cluster: Any = None) -> None:
         self._connector = connector
+        self._cluster = cluster
         self._books = threading.Lock()
-        self._tickets: dict[bytes, _Ticket] = {}
+        self._slots: dict[Optional[int], _Slot] = {}
+        #: Waiting connections to this node that no slot uses now, the last put back last.
+        self._idle: list[_Waiting] = []
         self._ask: Optional[RawConnection] = None
         self._ask_mutex = Mutex()
-        self._running = False
-        self._wake = Event()
-        #: Rounds (``BLPOP`` sent) and the last whose answer was read.
-        self._round = 0
-        self._read = 0
-        self._blocked = False  # a BLPOP is out
-        self._waiting_id: Optional[int] = None
-        self._waiting: Optional[RawConnection] = None
         self._closed = False
         #: The server refused TICKET (a module without it): waits block, as without tickets.
         self.unsupported = False
@@ -107,19 +205,37 @@ class TicketDesk:
     # -- a waiter's side ---------------------------------------------------------------------
 
     async def wait(
-        self, args: list[Any], wait: Optional[float], multi: bool, release: list[Any]
+        self,
+        args: list[Any],
+        wait: Optional[float],
+        multi: bool,
+        release: list[Any],
+        asking: bool = False,
+        held: bool = False,
+        route: bytes = b"",
     ) -> Any:
         """An acquire with ``WAIT`` (``args``, without TICKET): the reply the acquire without
-        TICKET would have given (token(s), or nil when ``wait`` passed). Raises
-        ``LockConnectionError`` when the connections broke and the ticket held no grant (the
-        caller sends the acquire again), the server's error as the blocking wait would."""
-        ticket = await self._ask_for(args + ["TICKET"], release)
+        TICKET would have given (token(s), or nil when ``wait`` passed). ``asking``: preceded
+        by ASKING (an ASK named this node). ``held``: the owner holds the keys already (a grant
+        at once is then that hold, never released here); ``route``: the key that routes
+        ``release`` (in a cluster). Raises ``LockConnectionError`` when
+        the connections broke and the ticket held no grant (the caller sends the acquire
+        again), ``TicketExpired`` when the grant expired before it was popped (the caller asks
+        again while its wait lasts), the server's error as the blocking wait would."""
+        # The ask runs on its own: a cancel of the waiter meanwhile must not break the asking
+        # connection (every other wait's ticket goes with it).
+        asked = start(self._ask_for(args + ["TICKET"], release, asking))
+        try:
+            ticket = await finish(asked)
+        except Cancelled:
+            spawn("redis-lock-withdraw", self._withdraw, asked, multi, release, held, route)
+            raise
         if not isinstance(ticket, _Ticket):
             return ticket
         limit = None if wait is None else wait + WAIT_MARGIN
         try:
             if ticket.unblock is not None:
-                await self._unblock(ticket.unblock)
+                await self._unblock(ticket)
             answered = await wait_event(ticket.event, limit)
         except Cancelled:
             await self._give_up(ticket, multi, keep=False)
@@ -127,6 +243,8 @@ class TicketDesk:
         if not answered:
             return await self._give_up(ticket, multi, keep=True)
         if ticket.answer is not None:
+            if ticket.answer == EXPIRED:
+                raise TicketExpired()
             return ticket_answer(ticket.answer, multi)
         # The connections broke: withdrawn; a grant nobody popped is the caller's.
         granted = await self._cancel(ticket.name)
@@ -134,7 +252,21 @@ class TicketDesk:
             return granted
         raise LockConnectionError("the connection a ticket waited on closed")
 
-    async def _ask_for(self, args: list[Any], release: list[Any]) -> Any:
+    async def _withdraw(
+        self, asked: Any, multi: bool, release: list[Any], held: bool, route: bytes
+    ) -> None:
+        """After a waiter was cancelled while its acquire was asked: once the ask is answered,
+        its ticket is withdrawn, and a grant it got (at once, or by the withdrawal) released."""
+        try:
+            got = await finish(asked)
+        except (LockError, NoTickets, Cancelled):
+            return  # nothing asked, or a broken asking connection (its tickets went with it)
+        if isinstance(got, _Ticket):
+            await self._give_up(got, multi, keep=False)
+        elif got is not None and not held:
+            await self._release(route, release)
+
+    async def _ask_for(self, args: list[Any], release: list[Any], asking: bool) -> Any:
         """Sends the acquire on the asking connection: its reply, or the ``_Ticket`` it waits
         with, registered (under the asking connection's mutex: an idle desk closes that
         connection only when no ticket waits)."""
@@ -147,6 +279,8 @@ class TicketDesk:
             if self._ask is None:
                 self._ask = await connector.new(ASKING_NAME)
             try:
+                if asking:
+                    await call(self._ask, ["ASKING"], connector.timeout)
                 reply = await call(self._ask, args, connector.timeout)
             except LockServerError as e:
                 if "syntax error" in str(e):
@@ -160,32 +294,109 @@ class TicketDesk:
             name = ticket_of(reply)
             if name is None:
                 return reply
-            ticket = _Ticket(name, release)
-            with self._books:
-                self.issued += 1
-                self._tickets[name] = ticket
-                start = not self._running
-                self._running = True
-                if self._blocked and not start:
-                    ticket.unblock = self._round
-                self._wake.set()
-        if start:
-            spawn("redis-lock-tickets", self._run)
+            return self._register(name, release, own=False)
+
+    def _register(self, name: bytes, release: list[Any], own: bool) -> _Ticket:
+        """A ticket the server issued, given to the ``BLPOP`` of its slot (started if none)."""
+        slot = key_slot(name) if self._cluster is not None else None
+        with self._books:
+            self._closed = False
+            group = self._slots.get(slot)
+            begin = group is None
+            if group is None:
+                group = self._slots[slot] = _Slot(slot)
+            ticket = _Ticket(name, release, group)
+            ticket.own = own
+            self.issued += 1
+            group.tickets[name] = ticket
+            if group.blocked:
+                ticket.unblock = group.round
+            group.wake.set()
+        if begin:
+            spawn("redis-lock-tickets", self._run, group)
         return ticket
 
-    async def _unblock(self, at: int) -> None:
-        """Interrupts the ``BLPOP`` of round ``at`` (it answers nil) so that the next one takes
-        the new ticket in; sent again while that ``BLPOP`` has not reached the server yet."""
+    async def wait_own(
+        self,
+        own: OwnConnection,
+        args: list[Any],
+        wait: Optional[float],
+        multi: bool,
+        release: list[Any],
+        asking: bool = False,
+    ) -> Any:
+        """An EPHEMERAL acquire with ``WAIT`` (``args``, without TICKET), asked on ``own``, the
+        connection the hold will be bound to (a ticket belongs to the connection that asked:
+        the hold is bound to it too); the ticket is popped as any other. The reply the acquire
+        without TICKET would have given. ``own`` is looked at every ``HEALTH_PERIOD`` while the
+        ticket waits: once it closed, its ticket is void and ``LockConnectionError`` raised (as
+        for a blocking EPHEMERAL wait whose connection broke). When the waiting connection
+        broke, the ticket is withdrawn and, with no grant in it, asked again on ``own`` (ONCE:
+        a grant popped and lost answers with its token). ``NoTickets``: a module without
+        TICKET (nothing was asked)."""
+        until = None if wait is None else time.monotonic() + wait
+        while True:
+            try:
+                if asking:
+                    await own.call(["ASKING"], own.timeout)
+                reply = await own.call(args + ["TICKET"], own.timeout)
+            except LockServerError as e:
+                if "syntax error" in str(e):
+                    self.unsupported = True
+                    raise NoTickets() from e
+                raise
+            name = ticket_of(reply)
+            if name is None:
+                return reply
+            ticket = self._register(name, release, own=True)
+            limit = None if until is None else until + WAIT_MARGIN
+            try:
+                if ticket.unblock is not None:
+                    await self._unblock(ticket)
+                while not ticket.event.is_set():
+                    left = None if limit is None else limit - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    step = HEALTH_PERIOD if left is None else min(HEALTH_PERIOD, left)
+                    if await wait_event(ticket.event, step):
+                        break
+                    if not own.alive():
+                        await self._give_up(ticket, multi, keep=False)
+                        raise LockConnectionError("an EPHEMERAL wait's connection closed")
+            except Cancelled:
+                await self._give_up(ticket, multi, keep=False)
+                raise
+            if not ticket.event.is_set():
+                return await self._give_up(ticket, multi, keep=True)
+            if ticket.answer is not None:
+                if ticket.answer == EXPIRED:
+                    raise TicketExpired()
+                return ticket_answer(ticket.answer, multi)
+            granted = await self._cancel(ticket.name)  # the waiting connection broke
+            if granted is not None:
+                return granted
+            # Asked again on the same connection for what is left of the wait.
+            if until is not None:
+                left = until - time.monotonic()
+                if left <= 0.001:
+                    return None
+                args = _with_wait(args, left)
+
+    async def _unblock(self, ticket: _Ticket) -> None:
+        """Interrupts the ``BLPOP`` out when ``ticket`` was issued (it answers nil) so that the
+        next one takes the new ticket in; sent again while that ``BLPOP`` has not reached the
+        server yet."""
+        group, at = ticket.group, ticket.unblock
         for _ in range(100):
-            waiting_id = self._waiting_id
-            if waiting_id is None:
+            waiting = group.waiting
+            if waiting is None:
                 return
             try:
-                done = await self._connector.query(["CLIENT", "UNBLOCK", waiting_id])
+                done = await waiting.via.query(["CLIENT", "UNBLOCK", waiting.id])
             except LockError:
                 return  # the BLPOP ends within HEALTH_PERIOD anyway
             with self._books:
-                moved_on = self._round != at or not self._blocked
+                moved_on = group.round != at or not group.blocked
             if done == 1 or moved_on:
                 return
             await sleep(0.002)
@@ -198,7 +409,7 @@ class TicketDesk:
         with self._books:
             if ticket.answer is None:
                 ticket.abandoned = True
-                ticket.last_round = self._round
+                ticket.last_round = ticket.group.round
         if not ticket.abandoned:
             granted = self._granted(ticket, multi, keep)
         else:
@@ -213,12 +424,13 @@ class TicketDesk:
                 granted = self._granted(ticket, multi, keep)
         if granted is None or keep:
             return granted
-        await self._release(ticket.release)
+        await self._release(ticket.name, ticket.release)
         return None
 
     def _granted(self, ticket: _Ticket, multi: bool, keep: bool) -> Any:
-        """The grant popped for ``ticket``, if any (an error popped is raised when ``keep``)."""
-        if ticket.answer is None:
+        """The grant popped for ``ticket``, if any (an error popped is raised when ``keep``;
+        ``expired`` is none)."""
+        if ticket.answer is None or ticket.answer == EXPIRED:
             return None
         try:
             return ticket_answer(ticket.answer, multi)
@@ -227,93 +439,214 @@ class TicketDesk:
                 raise
             return None
 
+    async def _route(self, key: bytes, args: list[Any]) -> Any:
+        """A command on a pooled connection to the node serving ``key`` (in a cluster: routed
+        by the client, following MOVED and ASK)."""
+        if self._cluster is not None:
+            return await self._cluster._query(key, args)
+        return await self._connector.query(args)
+
     async def _cancel(self, name: bytes) -> Any:
         """``LOCK.CANCEL``: nil, or the grant the ticket held (the caller's now)."""
-        return await self._connector.query(["LOCK.CANCEL", name])
+        return await self._route(name, ["LOCK.CANCEL", name])
 
-    async def _release(self, release: list[Any]) -> None:
+    async def _release(self, route: bytes, release: list[Any]) -> None:
         try:
-            await self._connector.query(release)
+            await self._route(route, release)
         except LockError:
             pass  # its lease ends it
 
-    # -- the waiting connection --------------------------------------------------------------
+    # -- the waiting connections -------------------------------------------------------------
 
-    async def _run(self) -> None:
-        """The waiting connection's loop: ``BLPOP`` over every outstanding ticket, each answer
-        to its waiter; closed with the asking connection after ``IDLE`` with nothing to wait
-        for."""
+    async def _run(self, group: _Slot) -> None:
+        """One group's loop: ``BLPOP`` over its outstanding tickets, each answer to its waiter;
+        its connection put back after a round with nothing to wait for, and the group ended
+        after ``IDLE`` with nothing to wait for."""
         checked = time.monotonic()
-        idle_since: Optional[float] = None
+        redirected = 0  # pops redirected in a row
         while True:
+            if redirected > 1:
+                await sleep(SHORT_PERIOD / 2)  # nodes that disagree on the slot: not a spin
             with self._books:
-                names = [t.name for t in self._tickets.values() if not t.abandoned]
-                if not names:
-                    self._wake.clear()
-                    now = time.monotonic()
-                    idle_since = idle_since or now
-                    if self._closed or now - idle_since >= IDLE:
-                        self._running = False
-                        break
+                names = [t.name for t in group.tickets.values() if not t.abandoned]
+                if names:
+                    group.round += 1
+                    group.blocked = True
                 else:
-                    idle_since = None
-                    self._round += 1
-                    self._blocked = True
-                at = self._round
+                    group.wake.clear()
+                at = group.round
             if not names:
-                await wait_event(self._wake, IDLE)
+                self._forget_abandoned(group)  # no BLPOP is out
+                if await self._linger(group):
+                    break
                 continue
             try:
-                conn = await self._waiting_connection()
-                await send(conn, ["BLPOP", *names, HEALTH_PERIOD])
-                reply = await read(conn, HEALTH_PERIOD + self._connector.timeout)
-            except (LockError, *IO_ERRORS):
-                self._break_waiting()
+                waiting = await self._waiting_for(group)
+                reply = await self._pop(group, waiting, names, at)
+            except Redirected as e:
+                redirected += 1
+                self._round_read(group, at)
+                if e.host is not None and e.port is not None:
+                    group.away = (e.host, e.port, not e.asking)
+                self._forget_abandoned(group)
                 continue
-            with self._books:
-                self._blocked = False
-                self._read = at
+            except LockServerError as e:  # TRYAGAIN: a slot move caught between tickets
+                redirected += 1
+                self._round_read(group, at)
+                if is_retry_later(str(e)):
+                    group.one_by_one = True
+                else:
+                    self._break_waiting(group)
+                    await sleep(SHORT_PERIOD)
+                self._forget_abandoned(group)
+                continue
+            except (LockError, *IO_ERRORS):
+                self._break_waiting(group)
+                continue
+            redirected = 0
+            self._round_read(group, at)
             if isinstance(reply, list) and len(reply) == 2:
-                await self._deliver(bytes(reply[0]), bytes(reply[1]))
+                self._deliver(group, bytes(reply[0]), bytes(reply[1]))
             elif time.monotonic() - checked >= HEALTH_PERIOD:
                 checked = time.monotonic()
                 await self._check_asking()
-            self._forget_abandoned()
+            self._forget_abandoned(group)
         await self._close_idle()
 
-    async def _waiting_connection(self) -> RawConnection:
-        if self._waiting is None:
-            conn = await self._connector.new(WAITING_NAME)
+    def _round_read(self, group: _Slot, at: int) -> None:
+        with self._books:
+            group.blocked = False
+            group.read = at
+
+    async def _pop(
+        self, group: _Slot, waiting: _Waiting, names: list[bytes], at: int
+    ) -> Any:
+        """One ``BLPOP`` (in a cluster after ``ASKING``): its reply, or the server's error
+        raised (``Redirected``, TRYAGAIN)."""
+        block = HEALTH_PERIOD
+        asked = not waiting.home and group.away is None  # an ASK's target, for one pop
+        if group.one_by_one or (asked and len(names) > 1):
+            # TRYAGAIN, or a node importing the slot (it refuses a BLPOP naming a ticket it
+            # does not have beside others: TRYAGAIN): one ticket at a time, in turn.
+            group.one_by_one = False
+            names, block = [names[at % len(names)]], SHORT_PERIOD
+        elif asked:
+            block = SHORT_PERIOD  # the source is popped again soon
+        conn, timeout = waiting.conn, self._connector.timeout
+        if self._cluster is not None:
             try:
-                waiting_id = await call(conn, ["CLIENT", "ID"], self._connector.timeout)
-            except LockError:
-                await close_connection(conn)
-                raise
-            self._waiting, self._waiting_id = conn, int(waiting_id)
-            if self._connector.sentinel:  # a master the Sentinels replaced: left at once
-                done = Event()
-                self._following = done
-                spawn("redis-lock-follow", self._connector.follow, conn, done)
-        return self._waiting
+                await send(conn, ["ASKING"])
+                await send(conn, ["BLPOP", *names, block])
+                await read(conn, timeout)
+            except ResponseError as e:  # the BLPOP's reply would be read as ASKING's
+                waiting.abort()
+                raise LockConnectionError(f"ASKING: {e}") from e
+        else:
+            await send(conn, ["BLPOP", *names, block])
+        try:
+            return await read(conn, block + timeout)
+        except ResponseError as e:
+            raise server_error(e) from None
 
-    _following: Optional[Event] = None
+    async def _waiting_for(self, group: _Slot) -> _Waiting:
+        """The connection the group's next ``BLPOP`` is sent on: to the desk's node (its own,
+        or one put back by another group), or to the node a redirection named."""
+        target = group.away
+        if target is not None and not target[2]:
+            group.away = None  # an ASK: one pop there
+        current = group.waiting
+        if current is not None and (current.home if target is None else current.at(target)):
+            return current
+        group.waiting = None
+        if current is not None and not current.home:
+            if group.spare is not None:
+                await group.spare.close()
+            group.spare = current  # pops alternate between the source and an ASK's target
+        elif current is not None:
+            await self._put_back(current)
+        if target is None:
+            with self._books:
+                waiting = self._idle.pop() if self._idle else None
+            if waiting is None:
+                waiting = await self._open(self._connector, home=True)
+        elif group.spare is not None and group.spare.at(target):
+            waiting, group.spare = group.spare, None
+        else:
+            host, port, _ = target
+            connector = await self._elsewhere(host, port)
+            if connector is None:
+                group.away = None
+                raise LockConnectionError(f"no node at {host}:{port}")
+            waiting = await self._open(connector, home=False)
+        group.waiting = waiting
+        return waiting
 
-    async def _deliver(self, name: bytes, value: bytes) -> None:
+    async def _elsewhere(self, host: str, port: int) -> Optional[Connector]:
+        """The connections of the cluster node at ``host``:``port`` (a redirection named it)."""
+        if self._cluster is None:
+            return None
+        node = await self._cluster._node_at(host, port)
+        return None if node is None else node.commands
+
+    async def _open(self, connector: Connector, home: bool) -> _Waiting:
+        conn = await connector.new(WAITING_NAME)
+        try:
+            waiting_id = await call(conn, ["CLIENT", "ID"], connector.timeout)
+        except LockError:
+            await close_connection(conn)
+            raise
+        waiting = _Waiting(conn, int(waiting_id), connector, home)
+        if connector.sentinel:  # a master the Sentinels replaced: left at once
+            waiting.following = Event()
+            spawn("redis-lock-follow", connector.follow, conn, waiting.following)
+        return waiting
+
+    async def _put_back(self, waiting: _Waiting) -> None:
+        """A connection a group no longer needs: kept for another (to the desk's node), else
+        closed."""
+        if waiting.home and not self._closed:
+            waiting.since = time.monotonic()
+            with self._books:
+                self._idle.append(waiting)
+        else:
+            await waiting.close()
+
+    async def _linger(self, group: _Slot) -> bool:
+        """A group with nothing to wait for: its connection put back; True once it ended
+        (``IDLE`` passed, or the desk closed, with still nothing to wait for)."""
+        waiting, group.waiting = group.waiting, None
+        spare, group.spare = group.spare, None
+        group.away = None
+        if waiting is not None:
+            await self._put_back(waiting)
+        if spare is not None:
+            await spare.close()
+        woken = await wait_event(group.wake, IDLE)
+        with self._books:
+            if group.tickets or (woken and not self._closed):
+                return False
+            if self._slots.get(group.slot) is group:
+                del self._slots[group.slot]
+        return True
+
+    def _deliver(self, group: _Slot, name: bytes, value: bytes) -> None:
         """An answer popped: to its waiter (one that gave up takes it after its LOCK.CANCEL)."""
         with self._books:
             self.answered += 1
-            ticket = self._tickets.pop(name, None)
+            ticket = group.tickets.pop(name, None)
             if ticket is not None:
                 ticket.answer = value
         if ticket is not None:
             ticket.event.set()
 
-    def _forget_abandoned(self) -> None:
+    def _forget_abandoned(self, group: _Slot) -> None:
         """Tickets given up that no BLPOP out may pop any more: their waiters are told."""
         with self._books:
-            done = [t for t in self._tickets.values() if t.abandoned and t.last_round <= self._read]
+            done = [
+                t for t in group.tickets.values() if t.abandoned and t.last_round <= group.read
+            ]
             for ticket in done:
-                del self._tickets[ticket.name]
+                del group.tickets[ticket.name]
         for ticket in done:
             ticket.event.set()
 
@@ -331,25 +664,36 @@ class TicketDesk:
                 self._ask = None
                 self._lose_all()
 
-    def _break_waiting(self) -> None:
-        """The waiting connection broke: an answer it popped may be lost, so every waiter is
-        told (it withdraws its ticket, then asks again)."""
-        conn, self._waiting, self._waiting_id = self._waiting, None, None
-        if self._following is not None:
-            self._following.set()
-            self._following = None
-        if conn is not None:
-            interrupt(conn)
+    def _break_waiting(self, group: _Slot) -> None:
+        """A group's waiting connection broke: an answer it popped may be lost, so each of the
+        group's waiters is told (it withdraws its ticket, then asks again)."""
+        waiting, group.waiting = group.waiting, None
+        if waiting is not None:
+            waiting.abort()
+        spare, group.spare = group.spare, None
+        if spare is not None:
+            spare.abort()
         with self._books:
-            self._blocked = False
-            self._read = self._round
-        self._lose_all()
+            group.blocked = False
+            group.read = group.round
+            lost = list(group.tickets.values())
+            group.tickets.clear()
+        self._tell_lost(lost)
 
     def _lose_all(self) -> None:
-        """Every outstanding ticket is told its connections broke."""
+        """Every outstanding ticket the desk's asking connection asked for is told its
+        connections broke (an EPHEMERAL wait's ticket belongs to its own connection)."""
         with self._books:
-            lost = list(self._tickets.values())
-            self._tickets.clear()
+            lost = []
+            for group in self._slots.values():
+                for ticket in list(group.tickets.values()):
+                    if not ticket.own or self._closed:
+                        lost.append(ticket)
+                        del group.tickets[ticket.name]
+        self._tell_lost(lost)
+
+    @staticmethod
+    def _tell_lost(lost: list[_Ticket]) -> None:
         for ticket in lost:
             ticket.lost = True
             ticket.event.set()
@@ -362,24 +706,35 @@ class TicketDesk:
         self._lose_all()
 
     async def _close_idle(self) -> None:
-        if self._waiting is not None:
-            conn = self._waiting
-            self._break_waiting()
-            await close_connection(conn)
+        """After a group ended: the waiting connections unused for ``IDLE`` closed, and with no
+        group left and none kept, the asking connection."""
+        now = time.monotonic()
+        with self._books:
+            stale = [w for w in self._idle if self._closed or now - w.since >= IDLE - 0.05]
+            self._idle = [w for w in self._idle if w not in stale]
+        for waiting in stale:
+            await waiting.close()
         async with self._ask_mutex:
             with self._books:
-                idle = not self._running and not self._tickets
+                idle = not self._slots and not self._idle
             if idle and self._ask is not None:
                 await close_connection(self._ask)
                 self._ask = None
 
     async def close(self) -> None:
-        """The client closes: both connections closed (a wait still out asks again on new
+        """The client closes: every connection closed (a wait still out asks again on new
         ones, as a blocking wait keeps its connection)."""
         self._closed = True
-        if self._waiting is not None:
-            interrupt(self._waiting)
-        self._wake.set()
+        with self._books:
+            groups = list(self._slots.values())
+            kept, self._idle = self._idle, []
+        for group in groups:
+            for waiting in (group.waiting, group.spare):
+                if waiting is not None:
+                    waiting.abort()
+            group.wake.set()
+        for waiting in kept:
+            await waiting.close()
         async with self._ask_mutex:
             if self._ask is not None:
                 await close_connection(self._ask)
@@ -390,10 +745,6 @@ class TicketDesk:
         """In a forked child: the parent's connections and loop are not the child's."""
         self._books = threading.Lock()
         self._ask_mutex = Mutex()
-        self._tickets = {}
-        self._ask = self._waiting = None
-        self._waiting_id = None
-        self._following = None
-        self._running = self._blocked = False
-        self._wake = Event()
-
+        self._slots = {}
+        self._idle = []
+        self._ask = None

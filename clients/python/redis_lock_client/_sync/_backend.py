@@ -9,7 +9,7 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional, Protocol, cast
+from typing import Any, Callable, Optional, Protocol, TypeVar, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -51,6 +51,8 @@ __all__ = [
     "sleep",
     "spawn",
     "spawn_from_any_thread",
+    "start",
+    "finish",
     "wait_event",
 ]
 
@@ -90,6 +92,19 @@ def sleep(seconds: float) -> None:
 def spawn(name: str, fn: Callable[..., None], *args: Any) -> None:
     """Runs ``fn(*args)`` in the background: a daemon thread."""
     threading.Thread(target=fn, args=args, name=name, daemon=True).start()
+
+
+T = TypeVar("T")
+
+
+def start(work: T) -> T:
+    """The asyncio twin runs its coroutine as a task of its own (a cancel of the caller does
+    not reach it); here the work has run already: its result."""
+    return work
+
+
+def finish(task: T) -> T:
+    return task
 
 
 def current_loop() -> Optional[object]:

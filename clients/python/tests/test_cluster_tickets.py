@@ -1,0 +1,335 @@
+"""Waiting with tickets in a Redis Cluster (sync and asyncio): a wait asks on the key's master
+and its ticket is popped by a ``BLPOP`` per slot, on a waiting connection of the client to that
+master, instead of a blocked ``LOCK.ACQUIRE`` on a connection of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio.cluster
+import redis.cluster
+
+from conftest import Cluster, Server, start_cluster, wait_until
+from redis_lock_client import AsyncLockClient, LockClient, Release
+from test_cluster import asking_info, half_move, finish_move, move_slot_to, node_info
+from test_tickets import Waiter, connections
+
+
+def tags_on(cluster: Cluster, node: Server, n: int) -> list[str]:
+    """``n`` hash tags of distinct slots, all served by ``node``."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < n:
+        tag = f"t{i}-{uuid.uuid4().hex[:6]}"
+        slot = redis.cluster.key_slot(tag.encode())
+        if cluster.node_of("{" + tag + "}") is node and slot not in found:
+            found[slot] = tag
+        i += 1
+    return list(found.values())
+
+
+def key_of(tag: str) -> str:
+    return "{" + tag + "}:" + uuid.uuid4().hex
+
+
+def waiting_conns(node: Server) -> list[dict[str, str]]:
+    return [c for c in connections(node) if c.get("name", "").endswith(":tickets-wait")]
+
+
+def in_blpop(node: Server) -> list[dict[str, str]]:
+    return [c for c in connections(node) if c.get("cmd") == "blpop"]
+
+
+def waiters(node: Server, key: str) -> int:
+    found = node_info(node, key)
+    return 0 if found is None else int(found[b"waiters"])
+
+
+def hold_elsewhere(node: Server, key: str, owner: str = "other") -> Any:
+    raw = node.client()
+    assert raw.execute_command("LOCK.ACQUIRE", key, owner, 60000) > 0
+    return lambda: raw.execute_command("LOCK.RELEASE", key, owner)
+
+
+async def until(condition: Any, what: str, bound: float = 10.0) -> None:
+    """Polls ``condition`` from a task (a bound that only catches a hang)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    for n in c.nodes:
+        n.proc.kill()
+        n.proc.wait()
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    c = start_cluster(tmp_path)
+    yield c
+    for n in c.nodes:
+        n.proc.kill()
+        n.proc.wait()
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait")
+def test_cluster_waits_are_tickets_popped_by_blpop_on_each_keys_master(cluster):
+    with LockClient(cluster.redis_cluster()) as client:
+        for tag in ("a", "b", "c"):
+            key = key_of(tag)
+            node = cluster.node_of(key)
+            release = hold_elsewhere(node, key)
+            waiter = Waiter(lambda: client.lock(key, wait_timeout=10).acquire())
+            waiter.start()
+            wait_until(lambda: waiters(node, key) == 1 and len(in_blpop(node)) == 1,
+                       "waits with a ticket")
+            assert node.blocked_clients("lock.acquire") == []
+            assert [c["cmd"] for c in waiting_conns(node)] == ["blpop"]
+            release()
+            guard = waiter.result()
+            assert node_info(node, key)[b"token"] == guard.token
+            assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_cluster_many_waits_on_one_slot_share_one_waiting_connection(cluster):
+    with LockClient(cluster.redis_cluster()) as client:
+        tag = "same-" + uuid.uuid4().hex[:8]
+        keys = ["{" + tag + "}:" + str(i) for i in range(8)]
+        node = cluster.node_of(keys[0])
+        releases = [hold_elsewhere(node, k) for k in keys]
+        ws = [Waiter(lambda k=k: client.lock(k, wait_timeout=20).acquire()) for k in keys]
+        for w in ws:
+            w.start()
+        wait_until(lambda: all(waiters(node, k) == 1 for k in keys), "all eight wait")
+        assert len(waiting_conns(node)) == 1 and len(in_blpop(node)) == 1
+        assert node.blocked_clients("lock.acquire") == []
+        for release in releases:
+            release()
+        for w in ws:
+            w.result().release()
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_cluster_waits_on_keys_of_different_slots_of_one_node_pop_one_blpop_per_slot(cluster):
+    with LockClient(cluster.redis_cluster()) as client:
+        node = cluster.nodes[1]
+        keys = [key_of(t) for t in tags_on(cluster, node, 3)]
+        releases = [hold_elsewhere(node, k) for k in keys]
+        ws = [Waiter(lambda k=k: client.lock(k, wait_timeout=20).acquire()) for k in keys]
+        for w in ws:
+            w.start()
+        wait_until(lambda: all(waiters(node, k) == 1 for k in keys)
+                   and len(in_blpop(node)) == 3, "one BLPOP per slot")
+        assert len(waiting_conns(node)) == 3  # the bound: a connection per slot waited on
+        for release, w, k in zip(releases, ws, keys):
+            release()
+            guard = w.result()
+            assert node_info(node, k)[b"token"] == guard.token
+            guard.release()
+        # The connections the slots no longer need are kept for the next (not reopened).
+        more = key_of(tags_on(cluster, node, 1)[0])
+        release = hold_elsewhere(node, more)
+        w = Waiter(lambda: client.lock(more, wait_timeout=20).acquire())
+        w.start()
+        wait_until(lambda: waiters(node, more) == 1 and len(in_blpop(node)) == 1, "waits")
+        assert len(waiting_conns(node)) <= 3
+        release()
+        w.result().release()
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_cluster_ticket_waits_are_granted_in_arrival_order(cluster):
+    with LockClient(cluster.redis_cluster()) as client:
+        key = key_of("fifo")
+        node = cluster.node_of(key)
+        release = hold_elsewhere(node, key)
+        order: list[int] = []
+        lock = threading.Lock()
+
+        def take(i: int) -> None:
+            guard = client.lock(key, wait_timeout=30).acquire()
+            with lock:
+                order.append(i)
+            time.sleep(0.02)
+            guard.release()
+
+        ws = []
+        for i in range(6):
+            w = threading.Thread(target=take, args=(i,))
+            w.start()
+            ws.append(w)
+            wait_until(lambda: waiters(node, key) == i + 1, f"waiter {i} queued")
+        release()
+        for w in ws:
+            w.join(30)
+        assert order == list(range(6))
+
+
+@pytest.mark.scenario("tickets-cancel")
+def test_cluster_async_cancelled_ticket_wait_leaves_the_queue_and_holds_nothing(cluster):
+    async def main() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        async with AsyncLockClient(rc) as client:
+            for tag in ("a", "b", "c"):
+                key = key_of(tag)
+                node = cluster.node_of(key)
+                release = hold_elsewhere(node, key)
+                task = asyncio.create_task(client.lock(key).acquire())
+                await until(lambda: waiters(node, key) == 1 and in_blpop(node), "waits")
+                assert node.blocked_clients("lock.acquire") == []
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert waiters(node, key) == 0  # withdrawn with LOCK.CANCEL on the key's node
+                release()
+                assert node_info(node, key) is None
+        await rc.aclose()
+    asyncio.run(main())
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_cluster_async_many_waits_share_one_waiting_connection_per_slot(cluster):
+    async def main() -> None:
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        async with AsyncLockClient(rc) as client:
+            node = cluster.nodes[2]
+            tags = tags_on(cluster, node, 2)
+            keys = ["{" + tags[i % 2] + "}:" + str(i) for i in range(10)]
+            releases = [hold_elsewhere(node, k) for k in keys]
+            tasks = [asyncio.create_task(client.lock(k, wait_timeout=20).acquire()) for k in keys]
+            await until(lambda: all(waiters(node, k) == 1 for k in keys)
+                        and len(in_blpop(node)) == 2, "ten waits, two BLPOPs")
+            assert len(waiting_conns(node)) == 2  # two slots, ten waits
+            assert node.blocked_clients("lock.acquire") == []
+            for release in releases:
+                release()
+            for guard in await asyncio.gather(*tasks):
+                assert await guard.release() is Release.RELEASED
+        await rc.aclose()
+    asyncio.run(main())
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-moved")
+def test_cluster_a_ticket_wait_across_a_slot_move_is_granted_exactly_once(own_cluster):
+    # The lock moves with its slot while a wait's ticket is queued: the ticket is answered with
+    # the redirect, the wait asks again on the new master, and is granted there once.
+    cluster = own_cluster
+    key = key_of("move")
+    slot = redis.cluster.key_slot(key.encode())
+    holder_client = LockClient(cluster.redis_cluster())
+    client = LockClient(cluster.redis_cluster())
+    holder = holder_client.lock(key, lease=30).acquire()
+    source = cluster.node_of(key)
+    target = next(n for n in cluster.nodes if n is not source)
+    waiter = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+    waiter.start()
+    wait_until(lambda: waiters(source, key) == 1 and in_blpop(source), "waits on the source")
+    move_slot_to(cluster, slot, source, target)
+    wait_until(lambda: waiters(target, key) == 1, "waits again on the new master", bound=10)
+    assert target.blocked_clients("lock.acquire") == []
+    assert holder.release() is Release.RELEASED
+    guard = waiter.result()
+    found = node_info(target, key)
+    assert found[b"owner"] == guard.owner and found[b"token"] == guard.token
+    assert found[b"count"] == 1 and found[b"waiters"] == 0
+    assert guard.release() is Release.RELEASED
+    assert node_info(target, key) is None
+    client.close()
+    holder_client.close()
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-moved")
+def test_cluster_a_pop_redirected_by_ask_is_followed_and_the_lock_not_asked_again(own_cluster):
+    # The slot is half moved and the lock still on the source: a BLPOP there on a ticket that
+    # holds nothing yet is answered ASK (the key is not on the source). The pop follows it to
+    # the target (ASKING), and comes back: the grant written on the source is popped there;
+    # the lock is asked for once.
+    cluster = own_cluster
+    tag = "askpop-" + uuid.uuid4().hex[:8]
+    keys = ["{" + tag + "}:a", "{" + tag + "}:b"]  # two tickets in one slot
+    client = LockClient(cluster.redis_cluster())
+    warm = client.lock(keys[0]).acquire()  # the slot map loaded now
+    warm.release()
+    source = cluster.node_of(keys[0])
+    releases = [hold_elsewhere(source, k) for k in keys]
+    ws = [Waiter(lambda k=k: client.lock(k, wait_timeout=30).acquire()) for k in keys]
+    for w in ws:
+        w.start()
+    wait_until(lambda: all(waiters(source, k) == 1 for k in keys) and in_blpop(source),
+               "both wait on the source")
+    asked = source.commandstat("lock.acquire")
+    asks = cluster.errorstat("ASK")
+    source_, target, slot, target_id = half_move(cluster, keys[0])
+    assert source_ is source
+    wait_until(lambda: cluster.errorstat("ASK") >= asks + 2, "pops redirected by ASK")
+    time.sleep(0.5)  # several rounds between the two nodes
+    for release, w, k in zip(releases, ws, keys):
+        release()
+        guard = w.result()
+        assert node_info(source, k)[b"token"] == guard.token
+        assert guard.release() is Release.RELEASED
+    assert source.commandstat("lock.acquire") == asked  # not asked again
+    assert target.commandstat("lock.acquire") == 0
+    assert all(asking_info(target, k) is None for k in keys)
+    finish_move(cluster, source, target, slot, target_id)
+    client.close()
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-moved")
+def test_cluster_async_a_ticket_wait_across_a_slot_move_is_granted_exactly_once(own_cluster):
+    cluster = own_cluster
+
+    async def main() -> None:
+        key = key_of("amove")
+        slot = redis.cluster.key_slot(key.encode())
+        source = cluster.node_of(key)
+        target = next(n for n in cluster.nodes if n is not source)
+        release = hold_elsewhere(source, key)
+        rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        async with AsyncLockClient(rc) as client:
+            task = asyncio.create_task(client.lock(key, wait_timeout=30).acquire())
+            await until(lambda: waiters(source, key) == 1 and in_blpop(source), "waits")
+            await asyncio.to_thread(move_slot_to, cluster, slot, source, target)
+            await until(lambda: waiters(target, key) == 1, "waits again on the new master")
+            assert target.blocked_clients("lock.acquire") == []
+            target.client().execute_command("LOCK.RELEASE", key, "other")
+            guard = await task
+            found = node_info(target, key)
+            assert found[b"owner"] == guard.owner and found[b"count"] == 1
+            assert await guard.release() is Release.RELEASED
+            assert node_info(target, key) is None
+        await rc.aclose()
+        del release
+    asyncio.run(main())
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-ephemeral")
+def test_cluster_an_ephemeral_wait_takes_a_ticket_on_the_keys_master(cluster):
+    with LockClient(cluster.redis_cluster()) as client:
+        key = key_of("eph")
+        node = cluster.node_of(key)
+        release = hold_elsewhere(node, key)
+        handle = client.lock(key, ephemeral=True, wait_timeout=10)
+        waiter = Waiter(handle.acquire)
+        waiter.start()
+        wait_until(lambda: waiters(node, key) == 1 and len(in_blpop(node)) == 1,
+                   "waits with a ticket")
+        assert node.blocked_clients("lock.acquire") == []
+        (own,) = [c for c in connections(node)
+                  if c.get("name", "").endswith(":" + handle.owner.decode())]
+        release()
+        guard = waiter.result()
+        found = node_info(node, key)
+        assert found[b"token"] == guard.token and int(found[b"ephemeral"]) == int(own["id"])
+        assert guard.release() is Release.RELEASED
