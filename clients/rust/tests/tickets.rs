@@ -806,3 +806,60 @@ async fn a_killed_ephemeral_asking_connection_makes_the_wait_ask_again_on_a_new_
         .unwrap();
     assert_eq!(alive, Value::Int(1));
 }
+
+/// Review: the group's interrupt (`CLIENT UNBLOCK` of its own `BLPOP`) while writes are paused
+/// (`CLIENT PAUSE WRITE`, as every failover does). `BLPOP` is a write: re-sent during the pause it
+/// is postponed, and `CLIENT UNBLOCK` of a postponed client kills Redis 7.0 (Debian's 7.0.15:
+/// "Guru Meditation: Unknown btype in replyToBlockedClientTimedOut()"). A waiter giving up
+/// during the pause is enough: the server goes down with every lock on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_giving_up_during_a_write_pause_do_not_bring_the_server_down() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, Some(true)).await;
+    let holder = client_of(&server, Some(false)).await;
+    let _held = holder.lock("k").acquire().await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let waiter = client.lock("k").wait_timeout(Duration::from_secs(60));
+        tasks.push(tokio::spawn(async move { waiter.acquire().await }));
+    }
+    until_waiters(&mut raw, "k", 3).await;
+    until_popping(&mut raw, &name_of(&client)).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(8_000)
+        .arg("WRITE")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // One gives up: the group interrupts its BLPOP (not yet postponed) and sends it again for
+    // the two left, which the pause postpones. Then another gives up.
+    tasks.remove(0).abort();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tasks.remove(0).abort();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let pong: redis::RedisResult<String> = redis::cmd("PING")
+        .query_async(&mut super_raw(&server).await)
+        .await;
+    assert_eq!(pong.ok().as_deref(), Some("PONG"), "the server is down");
+    let _: redis::RedisResult<()> = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut raw)
+        .await;
+}
+
+/// A fresh connection (the shared one may have died with the server).
+async fn super_raw(server: &Server) -> MultiplexedConnection {
+    match tokio::time::timeout(Duration::from_secs(2), async {
+        redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+    })
+    .await
+    {
+        Ok(Ok(con)) => con,
+        _ => panic!("the server is down: no connection"),
+    }
+}
