@@ -839,10 +839,16 @@ async fn waiters_giving_up_during_a_write_pause_do_not_bring_the_server_down() {
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     tasks.remove(0).abort();
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    let pong: redis::RedisResult<String> = redis::cmd("PING")
-        .query_async(&mut super_raw(&server).await)
-        .await;
+    let mut fresh = super_raw(&server).await;
+    let pong: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut fresh).await;
     assert_eq!(pong.ok().as_deref(), Some("PONG"), "the server is down");
+    // Nor is the interrupt sent again and again through the pause: each waits for its end.
+    let unblocks = calls(&mut fresh, "client|unblock").await;
+    eprintln!("{unblocks} CLIENT UNBLOCK calls");
+    assert!(
+        unblocks < 50,
+        "{unblocks} CLIENT UNBLOCK calls during the pause"
+    );
     let _: redis::RedisResult<()> = redis::cmd("CLIENT")
         .arg("UNPAUSE")
         .query_async(&mut raw)
@@ -862,4 +868,53 @@ async fn super_raw(server: &Server) -> MultiplexedConnection {
         Ok(Ok(con)) => con,
         _ => panic!("the server is down: no connection"),
     }
+}
+
+/// A client whose user may not run `command` (`MULTI` or `DEL`) cannot send `CLIENT UNBLOCK` in
+/// its fenced transaction: it never sends it at all, and its waiting connection pops with short
+/// `BLPOP`s (a second at most), so that a ticket asked while one runs is still popped soon.
+async fn a_ticket_asked_while_a_pop_runs_is_popped_without(command: &str) {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("waiter")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg(format!("-{command}"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let client = client_as(&server, "waiter").await;
+    let holder = client_of(&server, Some(false)).await;
+    let _a = holder.lock("a").acquire().await.unwrap();
+    let mut b = holder.lock("b").acquire().await.unwrap();
+    // No deadline: the first pop's `BLPOP` would otherwise block until a grant.
+    let first = client.lock("a");
+    let _first = tokio::spawn(async move { first.acquire().await });
+    until_waiters(&mut raw, "a", 1).await;
+    until_popping(&mut raw, &name_of(&client)).await;
+    let second = client.lock("b");
+    let second = tokio::spawn(async move { second.acquire().await });
+    until_waiters(&mut raw, "b", 1).await;
+    b.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second ticket is popped although the first pop could not be interrupted")
+        .unwrap();
+    assert!(granted.is_ok(), "{:?}", granted.map(|g| g.token()));
+    assert_eq!(calls(&mut raw, "client|unblock").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_multi_a_ticket_asked_while_a_pop_runs_is_popped_and_nothing_unblocked() {
+    a_ticket_asked_while_a_pop_runs_is_popped_without("multi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_del_a_ticket_asked_while_a_pop_runs_is_popped_and_nothing_unblocked() {
+    a_ticket_asked_while_a_pop_runs_is_popped_without("del").await;
 }
