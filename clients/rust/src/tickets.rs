@@ -795,13 +795,11 @@ impl Tickets {
         pipe.cmd("CLIENT").arg("ID");
         pipe.cmd("MULTI");
         pipe.cmd("DISCARD").ignore();
-        let replies = tokio::time::timeout(
-            self.timeout,
-            pipe.query_async::<Vec<Value>>(&mut own.conn),
-        )
-        .await
-        .map_err(|_| timed_out())?
-        .map_err(LockError::Connection)?;
+        let replies =
+            tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Value>>(&mut own.conn))
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(LockError::Connection)?;
         let id = match replies.as_slice() {
             // Without `MULTI`, `CLIENT UNBLOCK` could not go in its transaction: never sent.
             [Value::Int(id), Value::Okay] if !self.unfenced.load(Ordering::SeqCst) => Some(*id),

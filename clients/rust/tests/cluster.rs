@@ -1309,6 +1309,7 @@ async fn cluster_waiters_giving_up_during_a_write_pause_do_not_bring_the_node_do
     // Where it survives (Redis 8.2.3: the unblock of a postponed BLPOP answers 0), the group
     // sends `CLIENT UNBLOCK` again every 5 ms until the pause ends (329 calls in 2.5 s here).
     let unblocks = calls_on(node, "client|unblock");
+    eprintln!("{unblocks} CLIENT UNBLOCK calls");
     assert!(
         unblocks < 50,
         "{unblocks} CLIENT UNBLOCK calls during the pause"
