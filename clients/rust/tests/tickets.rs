@@ -918,3 +918,123 @@ async fn without_multi_a_ticket_asked_while_a_pop_runs_is_popped_and_nothing_unb
 async fn without_del_a_ticket_asked_while_a_pop_runs_is_popped_and_nothing_unblocked() {
     a_ticket_asked_while_a_pop_runs_is_popped_without("del").await;
 }
+
+/// The interrupt's fence (`DEL` of `__lock_fence__unblock{<tag>}`, a key that never exists)
+/// changes nothing: no key event, nothing replicated, no key left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_interrupts_fence_raises_no_key_event_and_replicates_nothing() {
+    let server = Server::start();
+    let replica = Server::replica_of(&server);
+    let mut raw = raw(&server).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KEA")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Key events about the fence key, collected on a thread while the waits run.
+    let mut sub = server.connect();
+    let (ready, is_ready) = std::sync::mpsc::channel();
+    let events = std::thread::spawn(move || {
+        let mut pubsub = sub.as_pubsub();
+        pubsub.psubscribe("__key*__:*").unwrap();
+        pubsub
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let _ = ready.send(());
+        let mut seen = Vec::new();
+        let until = std::time::Instant::now() + Duration::from_secs(6);
+        while std::time::Instant::now() < until {
+            if let Ok(m) = pubsub.get_message() {
+                let payload: String = m.get_payload().unwrap_or_default();
+                let about = format!("{} {payload}", m.get_channel_name());
+                if about.contains("unblock") {
+                    seen.push(about);
+                }
+            }
+        }
+        seen
+    });
+    is_ready.recv().unwrap();
+    let client = client_of(&server, Some(true)).await;
+    let holder = client_of(&server, Some(false)).await;
+    let _a = holder.lock("a").acquire().await.unwrap();
+    let mut b = holder.lock("b").acquire().await.unwrap();
+    let first = client.lock("a");
+    let _first = tokio::spawn(async move { first.acquire().await });
+    until_waiters(&mut raw, "a", 1).await;
+    until_popping(&mut raw, &name_of(&client)).await;
+    // A second ticket interrupts the first pop: a fenced `CLIENT UNBLOCK`.
+    let second = client.lock("b");
+    let second = tokio::spawn(async move { second.acquire().await });
+    until_waiters(&mut raw, "b", 1).await;
+    b.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second wait is granted")
+        .unwrap();
+    assert!(granted.is_ok());
+    assert!(calls(&mut raw, "client|unblock").await >= 1);
+    assert!(calls(&mut raw, "del").await >= 1, "the fence was sent");
+    let fences: Vec<String> = redis::cmd("KEYS")
+        .arg("__lock_fence__unblock*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(fences.is_empty(), "{fences:?}");
+    let seen = tokio::task::spawn_blocking(move || events.join().unwrap())
+        .await
+        .unwrap();
+    assert!(seen.is_empty(), "key events about the fence: {seen:?}");
+    // The same transaction sent by hand moves the replication offset by nothing (tried a few
+    // times: the master's own pings to its replica move it now and then).
+    let mut replica_raw = super_raw(&replica).await;
+    let _: Value = redis::cmd("PING")
+        .query_async(&mut replica_raw)
+        .await
+        .unwrap();
+    let offset = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("master_repl_offset:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    let mut unchanged = false;
+    for _ in 0..3 {
+        let before = offset(
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut raw)
+                .await
+                .unwrap(),
+        );
+        let replies: Vec<Value> = redis::pipe()
+            .cmd("MULTI")
+            .cmd("DEL")
+            .arg("__lock_fence__unblock{b}")
+            .cmd("CLIENT")
+            .arg("UNBLOCK")
+            .arg(1_000_000)
+            .cmd("EXEC")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(
+            replies.last(),
+            Some(&Value::Array(vec![Value::Int(0), Value::Int(0)]))
+        );
+        let after = offset(
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut raw)
+                .await
+                .unwrap(),
+        );
+        if after == before {
+            unchanged = true;
+            break;
+        }
+    }
+    assert!(unchanged, "the fenced unblock was replicated");
+}
