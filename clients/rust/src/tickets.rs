@@ -1104,6 +1104,55 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_fence_key_is_in_the_tickets_slot_and_no_ticket() {
+        let ticket = b"__lock_fence__ticket{user:1}00000000000000ff";
+        let fence = fence_key(ticket);
+        assert_eq!(fence, b"__lock_fence__unblock{user:1}".to_vec());
+        assert_eq!(key_slot(&fence), key_slot(ticket));
+        assert_eq!(fence_key(b"no-tag"), b"__lock_fence__unblock{}".to_vec());
+    }
+
+    #[test]
+    fn the_fenced_unblock_replies_are_told_apart() {
+        let queued = || Ok(Value::SimpleString("QUEUED".into()));
+        let server = |text: &str| Err(LockError::Server(text.into()));
+        let exec = |n| Ok(Value::Array(vec![Value::Int(0), Value::Int(n)]));
+        let cases = [
+            (
+                vec![Ok(Value::Okay), queued(), queued(), exec(1)],
+                Unblock::Done,
+            ),
+            (
+                vec![Ok(Value::Okay), queued(), queued(), exec(0)],
+                Unblock::NotBlocked,
+            ),
+            (
+                vec![
+                    Ok(Value::Okay),
+                    server("MOVED 12 127.0.0.1:7001"),
+                    queued(),
+                    server("EXECABORT Transaction discarded"),
+                ],
+                Unblock::Redirected,
+            ),
+            (
+                vec![
+                    Ok(Value::Okay),
+                    server("NOPERM User w has no permissions to run the 'del' command"),
+                    queued(),
+                    server("EXECABORT Transaction discarded"),
+                ],
+                Unblock::Refused,
+            ),
+            (vec![server("NOPERM multi")], Unblock::Refused),
+        ];
+        for (replies, expected) in cases {
+            assert_eq!(unblocked(&Ok(replies)), expected);
+        }
+        assert_eq!(unblocked(&Err(timed_out())), Unblock::NotBlocked);
+    }
+
+    #[test]
     fn popped_answers_are_told_apart_by_their_first_byte() {
         let ask = Redirect {
             address: "127.0.0.1:7001".into(),
