@@ -298,7 +298,7 @@ fn master_of(key: &[u8]) -> SingleNodeRoutingInfo {
 }
 
 /// A pipeline's replies (sent with `ignore_errors`), each server error as an `Err`.
-fn answers(replies: Vec<Value>) -> Vec<Result<Value, LockError>> {
+pub(crate) fn answers(replies: Vec<Value>) -> Vec<Result<Value, LockError>> {
     replies
         .into_iter()
         .map(|v| v.extract_error().map_err(LockError::from))

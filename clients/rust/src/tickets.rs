@@ -9,6 +9,15 @@
 //! `BLPOP` runs interrupts it (`CLIENT UNBLOCK` on the asking connection: it answers nil) and the
 //! `BLPOP` is sent again with the new set. A popped answer goes to its waiter.
 //!
+//! `CLIENT UNBLOCK` is never sent alone but in a transaction with a write that changes nothing
+//! (`MULTI`, `DEL` of a key that never exists in the tickets' slot, `CLIENT UNBLOCK`, `EXEC`).
+//! While writes are paused (`CLIENT PAUSE WRITE`, as every failover does) a `BLPOP` sent then
+//! (a write) is postponed, and unblocking a postponed client crashes Redis 7.0 (newer servers
+//! answer 0, and the interrupt would be sent again and again until the pause ends). The server
+//! postpones the whole transaction too, and when the pause ends it lets every postponed client
+//! go before it runs any of them: the `CLIENT UNBLOCK` finds the `BLPOP` either blocked as
+//! usual or not blocked at all, never postponed, and each retry waits out the pause.
+//!
 //! On one server (standalone, Sentinel) there is one group: the client's tickets are asked on
 //! its shared connection and popped on one waiting connection to the master. In a cluster a
 //! ticket hashes to its lock's slot and one `BLPOP` may only name keys of one slot, so there is
@@ -32,7 +41,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, Value};
+use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, Pipeline, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -40,6 +49,7 @@ use crate::basics::relock;
 use crate::conn::{self, Commands};
 use crate::error::LockError;
 use crate::master::Master;
+use crate::naming::setname;
 use crate::node::Node;
 use crate::servers::{key_slot, Found, Servers};
 
@@ -56,6 +66,10 @@ const MARGIN: Duration = Duration::from_secs(2);
 /// After a `CLIENT UNBLOCK` that found nothing blocked (the `BLPOP` was still on its way), how
 /// soon it is sent again.
 const UNBLOCK_AGAIN: Duration = Duration::from_millis(5);
+
+/// The start of the key the fenced `CLIENT UNBLOCK` deletes (with the tickets' `{tag}`): in the
+/// module's namespace, and never made by it, so it never exists.
+const UNBLOCK_FENCE: &[u8] = b"__lock_fence__unblock";
 
 /// How many times in a row the waiting connection may fail to open before the waiters are
 /// answered with the error.
@@ -280,6 +294,9 @@ pub(crate) struct Tickets {
     /// The inbox of each group's running task: one group on one server (`None`), one per slot
     /// in a cluster.
     groups: Mutex<HashMap<Option<u16>, mpsc::UnboundedSender<Entry>>>,
+    /// Set when the server refused the fenced `CLIENT UNBLOCK` (an ACL without `MULTI` or
+    /// `DEL`): from then on `BLPOP`s are short and never interrupted, as without `CLIENT ID`.
+    unfenced: AtomicBool,
 }
 
 /// A waiting connection, with its id for `CLIENT UNBLOCK` (none when the server refused
@@ -344,6 +361,24 @@ impl NodeConns {
         (reply, number)
     }
 
+    /// The commands of `pipe` (sent with `ignore_errors`) on the asking connection, as
+    /// [`NodeConns::query`]: each command's reply, a server error as an error value.
+    async fn query_pipeline(&self, pipe: &Pipeline) -> redis::RedisResult<Vec<Value>> {
+        let (mut conn, number, new) = self.connection().await?;
+        if new {
+            // Refused (an ACL without CLIENT): the connection works unnamed.
+            let _ = setname(&self.name).query_async::<Value>(&mut conn).await;
+        }
+        let replies = pipe.query_async::<Vec<Value>>(&mut conn).await;
+        if matches!(&replies, Err(e) if e.code().is_none()) {
+            let mut slot = relock(&self.asking);
+            if slot.as_ref().is_some_and(|(_, n)| *n == number) {
+                *slot = None;
+            }
+        }
+        replies
+    }
+
     async fn connection(&self) -> redis::RedisResult<(MultiplexedConnection, u64, bool)> {
         if let Some((conn, n)) = relock(&self.asking).clone() {
             return Ok((conn, n, false));
@@ -397,6 +432,7 @@ impl Tickets {
             name,
             timeout,
             groups: Mutex::new(HashMap::new()),
+            unfenced: AtomicBool::new(false),
         }
     }
 
@@ -416,6 +452,7 @@ impl Tickets {
             name,
             timeout,
             groups: Mutex::new(HashMap::new()),
+            unfenced: AtomicBool::new(false),
         }
     }
 
@@ -743,7 +780,8 @@ impl Tickets {
         }
     }
 
-    /// Opens a waiting connection to `node`: its name and `CLIENT ID` in one round trip.
+    /// Opens a waiting connection to `node`: its name, `CLIENT ID`, and whether `MULTI` is
+    /// allowed (`MULTI` then `DISCARD`), in one round trip.
     async fn open_to(
         &self,
         node: &Node,
@@ -751,20 +789,23 @@ impl Tickets {
         conns: Option<Arc<NodeConns>>,
     ) -> Result<Waiting, LockError> {
         let mut own = conn::own_connection(&node.client, false, self.timeout).await?;
-        let mut id_cmd = redis::cmd("CLIENT");
-        id_cmd.arg("ID");
-        let id = tokio::time::timeout(
-            self.timeout,
-            conn::first_query(&mut own.conn, &self.name, false, &id_cmd),
-        )
-        .await
-        .map_err(|_| timed_out())?;
-        let id = match id {
-            Ok(Value::Int(id)) => Some(id),
-            // Refused (an ACL without CLIENT): BLPOPs short enough to take new tickets.
-            Ok(_) => None,
-            Err(e) if e.code().is_some() => None,
-            Err(e) => return Err(LockError::Connection(e)),
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.add_command(setname(&self.name)).ignore();
+        pipe.cmd("CLIENT").arg("ID");
+        pipe.cmd("MULTI");
+        pipe.cmd("DISCARD").ignore();
+        let replies =
+            tokio::time::timeout(self.timeout, pipe.query_async::<Vec<Value>>(&mut own.conn))
+                .await
+                .map_err(|_| timed_out())?
+                .map_err(LockError::Connection)?;
+        let id = match replies.as_slice() {
+            // Without `MULTI`, `CLIENT UNBLOCK` could not go in its transaction: never sent.
+            [Value::Int(id), Value::Okay] if !self.unfenced.load(Ordering::SeqCst) => Some(*id),
+            // Refused (an ACL without CLIENT or MULTI): BLPOPs short enough to take new
+            // tickets.
+            _ => None,
         };
         Ok(Waiting {
             conn: own.conn,
@@ -782,15 +823,26 @@ impl Tickets {
         }
     }
 
-    /// `CLIENT UNBLOCK id` on the asking connection to the waiting connection's server.
-    async fn unblock(&self, waiting: &Waiting, id: i64) -> bool {
-        let mut unblock = redis::cmd("CLIENT");
-        unblock.arg("UNBLOCK").arg(id);
-        let reply = match &waiting.node {
-            Some(node) => Asker::Node(node.clone()).query(&unblock).await,
-            None => self.commands.query(&unblock).await,
+    /// `CLIENT UNBLOCK id` on the asking connection to the waiting connection's server, in a
+    /// transaction fenced by a write that changes nothing (`DEL` of `fence`, a key in the
+    /// tickets' slot that never exists): while writes are paused the server holds the whole
+    /// transaction back until the pause ends (module docs above).
+    async fn unblock(&self, waiting: &Waiting, id: i64, fence: &[u8]) -> Unblock {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("MULTI");
+        pipe.cmd("DEL").arg(fence);
+        pipe.cmd("CLIENT").arg("UNBLOCK").arg(id);
+        pipe.cmd("EXEC");
+        let replies = match &waiting.node {
+            Some(node) => node
+                .query_pipeline(&pipe)
+                .await
+                .map(conn::answers)
+                .map_err(LockError::from),
+            None => self.commands.query_pipeline(&pipe, fence).await,
         };
-        matches!(reply, Ok(Value::Int(1)))
+        unblocked(&replies)
     }
 
     /// One `BLPOP` over `entries`' tickets (after `ASKING` when `asking`), interrupted (and its
@@ -810,10 +862,16 @@ impl Tickets {
             Some(d) => d.saturating_duration_since(now).as_millis().div_ceil(1000) as u64 + 1,
             None => 0,
         };
-        if waiting.id.is_none() {
+        // The waiting connection's id, unless the server refused the fenced unblock.
+        let id = waiting.id.filter(|_| !self.unfenced.load(Ordering::SeqCst));
+        if id.is_none() {
             // Cannot be interrupted: short, so that new tickets join soon.
             secs = 1;
         }
+        let fence = entries
+            .first()
+            .map(|e| fence_key(&e.wanted.ticket))
+            .unwrap_or_default();
         let mut cmd = redis::cmd("BLPOP");
         for entry in entries.iter() {
             cmd.arg(&entry.wanted.ticket);
@@ -831,16 +889,30 @@ impl Tickets {
         let mut check = tokio::time::interval_at(now + CHECK, CHECK);
         let mut interrupt = false;
         let mut interrupted = false;
+        let mut again = UNBLOCK_AGAIN;
         let mut inbox_open = true;
         let failover = crate::master::changed(self.changes());
         tokio::pin!(failover);
         let reply = loop {
             if interrupt && !interrupted {
-                if let Some(id) = waiting.id {
-                    interrupted = self.unblock(waiting, id).await;
+                if let Some(id) = id {
+                    match self.unblock(waiting, id, &fence).await {
+                        Unblock::Done => interrupted = true,
+                        Unblock::NotBlocked => again = UNBLOCK_AGAIN,
+                        // The slot is migrating or moved: the `BLPOP` is redirected when it
+                        // ends there; meanwhile the interrupt is tried again less often.
+                        Unblock::Redirected => again = PAUSE,
+                        Unblock::Refused => {
+                            // It cannot be interrupted: the waiting connection goes (which
+                            // ends its `BLPOP`; the tickets stand), and the next ones pop
+                            // with short `BLPOP`s.
+                            self.unfenced.store(true, Ordering::SeqCst);
+                            return Popped::Broken;
+                        }
+                    }
                 }
             }
-            let retry = interrupt && !interrupted && waiting.id.is_some();
+            let retry = interrupt && !interrupted && id.is_some();
             tokio::select! {
                 reply = &mut blpop => break reply,
                 entry = inbox.recv(), if inbox_open => match entry {
@@ -850,7 +922,7 @@ impl Tickets {
                     }
                     None => inbox_open = false,
                 },
-                _ = tokio::time::sleep(UNBLOCK_AGAIN), if retry => {}
+                _ = tokio::time::sleep(again), if retry => {}
                 // Through Sentinel, the master was replaced: its tickets no longer count.
                 _ = &mut failover => return Popped::Broken,
                 _ = check.tick() => {
@@ -933,6 +1005,61 @@ fn leave(waiting: Waiting) {
     }
 }
 
+/// What a fenced `CLIENT UNBLOCK` came to.
+#[derive(Debug, PartialEq)]
+enum Unblock {
+    /// The `BLPOP` was blocked: it answers nil now.
+    Done,
+    /// Nothing was blocked (the `BLPOP` was on its way, or just answered), or no answer (the
+    /// connection broke or timed out): sent again soon.
+    NotBlocked,
+    /// The fence key's slot is migrating or moved (`ASK`, `MOVED`, `TRYAGAIN`), or the cluster
+    /// is down: nothing ran.
+    Redirected,
+    /// The server refused the transaction or its `DEL` (an ACL without them): nothing ran.
+    Refused,
+}
+
+/// The key the fenced `CLIENT UNBLOCK` deletes for `ticket`: [`UNBLOCK_FENCE`] and the ticket's
+/// `{tag}` (so in its slot). No ticket is named so ([`UNBLOCK_FENCE`] is no ticket prefix).
+fn fence_key(ticket: &[u8]) -> Vec<u8> {
+    let mut key = UNBLOCK_FENCE.to_vec();
+    let tag = ticket.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = ticket.get(open..)?;
+        let close = rest.iter().position(|&b| b == b'}')?;
+        rest.get(..=close)
+    });
+    key.extend_from_slice(tag.unwrap_or(b"{}"));
+    key
+}
+
+/// The replies to `MULTI`, `DEL`, `CLIENT UNBLOCK`, `EXEC` (a server error as an `Err`).
+fn unblocked(replies: &Result<Vec<Result<Value, LockError>>, LockError>) -> Unblock {
+    let Ok(replies) = replies else {
+        return Unblock::NotBlocked;
+    };
+    let redirected = |reply: &Result<Value, LockError>| match reply {
+        Err(LockError::Server(text)) => matches!(
+            text.split(' ').next(),
+            Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "BUSY")
+        ),
+        _ => false,
+    };
+    match replies.as_slice() {
+        [Ok(Value::Okay), _, _, Ok(Value::Array(done))] => match done.as_slice() {
+            [_, Value::Int(1)] => Unblock::Done,
+            _ => Unblock::NotBlocked,
+        },
+        [Ok(Value::Okay), del, _, Err(LockError::Server(_))] if redirected(del) => {
+            Unblock::Redirected
+        }
+        [Ok(Value::Okay), _, _, Err(LockError::Server(_))] => Unblock::Refused,
+        // `MULTI` refused (checked when the waiting connection opened, so not met).
+        [Err(LockError::Server(_)), ..] => Unblock::Refused,
+        _ => Unblock::NotBlocked,
+    }
+}
+
 /// What one `BLPOP` came to.
 enum Popped {
     /// A ticket and its answer.
@@ -975,6 +1102,55 @@ fn clone_error(e: &LockError) -> LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fence_key_is_in_the_tickets_slot_and_no_ticket() {
+        let ticket = b"__lock_fence__ticket{user:1}00000000000000ff";
+        let fence = fence_key(ticket);
+        assert_eq!(fence, b"__lock_fence__unblock{user:1}".to_vec());
+        assert_eq!(key_slot(&fence), key_slot(ticket));
+        assert_eq!(fence_key(b"no-tag"), b"__lock_fence__unblock{}".to_vec());
+    }
+
+    #[test]
+    fn the_fenced_unblock_replies_are_told_apart() {
+        let queued = || Ok(Value::SimpleString("QUEUED".into()));
+        let server = |text: &str| Err(LockError::Server(text.into()));
+        let exec = |n| Ok(Value::Array(vec![Value::Int(0), Value::Int(n)]));
+        let cases = [
+            (
+                vec![Ok(Value::Okay), queued(), queued(), exec(1)],
+                Unblock::Done,
+            ),
+            (
+                vec![Ok(Value::Okay), queued(), queued(), exec(0)],
+                Unblock::NotBlocked,
+            ),
+            (
+                vec![
+                    Ok(Value::Okay),
+                    server("MOVED 12 127.0.0.1:7001"),
+                    queued(),
+                    server("EXECABORT Transaction discarded"),
+                ],
+                Unblock::Redirected,
+            ),
+            (
+                vec![
+                    Ok(Value::Okay),
+                    server("NOPERM User w has no permissions to run the 'del' command"),
+                    queued(),
+                    server("EXECABORT Transaction discarded"),
+                ],
+                Unblock::Refused,
+            ),
+            (vec![server("NOPERM multi")], Unblock::Refused),
+        ];
+        for (replies, expected) in cases {
+            assert_eq!(unblocked(&Ok(replies)), expected);
+        }
+        assert_eq!(unblocked(&Err(timed_out())), Unblock::NotBlocked);
+    }
 
     #[test]
     fn popped_answers_are_told_apart_by_their_first_byte() {

@@ -1259,3 +1259,60 @@ async fn an_ephemeral_wait_in_a_cluster_takes_a_ticket_on_the_keys_node() {
     assert_eq!(info_on(node, &key), Value::Nil);
     assert_eq!(lock_stat(node, "lock_tickets"), 0);
 }
+
+/// Review: in a cluster the group interrupts its `BLPOP` with `CLIENT UNBLOCK` on the asking
+/// connection to the node, which a write pause does not hold up (`LOCK.CANCEL` goes on the
+/// cluster connection). While writes are paused (`CLIENT PAUSE WRITE`; a manual `CLUSTER
+/// FAILOVER` pauses the old master's writes too) a re-sent `BLPOP` is postponed, and `CLIENT
+/// UNBLOCK` of a postponed client kills Redis 7.0 (Debian's 7.0.15: "Guru Meditation: Unknown
+/// btype in replyToBlockedClientTimedOut()"). Two waiters giving up during the pause suffice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiters_giving_up_during_a_write_pause_do_not_bring_the_node_down() {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[1].clone();
+    let node = cluster.node_for_slot(slot(&key));
+    let client = ticket_client(&cluster, true).await;
+    let holder = ticket_client(&cluster, false).await;
+    let _held = holder.lock(&key).acquire().await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let waiter = client.lock(&key).wait_timeout(Duration::from_secs(60));
+        tasks.push(tokio::spawn(async move { waiter.acquire().await }));
+    }
+    wait_until("three wait", || waiters_on(node, &key) == 3).await;
+    let name = client_name(&client);
+    wait_until("the wait pops", || {
+        popping(&client_list(node, Some(&name))) == 1
+    })
+    .await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(8_000)
+        .arg("WRITE")
+        .query(&mut direct(node))
+        .unwrap();
+    tasks.remove(0).abort();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tasks.remove(0).abort();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let alive = redis::Client::open(node.url())
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+    let log = node.log();
+    let crash: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Guru Meditation"))
+        .collect();
+    assert!(alive.is_ok(), "the node is down: {alive:?} {crash:?}");
+    // Where it survives (Redis 8.2.3: the unblock of a postponed BLPOP answers 0), the group
+    // sends `CLIENT UNBLOCK` again every 5 ms until the pause ends (329 calls in 2.5 s here).
+    let unblocks = calls_on(node, "client|unblock");
+    eprintln!("{unblocks} CLIENT UNBLOCK calls");
+    assert!(
+        unblocks < 50,
+        "{unblocks} CLIENT UNBLOCK calls during the pause"
+    );
+    let _: redis::RedisResult<()> = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut direct(node));
+}

@@ -806,3 +806,235 @@ async fn a_killed_ephemeral_asking_connection_makes_the_wait_ask_again_on_a_new_
         .unwrap();
     assert_eq!(alive, Value::Int(1));
 }
+
+/// Review: the group's interrupt (`CLIENT UNBLOCK` of its own `BLPOP`) while writes are paused
+/// (`CLIENT PAUSE WRITE`, as every failover does). `BLPOP` is a write: re-sent during the pause it
+/// is postponed, and `CLIENT UNBLOCK` of a postponed client kills Redis 7.0 (Debian's 7.0.15:
+/// "Guru Meditation: Unknown btype in replyToBlockedClientTimedOut()"). A waiter giving up
+/// during the pause is enough: the server goes down with every lock on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_giving_up_during_a_write_pause_do_not_bring_the_server_down() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let client = client_of(&server, Some(true)).await;
+    let holder = client_of(&server, Some(false)).await;
+    let _held = holder.lock("k").acquire().await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let waiter = client.lock("k").wait_timeout(Duration::from_secs(60));
+        tasks.push(tokio::spawn(async move { waiter.acquire().await }));
+    }
+    until_waiters(&mut raw, "k", 3).await;
+    until_popping(&mut raw, &name_of(&client)).await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(8_000)
+        .arg("WRITE")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // One gives up: the group interrupts its BLPOP (not yet postponed) and sends it again for
+    // the two left, which the pause postpones. Then another gives up.
+    tasks.remove(0).abort();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    tasks.remove(0).abort();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let mut fresh = super_raw(&server).await;
+    let pong: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut fresh).await;
+    assert_eq!(pong.ok().as_deref(), Some("PONG"), "the server is down");
+    // Nor is the interrupt sent again and again through the pause: each waits for its end.
+    let unblocks = calls(&mut fresh, "client|unblock").await;
+    eprintln!("{unblocks} CLIENT UNBLOCK calls");
+    assert!(
+        unblocks < 50,
+        "{unblocks} CLIENT UNBLOCK calls during the pause"
+    );
+    let _: redis::RedisResult<()> = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut raw)
+        .await;
+}
+
+/// A fresh connection (the shared one may have died with the server).
+async fn super_raw(server: &Server) -> MultiplexedConnection {
+    match tokio::time::timeout(Duration::from_secs(2), async {
+        redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+    })
+    .await
+    {
+        Ok(Ok(con)) => con,
+        _ => panic!("the server is down: no connection"),
+    }
+}
+
+/// A client whose user may not run `command` (`MULTI` or `DEL`) cannot send `CLIENT UNBLOCK` in
+/// its fenced transaction: it never sends it at all, and its waiting connection pops with short
+/// `BLPOP`s (a second at most), so that a ticket asked while one runs is still popped soon.
+async fn a_ticket_asked_while_a_pop_runs_is_popped_without(command: &str) {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("waiter")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg(format!("-{command}"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let client = client_as(&server, "waiter").await;
+    let holder = client_of(&server, Some(false)).await;
+    let _a = holder.lock("a").acquire().await.unwrap();
+    let mut b = holder.lock("b").acquire().await.unwrap();
+    // No deadline: the first pop's `BLPOP` would otherwise block until a grant.
+    let first = client.lock("a");
+    let _first = tokio::spawn(async move { first.acquire().await });
+    until_waiters(&mut raw, "a", 1).await;
+    until_popping(&mut raw, &name_of(&client)).await;
+    let second = client.lock("b");
+    let second = tokio::spawn(async move { second.acquire().await });
+    until_waiters(&mut raw, "b", 1).await;
+    b.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second ticket is popped although the first pop could not be interrupted")
+        .unwrap();
+    assert!(granted.is_ok(), "{:?}", granted.map(|g| g.token()));
+    assert_eq!(calls(&mut raw, "client|unblock").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_multi_a_ticket_asked_while_a_pop_runs_is_popped_and_nothing_unblocked() {
+    a_ticket_asked_while_a_pop_runs_is_popped_without("multi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_del_a_ticket_asked_while_a_pop_runs_is_popped_and_nothing_unblocked() {
+    a_ticket_asked_while_a_pop_runs_is_popped_without("del").await;
+}
+
+/// The interrupt's fence (`DEL` of `__lock_fence__unblock{<tag>}`, a key that never exists)
+/// changes nothing: no key event, nothing replicated, no key left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_interrupts_fence_raises_no_key_event_and_replicates_nothing() {
+    let server = Server::start();
+    let replica = Server::replica_of(&server);
+    let mut raw = raw(&server).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("KEA")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Key events about the fence key, collected on a thread while the waits run.
+    let mut sub = server.connect();
+    let (ready, is_ready) = std::sync::mpsc::channel();
+    let events = std::thread::spawn(move || {
+        let mut pubsub = sub.as_pubsub();
+        pubsub.psubscribe("__key*__:*").unwrap();
+        pubsub
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let _ = ready.send(());
+        let mut seen = Vec::new();
+        let until = std::time::Instant::now() + Duration::from_secs(6);
+        while std::time::Instant::now() < until {
+            if let Ok(m) = pubsub.get_message() {
+                let payload: String = m.get_payload().unwrap_or_default();
+                let about = format!("{} {payload}", m.get_channel_name());
+                if about.contains("unblock") {
+                    seen.push(about);
+                }
+            }
+        }
+        seen
+    });
+    is_ready.recv().unwrap();
+    let client = client_of(&server, Some(true)).await;
+    let holder = client_of(&server, Some(false)).await;
+    let _a = holder.lock("a").acquire().await.unwrap();
+    let mut b = holder.lock("b").acquire().await.unwrap();
+    let first = client.lock("a");
+    let _first = tokio::spawn(async move { first.acquire().await });
+    until_waiters(&mut raw, "a", 1).await;
+    until_popping(&mut raw, &name_of(&client)).await;
+    // A second ticket interrupts the first pop: a fenced `CLIENT UNBLOCK`.
+    let second = client.lock("b");
+    let second = tokio::spawn(async move { second.acquire().await });
+    until_waiters(&mut raw, "b", 1).await;
+    b.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second wait is granted")
+        .unwrap();
+    assert!(granted.is_ok());
+    assert!(calls(&mut raw, "client|unblock").await >= 1);
+    assert!(calls(&mut raw, "del").await >= 1, "the fence was sent");
+    let fences: Vec<String> = redis::cmd("KEYS")
+        .arg("__lock_fence__unblock*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(fences.is_empty(), "{fences:?}");
+    let seen = tokio::task::spawn_blocking(move || events.join().unwrap())
+        .await
+        .unwrap();
+    assert!(seen.is_empty(), "key events about the fence: {seen:?}");
+    // The same transaction sent by hand moves the replication offset by nothing (tried a few
+    // times: the master's own pings to its replica move it now and then).
+    let mut replica_raw = super_raw(&replica).await;
+    let _: Value = redis::cmd("PING")
+        .query_async(&mut replica_raw)
+        .await
+        .unwrap();
+    let offset = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("master_repl_offset:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    let mut unchanged = false;
+    for _ in 0..3 {
+        let before = offset(
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut raw)
+                .await
+                .unwrap(),
+        );
+        let replies: Vec<Value> = redis::pipe()
+            .cmd("MULTI")
+            .cmd("DEL")
+            .arg("__lock_fence__unblock{b}")
+            .cmd("CLIENT")
+            .arg("UNBLOCK")
+            .arg(1_000_000)
+            .cmd("EXEC")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(
+            replies.last(),
+            Some(&Value::Array(vec![Value::Int(0), Value::Int(0)]))
+        );
+        let after = offset(
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut raw)
+                .await
+                .unwrap(),
+        );
+        if after == before {
+            unchanged = true;
+            break;
+        }
+    }
+    assert!(unchanged, "the fenced unblock was replicated");
+}
