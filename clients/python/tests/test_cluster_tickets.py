@@ -17,7 +17,8 @@ import redis.cluster
 from conftest import Cluster, Server, start_cluster, wait_until
 from redis_lock_client import AsyncLockClient, LockClient, Release
 from test_cluster import asking_info, half_move, finish_move, move_slot_to, node_info
-from test_tickets import Waiter, connections
+from redis_lock_client._sync._tickets import TicketDesk as SyncDesk
+from test_tickets import Waiter, alive, connections, postponed
 
 
 def tags_on(cluster: Cluster, node: Server, n: int) -> list[str]:
@@ -333,3 +334,51 @@ def test_cluster_an_ephemeral_wait_takes_a_ticket_on_the_keys_master(cluster):
         found = node_info(node, key)
         assert found[b"token"] == guard.token and int(found[b"ephemeral"]) == int(own["id"])
         assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait")
+def test_cluster_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_the_node_up(
+        own_cluster, monkeypatch):
+    # As test_tickets.py's standalone test: the interrupt of a BLPOP the node postponed (a
+    # write pause, as a CLUSTER FAILOVER makes on the old master) killed Redis 7.0; it is sent
+    # as a transaction with a write (DEL of a key in the tickets' slot), which the pause holds.
+    cluster = own_cluster
+    key = key_of("pause")
+    node = cluster.node_of(key)
+    with LockClient(cluster.redis_cluster()) as client:
+        release = hold_elsewhere(node, key)
+        first = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        first.start()
+        wait_until(lambda: waiters(node, key) == 1 and len(in_blpop(node)) == 1, "pops")
+        reached, gate = threading.Event(), threading.Event()
+        interrupt = SyncDesk._unblock
+
+        def gated(desk: SyncDesk, ticket: Any) -> None:
+            reached.set()
+            gate.wait(30)
+            interrupt(desk, ticket)
+
+        monkeypatch.setattr(SyncDesk, "_unblock", gated)
+        second = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        second.start()
+        assert reached.wait(10), "the second wait has its ticket"
+        raw = node.client()
+        unblocks = node.commandstat("client|unblock")
+        raw.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
+        try:
+            wait_until(lambda: postponed(node), "the BLPOP sent again is postponed", 10)
+            gate.set()
+            time.sleep(0.5)
+            assert alive(node), "the node went down"
+            assert node.commandstat("client|unblock") - unblocks <= 1, "CLIENT UNBLOCK spins"
+        finally:
+            gate.set()
+            if alive(node):
+                raw.execute_command("CLIENT", "UNPAUSE")
+        release()
+        guard = first.result(20)
+        assert node_info(node, key)[b"token"] == guard.token
+        guard.release()
+        guard = second.result(20)
+        assert node_info(node, key)[b"token"] == guard.token
+        guard.release()

@@ -10,8 +10,11 @@ import time
 from typing import Any, Callable
 
 import pytest
+import redis
 
 from conftest import Server, info, wait_until
+from redis_lock_client._async._tickets import TicketDesk as AsyncDesk
+from redis_lock_client._sync._tickets import TicketDesk as SyncDesk
 from redis_lock_client._async._tickets import HEALTH_PERIOD
 from conftest import waiting as waiters
 from redis_lock_client import (
@@ -573,5 +576,123 @@ def test_async_an_ephemeral_wait_takes_a_ticket(server, key):
             guard = await task
             assert_held(server, key, guard)
             assert int(info(server, key)[b"ephemeral"]) == int(own["id"])
+            await guard.release()
+    run(main())
+
+
+def postponed(server: Server) -> bool:
+    """Whether the waiting connection's ``BLPOP`` is postponed by a write pause: blocked, but in
+    no timeout table (a ``BLPOP`` blocked on its keys is there, with its timeout)."""
+    waiting = named(server, ":tickets-wait")
+    return (
+        len(waiting) == 1
+        and waiting[0].get("cmd") == "blpop"
+        and "b" in waiting[0].get("flags", "")
+        and int(server.client().info("clients")["clients_in_timeout_table"]) == 0
+    )
+
+
+def alive(server: Server) -> bool:
+    try:
+        return bool(server.client(socket_timeout=2).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_the_server_up(
+        fresh_server, key, monkeypatch):
+    # A ticket issued just before a write pause (CLIENT PAUSE WRITE, as every failover pauses
+    # writes) interrupts the BLPOP out, which the group sent again during the pause: BLPOP is a
+    # write, so the server postponed it, and CLIENT UNBLOCK of a postponed client kills Redis
+    # 7.0 ("Unknown btype in replyToBlockedClientTimedOut"); newer servers answer 0, and a
+    # bare interrupt is sent again and again. The gate holds the interrupt until the BLPOP is
+    # postponed (it is sent at once otherwise, and that ordering is a matter of luck).
+    server = fresh_server
+    with LockClient.from_url(server.url) as client:
+        release = hold_elsewhere(server, key)
+        first = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        first.start()
+        wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "pops")
+        reached, gate = threading.Event(), threading.Event()
+        interrupt = SyncDesk._unblock
+
+        def gated(desk: SyncDesk, ticket: Any) -> None:
+            reached.set()
+            gate.wait(30)
+            interrupt(desk, ticket)
+
+        monkeypatch.setattr(SyncDesk, "_unblock", gated)
+        second = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        second.start()
+        assert reached.wait(10), "the second wait has its ticket"
+        raw = server.client()
+        unblocks = server.commandstat("client|unblock")
+        raw.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
+        try:
+            wait_until(lambda: postponed(server), "the BLPOP sent again is postponed", 10)
+            gate.set()
+            time.sleep(0.5)
+            assert alive(server), "the server went down"
+            assert server.commandstat("client|unblock") - unblocks <= 1, "CLIENT UNBLOCK spins"
+        finally:
+            gate.set()
+            if alive(server):
+                raw.execute_command("CLIENT", "UNPAUSE")
+        release()
+        guard = first.result(20)
+        assert_held(server, key, guard)
+        guard.release()
+        guard = second.result(20)
+        assert_held(server, key, guard)
+        guard.release()
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_async_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_the_server_up(
+        fresh_server, key, monkeypatch):
+    server = fresh_server
+
+    async def until(condition: Callable[[], object], what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            release = hold_elsewhere(server, key)
+            first = asyncio.create_task(client.lock(key, wait_timeout=60).acquire())
+            await until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "pops")
+            reached, gate = asyncio.Event(), asyncio.Event()
+            interrupt = AsyncDesk._unblock
+
+            async def gated(desk: AsyncDesk, ticket: Any) -> None:
+                reached.set()
+                await gate.wait()
+                await interrupt(desk, ticket)
+
+            monkeypatch.setattr(AsyncDesk, "_unblock", gated)
+            second = asyncio.create_task(client.lock(key, wait_timeout=60).acquire())
+            await asyncio.wait_for(reached.wait(), 10)
+            raw = server.client()
+            unblocks = server.commandstat("client|unblock")
+            raw.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
+            try:
+                await until(lambda: postponed(server), "the BLPOP sent again is postponed")
+                gate.set()
+                await asyncio.sleep(0.5)
+                assert alive(server), "the server went down"
+                assert server.commandstat("client|unblock") - unblocks <= 1, "UNBLOCK spins"
+            finally:
+                gate.set()
+                if alive(server):
+                    raw.execute_command("CLIENT", "UNPAUSE")
+            release()
+            guard = await asyncio.wait_for(first, 20)
+            assert_held(server, key, guard)
+            await guard.release()
+            guard = await asyncio.wait_for(second, 20)
+            assert_held(server, key, guard)
             await guard.release()
     run(main())

@@ -8,8 +8,9 @@ the desk's **asking connection** (one per server, kept open while any ticket wai
 belongs to the connection that asked, and goes with it). The server replies the token at once,
 or the name of a ticket it will push the answer into. A **waiting connection** pops the
 outstanding tickets with one ``BLPOP t1 ... tk``; a new ticket interrupts it (``CLIENT
-UNBLOCK``, sent on a pooled connection) so that the next ``BLPOP`` takes it in. An answer popped
-goes to its waiter.
+UNBLOCK``, sent on a pooled connection in a transaction behind a write, ``DEL`` of a key that
+never exists: a write pause holds it as it holds the ``BLPOP``, which it postpones) so that the
+next ``BLPOP`` takes it in. An answer popped goes to its waiter.
 
 Standalone and under Sentinel one waiting connection pops every ticket. In a Redis Cluster a
 ticket lives in its lock's slot and one ``BLPOP`` may only name keys of one slot, so the tickets
@@ -95,6 +96,24 @@ IDLE = 5.0
 #: The names the two kinds of connections add to the client's connection name.
 ASKING_NAME = b"tickets-ask"
 WAITING_NAME = b"tickets-wait"
+
+
+#: The first pause before ``CLIENT UNBLOCK`` is sent again (the ``BLPOP`` it interrupts has not
+#: reached the server yet), doubled each time up to ``UNBLOCK_RETRY_MAX``.
+UNBLOCK_RETRY = 0.002
+UNBLOCK_RETRY_MAX = 0.1
+#: The fence of ``CLIENT UNBLOCK`` (``DEL`` of a key that never exists), with the tickets' tag.
+FENCE_PREFIX = b"__lock_fence__unblock"
+
+
+def _fence(ticket: bytes) -> bytes:
+    """The fence key of ``ticket``'s interrupts: in its slot (``__lock_fence__unblock{<tag>}``
+    for a ticket ``__lock_fence__ticket{<tag>}<id>``)."""
+    start = ticket.find(b"{")
+    end = ticket.find(b"}", start + 1)
+    if start < 0 or end <= start + 1:
+        return FENCE_PREFIX  # not a name the module gives; standalone any key does
+    return FENCE_PREFIX + ticket[start : end + 1]
 
 
 class NoTickets(Exception):
@@ -386,22 +405,34 @@ class TicketDesk:
 
     def _unblock(self, ticket: _Ticket) -> None:
         """Interrupts the ``BLPOP`` out when ``ticket`` was issued (it answers nil) so that the
-        next one takes the new ticket in; sent again while that ``BLPOP`` has not reached the
-        server yet."""
+        next one takes the new ticket in; sent again (after 2 ms, doubling up to 100 ms) while
+        that ``BLPOP`` has not reached the server yet. ``CLIENT UNBLOCK`` is sent behind a
+        write (``Connector.fenced``): a ``BLPOP`` sent during a write pause is postponed
+        (it is a write), and unblocking a postponed client kills Redis 7.0 (newer servers
+        answer 0); the pause holds the fenced one until it ends, when the ``BLPOP`` is no
+        longer postponed."""
         group, at = ticket.group, ticket.unblock
-        for _ in range(100):
+        fence = _fence(ticket.name)
+        pause = UNBLOCK_RETRY
+        until = time.monotonic() + HEALTH_PERIOD
+        while True:
             waiting = group.waiting
             if waiting is None:
                 return
             try:
-                done = waiting.via.query(["CLIENT", "UNBLOCK", waiting.id])
+                done = waiting.via.fenced(
+                    ["CLIENT", "UNBLOCK", waiting.id],
+                    fence,
+                    asking=self._cluster is not None and not waiting.home,
+                )
             except LockError:
                 return  # the BLPOP ends within HEALTH_PERIOD anyway
             with self._books:
                 moved_on = group.round != at or not group.blocked
-            if done == 1 or moved_on:
-                return
-            sleep(0.002)
+            if done == 1 or moved_on or time.monotonic() >= until:
+                return  # past HEALTH_PERIOD, the BLPOP ended by itself
+            sleep(pause)
+            pause = min(2 * pause, UNBLOCK_RETRY_MAX)
 
     def _give_up(self, ticket: _Ticket, multi: bool, keep: bool) -> Any:
         """The waiter stops waiting: the ticket is withdrawn (``LOCK.CANCEL``), and a ``BLPOP``
