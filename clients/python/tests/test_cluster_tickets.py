@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio.cluster
 import redis.cluster
 
-from conftest import Cluster, Server, start_cluster, wait_until
+from conftest import Cluster, Server, add_replica, start_cluster, wait_until
 from redis_lock_client import AsyncLockClient, LockClient, Release
 from test_cluster import asking_info, half_move, finish_move, move_slot_to, node_info
 from redis_lock_client._sync._tickets import TicketDesk as SyncDesk
@@ -382,3 +382,42 @@ def test_cluster_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_
         guard = second.result(20)
         assert node_info(node, key)[b"token"] == guard.token
         guard.release()
+
+
+def is_master(node: Server) -> bool:
+    return node.client().execute_command("ROLE")[0] == b"master"
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait")
+def test_cluster_a_ticket_wait_across_a_cluster_failover_is_asked_again_on_the_new_master(
+        own_cluster, tmp_path):
+    # The queued ticket lives in the old master's memory only: after a CLUSTER FAILOVER the old
+    # master (a replica now) answers the BLPOP `UNBLOCKED`, and a BLPOP sent again is MOVED to
+    # the new master, where nothing is ever written into the ticket. The wait asks again there
+    # (ONCE), so it ends once the lock is free, not after its whole wait (or never).
+    cluster = own_cluster
+    key = key_of("failover")
+    master = cluster.node_of(key)
+    replica = add_replica(cluster, master, tmp_path / "replica")
+    with LockClient(cluster.redis_cluster()) as holder_client, \
+            LockClient(cluster.redis_cluster()) as client:
+        holder = holder_client.lock(key, lease=60).acquire()
+        waiter = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        waiter.start()
+        wait_until(lambda: waiters(master, key) == 1 and in_blpop(master), "waits")
+        replica.client().execute_command("CLUSTER", "FAILOVER")
+        wait_until(lambda: is_master(replica), "the replica is the master", 20)
+        deadline = time.monotonic() + 20
+        while True:  # the holder releases on the new master
+            try:
+                if holder.release() is Release.RELEASED:
+                    break
+            except Exception:  # noqa: BLE001 - the client learns the new master
+                pass
+            assert time.monotonic() < deadline, "the holder could not release"
+            time.sleep(0.2)
+        guard = waiter.result(20)
+        found = node_info(replica, key)
+        assert found[b"owner"] == guard.owner and found[b"token"] == guard.token
+        assert found[b"count"] == 1
+        assert guard.release() is Release.RELEASED
