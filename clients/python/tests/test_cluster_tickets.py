@@ -388,6 +388,20 @@ def is_master(node: Server) -> bool:
     return node.client().execute_command("ROLE")[0] == b"master"
 
 
+def release_on_the_new_master(holder: Any) -> None:
+    """``holder`` released after a failover (its client learns the new master)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            outcome: Any = holder.release()
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            outcome = e
+        if outcome is Release.RELEASED:
+            return
+        assert time.monotonic() < deadline, f"the holder could not release: {outcome!r}"
+        time.sleep(0.2)
+
+
 @pytest.mark.scenario("tickets-wait", "cluster-wait")
 def test_cluster_a_ticket_wait_across_a_cluster_failover_is_asked_again_on_the_new_master(
         own_cluster, tmp_path):
@@ -407,17 +421,40 @@ def test_cluster_a_ticket_wait_across_a_cluster_failover_is_asked_again_on_the_n
         wait_until(lambda: waiters(master, key) == 1 and in_blpop(master), "waits")
         replica.client().execute_command("CLUSTER", "FAILOVER")
         wait_until(lambda: is_master(replica), "the replica is the master", 20)
-        deadline = time.monotonic() + 20
-        while True:  # the holder releases on the new master
-            try:
-                if holder.release() is Release.RELEASED:
-                    break
-            except Exception:  # noqa: BLE001 - the client learns the new master
-                pass
-            assert time.monotonic() < deadline, "the holder could not release"
-            time.sleep(0.2)
+        release_on_the_new_master(holder)
         guard = waiter.result(20)
         found = node_info(replica, key)
         assert found[b"owner"] == guard.owner and found[b"token"] == guard.token
         assert found[b"count"] == 1
+        assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait")
+def test_cluster_a_ticket_wait_whose_blpop_a_failover_found_postponed_is_asked_again(
+        own_cluster, tmp_path):
+    # As above, but the BLPOP is postponed by a write pause when the master steps down: it is
+    # not answered UNBLOCKED but, once the pause ends, MOVED to the new master, where nothing is
+    # ever written into the ticket. The demoted node's tickets are void: the wait asks again.
+    cluster = own_cluster
+    key = key_of("postponed")
+    master = cluster.node_of(key)
+    replica = add_replica(cluster, master, tmp_path / "replica")
+    with LockClient(cluster.redis_cluster()) as holder_client, \
+            LockClient(cluster.redis_cluster()) as client:
+        holder = holder_client.lock(key, lease=60).acquire()
+        waiter = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        waiter.start()
+        wait_until(lambda: waiters(master, key) == 1 and in_blpop(master), "waits")
+        master.client().execute_command("CLIENT", "PAUSE", 30000, "WRITE")
+        try:
+            wait_until(lambda: postponed(master), "the BLPOP sent again is postponed", 10)
+            replica.client().execute_command("CLUSTER", "FAILOVER", "FORCE")
+            wait_until(lambda: is_master(replica), "the replica is the master", 20)
+            wait_until(lambda: not is_master(master), "the master steps down", 20)
+        finally:
+            master.client().execute_command("CLIENT", "UNPAUSE")
+        release_on_the_new_master(holder)
+        guard = waiter.result(20)
+        found = node_info(replica, key)
+        assert found[b"owner"] == guard.owner and found[b"token"] == guard.token
         assert guard.release() is Release.RELEASED

@@ -22,7 +22,11 @@ importing its slot lives there before the slot does; elsewhere ``ASKING`` change
 or the slot has moved) is followed with the pop only, on the node named: the lock is not asked
 for again because of it (the answer moves with the slot; an ``ASK`` is followed for one short
 pop, then the source is popped again, where the ticket may still be answered). A ``TRYAGAIN``
-(some tickets moved, some not) pops one ticket at a time until the move is over.
+(some tickets moved, some not) pops one ticket at a time until the move is over. A failover
+is another matter: the queue lives in the old master's memory, and a demoted master answers a
+``BLPOP`` blocked then ``UNBLOCKED``, and one its write pause postponed ``MOVED`` (it is
+then a replica: ``ROLE``): either way the group's tickets are void, and asked again as when
+the waiting connection breaks.
 
 When the asking connection breaks (or no longer answers a ``PING``, asked every
 ``HEALTH_PERIOD`` while tickets wait), every waiter of the server is told; when a waiting
@@ -519,6 +523,10 @@ class TicketDesk:
             except Redirected as e:
                 redirected += 1
                 self._round_read(group, at)
+                home = group.waiting is not None and group.waiting.home
+                if not e.asking and home and self._demoted():
+                    self._break_waiting(group)  # its tickets are void: asked again
+                    continue
                 if e.host is not None and e.port is not None:
                     group.away = (e.host, e.port, not e.asking)
                 self._forget_abandoned(group)
@@ -545,6 +553,17 @@ class TicketDesk:
                 self._check_asking()
             self._forget_abandoned(group)
         self._close_idle()
+
+    def _demoted(self) -> bool:
+        """Whether the desk's node is no longer a master (after a ``MOVED`` of a pop there):
+        a failover demoted it, and its queues went with its role, so its tickets are never
+        answered (a ``BLPOP`` blocked then is answered ``UNBLOCKED``, one the failover's write
+        pause postponed is ``MOVED``); a slot moved away instead takes its tickets along."""
+        try:
+            role = self._connector.query(["ROLE"])
+        except LockError:
+            return False
+        return isinstance(role, list) and bool(role) and role[0] in (b"slave", "slave")
 
     def _round_read(self, group: _Slot, at: int) -> None:
         with self._books:
