@@ -696,3 +696,28 @@ def test_async_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_th
             assert_held(server, key, guard)
             await guard.release()
     run(main())
+
+
+@pytest.mark.scenario("tickets-cancel")
+def test_async_a_grant_released_for_a_cancelled_acquire_is_gone_before_the_handle_acquires_again(
+        server, key):
+    # An acquire cancelled while it is asked (a write pause holds the ask back) is granted at
+    # once when the pause ends; that grant is released for it. The handle's next acquire (ONCE:
+    # the owner's grant is re-entered with its token) must wait for that release, or it would
+    # re-enter the grant just before the release frees it, and hold nothing.
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            handle = client.lock(key, wait_timeout=30)
+            for _ in range(3):
+                server.client().execute_command("CLIENT", "PAUSE", 500, "WRITE")
+                cancelled = asyncio.create_task(handle.acquire())
+                await asyncio.sleep(0.2)  # its LOCK.ACQUIRE is held back by the pause
+                cancelled.cancel()
+                guard = await asyncio.wait_for(handle.acquire(), 10)
+                with pytest.raises(asyncio.CancelledError):
+                    await cancelled
+                await asyncio.sleep(0.2)
+                assert_held(server, key, guard)
+                await guard.release()
+                assert info(server, key) is None
+    run(main())

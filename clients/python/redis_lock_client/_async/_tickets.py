@@ -35,8 +35,9 @@ answers with its token). A waiter that gives up (its timeout passed with no answ
 cancelled it) withdraws its ticket the same way; a grant it was given by that, or popped for it
 meanwhile, is released when nobody takes it: a grant is delivered once. An asyncio cancel that
 lands while the acquire is being asked does not touch the asking connection (the other waits
-keep their places): the ask finishes in the background, then its ticket is withdrawn (and a
-grant it got released). A ticket popped ``expired`` (a grant nobody popped within its lease: the
+keep their places): the ask finishes (in a task of its own), then its ticket is withdrawn (and
+a grant it got released) before the cancelled acquire ends, so the handle's next acquire comes
+after that release. A ticket popped ``expired`` (a grant nobody popped within its lease: the
 hold is gone) is no grant: the waiter asks again while its wait lasts.
 
 An EPHEMERAL acquire asks on the connection its hold will be bound to (``wait_own``: the server
@@ -251,7 +252,9 @@ class TicketDesk:
         try:
             ticket = await finish(asked)
         except Cancelled:
-            spawn("redis-lock-withdraw", self._withdraw, asked, multi, release, held, route)
+            # Not left to the background: the handle's gate is held until a grant the ask got
+            # is released (the handle's next acquire, ONCE, would re-enter it just before).
+            await finish(start(self._withdraw(asked, multi, release, held, route)))
             raise
         if not isinstance(ticket, _Ticket):
             return ticket
@@ -277,17 +280,20 @@ class TicketDesk:
 
     async def _withdraw(
         self, asked: Any, multi: bool, release: list[Any], held: bool, route: bytes
-    ) -> None:
+    ) -> bool:
         """After a waiter was cancelled while its acquire was asked: once the ask is answered,
-        its ticket is withdrawn, and a grant it got (at once, or by the withdrawal) released."""
+        its ticket is withdrawn, and a grant it got (at once, or by the withdrawal) released
+        (awaited by the cancelled waiter, under its handle's gate). False when nothing was
+        asked, or the asking connection broke (its tickets went with it)."""
         try:
             got = await finish(asked)
         except (LockError, NoTickets, Cancelled):
-            return  # nothing asked, or a broken asking connection (its tickets went with it)
+            return False
         if isinstance(got, _Ticket):
             await self._give_up(got, multi, keep=False)
         elif got is not None and not held:
             await self._release(route, release)
+        return True
 
     async def _ask_for(self, args: list[Any], release: list[Any], asking: bool) -> Any:
         """Sends the acquire on the asking connection: its reply, or the ``_Ticket`` it waits
