@@ -721,3 +721,31 @@ def test_async_a_grant_released_for_a_cancelled_acquire_is_gone_before_the_handl
                 await guard.release()
                 assert info(server, key) is None
     run(main())
+
+
+@pytest.mark.scenario("tickets-one-connection")
+@pytest.mark.parametrize("refused", ["-multi", "-del"])
+def test_a_user_refused_the_fenced_interrupt_still_has_a_new_ticket_popped(
+        fresh_server, key, refused):
+    # The interrupt goes in MULTI ... EXEC behind a DEL: a user an ACL refuses either never
+    # sends CLIENT UNBLOCK (alone it could meet a postponed BLPOP); the BLPOP out ends within
+    # HEALTH_PERIOD and the next one takes the new ticket in.
+    server = fresh_server
+    server.client().execute_command("ACL", "SETUSER", "waiter", "on", ">pw", "~*", "+@all",
+                                    refused)
+    with LockClient.from_url(f"redis://waiter:pw@127.0.0.1:{server.port}/") as client:
+        release = hold_elsewhere(server, key)
+        first = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+        first.start()
+        wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "pops")
+        second = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+        second.start()
+        wait_until(lambda: waiters(server, key) == 2, "two wait")
+        release()
+        guard = first.result(10)
+        assert_held(server, key, guard)
+        guard.release()
+        guard = second.result(10)
+        assert_held(server, key, guard)
+        guard.release()
+        assert server.commandstat("client|unblock") == 0

@@ -101,15 +101,18 @@ class Connector:
 
     async def fenced(self, args: list[Any], fence: bytes, asking: bool = False) -> Any:
         """``args`` behind a write, on a pooled connection: ``MULTI``, ``DEL fence`` (a key
-        that never exists, of the node's), ``args``, ``EXEC``, sent at once; ``args``'s reply.
+        that never exists, of the node's), ``args``, ``EXEC`` (sent at once once ``MULTI`` was
+        answered); ``args``'s reply.
         A write pause (``CLIENT PAUSE WRITE``, a failover's) holds the whole transaction until
-        it ends, as it holds any write. ``asking``: preceded by ASKING (the node imports the
-        fence's slot)."""
-        commands: list[list[Any]] = [["MULTI"], ["DEL", fence], args, ["EXEC"]]
-        if asking:
-            commands.insert(0, ["ASKING"])
+        it ends, as it holds any write; a refused ``MULTI`` or ``DEL`` (an ACL) runs nothing.
+        ``asking``: preceded by ASKING (the node imports the fence's slot)."""
         conn = await self._pooled()
         try:
+            if asking:
+                await call(conn, ["ASKING"], self.timeout)
+            # MULTI answered first: refused (an ACL), what follows would run on its own.
+            await call(conn, ["MULTI"], self.timeout)
+            commands: list[list[Any]] = [["DEL", fence], args, ["EXEC"]]
             for command in commands:
                 await send(conn, command)
             refused: Optional[ResponseError] = None

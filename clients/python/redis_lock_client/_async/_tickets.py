@@ -221,6 +221,8 @@ class TicketDesk:
         self._closed = False
         #: The server refused TICKET (a module without it): waits block, as without tickets.
         self.unsupported = False
+        #: An ACL refused the interrupt's transaction: the BLPOPs are not interrupted.
+        self._no_interrupt = False
         #: Tickets issued and answers popped (what the tests count).
         self.issued = 0
         self.answered = 0
@@ -418,7 +420,10 @@ class TicketDesk:
         write (``Connector.fenced``): a ``BLPOP`` sent during a write pause is postponed
         (it is a write), and unblocking a postponed client kills Redis 7.0 (newer servers
         answer 0); the pause holds the fenced one until it ends, when the ``BLPOP`` is no
-        longer postponed."""
+        longer postponed. A user refused ``MULTI`` or ``DEL`` never interrupts: the ``BLPOP``
+        ends within ``HEALTH_PERIOD``, and the next takes the ticket in."""
+        if self._no_interrupt:
+            return
         group, at = ticket.group, ticket.unblock
         fence = _fence(ticket.name)
         pause = UNBLOCK_RETRY
@@ -433,8 +438,12 @@ class TicketDesk:
                     fence,
                     asking=self._cluster is not None and not waiting.home,
                 )
-            except LockError:
+            except LockServerError as e:
+                if "NOPERM" in str(e):
+                    self._no_interrupt = True  # an ACL refuses MULTI or DEL: never sent again
                 return  # the BLPOP ends within HEALTH_PERIOD anyway
+            except LockError:
+                return
             with self._books:
                 moved_on = group.round != at or not group.blocked
             if done == 1 or moved_on or time.monotonic() >= until:
