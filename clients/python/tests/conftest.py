@@ -203,6 +203,28 @@ def start_cluster(tmp: Path) -> Cluster:
     return Cluster(nodes)
 
 
+def add_replica(cluster: Cluster, master: Server, tmp: Path) -> Server:
+    """A new node with the module, made a replica of ``master`` (``CLUSTER MEET``, ``CLUSTER
+    REPLICATE``), returned once it is in sync (as testkit/src/cluster.rs ``add_replica``). It is
+    added to ``cluster.nodes`` (stopped with them)."""
+    port = _free_cluster_port(set(cluster.ports))
+    tmp.mkdir(parents=True, exist_ok=True)
+    node = _start_on(port, tmp, "--cluster-enabled", "yes", "--cluster-config-file",
+                     "nodes.conf", "--cluster-node-timeout", "5000")
+    cluster.nodes.append(node)
+    master_id = master.client().execute_command("CLUSTER", "MYID").decode()
+    node.client().execute_command("CLUSTER", "MEET", "127.0.0.1", master.port)
+    deadline = time.monotonic() + 30
+    while master_id not in node.client().execute_command("CLUSTER", "NODES").decode():
+        assert time.monotonic() < deadline, "the new node did not meet the cluster"
+        time.sleep(0.05)
+    node.client().execute_command("CLUSTER", "REPLICATE", master_id)
+    while node.client().info("replication").get("master_link_status") != "up":
+        assert time.monotonic() < deadline, "the replica did not sync"
+        time.sleep(0.05)
+    return node
+
+
 def _start_on(port: int, tmp: Path, *extra: str) -> Server:
     module = _module()
     proc = subprocess.Popen(

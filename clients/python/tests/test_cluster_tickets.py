@@ -14,10 +14,11 @@ import pytest
 import redis.asyncio.cluster
 import redis.cluster
 
-from conftest import Cluster, Server, start_cluster, wait_until
+from conftest import Cluster, Server, add_replica, start_cluster, wait_until
 from redis_lock_client import AsyncLockClient, LockClient, Release
 from test_cluster import asking_info, half_move, finish_move, move_slot_to, node_info
-from test_tickets import Waiter, connections
+from redis_lock_client._sync._tickets import TicketDesk as SyncDesk
+from test_tickets import Waiter, alive, connections, postponed
 
 
 def tags_on(cluster: Cluster, node: Server, n: int) -> list[str]:
@@ -332,4 +333,128 @@ def test_cluster_an_ephemeral_wait_takes_a_ticket_on_the_keys_master(cluster):
         guard = waiter.result()
         found = node_info(node, key)
         assert found[b"token"] == guard.token and int(found[b"ephemeral"]) == int(own["id"])
+        assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait")
+def test_cluster_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_the_node_up(
+        own_cluster, monkeypatch):
+    # As test_tickets.py's standalone test: the interrupt of a BLPOP the node postponed (a
+    # write pause, as a CLUSTER FAILOVER makes on the old master) killed Redis 7.0; it is sent
+    # as a transaction with a write (DEL of a key in the tickets' slot), which the pause holds.
+    cluster = own_cluster
+    key = key_of("pause")
+    node = cluster.node_of(key)
+    with LockClient(cluster.redis_cluster()) as client:
+        release = hold_elsewhere(node, key)
+        first = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        first.start()
+        wait_until(lambda: waiters(node, key) == 1 and len(in_blpop(node)) == 1, "pops")
+        reached, gate = threading.Event(), threading.Event()
+        interrupt = SyncDesk._unblock
+
+        def gated(desk: SyncDesk, ticket: Any) -> None:
+            reached.set()
+            gate.wait(30)
+            interrupt(desk, ticket)
+
+        monkeypatch.setattr(SyncDesk, "_unblock", gated)
+        second = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        second.start()
+        assert reached.wait(10), "the second wait has its ticket"
+        raw = node.client()
+        unblocks = node.commandstat("client|unblock")
+        raw.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
+        try:
+            wait_until(lambda: postponed(node), "the BLPOP sent again is postponed", 10)
+            gate.set()
+            time.sleep(0.5)
+            assert alive(node), "the node went down"
+            assert node.commandstat("client|unblock") - unblocks <= 1, "CLIENT UNBLOCK spins"
+        finally:
+            gate.set()
+            if alive(node):
+                raw.execute_command("CLIENT", "UNPAUSE")
+        release()
+        guard = first.result(20)
+        assert node_info(node, key)[b"token"] == guard.token
+        guard.release()
+        guard = second.result(20)
+        assert node_info(node, key)[b"token"] == guard.token
+        guard.release()
+
+
+def is_master(node: Server) -> bool:
+    return node.client().execute_command("ROLE")[0] == b"master"
+
+
+def release_on_the_new_master(holder: Any) -> None:
+    """``holder`` released after a failover (its client learns the new master)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            outcome: Any = holder.release()
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            outcome = e
+        if outcome is Release.RELEASED:
+            return
+        assert time.monotonic() < deadline, f"the holder could not release: {outcome!r}"
+        time.sleep(0.2)
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait")
+def test_cluster_a_ticket_wait_across_a_cluster_failover_is_asked_again_on_the_new_master(
+        own_cluster, tmp_path):
+    # The queued ticket lives in the old master's memory only: after a CLUSTER FAILOVER the old
+    # master (a replica now) answers the BLPOP `UNBLOCKED`, and a BLPOP sent again is MOVED to
+    # the new master, where nothing is ever written into the ticket. The wait asks again there
+    # (ONCE), so it ends once the lock is free, not after its whole wait (or never).
+    cluster = own_cluster
+    key = key_of("failover")
+    master = cluster.node_of(key)
+    replica = add_replica(cluster, master, tmp_path / "replica")
+    with LockClient(cluster.redis_cluster()) as holder_client, \
+            LockClient(cluster.redis_cluster()) as client:
+        holder = holder_client.lock(key, lease=60).acquire()
+        waiter = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        waiter.start()
+        wait_until(lambda: waiters(master, key) == 1 and in_blpop(master), "waits")
+        replica.client().execute_command("CLUSTER", "FAILOVER")
+        wait_until(lambda: is_master(replica), "the replica is the master", 20)
+        release_on_the_new_master(holder)
+        guard = waiter.result(20)
+        found = node_info(replica, key)
+        assert found[b"owner"] == guard.owner and found[b"token"] == guard.token
+        assert found[b"count"] == 1
+        assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait")
+def test_cluster_a_ticket_wait_whose_blpop_a_failover_found_postponed_is_asked_again(
+        own_cluster, tmp_path):
+    # As above, but the BLPOP is postponed by a write pause when the master steps down: it is
+    # not answered UNBLOCKED but, once the pause ends, MOVED to the new master, where nothing is
+    # ever written into the ticket. The demoted node's tickets are void: the wait asks again.
+    cluster = own_cluster
+    key = key_of("postponed")
+    master = cluster.node_of(key)
+    replica = add_replica(cluster, master, tmp_path / "replica")
+    with LockClient(cluster.redis_cluster()) as holder_client, \
+            LockClient(cluster.redis_cluster()) as client:
+        holder = holder_client.lock(key, lease=60).acquire()
+        waiter = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        waiter.start()
+        wait_until(lambda: waiters(master, key) == 1 and in_blpop(master), "waits")
+        master.client().execute_command("CLIENT", "PAUSE", 30000, "WRITE")
+        try:
+            wait_until(lambda: postponed(master), "the BLPOP sent again is postponed", 10)
+            replica.client().execute_command("CLUSTER", "FAILOVER", "FORCE")
+            wait_until(lambda: is_master(replica), "the replica is the master", 20)
+            wait_until(lambda: not is_master(master), "the master steps down", 20)
+        finally:
+            master.client().execute_command("CLIENT", "UNPAUSE")
+        release_on_the_new_master(holder)
+        guard = waiter.result(20)
+        found = node_info(replica, key)
+        assert found[b"owner"] == guard.owner and found[b"token"] == guard.token
         assert guard.release() is Release.RELEASED

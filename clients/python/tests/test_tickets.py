@@ -10,8 +10,11 @@ import time
 from typing import Any, Callable
 
 import pytest
+import redis
 
 from conftest import Server, info, wait_until
+from redis_lock_client._async._tickets import TicketDesk as AsyncDesk
+from redis_lock_client._sync._tickets import TicketDesk as SyncDesk
 from redis_lock_client._async._tickets import HEALTH_PERIOD
 from conftest import waiting as waiters
 from redis_lock_client import (
@@ -575,3 +578,174 @@ def test_async_an_ephemeral_wait_takes_a_ticket(server, key):
             assert int(info(server, key)[b"ephemeral"]) == int(own["id"])
             await guard.release()
     run(main())
+
+
+def postponed(server: Server) -> bool:
+    """Whether the waiting connection's ``BLPOP`` is postponed by a write pause: blocked, but in
+    no timeout table (a ``BLPOP`` blocked on its keys is there, with its timeout)."""
+    waiting = named(server, ":tickets-wait")
+    return (
+        len(waiting) == 1
+        and waiting[0].get("cmd") == "blpop"
+        and "b" in waiting[0].get("flags", "")
+        and int(server.client().info("clients")["clients_in_timeout_table"]) == 0
+    )
+
+
+def alive(server: Server) -> bool:
+    try:
+        return bool(server.client(socket_timeout=2).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_the_server_up(
+        fresh_server, key, monkeypatch):
+    # A ticket issued just before a write pause (CLIENT PAUSE WRITE, as every failover pauses
+    # writes) interrupts the BLPOP out, which the group sent again during the pause: BLPOP is a
+    # write, so the server postponed it, and CLIENT UNBLOCK of a postponed client kills Redis
+    # 7.0 ("Unknown btype in replyToBlockedClientTimedOut"); newer servers answer 0, and a
+    # bare interrupt is sent again and again. The gate holds the interrupt until the BLPOP is
+    # postponed (it is sent at once otherwise, and that ordering is a matter of luck).
+    server = fresh_server
+    with LockClient.from_url(server.url) as client:
+        release = hold_elsewhere(server, key)
+        first = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        first.start()
+        wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "pops")
+        reached, gate = threading.Event(), threading.Event()
+        interrupt = SyncDesk._unblock
+
+        def gated(desk: SyncDesk, ticket: Any) -> None:
+            reached.set()
+            gate.wait(30)
+            interrupt(desk, ticket)
+
+        monkeypatch.setattr(SyncDesk, "_unblock", gated)
+        second = Waiter(lambda: client.lock(key, wait_timeout=60).acquire())
+        second.start()
+        assert reached.wait(10), "the second wait has its ticket"
+        raw = server.client()
+        unblocks = server.commandstat("client|unblock")
+        raw.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
+        try:
+            wait_until(lambda: postponed(server), "the BLPOP sent again is postponed", 10)
+            gate.set()
+            time.sleep(0.5)
+            assert alive(server), "the server went down"
+            assert server.commandstat("client|unblock") - unblocks <= 1, "CLIENT UNBLOCK spins"
+        finally:
+            gate.set()
+            if alive(server):
+                raw.execute_command("CLIENT", "UNPAUSE")
+        release()
+        guard = first.result(20)
+        assert_held(server, key, guard)
+        guard.release()
+        guard = second.result(20)
+        assert_held(server, key, guard)
+        guard.release()
+
+
+@pytest.mark.scenario("tickets-wait")
+def test_async_a_new_wait_interrupting_a_blpop_a_write_pause_postponed_leaves_the_server_up(
+        fresh_server, key, monkeypatch):
+    server = fresh_server
+
+    async def until(condition: Callable[[], object], what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            release = hold_elsewhere(server, key)
+            first = asyncio.create_task(client.lock(key, wait_timeout=60).acquire())
+            await until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "pops")
+            reached, gate = asyncio.Event(), asyncio.Event()
+            interrupt = AsyncDesk._unblock
+
+            async def gated(desk: AsyncDesk, ticket: Any) -> None:
+                reached.set()
+                await gate.wait()
+                await interrupt(desk, ticket)
+
+            monkeypatch.setattr(AsyncDesk, "_unblock", gated)
+            second = asyncio.create_task(client.lock(key, wait_timeout=60).acquire())
+            await asyncio.wait_for(reached.wait(), 10)
+            raw = server.client()
+            unblocks = server.commandstat("client|unblock")
+            raw.execute_command("CLIENT", "PAUSE", 8000, "WRITE")
+            try:
+                await until(lambda: postponed(server), "the BLPOP sent again is postponed")
+                gate.set()
+                await asyncio.sleep(0.5)
+                assert alive(server), "the server went down"
+                assert server.commandstat("client|unblock") - unblocks <= 1, "UNBLOCK spins"
+            finally:
+                gate.set()
+                if alive(server):
+                    raw.execute_command("CLIENT", "UNPAUSE")
+            release()
+            guard = await asyncio.wait_for(first, 20)
+            assert_held(server, key, guard)
+            await guard.release()
+            guard = await asyncio.wait_for(second, 20)
+            assert_held(server, key, guard)
+            await guard.release()
+    run(main())
+
+
+@pytest.mark.scenario("tickets-cancel")
+def test_async_a_grant_released_for_a_cancelled_acquire_is_gone_before_the_handle_acquires_again(
+        server, key):
+    # An acquire cancelled while it is asked (a write pause holds the ask back) is granted at
+    # once when the pause ends; that grant is released for it. The handle's next acquire (ONCE:
+    # the owner's grant is re-entered with its token) must wait for that release, or it would
+    # re-enter the grant just before the release frees it, and hold nothing.
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            handle = client.lock(key, wait_timeout=30)
+            for _ in range(3):
+                server.client().execute_command("CLIENT", "PAUSE", 500, "WRITE")
+                cancelled = asyncio.create_task(handle.acquire())
+                await asyncio.sleep(0.2)  # its LOCK.ACQUIRE is held back by the pause
+                cancelled.cancel()
+                guard = await asyncio.wait_for(handle.acquire(), 10)
+                with pytest.raises(asyncio.CancelledError):
+                    await cancelled
+                await asyncio.sleep(0.2)
+                assert_held(server, key, guard)
+                await guard.release()
+                assert info(server, key) is None
+    run(main())
+
+
+@pytest.mark.scenario("tickets-one-connection")
+@pytest.mark.parametrize("refused", ["-multi", "-del"])
+def test_a_user_refused_the_fenced_interrupt_still_has_a_new_ticket_popped(
+        fresh_server, key, refused):
+    # The interrupt goes in MULTI ... EXEC behind a DEL: a user an ACL refuses either never
+    # sends CLIENT UNBLOCK (alone it could meet a postponed BLPOP); the BLPOP out ends within
+    # HEALTH_PERIOD and the next one takes the new ticket in.
+    server = fresh_server
+    server.client().execute_command("ACL", "SETUSER", "waiter", "on", ">pw", "~*", "+@all",
+                                    refused)
+    with LockClient.from_url(f"redis://waiter:pw@127.0.0.1:{server.port}/") as client:
+        release = hold_elsewhere(server, key)
+        first = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+        first.start()
+        wait_until(lambda: waiters(server, key) == 1 and len(in_blpop(server)) == 1, "pops")
+        second = Waiter(lambda: client.lock(key, wait_timeout=30).acquire())
+        second.start()
+        wait_until(lambda: waiters(server, key) == 2, "two wait")
+        release()
+        guard = first.result(10)
+        assert_held(server, key, guard)
+        guard.release()
+        guard = second.result(10)
+        assert_held(server, key, guard)
+        guard.release()
+        assert server.commandstat("client|unblock") == 0

@@ -87,18 +87,7 @@ class Connector:
         same connection after the first answered (``WAIT`` after a write: it waits for this
         connection's writes), read with ``then_timeout`` more; the answer is then the pair (a
         server error of the second is returned in it, not raised)."""
-        try:
-            conn = pool_get(self.pool)
-        except IO_ERRORS as e:
-            raise LockConnectionError(f"connect: {e}") from e
-        if self.sentinel:
-            # A pooled connection opened before a failover may still reach the old master (a
-            # paused one keeps its connections open and answers again once resumed, until the
-            # Sentinels demote it): it is closed, and reconnects to the master named now.
-            master = self.current_master()
-            reached = peer(conn)
-            if master is not None and reached is not None and reached != master:
-                close_connection(conn)
+        conn = self._pooled()
         try:
             if asking:
                 call(conn, ["ASKING"], self.timeout)
@@ -111,6 +100,62 @@ class Connector:
                 return first, e
         finally:
             pool_put(self.pool, conn)
+
+    def fenced(self, args: list[Any], fence: bytes, asking: bool = False) -> Any:
+        """``args`` behind a write, on a pooled connection: ``MULTI``, ``DEL fence`` (a key
+        that never exists, of the node's), ``args``, ``EXEC`` (sent at once once ``MULTI`` was
+        answered); ``args``'s reply.
+        A write pause (``CLIENT PAUSE WRITE``, a failover's) holds the whole transaction until
+        it ends, as it holds any write; a refused ``MULTI`` or ``DEL`` (an ACL) runs nothing.
+        ``asking``: preceded by ASKING (the node imports the fence's slot)."""
+        conn = self._pooled()
+        try:
+            if asking:
+                call(conn, ["ASKING"], self.timeout)
+            # MULTI answered first: refused (an ACL), what follows would run on its own.
+            call(conn, ["MULTI"], self.timeout)
+            commands: list[list[Any]] = [["DEL", fence], args, ["EXEC"]]
+            for command in commands:
+                send(conn, command)
+            refused: Optional[ResponseError] = None
+            for _ in commands[:-1]:
+                try:
+                    read(conn, self.timeout)
+                except ResponseError as e:  # not queued: EXEC answers EXECABORT
+                    refused = refused or e
+            try:
+                replies = read(conn, self.timeout)
+            except ResponseError as e:
+                raise server_error(refused or e) from None
+            if not isinstance(replies, list) or len(replies) != 2:
+                raise LockServerError(f"EXEC answered {replies!r}")
+            if isinstance(replies[1], ResponseError):
+                raise server_error(replies[1])
+            return replies[1]
+        except IO_ERRORS as e:
+            close_connection(conn)
+            raise LockConnectionError(f"{args[0]}: {e}") from e
+        except Cancelled:
+            close_connection(conn)
+            raise
+        finally:
+            pool_put(self.pool, conn)
+
+    def _pooled(self) -> RawConnection:
+        """A connection of the pool (put it back with ``pool_put``)."""
+        try:
+            conn = pool_get(self.pool)
+        except IO_ERRORS as e:
+            raise LockConnectionError(f"connect: {e}") from e
+        if self.sentinel:
+            # A pooled connection opened before a failover may still reach the old master (a
+            # paused one keeps its connections open and answers again once resumed, until the
+            # Sentinels demote it): it is closed, and reconnects to the master named now.
+            master = self.current_master()
+            reached = peer(conn)
+            if master is not None and reached is not None and reached != master:
+                close_connection(conn)
+        return conn
 
     @property
     def sentinel(self) -> bool:

@@ -8,8 +8,9 @@ the desk's **asking connection** (one per server, kept open while any ticket wai
 belongs to the connection that asked, and goes with it). The server replies the token at once,
 or the name of a ticket it will push the answer into. A **waiting connection** pops the
 outstanding tickets with one ``BLPOP t1 ... tk``; a new ticket interrupts it (``CLIENT
-UNBLOCK``, sent on a pooled connection) so that the next ``BLPOP`` takes it in. An answer popped
-goes to its waiter.
+UNBLOCK``, sent on a pooled connection in a transaction behind a write, ``DEL`` of a key that
+never exists: a write pause holds it as it holds the ``BLPOP``, which it postpones) so that the
+next ``BLPOP`` takes it in. An answer popped goes to its waiter.
 
 Standalone and under Sentinel one waiting connection pops every ticket. In a Redis Cluster a
 ticket lives in its lock's slot and one ``BLPOP`` may only name keys of one slot, so the tickets
@@ -21,7 +22,11 @@ importing its slot lives there before the slot does; elsewhere ``ASKING`` change
 or the slot has moved) is followed with the pop only, on the node named: the lock is not asked
 for again because of it (the answer moves with the slot; an ``ASK`` is followed for one short
 pop, then the source is popped again, where the ticket may still be answered). A ``TRYAGAIN``
-(some tickets moved, some not) pops one ticket at a time until the move is over.
+(some tickets moved, some not) pops one ticket at a time until the move is over. A failover
+is another matter: the queue lives in the old master's memory, and a demoted master answers a
+``BLPOP`` blocked then ``UNBLOCKED``, and one its write pause postponed ``MOVED`` (it is
+then a replica: ``ROLE``): either way the group's tickets are void, and asked again as when
+the waiting connection breaks.
 
 When the asking connection breaks (or no longer answers a ``PING``, asked every
 ``HEALTH_PERIOD`` while tickets wait), every waiter of the server is told; when a waiting
@@ -32,8 +37,9 @@ answers with its token). A waiter that gives up (its timeout passed with no answ
 cancelled it) withdraws its ticket the same way; a grant it was given by that, or popped for it
 meanwhile, is released when nobody takes it: a grant is delivered once. An asyncio cancel that
 lands while the acquire is being asked does not touch the asking connection (the other waits
-keep their places): the ask finishes in the background, then its ticket is withdrawn (and a
-grant it got released). A ticket popped ``expired`` (a grant nobody popped within its lease: the
+keep their places): the ask finishes (in a task of its own), then its ticket is withdrawn (and
+a grant it got released) before the cancelled acquire ends, so the handle's next acquire comes
+after that release. A ticket popped ``expired`` (a grant nobody popped within its lease: the
 hold is gone) is no grant: the waiter asks again while its wait lasts.
 
 An EPHEMERAL acquire asks on the connection its hold will be bound to (``wait_own``: the server
@@ -95,6 +101,24 @@ IDLE = 5.0
 #: The names the two kinds of connections add to the client's connection name.
 ASKING_NAME = b"tickets-ask"
 WAITING_NAME = b"tickets-wait"
+
+
+#: The first pause before ``CLIENT UNBLOCK`` is sent again (the ``BLPOP`` it interrupts has not
+#: reached the server yet), doubled each time up to ``UNBLOCK_RETRY_MAX``.
+UNBLOCK_RETRY = 0.002
+UNBLOCK_RETRY_MAX = 0.1
+#: The fence of ``CLIENT UNBLOCK`` (``DEL`` of a key that never exists), with the tickets' tag.
+FENCE_PREFIX = b"__lock_fence__unblock"
+
+
+def _fence(ticket: bytes) -> bytes:
+    """The fence key of ``ticket``'s interrupts: in its slot (``__lock_fence__unblock{<tag>}``
+    for a ticket ``__lock_fence__ticket{<tag>}<id>``)."""
+    start = ticket.find(b"{")
+    end = ticket.find(b"}", start + 1)
+    if start < 0 or end <= start + 1:
+        return FENCE_PREFIX  # not a name the module gives; standalone any key does
+    return FENCE_PREFIX + ticket[start : end + 1]
 
 
 class NoTickets(Exception):
@@ -199,6 +223,8 @@ class TicketDesk:
         self._closed = False
         #: The server refused TICKET (a module without it): waits block, as without tickets.
         self.unsupported = False
+        #: An ACL refused the interrupt's transaction: the BLPOPs are not interrupted.
+        self._no_interrupt = False
         #: Tickets issued and answers popped (what the tests count).
         self.issued = 0
         self.answered = 0
@@ -230,7 +256,9 @@ class TicketDesk:
         try:
             ticket = finish(asked)
         except Cancelled:
-            spawn("redis-lock-withdraw", self._withdraw, asked, multi, release, held, route)
+            # Not left to the background: the handle's gate is held until a grant the ask got
+            # is released (the handle's next acquire, ONCE, would re-enter it just before).
+            finish(start(self._withdraw(asked, multi, release, held, route)))
             raise
         if not isinstance(ticket, _Ticket):
             return ticket
@@ -256,17 +284,20 @@ class TicketDesk:
 
     def _withdraw(
         self, asked: Any, multi: bool, release: list[Any], held: bool, route: bytes
-    ) -> None:
+    ) -> bool:
         """After a waiter was cancelled while its acquire was asked: once the ask is answered,
-        its ticket is withdrawn, and a grant it got (at once, or by the withdrawal) released."""
+        its ticket is withdrawn, and a grant it got (at once, or by the withdrawal) released
+        (awaited by the cancelled waiter, under its handle's gate). False when nothing was
+        asked, or the asking connection broke (its tickets went with it)."""
         try:
             got = finish(asked)
         except (LockError, NoTickets, Cancelled):
-            return  # nothing asked, or a broken asking connection (its tickets went with it)
+            return False
         if isinstance(got, _Ticket):
             self._give_up(got, multi, keep=False)
         elif got is not None and not held:
             self._release(route, release)
+        return True
 
     def _ask_for(self, args: list[Any], release: list[Any], asking: bool) -> Any:
         """Sends the acquire on the asking connection: its reply, or the ``_Ticket`` it waits
@@ -386,22 +417,41 @@ class TicketDesk:
 
     def _unblock(self, ticket: _Ticket) -> None:
         """Interrupts the ``BLPOP`` out when ``ticket`` was issued (it answers nil) so that the
-        next one takes the new ticket in; sent again while that ``BLPOP`` has not reached the
-        server yet."""
+        next one takes the new ticket in; sent again (after 2 ms, doubling up to 100 ms) while
+        that ``BLPOP`` has not reached the server yet. ``CLIENT UNBLOCK`` is sent behind a
+        write (``Connector.fenced``): a ``BLPOP`` sent during a write pause is postponed
+        (it is a write), and unblocking a postponed client kills Redis 7.0 (newer servers
+        answer 0); the pause holds the fenced one until it ends, when the ``BLPOP`` is no
+        longer postponed. A user refused ``MULTI`` or ``DEL`` never interrupts: the ``BLPOP``
+        ends within ``HEALTH_PERIOD``, and the next takes the ticket in."""
+        if self._no_interrupt:
+            return
         group, at = ticket.group, ticket.unblock
-        for _ in range(100):
+        fence = _fence(ticket.name)
+        pause = UNBLOCK_RETRY
+        until = time.monotonic() + HEALTH_PERIOD
+        while True:
             waiting = group.waiting
             if waiting is None:
                 return
             try:
-                done = waiting.via.query(["CLIENT", "UNBLOCK", waiting.id])
-            except LockError:
+                done = waiting.via.fenced(
+                    ["CLIENT", "UNBLOCK", waiting.id],
+                    fence,
+                    asking=self._cluster is not None and not waiting.home,
+                )
+            except LockServerError as e:
+                if "NOPERM" in str(e):
+                    self._no_interrupt = True  # an ACL refuses MULTI or DEL: never sent again
                 return  # the BLPOP ends within HEALTH_PERIOD anyway
+            except LockError:
+                return
             with self._books:
                 moved_on = group.round != at or not group.blocked
-            if done == 1 or moved_on:
-                return
-            sleep(0.002)
+            if done == 1 or moved_on or time.monotonic() >= until:
+                return  # past HEALTH_PERIOD, the BLPOP ended by itself
+            sleep(pause)
+            pause = min(2 * pause, UNBLOCK_RETRY_MAX)
 
     def _give_up(self, ticket: _Ticket, multi: bool, keep: bool) -> Any:
         """The waiter stops waiting: the ticket is withdrawn (``LOCK.CANCEL``), and a ``BLPOP``
@@ -488,6 +538,10 @@ class TicketDesk:
             except Redirected as e:
                 redirected += 1
                 self._round_read(group, at)
+                home = group.waiting is not None and group.waiting.home
+                if not e.asking and home and self._demoted():
+                    self._break_waiting(group)  # its tickets are void: asked again
+                    continue
                 if e.host is not None and e.port is not None:
                     group.away = (e.host, e.port, not e.asking)
                 self._forget_abandoned(group)
@@ -514,6 +568,17 @@ class TicketDesk:
                 self._check_asking()
             self._forget_abandoned(group)
         self._close_idle()
+
+    def _demoted(self) -> bool:
+        """Whether the desk's node is no longer a master (after a ``MOVED`` of a pop there):
+        a failover demoted it, and its queues went with its role, so its tickets are never
+        answered (a ``BLPOP`` blocked then is answered ``UNBLOCKED``, one the failover's write
+        pause postponed is ``MOVED``); a slot moved away instead takes its tickets along."""
+        try:
+            role = self._connector.query(["ROLE"])
+        except LockError:
+            return False
+        return isinstance(role, list) and bool(role) and role[0] in (b"slave", "slave")
 
     def _round_read(self, group: _Slot, at: int) -> None:
         with self._books:
