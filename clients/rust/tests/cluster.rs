@@ -1259,3 +1259,61 @@ async fn an_ephemeral_wait_in_a_cluster_takes_a_ticket_on_the_keys_node() {
     assert_eq!(info_on(node, &key), Value::Nil);
     assert_eq!(lock_stat(node, "lock_tickets"), 0);
 }
+
+/// Review: a cluster failover (`CLUSTER FAILOVER` on the key's master's replica) while a ticket
+/// waits. The queue lives in the old master's memory only; the old master (now a replica)
+/// unblocks the `BLPOP` (`UNBLOCKED`), a `BLPOP` there is `MOVED` to the new master, where nobody
+/// knows the ticket and nothing is ever written into it. The asking connection to the old node
+/// still lives, so the ticket is not void, and nothing asks again: the wait sits out its whole
+/// timeout although the lock is free (and a `Wait::Forever` one never ends). A blocking wait is
+/// unblocked by the role change and asked again on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_wait_across_a_cluster_failover_is_asked_again_on_the_new_master() {
+    wait_across_a_cluster_failover(true).await;
+}
+
+/// The same with a blocking wait (passes on 87c6035: the role change unblocks it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_wait_across_a_cluster_failover_is_asked_again_on_the_new_master() {
+    wait_across_a_cluster_failover(false).await;
+}
+
+async fn wait_across_a_cluster_failover(tickets: bool) {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[1].clone();
+    let master = cluster.node_for_slot(slot(&key));
+    let replica = cluster.add_replica(master);
+    let client = ticket_client(&cluster, tickets).await;
+    let holder = ticket_client(&cluster, false).await;
+    let mut held = holder.lock(&key).acquire().await.unwrap();
+    let waiter = client.lock(&key).wait_timeout(Duration::from_secs(60));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    wait_until("the wait queues", || waiters_on(master, &key) == 1).await;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query(&mut direct(&replica))
+        .unwrap();
+    wait_until("the replica is the master", || {
+        let role: Vec<Value> = redis::cmd("ROLE").query(&mut direct(&replica)).unwrap();
+        matches!(role.first(), Some(Value::BulkString(r)) if r == b"master")
+    })
+    .await;
+    // The holder releases on the new master: the lock is free there.
+    let mut released = false;
+    for _ in 0..50 {
+        if held.release().await.is_ok() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(released, "the holder could not release after the failover");
+    // Granted there, or ended with an error (a blocking wait ends with `UNBLOCKED`): either way
+    // promptly, not after the whole wait (or never, with no timeout).
+    let ended = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the wait ends (the lock is free on the new master)")
+        .unwrap();
+    eprintln!("the wait ended: {:?}", ended.as_ref().map(|g| g.token()));
+}
