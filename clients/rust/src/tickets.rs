@@ -17,7 +17,9 @@
 //! the library sees it close), and a group that stops waiting leaves its waiting connection to
 //! the next group on that node (closed when none took it for a while). A `BLPOP` the server
 //! redirects (`ASK`/`MOVED`: the slot is migrating or moved) is sent again where it says (with
-//! `ASKING` for an `ASK`): the tickets move with the slot.
+//! `ASKING` for an `ASK`): the tickets move with the slot. A `BLPOP` that the node the tickets
+//! were asked on answers `MOVED` or ends with `UNBLOCKED` (a failover made it a replica) voids
+//! them: that node no longer serves their slot.
 //!
 //! A ticket belongs to the connection that asked for it: when that connection is replaced (it
 //! broke, or the master changed), its tickets are void, and their waiters are told so
@@ -171,10 +173,15 @@ impl Asked {
 
     /// In a cluster, the node the ticket was asked on.
     pub(crate) fn node(&self) -> Option<&Node> {
+        self.node_conns().map(|n| &n.node)
+    }
+
+    /// In a cluster, the client's connections to the node the ticket was asked on.
+    fn node_conns(&self) -> Option<&Arc<NodeConns>> {
         match &self.asker {
             Asker::Shared(_) => None,
-            Asker::Node(node) => Some(&node.node),
-            Asker::Own(own) => own.node.as_ref().map(|n| &n.node),
+            Asker::Node(node) => Some(node),
+            Asker::Own(own) => own.node.as_ref(),
         }
     }
 }
@@ -661,8 +668,12 @@ impl Tickets {
                 // is to a master that is no longer the master: a new one (the tickets stand).
                 Popped::Broken => {}
                 // The slot is migrating (ASK: the tickets are not on this node) or moved: the
-                // tickets are popped where the server says; nothing is asked again.
+                // tickets are popped where the server says. Those asked on this node are void
+                // if it says `MOVED`: it serves the slot no more (see [`Tickets::void_at`]).
                 Popped::Redirect(address, ask) => {
+                    if !ask {
+                        Tickets::void_at(&current, &mut entries);
+                    }
                     let to = match (&self.place, &current.node) {
                         (Place::Cluster { info, .. }, Some(from)) => {
                             crate::servers::node_at(info, &address, &from.node).ok()
@@ -685,8 +696,45 @@ impl Tickets {
                     waiting = Some(current);
                     tokio::time::sleep(PAUSE).await;
                 }
+                // The server ended the `BLPOP` itself: the node became a replica.
+                Popped::Unblocked => {
+                    Tickets::void_at(&current, &mut entries);
+                    waiting = Some(current);
+                    if !entries.is_empty() {
+                        tokio::time::sleep(PAUSE).await;
+                    }
+                }
             }
         }
+    }
+
+    /// In a cluster, answers [`Answer::Void`] to the tickets asked on the node of `waiting`,
+    /// which says it no longer serves their slot (a `BLPOP` there was `MOVED`, or ended by the
+    /// server with `UNBLOCKED`). After a failover (`CLUSTER FAILOVER`, or a master that failed)
+    /// their queue was in the old master's memory only: nothing will ever be written into them
+    /// on the new master, and their asking connection to the old node still lives, so nothing
+    /// else voids them. After a migration their answers went with the slot (a grant there is
+    /// taken by the waiter's `LOCK.CANCEL`, routed by the ticket's name). Either way the waiter
+    /// withdraws the ticket and asks again, with `ONCE`: a hold granted meanwhile is answered
+    /// with its token again, never taken twice.
+    fn void_at(waiting: &Waiting, entries: &mut Vec<Entry>) {
+        let Some(node) = &waiting.node else {
+            return;
+        };
+        let mut kept = Vec::with_capacity(entries.len());
+        for entry in entries.drain(..) {
+            if entry
+                .wanted
+                .asked
+                .node_conns()
+                .is_some_and(|n| Arc::ptr_eq(n, node))
+            {
+                let _ = entry.answer.send(Answer::Void);
+            } else {
+                kept.push(entry);
+            }
+        }
+        *entries = kept;
     }
 
     /// The master's generation on one server (0 in a cluster).
@@ -901,6 +949,9 @@ impl Tickets {
                 }
                 // TRYAGAIN, CLUSTERDOWN, or refused (NOPERM: an ACL without BLPOP or the
                 // tickets' keys): the connection is fine, the pop is sent again after a pause.
+                // Not the library's own `CLIENT UNBLOCK` (that one answers nil): the server
+                // ended the wait (the node became a replica, in a failover).
+                _ if e.code() == Some("UNBLOCKED") && waiting.node.is_some() => Popped::Unblocked,
                 _ if e.code().is_some() => Popped::Again,
                 _ => Popped::Broken,
             },
@@ -946,6 +997,8 @@ enum Popped {
     /// The server cannot serve it now (`TRYAGAIN`, `CLUSTERDOWN`) or refused it: again after a
     /// pause.
     Again,
+    /// In a cluster, the server ended it with `UNBLOCKED` (the node became a replica).
+    Unblocked,
 }
 
 /// Whether a ticket's answer is a grant (digits: the token or tokens).

@@ -1260,19 +1260,18 @@ async fn an_ephemeral_wait_in_a_cluster_takes_a_ticket_on_the_keys_node() {
     assert_eq!(lock_stat(node, "lock_tickets"), 0);
 }
 
-/// Review: a cluster failover (`CLUSTER FAILOVER` on the key's master's replica) while a ticket
-/// waits. The queue lives in the old master's memory only; the old master (now a replica)
-/// unblocks the `BLPOP` (`UNBLOCKED`), a `BLPOP` there is `MOVED` to the new master, where nobody
-/// knows the ticket and nothing is ever written into it. The asking connection to the old node
-/// still lives, so the ticket is not void, and nothing asks again: the wait sits out its whole
-/// timeout although the lock is free (and a `Wait::Forever` one never ends). A blocking wait is
-/// unblocked by the role change and asked again on the new master.
+/// A cluster failover (`CLUSTER FAILOVER` on the key's master's replica) while a ticket waits.
+/// The queue lived in the old master's memory only, and the asking connection to the old node
+/// still lives: the old node, now a replica, ends the `BLPOP` (`UNBLOCKED`; a `BLPOP` sent there
+/// later is `MOVED`), and that voids the tickets asked there. The wait asks again (`ONCE`), on
+/// the new master, and is granted there once the lock is free: not after its whole wait (or
+/// never, with no timeout), as it was when the `BLPOP` just followed the redirect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ticket_wait_across_a_cluster_failover_is_asked_again_on_the_new_master() {
     wait_across_a_cluster_failover(true).await;
 }
 
-/// The same with a blocking wait (passes on 87c6035: the role change unblocks it).
+/// The same with a blocking wait (the role change unblocks it: it ends with the error).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_wait_across_a_cluster_failover_is_asked_again_on_the_new_master() {
     wait_across_a_cluster_failover(false).await;
@@ -1316,4 +1315,9 @@ async fn wait_across_a_cluster_failover(tickets: bool) {
         .expect("the wait ends (the lock is free on the new master)")
         .unwrap();
     eprintln!("the wait ended: {:?}", ended.as_ref().map(|g| g.token()));
+    if tickets {
+        // Asked again on the new master, and granted there after the holder.
+        let guard = ended.expect("granted on the new master");
+        assert!(guard.token() > held.token());
+    }
 }
