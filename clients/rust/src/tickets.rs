@@ -145,6 +145,7 @@ impl Redirect {
 }
 
 /// A ticket to wait for.
+#[derive(Clone)]
 pub(crate) struct Wanted {
     /// The ticket's name, as the server replied it.
     pub(crate) ticket: Vec<u8>,
@@ -154,7 +155,7 @@ pub(crate) struct Wanted {
     pub(crate) asked: Asked,
     /// The key the grant is on (a cluster routes the release by it).
     pub(crate) key: Arc<[u8]>,
-    /// Releases a grant popped for a waiter that gave up meanwhile.
+    /// Releases a grant popped for a waiter that is gone (the runtime shut down under it).
     pub(crate) release: Arc<Cmd>,
 }
 
@@ -259,6 +260,61 @@ impl Asker {
 struct Entry {
     wanted: Wanted,
     answer: oneshot::Sender<Answer>,
+    /// Its waiter gave it up ([`Pending::leave`]) and waits for the group's last word on it.
+    left: Arc<AtomicBool>,
+}
+
+impl Entry {
+    /// Whether its waiter no longer waits for it.
+    fn is_left(&self) -> bool {
+        self.answer.is_closed() || self.left.load(Ordering::SeqCst)
+    }
+}
+
+/// A ticket handed to the group's task ([`Tickets::wait`]): its answer comes here.
+pub(crate) struct Pending {
+    answer: oneshot::Receiver<Answer>,
+    left: Arc<AtomicBool>,
+    /// The group's inbox, and a copy of the ticket's request: [`Pending::leave`] sends one
+    /// that nobody waits for, which interrupts the group's `BLPOP` as a new ticket does.
+    inbox: mpsc::UnboundedSender<Entry>,
+    wanted: Wanted,
+}
+
+impl Pending {
+    /// The ticket's answer (the waiting task ended: void, asked again).
+    pub(crate) async fn answer(&mut self) -> Answer {
+        (&mut self.answer).await.unwrap_or(Answer::Void)
+    }
+
+    /// Gives the ticket up: the group stops popping it (its `BLPOP` is interrupted now).
+    /// [`Pending::last_word`] then says whether a grant was popped for it meanwhile.
+    pub(crate) fn leave(&self) {
+        self.left.store(true, Ordering::SeqCst);
+        let (answer, _) = oneshot::channel();
+        let mut wanted = self.wanted.clone();
+        wanted.ticket = Vec::new();
+        let poke = Entry {
+            wanted,
+            answer,
+            left: Arc::new(AtomicBool::new(true)),
+        };
+        // The task ended: it dropped the ticket, nothing comes.
+        let _ = self.inbox.send(poke);
+    }
+
+    /// After [`Pending::leave`], the group's last word on the ticket, within `limit`: the grant
+    /// popped for it (now the caller's), or none (answered otherwise, or dropped unpopped). The
+    /// grant is the caller's to release, so that the release is counted as the handle's: a
+    /// grant released behind the handle's back could free the hold of its next acquire (which
+    /// `ONCE` answers with the same token).
+    pub(crate) async fn last_word(self, limit: Duration) -> Option<Vec<u8>> {
+        match tokio::time::timeout(limit, self.answer).await {
+            Ok(Ok(Answer::Popped(answer))) if is_grant(&answer) => Some(answer),
+            // Not answered in time: a grant popped later is released by the group.
+            _ => None,
+        }
+    }
 }
 
 /// Where tickets are asked and popped.
@@ -547,10 +603,17 @@ impl Tickets {
         }
     }
 
-    /// Waits for `wanted`: its answer comes on the receiver. Dropping the receiver gives the
+    /// Waits for `wanted`: its answer comes on the [`Pending`]. [`Pending::leave`] gives the
     /// ticket up here (the caller withdraws it with `LOCK.CANCEL`).
-    pub(crate) fn wait(self: &Arc<Self>, wanted: Wanted) -> oneshot::Receiver<Answer> {
+    pub(crate) fn wait(self: &Arc<Self>, wanted: Wanted) -> Pending {
         let (tx, rx) = oneshot::channel();
+        let left = Arc::new(AtomicBool::new(false));
+        let pending = |inbox: &mpsc::UnboundedSender<Entry>, wanted: Wanted| Pending {
+            answer: rx,
+            left: left.clone(),
+            inbox: inbox.clone(),
+            wanted,
+        };
         let asked_at = match &wanted.asked.asker {
             Asker::Node(node) => Some(node.clone()),
             Asker::Own(own) => own.node.clone(),
@@ -566,11 +629,16 @@ impl Tickets {
             ),
             _ => (None, None),
         };
-        let mut entry = Entry { wanted, answer: tx };
+        let copy = wanted.clone();
+        let mut entry = Entry {
+            wanted,
+            answer: tx,
+            left: left.clone(),
+        };
         let mut groups = relock(&self.groups);
         if let Some(inbox) = groups.get(&group) {
             match inbox.send(entry) {
-                Ok(()) => return rx,
+                Ok(()) => return pending(inbox, copy),
                 // The task ended (its runtime shut down): a new one.
                 Err(mpsc::error::SendError(back)) => entry = back,
             }
@@ -578,10 +646,11 @@ impl Tickets {
         let (inbox, rx_entries) = mpsc::unbounded_channel();
         // Cannot fail: the receiver is alive.
         let _ = inbox.send(entry);
+        let pending = pending(&inbox, copy);
         groups.insert(group, inbox);
         drop(groups);
         tokio::spawn(self.clone().run(group, pop, rx_entries));
-        rx
+        pending
     }
 
     /// A group's task: one `BLPOP` at a time over its outstanding tickets, until none has
@@ -751,7 +820,8 @@ impl Tickets {
         let now = Instant::now();
         let mut kept = Vec::with_capacity(entries.len());
         for entry in entries.drain(..) {
-            if entry.answer.is_closed() {
+            if entry.is_left() {
+                // Its waiter learns that nothing was popped for it.
                 continue;
             }
             if entry.wanted.asked.is_void() {
@@ -958,7 +1028,10 @@ impl Tickets {
         }
     }
 
-    /// Gives `answer` to the waiter of `ticket`; a grant whose waiter is gone is released.
+    /// Gives `answer` to the waiter of `ticket` (one that gave it up and waits for the last
+    /// word too: it releases a grant itself, as its handle's release). A grant whose waiter is
+    /// gone altogether (the runtime shut down under it, or it stopped waiting for the last word)
+    /// is released here.
     fn deliver(&self, entries: &mut Vec<Entry>, ticket: &[u8], answer: Vec<u8>) {
         let Some(at) = entries.iter().position(|e| e.wanted.ticket == ticket) else {
             return;
