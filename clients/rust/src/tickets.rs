@@ -1017,11 +1017,11 @@ impl Tickets {
                 Some((address, _slot)) if waiting.node.is_some() => {
                     Popped::Redirect(address.to_string(), e.code() == Some("ASK"))
                 }
-                // TRYAGAIN, CLUSTERDOWN, or refused (NOPERM: an ACL without BLPOP or the
-                // tickets' keys): the connection is fine, the pop is sent again after a pause.
                 // Not the library's own `CLIENT UNBLOCK` (that one answers nil): the server
                 // ended the wait (the node became a replica, in a failover).
                 _ if e.code() == Some("UNBLOCKED") && waiting.node.is_some() => Popped::Unblocked,
+                // TRYAGAIN, CLUSTERDOWN, or refused (NOPERM: an ACL without BLPOP or the
+                // tickets' keys): the connection is fine, the pop is sent again after a pause.
                 _ if e.code().is_some() => Popped::Again,
                 _ => Popped::Broken,
             },
