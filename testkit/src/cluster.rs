@@ -110,6 +110,54 @@ impl Cluster {
             .expect("a node of this cluster")
     }
 
+    /// A new node, with the module, added as a replica of `master` (`redis-cli --cluster
+    /// add-node --cluster-slave`), returned once it is in sync. (Review helper.)
+    pub fn add_replica(&self, master: &Server) -> Server {
+        let replica = Server::start_on_free(
+            cluster_port(),
+            &Options {
+                extra: [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ]
+                .map(String::from)
+                .to_vec(),
+                ..Options::default()
+            },
+        );
+        let out = Command::new(cli_bin())
+            .arg("--cluster")
+            .arg("add-node")
+            .arg(format!("127.0.0.1:{}", replica.port))
+            .arg(format!("127.0.0.1:{}", master.port))
+            .arg("--cluster-slave")
+            .arg("--cluster-master-id")
+            .arg(Cluster::node_id(master))
+            .output()
+            .expect("redis-cli --cluster add-node");
+        assert!(
+            out.status.success(),
+            "add-node failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let mut con = replica.connect();
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut con)
+                    .unwrap();
+                info.contains("master_link_status:up")
+            }),
+            "the replica did not sync"
+        );
+        replica
+    }
+
     pub fn node_id(node: &Server) -> String {
         redis::cmd("CLUSTER")
             .arg("MYID")

@@ -22,7 +22,7 @@ use crate::master::says_not_master;
 use crate::node::Node;
 use crate::reply;
 use crate::servers::Found;
-use crate::tickets::{is_grant, said, Answer, Asked, Redirect, Said, Tickets, Wanted};
+use crate::tickets::{said, Answer, Asked, Pending, Redirect, Said, Tickets, Wanted};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -1188,7 +1188,7 @@ enum Ticket {
 /// A ticket being waited for: withdrawn if it is dropped before its answer was taken.
 struct TicketWait<'a> {
     ticket: Vec<u8>,
-    answer: Option<tokio::sync::oneshot::Receiver<Answer>>,
+    answer: Option<Pending>,
     lock: &'a Lock,
 }
 
@@ -1196,7 +1196,7 @@ impl TicketWait<'_> {
     /// The ticket's answer (the waiting task ended: void, asked again).
     async fn answer(&mut self) -> Answer {
         match self.answer.as_mut() {
-            Some(rx) => rx.await.unwrap_or(Answer::Void),
+            Some(pending) => pending.answer().await,
             None => Answer::Void,
         }
     }
@@ -1221,21 +1221,14 @@ impl TicketWait<'_> {
 
 impl Drop for TicketWait<'_> {
     fn drop(&mut self) {
-        let Some(mut answer) = self.answer.take() else {
+        let Some(pending) = self.answer.take() else {
             return;
         };
+        // Given up now: the group stops popping the ticket at once.
+        pending.leave();
         let ticket = std::mem::take(&mut self.ticket);
-        self.lock.give_up(async move {
-            // Closed first: an answer the task delivers from now on fails to arrive, and the
-            // task releases a grant it popped; one delivered before is read here. (Read without
-            // closing, an answer on its way was missed here and not released there: CI's
-            // `a_wait_given_up_as_it_is_granted_gets_the_grant_once` saw a grant leak.)
-            answer.close();
-            match answer.try_recv() {
-                Ok(Answer::Popped(a)) if is_grant(&a) => Taken::Grant,
-                _ => Taken::Ticket(ticket),
-            }
-        });
+        self.lock
+            .give_up(async move { Taken::Left(ticket, pending) });
     }
 }
 
@@ -1263,29 +1256,44 @@ impl Drop for AskInFlight<'_> {
 }
 
 /// What a ticketed wait that was given up had when it was: nothing, a grant (a token answered
-/// at once, or popped), or a ticket.
+/// at once), a ticket, or a ticket the group was popping ([`Pending::leave`]).
 enum Taken {
     Nothing,
     Grant,
     Ticket(Vec<u8>),
+    Left(Vec<u8>, Pending),
 }
 
 impl Lock {
     /// Gives up a ticketed wait in the background, counted as a release of the handle: once
     /// `taken` says what the wait had, a ticket is withdrawn (`LOCK.CANCEL`, routed by the
-    /// ticket's name), and a grant (one it had, or the one the cancel hands back) is released.
+    /// ticket's name), and a grant (one it had, the one the cancel hands back, or the one the
+    /// group popped for the ticket meanwhile: its last word is waited for) is released. So the
+    /// handle's next acquire, which `ONCE` may answer with that grant's token, waits for that
+    /// release: it cannot land under the new guard.
     fn give_up(&self, taken: impl std::future::Future<Output = Taken> + Send + 'static) {
         let commands = self.ctx.commands.clone();
         let release = self.spec.release.clone();
         let key: Arc<[u8]> = Arc::from(self.spec.key());
+        let limit = self.ctx.command_timeout + LAST_WORD_MARGIN;
         let withdraw = async move {
-            let held = match taken.await {
-                Taken::Nothing => false,
-                Taken::Grant => true,
-                Taken::Ticket(ticket) => {
+            let cancel = |ticket: Vec<u8>| {
+                let commands = commands.clone();
+                async move {
                     let mut cancel = redis::cmd("LOCK.CANCEL");
                     cancel.arg(ticket);
                     matches!(commands.query(&cancel).await, Ok(v) if v != Value::Nil)
+                }
+            };
+            let held = match taken.await {
+                Taken::Nothing => false,
+                Taken::Grant => true,
+                Taken::Ticket(ticket) => cancel(ticket).await,
+                // A grant is handed over once: to the cancel, or to the pop, never both.
+                Taken::Left(ticket, pending) => {
+                    let cancelled = cancel(ticket).await;
+                    let popped = pending.last_word(limit).await.is_some();
+                    cancelled || popped
                 }
             };
             if held {
@@ -1296,6 +1304,10 @@ impl Lock {
         self.state.release_in_background(runtime.as_ref(), withdraw);
     }
 }
+
+/// How long past the command timeout a given-up ticket's group may take to say whether it
+/// popped a grant for it (its `BLPOP` is interrupted at once: normally a round trip).
+const LAST_WORD_MARGIN: Duration = Duration::from_secs(2);
 
 /// What a ticketed ask came to: the reply, and the connection that asked.
 type Asking = (Result<Value, LockError>, Option<Asked>);

@@ -26,7 +26,9 @@
 //! the library sees it close), and a group that stops waiting leaves its waiting connection to
 //! the next group on that node (closed when none took it for a while). A `BLPOP` the server
 //! redirects (`ASK`/`MOVED`: the slot is migrating or moved) is sent again where it says (with
-//! `ASKING` for an `ASK`): the tickets move with the slot.
+//! `ASKING` for an `ASK`): the tickets move with the slot. A `BLPOP` that the node the tickets
+//! were asked on answers `MOVED` or ends with `UNBLOCKED` (a failover made it a replica) voids
+//! them: that node no longer serves their slot.
 //!
 //! A ticket belongs to the connection that asked for it: when that connection is replaced (it
 //! broke, or the master changed), its tickets are void, and their waiters are told so
@@ -157,6 +159,7 @@ impl Redirect {
 }
 
 /// A ticket to wait for.
+#[derive(Clone)]
 pub(crate) struct Wanted {
     /// The ticket's name, as the server replied it.
     pub(crate) ticket: Vec<u8>,
@@ -166,7 +169,7 @@ pub(crate) struct Wanted {
     pub(crate) asked: Asked,
     /// The key the grant is on (a cluster routes the release by it).
     pub(crate) key: Arc<[u8]>,
-    /// Releases a grant popped for a waiter that gave up meanwhile.
+    /// Releases a grant popped for a waiter that is gone (the runtime shut down under it).
     pub(crate) release: Arc<Cmd>,
 }
 
@@ -185,10 +188,15 @@ impl Asked {
 
     /// In a cluster, the node the ticket was asked on.
     pub(crate) fn node(&self) -> Option<&Node> {
+        self.node_conns().map(|n| &n.node)
+    }
+
+    /// In a cluster, the client's connections to the node the ticket was asked on.
+    fn node_conns(&self) -> Option<&Arc<NodeConns>> {
         match &self.asker {
             Asker::Shared(_) => None,
-            Asker::Node(node) => Some(&node.node),
-            Asker::Own(own) => own.node.as_ref().map(|n| &n.node),
+            Asker::Node(node) => Some(node),
+            Asker::Own(own) => own.node.as_ref(),
         }
     }
 }
@@ -266,6 +274,61 @@ impl Asker {
 struct Entry {
     wanted: Wanted,
     answer: oneshot::Sender<Answer>,
+    /// Its waiter gave it up ([`Pending::leave`]) and waits for the group's last word on it.
+    left: Arc<AtomicBool>,
+}
+
+impl Entry {
+    /// Whether its waiter no longer waits for it.
+    fn is_left(&self) -> bool {
+        self.answer.is_closed() || self.left.load(Ordering::SeqCst)
+    }
+}
+
+/// A ticket handed to the group's task ([`Tickets::wait`]): its answer comes here.
+pub(crate) struct Pending {
+    answer: oneshot::Receiver<Answer>,
+    left: Arc<AtomicBool>,
+    /// The group's inbox, and a copy of the ticket's request: [`Pending::leave`] sends one
+    /// that nobody waits for, which interrupts the group's `BLPOP` as a new ticket does.
+    inbox: mpsc::UnboundedSender<Entry>,
+    wanted: Wanted,
+}
+
+impl Pending {
+    /// The ticket's answer (the waiting task ended: void, asked again).
+    pub(crate) async fn answer(&mut self) -> Answer {
+        (&mut self.answer).await.unwrap_or(Answer::Void)
+    }
+
+    /// Gives the ticket up: the group stops popping it (its `BLPOP` is interrupted now).
+    /// [`Pending::last_word`] then says whether a grant was popped for it meanwhile.
+    pub(crate) fn leave(&self) {
+        self.left.store(true, Ordering::SeqCst);
+        let (answer, _) = oneshot::channel();
+        let mut wanted = self.wanted.clone();
+        wanted.ticket = Vec::new();
+        let poke = Entry {
+            wanted,
+            answer,
+            left: Arc::new(AtomicBool::new(true)),
+        };
+        // The task ended: it dropped the ticket, nothing comes.
+        let _ = self.inbox.send(poke);
+    }
+
+    /// After [`Pending::leave`], the group's last word on the ticket, within `limit`: the grant
+    /// popped for it (now the caller's), or none (answered otherwise, or dropped unpopped). The
+    /// grant is the caller's to release, so that the release is counted as the handle's: a
+    /// grant released behind the handle's back could free the hold of its next acquire (which
+    /// `ONCE` answers with the same token).
+    pub(crate) async fn last_word(self, limit: Duration) -> Option<Vec<u8>> {
+        match tokio::time::timeout(limit, self.answer).await {
+            Ok(Ok(Answer::Popped(answer))) if is_grant(&answer) => Some(answer),
+            // Not answered in time: a grant popped later is released by the group.
+            _ => None,
+        }
+    }
 }
 
 /// Where tickets are asked and popped.
@@ -577,10 +640,17 @@ impl Tickets {
         }
     }
 
-    /// Waits for `wanted`: its answer comes on the receiver. Dropping the receiver gives the
+    /// Waits for `wanted`: its answer comes on the [`Pending`]. [`Pending::leave`] gives the
     /// ticket up here (the caller withdraws it with `LOCK.CANCEL`).
-    pub(crate) fn wait(self: &Arc<Self>, wanted: Wanted) -> oneshot::Receiver<Answer> {
+    pub(crate) fn wait(self: &Arc<Self>, wanted: Wanted) -> Pending {
         let (tx, rx) = oneshot::channel();
+        let left = Arc::new(AtomicBool::new(false));
+        let pending = |inbox: &mpsc::UnboundedSender<Entry>, wanted: Wanted| Pending {
+            answer: rx,
+            left: left.clone(),
+            inbox: inbox.clone(),
+            wanted,
+        };
         let asked_at = match &wanted.asked.asker {
             Asker::Node(node) => Some(node.clone()),
             Asker::Own(own) => own.node.clone(),
@@ -596,11 +666,16 @@ impl Tickets {
             ),
             _ => (None, None),
         };
-        let mut entry = Entry { wanted, answer: tx };
+        let copy = wanted.clone();
+        let mut entry = Entry {
+            wanted,
+            answer: tx,
+            left: left.clone(),
+        };
         let mut groups = relock(&self.groups);
         if let Some(inbox) = groups.get(&group) {
             match inbox.send(entry) {
-                Ok(()) => return rx,
+                Ok(()) => return pending(inbox, copy),
                 // The task ended (its runtime shut down): a new one.
                 Err(mpsc::error::SendError(back)) => entry = back,
             }
@@ -608,10 +683,11 @@ impl Tickets {
         let (inbox, rx_entries) = mpsc::unbounded_channel();
         // Cannot fail: the receiver is alive.
         let _ = inbox.send(entry);
+        let pending = pending(&inbox, copy);
         groups.insert(group, inbox);
         drop(groups);
         tokio::spawn(self.clone().run(group, pop, rx_entries));
-        rx
+        pending
     }
 
     /// A group's task: one `BLPOP` at a time over its outstanding tickets, until none has
@@ -698,8 +774,12 @@ impl Tickets {
                 // is to a master that is no longer the master: a new one (the tickets stand).
                 Popped::Broken => {}
                 // The slot is migrating (ASK: the tickets are not on this node) or moved: the
-                // tickets are popped where the server says; nothing is asked again.
+                // tickets are popped where the server says. Those asked on this node are void
+                // if it says `MOVED`: it serves the slot no more (see [`Tickets::void_at`]).
                 Popped::Redirect(address, ask) => {
+                    if !ask {
+                        Tickets::void_at(&current, &mut entries);
+                    }
                     let to = match (&self.place, &current.node) {
                         (Place::Cluster { info, .. }, Some(from)) => {
                             crate::servers::node_at(info, &address, &from.node).ok()
@@ -722,8 +802,45 @@ impl Tickets {
                     waiting = Some(current);
                     tokio::time::sleep(PAUSE).await;
                 }
+                // The server ended the `BLPOP` itself: the node became a replica.
+                Popped::Unblocked => {
+                    Tickets::void_at(&current, &mut entries);
+                    waiting = Some(current);
+                    if !entries.is_empty() {
+                        tokio::time::sleep(PAUSE).await;
+                    }
+                }
             }
         }
+    }
+
+    /// In a cluster, answers [`Answer::Void`] to the tickets asked on the node of `waiting`,
+    /// which says it no longer serves their slot (a `BLPOP` there was `MOVED`, or ended by the
+    /// server with `UNBLOCKED`). After a failover (`CLUSTER FAILOVER`, or a master that failed)
+    /// their queue was in the old master's memory only: nothing will ever be written into them
+    /// on the new master, and their asking connection to the old node still lives, so nothing
+    /// else voids them. After a migration their answers went with the slot (a grant there is
+    /// taken by the waiter's `LOCK.CANCEL`, routed by the ticket's name). Either way the waiter
+    /// withdraws the ticket and asks again, with `ONCE`: a hold granted meanwhile is answered
+    /// with its token again, never taken twice.
+    fn void_at(waiting: &Waiting, entries: &mut Vec<Entry>) {
+        let Some(node) = &waiting.node else {
+            return;
+        };
+        let mut kept = Vec::with_capacity(entries.len());
+        for entry in entries.drain(..) {
+            if entry
+                .wanted
+                .asked
+                .node_conns()
+                .is_some_and(|n| Arc::ptr_eq(n, node))
+            {
+                let _ = entry.answer.send(Answer::Void);
+            } else {
+                kept.push(entry);
+            }
+        }
+        *entries = kept;
     }
 
     /// The master's generation on one server (0 in a cluster).
@@ -740,7 +857,8 @@ impl Tickets {
         let now = Instant::now();
         let mut kept = Vec::with_capacity(entries.len());
         for entry in entries.drain(..) {
-            if entry.answer.is_closed() {
+            if entry.is_left() {
+                // Its waiter learns that nothing was popped for it.
                 continue;
             }
             if entry.wanted.asked.is_void() {
@@ -971,6 +1089,9 @@ impl Tickets {
                 Some((address, _slot)) if waiting.node.is_some() => {
                     Popped::Redirect(address.to_string(), e.code() == Some("ASK"))
                 }
+                // Not the library's own `CLIENT UNBLOCK` (that one answers nil): the server
+                // ended the wait (the node became a replica, in a failover).
+                _ if e.code() == Some("UNBLOCKED") && waiting.node.is_some() => Popped::Unblocked,
                 // TRYAGAIN, CLUSTERDOWN, or refused (NOPERM: an ACL without BLPOP or the
                 // tickets' keys): the connection is fine, the pop is sent again after a pause.
                 _ if e.code().is_some() => Popped::Again,
@@ -979,7 +1100,10 @@ impl Tickets {
         }
     }
 
-    /// Gives `answer` to the waiter of `ticket`; a grant whose waiter is gone is released.
+    /// Gives `answer` to the waiter of `ticket` (one that gave it up and waits for the last
+    /// word too: it releases a grant itself, as its handle's release). A grant whose waiter is
+    /// gone altogether (the runtime shut down under it, or it stopped waiting for the last word)
+    /// is released here.
     fn deliver(&self, entries: &mut Vec<Entry>, ticket: &[u8], answer: Vec<u8>) {
         let Some(at) = entries.iter().position(|e| e.wanted.ticket == ticket) else {
             return;
@@ -1073,6 +1197,8 @@ enum Popped {
     /// The server cannot serve it now (`TRYAGAIN`, `CLUSTERDOWN`) or refused it: again after a
     /// pause.
     Again,
+    /// In a cluster, the server ended it with `UNBLOCKED` (the node became a replica).
+    Unblocked,
 }
 
 /// Whether a ticket's answer is a grant (digits: the token or tokens).

@@ -1316,3 +1316,71 @@ async fn cluster_waiters_giving_up_during_a_write_pause_do_not_bring_the_node_do
     );
     let _: redis::RedisResult<()> = redis::cmd("CLIENT").arg("UNPAUSE").query(&mut direct(node));
 }
+
+/// A cluster failover (`CLUSTER FAILOVER` on the key's master's replica) while a ticket waits.
+/// The queue lived in the old master's memory only, and the asking connection to the old node
+/// still lives: the old node, now a replica, ends the `BLPOP` (`UNBLOCKED`; a `BLPOP` sent there
+/// later is `MOVED`), and that voids the tickets asked there. The wait asks again (`ONCE`), on
+/// the new master, and is granted there once the lock is free: not after its whole wait (or
+/// never, with no timeout), as it was when the `BLPOP` just followed the redirect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_wait_across_a_cluster_failover_is_asked_again_on_the_new_master() {
+    wait_across_a_cluster_failover(true).await;
+}
+
+/// The same with a blocking wait (the role change unblocks it: it ends with the error). Not on
+/// Valkey: there a wait blocked in the module is not ended when its node becomes a replica (it
+/// waits out its timeout); the ticket wait above, the default, is asked again there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_wait_across_a_cluster_failover_is_asked_again_on_the_new_master() {
+    if std::env::var("LOCK_SERVER").is_ok_and(|s| s.contains("valkey")) {
+        eprintln!("skipped on Valkey: a module-blocked wait outlives its node's role change");
+        return;
+    }
+    wait_across_a_cluster_failover(false).await;
+}
+
+async fn wait_across_a_cluster_failover(tickets: bool) {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let key = one_key_per_master()[1].clone();
+    let master = cluster.node_for_slot(slot(&key));
+    let replica = cluster.add_replica(master);
+    let client = ticket_client(&cluster, tickets).await;
+    let holder = ticket_client(&cluster, false).await;
+    let mut held = holder.lock(&key).acquire().await.unwrap();
+    let waiter = client.lock(&key).wait_timeout(Duration::from_secs(60));
+    let task = tokio::spawn(async move { waiter.acquire().await });
+    wait_until("the wait queues", || waiters_on(master, &key) == 1).await;
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query(&mut direct(&replica))
+        .unwrap();
+    wait_until("the replica is the master", || {
+        let role: Vec<Value> = redis::cmd("ROLE").query(&mut direct(&replica)).unwrap();
+        matches!(role.first(), Some(Value::BulkString(r)) if r == b"master")
+    })
+    .await;
+    // The holder releases on the new master: the lock is free there.
+    let mut released = false;
+    for _ in 0..50 {
+        if held.release().await.is_ok() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(released, "the holder could not release after the failover");
+    // Granted there, or ended with an error (a blocking wait ends with `UNBLOCKED`): either way
+    // promptly, not after the whole wait (or never, with no timeout).
+    let ended = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the wait ends (the lock is free on the new master)")
+        .unwrap();
+    eprintln!("the wait ended: {:?}", ended.as_ref().map(|g| g.token()));
+    if tickets {
+        // Asked again on the new master, and granted there after the holder.
+        let guard = ended.expect("granted on the new master");
+        assert!(guard.token() > held.token());
+    }
+}
