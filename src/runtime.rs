@@ -10,6 +10,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use lock_core::args::{AcquireRequest, Binding, Wait, Waiting};
 use lock_core::binding::{ClientId, GrantRef};
@@ -141,6 +142,7 @@ fn run_scheduler<R>(
 ) -> Option<R> {
     SCHEDULER.with(|cell| match cell.try_borrow_mut() {
         Ok(mut scheduler) => {
+            let started = Instant::now();
             let out = f(&mut scheduler, RedisPort::new(ctx));
             let more = match turn {
                 Turn::Writable => {
@@ -153,7 +155,7 @@ fn run_scheduler<R>(
             WAITING.with(|w| w.set(scheduler.waiting()));
             BOUND.with(|b| b.set(scheduler.bound_holds()));
             TICKETS.with(|t| t.set(scheduler.any_tickets()));
-            arm(ctx, scheduler.next_deadline());
+            arm(ctx, scheduler.next_deadline(), started.elapsed());
             drop(scheduler);
             send_answers(ctx);
             if more {
@@ -445,12 +447,36 @@ pub fn on_timer(ctx: Ctx) {
     with_scheduler_writing(ctx, |s, mut port| s.timer_fired(&mut port, now_ms()));
 }
 
+/// The least delay the module timer is armed with (see [`arm`]).
+const TIMER_MIN_DELAY_MS: u64 = 1;
+/// A turn at least this long is a long one (see [`arm`]).
+const LONG_TURN: Duration = Duration::from_millis(2);
+/// How long after a long turn the timer runs the next one, at the earliest (see [`arm`]).
+const REST_AFTER_LONG_TURN_MS: u64 = 5;
+
 /// Arms the single module timer for the scheduler's earliest deadline (or stops it when none is
-/// left, so that MODULE UNLOAD is not held up by an idle timer).
-fn arm(ctx: Ctx, next: Option<u64>) {
+/// left, so that MODULE UNLOAD is not held up by an idle timer); `turn` is how long the turn
+/// that asks took.
+///
+/// Redis runs due timers right after the file events of the same event-loop iteration, and
+/// writes the replies to the commands it read only in the next one. So a deadline already due
+/// (a turn's rest is due a millisecond after the turn *started*, when the turn took longer) is
+/// never armed at once but a millisecond from now, and after a long turn (a batch at the caps
+/// takes tens of milliseconds) not sooner than [`REST_AFTER_LONG_TURN_MS`], however soon it was
+/// armed before: otherwise a client whose command arrived during a long turn is read right
+/// after it and answered only after the next one, waiting out two turns.
+fn arm(ctx: Ctx, next: Option<u64>, turn: Duration) {
+    let long = turn >= LONG_TURN;
+    let rest = if long {
+        REST_AFTER_LONG_TURN_MS
+    } else {
+        TIMER_MIN_DELAY_MS
+    };
     let armed = TIMER.with(Cell::get);
     match (armed, next) {
-        (Some((_, at)), Some(next)) if at <= next => {}
+        // The hot path (a command that changes no deadline): no clock read.
+        (Some((_, at)), Some(next)) if at <= next && !long => {}
+        (Some((_, at)), Some(next)) if at <= next && at >= now_ms().saturating_add(rest) => {}
         (armed, next) => {
             if let Some((id, _)) = armed {
                 wait::stop_timer(ctx, id);
@@ -458,8 +484,9 @@ fn arm(ctx: Ctx, next: Option<u64>) {
             }
             if let Some(next) = next {
                 let now = now_ms();
-                let id = wait::arm_timer::<Runtime>(ctx, next.saturating_sub(now));
-                TIMER.with(|t| t.set(Some((id, next.max(now)))));
+                let at = next.max(now.saturating_add(rest));
+                let id = wait::arm_timer::<Runtime>(ctx, at.saturating_sub(now));
+                TIMER.with(|t| t.set(Some((id, at))));
             }
         }
     }

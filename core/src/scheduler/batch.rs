@@ -18,7 +18,9 @@
 //! faster than they are written makes the turn longer without telling anyone sooner, and starts
 //! leases nobody has been told of).
 //! What is left is looked at again from the timer a millisecond later, so that the server reads
-//! and answers its other clients in between. The first batch of a turn always runs: a release
+//! and answers its other clients in between (the module arms its timer no sooner than a
+//! millisecond after a turn ends, five after a long one: Redis runs a due timer before it writes
+//! the replies to what it read in the same event-loop iteration). The first batch of a turn always runs: a release
 //! hands its key to the head waiter in the release itself.
 //!
 //! A turn's worst case at the caps: a batch reads up to 16,000 holds, then a multi-key waiter's

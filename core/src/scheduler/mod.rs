@@ -763,15 +763,15 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     }
 }
 
-/// An in-memory server for the scheduler's tests (unit and model-based): keys holding a
-/// [`Lock`](crate::hold::Lock) decided by the real rules (`hold::decide`), a clock the test
-/// moves, and every effect recorded in order.
 mod batch;
 mod bindings;
 mod multi;
 pub mod tickets;
 
 #[cfg(test)]
+/// An in-memory server for the scheduler's tests (unit and model-based): keys holding a
+/// [`Lock`](crate::hold::Lock) decided by the real rules (`hold::decide`), a clock the test
+/// moves, and every effect recorded in order.
 mod testing;
 
 #[cfg(test)]
