@@ -19,24 +19,7 @@ pub struct Cluster {
 impl Cluster {
     pub fn start(masters: usize) -> Cluster {
         let nodes: Vec<Server> = (0..masters)
-            .map(|_| {
-                Server::start_on_free(
-                    cluster_port(),
-                    &Options {
-                        extra: [
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            "nodes.conf",
-                            "--cluster-node-timeout",
-                            "5000",
-                        ]
-                        .map(String::from)
-                        .to_vec(),
-                        ..Options::default()
-                    },
-                )
-            })
+            .map(|_| Server::start_on_free(cluster_port(), &node_options()))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
@@ -113,22 +96,7 @@ impl Cluster {
     /// A new node, with the module, added as a replica of `master` (`redis-cli --cluster
     /// add-node --cluster-slave`), returned once it is in sync. (Review helper.)
     pub fn add_replica(&self, master: &Server) -> Server {
-        let replica = Server::start_on_free(
-            cluster_port(),
-            &Options {
-                extra: [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "5000",
-                ]
-                .map(String::from)
-                .to_vec(),
-                ..Options::default()
-            },
-        );
+        let replica = Server::start_on_free(cluster_port(), &node_options());
         let out = Command::new(cli_bin())
             .arg("--cluster")
             .arg("add-node")
@@ -181,5 +149,23 @@ fn cluster_port() -> u16 {
         {
             return port;
         }
+    }
+}
+
+/// How every node of a [`Cluster`] is started: cluster mode, its own nodes.conf (each server
+/// runs in a directory of its own), and a node timeout that lets a failover test finish soon.
+fn node_options() -> Options {
+    Options {
+        extra: [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "5000",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Options::default()
     }
 }
