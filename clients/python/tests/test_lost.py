@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -165,3 +166,30 @@ def test_a_renewal_that_finds_the_owner_under_another_token_reports_the_hold_gon
         assert other != guard.token
         assert guard.lost.wait(2.0), "a hold under another token was taken for the guard's"
         assert guard.lost_reason is LostReason.HOLD_GONE
+
+
+def test_an_ephemeral_hold_whose_connection_a_renewal_timeout_closed_is_reported_lost_only_once_gone(
+        server, key):
+    # A write pause (every failover pauses writes) holds the watchdog's renewal past the command
+    # timeout; redis-py closes the connection the EPHEMERAL hold is bound to. The server ends the
+    # hold when it has read the close and writes may go on again: until then it holds it. The
+    # library reported the hold lost the moment its renewal failed; now once a read finds it gone.
+    raw = server.client()
+    held_when_reported: list[object] = []
+    called = threading.Event()
+
+    def on_lost(reason: LostReason) -> None:
+        try:
+            held_when_reported.append(
+                raw.execute_command("LOCK.CHECK", key, guard.owner, guard.token) == 1)
+        except Exception as e:  # noqa: BLE001 - shown by the assertion
+            held_when_reported.append(e)
+        called.set()
+
+    with LockClient.from_url(server.url, command_timeout=0.2) as client:
+        guard = client.lock(key, ephemeral=True, lease=3.0, on_lost=on_lost).acquire()
+        raw.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+        assert called.wait(5.0), "a hold whose connection closed is reported lost"
+        # The server's message (DISCONNECTED) or the library's read (CONNECTION_CLOSED), first.
+        assert guard.lost_reason in (LostReason.DISCONNECTED, LostReason.CONNECTION_CLOSED)
+        assert held_when_reported == [False], "reported lost while the server held it"

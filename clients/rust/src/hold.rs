@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
 
 use redis::{Cmd, PushKind, Value};
 use tokio::runtime::Handle;
@@ -498,16 +499,20 @@ impl Hold {
     /// in a cluster follows the key to its node; gone on any key is the hold gone. After a move,
     /// the subscription follows the key to its new node.
     async fn check(self: Arc<Self>, check: Check) {
-        let sent = Instant::now();
-        let mut answer = Answer::Holds(None);
-        for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
-            match self.check_key(key, *token).await {
-                Answer::Holds(_) | Answer::Unacknowledged => {}
-                Answer::Gone => {
-                    answer = Answer::Gone;
-                    break;
-                }
-                Answer::Nothing => answer = Answer::Nothing,
+        let mut sent = Instant::now();
+        let mut answer = self.check_keys().await;
+        if check.until_gone {
+            // Its connection closed: the server ends the hold once it sees that; until then
+            // it holds it (and so does this side). Bounded by the lease: the watchdog's deadline
+            // ends the belief at the latest.
+            let started = sent;
+            let mut pause = CLOSE_RECHECK_FIRST;
+            while answer != Answer::Gone && self.is_active() && started.elapsed() < self.terms.lease
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(CLOSE_RECHECK_MAX);
+                sent = Instant::now();
+                answer = self.check_keys().await;
             }
         }
         if check.moved && matches!(answer, Answer::Holds(_)) {
@@ -528,6 +533,19 @@ impl Hold {
                 }
             }
         }
+    }
+
+    /// `LOCK.CHECK` of every key (see [`Hold::check`]): gone on any key is the hold gone.
+    async fn check_keys(&self) -> Answer {
+        let mut answer = Answer::Holds(None);
+        for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
+            match self.check_key(key, *token).await {
+                Answer::Holds(_) | Answer::Unacknowledged => {}
+                Answer::Gone => return Answer::Gone,
+                Answer::Nothing => answer = Answer::Nothing,
+            }
+        }
+        answer
     }
 
     /// A renewal on an `EPHEMERAL` hold's own connection was answered `MOVED`/`ASK`: in a
@@ -589,29 +607,42 @@ impl Subscriber for Hold {
     }
 }
 
+/// How soon a hold whose connection closed is read again while the server still holds it
+/// (doubling up to [`CLOSE_RECHECK_MAX`]): the server ends it as soon as it reads the close.
+const CLOSE_RECHECK_FIRST: Duration = Duration::from_millis(2);
+const CLOSE_RECHECK_MAX: Duration = Duration::from_millis(100);
+
 /// The pushes of an `EPHEMERAL` hold's own connection.
 pub(crate) type Pushes = mpsc::UnboundedReceiver<redis::PushInfo>;
 
 /// Tells of a failover (through Sentinel).
 pub(crate) type Changes = tokio::sync::watch::Receiver<u64>;
 
-/// Reports an `EPHEMERAL` hold's connection closing to its machine, or the master it is bound
+/// Reports an `EPHEMERAL` hold's connection closing to its machine, and the master it is bound
 /// to being replaced (a failover: the hold is bound to nothing on the new master, and the old
-/// one, if it comes back, no longer counts).
+/// one, if it comes back, no longer counts). A failover is watched for also after the
+/// connection closed (the old master's death closes it first): the read that follows a close
+/// finds the hold on the new master. The task ends with the hold (its tasks are aborted then).
 async fn watch_connection(hold: Weak<Hold>, mut pushes: Pushes, changes: Option<Changes>) {
     let mut changed = std::pin::pin!(crate::master::changed(changes));
+    let mut open = true;
     loop {
-        let closed = tokio::select! {
-            push = pushes.recv() => match push {
-                None => true,
-                Some(push) => push.kind == PushKind::Disconnection,
+        let event = tokio::select! {
+            push = pushes.recv(), if open => match push {
+                Some(push) if push.kind != PushKind::Disconnection => continue,
+                _ => {
+                    open = false;
+                    Event::ConnectionLost
+                }
             },
-            _ = &mut changed => true,
+            _ = &mut changed => Event::MasterReplaced,
         };
-        if closed {
-            if let Some(hold) = hold.upgrade() {
-                hold.step(Event::ConnectionLost);
-            }
+        let Some(hold) = hold.upgrade() else {
+            return;
+        };
+        let replaced = matches!(event, Event::MasterReplaced);
+        hold.step(event);
+        if replaced {
             return;
         }
     }

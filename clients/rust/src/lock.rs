@@ -218,9 +218,12 @@ impl Lock {
     }
 
     /// Holds are `EPHEMERAL`: bound to a connection the guard owns, they end in the server the
-    /// moment that connection closes (the process died, the socket broke, `CLIENT KILL`). Any
-    /// error on that connection reports the hold lost ([`LostReason::ConnectionClosed`](crate::LostReason::ConnectionClosed)); it is
-    /// never reconnected. Caveat: the server's `timeout` setting closes idle connections; the
+    /// moment that connection closes (the process died, the socket broke, `CLIENT KILL`). Its
+    /// close, seen by the library, reports the hold lost
+    /// ([`LostReason::ConnectionClosed`](crate::LostReason::ConnectionClosed)) once a read on the
+    /// client's shared connection finds the hold gone (the server may see the close a moment
+    /// later; a renewal with no answer on a live connection is no loss). It is never
+    /// reconnected. Caveat: the server's `timeout` setting closes idle connections; the
     /// watchdog's renewals keep it busy at `lease / 3`, so keep `timeout` at 0 (the default) or
     /// well above a third of the lease — and with [`Lock::fixed_lease`] nothing is sent at all.
     pub fn ephemeral(mut self) -> Self {

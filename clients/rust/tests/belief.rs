@@ -342,3 +342,50 @@ async fn a_renewal_that_finds_the_owner_under_another_token_reports_the_hold_gon
         .expect("a hold under another token was taken for the guard's");
     assert_eq!(reason, LostReason::HoldGone);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_hold_whose_renewal_times_out_on_a_live_connection_is_not_reported_lost() {
+    // A write pause (every failover pauses writes) postpones the watchdog's renewal past the
+    // command timeout: no answer, on a connection that is alive, and the server still holds the
+    // hold (bound to that connection). The library reported it lost (ConnectionClosed) on the
+    // first renewal without an answer; it must ask the server first, and go on renewing.
+    let server = Server::start();
+    let mut raw = support::raw(&server).await;
+    let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
+        .command_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(4);
+    let mut guard = client
+        .lock("bound")
+        .lease(lease)
+        .ephemeral()
+        .acquire()
+        .await
+        .unwrap();
+    let (owner, token) = (guard.owner().to_string(), guard.token());
+    let renewals = calls(&mut raw, "lock.renew").await;
+    // Longer than the renewal interval (a third of the lease): a renewal falls inside it.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1_600)
+        .arg("WRITE")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let paused_until = Instant::now() + Duration::from_millis(1_600);
+    while Instant::now() < paused_until {
+        assert_eq!(guard.lost_reason(), None, "reported lost during the pause");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Renewed again once the pause is over, and held all along.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while calls(&mut raw, "lock.renew").await < renewals + 2 {
+        assert!(Instant::now() < deadline, "renewed after the pause");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(guard.lost_reason(), None);
+    assert!(server_holds(&mut raw, "bound", &owner, token).await);
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+}

@@ -39,11 +39,12 @@ from ._backend import (
     cluster_node,
     cluster_node_at,
     cluster_refresh,
+    peer,
     sentinel_master,
     sleep,
     spawn,
 )
-from ._connection import Connector
+from ._connection import Connector, OwnConnection
 from ._election import AsyncElection
 from ._hold import Hold
 from ._lock import AsyncLock, AsyncMultiLock
@@ -98,6 +99,11 @@ class _Route:
 
     async def relocate(self, hold: Hold) -> None:
         await self._client._relocate(self, hold)
+
+    async def replaced(self, own: OwnConnection) -> bool:
+        master = await (await self._client._node_for(self._key)).commands.current_master()
+        reached = peer(own.conn)
+        return master is not None and reached is not None and master != reached
 
 
 class AsyncLockClient:

@@ -41,11 +41,12 @@ from ._backend import (
     cluster_node,
     cluster_node_at,
     cluster_refresh,
+    peer,
     sentinel_master,
     sleep,
     spawn,
 )
-from ._connection import Connector
+from ._connection import Connector, OwnConnection
 from ._election import Election
 from ._hold import Hold
 from ._lock import Lock, MultiLock
@@ -100,6 +101,11 @@ class _Route:
 
     def relocate(self, hold: Hold) -> None:
         self._client._relocate(self, hold)
+
+    def replaced(self, own: OwnConnection) -> bool:
+        master = (self._client._node_for(self._key)).commands.current_master()
+        reached = peer(own.conn)
+        return master is not None and reached is not None and master != reached
 
 
 class LockClient:

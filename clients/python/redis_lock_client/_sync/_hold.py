@@ -68,9 +68,20 @@ class Route(Protocol):
 
     def unwatch(self, hold: Hold) -> None: ...
 
+    def replaced(self, own: OwnConnection) -> bool:
+        """Whether the server ``own`` reached is no longer the master (under Sentinel: the
+        Sentinels name another, a failover); False elsewhere."""
+        ...
+
     def relocate(self, hold: Hold) -> None:
         """The keys' slot moved (cluster): listen on the node that serves it now."""
         ...
+
+
+#: How soon a hold whose connection closed is read again while the server still holds it
+#: (doubling up to ``CLOSE_RECHECK_MAX``): the server ends it as soon as it reads the close.
+CLOSE_RECHECK_FIRST = 0.002
+CLOSE_RECHECK_MAX = 0.1
 
 
 class _Renewal(enum.Enum):
@@ -129,6 +140,8 @@ class Hold:
         self._stop = Event()
         # Held while a renewal is in flight: a release waits for it, so nothing renews after.
         self._renewing = Mutex()
+        # Set once a close of the hold's own connection is being confirmed (``connection_lost``).
+        self._closing = False
         self._lock = threading.Lock()
         # Held while an event is applied and its loss reported (callback included): whoever
         # reads the state through it sees a loss only once the application was told of it.
@@ -180,7 +193,56 @@ class Hold:
         self._event(lambda m: m.refused())
 
     def connection_lost(self) -> None:
-        self._event(lambda m: m.connection_lost())
+        """The connection this EPHEMERAL hold is bound to failed or closed. The server ends the
+        hold when it sees the close, which may be a moment after this side saw it (a close of
+        this side's, on a timeout, reaches the server later; a failed command may have left the
+        connection alive). A guard being confirmed is refused at once (it was never handed out);
+        a held one is reported lost once a read on the client's connections finds the hold gone
+        (``_confirm_closed``)."""
+        with self._lock:
+            if self._machine.confirmation is not None:
+                confirming = True
+            elif self._closing or not self._machine.active:
+                return
+            else:
+                confirming, self._closing = False, True
+        if confirming:
+            self._event(lambda m: m.connection_lost())
+        else:
+            spawn(f"redis-lock-closed:{self.token}", self._confirm_closed)
+
+    def _confirm_closed(self) -> None:
+        """Reads the hold (each key) a few milliseconds apart, then up to every 100 ms, until it
+        is gone: then it is reported lost (``CONNECTION_CLOSED``). Bounded by the lease: the
+        watchdog's deadline reports it at the latest."""
+        started = time.monotonic()
+        pause = CLOSE_RECHECK_FIRST
+        own = self.own
+        while self.active and time.monotonic() - started < self.lease:
+            # After a failover the new master has the hold bound to nothing until its lease
+            # ends, and nobody can renew it there as an EPHEMERAL hold: the binding it was
+            # taken for is gone, which is reported at once.
+            if self._gone() or (own is not None and self.route.replaced(own)):
+                self._event(lambda m: m.connection_lost())
+                return
+            sleep(pause)
+            pause = min(pause * 2, CLOSE_RECHECK_MAX)
+
+    def _gone(self) -> bool:
+        """Whether a read (``LOCK.INFO`` of each key, on the client's connections) finds this
+        hold gone from some key; no answer is not gone."""
+        for k, token in zip(self.keys.keys, self.tokens):
+            try:
+                reply = self.route.query(info(k))
+            except LockServerError as e:
+                if is_final(str(e)):
+                    return True
+                return False
+            except LockError:
+                return False
+            if holder_ttl(reply, self.owner, token) is None:
+                return True
+        return False
 
     def reentered(self, sent_at: float) -> None:
         self._event(lambda m: m.reentered(sent_at))
@@ -369,8 +431,7 @@ class Hold:
             if wait_event(self._stop, min(left, 0.1)):
                 return True
             if not own.alive() and self.own is own:  # (not one given up after a move)
-                self.connection_lost()
-                return True
+                self.connection_lost()  # reported once the server no longer holds it
 
     def _watch_lease(self) -> None:
         """The watchdog: renews when the machine says (every lease / 3), and reports the loss
@@ -398,7 +459,9 @@ class Hold:
             elif found is _Renewal.GONE:
                 self._event(lambda m: m.refused())  # one key is enough: all or nothing
             elif found is _Renewal.CLOSED:
-                self._event(lambda m: m.connection_lost())
+                self.connection_lost()  # reported once the server no longer holds it
+                later = time.monotonic()
+                self._event(lambda m: m.unanswered(later))
             else:
                 later = time.monotonic()
                 self._event(lambda m: m.unanswered(later))

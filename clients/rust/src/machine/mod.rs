@@ -193,8 +193,14 @@ pub(crate) enum Event<'a> {
     },
     /// A message of the lost-hold signal (about this hold or not).
     Signal(&'a LostSignal),
-    /// The connection the hold is bound to closed or failed.
+    /// The connection the hold is bound to closed or failed (the server ends the hold when it
+    /// sees that: it is reported once a read finds it gone).
     ConnectionLost,
+    /// The master the hold is bound to was replaced (a failover, through Sentinel): the new
+    /// master has the hold bound to nothing until its lease ends, nobody can renew it there as
+    /// an EPHEMERAL hold, and the old master no longer counts: the binding the hold was taken
+    /// for is gone, which is reported at once.
+    MasterReplaced,
     /// The hold is bound to nothing any more, but lives on: in a cluster its key moved to
     /// another node with its slot (the node it was bound on no longer has it; the new one has
     /// it, bound to nothing, until its lease ends). From here it is a plain lease.
@@ -256,6 +262,12 @@ pub(crate) enum Refusal {
 pub(crate) struct Check {
     pub(crate) reason: LostReason,
     pub(crate) moved: bool,
+    /// The connection an `EPHEMERAL` hold is bound to closed: the server ends the hold as soon
+    /// as it sees the close, which may be after this side saw it (a kill is seen by both at
+    /// once; a close of this side's is seen by the server a moment later). Read again, a few
+    /// milliseconds apart, until the hold is gone (or the machine ends it otherwise), so that
+    /// the loss is reported as soon as the server no longer holds it, and not before.
+    pub(crate) until_gone: bool,
 }
 
 /// One hold's state machine.
@@ -362,7 +374,7 @@ impl Machine {
                 }
                 None => self.state,
             },
-            (State::Confirming { .. }, Event::ConnectionLost)
+            (State::Confirming { .. }, Event::ConnectionLost | Event::MasterReplaced)
                 if self.terms.binding == Binding::Connection =>
             {
                 out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
@@ -426,15 +438,24 @@ impl Machine {
                     renewing: false,
                 },
                 Answer::Gone => State::Lost(LostReason::HoldGone),
-                Answer::Nothing if terms.binding == Binding::Connection => {
-                    State::Lost(LostReason::ConnectionClosed)
+                // Renewed on the master, not acknowledged, or no answer: the deadline stays;
+                // again soon. No answer on the connection an EPHEMERAL hold is bound to (an
+                // error, a timeout: the connection may be alive) is no loss either: a read on
+                // another connection says whether the server still holds it.
+                Answer::Nothing | Answer::Unacknowledged => {
+                    if answer == Answer::Nothing && terms.binding == Binding::Connection {
+                        out.check = Some(Check {
+                            reason: LostReason::ConnectionClosed,
+                            moved: false,
+                            until_gone: false,
+                        });
+                    }
+                    State::Held {
+                        deadline,
+                        next: replied + terms.retry(),
+                        renewing: false,
+                    }
                 }
-                // Renewed on the master, not acknowledged: the deadline stays; again soon.
-                Answer::Nothing | Answer::Unacknowledged => State::Held {
-                    deadline,
-                    next: replied + terms.retry(),
-                    renewing: false,
-                },
             },
             Event::Answered {
                 read: Read::Check(reason),
@@ -469,7 +490,17 @@ impl Machine {
                 out.check = self.check_after(signal);
                 self.state
             }
+            // The server ends an EPHEMERAL hold with its connection: reported once a read on
+            // another connection finds it gone (see `Check::until_gone`).
             Event::ConnectionLost if terms.binding == Binding::Connection => {
+                out.check = Some(Check {
+                    reason: LostReason::ConnectionClosed,
+                    moved: false,
+                    until_gone: true,
+                });
+                self.state
+            }
+            Event::MasterReplaced if terms.binding == Binding::Connection => {
                 State::Lost(LostReason::ConnectionClosed)
             }
             Event::Fenced(reason) => State::Lost(reason),
@@ -478,6 +509,7 @@ impl Machine {
                 State::Releasing
             }
             Event::ConnectionLost
+            | Event::MasterReplaced
             | Event::Unbound
             | Event::Granted { .. }
             | Event::ReleaseReplied => self.state,
@@ -510,7 +542,11 @@ impl Machine {
             LostSignal::Moved { .. } => (LostReason::HoldGone, true),
             LostSignal::Flushed { .. } => (LostReason::Flushed, false),
         };
-        Some(Check { reason, moved })
+        Some(Check {
+            reason,
+            moved,
+            until_gone: false,
+        })
     }
 
     fn confirm(&self, out: &mut Actions) {

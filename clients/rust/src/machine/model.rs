@@ -107,7 +107,9 @@ impl Model {
             Event::Signal(signal) if confirming && names(&case.identity, signal).is_some() => {
                 self.end(End::Refused)
             }
-            Event::ConnectionLost if confirming && terms.binding == Binding::Connection => {
+            Event::ConnectionLost | Event::MasterReplaced
+                if confirming && terms.binding == Binding::Connection =>
+            {
                 self.end(End::Refused)
             }
             // Before delivery and after the end, nothing else counts.
@@ -130,9 +132,7 @@ impl Model {
                         self.extend(case.bound(sent, left.unwrap_or(terms.lease)))
                     }
                     Answer::Gone => self.end(End::Lost(LostReason::HoldGone)),
-                    Answer::Nothing if self.binding(terms) == Binding::Connection => {
-                        self.end(End::Lost(LostReason::ConnectionClosed))
-                    }
+                    // Even when bound to its connection: only a read that finds it gone ends it.
                     Answer::Nothing | Answer::Unacknowledged => {}
                 }
             }
@@ -156,7 +156,7 @@ impl Model {
                     self.end(End::Lost(reason));
                 }
             }
-            Event::ConnectionLost if self.binding(terms) == Binding::Connection => {
+            Event::MasterReplaced if self.binding(terms) == Binding::Connection => {
                 self.end(End::Lost(LostReason::ConnectionClosed))
             }
             Event::Unbound => self.unbound = true,
@@ -305,7 +305,8 @@ fn run(seed: u64) {
                 },
                 6 | 7 => Event::Signal(&signals[rng.gen_range(0..signals.len())]),
                 8 => match rng.gen_range(0..10) {
-                    0..=5 => Event::ConnectionLost,
+                    0..=3 => Event::ConnectionLost,
+                    4 | 5 => Event::MasterReplaced,
                     6 | 7 => Event::Unbound,
                     _ => Event::Fenced(FENCES[rng.gen_range(0..FENCES.len())]),
                 },

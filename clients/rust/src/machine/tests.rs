@@ -233,15 +233,22 @@ fn the_hold_is_lost_only_on_evidence_each_with_its_reason() {
             answered(Read::Renewal, ms(base, 10), Answer::Nothing),
             None,
         ),
+        // Bound to its connection, a renewal with no answer or the connection seen closed
+        // asks for a read on another connection first (see the next test).
         (
             Binding::Connection,
             answered(Read::Renewal, ms(base, 10), Answer::Nothing),
-            Some(LostReason::ConnectionClosed),
+            None,
         ),
         (Binding::Lease, Event::ConnectionLost, None),
+        (Binding::Connection, Event::ConnectionLost, None),
         (
             Binding::Connection,
-            Event::ConnectionLost,
+            answered(
+                Read::Check(LostReason::ConnectionClosed),
+                ms(base, 10),
+                Answer::Gone,
+            ),
             Some(LostReason::ConnectionClosed),
         ),
         (
@@ -315,6 +322,58 @@ fn the_hold_is_lost_only_on_evidence_each_with_its_reason() {
     assert_eq!(fixed.status(), Status::Lost(LostReason::LeaseEnded));
 }
 
+/// An EPHEMERAL hold is reported lost with its connection only once the server no longer holds
+/// it: a kill is seen by the server and the library at once, and a close of the library's own
+/// reaches the server a moment later. Before, the loss was reported the moment the library saw
+/// the connection close (the Rust oracle caught a report while the server still held it).
+#[test]
+fn a_bound_hold_whose_connection_closed_is_reported_lost_once_a_read_finds_it_gone() {
+    let base = Instant::now();
+    let closed = Check {
+        reason: LostReason::ConnectionClosed,
+        moved: false,
+        until_gone: true,
+    };
+    let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 5);
+    let out = m.step(Event::ConnectionLost);
+    assert_eq!(out.check, Some(closed));
+    assert!(!out.notify);
+    assert_eq!(m.status(), Status::Active);
+    // The read finds it still there: still held, no deadline moved.
+    let out = m.step(answered(
+        Read::Check(LostReason::ConnectionClosed),
+        ms(base, 10),
+        Answer::Holds(None),
+    ));
+    assert_eq!((out.notify, m.status()), (false, Status::Active));
+    let out = m.step(answered(
+        Read::Check(LostReason::ConnectionClosed),
+        ms(base, 12),
+        Answer::Gone,
+    ));
+    assert!(out.notify);
+    assert_eq!(m.status(), Status::Lost(LostReason::ConnectionClosed));
+
+    // A renewal with no answer on the bound connection (an error, a timeout: the connection
+    // may be alive) asks for one read, and renews again soon.
+    let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 5);
+    let out = m.step(answered(Read::Renewal, ms(base, 10), Answer::Nothing));
+    assert_eq!(
+        out.check,
+        Some(Check {
+            until_gone: false,
+            ..closed
+        })
+    );
+    assert_eq!(m.status(), Status::Active);
+    // A lease-bound hold asks for no read.
+    let (mut m, _) = granted(Renewal::Watchdog, Binding::Lease, base, 5);
+    let out = m.step(answered(Read::Renewal, ms(base, 10), Answer::Nothing));
+    assert_eq!(out.check, None);
+    let out = m.step(Event::ConnectionLost);
+    assert_eq!(out.check, None);
+}
+
 #[test]
 fn messages_about_the_key_but_no_hold_ask_for_a_check_and_others_are_ignored() {
     let base = Instant::now();
@@ -325,6 +384,7 @@ fn messages_about_the_key_but_no_hold_ask_for_a_check_and_others_are_ignored() {
             Some(Check {
                 reason: LostReason::Deleted,
                 moved: false,
+                until_gone: false,
             }),
         ),
         (
@@ -332,6 +392,7 @@ fn messages_about_the_key_but_no_hold_ask_for_a_check_and_others_are_ignored() {
             Some(Check {
                 reason: LostReason::Evicted,
                 moved: false,
+                until_gone: false,
             }),
         ),
         (
@@ -339,6 +400,7 @@ fn messages_about_the_key_but_no_hold_ask_for_a_check_and_others_are_ignored() {
             Some(Check {
                 reason: LostReason::HoldGone,
                 moved: true,
+                until_gone: false,
             }),
         ),
         (
@@ -346,6 +408,7 @@ fn messages_about_the_key_but_no_hold_ask_for_a_check_and_others_are_ignored() {
             Some(Check {
                 reason: LostReason::Flushed,
                 moved: false,
+                until_gone: false,
             }),
         ),
         (
@@ -353,6 +416,7 @@ fn messages_about_the_key_but_no_hold_ask_for_a_check_and_others_are_ignored() {
             Some(Check {
                 reason: LostReason::Flushed,
                 moved: false,
+                until_gone: false,
             }),
         ),
         (b"flushed 1", None),
