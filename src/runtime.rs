@@ -38,8 +38,8 @@ thread_local! {
     /// The last `CLUSTER NODES` text, with the cached server time it was read at.
     static CLUSTER_NODES: RefCell<Option<Routes>> = const { RefCell::new(None) };
     static SCHEDULER: RefCell<Scheduler<Blocked>> = RefCell::new(Scheduler::default());
-    /// The armed module timer: (id, when it fires).
-    static TIMER: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+    /// The armed module timer (see [`arm`]).
+    static TIMER: Cell<Option<Armed>> = const { Cell::new(None) };
     static INBOX: RefCell<Vec<Change>> = const { RefCell::new(Vec::new()) };
     static INBOX_ARMED: Cell<bool> = const { Cell::new(false) };
     /// Connections that closed since the inbox was last processed, while holds were bound.
@@ -447,6 +447,18 @@ pub fn on_timer(ctx: Ctx) {
     with_scheduler_writing(ctx, |s, mut port| s.timer_fired(&mut port, now_ms()));
 }
 
+/// The armed module timer.
+#[derive(Clone, Copy)]
+struct Armed {
+    id: u64,
+    /// When it fires.
+    at: u64,
+    /// The deadline it was armed for (at most `at`).
+    deadline: u64,
+    /// Whether `at` was moved past the deadline after a long turn (at most once a deadline).
+    rested: bool,
+}
+
 /// The least delay the module timer is armed with (see [`arm`]).
 const TIMER_MIN_DELAY_MS: u64 = 1;
 /// A turn at least this long is a long one (see [`arm`]).
@@ -462,34 +474,55 @@ const REST_AFTER_LONG_TURN_MS: u64 = 5;
 /// writes the replies to the commands it read only in the next one. So a deadline already due
 /// (a turn's rest is due a millisecond after the turn *started*, when the turn took longer) is
 /// never armed at once but a millisecond from now, and after a long turn (a batch at the caps
-/// takes tens of milliseconds) not sooner than [`REST_AFTER_LONG_TURN_MS`], however soon it was
-/// armed before: otherwise a client whose command arrived during a long turn is read right
-/// after it and answered only after the next one, waiting out two turns.
+/// takes tens of milliseconds) not sooner than [`REST_AFTER_LONG_TURN_MS`] from its end:
+/// otherwise a client whose command arrived during a long turn is read right after it and
+/// answered only after the next one, waiting out two turns.
+///
+/// A timer armed for a deadline no later than the next one is kept by a short turn (the hot
+/// path: nothing but the turn's own two reads of the monotonic clock), and moved later by a
+/// long turn at most once: a stream of commands never keeps a due deadline from its turn.
 fn arm(ctx: Ctx, next: Option<u64>, turn: Duration) {
     let long = turn >= LONG_TURN;
-    let rest = if long {
-        REST_AFTER_LONG_TURN_MS
-    } else {
-        TIMER_MIN_DELAY_MS
-    };
     let armed = TIMER.with(Cell::get);
-    match (armed, next) {
-        // The hot path (a command that changes no deadline): no clock read.
-        (Some((_, at)), Some(next)) if at <= next && !long => {}
-        (Some((_, at)), Some(next)) if at <= next && at >= now_ms().saturating_add(rest) => {}
-        (armed, next) => {
-            if let Some((id, _)) = armed {
-                wait::stop_timer(ctx, id);
-                TIMER.with(|t| t.set(None));
-            }
-            if let Some(next) = next {
-                let now = now_ms();
-                let at = next.max(now.saturating_add(rest));
-                let id = wait::arm_timer::<Runtime>(ctx, at.saturating_sub(now));
-                TIMER.with(|t| t.set(Some((id, at))));
-            }
+    let Some(next) = next else {
+        if let Some(armed) = armed {
+            wait::stop_timer(ctx, armed.id);
+            TIMER.with(|t| t.set(None));
         }
+        return;
+    };
+    let (deadline, rested) = match armed {
+        Some(armed) if armed.deadline <= next && (!long || armed.rested) => return,
+        // A long turn: the deadline armed for gets its rest (once).
+        Some(armed) if armed.deadline <= next => (armed.deadline, false),
+        _ => (next, false),
+    };
+    let now = now_ms();
+    let (at, rested) = if long && !rested {
+        (
+            deadline.max(now.saturating_add(REST_AFTER_LONG_TURN_MS)),
+            true,
+        )
+    } else {
+        (deadline.max(now.saturating_add(TIMER_MIN_DELAY_MS)), false)
+    };
+    if let Some(armed) = armed {
+        if armed.at == at {
+            TIMER.with(|t| t.set(Some(Armed { rested, ..armed })));
+            return;
+        }
+        wait::stop_timer(ctx, armed.id);
+        TIMER.with(|t| t.set(None));
     }
+    let id = wait::arm_timer::<Runtime>(ctx, at.saturating_sub(now));
+    TIMER.with(|t| {
+        t.set(Some(Armed {
+            id,
+            at,
+            deadline,
+            rested,
+        }))
+    });
 }
 
 /// Called from keyspace/server events: note the change, process it from a 0 ms timer. The

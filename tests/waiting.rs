@@ -116,6 +116,85 @@ fn lease_expiry_hands_over_at_the_lease_end_not_at_the_next_sweep() {
     );
 }
 
+/// Clients that send `LOCK.*` commands back to back, one pipeline after another, until `stop`.
+fn command_stream(server: &Server, stop: &Arc<AtomicBool>) -> Vec<thread::JoinHandle<()>> {
+    (0..4)
+        .map(|h| {
+            let mut con = server.connect();
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let key = format!("busy:{h}");
+                while !stop.load(Ordering::Relaxed) {
+                    let mut pipe = redis::pipe();
+                    for _ in 0..200 {
+                        pipe.cmd("LOCK.ACQUIRE")
+                            .arg(&key)
+                            .arg("me")
+                            .arg(60_000)
+                            .ignore();
+                        pipe.cmd("LOCK.RELEASE").arg(&key).arg("me").ignore();
+                    }
+                    let _: () = pipe.query(&mut con).expect("the stream of commands");
+                }
+            })
+        })
+        .collect()
+}
+
+/// A stream of commands (each one a turn of the scheduler while somebody waits) must not keep
+/// the rest of a batch from its turn: the module timer is never armed sooner than a millisecond
+/// after a turn, and when every command re-armed it "a millisecond from now", the rest of a
+/// release's run waited until the stream stopped.
+#[test]
+fn the_rest_of_a_run_is_granted_while_other_clients_send_commands_back_to_back() {
+    let server = Server::start();
+    let mut con = server.connect();
+    // 70 shared waiters on 64 keys: 4,480 holds, more than one batch grants (4,000).
+    let keys: Vec<String> = (0..64).map(|i| format!("{{run}}:{i}")).collect();
+    acquire(&mut con, &keys[0], "holder", 60_000).unwrap();
+    let waiters: Vec<_> = (0..70)
+        .map(|i| {
+            let mut con = server.connect();
+            let keys = keys.clone();
+            thread::spawn(move || -> redis::RedisResult<Vec<i64>> {
+                redis::cmd("LOCK.MACQUIRE")
+                    .arg(keys.len())
+                    .arg(&keys)
+                    .arg(format!("reader-{i}"))
+                    .arg(60_000)
+                    .arg(&["SHARED", "WAIT", "10000"])
+                    .query(&mut con)
+            })
+        })
+        .collect();
+    assert!(
+        eventually(SOON, || info_field(&mut con, "lock", "lock_waiters")
+            .as_deref()
+            == Some("70")),
+        "70 waiters queued"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = command_stream(&server, &stop);
+    let started = Instant::now();
+    release(&mut con, &keys[0], "holder").expect("released");
+    let granted: Vec<_> = waiters
+        .into_iter()
+        .map(|w| w.join().expect("a waiter thread"))
+        .collect();
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for s in stream {
+        s.join().expect("a stream thread");
+    }
+    eprintln!("the rest of the run was granted in {took:?}");
+    for tokens in granted {
+        assert_eq!(tokens.expect("granted").len(), 64);
+    }
+    // About 20 ms here; when each command pushed the timer back, 0.5-4.3 s (the stream kept
+    // it from firing until a gap between two pipelines). A bound 20 times the expected figure.
+    assert!(took < Duration::from_millis(400), "the run took {took:?}");
+}
+
 #[test]
 fn a_wait_timeout_answers_nil_at_its_deadline_and_leaves_the_queue() {
     let server = Server::start();
