@@ -261,9 +261,11 @@ pub(crate) async fn proclaim(guard: &LockGuard, value: &[u8]) -> Result<bool, Lo
             "LOCK.PROCLAIM answered {other:?}"
         ))),
         Err(e) if e.is_retryable() && hold.own_connection().is_some() => {
-            // The server ends an EPHEMERAL hold with its connection.
+            // The server ends an EPHEMERAL hold with its connection: reported lost once a read
+            // finds it gone. Until then the leadership may stand (a timeout on a live
+            // connection): the error, not a false "over".
             hold.step(Event::ConnectionLost);
-            Ok(false)
+            Err(e)
         }
         Err(e) => Err(e),
     }

@@ -23,6 +23,7 @@ from .._common import (
     Key,
     Kind,
     LockConnectionError,
+    LockError,
     LostCallback,
     Renewal,
     new_client_id,
@@ -101,7 +102,11 @@ class _Route:
         await self._client._relocate(self, hold)
 
     async def replaced(self, own: OwnConnection) -> bool:
-        master = await (await self._client._node_for(self._key)).commands.current_master()
+        try:
+            node = await self._client._node_for(self._key)
+        except LockError:  # no node serves the key now: not known to be replaced
+            return False
+        master = await node.commands.current_master()
         reached = peer(own.conn)
         return master is not None and reached is not None and master != reached
 

@@ -150,8 +150,10 @@ class AsyncLeadership(_AsyncGuard):
         except LockConnectionError:
             if hold.own is None:
                 raise
-            hold.connection_lost()  # the server ends the hold with it
-            return False
+            # The server ends the hold with its connection: reported lost once a read finds it
+            # gone; until then the leadership may stand (the error, not a false "over").
+            hold.connection_lost()
+            raise
         if proclaimed(reply):
             return True
         hold.refused()

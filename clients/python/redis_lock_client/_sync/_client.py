@@ -25,6 +25,7 @@ from .._common import (
     Key,
     Kind,
     LockConnectionError,
+    LockError,
     LostCallback,
     Renewal,
     new_client_id,
@@ -103,7 +104,11 @@ class _Route:
         self._client._relocate(self, hold)
 
     def replaced(self, own: OwnConnection) -> bool:
-        master = (self._client._node_for(self._key)).commands.current_master()
+        try:
+            node = self._client._node_for(self._key)
+        except LockError:  # no node serves the key now: not known to be replaced
+            return False
+        master = node.commands.current_master()
         reached = peer(own.conn)
         return master is not None and reached is not None and master != reached
 

@@ -278,6 +278,9 @@ pub(crate) struct Machine {
     terms: Terms,
     state: State,
     wake: Wake,
+    /// A close of the bound connection is being confirmed (a read until the hold is gone was
+    /// asked for once: see `Check::until_gone`).
+    closing: bool,
 }
 
 impl Machine {
@@ -287,6 +290,7 @@ impl Machine {
             terms,
             state: State::Acquiring,
             wake: Wake::Never,
+            closing: false,
         }
     }
 
@@ -443,7 +447,8 @@ impl Machine {
                 // error, a timeout: the connection may be alive) is no loss either: a read on
                 // another connection says whether the server still holds it.
                 Answer::Nothing | Answer::Unacknowledged => {
-                    if answer == Answer::Nothing && terms.binding == Binding::Connection {
+                    let bound = terms.binding == Binding::Connection;
+                    if answer == Answer::Nothing && bound && !self.closing {
                         out.check = Some(Check {
                             reason: LostReason::ConnectionClosed,
                             moved: false,
@@ -493,11 +498,14 @@ impl Machine {
             // The server ends an EPHEMERAL hold with its connection: reported once a read on
             // another connection finds it gone (see `Check::until_gone`).
             Event::ConnectionLost if terms.binding == Binding::Connection => {
-                out.check = Some(Check {
-                    reason: LostReason::ConnectionClosed,
-                    moved: false,
-                    until_gone: true,
-                });
+                if !self.closing {
+                    self.closing = true;
+                    out.check = Some(Check {
+                        reason: LostReason::ConnectionClosed,
+                        moved: false,
+                        until_gone: true,
+                    });
+                }
                 self.state
             }
             Event::MasterReplaced if terms.binding == Binding::Connection => {

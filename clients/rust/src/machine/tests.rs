@@ -339,6 +339,14 @@ fn a_bound_hold_whose_connection_closed_is_reported_lost_once_a_read_finds_it_go
     assert_eq!(out.check, Some(closed));
     assert!(!out.notify);
     assert_eq!(m.status(), Status::Active);
+    // Asked once: more errors on the closed connection, or renewals with no answer, ask
+    // nothing more while it is read.
+    assert_eq!(m.step(Event::ConnectionLost).check, None);
+    assert_eq!(
+        m.step(answered(Read::Renewal, ms(base, 11), Answer::Nothing))
+            .check,
+        None
+    );
     // The read finds it still there: still held, no deadline moved.
     let out = m.step(answered(
         Read::Check(LostReason::ConnectionClosed),
