@@ -137,7 +137,9 @@ def analyse(
     beliefs: dict[tuple[str, tuple[int, ...]], list[Belief]] = collections.defaultdict(list)
     dropped_at: dict[tuple[str, tuple[int, ...]], float] = {}
     for e in events:
-        if e["e"] == "end" and e.get("how") == "drop" and e.get("owner") is not None:
+        # Let go unreleased: dropped, or left in a cycle for the collector ("gc"); either way
+        # the library counts the guard until its hold object is let go.
+        if e["e"] == "end" and e.get("how") in ("drop", "gc") and e.get("owner") is not None:
             dropped_at.setdefault((e["owner"], tuple(e["tokens"])), e["t"])
     for e in events:
         kind = e["e"]
