@@ -9,7 +9,14 @@ import time
 import pytest
 
 from conftest import Server, reports_key_events
-from redis_lock_client import AsyncLockClient, LockClient, LostReason, NotHeld, Renewal
+from redis_lock_client import (
+    AsyncLockClient,
+    LockClient,
+    LockConnectionError,
+    LostReason,
+    NotHeld,
+    Renewal,
+)
 
 
 @pytest.mark.scenario("lost-flushed")
@@ -193,3 +200,29 @@ def test_an_ephemeral_hold_whose_connection_a_renewal_timeout_closed_is_reported
         # The server's message (DISCONNECTED) or the library's read (CONNECTION_CLOSED), first.
         assert guard.lost_reason in (LostReason.DISCONNECTED, LostReason.CONNECTION_CLOSED)
         assert held_when_reported == [False], "reported lost while the server held it"
+
+
+def test_a_fenced_command_in_flight_when_a_lost_ephemeral_holds_connection_closes_raises_a_connection_error(
+        server, key):
+    # A lost EPHEMERAL hold's connection is closed by the watchdog's thread, also while the
+    # application's fenced command reads its reply there: redis-py then failed on its closed
+    # socket buffer with "ValueError: I/O operation on closed file", which escaped the library
+    # (the Python oracle met it on Redis 8.2.3). It is the connection's loss: LockConnectionError.
+    raw = server.client()
+    raw.set(key + ":big", b"x" * 200_000_000)  # a reply that takes a while to read
+    with LockClient.from_url(server.url, command_timeout=30) as client:
+        guard = client.lock(key, ephemeral=True, lease=30).acquire()
+
+        def force_release() -> None:
+            time.sleep(0.05)  # the GET below is being answered
+            server.client().execute_command("LOCK.FORCERELEASE", key)
+
+        other = threading.Thread(target=force_release)
+        other.start()
+        try:
+            with pytest.raises(LockConnectionError):
+                guard.execute("GET", key + ":big")
+        finally:
+            other.join()
+            raw.delete(key + ":big")
+        assert guard.lost_reason is LostReason.FORCE_RELEASED

@@ -240,6 +240,13 @@ class OwnConnection:
             except (LockConnectionError, Cancelled):
                 self.broken = True
                 raise
+            except (ValueError, AttributeError) as e:
+                # Closed under this call (``close``, from the watchdog's thread once the hold
+                # is lost): redis-py then fails on its closed socket buffer. That is the
+                # connection's loss, not an error of the command.
+                if not self.broken:
+                    raise
+                raise LockConnectionError(f"the EPHEMERAL hold's connection closed: {e}") from e
 
     def alive(self) -> bool:
         """False once the server closed it (nothing else may arrive on an idle connection)."""
