@@ -13,7 +13,7 @@ use lock_core::layout::{
     format_exclusive_mode, format_u64, parse_positive, FENCE_FIELD, LEGACY_MODE_FIELD,
 };
 use lock_core::slot::{counter_key, key_slot, leaders_key, SLOTS};
-use lock_core::token::SlotMemory;
+use lock_core::token::{Counter, SlotMemory};
 use lock_core::LockError;
 
 use crate::ffi::{replicate, Ctx, Key, KeyKind, OwnedString, RawString};
@@ -511,7 +511,12 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
             KeyKind::String => parse_positive(counter.string_bytes()),
             _ => None,
         };
-        let grant = memory.next_token(db, stored, now)?;
+        let found = match stored {
+            Some(bound) => Counter::Bound(bound),
+            None if slot_settled_here(ctx, lock_key) => Counter::Missing,
+            None => Counter::Elsewhere,
+        };
+        let grant = memory.next_token(db, found, now)?;
         if let Some(bound) = grant.store_bound {
             let mut digits = [0u8; 20];
             let text = format_u64(bound, &mut digits);
@@ -524,6 +529,18 @@ pub fn next_token(ctx: Ctx, lock_key: &[u8], now: u64) -> Result<u64, LockError>
         }
         Ok(grant.token)
     })
+}
+
+/// Whether this server may begin the token counter of `lock_key`'s slot: outside a cluster
+/// always; in one only while it owns the slot and is moving it nowhere (asked of `CLUSTER
+/// NODES`, only when a grant finds no counter: a slot's first grant, or one during a move). An
+/// unreadable answer is not settled: the grant is refused (`TRYAGAIN`) rather than guessed.
+fn slot_settled_here(ctx: Ctx, lock_key: &[u8]) -> bool {
+    if !crate::ffi::is_cluster(ctx) {
+        return true;
+    }
+    crate::ffi::cluster_nodes(ctx)
+        .is_some_and(|nodes| lock_core::cluster::settled_here(&nodes, key_slot(lock_key)))
 }
 
 /// Stores what the leader of `epoch` proclaims for the election key `lock_key` (in the slot's

@@ -695,3 +695,150 @@ fn leader_messages_go_to_the_keys_shard_only() {
     assert_eq!(leader, ("node-a".into(), epoch, Some("10.0.0.1:80".into())));
     assert!(there.get_message().is_err(), "no broadcast");
 }
+
+/// `CLUSTER SETSLOT slot state id` on `con`.
+fn set_slot(con: &mut Connection, slot: u16, state: &str, id: &str) {
+    let _: () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg(state)
+        .arg(id)
+        .query(con)
+        .unwrap();
+}
+
+/// `MIGRATE` of `keys` from `from` to the node on `to_port` (no `REPLACE`: a key the target
+/// already has is a failure, as it is for `redis-cli --cluster reshard`).
+fn migrate_keys(from: &mut Connection, to_port: u16, keys: &[String]) {
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to_port)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(keys)
+        .query(from)
+        .unwrap_or_else(|e| panic!("MIGRATE {keys:?}: {e}"));
+}
+
+/// `LOCK.ACQUIRE key owner 60000 [options]` after `ASKING`, as a cluster client sends it to
+/// the importing node a redirect named.
+fn acquire_asking(
+    con: &mut Connection,
+    key: &str,
+    owner: &str,
+    options: &[&str],
+) -> redis::RedisResult<Option<i64>> {
+    let _: () = redis::cmd("ASKING").query(con).unwrap();
+    acquire_with(con, key, owner, 60_000, options)
+}
+
+/// A slot moved to another node and back, with grants on both sides and during both moves:
+/// every grant of a key gets a token above every earlier grant's, whichever node hands it
+/// out. A node mints only from the slot's counter while the slot moves: the importing node
+/// refuses (`TRYAGAIN`) until the counter arrives, and the migrating node once it has left.
+/// Before, the importing node (which had served the slot before) minted from its own memory
+/// and clock, a minute below the tokens the other node had handed out above its counter, and
+/// created lock keys and a counter of its own in the slot.
+#[test]
+fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
+    let cluster = Cluster::start(3);
+    let key = "{tok}:A";
+    let shared_key = "{tok}:B";
+    let slot = key_slot(key.as_bytes());
+    let counter = String::from_utf8(counter_key(slot)).unwrap();
+    let a = cluster.node_for_slot(slot);
+    let b = cluster.nodes.iter().find(|n| n.port != a.port).unwrap();
+    let (a_id, b_id) = (Cluster::node_id(a), Cluster::node_id(b));
+    let (mut on_a, mut on_b) = (a.connect(), b.connect());
+    let set_everywhere = |id: &str| {
+        for node in &cluster.nodes {
+            set_slot(&mut node.connect(), slot, "NODE", id);
+        }
+    };
+    let keys_in_slot = |con: &mut Connection| -> Vec<String> {
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100)
+            .query(con)
+            .unwrap()
+    };
+    let mut tokens: Vec<(&str, i64)> = Vec::new();
+    let grant = |con: &mut Connection, owner: &'static str, tokens: &mut Vec<_>| {
+        let token = acquire(con, key, owner, 60_000).expect("granted");
+        assert_eq!(release(con, key, owner), Some(0));
+        tokens.push((owner, token));
+    };
+
+    // On A, then the slot moves to B (the counter with it) and B grants twice: B went above
+    // A's reserved bound, a minute of clock ahead.
+    grant(&mut on_a, "o1", &mut tokens);
+    set_slot(&mut on_b, slot, "IMPORTING", &a_id);
+    set_slot(&mut on_a, slot, "MIGRATING", &b_id);
+    let moving = keys_in_slot(&mut on_a);
+    assert_eq!(moving, vec![counter.clone()]);
+    migrate_keys(&mut on_a, b.port, &moving);
+    set_everywhere(&b_id);
+    grant(&mut on_b, "o2", &mut tokens);
+    grant(&mut on_b, "o3", &mut tokens);
+    // A shared hold stays on B while the slot moves back.
+    let reader = acquire_with(&mut on_b, shared_key, "r1", 60_000, &["SHARED"])
+        .unwrap()
+        .expect("shared hold");
+    tokens.push(("r1", reader));
+
+    // Back to A. Before any key moved, a grant asked on A (ASKING) has no counter to mint from.
+    set_slot(&mut on_a, slot, "IMPORTING", &b_id);
+    set_slot(&mut on_b, slot, "MIGRATING", &a_id);
+    let previous = tokens.iter().map(|(_, t)| *t).max().unwrap();
+    match acquire_asking(&mut on_a, key, "o4", &[]) {
+        Err(e) => assert_eq!(e.code(), Some("TRYAGAIN"), "{e}"),
+        Ok(Some(token)) => panic!(
+            "the importing node granted token {token}, {} below the slot's previous grant ({previous})",
+            previous - token
+        ),
+        Ok(None) => panic!("the importing node found the key busy"),
+    }
+    assert!(
+        keys_in_slot(&mut on_a).is_empty(),
+        "the importing node created keys of its own in the slot"
+    );
+
+    // The counter moves first. B still serves the shared key, but no longer mints.
+    migrate_keys(&mut on_b, a.port, std::slice::from_ref(&counter));
+    let refused = acquire_with(&mut on_b, shared_key, "r2", 60_000, &["SHARED"]);
+    assert_eq!(
+        refused.as_ref().err().and_then(|e| e.code()),
+        Some("TRYAGAIN"),
+        "the migrating node granted without its counter: {refused:?}"
+    );
+    assert_eq!(keys_in_slot(&mut on_b), vec![shared_key.to_string()]);
+    // The importing node mints above the counter it now holds.
+    let token = acquire_asking(&mut on_a, key, "o4", &[])
+        .unwrap()
+        .expect("granted on the importing node");
+    tokens.push(("o4", token));
+    let _: () = redis::cmd("ASKING").query(&mut on_a).unwrap();
+    assert_eq!(release(&mut on_a, key, "o4"), Some(0));
+
+    // The rest moves with no key the target made meanwhile in the way; then A grants again.
+    let rest = keys_in_slot(&mut on_b);
+    migrate_keys(&mut on_b, a.port, &rest);
+    set_everywhere(&a_id);
+    let again = acquire_with(&mut on_a, shared_key, "r2", 60_000, &["SHARED"])
+        .unwrap()
+        .expect("a second shared hold");
+    tokens.push(("r2", again));
+    grant(&mut on_a, "o5", &mut tokens);
+
+    for pair in tokens.windows(2) {
+        assert!(
+            pair[1].1 > pair[0].1,
+            "a token fell: {:?} then {:?} (all: {tokens:?})",
+            pair[0],
+            pair[1]
+        );
+    }
+}

@@ -115,6 +115,23 @@ pub fn route(cluster_nodes: &str, slot: u16) -> SlotRoute {
         })
 }
 
+/// Whether this node serves `slot` settled: it owns the slot and is moving it nowhere. Only
+/// then may a missing token counter be begun here (`crate::token::Counter`): while the slot is
+/// migrating or importing, or owned by another node, its counter may be on the other node.
+/// Output that does not name this node is not settled: nothing here says where the slot is.
+pub fn settled_here(cluster_nodes: &str, slot: u16) -> bool {
+    let Some(me) = cluster_nodes
+        .lines()
+        .filter_map(parse_line)
+        .find(|n| n.myself)
+    else {
+        return false;
+    };
+    me.master
+        && !me.slots.iter().any(|e| migration(e, slot).is_some())
+        && me.slots.iter().any(|e| covers(e, slot))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +159,28 @@ ddd 127.0.0.1:7003@17003 slave aaa 0 1700000000000 1 connected
         for (slot, want) in cases {
             assert_eq!(route(NODES, slot), want, "slot {slot}");
         }
+    }
+
+    #[test]
+    fn a_slot_is_settled_only_where_it_is_owned_and_moving_nowhere() {
+        let cases = [
+            (0, true),
+            (5460, true),
+            // Importing from bbb: its counter may not have arrived.
+            (5461, false),
+            // Migrating to ccc: its counter may have left.
+            (100, false),
+            // Owned by another node, or by none.
+            (5462, false),
+            (16383, false),
+        ];
+        for (slot, want) in cases {
+            assert_eq!(settled_here(NODES, slot), want, "slot {slot}");
+        }
+        assert!(!settled_here("", 0));
+        assert!(!settled_here("garbage\n x y", 0));
+        let replica = "ddd 127.0.0.1:7003@17003 myself,slave aaa 0 0 1 connected";
+        assert!(!settled_here(replica, 0));
     }
 
     #[test]

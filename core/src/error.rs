@@ -39,6 +39,10 @@ pub enum LockError {
     CountOverflow,
     /// The slot's token counter is at the largest integer: a new token would repeat one.
     TokensExhausted,
+    /// In a cluster, the slot's token counter is not on this node while the slot is being moved
+    /// to or from it: a token minted without it could fall below one handed out on the other
+    /// node. Retryable: the counter arrives (or the move ends) in a moment.
+    CounterElsewhere,
     /// A new lock would take memory while the server is over `maxmemory` (noeviction, or
     /// nothing left to evict).
     OutOfMemory,
@@ -151,6 +155,10 @@ impl LockError {
                 "ERR fencing tokens exhausted: this key's '{}{{...}}' counter is at the largest integer; see docs/commands.md (fencing-token counters)",
                 crate::layout::RESERVED_KEY_PREFIX_DISPLAY
             ),
+            LockError::CounterElsewhere => format!(
+                "TRYAGAIN this slot's fencing-token counter ('{}{{...}}') is not on this node while the slot is being moved; retry in a moment",
+                crate::layout::RESERVED_KEY_PREFIX_DISPLAY
+            ),
             LockError::OutOfMemory => {
                 "OOM command not allowed when used memory > 'maxmemory'.".into()
             }
@@ -259,6 +267,7 @@ mod tests {
             LockError::ReservedKey,
             LockError::CountOverflow,
             LockError::TokensExhausted,
+            LockError::CounterElsewhere,
             LockError::OutOfMemory,
             LockError::WaitOnReplica,
             LockError::WritesPaused,
@@ -289,7 +298,7 @@ mod tests {
             let r = e.reply();
             let code = r.split(' ').next().unwrap_or_default();
             assert!(
-                ["ERR", "WRONGTYPE", "OOM", "FENCED", "NOPERM"].contains(&code),
+                ["ERR", "WRONGTYPE", "OOM", "FENCED", "NOPERM", "TRYAGAIN"].contains(&code),
                 "{r}"
             );
             assert!(!r.contains('\n') && !r.contains('\r'), "{r}");

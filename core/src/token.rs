@@ -13,6 +13,13 @@
 //! node, a reload) means someone else may have handed out tokens, and the next token goes
 //! above the stored value again.
 //!
+//! In a cluster the counter moves with its slot, and a node mints only from a counter it holds:
+//! while a slot is being moved to or from a node (or is owned elsewhere), a node that finds no
+//! counter refuses the grant with `TRYAGAIN` instead of starting one from its clock. The
+//! importing node's counter has not arrived yet, or the migrating node's has already left; in
+//! both cases the counter on the other node is above tokens this node's clock may be below
+//! (every hand-over of a slot runs its tokens up to a window ahead of the clock).
+//!
 //! Tokens also never fall below the server clock (`now_ms * 1000`): if the bound is lost or
 //! rolled back (FLUSHALL, an RDB snapshot older than the last reservation, a failover to a
 //! replica that missed it), a later clock reading is above every earlier token unless the clock
@@ -29,6 +36,37 @@ pub const TOKENS_PER_MS: u64 = 1_000;
 /// locks spread over all 16,384 slots most grants write nothing; tokens after a restart or
 /// failover may start up to a minute's worth ahead of the clock, which is harmless.
 pub const WINDOW: u64 = 60_000 * TOKENS_PER_MS;
+
+/// What a node found in a slot's counter key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// The bound the counter holds.
+    Bound(u64),
+    /// No counter (or one that holds no number) on a node that serves the slot and is moving it
+    /// nowhere, or outside a cluster: the slot has none here (its first grant, a flush), and
+    /// tokens start above what this process handed out and the clock.
+    Missing,
+    /// No counter on a node the slot is being moved to or from (or that does not own it): the
+    /// counter may be on the other node, holding a bound above tokens handed out there, which
+    /// this node's clock and memory may be below. No token can be minted here until it arrives.
+    Elsewhere,
+}
+
+impl Counter {
+    fn bound(self) -> Option<u64> {
+        match self {
+            Counter::Bound(bound) => Some(bound),
+            Counter::Missing | Counter::Elsewhere => None,
+        }
+    }
+}
+
+impl From<Option<u64>> for Counter {
+    /// A counter read on a node that serves its slot settled: a missing one is `Missing`.
+    fn from(stored: Option<u64>) -> Self {
+        stored.map_or(Counter::Missing, Counter::Bound)
+    }
+}
 
 /// The token for a new hold, and the new bound to store (and replicate) when one is needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,16 +90,16 @@ pub struct SlotMemory {
 }
 
 impl SlotMemory {
-    /// The next token for a key of this slot in `db`, whose counter holds `stored`; remembers
-    /// it (and the new bound, which the caller stores and replicates).
+    /// The next token for a key of this slot in `db`, whose counter was found as `counter`;
+    /// remembers it (and the new bound, which the caller stores and replicates).
     pub fn next_token(
         &mut self,
         db: i32,
-        stored: Option<u64>,
+        counter: impl Into<Counter>,
         now: UnixMs,
     ) -> Result<Grant, LockError> {
         let bound = self.bounds.iter().find(|(d, _)| *d == db).map(|(_, b)| *b);
-        let grant = next_token(stored, self.last, bound, now)?;
+        let grant = next_token(counter.into(), self.last, bound, now)?;
         self.last = Some(grant.token);
         if let Some(new) = grant.store_bound {
             match self.bounds.iter_mut().find(|(d, _)| *d == db) {
@@ -94,20 +132,25 @@ impl SlotMemory {
     }
 }
 
-/// Decides the next token from the stored bound (`None`: missing or unreadable), the last token
-/// this process handed out in the slot, the bound it reserved in this database's counter, and
-/// the server clock.
+/// Decides the next token from the slot's counter, the last token this process handed out in
+/// the slot, the bound it reserved in this database's counter, and the server clock. A counter
+/// that is `Elsewhere` refuses the grant (`TRYAGAIN`): nothing here bounds the tokens handed out
+/// where it is.
 ///
 /// Tokens are signed 64-bit integers on the wire. A token above `i64::MAX` cannot be given, and
 /// saturating would repeat one, so past the limit every grant in the slot is refused: only a
 /// counter written by hand near the limit can get there (the clock floor is about 2^60 in the
 /// year 2200). The stored bound is capped at the limit instead: a window may just end early.
 pub fn next_token(
-    stored: Option<u64>,
+    counter: Counter,
     last: Option<u64>,
     reserved_bound: Option<u64>,
     now: UnixMs,
 ) -> Result<Grant, LockError> {
+    if counter == Counter::Elsewhere {
+        return Err(LockError::CounterElsewhere);
+    }
+    let stored = counter.bound();
     let floor = now.saturating_mul(TOKENS_PER_MS).max(1);
     let above = |known: Option<u64>| known.map_or(Some(0), |v| v.checked_add(1));
     // Above what this process handed out, and the clock.
@@ -221,7 +264,7 @@ mod tests {
         ];
         for (stored, last, bound, want) in cases {
             assert_eq!(
-                next_token(stored, last, bound, NOW),
+                next_token(stored.into(), last, bound, NOW),
                 Ok(want),
                 "{stored:?} {last:?} {bound:?}"
             );
@@ -258,13 +301,13 @@ mod tests {
             Err(LockError::TokensExhausted)
         );
         assert_eq!(
-            next_token(Some(MAX_STORED_INTEGER), None, None, NOW),
+            next_token(Counter::Bound(MAX_STORED_INTEGER), None, None, NOW),
             Err(LockError::TokensExhausted)
         );
         // A stored value past i64::MAX cannot be read (parse_positive refuses it), but the
         // decision refuses it too.
         assert_eq!(
-            next_token(Some(u64::MAX), None, None, NOW),
+            next_token(Counter::Bound(u64::MAX), None, None, NOW),
             Err(LockError::TokensExhausted)
         );
     }
@@ -391,6 +434,125 @@ mod tests {
     #[test]
     fn tokens_stay_exact_in_javascript_for_centuries() {
         let year_2200 = 7_258_118_400_000;
-        assert!(next_token(None, None, None, year_2200).unwrap().token + WINDOW < 1 << 53);
+        assert!(
+            next_token(Counter::Missing, None, None, year_2200)
+                .unwrap()
+                .token
+                + WINDOW
+                < 1 << 53
+        );
+    }
+
+    /// A slot moved back and forth between two nodes, as a reshard moves it: one key at a time
+    /// (the counter among them, at a random place), grants asked where Redis sends them (a key
+    /// still on the migrating node there, any other on the importing node with `ASKING`), and
+    /// holds released and taken again throughout. Each key's tokens must rise, whichever node
+    /// hands them out. Run once as the module reads counters (a missing counter is `Elsewhere`
+    /// while the slot moves) and once as it read them before (always `Missing`), which the
+    /// model must catch falling: a node that served the slot before minted from its clock while
+    /// the other node's counter, a window ahead, had not arrived.
+    #[test]
+    fn tokens_of_a_key_rise_while_its_slot_moves_back_and_forth() {
+        assert_eq!(migration_model(true, 40), Ok(()));
+        let unaware = migration_model(false, 40);
+        assert!(
+            unaware.as_ref().is_err_and(|e| e.contains("fell")),
+            "the model did not catch the old reading: {unaware:?}"
+        );
+    }
+
+    /// Runs `seeds` seeded histories of the model above; the first fall found, if any.
+    fn migration_model(aware: bool, seeds: u64) -> Result<(), String> {
+        const KEYS: usize = 4;
+        // The counter is "key" KEYS in `on`.
+        #[derive(Default, Clone)]
+        struct Node {
+            memory: SlotMemory,
+            counter: Option<u64>,
+            on: [bool; KEYS + 1],
+        }
+        for seed in 1..=seeds {
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let mut nodes = [Node::default(), Node::default()];
+            let mut owner = 0usize;
+            let mut now = NOW;
+            let mut last: [Option<u64>; KEYS] = [None; KEYS];
+            // On `node`, a grant of `key`: Ok(false) when refused (TRYAGAIN), Err on a fall.
+            let mut grant = |nodes: &mut [Node; 2], node: usize, key: usize, moving: bool, now| {
+                let n = &mut nodes[node];
+                let counter = match n.counter {
+                    Some(bound) => Counter::Bound(bound),
+                    None if aware && moving => Counter::Elsewhere,
+                    None => Counter::Missing,
+                };
+                match n.memory.next_token(0, counter, now) {
+                    Err(LockError::CounterElsewhere) => return Ok(()),
+                    Err(e) => return Err(format!("seed {seed}: {e}")),
+                    Ok(g) => {
+                        if let Some(bound) = g.store_bound {
+                            n.counter = Some(bound);
+                            n.on[KEYS] = true;
+                        }
+                        if last[key].is_some_and(|before| g.token <= before) {
+                            return Err(format!(
+                                "seed {seed}: key {key}'s token fell from {:?} to {}",
+                                last[key], g.token
+                            ));
+                        }
+                        last[key] = Some(g.token);
+                        n.on[key] = true;
+                    }
+                }
+                Ok(())
+            };
+            for _round in 0..6 {
+                // Settled on the owner: grants and releases.
+                for _ in 0..20 {
+                    now += next(3);
+                    let key = next(KEYS as u64) as usize;
+                    if next(2) == 0 {
+                        grant(&mut nodes, owner, key, false, now)?;
+                    } else {
+                        nodes[owner].on[key] = false;
+                    }
+                }
+                // The slot moves to the other node, one key at a time in a random order.
+                let (from, to) = (owner, 1 - owner);
+                let mut order: Vec<usize> = (0..=KEYS).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, next(i as u64 + 1) as usize);
+                }
+                for moved in order {
+                    for _ in 0..next(4) {
+                        now += next(2);
+                        let key = next(KEYS as u64) as usize;
+                        // Redis serves a key on the migrating node while it is there, and
+                        // sends every other to the importing node (ASK).
+                        let at = if nodes[from].on[key] { from } else { to };
+                        if next(3) == 0 {
+                            nodes[at].on[key] = false;
+                        } else {
+                            grant(&mut nodes, at, key, true, now)?;
+                        }
+                    }
+                    // MIGRATE: the key (or the counter) leaves `from` for `to`.
+                    if nodes[from].on[moved] {
+                        nodes[from].on[moved] = false;
+                        nodes[to].on[moved] = true;
+                        if moved == KEYS {
+                            nodes[to].counter = nodes[from].counter.take();
+                        }
+                    }
+                }
+                owner = to;
+            }
+        }
+        Ok(())
     }
 }

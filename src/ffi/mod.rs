@@ -578,8 +578,8 @@ pub fn cached_micros() -> Option<i64> {
 }
 
 /// The `CLUSTER NODES` text, through RM_Call. Only for rare paths (a handoff in cluster mode
-/// that no LOCK.* command caused, a lock key removed in cluster mode), never for a LOCK.*
-/// command itself.
+/// that no LOCK.* command caused, a lock key removed in cluster mode, a grant that finds no
+/// token counter in cluster mode), never on a LOCK.* command's common path.
 pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
     call_text(ctx, c"CLUSTER", c"NODES")
 }
