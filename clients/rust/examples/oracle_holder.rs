@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! C <client id> <pid>                          the client's id (the prefix of its owners)
-//! G <us> <key> <owner> <token> <mode>          a guard handed out (mode: write, read, permit)
+//! G <us> <key> <owner> <token> <mode> <asked>  a guard handed out (mode: write, read, permit;
+//!                                              asked: when its acquire began, in us)
 //! W <us> <owner> <token> <ok|fenced|notheld|conn|err>   a fenced command's outcome
 //! L <us> <owner> <token> <reason>              the guard reported its hold lost
 //! E <us> <owner> <token> <released|dropped>    the application let go of the hold
@@ -124,11 +125,14 @@ pub enum Note {
         id: String,
         pid: u32,
     },
+    /// A guard handed out: the server granted it between `asked` (when the acquire began) and
+    /// the event's time.
     Granted {
         key: String,
         owner: String,
         token: u64,
         mode: Mode,
+        asked: u64,
     },
     Wrote {
         owner: String,
@@ -175,7 +179,8 @@ impl Event {
                 owner,
                 token,
                 mode,
-            } => format!("G {t} {key} {owner} {token} {}", mode.word()),
+                asked,
+            } => format!("G {t} {key} {owner} {token} {} {asked}", mode.word()),
             Note::Wrote {
                 owner,
                 token,
@@ -212,6 +217,7 @@ impl Event {
                     owner: s(3)?,
                     token: t(4)?,
                     mode: Mode::parse(f.get(5)?)?,
+                    asked: t(6)?,
                 },
             },
             "W" => Event {
@@ -357,6 +363,7 @@ pub async fn run(client: LockClient, plan: Plan, sink: Sink) {
         let key = plan.keys[index].clone();
         let lock = handle(&mut handles, &client, &plan, &mut rng, index, mode).clone();
         let roll = rng.gen_range(0..10);
+        let asked = now_us();
         let no_guard = |outcome: &str, text: String| {
             sink(Event::now(Note::NoGuard {
                 key: key.name.clone(),
@@ -404,6 +411,7 @@ pub async fn run(client: LockClient, plan: Plan, sink: Sink) {
             owner: owner.clone(),
             token,
             mode,
+            asked,
         }));
         let ended = watch_loss(&guard, &sink);
         // Re-entry through the same handle: the same hold, one more guard.

@@ -193,6 +193,8 @@ struct HoldRecord {
     mode: Mode,
     holder: String,
     granted: u64,
+    /// When its acquire began: the server granted it between `asked` and `granted`.
+    asked: u64,
     /// When the application stopped believing it held, and why.
     end: Option<(u64, End)>,
     /// The send time of the last check that found it held (or the grant).
@@ -233,8 +235,11 @@ enum Disrupt {
         pid: u32,
         resumed: Option<u64>,
     },
+    /// The key's slot moved from the master on port `from` to the one on `to`.
     Migrate {
         key: String,
+        from: u16,
+        to: u16,
     },
 }
 
@@ -334,6 +339,7 @@ async fn checker(state: Shared, raw: Raw, mut rx: mpsc::UnboundedReceiver<Msg>) 
                 owner,
                 token,
                 mode,
+                asked,
             } => {
                 let mut st = lock(&state);
                 // A line its process wrote before it was killed.
@@ -355,6 +361,7 @@ async fn checker(state: Shared, raw: Raw, mut rx: mpsc::UnboundedReceiver<Msg>) 
                         mode,
                         holder,
                         granted: t,
+                        asked,
                         end,
                         last_held: t,
                         gone: None,
@@ -785,9 +792,9 @@ impl Chaos {
         let moved =
             tokio::task::spawn_blocking(move || support::move_slot_to(&nodes, slot, to_pick))
                 .await
-                .unwrap_or(false);
-        if moved {
-            self.record(Disrupt::Migrate { key }, start);
+                .unwrap_or(None);
+        if let Some((from, to)) = moved {
+            self.record(Disrupt::Migrate { key, from, to }, start);
         }
     }
 
@@ -933,6 +940,7 @@ fn blocking_holder(
                 }
             })
             .clone();
+        let asked = now_us();
         let result = if rng.gen_bool(0.3) {
             lock.try_acquire()
         } else {
@@ -969,6 +977,7 @@ fn blocking_holder(
             owner: owner.clone(),
             token,
             mode,
+            asked,
         }));
         let (ended, mut ended_rx) = tokio::sync::oneshot::channel::<()>();
         if let Some(watch) = guard.watch() {
@@ -1296,6 +1305,129 @@ fn could_end(d: &Disruption, key: &str, client: &str, lo: u64, hi: u64) -> bool 
     }
 }
 
+/// A new hold of a key, for the token order: asked for at `asked`, handed out at `granted`
+/// (client-side times, us); the server chose its token in between.
+#[derive(Debug, Clone)]
+struct Grant {
+    key: String,
+    token: u64,
+    asked: u64,
+    granted: u64,
+}
+
+/// Fencing tokens rise per key: the module gives every new hold (exclusive, shared, permit) a
+/// token above every token it handed out before for that key. The rule checked, for two new
+/// holds `g1`, `g2` of one key: when `g1` was handed out before `g2` was asked for
+/// (`g1.granted < g2.asked`), the server granted `g1` first, so `g2.token > g1.token`. Holds
+/// whose intervals overlap (shared holds or permits granted at once, a grant whose reply a
+/// paused process read late) are not ordered, and not compared. A re-entry, or the same
+/// (owner, token) handed out again through its handle, is the same hold: one record, one grant.
+///
+/// Returns `(g1, g2)` index pairs into `grants`, one per `g2` that fails, `g1` the grant with
+/// the highest token among those handed out before `g2` was asked for.
+fn falling_tokens(grants: &[Grant]) -> Vec<(usize, usize)> {
+    let mut per_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, g) in grants.iter().enumerate() {
+        per_key.entry(&g.key).or_default().push(i);
+    }
+    let mut out = Vec::new();
+    for mut order in per_key.into_values() {
+        order.sort_by_key(|&i| grants[i].granted);
+        // top[n]: the grant with the highest token among the first n + 1 handed out.
+        let mut top: Vec<usize> = Vec::with_capacity(order.len());
+        for &i in &order {
+            let best = match top.last() {
+                Some(&b) if grants[b].token >= grants[i].token => b,
+                _ => i,
+            };
+            top.push(best);
+        }
+        for &later in &order {
+            let before = order.partition_point(|&i| grants[i].granted < grants[later].asked);
+            if let Some(&earlier) = before.checked_sub(1).and_then(|n| top.get(n)) {
+                if grants[later].token <= grants[earlier].token {
+                    out.push((earlier, later));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The port of the master that served `key` at `t`, as the migrations recorded it
+/// (`from->to` while one ran); None where no migration of its slot says.
+fn node_at(disruptions: &[Disruption], key: &str, t: u64) -> Option<String> {
+    let mut moves: Vec<(u64, u64, u16, u16)> = disruptions
+        .iter()
+        .filter_map(|d| match &d.what {
+            Disrupt::Migrate { key: k, from, to } if k == key => Some((d.start, d.end, *from, *to)),
+            _ => None,
+        })
+        .collect();
+    moves.sort_unstable();
+    if let Some((_, _, from, to)) = moves.iter().find(|m| m.0 <= t && t <= m.1) {
+        return Some(format!("{from}->{to} (migrating)"));
+    }
+    match moves.iter().rev().find(|m| m.1 < t) {
+        Some((_, _, _, to)) => Some(to.to_string()),
+        None => moves.first().map(|m| m.2.to_string()),
+    }
+}
+
+/// One line per hold whose token was not above an earlier one of its key (`falling_tokens`),
+/// naming both holds and the disruptions between them.
+fn token_order(st: &State, seed: u64) -> Vec<String> {
+    let records: Vec<(&(String, u64), &HoldRecord)> = st.holds.iter().collect();
+    let grants: Vec<Grant> = records
+        .iter()
+        .map(|((_, token), h)| Grant {
+            key: h.key.clone(),
+            token: *token,
+            asked: h.asked,
+            granted: h.granted,
+        })
+        .collect();
+    let at = |t: u64| format!("{}.{:06}", t / 1_000_000, t % 1_000_000);
+    falling_tokens(&grants)
+        .into_iter()
+        .map(|(earlier, later)| {
+            let ((o1, t1), h1) = records[earlier];
+            let ((o2, t2), h2) = records[later];
+            let node = |h: &HoldRecord, t: u64| {
+                node_at(&st.disruptions, &h.key, t)
+                    .map(|n| format!(", node {n}"))
+                    .unwrap_or_default()
+            };
+            let between: Vec<String> = st
+                .disruptions
+                .iter()
+                .filter(|d| d.end >= h1.granted && d.start <= h2.granted)
+                .map(|d| format!("{:?} at {}", d.what, at(d.start)))
+                .collect();
+            format!(
+                "seed {seed}: the token fell on {}: {} ({o2}, {:?}) got {t2} at {} (asked {}{}), \
+                 not above {t1} that {} ({o1}, {:?}) got at {}{}: {} lower; between them: {}",
+                h2.key,
+                h2.holder,
+                h2.mode,
+                at(h2.granted),
+                at(h2.asked),
+                node(h2, h2.granted),
+                h1.holder,
+                h1.mode,
+                at(h1.granted),
+                node(h1, h1.granted),
+                t1 - t2,
+                if between.is_empty() {
+                    "no disruption".to_string()
+                } else {
+                    between.join("; ")
+                }
+            )
+        })
+        .collect()
+}
+
 fn judge(
     st: &State,
     keys: &[KeySpec],
@@ -1394,7 +1526,7 @@ fn judge(
                 .iter()
                 .filter(|d| d.start <= hi && d.end + 1_000_000 >= lo)
                 .filter(|d| match &d.what {
-                    Disrupt::CopyDel { key, .. } | Disrupt::Migrate { key } => *key == hold.key,
+                    Disrupt::CopyDel { key, .. } | Disrupt::Migrate { key, .. } => *key == hold.key,
                     Disrupt::SigKill { client: c } => *c == client,
                     _ => false,
                 })
@@ -1424,6 +1556,10 @@ fn judge(
         }
         cases.push((held_ms, line));
     }
+
+    // The tokens, per key.
+    let fell = token_order(st, seed);
+    violations.extend(fell.iter().cloned());
 
     // The writes.
     for key in keys {
@@ -1521,8 +1657,9 @@ fn judge(
     }
     let _ = writeln!(
         report,
-        "  stale writes landed and other write violations: {}",
-        violations.len()
+        "  tokens not above an earlier grant's: {}; stale writes landed and other write violations: {}",
+        fell.len(),
+        violations.len() - fell.len()
     );
     if std::env::var_os("ORACLE_VERBOSE").is_some() {
         for d in &st.disruptions {
@@ -1619,4 +1756,123 @@ async fn oracle_cluster() {
         .await
         .unwrap();
     oracle(target, config(101, 1, 12)).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The token-order check itself
+
+fn grant(key: &str, token: u64, asked: u64, granted: u64) -> Grant {
+    Grant {
+        key: key.to_string(),
+        token,
+        asked,
+        granted,
+    }
+}
+
+#[test]
+fn falling_tokens_flags_a_later_grant_not_above_an_earlier_one() {
+    // (grants, the (earlier, later) pairs flagged)
+    type Case = (&'static str, Vec<Grant>, Vec<(usize, usize)>);
+    let cases: Vec<Case> = vec![
+        (
+            "a later grant with a lower token",
+            vec![grant("K", 200, 90, 100), grant("K", 100, 150, 200)],
+            vec![(0, 1)],
+        ),
+        (
+            "an equal token",
+            vec![grant("K", 200, 90, 100), grant("K", 200, 150, 200)],
+            vec![(0, 1)],
+        ),
+        (
+            "rising tokens",
+            vec![grant("K", 100, 90, 100), grant("K", 200, 150, 200)],
+            vec![],
+        ),
+        (
+            "shared holds granted at once, recorded out of the server's order",
+            vec![grant("K", 101, 50, 100), grant("K", 102, 50, 99)],
+            vec![],
+        ),
+        (
+            "a reply read late by a paused process: not ordered",
+            vec![grant("K", 100, 100, 500), grant("K", 200, 250, 300)],
+            vec![],
+        ),
+        (
+            "below the highest of several earlier grants",
+            vec![
+                grant("K", 300, 90, 100),
+                grant("K", 100, 100, 110),
+                grant("K", 250, 190, 200),
+            ],
+            vec![(0, 2)],
+        ),
+        (
+            "per key",
+            vec![grant("A", 500, 90, 100), grant("B", 10, 150, 200)],
+            vec![],
+        ),
+        (
+            "the issue's migration: 60 s of tokens below",
+            vec![
+                grant("K", 1_795_881_813_979_014, 5_779_000_000, 5_779_491_123),
+                grant("K", 1_795_881_753_979_007, 5_783_442_000, 5_783_473_047),
+            ],
+            vec![(0, 1)],
+        ),
+    ];
+    for (name, grants, want) in cases {
+        assert_eq!(falling_tokens(&grants), want, "{name}");
+    }
+}
+
+#[test]
+fn token_order_names_both_holds_and_the_disruptions_between() {
+    let mut st = State::default();
+    let record = |holder: &str, asked: u64, granted: u64| HoldRecord {
+        key: "K".to_string(),
+        mode: Mode::Write,
+        holder: holder.to_string(),
+        granted,
+        asked,
+        end: None,
+        last_held: granted,
+        gone: None,
+        ok_writes: 0,
+        unknown_writes: 0,
+        false_lost: None,
+    };
+    st.holds
+        .insert(("a:1".into(), 200), record("task 1", 900_000, 1_000_000));
+    st.holds
+        .insert(("b:1".into(), 100), record("task 2", 1_500_000, 2_000_000));
+    let migrate = |start, end| Disruption {
+        what: Disrupt::Migrate {
+            key: "K".into(),
+            from: 7001,
+            to: 7002,
+        },
+        start,
+        end,
+    };
+    st.disruptions.push(migrate(1_500_000, 1_600_000));
+    st.disruptions.push(Disruption {
+        what: Disrupt::Del("K".into()),
+        start: 2_500_000,
+        end: 2_500_000,
+    });
+    let found = token_order(&st, 7);
+    assert_eq!(found.len(), 1, "{found:?}");
+    let line = &found[0];
+    for part in [
+        "seed 7: the token fell on K: task 2 (b:1, Write) got 100 at 2.000000",
+        "(asked 1.500000, node 7002)",
+        "not above 200 that task 1 (a:1, Write) got at 1.000000, node 7001: 100 lower",
+        "Migrate { key: \"K\", from: 7001, to: 7002 } at 1.500000",
+    ] {
+        assert!(line.contains(part), "{part:?} not in {line}");
+    }
+    assert!(!line.contains("Del"), "{line}");
 }

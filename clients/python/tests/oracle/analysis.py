@@ -3,9 +3,12 @@ keeper read (``truth.py``)."""
 
 from __future__ import annotations
 
+import bisect
 import collections
+import json
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Iterable, Optional
 
 from oracle.truth import Disruption, Snap
 
@@ -75,6 +78,7 @@ class Report:
     stale: list[str] = field(default_factory=list)
     regranted: list[str] = field(default_factory=list)
     regranted_after_drop: list[str] = field(default_factory=list)
+    token_fell: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     acquire_errors: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -95,7 +99,9 @@ class Report:
             "  lost reported: " + ", ".join(f"{k} {v}" for k, v in sorted(self.lost.items())),
             "  outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items())),
             f"  false lost: {len(self.false_lost)}; stale writes landed: {len(self.stale)}; "
-            f"tokens handed out twice: {len(self.regranted)}; errors: {len(self.errors)}; "
+            f"tokens handed out twice: {len(self.regranted)}; "
+            f"tokens not above an earlier grant's: {len(self.token_fell)}; "
+            f"errors: {len(self.errors)}; "
             f"losses delivered as the hold was let go: {self.late_losses}; "
             f"joined a dropped guard's hold not yet collected: {len(self.regranted_after_drop)}",
             f"  false held: {len(self.false_held)} cases (signalled: median "
@@ -108,6 +114,7 @@ class Report:
                 f"{case['hid']} {case['key']} token {case['token']} -> {case['reason']}")
         for what, items in [("FALSE LOST", self.false_lost), ("OVER BOUND", self.over_bound),
                             ("STALE WRITE", self.stale), ("REGRANTED", self.regranted),
+                            ("TOKEN FELL", self.token_fell),
                             ("ERROR", self.errors), ("unchecked lost", self.unchecked)]:
             for item in items[:20]:
                 lines.append(f"  {what}: {item}")
@@ -326,4 +333,149 @@ def analyse(
         report.disruptions[d.kind] = report.disruptions.get(d.kind, 0) + 1
         if d.error and d.kind not in ("client-kill",):
             report.errors.append(f"disruption {d.kind}: {d.error}")
+    report.token_fell = token_order(events, disruptions)
     return report
+
+
+# -- Token order -----------------------------------------------------------------------------
+
+
+@dataclass
+class Grant:
+    """A new hold of one key as its holder recorded it: asked for at ``asked`` (before its
+    request went out), handed out at ``t`` (after the reply came back). The server granted it,
+    and chose its token, somewhere in between."""
+
+    key: str
+    token: int
+    asked: float
+    t: float
+    hid: str
+    ctx: str
+    owner: str
+
+
+def new_grants(events: Iterable[dict[str, Any]]) -> list[Grant]:
+    """Every new hold of every key. A re-entry (``reentry``) is not new, nor is a grant of an
+    (owner, token) a key was granted before: a guard that joined its own dropped guard's hold
+    (``joined``) re-entered that hold, and any other such grant is a token handed out twice,
+    which ``Report.regranted`` reports. ``asked``: recorded by the holder; in a history recorded
+    without it, the holder's previous event (a holder does one thing at a time, so it asked
+    after that)."""
+    out: list[Grant] = []
+    seen: set[tuple[str, str, int]] = set()
+    last_of: dict[str, float] = {}  # holder -> the time of its latest event so far
+    for e in sorted(events, key=lambda e: e["t"]):
+        before = last_of.get(e.get("h", ""))
+        last_of[e.get("h", "")] = e["t"]
+        if e["e"] != "granted" or e.get("reentry"):
+            continue
+        asked = e.get("asked", before)
+        for key, token in zip(e["keys"], e["tokens"]):
+            ident = (key, e["owner"], token)
+            if ident in seen:
+                continue
+            seen.add(ident)
+            out.append(Grant(key, token, asked if asked is not None else float("-inf"), e["t"],
+                             e["h"], e["ctx"], e["owner"]))
+    return out
+
+
+def _group_of(key: str) -> str:
+    """The hash tag of a cluster key (the oracle's group); ``db0`` for a standalone key."""
+    open_at = key.find("{")
+    close_at = key.find("}", open_at + 1)
+    return key[open_at + 1:close_at] if 0 <= open_at < close_at else "db0"
+
+
+def node_at(key: str, t: float, disruptions: list[Disruption]) -> Optional[str]:
+    """The port of the master that served ``key`` at ``t``, as the migrations recorded it
+    (``from->to`` while one ran); None where no migration of its slot says."""
+    moves = sorted((d for d in disruptions
+                    if d.kind == "migrate" and not d.error
+                    and d.detail.get("group") == _group_of(key) and "to" in d.detail),
+                   key=lambda d: d.t0)
+    for d in moves:
+        if d.t0 <= t <= d.t1:
+            return f"{d.detail['from']}->{d.detail['to']} (migrating)"
+    done = [d for d in moves if d.t1 < t]
+    if done:
+        return str(done[-1].detail["to"])
+    if moves:
+        return str(moves[0].detail["from"])
+    return None
+
+
+def _describe(d: Disruption) -> str:
+    detail = {k: v for k, v in d.detail.items() if k != "replies"}
+    return f"{d.kind} {detail} at {d.t0:.3f}" + (f" (error: {d.error})" if d.error else "")
+
+
+def token_order(events: Iterable[dict[str, Any]], disruptions: list[Disruption]) -> list[str]:
+    """Fencing tokens rise per key: the module gives every new hold — exclusive, shared,
+    permit, a leadership — a token above every token it handed out before for that key.
+
+    The rule checked: for two new grants ``g1``, ``g2`` of one key (``new_grants``), when
+    ``g1`` was handed out before ``g2`` was asked for (``g1.t < g2.asked``), the server
+    granted ``g1`` first, so ``g2.token > g1.token``. Grants whose intervals overlap (shared
+    holds or permits granted at once, a reply held up by a paused process) are not ordered,
+    and not compared. One line per ``g2`` that fails, naming the highest earlier token."""
+    per_key: dict[str, list[Grant]] = collections.defaultdict(list)
+    for g in new_grants(events):
+        per_key[g.key].append(g)
+    out = []
+    for key, grants in sorted(per_key.items()):
+        grants.sort(key=lambda g: g.t)
+        times = [g.t for g in grants]
+        top: list[Grant] = []  # top[i]: the highest token among grants[:i + 1]
+        for g in grants:
+            top.append(g if not top or g.token > top[-1].token else top[-1])
+        for g2 in grants:
+            n = bisect.bisect_left(times, g2.asked)  # grants handed out before g2 was asked
+            if n == 0:
+                continue
+            g1 = top[n - 1]
+            if g2.token > g1.token:
+                continue
+            between = [_describe(d) for d in sorted(disruptions, key=lambda d: d.t0)
+                       if d.t1 >= g1.t and d.t0 <= g2.t]
+            where1, where2 = node_at(key, g1.t, disruptions), node_at(key, g2.t, disruptions)
+            out.append(
+                f"{key}: {g2.hid} ({g2.owner}) got token {g2.token} at {g2.t:.3f} "
+                f"(asked {g2.asked:.3f}{f', node {where2}' if where2 else ''}), not above "
+                f"token {g1.token} that {g1.hid} ({g1.owner}) got at {g1.t:.3f}"
+                f"{f' (node {where1})' if where1 else ''}: {g1.token - g2.token} lower; "
+                f"between them: {'; '.join(between) if between else 'no disruption'}")
+    return out
+
+
+def load_dump(path: Path) -> tuple[list[dict[str, Any]], list[Disruption]]:
+    """The holders' events and the disruptions of a run's dump (``run.py`` ``Oracle._dump``)."""
+    events: list[dict[str, Any]] = []
+    disruptions: list[Disruption] = []
+    with path.open() as f:
+        for line in f:
+            item = json.loads(line)
+            if item["e"] == "disruption":
+                disruptions.append(Disruption(len(disruptions), item["kind"], item["t"],
+                                              item["t1"], item.get("detail") or {},
+                                              item.get("error")))
+            elif item["e"] != "read":
+                events.append(item)
+    return events, disruptions
+
+
+def recheck_tokens(path: Path) -> list[str]:
+    """``token_order`` of a recorded run: ``python -m oracle.analysis <dump.jsonl>...``."""
+    return token_order(*load_dump(path))
+
+
+if __name__ == "__main__":
+    import sys
+
+    found = 0
+    for arg in sys.argv[1:]:
+        for line in recheck_tokens(Path(arg)):
+            found += 1
+            print(f"{arg}: TOKEN FELL: {line}")
+    sys.exit(1 if found else 0)

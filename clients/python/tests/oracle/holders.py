@@ -8,7 +8,8 @@ clock for every process of the machine).
 Events (dicts, one JSON line each in a worker process):
 
 - ``granted``: a guard was handed to the application: ``owner``, ``keys``, ``tokens``,
-  ``reentry`` (the same hold again);
+  ``reentry`` (the same hold again); a new hold also ``asked``, when its acquire began (the
+  server granted it between ``asked`` and ``t``);
 - ``end``: the application stops believing it holds (``how``: ``release``, ``drop``, ``gc``),
   recorded before the release is sent or the guard dropped;
 - ``lost``: the library reported the hold lost (the ``on_lost`` callback), with ``reason`` and
@@ -204,6 +205,7 @@ class SyncHolder(_Base):
         action, wait = self.wait_choice()
         if action == "cancel":  # a thread cannot be cancelled: its timeout mid-wait
             action = "short-wait"
+        asked = time.monotonic()
         try:
             guard = self._take(wait)
         except LockTimeout:
@@ -216,7 +218,7 @@ class SyncHolder(_Base):
             self.emit("busy", action=action)
             return
         self.emit("granted", reentry=False, action=action, joined=self.joins_dropped(guard),
-                  **self.describe(guard))
+                  asked=asked, **self.describe(guard))
         self.section(guard)
         how = self.leave_choice()
         self.emit("end", how=how, **self.describe(guard))
@@ -271,6 +273,7 @@ class SyncHolder(_Base):
         self.emit("wrote", n=wrote, acked=acked, **self.describe(guard))
 
     def reenter(self, guard: Any) -> None:
+        asked = time.monotonic()
         try:
             inner = self.handle.try_acquire()
         except LockError as e:
@@ -281,7 +284,8 @@ class SyncHolder(_Base):
         if inner._hold is guard._hold:
             self.emit("granted", reentry=True, **self.describe(inner))
         elif guard.lost.is_set():  # lost meanwhile: this acquire took a new hold
-            self.emit("granted", reentry=False, action="reenter", **self.describe(inner))
+            self.emit("granted", reentry=False, action="reenter", asked=asked,
+                      **self.describe(inner))
             self.emit("end", how="release", **self.describe(inner))
         else:
             self.emit("error", what="a re-entry of a live hold returned another hold")
@@ -322,6 +326,7 @@ class AsyncHolder(_Base):
 
     async def step(self) -> None:
         action, wait = self.wait_choice()
+        asked = time.monotonic()
         try:
             if action == "cancel":  # cancelled mid-wait (or granted first)
                 task = asyncio.ensure_future(self._take(None))
@@ -347,7 +352,7 @@ class AsyncHolder(_Base):
             self.emit("busy", action=action)
             return
         self.emit("granted", reentry=False, action=action, joined=self.joins_dropped(guard),
-                  **self.describe(guard))
+                  asked=asked, **self.describe(guard))
         await self.section(guard)
         how = self.leave_choice()
         self.emit("end", how=how, **self.describe(guard))
@@ -402,6 +407,7 @@ class AsyncHolder(_Base):
         self.emit("wrote", n=wrote, acked=acked, **self.describe(guard))
 
     async def reenter(self, guard: Any) -> None:
+        asked = time.monotonic()
         try:
             inner = await self.handle.try_acquire()
         except LockError as e:
@@ -412,7 +418,8 @@ class AsyncHolder(_Base):
         if inner._hold is guard._hold:
             self.emit("granted", reentry=True, **self.describe(inner))
         elif guard.lost.is_set():  # lost meanwhile: this acquire took a new hold
-            self.emit("granted", reentry=False, action="reenter", **self.describe(inner))
+            self.emit("granted", reentry=False, action="reenter", asked=asked,
+                      **self.describe(inner))
             self.emit("end", how="release", **self.describe(inner))
         else:
             self.emit("error", what="a re-entry of a live hold returned another hold")

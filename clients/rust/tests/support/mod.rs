@@ -128,14 +128,11 @@ fn master_port(host: &str, port: u16, slot: u16) -> Option<u16> {
 /// Moves `slot` from its master to another of `nodes` (`nodes[pick]`, or the next one if that
 /// is its master), as `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, one `MIGRATE`
 /// of every key of the slot, then `SETSLOT NODE` everywhere; waits (bounded) until every node
-/// agrees. Returns whether the slot moved.
-pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> bool {
-    let Some((host, first)) = nodes.first().cloned() else {
-        return false;
-    };
-    let Some(from) = master_port(&host, first, slot) else {
-        return false;
-    };
+/// agrees. Returns the ports of the master it left and of the one it moved to, if it moved.
+/// (`MIGRATE ... REPLACE`: a key of the slot the destination already has is overwritten.)
+pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> Option<(u16, u16)> {
+    let (host, first) = nodes.first().cloned()?;
+    let from = master_port(&host, first, slot)?;
     let mut to = nodes[pick % nodes.len()].1;
     if to == from {
         to = nodes[(pick + 1) % nodes.len()].1;
@@ -146,9 +143,7 @@ pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> bool {
             .query(&mut node_connection(&host, port).ok()?)
             .ok()
     };
-    let (Some(from_id), Some(to_id)) = (id(from), id(to)) else {
-        return false;
-    };
+    let (from_id, to_id) = (id(from)?, id(to)?);
     let setslot = |port: u16, args: &[&str]| -> bool {
         node_connection(&host, port)
             .and_then(|mut c| {
@@ -161,11 +156,9 @@ pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> bool {
             .is_ok()
     };
     if !setslot(to, &["IMPORTING", &from_id]) || !setslot(from, &["MIGRATING", &to_id]) {
-        return false;
+        return None;
     }
-    let Ok(mut source) = node_connection(&host, from) else {
-        return false;
-    };
+    let mut source = node_connection(&host, from).ok()?;
     let keys: Vec<String> = redis::cmd("CLUSTER")
         .arg("GETKEYSINSLOT")
         .arg(slot)
@@ -203,5 +196,5 @@ pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> bool {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    true
+    Some((from, to))
 }
