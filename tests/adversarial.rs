@@ -22,7 +22,7 @@
 //! exclusive hold that then ends at once (release, `FORCERELEASE`, `DEL` or its lease's end) —
 //! some of them multi-key runs (`LOCK.MACQUIRE ... SHARED WAIT` on two or three keys). It copies
 //! held keys (to a spare name or the other database, then deletes the copy), `MIGRATE`s held
-//! keys to a third server, and runs elections on a key name in both databases and on its
+//! keys to a third server (mostly with their slot's token counter), and runs elections on a key name in both databases and on its
 //! hash-tagged twin (all three share one leader channel), campaigning, proclaiming and resigning.
 //! A listener hears every lost-hold and leader message on the keys' channels.
 //!
@@ -32,6 +32,9 @@
 //!   command can give);
 //! - no LOCK.* call got `internal error` or another unexpected error;
 //! - per (db, key) as the client asked for it, no token of a fresh hold was handed out twice;
+//! - across a `MIGRATE` tokens never fall: on the third server a new hold of a moved key gets a
+//!   token above the last one the key got there, and, when its counter came along (and bounds
+//!   them), above every token the key arrived with;
 //! - a re-entry returned its hold's token, and LOCK.INFO showed a holder its own token and count,
 //!   unless the disrupter moved or rewrote hashes in between;
 //! - every key's `LOCK.INFO` agrees with its `HGETALL` (or errors exactly when the hash is not a
@@ -1314,6 +1317,8 @@ struct Disrupter {
     helpers: Vec<JoinHandle<()>>,
     /// Step kinds left out (`LOCK_ADV_SKIP`).
     skip: Vec<&'static str>,
+    /// Per (db, key): the token of the last new hold the key got on the `MIGRATE` target.
+    migrated: HashMap<(u8, &'static str), i64>,
 }
 
 /// The disrupter's step kinds and their share of the dice (0..100), which `LOCK_ADV_SKIP` can
@@ -1976,7 +1981,7 @@ impl Disrupter {
 
     /// A held key copied (to a spare name, or to the other database under its own name, as a
     /// backup would) and the copy deleted, at once or by a later step; or a held key moved to a
-    /// third server with `MIGRATE` (with `COPY` now and then, which leaves it here too).
+    /// third server with `MIGRATE` (`migrate`).
     fn copy_or_migrate(&mut self) {
         let db = self.db();
         let key = self.lock_key(db);
@@ -2002,19 +2007,114 @@ impl Disrupter {
                 }
             }
         } else {
-            let mut cmd = redis::cmd("MIGRATE");
-            cmd.arg("127.0.0.1")
-                .arg(self.shared.migrate_port)
-                .arg(key)
-                .arg(db)
-                .arg(1_000);
-            if self.rng.gen_bool(0.3) {
-                cmd.arg("COPY");
+            self.migrate(db, key);
+        }
+    }
+
+    /// A held key moved to a third server with `MIGRATE` (with `COPY` now and then, which
+    /// leaves it here too): mostly together with its slot's token counter, as a reshard moves a
+    /// slot's keys, sometimes alone. The tokens the key gets across the move never fall: on the
+    /// third server a new hold of the key gets a token above the last one it got there, and,
+    /// when the counter came along, above every token the key arrived with — while that counter
+    /// bounds them (the disrupter's own counter writes, a `SWAPDB` or `MOVE` can leave it below
+    /// them; such a move is counted, not compared). A key moved alone gets tokens from the
+    /// target's own counter, memory and clock, which nothing ties to the tokens it arrived with.
+    fn migrate(&mut self, db: u8, key: &'static str) {
+        let counter = String::from_utf8(lock_core::slot::counter_key(lock_core::slot::key_slot(
+            key.as_bytes(),
+        )))
+        .expect("counter names are ASCII");
+        let mut cmd = redis::cmd("MIGRATE");
+        let with_counter = self.rng.gen_bool(0.7);
+        cmd.arg("127.0.0.1")
+            .arg(self.shared.migrate_port)
+            .arg(if with_counter { "" } else { key })
+            .arg(db)
+            .arg(1_000);
+        if self.rng.gen_bool(0.3) {
+            cmd.arg("COPY");
+        }
+        cmd.arg("REPLACE");
+        if with_counter {
+            cmd.arg("KEYS").arg(key).arg(&counter);
+            self.count("MIGRATE of a held key with its counter");
+        } else {
+            self.count("MIGRATE of a held key alone");
+        }
+        self.bump_epoch();
+        if !matches!(self.exec(db, &cmd), Outcome::Reply(Value::Okay)) {
+            return;
+        }
+        let Some(mut there) = redis::Client::open(format!(
+            "redis://127.0.0.1:{}/{db}",
+            self.shared.migrate_port
+        ))
+        .and_then(|c| c.get_connection_with_timeout(READ_TIMEOUT))
+        .ok() else {
+            self.shared.problem(format!(
+                "MIGRATE of db {db} {key}: no connection to the target"
+            ));
+            return;
+        };
+        let _ = there.set_read_timeout(Some(READ_TIMEOUT));
+        let mut ask = |cmd: &mut redis::Cmd| outcome(cmd.query(&mut there));
+        // The tokens the key arrived with (of its holds still alive), and its counter's bound.
+        let arrived = match ask(redis::cmd("LOCK.INFO").arg(key)) {
+            Outcome::Reply(v) => info_map(&v).and_then(|m| match m.get("holders") {
+                Some(Value::Bulk(entries)) => entries
+                    .iter()
+                    .filter_map(|e| as_int(info_map(e)?.get("token")))
+                    .max(),
+                _ => None,
+            }),
+            _ => None,
+        };
+        let bound = match ask(redis::cmd("GET").arg(&counter)) {
+            Outcome::Reply(Value::Data(d)) => std::str::from_utf8(&d)
+                .ok()
+                .and_then(|t| t.parse::<i64>().ok()),
+            _ => None,
+        };
+        // A new hold there, once the arrived ones are gone.
+        let owner = self.shared.owner("mig");
+        ask(redis::cmd("LOCK.FORCERELEASE").arg(key));
+        let token = match ask(&mut acquire_cmd(key, &owner, 1_000, None)) {
+            Outcome::Reply(Value::Int(token)) => token,
+            other => {
+                // A key the disrupter made something else than a lock before it moved.
+                self.count(&format!(
+                    "MIGRATE target: no new hold ({})",
+                    error_kind(&show(&other))
+                ));
+                return;
             }
-            cmd.arg("REPLACE");
-            self.count("MIGRATE of a held key");
-            self.bump_epoch();
-            self.exec(db, &cmd);
+        };
+        ask(redis::cmd("LOCK.FORCERELEASE").arg(key));
+        self.count("MIGRATE target: new holds");
+        let what = format!("db {db} {key} on the MIGRATE target");
+        match (arrived, bound) {
+            _ if !with_counter => {}
+            (Some(top), Some(bound)) if bound >= top => {
+                self.count("MIGRATE target: new holds above the arrived tokens, checked");
+                if token <= top {
+                    self.shared.problem(format!(
+                        "{what}: the token fell across the MIGRATE: a new hold got {token}, not \
+                         above {top} that the key arrived with (its counter came along with \
+                         {bound})"
+                    ));
+                }
+            }
+            (Some(_), _) => {
+                self.count("MIGRATE target: arrived tokens above the counter (not compared)");
+            }
+            (None, _) => {}
+        }
+        if let Some(last) = self.migrated.insert((db, key), token) {
+            if token <= last {
+                self.shared.problem(format!(
+                    "{what}: a new hold got token {token}, not above {last} of the one before"
+                ));
+            }
         }
     }
 
@@ -3313,6 +3413,7 @@ fn run(seed: u64, secs: u64) {
         limits_until: Vec::new(),
         helpers: Vec::new(),
         skip: skipped_kinds(),
+        migrated: HashMap::new(),
     };
     threads.push(thread::spawn(move || disrupter.run()));
     let deadline = Instant::now() + Duration::from_secs(secs);

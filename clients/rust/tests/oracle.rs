@@ -1723,7 +1723,7 @@ async fn oracle(target: Target, config: Config) {
     let median = signalled.get(signalled.len() / 2).copied().unwrap_or(0);
     println!(
         "oracle summary on {} {:?}{}, seeds {:?} of {} s: {holds} holds; disruptions {disruptions:?}; \
-         false lost {false_lost}; stale writes landed and other write violations {violations}; \
+         false lost {false_lost}; tokens not above an earlier grant's, stale writes landed and other write violations {violations}; \
          false held {} cases, per cause (count, longest ms): {:?}; signalled cases: {}, median {median} ms",
         support::server_name(),
         support::server_info().version,
