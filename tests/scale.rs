@@ -389,3 +389,84 @@ fn ticketed_waiters_cost_under_a_kilobyte_each_and_a_grant_storm_keeps_ping_fast
         "{left} B more than before the tickets"
     );
 }
+
+/// `LOCK_CLOSE_TICKETS`: how many tickets one connection owns when it closes (default 20,000 in
+/// `make test`; `make scale` runs 200,000).
+fn close_tickets() -> usize {
+    match std::env::var("LOCK_CLOSE_TICKETS") {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("LOCK_CLOSE_TICKETS={v:?} is not a number")),
+        Err(_) => 20_000,
+    }
+}
+
+/// The slowest PING allowed while the server works through a storm (`LOCK_PING_BOUND_MS`,
+/// 100 ms unless set).
+fn ping_bound() -> Duration {
+    let ms = std::env::var("LOCK_PING_BOUND_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    Duration::from_millis(ms)
+}
+
+/// One connection queues tickets on a thousand busy keys, then closes: the server withdraws
+/// them a bounded batch a turn, and keeps answering PING meanwhile (it ended 200,000 in one
+/// turn before, 564 ms without an answer).
+#[test]
+fn a_connection_closing_with_many_tickets_keeps_ping_fast() {
+    const KEYS: usize = 1_000;
+    const PIPELINE: usize = 10_000;
+    let n = close_tickets();
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut pipe = redis::pipe();
+    for k in 0..KEYS {
+        pipe.cmd("LOCK.ACQUIRE")
+            .arg(format!("k{k}"))
+            .arg("holder")
+            .arg(600_000)
+            .ignore();
+    }
+    let _: () = pipe.query(&mut con).unwrap();
+    let mut owner = server.connect();
+    for start in (0..n).step_by(PIPELINE) {
+        let mut pipe = redis::pipe();
+        for i in start..n.min(start + PIPELINE) {
+            pipe.cmd("LOCK.ACQUIRE")
+                .arg(format!("k{}", i % KEYS))
+                .arg(format!("w{i}"))
+                .arg(60_000)
+                .arg("WAIT")
+                .arg(600_000)
+                .arg("TICKET")
+                .ignore();
+        }
+        let _: () = pipe.query(&mut owner).unwrap();
+    }
+    assert_eq!(lock_stat(&mut con, "tickets"), n as i64);
+    let pinger = Pinger::start(&server);
+    thread::sleep(Duration::from_millis(200));
+    let closed = Instant::now();
+    drop(owner);
+    assert!(
+        eventually(Duration::from_secs(60), || lock_stat(&mut con, "tickets")
+            == 0),
+        "the closed connection's tickets were not all withdrawn"
+    );
+    let took = closed.elapsed();
+    let pings = pinger.stop();
+    eprintln!(
+        "close of one connection owning {n} tickets: withdrawn in {took:?}; worst PING {:.1} ms over {} PINGs",
+        pings.worst.as_secs_f64() * 1e3,
+        pings.answered
+    );
+    assert!(pings.failed.is_none(), "{:?}", pings.failed);
+    assert!(
+        pings.worst < ping_bound(),
+        "the server went {:?} without answering PING",
+        pings.worst
+    );
+    assert_eq!(waiters(&mut con), 0);
+}

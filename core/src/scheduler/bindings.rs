@@ -152,7 +152,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     /// effects end the holds), and a later promotion must not revive the bindings.
     pub fn forget_bindings(&mut self) {
         self.bindings.clear();
-        self.gone_while_paused.clear();
+        self.gone_later.clear();
         self.stop_idle_sweep();
     }
 
@@ -200,15 +200,17 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
     ) {
         // Their tickets first: a grant of theirs nobody popped ends as undelivered, before
         // its binding (if EPHEMERAL) would end it as disconnected.
+        // A connection whose tickets are not all ended (writes paused, or more than a turn
+        // ends) comes back at the pause check, its holds then.
         let later = self.end_tickets(port, &clients, now);
+        let mut clients = clients;
+        clients.retain(|c| self.bindings.holds_of(*c) > 0 && !later.contains(c));
         if !later.is_empty() {
-            self.gone_while_paused.extend(later);
+            self.gone_later.extend(later);
             if self.pause_check.is_none() {
                 self.arm_pause_check(now);
             }
         }
-        let mut clients = clients;
-        clients.retain(|c| self.bindings.holds_of(*c) > 0);
         if clients.is_empty() {
             return;
         }
@@ -223,7 +225,7 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 return;
             }
             Writes::Paused => {
-                self.gone_while_paused.extend(clients);
+                self.gone_later.extend(clients);
                 if self.pause_check.is_none() {
                     self.arm_pause_check(now);
                 }

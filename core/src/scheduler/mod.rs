@@ -225,7 +225,8 @@ enum Due {
     Recheck(LockKey),
     /// A granted waiter vanished before its reply: free its hold if it still has it.
     Undelivered(GrantRef),
-    /// Writes were paused: if the pause ended, do the deferred handoffs.
+    /// Writes were paused: if the pause ended, do the deferred handoffs; and end the next
+    /// tickets of closed connections that own more than a turn ends.
     PauseCheck,
     /// Check some bound holds for ends the module did not see (see [`BINDING_SWEEP_MS`]).
     BindingSweep,
@@ -274,8 +275,9 @@ pub struct Scheduler<H> {
     deadlines: Deadlines<Due>,
     /// Handoffs deferred while writes were paused, with their cause.
     paused: HashMap<LockKey, Cause>,
-    /// Connections that closed while writes were paused: their holds end after the pause.
-    gone_while_paused: Vec<ClientId>,
+    /// Connections whose close is finished at the pause check: closed while writes were paused
+    /// (their holds end after the pause), or owning more tickets than a turn ends.
+    gone_later: Vec<ClientId>,
     pause_check: Option<DeadlineKey>,
     bindings: Bindings,
     /// The next binding sweep, while any hold is bound, and the client it resumes after.
@@ -301,6 +303,8 @@ struct Turn {
     batches: usize,
     /// Units of work done (holds read, holds granted).
     spent: usize,
+    /// Tickets of closed connections ended (see `tickets::TICKETS_ENDED_PER_TURN`).
+    tickets_ended: usize,
 }
 
 impl<H> Default for Scheduler<H> {
@@ -309,7 +313,7 @@ impl<H> Default for Scheduler<H> {
             queues: WaitQueues::default(),
             deadlines: Deadlines::default(),
             paused: HashMap::new(),
-            gone_while_paused: Vec::new(),
+            gone_later: Vec::new(),
             pause_check: None,
             bindings: Bindings::default(),
             binding_sweep: None,
@@ -658,11 +662,11 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                     // Promoted to replica during the pause: its master decides now.
                     Writes::Replica => {
                         self.paused.clear();
-                        let gone = std::mem::take(&mut self.gone_while_paused);
+                        let gone = std::mem::take(&mut self.gone_later);
                         self.end_connections(port, gone, now);
                     }
                     Writes::Allowed => {
-                        let gone = std::mem::take(&mut self.gone_while_paused);
+                        let gone = std::mem::take(&mut self.gone_later);
                         self.end_connections(port, gone, now);
                         for (key, cause) in std::mem::take(&mut self.paused) {
                             self.pump(port, &key, now, cause, Origin::Background);

@@ -623,3 +623,53 @@ fn a_grant_its_owner_renewed_before_the_pop_stands_until_the_new_lease_end() {
     assert_eq!(pop(&mut s, &mut port, &t.name), Some(b"expired".to_vec()));
     assert!(s.is_idle());
 }
+
+/// One connection may own any number of tickets: its close ends them a turn at a time
+/// (`TICKETS_ENDED_PER_TURN`), the turns a pause check apart, so the server keeps answering
+/// (200,000 in one turn took half a second). The other connections' tickets stay queued.
+#[test]
+fn a_connection_owning_many_tickets_is_ended_a_bounded_batch_a_turn() {
+    const KEYS: usize = 10;
+    let cap = tickets::TICKETS_ENDED_PER_TURN;
+    let many = cap * 2 + cap / 2;
+    let mut port = FakePort::default();
+    let mut s = Scheduler::default();
+    let keys: Vec<LockKey> = (0..KEYS).map(|i| key(&format!("k{i}"))).collect();
+    for k in &keys {
+        hold(&mut port, k, "x", 600_000);
+    }
+    for i in 0..many {
+        ticket(
+            &mut s,
+            &mut port,
+            1,
+            &keys[i % KEYS],
+            &format!("w{i}"),
+            Wait::Forever,
+        );
+    }
+    let other = ticket(&mut s, &mut port, 2, &keys[0], "other", Wait::Forever);
+    assert_eq!(s.waiting(), many + 1);
+    let mut now = port.now;
+    s.clients_gone(&mut port, vec![1], now);
+    let mut ended = count_notes(&port, &Note::Cancelled);
+    assert_eq!(ended, cap, "the first turn ends a batch");
+    let mut turns = 1;
+    while s.waiting() > 1 {
+        now = s.next_deadline().expect("the rest is scheduled");
+        port.now = now;
+        s.timer_fired(&mut port, now);
+        let total = count_notes(&port, &Note::Cancelled);
+        assert!(
+            total - ended <= cap,
+            "{} ended in turn {turns}",
+            total - ended
+        );
+        ended = total;
+        turns += 1;
+        assert!(turns < 10, "the close never finished");
+    }
+    assert_eq!(ended, many);
+    assert_eq!(s.open_tickets(), 1);
+    assert_eq!(s.waiters_on(&keys[0]), 1, "{other:?} is still queued");
+}
