@@ -14,7 +14,8 @@ use lock_core::scheduler::{Cause, Change};
 use lock_core::signal::KeyGone;
 
 use crate::ffi::events::{self as ffi_events, KeyRemoved, ServerEvents};
-use crate::ffi::{bytes_of, now_ms, selected_db, with_db, Ctx, Key, RawString};
+use crate::ffi::{bytes_of, now_ms, selected_db, with_db, Ctx, Key, KeyKind, RawString};
+use crate::runtime::TicketGone;
 use crate::stats::{bump, STATS};
 use crate::{notify, runtime, store};
 
@@ -30,11 +31,11 @@ pub fn subscribe(ctx: Ctx) -> bool {
 impl ServerEvents for LockEvents {
     fn keyspace(ctx: Ctx, event: Option<&CStr>, key: RawString) {
         // The module's own keys (token counters, proclamations, tickets) are never locks. A
-        // ticket that goes (`del`: a pop took its last element, or a client deleted it) was
-        // delivered.
+        // ticket that goes (`del`) was delivered, where the server cannot tell a pop that took
+        // its last element from a client's `DEL` (Redis 7.0); elsewhere `key_removed` tells.
         if is_reserved_key(bytes_of(&key)) {
-            if event == Some(c"del") {
-                runtime::ticket_gone(ctx, bytes_of(&key));
+            if event == Some(c"del") && !runtime::reports_expiries() {
+                runtime::ticket_gone(ctx, bytes_of(&key), TicketGone::Popped);
             }
             return;
         }
@@ -63,6 +64,25 @@ impl ServerEvents for LockEvents {
     /// A key that leaves with its slot (`MIGRATE` in a cluster reshard) is not lost: its
     /// holders are told it moved.
     fn key_removed(ctx: Ctx, key: &Key, why: KeyRemoved) {
+        // A ticket (a list) going, still open here: emptied by a pop, its grant was delivered;
+        // still holding its element (`DEL`, `UNLINK`, `RENAME`, overwritten, evicted), it was
+        // taken away unpopped. One that expires reaches its lease end (the scheduler's own
+        // deadline looks at it).
+        if why != KeyRemoved::Expired
+            && key.kind() == KeyKind::List
+            && runtime::any_tickets()
+            && !store::deleting()
+        {
+            if let Some((name, db)) = key.name_and_db() {
+                let gone = if key.len() == 0 {
+                    TicketGone::Popped
+                } else {
+                    TicketGone::TakenAway
+                };
+                with_db(ctx, db, || runtime::ticket_gone(ctx, name.bytes(), gone));
+            }
+            return;
+        }
         let expired = why == KeyRemoved::Expired;
         let tell = !store::deleting() && notify::lost_enabled();
         if !expired && !tell {

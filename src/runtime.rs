@@ -401,15 +401,28 @@ pub fn any_tickets() -> bool {
     TICKETS.with(Cell::get)
 }
 
-/// A key of the module's namespace went (the `del` keyspace event): if it was a ticket, the
-/// grant written there was delivered (`Scheduler::ticket_popped`). Raised inside the command
-/// that popped it: nothing is written.
-pub fn ticket_gone(ctx: Ctx, name: &[u8]) {
+/// How a ticket key went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TicketGone {
+    /// A pop took its last element: the grant written there was delivered.
+    Popped,
+    /// It went still holding its element: a grant there was not delivered.
+    TakenAway,
+}
+
+/// A key of the module's namespace went: if it was a ticket, the grant written there was
+/// delivered (`Scheduler::ticket_popped`), or taken away unpopped and is looked at again
+/// (`Scheduler::ticket_taken_away`). Raised inside the command that removed it: nothing is
+/// written here.
+pub fn ticket_gone(ctx: Ctx, name: &[u8], gone: TicketGone) {
     if !any_tickets() {
         return;
     }
     if let Some(ticket) = TicketName::parse(name, ffi::selected_db(ctx)) {
-        with_scheduler(ctx, |s, _| s.ticket_popped(ticket));
+        with_scheduler(ctx, |s, _| match gone {
+            TicketGone::Popped => s.ticket_popped(ticket),
+            TicketGone::TakenAway => s.ticket_taken_away(ticket, now_ms()),
+        });
     }
 }
 

@@ -582,8 +582,7 @@ pub fn push_ticket(ctx: Ctx, name: &[u8], value: &[u8], expires_at: u64) {
     let name = OwnedString::new(name);
     let key = Key::open(ctx, name.as_ptr());
     if key.kind() != KeyKind::Missing {
-        key.delete();
-        replicate::strings(ctx, c"DEL", &[name.as_ptr()]);
+        delete(ctx, &key, name.as_ptr());
     }
     let value = OwnedString::new(value);
     if !key.list_push_head(value.as_ptr()) {
@@ -606,9 +605,7 @@ pub fn take_ticket(ctx: Ctx, name: &[u8]) -> Option<Vec<u8>> {
         KeyKind::List => key.list_pop_head().map(|v| v.bytes().to_vec()),
         _ => None,
     };
-    key.delete();
-    drop(key);
-    replicate::strings(ctx, c"DEL", &[name.as_ptr()]);
+    delete(ctx, &key, name.as_ptr());
     value
 }
 
@@ -639,13 +636,13 @@ pub fn delete(ctx: Ctx, key: &Key, key_name: RawString) {
 }
 
 thread_local! {
-    /// Set while the module deletes a lock key itself (a release, a force release, the last hold
-    /// of a key ending): the key server event it raises is the module's own, whose holders the
-    /// command or the scheduler tells themselves.
+    /// Set while the module deletes a key itself (a release, a force release, the last hold of a
+    /// key ending; a ticket it answers again or takes): the key server event it raises is the
+    /// module's own, whose holders the command or the scheduler tells themselves.
     static DELETING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether the module is deleting a lock key right now (see [`delete`]).
+/// Whether the module is deleting a key right now (see [`delete`]).
 pub fn deleting() -> bool {
     DELETING.with(std::cell::Cell::get)
 }

@@ -900,3 +900,76 @@ fn a_grant_flushed_before_its_pop_is_answered() {
         "nothing is ever written into the flushed grant's ticket: a pop with no timeout blocks for ever"
     );
 }
+
+/// A client writes into a ticket holding a grant nobody popped (the namespace is reserved,
+/// but a plain `LPUSH` can reach it): `LOCK.CANCEL` still hands over the grant the module
+/// wrote, never the digits the client pushed, and nothing once the grant's hold is gone.
+/// Before, it handed over whatever the ticket's head held.
+#[test]
+fn a_cancel_hands_over_the_grant_written_never_what_a_client_wrote_into_the_ticket() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut asker = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    let t = ticket(&mut asker, "LOCK.ACQUIRE k late 60000 WAIT 0 TICKET");
+    release(&mut con, "k", "holder").unwrap();
+    let granted: i64 = peek(&mut con, &t)[0].parse().unwrap();
+    let _: () = redis::cmd("LPUSH")
+        .arg(&t)
+        .arg(999)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(cancel(&mut con, &t), Value::Int(granted));
+    assert_eq!(owner_of(&mut con, "k"), Some(("late".into(), granted)));
+    assert!(!exists(&mut con, &t));
+
+    // Its hold released by its owner's name before the cancel: nothing to hand over.
+    let t = ticket(&mut asker, "LOCK.ACQUIRE k later 60000 WAIT 0 TICKET");
+    release(&mut con, "k", "late").unwrap();
+    assert!(peek(&mut con, &t)[0].parse::<i64>().is_ok());
+    release(&mut con, "k", "later").unwrap();
+    assert_eq!(cancel(&mut con, &t), Value::Nil);
+    assert!(!exists(&mut con, &t));
+}
+
+/// A ticket holding a grant nobody popped is deleted (`DEL`, or `RENAME`d away): the grant was
+/// not delivered, so the module writes it into the ticket again while its hold lives, and the
+/// waiter popping it gets it. Before, the `del` counted as the pop: the waiter never learnt of
+/// its grant, which held the key for its whole lease. Only a server that reports a key's
+/// removal with the key still open (Redis >= 7.2, Valkey) tells a `DEL` from a pop; on Redis
+/// 7.0 the grant is answered at its lease end (docs/commands.md).
+#[test]
+fn a_ticket_deleted_before_its_grant_was_popped_is_written_again() {
+    let info = server_info();
+    if !(info.kind == ServerKind::Valkey || info.version >= (7, 2, 0)) {
+        eprintln!("Redis 7.0 cannot tell a DEL of a ticket from its pop: nothing to check here");
+        return;
+    }
+    let server = Server::start();
+    let mut con = server.connect();
+    let mut asker = server.connect();
+    acquire(&mut con, "k", "holder", 60_000).unwrap();
+    for how in ["DEL", "UNLINK", "RENAME"] {
+        let t = ticket(&mut asker, "LOCK.ACQUIRE k waiter 60000 WAIT 0 TICKET");
+        release(&mut con, "k", "holder").unwrap();
+        let granted: i64 = peek(&mut con, &t)[0].parse().unwrap();
+        let mut cmd = redis::cmd(how);
+        cmd.arg(&t);
+        if how == "RENAME" {
+            cmd.arg("elsewhere");
+        }
+        let _: () = cmd.query(&mut con).unwrap();
+        assert!(
+            eventually(SOON, || peek(&mut con, &t) == vec![granted.to_string()]),
+            "{how}: the grant was not written again"
+        );
+        assert_eq!(pop(&mut asker, &t, 1.0), Some(granted.to_string()), "{how}");
+        assert_eq!(owner_of(&mut con, "k"), Some(("waiter".into(), granted)));
+        // Popped: nothing is written again.
+        thread::sleep(Duration::from_millis(100));
+        assert!(!exists(&mut con, &t), "{how}");
+        release(&mut con, "k", "waiter").unwrap();
+        acquire(&mut con, "k", "holder", 60_000).unwrap();
+    }
+    let _: () = redis::cmd("DEL").arg("elsewhere").query(&mut con).unwrap();
+}

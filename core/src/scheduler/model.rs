@@ -585,7 +585,7 @@ proptest! {
                         let present = port.ticket_unpopped(&t.name) && !lapsed(&port, &t.name);
                         let want = match &seen {
                             Seen::Queued => Cancelled::Left,
-                            Seen::Answered { value: TicketValue::Granted(tokens), written } if !written || present => {
+                            Seen::Answered { value: TicketValue::Granted(tokens), written } if !written || (present && port.tokens_held(tokens)) => {
                                 Cancelled::Handed(tokens.clone())
                             }
                             _ => Cancelled::Nothing,

@@ -553,7 +553,7 @@ proptest! {
                         let present = port.ticket_unpopped(&t.name) && !lapsed(&port, &t.name);
                         let want = match &seen {
                             TicketSeen::Queued => Cancelled::Left,
-                            TicketSeen::Answered { value: TicketValue::Granted(tokens), written } if !written || present => {
+                            TicketSeen::Answered { value: TicketValue::Granted(tokens), written } if !written || (present && port.tokens_held(tokens)) => {
                                 Cancelled::Handed(tokens.clone())
                             }
                             _ => Cancelled::Nothing,

@@ -83,6 +83,18 @@ impl Default for FakePort {
 }
 
 impl FakePort {
+    /// Whether every token is a live hold's, in whatever key (tokens never repeat in the fake:
+    /// one counter): a cancelled grant is handed over only then.
+    pub fn tokens_held(&self, tokens: &[u64]) -> bool {
+        tokens.iter().all(|t| {
+            self.keys.values().any(|l| {
+                l.holds
+                    .iter()
+                    .any(|h| h.token == Some(*t) && !h.ended(self.now))
+            })
+        })
+    }
+
     /// The key's lock as Redis keeps it: gone once its expiry (the last lease end) passed, as
     /// a write lookup leaves it (while writes are paused nothing is removed, as in Redis); a
     /// hold of several whose own lease ended stays stored until a write removes it. None when

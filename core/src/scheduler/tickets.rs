@@ -300,6 +300,19 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
         }
     }
 
+    /// A ticket key holding a grant nobody popped was taken away (`DEL`, `UNLINK`, `RENAME`,
+    /// overwritten or evicted: the server reports the key still holding its element): the grant
+    /// was not delivered. It is looked at as a grant that reached its lease end, at once
+    /// ([`Scheduler::grant_lapsed`]): while its holds live it is written into the ticket again
+    /// (the client popping it gets it), else the ticket is answered `expired` and the key goes
+    /// to the next waiter. Never a hold nobody gets.
+    pub fn ticket_taken_away(&mut self, name: TicketName, now: UnixMs) {
+        if let Some(pushed) = self.tickets.pushed.get_mut(&name) {
+            self.deadlines.remove(pushed.expiry);
+            pushed.expiry = self.deadlines.insert(now, Due::GrantLapsed(name));
+        }
+    }
+
     /// `FLUSHDB` (Some) or `FLUSHALL` (None): the grants written into tickets there are gone
     /// with their holds (no `del` event tells of each key). Each is looked at as a grant that
     /// reached its lease end, at once ([`Scheduler::grant_lapsed`]): its ticket is answered
@@ -417,16 +430,24 @@ impl<H: Copy + Eq + Hash> Scheduler<H> {
                 _ => Cancelled::Nothing,
             };
         }
+        let taken = port.take_ticket(&name);
+        // A grant this process wrote is handed over as it was written, while its holds live,
+        // whatever the ticket holds now (a client may write into it): never a token of
+        // nobody's hold.
         if let Some(pushed) = self.tickets.pushed.remove(&name) {
             self.deadlines.remove(pushed.expiry);
             self.tickets.close(&name, pushed.client);
+            if self.grant_held_until(port, &pushed.grants, now).is_some() {
+                port.note(Note::TicketTaken);
+                return Cancelled::Handed(pushed.grants.iter().map(|g| g.token).collect());
+            }
+            self.pass_on(port, &pushed.grants, now);
+            return Cancelled::Nothing;
         }
-        // Whatever the ticket still holds, even one this process did not write (a restart).
-        match port
-            .take_ticket(&name)
-            .and_then(|v| TicketValue::decode(&v))
-        {
-            Some(TicketValue::Granted(tokens)) => {
+        // One this process did not write (a restart, a failover): what the ticket holds, in
+        // the ticket's own shape (one token, or one a key).
+        match taken.and_then(|v| TicketValue::decode(&v)) {
+            Some(TicketValue::Granted(tokens)) if name.shape != Shape::One || tokens.len() == 1 => {
                 port.note(Note::TicketTaken);
                 Cancelled::Handed(tokens)
             }
