@@ -298,6 +298,10 @@ fn bad_input_gets_redis_style_errors_and_changes_nothing() {
         ),
         (
             vec![b"LOCK.RELEASE", b"held", b"a", b"x"],
+            "ERR syntax error",
+        ),
+        (
+            vec![b"LOCK.RELEASE", b"held", b"a", b"TOKEN", b"1", b"x"],
             "ERR wrong number of arguments for 'lock.release' command",
         ),
         (
@@ -484,4 +488,38 @@ fn the_token_counter_holds_a_reserved_bound_written_once_per_window() {
     let _: () = con.set(&counter, bound + 5).unwrap();
     let token = acquire(&mut con, "k", "b", 5_000).unwrap();
     assert!(token > bound + 5, "{token} after a bound of {}", bound + 5);
+}
+
+/// `LOCK.RELEASE key owner TOKEN t` releases only the owner's hold under that token: safe to
+/// send again after a lost reply or a failover, since a later hold of the same owner (another
+/// token) is never the one it counts down.
+#[test]
+fn a_release_with_a_token_takes_only_the_hold_under_that_token() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let first = acquire(&mut con, "k", "o", 60_000).unwrap();
+    let release_token = |con: &mut Connection, token: i64| -> Option<i64> {
+        redis::cmd("LOCK.RELEASE")
+            .arg("k")
+            .arg("o")
+            .arg("TOKEN")
+            .arg(token)
+            .query(con)
+            .unwrap()
+    };
+    assert_eq!(release_token(&mut con, first), Some(0));
+    let second = acquire(&mut con, "k", "o", 60_000).unwrap();
+    assert!(second > first);
+    // The first hold's release sent again: nothing happens to the second.
+    assert_eq!(release_token(&mut con, first), None);
+    assert_eq!(
+        lock_info(&mut con, "k").map(|i| info_int(&i, "token")),
+        Some(second)
+    );
+    assert_eq!(release_token(&mut con, second), Some(0));
+    assert!(lock_info(&mut con, "k").is_none());
+    let bad = error_of(&mut con, &[b"LOCK.RELEASE", b"k", b"o", b"TOKEN", b"x"]);
+    assert_eq!(bad, "ERR value is not an integer or out of range");
+    let bad = error_of(&mut con, &[b"LOCK.RELEASE", b"k", b"o", b"TOKENS", b"1"]);
+    assert_eq!(bad, "ERR syntax error");
 }

@@ -60,6 +60,15 @@ pub struct OwnerRequest<'a> {
     pub owner: &'a [u8],
 }
 
+/// `LOCK.RELEASE key owner [TOKEN token]`: with `TOKEN`, only the owner's hold under that
+/// token is counted down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseRequest<'a> {
+    pub key: &'a [u8],
+    pub owner: &'a [u8],
+    pub token: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenewRequest<'a> {
     pub key: &'a [u8],
@@ -409,12 +418,20 @@ fn acquire_options(args: &mut ArgCursor<'_>) -> Result<AcquireOptions, LockError
 }
 
 /// `LOCK.RELEASE key owner`
-pub fn parse_release<'a>(argv: &'a [&'a [u8]]) -> Result<OwnerRequest<'a>, LockError> {
-    let mut args = ArgCursor::new(argv, 2, 2)?;
+pub fn parse_release<'a>(argv: &'a [&'a [u8]]) -> Result<ReleaseRequest<'a>, LockError> {
+    let mut args = ArgCursor::new(argv, 2, 4)?;
     let key = args.key()?;
     let owner = args.owner()?;
+    let token = match args.option() {
+        None => None,
+        Some(option) if option.eq_ignore_ascii_case(b"TOKEN") => {
+            let token = args.integer()?;
+            Some(u64::try_from(token).map_err(|_| LockError::NotAnInteger)?)
+        }
+        Some(_) => return Err(LockError::Syntax),
+    };
     args.finish()?;
-    Ok(OwnerRequest { key, owner })
+    Ok(ReleaseRequest { key, owner, token })
 }
 
 /// `LOCK.RENEW key owner lease-ms`
@@ -764,6 +781,30 @@ mod tests {
     fn owner_equal_to_the_fence_field_is_refused() {
         let refs: Vec<&[u8]> = vec![b"LOCK.RELEASE", b"k", crate::layout::FENCE_FIELD];
         assert_eq!(parse_release(&refs), Err(LockError::ReservedOwner));
+    }
+
+    #[test]
+    fn release_takes_an_optional_token() {
+        let parse = |line: &str| {
+            let words: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            parse_release(&words).map(|r| r.token)
+        };
+        assert_eq!(parse("LOCK.RELEASE k o"), Ok(None));
+        assert_eq!(parse("LOCK.RELEASE k o TOKEN 17"), Ok(Some(17)));
+        assert_eq!(parse("LOCK.RELEASE k o token 17"), Ok(Some(17)));
+        assert_eq!(
+            parse("LOCK.RELEASE k o TOKEN -1"),
+            Err(LockError::NotAnInteger)
+        );
+        assert_eq!(
+            parse("LOCK.RELEASE k o TOKEN x"),
+            Err(LockError::NotAnInteger)
+        );
+        assert_eq!(parse("LOCK.RELEASE k o FOO 1"), Err(LockError::Syntax));
+        assert!(matches!(
+            parse("LOCK.RELEASE k o TOKEN"),
+            Err(LockError::WrongArity(_))
+        ));
     }
 
     #[test]

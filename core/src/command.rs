@@ -446,8 +446,8 @@ fn busy(
 
 /// `LOCK.RELEASE`: one re-entry of the owner's hold less (its exclusive hold first); replies
 /// with the owner's remaining re-entries on the key, nil when it holds nothing.
-pub fn release(live: &Live, owner: &[u8]) -> Result<Outcome, LockError> {
-    let Some((new, remaining)) = hold::release(live.lock(), owner) else {
+pub fn release(live: &Live, owner: &[u8], token: Option<u64>) -> Result<Outcome, LockError> {
+    let Some((new, remaining)) = hold::release(live.lock(), owner, token) else {
         return Ok(Outcome::counted(Reply::Null, &[Counter::ReleaseNotOwner]));
     };
     // The owner's hold this release ended (counted down to zero), if any: one release changes

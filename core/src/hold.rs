@@ -852,10 +852,17 @@ pub fn apply(lock: &Lock, owner: &[u8], mode: Mode, granted: &Granted, token: u6
 
 /// What a release does: the lock after it, and the owner's remaining re-entries; None when the
 /// owner holds nothing. The exclusive hold counts down first (write → read downgrade order).
-pub fn release(lock: &Lock, owner: &[u8]) -> Option<(Lock, u64)> {
-    let i = [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit]
-        .into_iter()
-        .find_map(|kind| lock.find(owner, kind))?;
+pub fn release(lock: &Lock, owner: &[u8], token: Option<u64>) -> Option<(Lock, u64)> {
+    let i = match token {
+        None => [HoldKind::Exclusive, HoldKind::Shared, HoldKind::Permit]
+            .into_iter()
+            .find_map(|kind| lock.find(owner, kind))?,
+        // Tokens are unique per key: the one hold of the owner under it, whatever its kind.
+        Some(token) => lock
+            .holds
+            .iter()
+            .position(|h| h.owner == owner && h.token == Some(token))?,
+    };
     if let [only] = lock.holds.as_slice() {
         if only.count == 1 {
             // The last hold goes (the common release): nothing to copy.

@@ -243,7 +243,7 @@ proptest! {
                 prop_assert!(mine && count == MAX_STORED_INTEGER);
             }
         }
-        let released = command::release(&live, b"me").expect("release never fails");
+        let released = command::release(&live, b"me", None).expect("release never fails");
         if mine {
             prop_assert_eq!(released.reply, Reply::Integer(count - 1));
             let left = released.write.expect("a release writes");

@@ -294,7 +294,7 @@ fn run_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     let (targets, lives) = read_all(ctx, args, &request.keys, OwnLease::Replaced, now_ms())?;
     let outcomes = lives
         .iter()
-        .map(|live| command::release(live, request.owner))
+        .map(|live| command::release(live, request.owner, None))
         .collect::<Result<Vec<_>, _>>()?;
     let replies = carry_out_all(ctx, targets, &lives, outcomes)?;
     reply_all(ctx, &replies);

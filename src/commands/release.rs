@@ -10,7 +10,7 @@ use redis_module::raw;
 
 use super::outcome::{self, Target};
 use super::{KEY, OWNER};
-use crate::ffi::command_info::CommandSpec;
+use crate::ffi::command_info::{ArgDoc, ArgKind, CommandSpec};
 use crate::ffi::{self, now_ms, Args, Ctx, RawString};
 use crate::guard;
 use crate::store::OwnLease;
@@ -20,13 +20,22 @@ pub const SPEC: CommandSpec = CommandSpec {
     handler: release,
     flags: c"write fast",
     summary:
-        c"Releases one re-entry of a lock; at zero the lock is freed or handed to the next waiter.",
+        c"Releases one re-entry of a lock (with TOKEN, only of the owner's hold under that token); at zero the lock is freed or handed to the next waiter.",
     complexity: c"O(1)",
-    arity: 3,
+    arity: -3,
     key_flags: raw::REDISMODULE_CMD_KEY_RW
         | raw::REDISMODULE_CMD_KEY_ACCESS
         | raw::REDISMODULE_CMD_KEY_DELETE,
-    args: &[KEY, OWNER],
+    args: &[
+        KEY,
+        OWNER,
+        ArgDoc {
+            name: c"token",
+            kind: ArgKind::Tokened(c"TOKEN"),
+            optional: true,
+            summary: c"Release only the owner's hold under this fencing token (nil if it has none): safe to send again after a failover or a lost reply.",
+        },
+    ],
 };
 
 pub const FORCE_SPEC: CommandSpec = CommandSpec {
@@ -57,7 +66,7 @@ fn run_release(ctx: Ctx, args: &Args<'_>) -> Result<(), LockError> {
     super::refuse_while_paused()?;
     let target = Target::open(ctx, args, request.key, Some(OwnLease::Replaced));
     let live = target.read(now_ms())?;
-    let outcome = command::release(&live, request.owner)?;
+    let outcome = command::release(&live, request.owner, request.token)?;
     outcome::carry_out(ctx, target, &live, outcome).map(drop)
 }
 

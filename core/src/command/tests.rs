@@ -414,7 +414,7 @@ fn release_outcomes() {
         ),
     ];
     for (live, owner, reply, freed, unbind, expected_counters) in cases {
-        let outcome = release(&live, owner.as_bytes()).unwrap();
+        let outcome = release(&live, owner.as_bytes(), None).unwrap();
         assert_eq!(outcome.reply, reply, "{live:?} {owner}");
         assert_eq!(outcome.freed, freed);
         assert_eq!(outcome.unbind.tokens(), unbind.as_slice());

@@ -1393,14 +1393,14 @@ fn release_counts_the_exclusive_hold_down_before_the_shared_one() {
         (0, vec![]),
     ];
     for (remaining, holds) in steps {
-        let (after, left) = release(&lock, b"a").expect("a holds the key");
+        let (after, left) = release(&lock, b"a", None).expect("a holds the key");
         assert_eq!(
             (left, after.holds.as_slice()),
             (remaining, holds.as_slice())
         );
         lock = after;
     }
-    assert_eq!(release(&lock, b"a"), None, "a holds nothing any more");
+    assert_eq!(release(&lock, b"a", None), None, "a holds nothing any more");
 }
 
 #[test]
@@ -1428,7 +1428,61 @@ fn release_answers_the_owners_remaining_reentries_on_the_key() {
         ("a free key", Lock::free(), "a", None),
     ];
     for (case, lock, owner, want) in cases {
-        assert_eq!(release(&lock, owner.as_bytes()), want, "{case}");
+        assert_eq!(release(&lock, owner.as_bytes(), None), want, "{case}");
+    }
+}
+
+#[test]
+fn a_release_with_a_token_counts_down_only_the_owners_hold_under_it() {
+    // a holds the key exclusively (token 5) and SHARED (token 6); b SHARED (token 7).
+    let both = rw(vec![
+        hold("a", HoldKind::Exclusive, 1, END, 5),
+        hold("a", HoldKind::Shared, 1, END, 6),
+        hold("b", HoldKind::Shared, 1, END, 7),
+    ]);
+    let cases = [
+        (
+            "the shared hold by its token, though a plain release takes the exclusive first",
+            both.clone(),
+            "a",
+            6,
+            Some((
+                rw(vec![
+                    hold("a", HoldKind::Exclusive, 1, END, 5),
+                    hold("b", HoldKind::Shared, 1, END, 7),
+                ]),
+                1,
+            )),
+        ),
+        (
+            "the exclusive hold by its token",
+            both.clone(),
+            "a",
+            5,
+            Some((
+                rw(vec![
+                    hold("a", HoldKind::Shared, 1, END, 6),
+                    hold("b", HoldKind::Shared, 1, END, 7),
+                ]),
+                1,
+            )),
+        ),
+        ("another owner's token", both.clone(), "a", 7, None),
+        ("a token the owner no longer holds", both, "a", 4, None),
+        (
+            "a re-entered hold counts down",
+            held_exclusively(2),
+            "a",
+            held_exclusively(2).holds[0].token.unwrap_or_default(),
+            Some((held_exclusively(1), 1)),
+        ),
+    ];
+    for (case, lock, owner, token, want) in cases {
+        assert_eq!(
+            release(&lock, owner.as_bytes(), Some(token)),
+            want,
+            "{case}"
+        );
     }
 }
 

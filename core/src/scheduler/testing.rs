@@ -552,7 +552,7 @@ pub fn release_owner(s: &mut Scheduler<u32>, port: &mut FakePort, key: &LockKey,
     let Some(lock) = port.lock(key).cloned() else {
         return;
     };
-    let Some((new, _)) = hold::release(&lock, owner) else {
+    let Some((new, _)) = hold::release(&lock, owner, None) else {
         return;
     };
     let free = new.holds.is_empty();
