@@ -18,7 +18,7 @@ use crate::basics::millis;
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
-use crate::lost::{wait_lost, LostReason, LostWatch, Status};
+use crate::lost::{wait_lost, Look, LostReason, LostWatch, Status};
 use crate::machine::{
     Actions, Answer, Binding, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms,
     Wake,
@@ -81,6 +81,13 @@ pub(crate) struct NewHold {
     pub(crate) release: Arc<Cmd>,
     pub(crate) keeper: Arc<Keeper>,
     pub(crate) signals: Option<Arc<SignalHub>>,
+}
+
+impl Look for Hold {
+    /// Steps the machine to now: past its deadline, the hold is lost at once.
+    fn look(self: Arc<Self>) {
+        self.status();
+    }
 }
 
 impl Hold {
@@ -164,15 +171,21 @@ impl Hold {
     }
 
     /// The application's view.
-    pub(crate) fn status(&self) -> Status {
+    /// The status, never stale: a hold past its local deadline is lost the moment anyone looks,
+    /// before the keeper's own wake-up runs (a process paused past its lease reads `lost` first
+    /// thing when it resumes).
+    pub(crate) fn status(self: &Arc<Self>) -> Status {
+        self.step(Event::Tick {
+            now: Instant::now(),
+        });
         self.inner().machine.status()
     }
 
-    pub(crate) fn is_active(&self) -> bool {
+    pub(crate) fn is_active(self: &Arc<Self>) -> bool {
         self.status() == Status::Active
     }
 
-    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+    pub(crate) fn lost_reason(self: &Arc<Self>) -> Option<LostReason> {
         match self.status() {
             Status::Lost(reason) => Some(reason),
             _ => None,
@@ -192,8 +205,9 @@ impl Hold {
         wait_lost(self.channel().subscribe())
     }
 
-    pub(crate) fn watch(&self) -> LostWatch {
-        LostWatch::new(self.channel().subscribe())
+    pub(crate) fn watch(self: &Arc<Self>) -> LostWatch {
+        let me: Arc<dyn Look> = self.clone();
+        LostWatch::new(self.channel().subscribe(), Arc::downgrade(&me))
     }
 
     /// The first key: the one commands are routed by (all keys of a hold share a slot).
@@ -246,10 +260,7 @@ impl Hold {
         let (Some(key), Some(token)) = (self.keys.get(index), self.tokens.get(index)) else {
             return Err(LockError::InvalidArgument("not a key of this hold"));
         };
-        // Time passing may have ended it (no renewal confirmed for a lease).
-        self.step(Event::Tick {
-            now: Instant::now(),
-        });
+        // Time passing may have ended it (no renewal confirmed for a lease): `status` looks.
         match self.status() {
             Status::Active => {}
             Status::Lost(reason) => return Err(LockError::NotHeld { lost: Some(reason) }),

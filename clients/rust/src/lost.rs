@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::{Arc, Weak};
 
 use tokio::sync::watch;
 
@@ -96,15 +97,28 @@ impl fmt::Display for LostReason {
 #[derive(Debug, Clone)]
 pub struct LostWatch {
     rx: watch::Receiver<Status>,
+    /// The hold, to look at its deadline before answering (not kept alive by the watch).
+    hold: Weak<dyn Look>,
+}
+
+/// A hold that can be asked to look at its local deadline now (so that a status read right
+/// after a pause is not stale).
+pub(crate) trait Look: Send + Sync {
+    fn look(self: Arc<Self>);
 }
 
 impl LostWatch {
-    pub(crate) fn new(rx: watch::Receiver<Status>) -> LostWatch {
-        LostWatch { rx }
+    pub(crate) fn new(rx: watch::Receiver<Status>, hold: Weak<dyn Look>) -> LostWatch {
+        LostWatch { rx, hold }
     }
 
-    /// `Some(reason)` once the hold is known to be lost.
+    /// `Some(reason)` once the hold is known to be lost. A hold past its local deadline (no
+    /// renewal confirmed for a lease) is lost from that instant, also when nothing has run since
+    /// (a process paused past its lease reads this first thing when it resumes).
     pub fn reason(&self) -> Option<LostReason> {
+        if let Some(hold) = self.hold.upgrade() {
+            hold.look();
+        }
         match *self.rx.borrow() {
             Status::Lost(r) => Some(r),
             _ => None,

@@ -389,3 +389,35 @@ async fn an_ephemeral_hold_whose_renewal_times_out_on_a_live_connection_is_not_r
     assert!(server_holds(&mut raw, "bound", &owner, token).await);
     assert_eq!(guard.release().await.unwrap(), Release::Released);
 }
+
+/// A process paused past its lease (SIGSTOP, a long GC, a blocked runtime thread) reads its
+/// guard first thing when it resumes, before the watchdog's wake-up has run: the guard says
+/// lost at once (the local deadline passed), and so does a `LostWatch`. Before, it said held
+/// until the keeper's next turn (seen in 1 of 4 runs as a user; deterministic here: the one
+/// runtime thread is blocked, so nothing else runs between the resume and the read).
+#[test]
+fn a_guard_read_right_after_a_pause_past_its_lease_says_lost_at_once() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = Server::start();
+        let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
+            .build()
+            .await
+            .unwrap();
+        let guard = client
+            .lock("paused")
+            .lease(Duration::from_millis(300))
+            .acquire()
+            .await
+            .unwrap();
+        let watch = guard.watch();
+        assert_eq!(guard.lost_reason(), None);
+        // The runtime's only thread stops for more than the lease: no renewal, no wake-up.
+        std::thread::sleep(Duration::from_millis(900));
+        assert_eq!(watch.reason(), Some(LostReason::Unreachable));
+        assert_eq!(guard.lost_reason(), Some(LostReason::Unreachable));
+    });
+}
