@@ -226,3 +226,22 @@ def test_a_fenced_command_in_flight_when_a_lost_ephemeral_holds_connection_close
             other.join()
             raw.delete(key + ":big")
         assert guard.lost_reason is LostReason.FORCE_RELEASED
+
+
+@pytest.mark.scenario("lost-unreachable")
+def test_async_a_guard_read_right_after_a_pause_past_its_lease_says_lost_at_once(server, key):
+    # A process paused past its lease (SIGSTOP, a long GC, a blocked event loop) reads its
+    # guard first thing when it resumes, before the watchdog's task has run: `lost` is set and
+    # `lost_reason` says why at once, and a fenced command sends nothing. Before, the flag was
+    # still unset (seen in 1 of 4 runs as a user; deterministic here: the loop is blocked, so
+    # nothing else runs between the resume and the read).
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            guard = await client.lock(key, lease=0.3).acquire()
+            assert guard.lost_reason is None
+            time.sleep(0.9)  # the event loop stops for three leases
+            assert guard.lost.is_set()
+            assert guard.lost_reason is LostReason.UNREACHABLE
+            with pytest.raises(NotHeld):
+                await guard.execute("SET", "{" + key + "}:data", "stale")
+    asyncio.run(main())

@@ -294,9 +294,10 @@ class Hold:
         args = guard(key, self.owner, token, command)
         later = 0
         while True:
-            with self._lock:
-                active, reason = self._machine.active, self._machine.reason
-            if not active:
+            # Time passing may have ended it (no renewal confirmed for a lease).
+            if self.past_deadline():
+                with self._lock:
+                    reason = self._machine.reason
                 raise NotHeld(reason)
             try:
                 return await self.send(args)

@@ -624,11 +624,15 @@ class _Guard:
     def lost(self) -> Event:
         """Set when the hold is lost (never after a release): an ``asyncio.Event`` in the
         asyncio library (``guard.lost.wait()``), a ``threading.Event`` in the sync one
-        (``guard.lost.wait(timeout)``)."""
+        (``guard.lost.wait(timeout)``). Never stale: reading it looks at the local deadline
+        first, so a process paused past its lease sees it set the instant it resumes."""
+        self._hold.past_deadline()
         return self._hold.lost_event
 
     @property
     def lost_reason(self) -> Optional[LostReason]:
+        """Why the hold was lost (None while held or after a release); never stale, as ``lost``."""
+        self._hold.past_deadline()
         return self._hold.reason
 
     def _fenced(self, key: bytes, token: int, command: tuple[Arg, ...]) -> Any:
