@@ -1,8 +1,10 @@
 //! The README's install forms and quick start, as a user's project of its own would use them:
 //! a project outside this repository that depends on the crate by a path relative to itself
-//! (and, with the network, by the repository's git URL), with `redis = "1.8"` beside it, and
+//! (and, ignored by default, by the repository's git URL), with `redis = "1.8"` beside it, and
 //! whose `main.rs` is the README's quick start (and its fenced-writes and Sentinel blocks), word
-//! for word.
+//! for word. The project starts from the workspace's Cargo.lock and resolves and fetches the
+//! rest from the registry (crates.io), as a new user's build does: nothing is `--offline`, so
+//! it passes with an empty cargo cache (`CARGO_HOME=$(mktemp -d)`) too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,6 +61,15 @@ impl Project {
         );
         std::fs::write(base.join("app/Cargo.toml"), manifest).unwrap();
         std::fs::write(base.join("app/src/main.rs"), main).unwrap();
+        // The workspace's lock file: what the project shares with the workspace (the library's
+        // redis, tokio, ...) resolves to the versions the workspace tests, already fetched;
+        // what it adds (the user's `redis = "1.8"` with its default features) is resolved and
+        // fetched from the registry as a new user's build does.
+        std::fs::copy(
+            workspace_root().join("Cargo.lock"),
+            base.join("app/Cargo.lock"),
+        )
+        .expect("copy the workspace's Cargo.lock");
         Project {
             dir: base.join("app"),
         }
@@ -84,12 +95,8 @@ impl Project {
     }
 
     /// The resolved packages, as `name version`.
-    fn packages(&self, offline: bool) -> Vec<String> {
-        let mut args = vec!["metadata", "--format-version", "1"];
-        if offline {
-            args.push("--offline");
-        }
-        let json = self.cargo(&args);
+    fn packages(&self) -> Vec<String> {
+        let json = self.cargo(&["metadata", "--format-version", "1"]);
         // `"name":"x","version":"y"` pairs of the packages list, without a JSON parser.
         json.split("{\"name\":\"")
             .skip(1)
@@ -135,7 +142,7 @@ fn the_readme_blocks_build_in_a_project_that_takes_the_crate_by_a_relative_path(
         readme_block("## Sentinel and replicas")
     );
     let project = Project::new("path", &dependency, &main);
-    let packages = project.packages(true);
+    let packages = project.packages();
     let version = format!("redis-lock-client {}", env!("CARGO_PKG_VERSION"));
     assert!(packages.contains(&version), "{packages:?}");
     // The user's `redis = "1.8"` is the library's redis: one `redis::Client` type.
@@ -144,7 +151,7 @@ fn the_readme_blocks_build_in_a_project_that_takes_the_crate_by_a_relative_path(
         .filter(|p| p.starts_with("redis 1."))
         .collect();
     assert_eq!(redis.len(), 1, "{packages:?}");
-    project.cargo(&["check", "--offline", "--quiet"]);
+    project.cargo(&["check", "--quiet"]);
 }
 
 #[test]
@@ -169,7 +176,7 @@ fn the_readme_git_form_resolves_from_a_project_of_its_own() {
         repo.display()
     );
     let project = Project::new("git", &dependency, "fn main() {}\n");
-    let packages = project.packages(false);
+    let packages = project.packages();
     assert!(
         packages.iter().any(|p| p.starts_with("redis-lock-client ")),
         "{packages:?}"
