@@ -28,9 +28,10 @@ fn master() -> Server {
     ])
 }
 
-/// A replica of `master` on `repl-diskless-load <load>`, once its first sync is done. It
-/// answers clients after every KiB it loads (`loading-process-events-interval-bytes`), so that
-/// a test sees it serve during a sync of little data. `extra`: more server arguments.
+/// A replica of `master` on `repl-diskless-load <load>`, once its first sync is done and the
+/// master counts it in `WAIT` (`Server::wait_replicas_acknowledge`). It answers clients after
+/// every KiB it loads (`loading-process-events-interval-bytes`), so that a test sees it serve
+/// during a sync of little data. `extra`: more server arguments.
 fn replica(master: &Server, load: &str, extra: &[&str]) -> Server {
     let port = master.port.to_string();
     let mut args = vec![
@@ -50,6 +51,7 @@ fn replica(master: &Server, load: &str, extra: &[&str]) -> Server {
         "the replica did not sync; log:\n{}",
         replica.log()
     );
+    master.wait_replicas_acknowledge(master.connected_replicas());
     replica
 }
 

@@ -94,7 +94,8 @@ impl Cluster {
     }
 
     /// A new node, with the module, added as a replica of `master` (`redis-cli --cluster
-    /// add-node --cluster-slave`), returned once it is in sync. (Review helper.)
+    /// add-node --cluster-slave`), returned once it is in sync and `master` counts it in `WAIT`
+    /// ([`Server::wait_replicas_acknowledge`]). (Review helper.)
     pub fn add_replica(&self, master: &Server) -> Server {
         let replica = Server::start_on_free(cluster_port(), &node_options());
         let out = Command::new(cli_bin())
@@ -123,6 +124,7 @@ impl Cluster {
             }),
             "the replica did not sync"
         );
+        master.wait_replicas_acknowledge(master.connected_replicas());
         replica
     }
 

@@ -292,8 +292,8 @@ impl Server {
         server
     }
 
-    /// A replica of `master`, with the module loaded, once its link is up and the initial sync
-    /// is done.
+    /// A replica of `master`, with the module loaded, once its link is up, the initial sync is
+    /// done and `master` counts it in `WAIT` ([`Server::wait_replicas_acknowledge`]).
     pub fn replica_of(master: &Server) -> Server {
         Server::replica_of_with(master, &[])
     }
@@ -322,7 +322,66 @@ impl Server {
             "the replica did not sync; log:\n{}",
             replica.log()
         );
+        master.wait_replicas_acknowledge(master.connected_replicas());
         replica
+    }
+
+    /// `connected_slaves` of `INFO replication`: the replicas this master has (in sync or not).
+    pub fn connected_replicas(&self) -> usize {
+        info_field(&mut self.connect(), "replication", "connected_slaves")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until this master counts `replicas` replicas in `WAIT`. A replica whose link is up
+    /// is not counted yet until the master has its first `REPLCONF ACK` (on Redis 7.0.15 a
+    /// `WAIT 1 200` right after `master_link_status:up` can answer 0). Writes (a `SET` and a
+    /// `DEL` of a key of its own, in a slot this node serves when it is a cluster node: nothing
+    /// is left behind), then `WAIT replicas 5000`, again until it answers `replicas`; panics
+    /// after 60 s with the master's `INFO replication`.
+    pub fn wait_replicas_acknowledge(&self, replicas: usize) {
+        let mut con = self.connect();
+        let key = (0..100_000)
+            .map(|i| format!("testkit:acknowledged:{i}"))
+            .find(
+                |key| match redis::cmd("SET").arg(key).arg(1).query::<()>(&mut con) {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == redis::ErrorKind::Moved => false,
+                    Err(e) => panic!("SET on the master {}: {e}", self.port),
+                },
+            )
+            .expect("a key of a slot this node serves");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let _: () = redis::pipe()
+                .cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .ignore()
+                .cmd("DEL")
+                .arg(&key)
+                .ignore()
+                .query(&mut con)
+                .expect("SET and DEL on the master");
+            let acknowledged: usize = redis::cmd("WAIT")
+                .arg(replicas)
+                .arg(5_000)
+                .query(&mut con)
+                .expect("WAIT");
+            if acknowledged >= replicas {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{acknowledged} of {replicas} replicas acknowledged a write of the master {} \
+                 within 60 s; INFO replication:\n{}",
+                self.port,
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query::<String>(&mut con)
+                    .unwrap_or_default()
+            );
+        }
     }
 
     /// The config file this server started from, if it did (`start_from_config`).

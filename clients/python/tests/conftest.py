@@ -205,8 +205,9 @@ def start_cluster(tmp: Path) -> Cluster:
 
 def add_replica(cluster: Cluster, master: Server, tmp: Path) -> Server:
     """A new node with the module, made a replica of ``master`` (``CLUSTER MEET``, ``CLUSTER
-    REPLICATE``), returned once it is in sync (as testkit/src/cluster.rs ``add_replica``). It is
-    added to ``cluster.nodes`` (stopped with them)."""
+    REPLICATE``), returned once it is in sync and ``master`` counts it in ``WAIT`` (as
+    testkit/src/cluster.rs ``add_replica``). It is added to ``cluster.nodes`` (stopped with
+    them)."""
     port = _free_cluster_port(set(cluster.ports))
     tmp.mkdir(parents=True, exist_ok=True)
     node = _start_on(port, tmp, "--cluster-enabled", "yes", "--cluster-config-file",
@@ -222,7 +223,41 @@ def add_replica(cluster: Cluster, master: Server, tmp: Path) -> Server:
     while node.client().info("replication").get("master_link_status") != "up":
         assert time.monotonic() < deadline, "the replica did not sync"
         time.sleep(0.05)
+    wait_acknowledged(master, int(master.client().info("replication")["connected_slaves"]))
     return node
+
+
+def wait_acknowledged(master: Server, replicas: int, bound: float = 60.0) -> None:
+    """Waits until ``master`` counts ``replicas`` replicas in ``WAIT``: a replica whose link is
+    up is counted only once the master has its first ``REPLCONF ACK`` (on Redis 7.0.15 ``WAIT 1
+    200`` right after ``master_link_status:up`` can answer 0). Writes (``SET`` and ``DEL`` of a
+    key of its own, in a slot the master serves when it is a cluster node: nothing is left),
+    then ``WAIT replicas 5000``, again until it answers ``replicas`` (a bound that only catches
+    a hang). As testkit/src/server.rs ``wait_replicas_acknowledge``."""
+    r = master.client(socket_timeout=10)
+    key = None
+    for i in range(100_000):
+        try:
+            r.set(f"conftest:acknowledged:{i}", 1)
+        except redis.exceptions.ResponseError as e:
+            if str(e).startswith("MOVED") or isinstance(e, redis.exceptions.MovedError):
+                continue
+            raise
+        key = f"conftest:acknowledged:{i}"
+        break
+    assert key is not None, "no key of a slot the master serves"
+    deadline = time.monotonic() + bound
+    while True:
+        pipe = r.pipeline(transaction=False)
+        pipe.set(key, 1)
+        pipe.delete(key)
+        pipe.execute()
+        acknowledged = int(r.execute_command("WAIT", replicas, 5000))
+        if acknowledged >= replicas:
+            return
+        assert time.monotonic() < deadline, (
+            f"{acknowledged} of {replicas} replicas acknowledged a write of the master "
+            f"{master.port} within {bound} s: {r.info('replication')}")
 
 
 def _start_on(port: int, tmp: Path, *extra: str) -> Server:
@@ -404,8 +439,8 @@ def _start_sentinel(tmp: Path, master_port: int) -> Server:
 
 def start_sentinel_set(tmp: Path, *replica_extra: str) -> SentinelSet:
     """The master, its two replicas (``replica_extra``: more of their settings), three
-    Sentinels; returns once both replicas are in sync and every Sentinel sees both replicas
-    and the two other Sentinels."""
+    Sentinels; returns once both replicas are in sync, the master counts both in ``WAIT``, and
+    every Sentinel sees both replicas and the two other Sentinels."""
     master = start_server(_mkdir(tmp / "master"))
     replicas = [start_server(_mkdir(tmp / f"replica{i}"), "--replicaof", "127.0.0.1",
                              str(master.port), *replica_extra) for i in range(2)]
@@ -414,6 +449,7 @@ def start_sentinel_set(tmp: Path, *replica_extra: str) -> SentinelSet:
             r.client().info("replication").get("master_link_status") != "up" for r in replicas):
         assert time.monotonic() < deadline, "the replicas did not sync"
         time.sleep(0.05)
+    wait_acknowledged(master, 2)
     sentinels = [_start_sentinel(_mkdir(tmp / f"sentinel{i}"), master.port) for i in range(3)]
     s = SentinelSet([master] + replicas, sentinels)
     for sentinel in sentinels:
