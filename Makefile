@@ -3,7 +3,9 @@
 # runs the client libraries of docs/clients.md that need more runtimes (scripts/client-deps.sh).
 # `make test-valkey`, `make test-redis8` and `make test-valkey9` run make test's server tests on
 # Valkey 8.1.8, Redis 8.2.3 and Valkey 9.1.2 (scripts/server-deps.sh).
-# `make scale` runs the batch tests at the caps (release build). `make redis-suite` runs Redis's
+# `make scale` runs the batch tests at the caps and the ticket storms (release build, the 100 ms
+# PING bound). `make soak RUNS=5` runs the whole of `make test` RUNS times on a fresh clone of
+# HEAD with one core kept busy, and counts the tests that failed. `make redis-suite` runs Redis's
 # own test suite without and with the module and prints the differences.
 SHELL := /bin/bash
 PORT ?= 6379
@@ -17,7 +19,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale redis-suite lint faults failover oracle oracle-rust oracle-python bench bench-quick clean
+.PHONY: deps test-deps build run dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover oracle oracle-rust oracle-python bench bench-quick clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -44,7 +46,7 @@ lint: test-deps
 # stale .so is never tested.
 test: test-deps lint
 	$(CARGO) build --lib
-	LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers
+	LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(TEST_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test failover -- --nocapture
@@ -54,12 +56,29 @@ test: test-deps lint
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash clients/python/run-tests.sh
 
 # The batch tests (tests/batches.rs: one command, event or timer that grants or ends thousands of
-# holds must keep the server answering PING within 100 ms) run in `make test` at the caps (1,000
-# holders a key, 64 keys a multi-key command) on the debug build. `make scale` runs them on the
-# release build, printing the figures.
+# holds must keep the server answering PING) run in `make test` at the caps (1,000 holders a key,
+# 64 keys a multi-key command) on the debug build, with the ticket storms of tests/scale.rs
+# (20,000 tickets). There a PING bound only catches a stall: TEST_PING_BOUND_MS, at least 5x the
+# worst PING measured on the debug build (the 64-key run: 55-75 ms on two busy cores, 103 ms
+# with a second job; Valkey 8.1's libc malloc: 109 ms in CI), also on the server matrix below.
+# The module's target is `make scale`'s: the same tests on the release build, the ticket storms
+# at 100,000 waiters and 200,000 closed tickets, each figure printed, and a failure above
+# SCALE_PING_BOUND_MS (100 ms).
 TEST_BATCH_N ?= 1000
+TEST_PING_BOUND_MS ?= 600
+SCALE_PING_BOUND_MS ?= 100
 scale: build
-	LOCK_BATCH_N=1000 LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --test batches -- --nocapture
+	LOCK_BATCH_N=1000 LOCK_PING_BOUND_MS=$(SCALE_PING_BOUND_MS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --test batches -- --nocapture
+	LOCK_TICKET_WAITERS=100000 LOCK_CLOSE_TICKETS=200000 LOCK_PING_BOUND_MS=$(SCALE_PING_BOUND_MS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --test scale ticket -- --nocapture --test-threads=1
+
+# The whole of `make test`, RUNS times in a row, on a fresh clone of HEAD (committed work only,
+# in a temporary directory, with ../shared beside it) while a spinning process keeps one core
+# busy (a second job, as CI has); each run's log is kept, and at the end every test that failed
+# is printed with how many runs it failed in (scripts/soak.sh; exit status 1 if any). Hours:
+# not part of `make test`. SOAK_CMD runs another command in the clone instead of `make test`.
+RUNS ?= 5
+soak:
+	RUNS=$(RUNS) bash scripts/soak.sh
 
 # Redis's own Tcl test suite, of the installed redis-server (from Debian's source package of that
 # version, kept under target/redis-suite), once without the module and once with it loaded in
@@ -81,10 +100,8 @@ test-clients: test-deps
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh extra
 
 # The server matrix below runs the debug build on other servers; its batch tests check for
-# stalls with a PING bound of MATRIX_PING_BOUND_MS (Valkey 8.1, libc malloc: a 64-key run of
-# 1,000 waiters reached 109 ms in CI). The 100 ms target is `make test`'s on Redis 7.0.15 and
-# `make scale`'s on the release build.
-MATRIX_PING_BOUND_MS ?= 250
+# stalls with make test's PING bound, TEST_PING_BOUND_MS (Valkey 8.1, libc malloc: a 64-key run
+# of 1,000 waiters reached 109 ms in CI). The 100 ms target is `make scale`'s, release build.
 # The Rust oracle runs on Redis 7.0.15 (`make test`) and Redis 8.2.3 (`make test-redis8`), a
 # server without key events and one with; on the two Valkeys it is left out to keep CI inside
 # its time (`make oracle-rust` with LOCK_SERVER runs it anywhere).
@@ -97,7 +114,7 @@ VALKEY_ENV := LOCK_SERVER=$(abspath target/valkey-venv/bin/valkey-server) LOCK_C
 test-valkey: test-deps
 	@bash scripts/server-deps.sh valkey8 >/dev/null
 	$(CARGO) build --lib
-	$(VALKEY_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(MATRIX_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers $(ORACLE_SKIP)
+	$(VALKEY_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(TEST_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers $(ORACLE_SKIP)
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
@@ -117,7 +134,7 @@ test-valkey9: SERVER := valkey9
 test-redis8 test-valkey9: test-deps
 	@bash scripts/server-deps.sh $(SERVER) >/dev/null
 	$(CARGO) build --lib
-	$(SERVER_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(MATRIX_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers $(if $(filter redis8,$(SERVER)),,$(ORACLE_SKIP))
+	$(SERVER_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(TEST_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers $(if $(filter redis8,$(SERVER)),,$(ORACLE_SKIP))
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture)

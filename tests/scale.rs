@@ -114,7 +114,7 @@ fn eighteen_thousand_waiters_spread_over_a_thousand_keys_work() {
 }
 
 /// `LOCK_TICKET_WAITERS`: how many ticketed waiters the scale test queues (default 20,000, in
-/// `make test` on every server; `LOCK_TICKET_WAITERS=100000` is the figure the docs give).
+/// `make test` on every server; `make scale` runs 100,000, the figure the docs give).
 fn ticket_waiters() -> usize {
     match std::env::var("LOCK_TICKET_WAITERS") {
         Ok(v) => v
@@ -348,16 +348,18 @@ fn ticketed_waiters_cost_under_a_kilobyte_each_and_a_grant_storm_keeps_ping_fast
     assert_eq!(popped, n);
     eprintln!(
         "grant storm: {n} grants written and popped {:?} after the leases were cut to 500 ms; \
-         worst PING {:.1} ms over {} PINGs",
+         worst PING {:.1} ms over {} PINGs (bound {} ms)",
         storm.elapsed(),
         pings.worst.as_secs_f64() * 1e3,
-        pings.answered
+        pings.answered,
+        ping_bound().as_millis()
     );
     assert!(pings.failed.is_none(), "{:?}", pings.failed);
     assert!(
-        pings.worst < Duration::from_millis(100),
-        "the server went {:?} without answering PING",
-        pings.worst
+        pings.worst < ping_bound(),
+        "the server went {:?} without answering PING (bound {:?})",
+        pings.worst,
+        ping_bound()
     );
     assert_eq!(lock_stat(&mut con, "handoffs"), n as i64);
     assert_eq!(waiters(&mut con), 0);
@@ -401,13 +403,18 @@ fn close_tickets() -> usize {
     }
 }
 
-/// The slowest PING allowed while the server works through a storm (`LOCK_PING_BOUND_MS`,
-/// 100 ms unless set).
+/// The slowest PING allowed while the server works through a storm: `$LOCK_PING_BOUND_MS`,
+/// else 600 ms, as in tests/batches.rs: a stall check on the debug build (`make test`: 15-35 ms
+/// at 20,000 tickets here), the module's 100 ms target in `make scale` (release build, 100,000
+/// ticketed waiters, 200,000 tickets closed). The figure itself is printed either way.
 fn ping_bound() -> Duration {
     let ms = std::env::var("LOCK_PING_BOUND_MS")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("LOCK_PING_BOUND_MS={v:?} is not a number"))
+        })
+        .unwrap_or(600);
     Duration::from_millis(ms)
 }
 
@@ -458,9 +465,11 @@ fn a_connection_closing_with_many_tickets_keeps_ping_fast() {
     let took = closed.elapsed();
     let pings = pinger.stop();
     eprintln!(
-        "close of one connection owning {n} tickets: withdrawn in {took:?}; worst PING {:.1} ms over {} PINGs",
+        "close of one connection owning {n} tickets: withdrawn in {took:?}; worst PING {:.1} ms \
+         over {} PINGs (bound {} ms)",
         pings.worst.as_secs_f64() * 1e3,
-        pings.answered
+        pings.answered,
+        ping_bound().as_millis()
     );
     assert!(pings.failed.is_none(), "{:?}", pings.failed);
     assert!(
