@@ -1356,21 +1356,21 @@ async fn wait_across_a_cluster_failover(tickets: bool) {
         .arg("FAILOVER")
         .query(&mut direct(&replica))
         .unwrap();
-    wait_until("the replica is the master", || {
-        let role: Vec<Value> = redis::cmd("ROLE").query(&mut direct(&replica)).unwrap();
+    // Both ends of the failover (a bound against a hang): the replica leads, and the old master
+    // has stepped down, so that the holder's release is not sent into the manual failover's
+    // write pause (which can outlast the command timeout on a loaded machine).
+    let is_master = |node: &lock_testkit::Server| {
+        let role: Vec<Value> = redis::cmd("ROLE").query(&mut direct(node)).unwrap();
         matches!(role.first(), Some(Value::BulkString(r)) if r == b"master")
-    })
-    .await;
-    // The holder releases on the new master: the lock is free there.
-    let mut released = false;
-    for _ in 0..50 {
-        if held.release().await.is_ok() {
-            released = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !is_master(&replica) || is_master(master) {
+        assert!(Instant::now() < deadline, "the failover did not complete");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(released, "the holder could not release after the failover");
+    // The holder releases on the new master (MOVED from the old one): the lock is free there.
+    // Once: a guard's release is never retried (a second call answers AlreadyReleased).
+    assert_eq!(held.release().await.unwrap(), Release::Released);
     // Granted there, or ended with an error (a blocking wait ends with `UNBLOCKED`): either way
     // promptly, not after the whole wait (or never, with no timeout).
     let ended = tokio::time::timeout(Duration::from_secs(20), task)
