@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import reports_key_events, start_cluster, start_server
-from oracle.analysis import recheck_tokens, token_order
+from oracle.analysis import recheck_tokens, token_order, token_pairs
 from oracle.run import parse_seeds, run_seed
 from oracle.truth import Disruption
 
@@ -144,6 +144,15 @@ def test_token_order(name, events, flagged):
             del e["asked"]
     found = token_order(events, [])
     assert [line.split(" ")[1] for line in found] == flagged, (name, found)
+
+
+def test_token_pairs_counts_what_token_order_compares():
+    # A: b.2 asked after a.1 came back (1 pair), c.3 after both (2), d.4 before any came back;
+    # B: alone.
+    events = [_grant("a.1", 1.0, 0.9, [100]), _grant("b.2", 2.0, 1.5, [200]),
+              _grant("c.3", 3.0, 2.5, [300]), _grant("d.4", 4.0, 0.5, [400]),
+              _grant("e.5", 1.0, 0.5, [10], keys=["B"])]
+    assert token_pairs(events) == (5, 2, 3)
 
 
 def test_token_order_names_the_disruptions_between_the_two_grants():

@@ -281,6 +281,8 @@ struct State {
     checks: u64,
     /// The clients whose process was killed, and when.
     killed: HashMap<String, u64>,
+    /// What a disruption could not do that it must (a slot move's BUSYKEY).
+    failures: Vec<String>,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -792,9 +794,26 @@ impl Chaos {
         let moved =
             tokio::task::spawn_blocking(move || support::move_slot_to(&nodes, slot, to_pick))
                 .await
-                .unwrap_or(None);
-        if let Some((from, to)) = moved {
-            self.record(Disrupt::Migrate { key, from, to }, start);
+                .unwrap_or_else(|panic| {
+                    lock(&self.state)
+                        .failures
+                        .push(format!("the slot move of {key} panicked: {panic}"));
+                    None
+                });
+        if let Some(moved) = moved {
+            if let Some(error) = moved.error {
+                lock(&self.state)
+                    .failures
+                    .push(format!("the slot move of {key}: {error}"));
+            }
+            self.record(
+                Disrupt::Migrate {
+                    key,
+                    from: moved.from,
+                    to: moved.to,
+                },
+                start,
+            );
         }
     }
 
@@ -1055,6 +1074,8 @@ struct Outcome {
     by_cause: BTreeMap<&'static str, Vec<u64>>,
     /// The durations (ms) of the cases the lost-hold signal should have told.
     signalled: Vec<u64>,
+    /// `ordered_pairs`: new holds, those checked, (earlier, later) pairs.
+    token_reach: [usize; 3],
 }
 
 fn example(name: &str) -> std::path::PathBuf {
@@ -1354,6 +1375,25 @@ fn falling_tokens(grants: &[Grant]) -> Vec<(usize, usize)> {
     out
 }
 
+/// What `falling_tokens` compares: the new holds, those with at least one hold of their key
+/// handed out before they were asked for, and the number of such (earlier, later) pairs.
+fn ordered_pairs(grants: &[Grant]) -> [usize; 3] {
+    let mut per_key: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for g in grants {
+        per_key.entry(&g.key).or_default().push(g.granted);
+    }
+    for times in per_key.values_mut() {
+        times.sort_unstable();
+    }
+    let mut out = [grants.len(), 0, 0];
+    for g in grants {
+        let n = per_key[g.key.as_str()].partition_point(|&t| t < g.asked);
+        out[1] += usize::from(n > 0);
+        out[2] += n;
+    }
+    out
+}
+
 /// The port of the master that served `key` at `t`, as the migrations recorded it
 /// (`from->to` while one ran); None where no migration of its slot says.
 fn node_at(disruptions: &[Disruption], key: &str, t: u64) -> Option<String> {
@@ -1559,7 +1599,14 @@ fn judge(
 
     // The tokens, per key.
     let fell = token_order(st, seed);
+    let reach = ordered_pairs(
+        &st.holds
+            .iter()
+            .map(|((_, token), h)| grant(&h.key, *token, h.asked, h.granted))
+            .collect::<Vec<_>>(),
+    );
     violations.extend(fell.iter().cloned());
+    violations.extend(st.failures.iter().map(|f| format!("seed {seed}: {f}")));
 
     // The writes.
     for key in keys {
@@ -1657,9 +1704,14 @@ fn judge(
     }
     let _ = writeln!(
         report,
-        "  tokens not above an earlier grant's: {}; stale writes landed and other write violations: {}",
+        "  tokens not above an earlier grant's: {} ({} new holds, {} checked against {} ordered pairs); \
+         failed disruptions: {}; stale writes landed and other write violations: {}",
         fell.len(),
-        violations.len() - fell.len()
+        reach[0],
+        reach[1],
+        reach[2],
+        st.failures.len(),
+        violations.len() - fell.len() - st.failures.len()
     );
     if std::env::var_os("ORACLE_VERBOSE").is_some() {
         for d in &st.disruptions {
@@ -1688,6 +1740,7 @@ fn judge(
         disruptions: kinds,
         by_cause,
         signalled,
+        token_reach: reach,
     }
 }
 
@@ -1702,9 +1755,13 @@ async fn oracle(target: Target, config: Config) {
     let mut disruptions: BTreeMap<&'static str, u32> = BTreeMap::new();
     let mut by_cause: BTreeMap<&'static str, Vec<u64>> = BTreeMap::new();
     let mut signalled = Vec::new();
+    let mut reach = [0usize; 3];
     for seed in &config.seeds {
         let outcome = run_seed(&target, *seed, config.secs).await;
         println!("{}", outcome.report);
+        for (total, n) in reach.iter_mut().zip(outcome.token_reach) {
+            *total += n;
+        }
         holds += outcome.holds;
         false_lost += outcome.false_lost.len();
         violations += outcome.violations.len();
@@ -1723,13 +1780,17 @@ async fn oracle(target: Target, config: Config) {
     let median = signalled.get(signalled.len() / 2).copied().unwrap_or(0);
     println!(
         "oracle summary on {} {:?}{}, seeds {:?} of {} s: {holds} holds; disruptions {disruptions:?}; \
-         false lost {false_lost}; tokens not above an earlier grant's, stale writes landed and other write violations {violations}; \
+         false lost {false_lost}; token order: {} new holds, {} checked against {} ordered pairs; \
+         tokens not above an earlier grant's, failed disruptions, stale writes landed and other write violations {violations}; \
          false held {} cases, per cause (count, longest ms): {:?}; signalled cases: {}, median {median} ms",
         support::server_name(),
         support::server_info().version,
         if target.is_cluster() { " (cluster)" } else { "" },
         config.seeds,
         config.secs,
+        reach[0],
+        reach[1],
+        reach[2],
         by_cause.values().map(Vec::len).sum::<usize>(),
         by_cause
             .iter()
@@ -1826,6 +1887,20 @@ fn falling_tokens_flags_a_later_grant_not_above_an_earlier_one() {
     for (name, grants, want) in cases {
         assert_eq!(falling_tokens(&grants), want, "{name}");
     }
+}
+
+#[test]
+fn ordered_pairs_counts_what_falling_tokens_compares() {
+    // K: the second asked after the first was handed out (1 pair); the third after both (2);
+    // the fourth overlaps them all (asked before any came back). L: alone.
+    let grants = vec![
+        grant("K", 100, 90, 100),
+        grant("K", 200, 150, 200),
+        grant("K", 300, 250, 300),
+        grant("K", 400, 50, 400),
+        grant("L", 10, 0, 10),
+    ];
+    assert_eq!(ordered_pairs(&grants), [5, 2, 3]);
 }
 
 #[test]

@@ -79,6 +79,9 @@ class Report:
     regranted: list[str] = field(default_factory=list)
     regranted_after_drop: list[str] = field(default_factory=list)
     token_fell: list[str] = field(default_factory=list)
+    #: The token-order check's reach (``token_pairs``): new grants, those checked against at
+    #: least one handed out before they were asked for, and such ordered pairs.
+    token_checked: tuple[int, int, int] = (0, 0, 0)
     errors: list[str] = field(default_factory=list)
     acquire_errors: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -104,6 +107,8 @@ class Report:
             f"errors: {len(self.errors)}; "
             f"losses delivered as the hold was let go: {self.late_losses}; "
             f"joined a dropped guard's hold not yet collected: {len(self.regranted_after_drop)}",
+            f"  token order: {self.token_checked[0]} new grants, {self.token_checked[1]} "
+            f"checked against {self.token_checked[2]} ordered pairs",
             f"  false held: {len(self.false_held)} cases (signalled: median "
             f"{self.signal_median_ms:.1f} ms); longest per cause (ms): "
             + ", ".join(f"{c} {n}x max {w:.0f}" for c, (n, w) in sorted(self.longest().items())),
@@ -334,6 +339,7 @@ def analyse(
         if d.error and d.kind not in ("client-kill",):
             report.errors.append(f"disruption {d.kind}: {d.error}")
     report.token_fell = token_order(events, disruptions)
+    report.token_checked = token_pairs(events)
     return report
 
 
@@ -447,6 +453,24 @@ def token_order(events: Iterable[dict[str, Any]], disruptions: list[Disruption])
                 f"{f' (node {where1})' if where1 else ''}: {g1.token - g2.token} lower; "
                 f"between them: {'; '.join(between) if between else 'no disruption'}")
     return out
+
+
+def token_pairs(events: Iterable[dict[str, Any]]) -> tuple[int, int, int]:
+    """What ``token_order`` compares: the new grants, those with at least one grant of their
+    key handed out before they were asked for, and the number of such (earlier, later) pairs
+    (each later grant must be above every earlier one)."""
+    per_key: dict[str, list[Grant]] = collections.defaultdict(list)
+    for g in new_grants(events):
+        per_key[g.key].append(g)
+    grants_n = checked = pairs = 0
+    for grants in per_key.values():
+        times = sorted(g.t for g in grants)
+        for g in grants:
+            n = bisect.bisect_left(times, g.asked)
+            grants_n += 1
+            checked += n > 0
+            pairs += n
+    return grants_n, checked, pairs
 
 
 def load_dump(path: Path) -> tuple[list[dict[str, Any]], list[Disruption]]:

@@ -419,21 +419,34 @@ class Oracle:
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
         src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
         moved = 0
+
+        def migrate(keys: list[bytes]) -> None:
+            # No REPLACE, as a reshard: a key the target made of its own in the slot while it
+            # was importing (BUSYKEY) is a failure, named with what it is on both nodes.
+            try:
+                src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "KEYS", *keys)
+            except redis.ResponseError as e:
+                if "BUSYKEY" not in str(e):
+                    raise
+                try:
+                    busy = _busy_keys(src, dst, slot, keys)
+                except Exception as look:  # noqa: BLE001 - the BUSYKEY is the finding
+                    busy = f"(could not look at the keys: {look!r})"
+                raise RuntimeError(f"{e} moving slot {slot} ({group}) {src_port}->{dst_port}: "
+                                   f"{busy}") from e
+
         try:
             keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
             first = keys[: len(keys) // 2]
             if first:
-                src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "KEYS", *first)
+                migrate(first)
                 moved += len(first)
                 time.sleep(self.rng.uniform(0.01, 0.05))
             for _ in range(20):
                 keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
                 if not keys:
                     break
-                # REPLACE: a key of the first batch written again here meanwhile (the module's
-                # token counter, which a grant on a lock key still here writes) is newer here.
-                src.execute_command("MIGRATE", "127.0.0.1", dst_port, "", 0, 5000, "REPLACE",
-                                    "KEYS", *keys)
+                migrate(keys)
                 moved += len(keys)
         finally:
             for p in self.ports:
@@ -443,6 +456,44 @@ class Oracle:
             dst.execute_command("CLUSTER", "BUMPEPOCH")
         truth.where[group] = dst_port
         return {"group": group, "from": src_port, "to": dst_port, "keys": moved}
+
+
+def _show(conn: Any, key: bytes, asking: bool) -> str:
+    """A key's type, TTL and value (a lock key's ``LOCK.INFO``) on ``conn``; ``asking`` for
+    the importing node."""
+    pipe = conn.pipeline(transaction=False)
+    for cmd in (["TYPE", key], ["PTTL", key]):
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.execute_command(*cmd)
+    replies = pipe.execute(raise_on_error=False)[1::2] if asking else \
+        pipe.execute(raise_on_error=False)
+    kind = replies[0].decode() if isinstance(replies[0], bytes) else repr(replies[0])
+    reads: dict[str, list[Any]] = {
+        "string": ["GET", key], "hash": ["HGETALL", key], "list": ["LRANGE", key, 0, 9],
+        "set": ["SMEMBERS", key], "zset": ["ZRANGE", key, 0, 9, "WITHSCORES"]}
+    read = reads.get(kind)
+    if read is None and kind not in ("none", "stream"):
+        read = ["LOCK.INFO", key]  # the module's lock type
+    value: Any = "-"
+    if read is not None:
+        pipe = conn.pipeline(transaction=False)
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.execute_command(*read)
+        value = pipe.execute(raise_on_error=False)[-1]
+    return f"type {kind}, pttl {replies[1]!r}, value {value!r}"
+
+
+def _busy_keys(src: Any, dst: Any, slot: int, keys: list[bytes]) -> str:
+    """Which of ``keys`` the target already has in ``slot`` (the cause of a BUSYKEY), each
+    with what it is on both nodes."""
+    there = set(dst.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000))
+    busy = [k for k in keys if k in there]
+    if not busy:
+        return f"no key of {keys!r} found on the target (it has {sorted(there)!r})"
+    return "; ".join(f"{k.decode(errors='replace')}: source {_show(src, k, False)}, "
+                     f"target {_show(dst, k, True)}" for k in busy)
 
 
 def run_seed(label: str, seed: int, secs: float, ports: list[int], cluster: bool,

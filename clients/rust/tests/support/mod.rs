@@ -126,11 +126,16 @@ fn master_port(host: &str, port: u16, slot: u16) -> Option<u16> {
 }
 
 /// Moves `slot` from its master to another of `nodes` (`nodes[pick]`, or the next one if that
-/// is its master), as `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, one `MIGRATE`
-/// of every key of the slot, then `SETSLOT NODE` everywhere; waits (bounded) until every node
-/// agrees. Returns the ports of the master it left and of the one it moved to, if it moved.
-/// (`MIGRATE ... REPLACE`: a key of the slot the destination already has is overwritten.)
-pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> Option<(u16, u16)> {
+/// is its master), as `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, `MIGRATE` of
+/// the slot's keys until the source has none left, then `SETSLOT NODE` everywhere; waits
+/// (bounded) until every node agrees. Returns the ports of the master it left and of the one it
+/// moved to (`Moved`), None if it could not start.
+///
+/// No `REPLACE`, as a reshard: a key the target already has in the slot (one it made while
+/// importing) fails the `MIGRATE` with BUSYKEY. That is `Moved::error`, naming the key and
+/// what it is on both nodes; the slot is still handed to the target (the run goes on), with
+/// the busy keys left on the source.
+pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> Option<Moved> {
     let (host, first) = nodes.first().cloned()?;
     let from = master_port(&host, first, slot)?;
     let mut to = nodes[pick % nodes.len()].1;
@@ -158,25 +163,42 @@ pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> Option<(
     if !setslot(to, &["IMPORTING", &from_id]) || !setslot(from, &["MIGRATING", &to_id]) {
         return None;
     }
-    let mut source = node_connection(&host, from).ok()?;
-    let keys: Vec<String> = redis::cmd("CLUSTER")
-        .arg("GETKEYSINSLOT")
-        .arg(slot)
-        .arg(1_000)
-        .query(&mut source)
-        .unwrap_or_default();
-    if !keys.is_empty() {
-        let migrated: redis::RedisResult<redis::Value> = redis::cmd("MIGRATE")
-            .arg(&host)
-            .arg(to)
-            .arg("")
-            .arg(0)
-            .arg(5_000)
-            .arg("REPLACE")
-            .arg("KEYS")
-            .arg(&keys)
-            .query(&mut source);
-        assert!(migrated.is_ok(), "MIGRATE: {migrated:?}");
+    let mut failed = None;
+    match node_connection(&host, from) {
+        Ok(mut source) => {
+            for _ in 0..20 {
+                let keys: Vec<String> = redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(1_000)
+                    .query(&mut source)
+                    .unwrap_or_default();
+                if keys.is_empty() {
+                    break;
+                }
+                let migrated: redis::RedisResult<redis::Value> = redis::cmd("MIGRATE")
+                    .arg(&host)
+                    .arg(to)
+                    .arg("")
+                    .arg(0)
+                    .arg(5_000)
+                    .arg("KEYS")
+                    .arg(&keys)
+                    .query(&mut source);
+                if let Err(e) = migrated {
+                    let busy = if e.to_string().contains("BUSYKEY") {
+                        busy_keys(&host, from, to, slot, &keys)
+                    } else {
+                        String::new()
+                    };
+                    failed = Some(format!(
+                        "MIGRATE of slot {slot} {from}->{to}: {e}{busy} (keys {keys:?})"
+                    ));
+                    break;
+                }
+            }
+        }
+        Err(e) => failed = Some(format!("no connection to the source {from}: {e}")),
     }
     setslot(to, &["NODE", &to_id]);
     setslot(from, &["NODE", &to_id]);
@@ -190,11 +212,79 @@ pub fn move_slot_to(nodes: &[(String, u16)], slot: u16, pick: usize) -> Option<(
         .iter()
         .any(|(h, p)| master_port(h, *p, slot) != Some(to))
     {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the nodes never agreed"
-        );
+        if std::time::Instant::now() >= deadline {
+            failed
+                .get_or_insert_with(|| format!("slot {slot} {from}->{to}: the nodes never agreed"));
+            break;
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    Some((from, to))
+    Some(Moved {
+        from,
+        to,
+        error: failed,
+    })
+}
+
+/// A slot move (`move_slot_to`): the ports of the master it left and of the one it went to,
+/// and what went wrong on the way, if anything (a BUSYKEY, the nodes never agreeing).
+#[derive(Debug)]
+pub struct Moved {
+    pub from: u16,
+    pub to: u16,
+    pub error: Option<String>,
+}
+
+/// The keys of `keys` the node at `to` already has in `slot` (the cause of a BUSYKEY), each with
+/// its type, TTL and value (a lock's `LOCK.INFO`) on the source and on the target.
+fn busy_keys(host: &str, from: u16, to: u16, slot: u16, keys: &[String]) -> String {
+    let (Ok(mut source), Ok(mut target)) = (node_connection(host, from), node_connection(host, to))
+    else {
+        return ": (no connection to look at the keys)".to_string();
+    };
+    let there: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1_000)
+        .query(&mut target)
+        .unwrap_or_default();
+    let busy: Vec<&String> = keys.iter().filter(|k| there.contains(k)).collect();
+    if busy.is_empty() {
+        return format!(": no key found on the target, which has {there:?}");
+    }
+    let show = |conn: &mut redis::Connection, key: &str, asking: bool| -> String {
+        let mut one = |cmd: &mut redis::Cmd| -> String {
+            let mut pipe = redis::pipe();
+            if asking {
+                pipe.cmd("ASKING").ignore();
+            }
+            pipe.add_command(cmd.clone());
+            match pipe.query::<Vec<redis::Value>>(conn) {
+                Ok(mut v) => v.pop().map_or("-".into(), |v| format!("{v:?}")),
+                Err(e) => format!("({e})"),
+            }
+        };
+        let kind = one(redis::cmd("TYPE").arg(key));
+        let pttl = one(redis::cmd("PTTL").arg(key));
+        let read = if kind.contains("string") {
+            Some(redis::cmd("GET").arg(key).clone())
+        } else if kind.contains("hash") {
+            Some(redis::cmd("HGETALL").arg(key).clone())
+        } else if kind.contains("list") {
+            Some(redis::cmd("LRANGE").arg(key).arg(0).arg(9).clone())
+        } else if kind.contains("none") {
+            None
+        } else {
+            Some(redis::cmd("LOCK.INFO").arg(key).clone())
+        };
+        let value = read.map_or("-".into(), |mut c| one(&mut c));
+        format!("type {kind}, pttl {pttl}, value {value}")
+    };
+    let mut out = String::from(": busy on the target:");
+    for key in busy {
+        let on_source = show(&mut source, key, false);
+        let on_target = show(&mut target, key, true);
+        out.push_str(&format!(" {key}: source {on_source}, target {on_target};"));
+    }
+    out
 }
