@@ -15,9 +15,11 @@ report a loss. The rules:
    (``replicas=``) is confirmed after every grant, by a renewal that replicas acknowledged, and
    only renewals replicas acknowledged move its deadline.
 2. *Lost* only on evidence: a renewal answered 0 (or a final error), a fenced command refused
-   (``FENCED``), a signal naming this hold's database, key, owner and token, a check that no
-   longer finds the hold, the EPHEMERAL connection closing, or the time passing the deadline
-   (no confirmed renewal for 90 % of a lease: the backstop).
+   (``FENCED``), a check that no longer finds the hold, the EPHEMERAL connection closing, or the
+   time passing the deadline (no confirmed renewal for 90 % of a lease: the backstop). A message
+   is never evidence (anyone allowed to publish on the channel can send one): one that names
+   this hold's database, key, owner and token, or may concern it, only asks for a check (a read
+   of the server), and the check's answer counts.
 3. After *lost* or *released* (or once a release is requested) nothing renews, and nothing
    changes the state any more.
 """
@@ -179,12 +181,9 @@ class HoldMachine:
         this token (``HOLD_GONE``, ``TOKEN_NOT_CURRENT``)."""
         return self._lose(reason)
 
-    def signal(self, message: HoldEnded) -> Optional[LostReason]:
-        return self._lose(message.reason) if self.names(message) else None
-
     def checked(self, present: bool, reason: LostReason) -> Optional[LostReason]:
-        """A read after a message about the key (or a flush, or a move) found the hold
-        (``present``) or not; ``reason`` is the message's."""
+        """A read after a message naming this hold, or about its key (or a flush, or a move),
+        found the hold (``present``) or not; ``reason`` is the message's."""
         return None if present else self._lose(reason)
 
     def connection_lost(self) -> Optional[LostReason]:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import Server, reports_key_events
+from conftest import Server, reports_key_events, wait_until
 from redis_lock_client import (
     AsyncLockClient,
     LockClient,
@@ -16,6 +16,7 @@ from redis_lock_client import (
     LostReason,
     NotHeld,
     Renewal,
+    lost_signal_channel,
 )
 
 
@@ -245,3 +246,49 @@ def test_async_a_guard_read_right_after_a_pause_past_its_lease_says_lost_at_once
             with pytest.raises(NotHeld):
                 await guard.execute("SET", "{" + key + "}:data", "stale")
     asyncio.run(main())
+
+
+def _percentiles(name: str, samples: list[float]) -> tuple[float, float]:
+    samples = sorted(samples)
+    p50 = samples[round((len(samples) - 1) * 0.50)]
+    p99 = samples[round((len(samples) - 1) * 0.99)]
+    print(f"\n{name}: n={len(samples)} p50={p50 * 1e3:.3f} ms p99={p99 * 1e3:.3f} ms "
+          f"max={samples[-1] * 1e3:.3f} ms")
+    return p50, p99
+
+
+@pytest.mark.scenario("lost-forcereleased")
+def test_the_lost_signal_reports_a_force_release_within_milliseconds(fresh_server, key):
+    # From LOCK.FORCERELEASE sent to guard.lost set, 100 times, sync and asyncio: the server's
+    # message, then the library's read of the hold (LOCK.CHECK, one round trip), then the loss.
+    # `-s` prints the figures; the bound only catches a gross regression (a busy machine).
+    server = fresh_server
+    raw = server.client()
+    client = LockClient.from_url(server.url)
+    samples = []
+    for _ in range(100):
+        guard = client.lock(key).acquire()
+        wait_until(lambda: raw.pubsub_numsub(lost_signal_channel(key))[0][1] >= 1, "subscribed")
+        started = time.perf_counter()
+        raw.execute_command("LOCK.FORCERELEASE", key)
+        assert guard.lost.wait(2.0)
+        samples.append(time.perf_counter() - started)
+        assert guard.lost_reason is LostReason.FORCE_RELEASED
+    client.close()
+    _, p99 = _percentiles("sync FORCERELEASE -> lost", samples)
+    assert p99 < 0.1
+
+    async def main() -> list[float]:
+        out = []
+        async with AsyncLockClient.from_url(server.url) as aclient:
+            for _ in range(100):
+                guard = await aclient.lock(key).acquire()  # returns once subscribed
+                started = time.perf_counter()
+                raw.execute_command("LOCK.FORCERELEASE", key)
+                await asyncio.wait_for(guard.lost.wait(), 2.0)
+                out.append(time.perf_counter() - started)
+                assert guard.lost_reason is LostReason.FORCE_RELEASED
+        return out
+
+    _, p99 = _percentiles("asyncio FORCERELEASE -> lost", asyncio.run(main()))
+    assert p99 < 0.1

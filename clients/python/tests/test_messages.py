@@ -98,16 +98,20 @@ def _machine(db: int = 0, key: bytes = b"k", token: int = 42, owner: bytes = b"m
                        renewal=Renewal.WATCHDOG, sent_at=0.0, replied_at=0.0)
 
 
-@pytest.mark.scenario("lost-forcereleased")
-def test_a_hold_acts_only_on_a_message_naming_its_db_key_owner_and_token():
+@pytest.mark.scenario("lost-forcereleased", "signal-forged")
+def test_a_message_naming_a_hold_is_only_a_reason_to_check_it():
     for other in [HoldEnded(LostReason.DELETED, 1, 42, b"k", b"me"),  # another db (COPY ... DB 1)
                   HoldEnded(LostReason.DELETED, 0, 42, b"{k}", b"me"),  # another key, same channel
                   HoldEnded(LostReason.DELETED, 0, 41, b"k", b"me"),  # another token
                   HoldEnded(LostReason.DELETED, 0, 42, b"k", b"you")]:  # another owner
-        machine = _machine()
-        assert machine.signal(other) is None and machine.active
+        assert not _machine().names(other)
+    # The hold's own: anyone allowed to publish on the channel can send it, so it only asks
+    # for a check (the machine has no event for a message); the check's answer decides.
     machine = _machine()
-    assert machine.signal(HoldEnded(LostReason.DELETED, 0, 42, b"k", b"me")) is LostReason.DELETED
+    assert machine.names(HoldEnded(LostReason.DELETED, 0, 42, b"k", b"me"))
+    assert not hasattr(machine, "signal")
+    assert machine.checked(True, LostReason.DELETED) is None and machine.active
+    assert machine.checked(False, LostReason.DELETED) is LostReason.DELETED
     assert not machine.active and machine.reason is LostReason.DELETED
 
 
@@ -117,16 +121,21 @@ def test_whole_key_flush_and_move_messages_concern_only_the_holds_db_and_key():
     assert not machine.concerns(0, b"k") and not machine.concerns(2, b"{k}")
 
 
-@pytest.mark.scenario("election-observe-own")
-def test_an_observer_takes_only_its_own_db_and_keys_messages_and_epochs_only_rise():
+@pytest.mark.scenario("election-observe-own", "election-observe-forged")
+def test_an_observer_reads_on_its_own_db_and_keys_messages_and_yields_only_its_reads():
     feed = LeaderFeed(db=0, key=b"svc")
+    assert feed.read(None) is None
     assert feed.read(Leader(b"a", 10, b"va")) == Leader(b"a", 10, b"va")
     # db 1's election of the same name, and {svc}'s (same channel, same slot: interleaved
-    # epochs): neither is this observer's, and neither blocks the real leader's next epoch.
-    assert feed.message(LeaderMessage(True, 1, 30, b"svc", b"app1-node")) is None
-    assert feed.message(LeaderMessage(True, 0, 31, b"{svc}", b"braced")) is None
-    assert feed.message(LeaderMessage(False, 0, 10, b"svc", b"va2")) == Leader(b"a", 10, b"va2")
-    assert feed.message(LeaderMessage(True, 0, 20, b"svc", b"b")) == Leader(b"b", 20, None)
-    assert feed.message(LeaderMessage(True, 0, 15, b"svc", b"old")) is None  # below: never again
-    assert feed.message(None) is None
-
+    # epochs): neither is this observer's, so neither asks for a read.
+    assert not feed.message(LeaderMessage(True, 1, 30, b"svc", b"app1-node"))
+    assert not feed.message(LeaderMessage(True, 0, 31, b"{svc}", b"braced"))
+    assert not feed.message(None)
+    # Its own (real or forged, whatever the epoch): a read, whose answer is what counts.
+    assert feed.message(LeaderMessage(False, 0, 10, b"svc", b"va2"))
+    assert feed.message(LeaderMessage(True, 0, 9_000_000_000_000_000, b"svc", b"evil-node"))
+    assert feed.read(Leader(b"a", 10, b"va")) is None  # unchanged
+    assert feed.read(Leader(b"a", 10, b"va2")) == Leader(b"a", 10, b"va2")
+    assert feed.read(Leader(b"b", 20, None)) == Leader(b"b", 20, None)
+    assert feed.read(Leader(b"old", 15, None)) is None  # below: a server behind the others
+    assert feed.read(Leader(b"b", 20, b"vb")) == Leader(b"b", 20, b"vb")

@@ -40,6 +40,8 @@ def _check(report, capsys, dump) -> None:
     assert report.stale == [], "a write of a superseded hold landed"
     assert report.regranted == [], "a token was handed out twice"
     assert report.token_fell == [], "a key's token fell:\n" + "\n".join(report.token_fell)
+    assert report.observed > 0 and report.unelected == [], \
+        "an observer followed a leader the server never elected:\n" + "\n".join(report.unelected)
     # Whole: an exception that escaped a holder comes with its traceback.
     assert report.errors == [], "\n\n".join(report.errors)
     assert report.unchecked == []

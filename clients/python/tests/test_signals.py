@@ -80,23 +80,30 @@ def test_a_copy_of_a_lock_deleted_is_not_the_originals_loss(server, client, key,
     assert guard.lost_reason is LostReason.FORCE_RELEASED
 
 
-@pytest.mark.scenario("lost-forcereleased", "signal-own-key")
-def test_a_one_hold_message_is_acted_on_only_when_it_names_db_key_owner_and_token(server, key):
-    # Published by hand (any server): only the exact (db, key, owner, token) loses the hold.
+@pytest.mark.scenario("lost-forcereleased", "signal-own-key", "signal-forged")
+def test_a_one_hold_message_is_checked_only_when_it_names_db_key_owner_and_token(server, key):
+    # Published by hand (any server): only the exact (db, key, owner, token) is checked, with
+    # one LOCK.CHECK, and the hold is still there: nothing is reported. The server's own
+    # message, once the hold is really gone, is.
     with LockClient.from_url(server.url) as client:
         raw = server.client()
-        guard = client.lock(key).acquire()
+        guard = client.lock(key).acquire()  # lease 30 s: no renewal (and its check) here
         channel = lost_signal_channel(key)
         owner, token, k = guard.owner, guard.token, key.encode()
 
         def message(db: int, token: int, k: bytes, owner: bytes) -> bytes:
             return b"forcereleased %d %d %d %s %s" % (db, token, len(k), k, owner)
+        checks = server.commandstat("lock.check")
         for other in [message(1, token, k, owner), message(0, token, b"{" + k + b"}", owner),
                       message(0, token + 1, k, owner), message(0, token, k, owner + b"x"),
                       b"forcereleased %d %s" % (token, owner)]:  # the format before db and key
             assert raw.publish(channel, other) == 1  # heard by the library's listener
         assert not guard.lost.wait(0.3)
+        assert server.commandstat("lock.check") == checks  # not even checked
         raw.publish(channel, message(0, token, k, owner))
+        wait_until(lambda: server.commandstat("lock.check") == checks + 1, "checked")
+        assert not guard.lost.wait(0.1)
+        raw.execute_command("LOCK.FORCERELEASE", key)
         assert guard.lost.wait(1.0)
         assert guard.lost_reason is LostReason.FORCE_RELEASED
 
@@ -230,3 +237,133 @@ def test_a_flushed_copy_db_does_not_touch_the_original(server, client, key):
     assert not guard.lost.is_set()
     assert guard.release() is Release.RELEASED
 
+
+
+def publisher_only(server: Server, channel: bytes) -> Any:
+    """A connection as a user that may only PUBLISH on ``channel``: no key, no LOCK.* command."""
+    server.client().execute_command(
+        "ACL", "SETUSER", "forger", "on", ">pw", "resetkeys", "resetchannels",
+        b"&" + channel, "+publish")
+    return server.client(username="forger", password="pw")
+
+
+def wait_subscribed(server: Server, channel: bytes) -> None:
+    raw = server.client()
+    wait_until(lambda: raw.pubsub_numsub(channel)[0][1] >= 1, f"{channel!r} subscribed")
+
+
+@pytest.mark.scenario("signal-forged")
+def test_a_forged_lost_message_is_checked_and_a_live_hold_stays_held_and_renewed(fresh_server, key):
+    # Everything a lost message names (database, key, owner, token) is readable with LOCK.INFO,
+    # and a user who may do nothing but publish on the channel can send one. A message is a
+    # hint: the library reads the hold (LOCK.CHECK), and the server still holds it.
+    server = fresh_server  # its own: the LOCK.CHECK count is this client's alone
+    raw = server.client()
+    forger = publisher_only(server, lost_signal_channel(key))
+    client = LockClient.from_url(server.url)
+    seen: list[LostReason] = []
+    guard = client.lock(key, lease=0.9, on_lost=seen.append).acquire()
+    owner, token = guard.owner, guard.token
+    wait_subscribed(server, lost_signal_channel(key))
+    checks = server.commandstat("lock.check")
+    for reason in ("forcereleased", "disconnected", "expired", "deleted"):
+        forger.publish(lost_signal_channel(key),
+                       b"%s 0 %d %d %s %s" % (reason.encode(), token, len(key), key.encode(), owner))
+    # Each message is checked with a read (the watchdog's renewals check too: at least four).
+    wait_until(lambda: server.commandstat("lock.check") >= checks + 4 or guard.lost.is_set(),
+               "the forged messages checked")
+    time.sleep(0.05)
+    assert not guard.lost.is_set(), f"a message alone reported {guard.lost_reason}"
+    assert raw.execute_command("LOCK.CHECK", key, owner, token) == 1
+    # Renewed past its lease: the watchdog goes on.
+    renewals = server.commandstat("lock.renew")
+    time.sleep(1.8)
+    assert not guard.lost.is_set() and seen == []
+    assert server.commandstat("lock.renew") >= renewals + 3
+    assert raw.execute_command("LOCK.CHECK", key, owner, token) == 1
+    # The real thing: reported at once, with the server's reason.
+    raw.execute_command("LOCK.FORCERELEASE", key)
+    assert guard.lost.wait(0.3)
+    assert guard.lost_reason is LostReason.FORCE_RELEASED
+    client.close()
+
+
+@pytest.mark.scenario("signal-forged")
+def test_async_a_forged_lost_message_leaves_a_live_hold_held(server, key):
+    async def main() -> None:
+        forger = publisher_only(server, lost_signal_channel(key))
+        async with AsyncLockClient.from_url(server.url) as client:
+            guard = await client.lock(key, lease=0.9).acquire()
+            wait_subscribed(server, lost_signal_channel(key))
+            forger.publish(lost_signal_channel(key), b"forcereleased 0 %d %d %s %s" % (
+                guard.token, len(key), key.encode(), guard.owner))
+            await asyncio.sleep(1.5)  # past its lease: renewed meanwhile
+            assert not guard.lost.is_set(), f"a message alone reported {guard.lost_reason}"
+            assert server.client().execute_command(
+                "LOCK.CHECK", key, guard.owner, guard.token) == 1
+            assert await guard.release() is Release.RELEASED
+    asyncio.run(main())
+
+
+@pytest.mark.scenario("election-observe-forged")
+def test_forged_leader_messages_never_make_an_observer_follow_a_leader_the_server_did_not_elect(
+        server, client, key):
+    forger = publisher_only(server, leader_channel(key))
+    fake = 9_000_000_000_000_000
+    seen: "queue.Queue[Leader]" = queue.Queue()
+    with client.election(key).observe() as observer:
+        threading.Thread(target=lambda: [seen.put(leader) for leader in observer],
+                         daemon=True).start()
+        wait_subscribed(server, leader_channel(key))
+        a = client.election(key, "node-a").campaign(value="10.0.0.1:80")
+
+        def follows(want: Leader) -> list[Leader]:
+            """What the observer yields until it yields ``want`` (within 5 s)."""
+            got = [seen.get(timeout=5)]
+            while got[-1] != want:
+                got.append(seen.get(timeout=5))
+            return got
+
+        yielded = follows(Leader(b"node-a", a.epoch, b"10.0.0.1:80"))
+        forger.publish(leader_channel(key), b"elected 0 %d %d %s evil-node" % (
+            fake, len(key), key.encode()))
+        forger.publish(leader_channel(key), b"proclaimed 0 %d %d %s 6.6.6.6:66" % (
+            fake, len(key), key.encode()))
+        time.sleep(0.3)
+        # A real leader after the forgery is followed, with its value.
+        a.resign()
+        b = client.election(key, "node-b").campaign(value="10.0.0.2:80")
+        assert b.epoch < fake
+        yielded += follows(Leader(b"node-b", b.epoch, b"10.0.0.2:80"))
+        # Its connection killed, the observer reads LOCK.LEADER again; b's next value follows.
+        server.client().execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        wait_subscribed(server, leader_channel(key))
+        assert b.proclaim("10.0.0.3:80")
+        yielded += follows(Leader(b"node-b", b.epoch, b"10.0.0.3:80"))
+        time.sleep(0.2)
+        while not seen.empty():
+            yielded.append(seen.get())
+        b.resign()
+    real = {(b"node-a", a.epoch), (b"node-b", b.epoch)}
+    assert all((l.candidate, l.epoch) in real for l in yielded), yielded
+
+
+@pytest.mark.scenario("election-observe-forged")
+def test_async_forged_leader_messages_are_read_and_not_followed(server, key):
+    async def main() -> None:
+        forger = publisher_only(server, leader_channel(key))
+        async with AsyncLockClient.from_url(server.url) as client:
+            async with client.election(key).observe() as observer:
+                a = await client.election(key, "node-a").campaign(value="va")
+                assert await asyncio.wait_for(observer.__anext__(), 5) in (
+                    Leader(b"node-a", a.epoch, None), Leader(b"node-a", a.epoch, b"va"))
+                forger.publish(leader_channel(key), b"elected 0 %d %d %s evil-node" % (
+                    9_000_000_000_000_000, len(key), key.encode()))
+                await a.resign()
+                b = await client.election(key, "node-b").campaign()
+                leader = await asyncio.wait_for(observer.__anext__(), 5)
+                while leader == Leader(b"node-a", a.epoch, b"va"):
+                    leader = await asyncio.wait_for(observer.__anext__(), 5)
+                assert leader == Leader(b"node-b", b.epoch, None), leader
+                await b.resign()
+    asyncio.run(main())

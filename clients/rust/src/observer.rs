@@ -1,6 +1,5 @@
 //! Following an election's leaders: `LOCK.LEADER` and the key's leader channel.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
@@ -106,22 +105,21 @@ fn parse_leader(reply: Value) -> Result<Option<Leader>, LockError> {
     }
 }
 
-/// What an observer yields, from the leader read and the leader channel's messages (the same
-/// rules as the Python library's `LeaderFeed`).
+/// What an observer yields: only what `LOCK.LEADER` answers (the same rules as the Python
+/// library's `LeaderFeed`).
 ///
-/// The observer subscribes first, then reads `LOCK.LEADER` ([`Feed::read`]), then hands every
-/// message to [`Feed::message`], which acts only on those naming its own database and key (keys
-/// `k` and `{k}`, and one key name in two databases, share a channel). Among those, epochs only
-/// rise, so nothing of an epoch below the last one yielded is yielded again; within one epoch a
-/// proclamation is yielded when its value differs from the last yielded. A proclamation of an
-/// epoch whose election was missed cannot be placed: `stale` is set, and the observer reads
-/// `LOCK.LEADER` again.
+/// The observer subscribes first, then reads `LOCK.LEADER` ([`Feed::read`]). A message of the
+/// leader channel is a hint, never evidence: anyone allowed to publish on the channel can send
+/// one, with any epoch. A message that names the observer's own database and key (keys `k` and
+/// `{k}`, and one key name in two databases, share a channel) only asks for another read
+/// ([`Feed::message`]); what it claims is never yielded and never kept. Among the reads, epochs
+/// only rise: a read of an epoch below the last one yielded (a server behind the others) is not
+/// yielded, nor the same leader twice in a row.
 #[derive(Debug)]
 pub(crate) struct Feed {
     db: i64,
     key: Arc<[u8]>,
     last: Option<Leader>,
-    stale: bool,
 }
 
 impl Feed {
@@ -130,17 +128,14 @@ impl Feed {
             db,
             key,
             last: None,
-            stale: false,
         }
     }
 
-    fn offer(&mut self, leader: Leader) -> Option<Leader> {
+    /// A `LOCK.LEADER` answer: the leader to yield, if it changed.
+    pub(crate) fn read(&mut self, leader: Option<Leader>) -> Option<Leader> {
+        let leader = leader?;
         if let Some(last) = &self.last {
-            if leader.epoch < last.epoch || (leader.epoch == last.epoch && leader == *last) {
-                return None;
-            }
-            if leader.epoch == last.epoch && leader.value.is_none() {
-                // An election message of the epoch already seen (its value is known).
+            if leader.epoch < last.epoch || leader == *last {
                 return None;
             }
         }
@@ -148,44 +143,10 @@ impl Feed {
         Some(leader)
     }
 
-    pub(crate) fn read(&mut self, leader: Option<Leader>) -> Option<Leader> {
-        self.stale = false;
-        leader.and_then(|l| self.offer(l))
-    }
-
-    pub(crate) fn message(&mut self, payload: &[u8]) -> Option<Leader> {
-        let message = LeaderMessage::parse(payload)?;
-        if !message.is_about(self.db, &self.key) {
-            return None;
-        }
-        match message {
-            LeaderMessage::Elected {
-                epoch, candidate, ..
-            } => self.offer(Leader {
-                candidate,
-                epoch,
-                value: None,
-            }),
-            LeaderMessage::Proclaimed { epoch, value, .. } => {
-                let last = match &self.last {
-                    Some(last) if epoch <= last.epoch => last,
-                    _ => {
-                        // Whose value is it? LOCK.LEADER says.
-                        self.stale = true;
-                        return None;
-                    }
-                };
-                if epoch < last.epoch {
-                    return None;
-                }
-                let leader = Leader {
-                    candidate: last.candidate.clone(),
-                    epoch,
-                    value: Some(value),
-                };
-                self.offer(leader)
-            }
-        }
+    /// A message of the leader channel: whether it asks for a read (a well-formed message
+    /// about this observer's database and key).
+    pub(crate) fn message(&self, payload: &[u8]) -> bool {
+        LeaderMessage::parse(payload).is_some_and(|m| m.is_about(self.db, &self.key))
     }
 }
 
@@ -195,11 +156,16 @@ impl Feed {
 ///
 /// It subscribes to the key's leader channel on a connection of its own (`SUBSCRIBE`, or
 /// `SSUBSCRIBE` on the key's master in a cluster), then reads `LOCK.LEADER` and yields the
-/// current leader, then a leader per message: each newly elected candidate (`value` `None`), and
-/// each value it proclaims. It never yields an epoch below the last it yielded, nor the same
-/// leader twice in a row. When the connection breaks it connects again, subscribes, and reads
-/// `LOCK.LEADER` again (pub/sub is at most once: what was published meanwhile is gone, the read
-/// tells the current leader). The end of a leadership is not announced: the next election is.
+/// current leader. Each message about its key (an election, a proclamation) makes it read
+/// `LOCK.LEADER` again, one round trip on the client's shared connection, and it yields what the
+/// read answers when that changed: a newly elected candidate (`value` `None` until it
+/// proclaims one; a candidate elected with a value comes with it), a new value. A message is
+/// never believed by itself: anyone allowed to publish on the channel can send one, so the
+/// observer yields only leaders the server names. It never yields an epoch below the last it
+/// yielded, nor the same leader twice in a row. When the connection breaks (or a read fails)
+/// it connects again, subscribes, and reads `LOCK.LEADER` again (pub/sub is at most once: what
+/// was published meanwhile is gone, the read tells the current leader). The end of a
+/// leadership is not announced: the next election is.
 ///
 /// The work runs on a task of the runtime `observe` was called on; dropping the observer ends
 /// it and closes its connection. The stream never ends by itself.
@@ -338,37 +304,44 @@ async fn follow(ctx: Arc<Context>, key: Arc<[u8]>, out: mpsc::UnboundedSender<Le
             }
         };
         // Messages until the connection breaks, or (through Sentinel) the master changes: then
-        // it subscribes and reads again on the new master.
+        // it subscribes and reads again on the new master. A message about the key asks for a
+        // read; messages already waiting are taken first, so that a burst costs one read.
         let mut changed = std::pin::pin!(crate::master::changed(ctx.servers.changes()));
-        loop {
+        'messages: loop {
             let push = tokio::select! {
                 push = pushes.recv() => push,
                 _ = &mut changed => None,
             };
-            let Some(push) = push else {
-                break;
-            };
-            let mut ready = VecDeque::new();
-            match push.kind {
-                PushKind::Disconnection => break,
-                PushKind::Message | PushKind::SMessage => {
-                    if let [Value::BulkString(ch), Value::BulkString(payload), ..] =
-                        push.data.as_slice()
-                    {
-                        if *ch == channel {
-                            ready.extend(feed.message(payload));
+            let mut read = false;
+            let mut next = push;
+            loop {
+                let Some(push) = next else {
+                    break 'messages;
+                };
+                match push.kind {
+                    PushKind::Disconnection => break 'messages,
+                    PushKind::Message | PushKind::SMessage => {
+                        if let [Value::BulkString(ch), Value::BulkString(payload), ..] =
+                            push.data.as_slice()
+                        {
+                            read |= *ch == channel && feed.message(payload);
                         }
                     }
+                    _ => {}
                 }
-                _ => {}
-            }
-            if feed.stale {
-                // The next message or reconnection tells, if this read fails.
-                if let Ok(leader) = read_leader(&ctx.commands, &key).await {
-                    ready.extend(feed.read(leader));
+                match pushes.try_recv() {
+                    Ok(push) => next = Some(push),
+                    Err(_) => break,
                 }
             }
-            for l in ready {
+            if !read {
+                continue;
+            }
+            // A failed read: subscribe and read again (nothing said since is missed).
+            let Ok(leader) = read_leader(&ctx.commands, &key).await else {
+                break;
+            };
+            if let Some(l) = feed.read(leader) {
                 if out.send(l).is_err() {
                     return;
                 }
@@ -390,36 +363,50 @@ mod tests {
     }
 
     #[test]
-    fn the_feed_yields_each_change_once_in_epoch_order() {
+    fn the_feed_yields_each_change_it_reads_once_in_epoch_order() {
+        let mut feed = Feed::new(0, Arc::from(&b"svc"[..]));
+        assert_eq!(feed.read(None), None);
+        assert_eq!(
+            feed.read(Some(leader("a", 5, Some("x")))),
+            Some(leader("a", 5, Some("x")))
+        );
+        // The same answer again, or an older one (a server behind): nothing.
+        assert_eq!(feed.read(Some(leader("a", 5, Some("x")))), None);
+        assert_eq!(feed.read(Some(leader("z", 4, Some("x")))), None);
+        assert_eq!(
+            feed.read(Some(leader("a", 5, Some("y y")))),
+            Some(leader("a", 5, Some("y y")))
+        );
+        assert_eq!(
+            feed.read(Some(leader("b", 9, None))),
+            Some(leader("b", 9, None))
+        );
+        assert_eq!(
+            feed.read(Some(leader("b", 9, Some("v")))),
+            Some(leader("b", 9, Some("v")))
+        );
+        // Nobody leads: nothing to yield, and the last leader is kept.
+        assert_eq!(feed.read(None), None);
+        assert_eq!(feed.read(Some(leader("b", 9, Some("v")))), None);
+    }
+
+    #[test]
+    fn a_message_only_asks_for_a_read_and_its_epoch_is_never_kept() {
         let mut feed = Feed::new(0, Arc::from(&b"svc"[..]));
         assert_eq!(
             feed.read(Some(leader("a", 5, Some("x")))),
             Some(leader("a", 5, Some("x")))
         );
-        // A message published before the read: older, or the same.
-        assert_eq!(feed.message(b"elected 0 5 3 svc a"), None);
-        assert_eq!(feed.message(b"proclaimed 0 5 3 svc x"), None);
-        assert_eq!(feed.message(b"elected 0 4 3 svc z"), None);
+        // Forged: a huge epoch, a candidate the server never elected. A read is asked for,
+        // and the read's answer (the real leader, a lower epoch) is what counts.
+        assert!(feed.message(b"elected 0 9000000000000000 3 svc evil-node"));
+        assert!(feed.message(b"proclaimed 0 9000000000000000 3 svc 6.6.6.6:66"));
+        assert_eq!(feed.read(Some(leader("a", 5, Some("x")))), None);
         assert_eq!(
-            feed.message(b"proclaimed 0 5 3 svc y y"),
-            Some(leader("a", 5, Some("y y")))
+            feed.read(Some(leader("b", 7, None))),
+            Some(leader("b", 7, None)),
+            "a real leader after the forgery is followed"
         );
-        assert_eq!(
-            feed.message(b"elected 0 9 3 svc b"),
-            Some(leader("b", 9, None))
-        );
-        assert_eq!(
-            feed.message(b"proclaimed 0 9 3 svc v"),
-            Some(leader("b", 9, Some("v")))
-        );
-        // A proclamation of a missed election: read LOCK.LEADER again.
-        assert_eq!(feed.message(b"proclaimed 0 12 3 svc w"), None);
-        assert!(feed.stale);
-        assert_eq!(
-            feed.read(Some(leader("c", 12, Some("w")))),
-            Some(leader("c", 12, Some("w")))
-        );
-        assert!(!feed.stale);
         for junk in [
             &b"elected 0 x 3 svc c"[..],
             b"elected 0 13 3 svc",
@@ -427,38 +414,29 @@ mod tests {
             b"elected 13 c",
             b"",
         ] {
-            assert_eq!(feed.message(junk), None);
+            assert!(!feed.message(junk), "{}", String::from_utf8_lossy(junk));
         }
     }
 
     #[test]
-    fn the_feed_ignores_elections_of_other_databases_and_keys_on_its_channel() {
+    fn the_feed_reads_only_for_messages_about_its_own_database_and_key() {
         // `svc` and `{svc}` share a channel, as `svc` in db 0 and db 1 do; their epochs come
         // from one counter and interleave.
-        let mut feed = Feed::new(0, Arc::from(&b"svc"[..]));
-        assert_eq!(
-            feed.message(b"elected 0 5 3 svc mine"),
-            Some(leader("mine", 5, None))
-        );
+        let feed = Feed::new(0, Arc::from(&b"svc"[..]));
+        assert!(feed.message(b"elected 0 5 3 svc mine"));
+        assert!(feed.message(b"proclaimed 0 5 3 svc here"));
         for foreign in [
             &b"elected 1 6 3 svc theirs"[..],
             b"elected 0 7 5 {svc} theirs",
             b"proclaimed 1 6 3 svc v",
             b"proclaimed 0 7 5 {svc} v",
         ] {
-            assert_eq!(
-                feed.message(foreign),
-                None,
+            assert!(
+                !feed.message(foreign),
                 "{}",
                 String::from_utf8_lossy(foreign)
             );
         }
-        assert!(!feed.stale, "a foreign proclamation is no missed election");
-        // Our leader's later proclamation is not dropped as older than a foreign epoch.
-        assert_eq!(
-            feed.message(b"proclaimed 0 5 3 svc here"),
-            Some(leader("mine", 5, Some("here")))
-        );
     }
 
     #[test]

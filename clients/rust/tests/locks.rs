@@ -425,8 +425,9 @@ async fn fixed_lease_is_reported_lost_at_its_end_and_never_renewed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_signal_message_for_this_hold_marks_it_lost() {
-    // The test publishes the message itself: the library acts on the message whoever sends it.
+async fn a_lost_signal_message_for_this_hold_is_checked_and_only_a_real_loss_reported() {
+    // The test publishes the messages itself: whoever sends one, the library acts only on a
+    // message naming this very hold, and then only after a read of the server.
     let (_server, client, mut raw) = setup().await;
     let guard = client.lock("orders:42").acquire().await.unwrap();
     let channel = "lock.lost:{orders:42}";
@@ -445,6 +446,7 @@ async fn a_lost_signal_message_for_this_hold_marks_it_lost() {
         assert!(Instant::now() < deadline, "never subscribed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let mut stats = raw.clone();
     let publish = |payload: String| {
         let mut raw = raw.clone();
         async move {
@@ -471,7 +473,23 @@ async fn a_lost_signal_message_for_this_hold_marks_it_lost() {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(guard.lost_reason(), None);
+    // Ours, published by hand while the server holds it: a hint, checked with one LOCK.CHECK,
+    // which finds the hold: nothing changes.
+    let checks = calls(&mut stats, "lock.check").await;
     publish(format!("forcereleased 0 {token} 9 orders:42 {owner}")).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while calls(&mut stats, "lock.check").await == checks {
+        assert!(Instant::now() < deadline, "never checked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(guard.lost_reason(), None);
+    // The server's own message, the hold gone: reported with its reason.
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("orders:42")
+        .query_async(&mut stats)
+        .await
+        .unwrap();
     let reason = tokio::time::timeout(Duration::from_millis(500), guard.lost())
         .await
         .expect("lost on the message");

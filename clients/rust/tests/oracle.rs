@@ -6,7 +6,10 @@
 //! a current-thread runtime, threads with the blocking API, and child processes. Meanwhile a
 //! chaos task disrupts them: `LOCK.FORCERELEASE`, `DEL`, `CLIENT KILL` of a library connection,
 //! `COPY` of a lock and `DEL` of the copy (the same database and another), `FLUSHDB`, `SIGKILL`
-//! and `SIGSTOP` (past the lease) of a holder process, and in a cluster a slot migration.
+//! and `SIGSTOP` (past the lease) of a holder process, in a cluster a slot migration, and forged
+//! messages that end nothing (a lost message naming a live hold exactly, leader messages naming
+//! a candidate the server never elected, with a huge epoch or the next one). Two candidates
+//! campaign on an election key in turn while an observer follows it.
 //!
 //! Every hold writes through its fence (`RPUSH {key}:writes <token>`; a shared hold reads), and
 //! the checker records every guard's belief over time and the server's truth: a poller on its
@@ -22,7 +25,9 @@
 //!   the resume for a paused process;
 //! - **stale writes landed**: a write of a token after its `end:` marker: must be 0; on an
 //!   exclusive key the tokens written only rise; on a semaphore no more holds write at once
-//!   than its permits; and every write the library answered is there, once.
+//!   than its permits; and every write the library answered is there, once;
+//! - **unelected**: a leader the observer yielded that the server never elected (neither a
+//!   campaigner's epoch nor one `LOCK.CHECK` found holding when it was yielded): must be 0.
 //!
 //! `ORACLE_SEEDS` (a count, or a comma-separated list) and `ORACLE_SECS` (per seed) run it
 //! longer: `make oracle-rust SEEDS=20 SECS=60`.
@@ -241,6 +246,15 @@ enum Disrupt {
         from: u16,
         to: u16,
     },
+    /// Messages that end nothing, as anyone allowed to publish on the channels can send them:
+    /// a lost message naming each live hold of `key` exactly (`holds` of them), and leader
+    /// messages of the election naming a candidate the server never elected. (Its fields are
+    /// for the `ORACLE_VERBOSE` listing.)
+    #[allow(dead_code)]
+    Forge {
+        key: String,
+        holds: usize,
+    },
 }
 
 impl Disrupt {
@@ -257,6 +271,7 @@ impl Disrupt {
             Disrupt::SigKill { .. } => "SIGKILL",
             Disrupt::SigStop { .. } => "SIGSTOP",
             Disrupt::Migrate { .. } => "slot migration",
+            Disrupt::Forge { .. } => "forged messages",
         }
     }
 }
@@ -283,6 +298,11 @@ struct State {
     killed: HashMap<String, u64>,
     /// What a disruption could not do that it must (a slot move's BUSYKEY).
     failures: Vec<String>,
+    /// The leaders the server elected (candidate, epoch): the campaigners' own, and those a
+    /// `LOCK.CHECK` found holding when the observer yielded them.
+    elected: std::collections::HashSet<(Vec<u8>, u64)>,
+    /// What the election's observer yielded, and whether the server held it then.
+    observed: Vec<redis_lock_client::Leader>,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -608,6 +628,88 @@ struct Chaos {
     /// A connection to db 1 (standalone), for the other database's copy.
     db1: Option<redis::aio::MultiplexedConnection>,
     nodes: Vec<(String, u16)>,
+    /// The election key the campaigners and the observer use.
+    election: String,
+}
+
+/// `LOCK.INFO`'s holders as (owner, token) (RESP2 or RESP3).
+fn holders_of(info: &Value) -> Vec<(String, u64)> {
+    let pairs = |v: &Value| -> Vec<(Value, Value)> {
+        match v {
+            Value::Array(items) => items
+                .chunks(2)
+                .filter_map(|p| match p {
+                    [k, v] => Some((k.clone(), v.clone())),
+                    _ => None,
+                })
+                .collect(),
+            Value::Map(items) => items.clone(),
+            _ => Vec::new(),
+        }
+    };
+    let field = |v: &Value, name: &str| {
+        pairs(v)
+            .into_iter()
+            .find(|(k, _)| matches!(k, Value::BulkString(b) if b == name.as_bytes()))
+            .map(|(_, v)| v)
+    };
+    let Some(Value::Array(list)) = field(info, "holders") else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|h| match (field(h, "owner"), field(h, "token")) {
+            (Some(Value::BulkString(o)), Some(Value::Int(t))) => {
+                Some((String::from_utf8_lossy(&o).into_owned(), t as u64))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Two candidates campaign on `key` in turn (not bound to a connection, so that a campaign
+/// whose reply a killed connection lost is found again by the next one, ONCE) until `until`,
+/// each recording the epochs it was elected with.
+async fn campaigner(client: LockClient, key: String, state: Shared, until: Instant, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let election = client
+        .election(&key)
+        .not_ephemeral()
+        .lease(LEASE)
+        .wait_timeout(LEASE);
+    while Instant::now() < until {
+        let value = format!("v{}", rng.gen_range(0..1_000));
+        match election.campaign_with_value(&value).await {
+            Ok(mut leadership) => {
+                lock(&state).elected.insert((
+                    leadership.candidate().as_bytes().to_vec(),
+                    leadership.epoch(),
+                ));
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(20..300))).await;
+                if rng.gen_bool(0.5) {
+                    let _ = leadership.proclaim(format!("{value}+")).await;
+                    tokio::time::sleep(Duration::from_millis(rng.gen_range(20..200))).await;
+                }
+                let _ = leadership.resign().await;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// Follows the election: every leader it yields is recorded, and checked at once
+/// (`LOCK.CHECK`): one the server holds is elected for sure.
+async fn observe(client: LockClient, key: String, state: Shared, raw: Raw) {
+    let mut observer = client.election(&key).observe();
+    while let Some(leader) = observer.next().await {
+        let mut check = redis::cmd("LOCK.CHECK");
+        check.arg(&key).arg(&leader.candidate).arg(leader.epoch);
+        let held = matches!(raw.query(&check).await, Ok(Value::Int(1)));
+        let mut st = lock(&state);
+        if held {
+            st.elected.insert((leader.candidate.clone(), leader.epoch));
+        }
+        st.observed.push(leader);
+    }
 }
 
 impl Chaos {
@@ -628,7 +730,8 @@ impl Chaos {
     }
 
     async fn one(&mut self, target: &Target) {
-        let roll = self.rng.gen_range(0..100);
+        // 95 and up: forged messages.
+        let roll = self.rng.gen_range(0..108);
         let start = now_us();
         match roll {
             0..=17 => {
@@ -699,8 +802,68 @@ impl Chaos {
             58..=70 => self.migrate(target).await,
             71..=82 => self.kill_process().await,
             83..=94 => self.stop_process().await,
-            _ => {}
+            _ => self.forge().await,
         }
+    }
+
+    /// Publishes a lost message naming each live hold of a key (what `LOCK.INFO` shows:
+    /// database, key, owner, token), and leader messages of the election naming a candidate
+    /// the server never elected, with a huge epoch or the next one. Nothing may believe them.
+    async fn forge(&mut self) {
+        let start = now_us();
+        let key = self.key();
+        let publish = if self.cluster { "SPUBLISH" } else { "PUBLISH" };
+        let holds = match self.raw.query(redis::cmd("LOCK.INFO").arg(&key)).await {
+            Ok(info) => holders_of(&info),
+            Err(_) => Vec::new(),
+        };
+        let reasons = [
+            "forcereleased",
+            "disconnected",
+            "expired",
+            "deleted",
+            "overwritten",
+            "evicted",
+        ];
+        let reason = reasons[self.rng.gen_range(0..reasons.len())];
+        let channel = redis_lock_client::lost_signal_channel(key.as_bytes());
+        for (owner, token) in &holds {
+            let message = format!("{reason} 0 {token} {} {key} {owner}", key.len());
+            let _ = self
+                .raw
+                .query(redis::cmd(publish).arg(&channel).arg(message))
+                .await;
+        }
+        let election = &self.election;
+        let leader = match self
+            .raw
+            .query(redis::cmd("LOCK.LEADER").arg(election))
+            .await
+        {
+            Ok(Value::Array(items)) => match items.get(1) {
+                Some(Value::Int(epoch)) => *epoch as u64,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        let epoch = if self.rng.gen_bool(0.5) {
+            9_000_000_000_000_000_000
+        } else {
+            leader + 1
+        };
+        let channel = redis_lock_client::leader_channel(election.as_bytes());
+        let n = election.len();
+        for message in [
+            format!("elected 0 {epoch} {n} {election} forged-node"),
+            format!("proclaimed 0 {epoch} {n} {election} 6.6.6.6:66"),
+        ] {
+            let _ = self
+                .raw
+                .query(redis::cmd(publish).arg(&channel).arg(message))
+                .await;
+        }
+        let holds = holds.len();
+        self.record(Disrupt::Forge { key, holds }, start);
     }
 
     async fn client_kill(&mut self, target: &Target) {
@@ -1208,7 +1371,26 @@ async fn run_seed(target: &Target, seed: u64, secs: u64) -> Outcome {
         ),
         Target::Cluster(_) => None,
     };
+    // An election: two candidates campaign in turn, an observer follows.
+    let election = format!("s{seed}el:election");
+    let mut elections = Vec::new();
+    for n in 0..2 {
+        elections.push(tokio::spawn(campaigner(
+            client.clone(),
+            election.clone(),
+            state.clone(),
+            until,
+            seed * 1_000 + 500 + n,
+        )));
+    }
+    let observer = tokio::spawn(observe(
+        client.clone(),
+        election.clone(),
+        state.clone(),
+        raw.clone(),
+    ));
     let mut chaos = Chaos {
+        election: election.clone(),
         rng: StdRng::seed_from_u64(seed ^ 0xC4A05),
         raw: raw.clone(),
         keys: keys.clone(),
@@ -1237,6 +1419,14 @@ async fn run_seed(target: &Target, seed: u64, secs: u64) -> Outcome {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let grace = Duration::from_secs(30);
+    for task in elections {
+        tokio::time::timeout(grace, task)
+            .await
+            .expect("a campaigner finished")
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await; // the last leader read
+    observer.abort();
     for task in tasks {
         tokio::time::timeout(grace, task)
             .await
@@ -1322,7 +1512,11 @@ fn could_end(d: &Disruption, key: &str, client: &str, lo: u64, hi: u64) -> bool 
         Disrupt::SigStop {
             client: c, resumed, ..
         } => c == client && resumed.is_none_or(|r| r >= lo),
-        Disrupt::SigKill { .. } | Disrupt::CopyDel { .. } | Disrupt::Migrate { .. } => false,
+        // A forged message ends nothing: a hold the library let go on one is a false lost.
+        Disrupt::SigKill { .. }
+        | Disrupt::CopyDel { .. }
+        | Disrupt::Migrate { .. }
+        | Disrupt::Forge { .. } => false,
     }
 }
 
@@ -1689,6 +1883,26 @@ fn judge(
     );
     let _ = writeln!(report, "  disruptions: {kinds:?}");
     let _ = writeln!(report, "  false lost: {}", false_lost.len());
+    // The election's observer: never a leader the server did not elect (a forged message's).
+    let unelected: Vec<String> = st
+        .observed
+        .iter()
+        .filter(|l| !st.elected.contains(&(l.candidate.clone(), l.epoch)))
+        .map(|l| format!("seed {seed}: the observer followed {l}, which the server never elected"))
+        .collect();
+    let _ = writeln!(
+        report,
+        "  observer: {} leaders yielded, {} the server never elected",
+        st.observed.len(),
+        unelected.len()
+    );
+    for line in &unelected {
+        let _ = writeln!(report, "  UNELECTED: {line}");
+    }
+    if st.observed.is_empty() {
+        violations.push(format!("seed {seed}: the observer yielded no leader"));
+    }
+    violations.extend(unelected.iter().cloned());
     let _ = writeln!(
         report,
         "  false held: {} cases; longest per cause (ms): {:?}",
@@ -1711,7 +1925,8 @@ fn judge(
         reach[1],
         reach[2],
         st.failures.len(),
-        violations.len() - fell.len() - st.failures.len()
+        violations.len() - fell.len() - st.failures.len() - unelected.len()
+            - usize::from(st.observed.is_empty())
     );
     if std::env::var_os("ORACLE_VERBOSE").is_some() {
         for d in &st.disruptions {

@@ -282,3 +282,96 @@ async fn a_key_taken_again_soon_is_not_subscribed_again_and_is_unsubscribed_once
     wait_subscribers(&mut raw, "lock.lost:{k}", 0).await;
     assert_eq!(calls(&mut raw, "unsubscribe").await, 1);
 }
+
+/// A connection as a user that may only `PUBLISH` on `channel`: no keys, no `LOCK.*` command.
+async fn publisher_only(
+    server: &Server,
+    raw: &mut MultiplexedConnection,
+    channel: &str,
+) -> MultiplexedConnection {
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "forger",
+            "on",
+            ">pw",
+            "resetkeys",
+            "resetchannels",
+        ])
+        .arg(format!("&{channel}"))
+        .arg("+publish")
+        .query_async(raw)
+        .await
+        .unwrap();
+    redis::Client::open(format!("redis://forger:pw@127.0.0.1:{}/", server.port))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// `LOCK.CHECK key owner token`.
+async fn server_checks(raw: &mut MultiplexedConnection, key: &str, owner: &str, token: u64) -> i64 {
+    redis::cmd("LOCK.CHECK")
+        .arg(key)
+        .arg(owner)
+        .arg(token)
+        .query_async(raw)
+        .await
+        .unwrap()
+}
+
+/// A message is a hint, never evidence: a lost message naming exactly a live hold (database,
+/// key, owner, token: all of it readable with LOCK.INFO), published by a user who may do
+/// nothing but publish on the channel, makes the library read the hold (LOCK.CHECK); the server
+/// still holds it, so nothing changes: not lost, renewed past its lease. The server's own
+/// message for a real force release is still reported at once (its read finds the hold gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_lost_message_is_checked_and_a_live_hold_stays_held_and_renewed() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    let mut forger = publisher_only(&server, &mut raw, "lock.lost:{k}").await;
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let lease = Duration::from_millis(900);
+    let guard = client.lock("k").lease(lease).acquire().await.unwrap();
+    let (owner, token) = (guard.owner().to_string(), guard.token());
+    wait_subscribers(&mut raw, "lock.lost:{k}", 1).await;
+    let checks = calls(&mut raw, "lock.check").await;
+    for reason in ["forcereleased", "disconnected", "expired", "deleted"] {
+        publish(
+            &mut forger,
+            "lock.lost:{k}",
+            &format!("{reason} 0 {token} 1 k {owner}"),
+        )
+        .await;
+    }
+    // Each message is checked with a read (the library's own renewals check too: at least 4).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while calls(&mut raw, "lock.check").await < checks + 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the forged messages were never checked (guard: {:?})",
+            guard.lost_reason()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(guard.lost_reason(), None, "a message alone reported a loss");
+    assert_eq!(server_checks(&mut raw, "k", &owner, token).await, 1);
+    // Renewed past its lease: the watchdog goes on.
+    let renewals = calls(&mut raw, "lock.renew").await;
+    tokio::time::sleep(lease * 2).await;
+    assert_eq!(guard.lost_reason(), None);
+    assert!(calls(&mut raw, "lock.renew").await >= renewals + 3);
+    assert_eq!(server_checks(&mut raw, "k", &owner, token).await, 1);
+    // The real thing: reported at once, with the server's reason.
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("k")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_millis(300), guard.lost())
+        .await
+        .expect("reported within 300 ms");
+    assert_eq!(reason, LostReason::ForceReleased);
+}

@@ -97,6 +97,13 @@ def spawn(name: str, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -
     task.add_done_callback(_running.discard)
 
 
+def spawn_short(name: str, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+    """Runs ``fn(*args)``, one round trip of work asked for by a reader that must read on (the
+    check a lost-hold message asks for): here a task, as ``spawn``. The threaded twin runs it
+    at once on the calling thread, where starting a thread would cost more than the work."""
+    spawn(name, fn, *args)
+
+
 T = TypeVar("T")
 
 

@@ -43,7 +43,7 @@ from .._common import (
 from .._connect import Redirected
 from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
-from ._backend import Event, Mutex, current_loop, sleep, spawn, wait_event
+from ._backend import Event, Mutex, current_loop, sleep, spawn, spawn_short, wait_event
 from ._connection import OwnConnection
 
 log = logging.getLogger("redis_lock_client")
@@ -468,11 +468,16 @@ class Hold:
     # -- the lost-hold signal ------------------------------------------------------------------
 
     def signal(self, message: LostMessage) -> None:
-        """A message of the signal listener. A one-hold message is acted on when it names this
-        hold exactly; a whole-key, flush or move message when it concerns this hold's database
-        and a key of it, by a check with one read per key."""
+        """A message of the signal listener: a hint, never evidence (anyone allowed to publish
+        on the channel can send one). A one-hold message that names this hold exactly is checked
+        with one read (``LOCK.CHECK`` of the key it names); a whole-key, flush or move message
+        that concerns this hold's database and a key of it, with one read per key. Only a read
+        that finds the hold gone reports it lost."""
         if isinstance(message, HoldEnded):
-            self._event(lambda m: m.signal(message))
+            with self._lock:
+                named = self._machine.active and self._machine.names(message)
+            if named:
+                spawn_short("redis-lock-check", self._check_named, message)
             return
         if isinstance(message, Flushed):
             db, key, reason, moved = message.db, None, LostReason.FLUSHED, False
@@ -484,6 +489,21 @@ class Hold:
             concerned = self._machine.active and self._machine.concerns(db, key)
         if concerned:
             spawn("redis-lock-check", self._check, key, reason, moved)
+
+    async def _check_named(self, message: HoldEnded) -> None:
+        """``LOCK.CHECK key owner token`` of the key a message named (one round trip, O(1)): the
+        hold is reported lost, with the message's reason, only when the server answers 0. No
+        answer changes nothing: the watchdog's rules stand."""
+        try:
+            held = await self.route.query(check(message.key, self.owner, message.token))
+        except LockServerError as e:
+            if is_final(str(e)):
+                self._event(lambda m: m.checked(False, message.reason))
+            return
+        except LockError:
+            return
+        if held == 0:
+            self._event(lambda m: m.checked(False, message.reason))
 
     async def _check(self, key: Optional[bytes], reason: LostReason, moved: bool) -> None:
         """``LOCK.INFO`` of each key concerned (a read that changes nothing, following MOVED and

@@ -186,13 +186,17 @@ class Observer:
     (``election.observe()``).
 
     It subscribes to the key's leader channel on a connection of its own (``SSUBSCRIBE`` on the
-    key's master in a cluster), then reads ``LOCK.LEADER`` and yields the current leader, then a
-    leader per message about its own database and key: each newly elected candidate (``value``
-    None), and each value it proclaims. It never yields an epoch below the last it yielded, nor
-    the same leader twice in a row. When the connection breaks it connects again, subscribes,
-    and reads ``LOCK.LEADER`` again (pub/sub is at most once: what was published meanwhile is
-    gone, the read tells the current leader). The end of a leadership is not announced: the
-    next election is.
+    key's master in a cluster), then reads ``LOCK.LEADER`` and yields the current leader. Each
+    message about its own database and key (an election, a proclamation) makes it read
+    ``LOCK.LEADER`` again, one round trip on the client's connections, and it yields what the
+    read answers when that changed: a newly elected candidate (``value`` None until it
+    proclaims one; a candidate elected with a value comes with it), a new value. A message is
+    never believed by itself: anyone allowed to publish on the channel can send one, so the
+    observer yields only leaders the server names. It never yields an epoch below the last it
+    yielded, nor the same leader twice in a row. When the connection breaks (or a read fails) it
+    connects again, subscribes, and reads ``LOCK.LEADER`` again (pub/sub is at most once: what
+    was published meanwhile is gone, the read tells the current leader). The end of a
+    leadership is not announced: the next election is.
 
     Reading waits for the next leader; closing it (from any thread in the sync library; in
     asyncio, cancel a task waiting in it to stop it at once) ends the iteration; ``with``
@@ -284,13 +288,14 @@ class Observer:
             return
         if not isinstance(payload, bytes):
             return
-        self._push(self._feed.message(parse_leader_message(payload)))
-        if self._feed.stale:
-            try:
-                found = parse_leader(self._client._query(self._key, leader(self._key)))
-            except LockError:
-                return  # the next message or reconnection tells
-            self._push(self._feed.read(found))
+        if not self._feed.message(parse_leader_message(payload)):
+            return
+        try:
+            found = parse_leader(self._client._query(self._key, leader(self._key)))
+        except LockError:
+            self._drop()  # connect again, subscribe again and read: nothing is missed
+            return
+        self._push(self._feed.read(found))
 
     def _follow(self, sub: Subscriber, connector: Connector) -> None:
         """Under Sentinel: leaves ``sub`` as soon as the Sentinels name another master (as the

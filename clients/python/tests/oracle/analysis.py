@@ -82,6 +82,10 @@ class Report:
     #: The token-order check's reach (``token_pairs``): new grants, those checked against at
     #: least one handed out before they were asked for, and such ordered pairs.
     token_checked: tuple[int, int, int] = (0, 0, 0)
+    #: Leaders the election's observer yielded, and those the server never elected (named
+    #: only by a forged message).
+    observed: int = 0
+    unelected: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     acquire_errors: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -109,6 +113,8 @@ class Report:
             f"joined a dropped guard's hold not yet collected: {len(self.regranted_after_drop)}",
             f"  token order: {self.token_checked[0]} new grants, {self.token_checked[1]} "
             f"checked against {self.token_checked[2]} ordered pairs",
+            f"  observer: {self.observed} leaders yielded, {len(self.unelected)} the server "
+            f"never elected",
             f"  false held: {len(self.false_held)} cases (signalled: median "
             f"{self.signal_median_ms:.1f} ms); longest per cause (ms): "
             + ", ".join(f"{c} {n}x max {w:.0f}" for c, (n, w) in sorted(self.longest().items())),
@@ -119,7 +125,7 @@ class Report:
                 f"{case['hid']} {case['key']} token {case['token']} -> {case['reason']}")
         for what, items in [("FALSE LOST", self.false_lost), ("OVER BOUND", self.over_bound),
                             ("STALE WRITE", self.stale), ("REGRANTED", self.regranted),
-                            ("TOKEN FELL", self.token_fell),
+                            ("TOKEN FELL", self.token_fell), ("UNELECTED", self.unelected),
                             ("ERROR", self.errors), ("unchecked lost", self.unchecked)]:
             for item in items[:20]:
                 lines.append(f"  {what}: {item}")
@@ -340,7 +346,28 @@ def analyse(
             report.errors.append(f"disruption {d.kind}: {d.error}")
     report.token_fell = token_order(events, disruptions)
     report.token_checked = token_pairs(events)
+    report.observed, report.unelected = unelected(events, snaps)
     return report
+
+
+def unelected(events: list[dict[str, Any]], snaps: list[Snap]) -> tuple[int, list[str]]:
+    """The leaders observers yielded (``observed`` events), and those the server never elected:
+    a (candidate, epoch) neither granted to a holder of that key nor seen held there by the
+    truth keeper's reads."""
+    elected: set[tuple[str, str, int]] = set()
+    for e in events:
+        if e["e"] == "granted" and e.get("owner") is not None:
+            for key, token in zip(e.get("keys", []), e.get("tokens", [])):
+                elected.add((key, e["owner"], token))
+    for s in snaps:
+        for key, holds in s.holds.items():
+            for owner, token in holds:
+                elected.add((key, owner, token))
+    observed = [e for e in events if e["e"] == "observed"]
+    out = [f"{e['h']} followed {e['candidate']} epoch {e['epoch']} on {e['key']} at "
+           f"{e['t']:.3f}: never elected" for e in observed
+           if (e["key"], e["candidate"], e["epoch"]) not in elected]
+    return len(observed), out
 
 
 # -- Token order -----------------------------------------------------------------------------

@@ -23,8 +23,8 @@ from redis.crc import key_slot
 
 from oracle.analysis import Context, Report, analyse
 from oracle.holders import AsyncHolder, Spec, SyncHolder, redis_check
-from oracle.truth import Truth
-from redis_lock_client import AsyncLockClient, LockClient
+from oracle.truth import Truth, parse_holds
+from redis_lock_client import AsyncLockClient, LockClient, leader_channel, lost_signal_channel
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -118,6 +118,7 @@ class Oracle:
         where = {g: self._port_of(keys[0]) for g, keys in self.groups.items()}
         self.truth = Truth(self.nodes, self.groups, where, {self.s: 2})
         self._hid = 0
+        self.observer: Any = None
 
     # -- set up ----------------------------------------------------------------------------
 
@@ -193,6 +194,8 @@ class Oracle:
             t.start()
         for _ in range(2):
             self._start_worker()
+        self.observer = client.election(self.e).observe()
+        threading.Thread(target=self._observe, args=(self.observer,), daemon=True).start()
         started = time.monotonic()
         try:
             self._disrupt(started + self.secs)
@@ -234,6 +237,19 @@ class Oracle:
                                             "phase": s.phase, "holds": sorted(holds),
                                             "writes": len(s.writes.get(k, []))}) + "\n")
 
+    def _observe(self, observer: Any) -> None:
+        """Records every leader the election key's observer yields (the analysis checks each
+        against the leaders the server elected: never one only a forged message named)."""
+        try:
+            for leader in observer:
+                self.events({"e": "observed", "h": "observer", "ctx": "main",
+                             "t": time.monotonic(), "key": self.e,
+                             "candidate": leader.candidate.decode(errors="replace"),
+                             "epoch": leader.epoch})
+        except Exception as e:  # noqa: BLE001 - recorded, asserted on
+            self.events({"e": "error", "h": "observer", "ctx": "main", "t": time.monotonic(),
+                         "what": f"the observer: {type(e).__name__}: {e}"})
+
     async def _run_async(self, specs: list[dict[str, Any]], check: Any) -> None:
         if self.cluster:
             rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=self.ports[0],
@@ -270,6 +286,8 @@ class Oracle:
                          "what": f"the asyncio holders: {type(e).__name__}: {e}"})
         loop.call_soon_threadsafe(loop.stop)
         loop_thread.join(5)
+        if self.observer is not None:
+            self.observer.close()
         client.close()
 
     def _cont(self, w: Worker) -> None:
@@ -289,7 +307,7 @@ class Oracle:
 
     def _disrupt(self, until: float) -> None:
         kinds = {"sigkill": 1.0, "sigstop": 1.5, "client-kill": 1.5, "forcerelease": 1.5,
-                 "del": 1.5, "copy-same": 1.0, "flushdb": 0.6}
+                 "del": 1.5, "copy-same": 1.0, "flushdb": 0.6, "forge": 1.5}
         if self.cluster:
             kinds["migrate"] = 2.0
         else:
@@ -366,6 +384,8 @@ class Oracle:
                 self.truth.submit(kind, group, [["FLUSHDB"]])
         elif kind == "migrate":
             self.truth.submit(kind, group, call=lambda truth: self._migrate(group))
+        elif kind == "forge":
+            self.truth.submit(kind, group, call=lambda truth: self._forge(key))
 
     def _holding(self, ctx: str) -> bool:
         """Whether a holder of ``ctx`` believes it holds something now (from its events)."""
@@ -405,6 +425,38 @@ class Oracle:
         kind = "pubsub" if subscribed else "bound" if owner else "pool"
         conn.execute_command("CLIENT", "KILL", "ID", entry["id"])
         return {"conn": kind, "ctx": ctx, "owner": owner or None, "cmd": entry.get("cmd")}
+
+    def _forge(self, key: str) -> dict[str, Any]:
+        """Messages nobody may believe, as anyone allowed to publish on the channels can send
+        them: a lost message naming each live hold of ``key`` exactly (database, key, owner and
+        token, as LOCK.INFO shows them), and sometimes the whole key; leader messages of the
+        election key naming a candidate the server never elected, with a huge epoch or the
+        next one. The holds are alive: a loss reported for one is a false lost, and a leader
+        the observer yields that the server never elected is counted (``unelected``)."""
+        publish = "SPUBLISH" if self.cluster else "PUBLISH"
+        conn = self.nodes[self.truth.where[self._group(key)]]
+        holds, _ = parse_holds(conn.execute_command("LOCK.INFO", key))
+        reason = self.rng.choice([b"forcereleased", b"disconnected", b"expired", b"deleted",
+                                  b"overwritten", b"evicted"])
+        k = key.encode()
+        for owner, token in holds:
+            conn.execute_command(publish, lost_signal_channel(key), b"%s 0 %d %d %s %s" % (
+                reason, token, len(k), k, owner.encode()))
+        whole = self.rng.random() < 0.3
+        if whole:
+            conn.execute_command(publish, lost_signal_channel(key),
+                                 b"%s 0 * %d %s" % (reason, len(k), k))
+        e = self.e.encode()
+        econn = self.nodes[self.truth.where[self._group(self.e)]]
+        leader = parse_holds(econn.execute_command("LOCK.INFO", self.e))[0]
+        epoch = self.rng.choice([9_000_000_000_000_000_000,
+                                 max((t for _, t in leader), default=1) + 1])
+        econn.execute_command(publish, leader_channel(self.e),
+                              b"elected 0 %d %d %s forged-node" % (epoch, len(e), e))
+        econn.execute_command(publish, leader_channel(self.e),
+                              b"proclaimed 0 %d %d %s 6.6.6.6:66" % (epoch, len(e), e))
+        return {"key": key, "holds": len(holds), "whole": whole,
+                "reason": reason.decode(), "epoch": epoch}
 
     def _migrate(self, group: str) -> dict[str, Any]:
         """The group's slot moves to another master, as a reshard moves it, in two batches of

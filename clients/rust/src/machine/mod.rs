@@ -18,9 +18,12 @@
 //!    replicas, only an acknowledged renewal moves it (a master that dies before replicating a
 //!    renewal leaves the new master with the older lease end).
 //! 3. *Lost* only on evidence: a renewal answered 0 (or, bound to its connection, not at all), a
-//!    signal naming this (db, key, owner, token), a check that no longer finds the hold, the
-//!    `EPHEMERAL` connection closing, the handle's acquire answered with another token, or time
-//!    passing the deadline (no confirmed renewal for a lease: the backstop).
+//!    check that no longer finds the hold, the `EPHEMERAL` connection closing, the handle's
+//!    acquire answered with another token, or time passing the deadline (no confirmed renewal
+//!    for a lease: the backstop). A message is never evidence: anyone allowed to publish on the
+//!    channel can send one. A message that names this hold, or may concern it, asks for a check
+//!    (a read of the server), and only the check's answer counts; a check with no answer changes
+//!    nothing.
 //! 4. After *Lost* or *Released* nothing renews, and nothing changes the state.
 
 use std::sync::Arc;
@@ -155,8 +158,8 @@ pub(crate) enum Read {
     Renewal,
     /// A fixed lease's confirmation: the lease this hold has left (`LOCK.INFO`).
     LeaseLeft,
-    /// Whether the hold is still there after a message that may concern it (`LOCK.INFO`);
-    /// `LostReason` is what to report if not.
+    /// Whether the hold is still there after a message that may concern it (`LOCK.CHECK`), or
+    /// after its connection closed; `LostReason` is what to report if not.
     Check(LostReason),
 }
 
@@ -191,7 +194,9 @@ pub(crate) enum Event<'a> {
         replied: Instant,
         answer: Answer,
     },
-    /// A message of the lost-hold signal (about this hold or not).
+    /// A message of the lost-hold signal (about this hold or not): a hint that asks for a
+    /// check, never evidence. While a grant is confirmed, the confirmation is the read that
+    /// tells.
     Signal(&'a LostSignal),
     /// The connection the hold is bound to closed or failed (the server ends the hold when it
     /// sees that: it is reported once a read finds it gone).
@@ -371,13 +376,6 @@ impl Machine {
                 }
                 (Read::Check(_), _) => State::Confirming { attempts },
             },
-            (State::Confirming { .. }, Event::Signal(signal)) => match self.named(signal) {
-                Some(reason) => {
-                    out.refuse = Some(Refusal::Gone(reason));
-                    State::Refused
-                }
-                None => self.state,
-            },
             (State::Confirming { .. }, Event::ConnectionLost | Event::MasterReplaced)
                 if self.terms.binding == Binding::Connection =>
             {
@@ -488,10 +486,8 @@ impl Machine {
             },
             Event::Reentered { .. } => self.state,
             Event::Replaced => State::Lost(LostReason::HoldGone),
+            // A hint, not evidence: the check the message asks for tells.
             Event::Signal(signal) => {
-                if let Some(reason) = self.named(signal) {
-                    return State::Lost(reason);
-                }
                 out.check = self.check_after(signal);
                 self.state
             }
@@ -524,28 +520,22 @@ impl Machine {
         }
     }
 
-    /// The reason of a one-hold message that names exactly this hold.
-    fn named(&self, signal: &LostSignal) -> Option<LostReason> {
-        match signal {
+    /// The check a message asks for. A message is a hint: anyone allowed to publish on the
+    /// channel can send one, so none is evidence by itself. One that names exactly this hold
+    /// (database, key, owner, token), or concerns a key of it without naming a hold (the whole
+    /// key, a move, a flush), is checked with a read before anything is reported; the reason
+    /// reported, if the read finds the hold gone, is the message's.
+    fn check_after(&self, signal: &LostSignal) -> Option<Check> {
+        let (reason, moved) = match signal {
             LostSignal::Hold {
                 reason,
                 db,
                 token,
                 key,
                 owner,
-            } if self.identity.is_named_by(*db, key, owner, *token) => Some(*reason),
-            _ => None,
-        }
-    }
-
-    /// The check a message asks for: one that concerns a key of this hold without naming a
-    /// hold (the whole key, a move, a flush) is checked with a read before anything is reported.
-    fn check_after(&self, signal: &LostSignal) -> Option<Check> {
-        if !self.identity.is_concerned_by(signal) {
-            return None;
-        }
-        let (reason, moved) = match signal {
+            } if self.identity.is_named_by(*db, key, owner, *token) => (*reason, false),
             LostSignal::Hold { .. } => return None,
+            _ if !self.identity.is_concerned_by(signal) => return None,
             LostSignal::Key { reason, .. } => (*reason, false),
             LostSignal::Moved { .. } => (LostReason::HoldGone, true),
             LostSignal::Flushed { .. } => (LostReason::Flushed, false),

@@ -8,7 +8,8 @@
 //! - a guard is handed out at most once, and only after the grant (after a long wait, after a
 //!   confirmation the server answered with the hold);
 //! - the deadline is the largest bound any evidence gave (send time + lease left − drift);
-//! - a loss is reported only with the reason of the evidence that ended the hold;
+//! - a loss is reported only with the reason of the evidence that ended the hold, and a message
+//!   is never that evidence: one that names a held hold asks for a check with its reason;
 //! - one renewal at a time, and none once the hold has ended;
 //! - while held, the machine asks to be woken no later than its deadline.
 
@@ -104,9 +105,6 @@ impl Model {
                     }
                 }
             },
-            Event::Signal(signal) if confirming && names(&case.identity, signal).is_some() => {
-                self.end(End::Refused)
-            }
             Event::ConnectionLost | Event::MasterReplaced
                 if confirming && terms.binding == Binding::Connection =>
             {
@@ -151,11 +149,8 @@ impl Model {
             }
             Event::Replaced => self.end(End::Lost(LostReason::HoldGone)),
             Event::Fenced(reason) => self.end(End::Lost(reason)),
-            Event::Signal(signal) => {
-                if let Some(reason) = names(&case.identity, signal) {
-                    self.end(End::Lost(reason));
-                }
-            }
+            // A message is a hint: only the check it asks for can end the hold.
+            Event::Signal(_) => {}
             Event::MasterReplaced if self.binding(terms) == Binding::Connection => {
                 self.end(End::Lost(LostReason::ConnectionClosed))
             }
@@ -339,6 +334,11 @@ fn run(seed: u64) {
         let was_renewing = matches!(machine.state(), State::Held { renewing: true, .. });
         let was_held = model.held();
         let was_confirming = matches!(machine.state(), State::Confirming { .. });
+        let message = matches!(event, Event::Signal(_));
+        let named = match &event {
+            Event::Signal(signal) => names(&case.identity, signal),
+            _ => None,
+        };
         model.observe(&case, &event);
         let out = machine.step(event);
 
@@ -361,6 +361,17 @@ fn run(seed: u64) {
         assert_eq!(out.refuse.is_some(), refused_now, "{shown}: refusal");
         if model.held() {
             assert_eq!(machine.deadline(), model.bound, "{shown}: deadline");
+        }
+        // A message changes nothing by itself; one naming a held hold asks for a check that
+        // reports the message's reason if the hold is gone.
+        if message {
+            assert!(
+                !out.notify && out.refuse.is_none(),
+                "{shown}: a message decided"
+            );
+        }
+        if was_held && named.is_some() {
+            assert_eq!(out.check.map(|c| c.reason), named, "{shown}: no check");
         }
         // One renewal at a time, only while held, never after the end; a fixed lease only as
         // an acknowledged grant's confirmation.

@@ -96,6 +96,21 @@ fn a_long_wait_is_confirmed_before_the_guard_is_handed_out() {
 }
 
 #[test]
+fn a_message_naming_a_grant_being_confirmed_leaves_the_confirmation_to_decide() {
+    let base = Instant::now();
+    let named = LostSignal::parse(b"forcereleased 0 7 1 k me:1").unwrap();
+    let (mut m, _) = granted(Renewal::Watchdog, Binding::Lease, base, 2_000);
+    assert_eq!(m.step(Event::Signal(&named)), Actions::default());
+    assert_eq!(m.state(), State::Confirming { attempts: 1 });
+    let out = m.step(answered(
+        Read::Renewal,
+        ms(base, 2_001),
+        Answer::Holds(None),
+    ));
+    assert!(out.deliver && out.refuse.is_none());
+}
+
+#[test]
 fn a_confirmation_that_finds_the_hold_gone_or_unanswered_refuses_the_acquire() {
     let base = Instant::now();
     let (mut m, _) = granted(Renewal::Watchdog, Binding::Lease, base, 2_000);
@@ -251,17 +266,20 @@ fn the_hold_is_lost_only_on_evidence_each_with_its_reason() {
             ),
             Some(LostReason::ConnectionClosed),
         ),
+        // A message is a hint (see the next tests): it asks for a check, and only the check's
+        // answer is evidence.
+        (Binding::Lease, Event::Signal(&named), None),
+        (Binding::Lease, Event::Signal(&named_second_key), None),
+        (Binding::Lease, Event::Signal(&other_db), None),
         (
             Binding::Lease,
-            Event::Signal(&named),
+            answered(
+                Read::Check(LostReason::ForceReleased),
+                ms(base, 10),
+                Answer::Gone,
+            ),
             Some(LostReason::ForceReleased),
         ),
-        (
-            Binding::Lease,
-            Event::Signal(&named_second_key),
-            Some(LostReason::Expired),
-        ),
-        (Binding::Lease, Event::Signal(&other_db), None),
         (
             Binding::Lease,
             answered(Read::Check(LostReason::Flushed), ms(base, 10), Answer::Gone),
@@ -383,10 +401,27 @@ fn a_bound_hold_whose_connection_closed_is_reported_lost_once_a_read_finds_it_go
 }
 
 #[test]
-fn messages_about_the_key_but_no_hold_ask_for_a_check_and_others_are_ignored() {
+fn messages_that_name_the_hold_or_its_key_ask_for_a_check_and_others_are_ignored() {
     let base = Instant::now();
-    // (message, the check asked for)
-    let cases: [(&[u8], Option<Check>); 10] = [
+    // (message, the check asked for). A message naming this very hold is a hint too: anyone
+    // allowed to publish on the channel can send one, so it is checked with a read.
+    let cases: [(&[u8], Option<Check>); 12] = [
+        (
+            b"forcereleased 0 7 1 k me:1",
+            Some(Check {
+                reason: LostReason::ForceReleased,
+                moved: false,
+                until_gone: false,
+            }),
+        ),
+        (
+            b"expired 0 9 5 {k}:2 me:1",
+            Some(Check {
+                reason: LostReason::Expired,
+                moved: false,
+                until_gone: false,
+            }),
+        ),
         (
             b"deleted 0 * 1 k",
             Some(Check {
