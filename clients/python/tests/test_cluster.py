@@ -540,10 +540,14 @@ def asking_info(node: Server, key: str):
     return None if reply is None else dict(zip(reply[::2], reply[1::2]))
 
 
-def half_move(cluster: Cluster, key: str, *moved: str) -> tuple[Server, Server, int, str]:
+def half_move(cluster: Cluster, key: str, *moved: str,
+              counter: bool = False) -> tuple[Server, Server, int, str]:
     """The key's slot set MIGRATING on its master and IMPORTING on another, and ``moved`` (some
     of its keys) migrated there: the source now answers ASK for those, TRYAGAIN for a command
-    naming some moved and some not. Returns (source, target, slot, target id)."""
+    naming some moved and some not. ``counter``: the slot's token counter moved first — while
+    a slot moves, a node mints tokens only from the slot's counter, so the importing node
+    grants once it has it, and the source no longer does. Returns (source, target, slot,
+    target id)."""
     slot = redis.cluster.key_slot(key.encode())
     source = cluster.node_of(key)
     target = next(n for n in cluster.nodes if n is not source)
@@ -551,8 +555,10 @@ def half_move(cluster: Cluster, key: str, *moved: str) -> tuple[Server, Server, 
     target_id = dst.execute_command("CLUSTER", "MYID").decode()
     dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.execute_command("CLUSTER", "MYID").decode())
     src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-    if moved:
-        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *moved)
+    counters = [k for k in src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+                if counter and k.startswith(b"__lock_fence__{")]
+    if counters or moved:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *counters, *moved)
     return source, target, slot, target_id
 
 
@@ -605,7 +611,7 @@ def test_a_wait_and_an_ephemeral_acquire_answered_ask_follow_it(own_cluster):
     client = LockClient(cluster.redis_cluster())
     warm = client.lock(key).acquire()  # loads the slot map now
     warm.release()
-    source, target, slot, target_id = half_move(cluster, key)
+    source, target, slot, target_id = half_move(cluster, key, counter=True)
     asks = cluster.errorstat("ASK")
     waited = client.lock(key, wait_timeout=5).acquire()
     assert cluster.errorstat("ASK") == asks + 1

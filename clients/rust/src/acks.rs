@@ -113,9 +113,68 @@ pub(crate) struct Shortfall {
     pub(crate) why: String,
 }
 
+impl Shortfall {
+    /// The shortfall said first by what the master's `ROLE` shows: with fewer connected
+    /// replicas than wanted, no wait could have been acknowledged (a failover that left too few
+    /// replicas: `replicas=N` needs N + 1 to survive one). Unchanged when `ROLE` says nothing
+    /// (refused by an ACL, not a master) or enough are connected.
+    pub(crate) fn explained_by_role(self, role: &Value) -> Shortfall {
+        match connected_replicas(role) {
+            Some(connected) if connected < self.wanted as usize => Shortfall {
+                why: format!(
+                    "the master has {connected} connected replicas, {} needed: {}",
+                    self.wanted, self.why
+                ),
+                ..self
+            },
+            _ => self,
+        }
+    }
+}
+
+/// How many replicas a master's `ROLE` reply lists (`master`, offset, [[ip, port, offset],
+/// ...]); None for anything else.
+fn connected_replicas(role: &Value) -> Option<usize> {
+    let Value::Array(items) = role else {
+        return None;
+    };
+    match items.as_slice() {
+        [Value::BulkString(kind), _, Value::Array(replicas)] if kind == b"master" => {
+            Some(replicas.len())
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_master_with_too_few_connected_replicas_is_named_as_the_cause() {
+        let short = || Shortfall {
+            acknowledged: 0,
+            wanted: 1,
+            why: "0 of 1 replicas acknowledged within 200 ms (WAIT)".into(),
+        };
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let alone = Value::Array(vec![bulk("master"), Value::Int(7), Value::Array(vec![])]);
+        assert_eq!(
+            short().explained_by_role(&alone).why,
+            "the master has 0 connected replicas, 1 needed: 0 of 1 replicas acknowledged within 200 ms (WAIT)"
+        );
+        let one = Value::Array(vec![
+            bulk("master"),
+            Value::Int(7),
+            Value::Array(vec![Value::Array(vec![
+                bulk("127.0.0.1"),
+                bulk("6380"),
+                bulk("7"),
+            ])]),
+        ]);
+        assert_eq!(short().explained_by_role(&one), short());
+        assert_eq!(short().explained_by_role(&Value::Nil), short());
+    }
 
     #[test]
     fn enough_acknowledgements_pass_and_too_few_or_a_refusal_say_why() {

@@ -157,10 +157,11 @@ impl LockGuard {
     ///
     /// Errors: [`LockError::NotHeld`] when the hold was lost before (with the reason) or the
     /// server no longer knew it; [`LockError::Connection`] when the release could not be sent or
-    /// answered — it is not retried (a repeat could release a later hold), and the hold then ends
-    /// at its lease end at the latest, since the watchdog has stopped. If this future is dropped
-    /// before the answer, the release goes on in the background, and the handle's next acquire
-    /// waits for it.
+    /// answered — it is then sent again in the background by its token (`LOCK.RELEASE key owner
+    /// TOKEN t`, which never releases a later hold), wherever the master is now, for up to a
+    /// lease, and the handle's next acquire waits for it (it never gets this hold back). If this
+    /// future is dropped before the answer, the release goes on in the background, and the
+    /// handle's next acquire waits for it.
     pub async fn release(&mut self) -> Result<Release, LockError> {
         if self.released {
             return Ok(Release::AlreadyReleased);
@@ -187,6 +188,17 @@ impl LockGuard {
                     .unwrap_or_else(|| {
                         Err(LockError::UnexpectedReply("the release ran twice".into()))
                     });
+                if let Err(e) = &reply {
+                    if e.is_retryable() {
+                        // No answer: the server may still hold it (a failover came between).
+                        // Sent again by token in the background, and the handle's next acquire
+                        // waits for it: it never gets this hold, and its token, back.
+                        let hold = self.hold.clone();
+                        let runtime = hold.runtime.clone();
+                        self.handle
+                            .release_in_background(runtime.as_ref(), hold.release_abandoned());
+                    }
+                }
                 if lost.is_some() {
                     // A multi-key hold's other keys were freed; the hold was lost all the same.
                     return Err(LockError::NotHeld { lost });
@@ -234,7 +246,11 @@ impl Drop for LockGuard {
                 let runtime = hold.runtime.clone();
                 self.handle
                     .release_in_background(runtime.as_ref(), async move {
-                        let _ = hold.send_release().await;
+                        if let Err(e) = hold.clone().send_release().await {
+                            if e.is_retryable() {
+                                hold.release_abandoned().await;
+                            }
+                        }
                     });
             }
         }

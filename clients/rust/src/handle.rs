@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 
-use crate::hold::Hold;
+use crate::hold::{Abandoned, Hold};
 
 /// The shared state of one handle.
 pub(crate) struct HandleState {
@@ -161,6 +161,25 @@ impl HandleState {
             release: Some(Box::pin(release)),
             ticket: Some(self.ticket()),
             runtime,
+        }
+    }
+}
+
+/// A hold of this handle that its side stopped believing in while the server may still have
+/// it is released in the background, counted like any release of the handle: its next acquire
+/// (`ONCE`) cannot get that hold back, token and all, before the release is answered.
+pub(crate) struct HandleReleases(pub(crate) std::sync::Weak<HandleState>);
+
+impl Abandoned for HandleReleases {
+    fn release_abandoned(&self, hold: Arc<Hold>) {
+        let runtime = hold.runtime.clone().or_else(|| Handle::try_current().ok());
+        match self.0.upgrade() {
+            Some(state) => state.release_in_background(runtime.as_ref(), hold.release_abandoned()),
+            None => {
+                if let Some(runtime) = runtime {
+                    runtime.spawn(hold.release_abandoned());
+                }
+            }
         }
     }
 }

@@ -53,6 +53,7 @@ pub(crate) struct Hold {
     pub(crate) runtime: Option<Handle>,
     keeper: Arc<Keeper>,
     signals: Option<Arc<SignalHub>>,
+    abandoned: Arc<dyn Abandoned>,
 }
 
 /// What the hold changes under its lock.
@@ -71,6 +72,13 @@ impl Inner {
     }
 }
 
+/// Who counts a hold's background releases: the handle that made it, whose next acquire waits
+/// for them (a hold does not know its handle, only this).
+pub(crate) trait Abandoned: Send + Sync {
+    /// Sends `hold`'s release in the background ([`Hold::release_abandoned`]), counted.
+    fn release_abandoned(&self, hold: Arc<Hold>);
+}
+
 /// What a hold is made of.
 pub(crate) struct NewHold {
     pub(crate) identity: Identity,
@@ -81,6 +89,8 @@ pub(crate) struct NewHold {
     pub(crate) release: Arc<Cmd>,
     pub(crate) keeper: Arc<Keeper>,
     pub(crate) signals: Option<Arc<SignalHub>>,
+    /// The handle, for the releases of a hold this side stopped believing in.
+    pub(crate) abandoned: Arc<dyn Abandoned>,
 }
 
 impl Look for Hold {
@@ -110,6 +120,7 @@ impl Hold {
             runtime: Handle::try_current().ok(),
             keeper: n.keeper,
             signals: n.signals,
+            abandoned: n.abandoned,
         })
     }
 
@@ -158,6 +169,9 @@ impl Hold {
         if let Some(check) = out.check {
             let task = self.spawn(self.clone().check(check));
             inner.keep(task);
+        }
+        if out.abandon {
+            self.abandoned.release_abandoned(self.clone());
         }
         out
     }
@@ -432,12 +446,15 @@ impl Hold {
                 Some(Refusal::Unanswered) => return Err(LockError::Connection(no_confirmation())),
                 Some(Refusal::Unacknowledged) => {
                     // Released by the caller (the handle's release, ordered before its next
-                    // acquire).
-                    let short = why.unwrap_or(Shortfall {
+                    // acquire). Too few replicas connected is said first (read once, here).
+                    let mut short = why.unwrap_or(Shortfall {
                         acknowledged: 0,
                         wanted: 0,
                         why: String::new(),
                     });
+                    if let Ok(role) = self.query(&redis::cmd("ROLE")).await {
+                        short = short.explained_by_role(&role);
+                    }
                     return Err(LockError::NotSafelyAcquired {
                         tokens: self.tokens.to_vec(),
                         acknowledged: short.acknowledged,
@@ -503,6 +520,38 @@ impl Hold {
         let reply = self.connection().query(&self.release, self.key()).await;
         self.step(Event::ReleaseReplied);
         reply
+    }
+
+    /// Releases a hold this side no longer believes in while the server may still have it (a
+    /// loss it may not know of, or a release that got no answer): by its token (`LOCK.RELEASE
+    /// key owner TOKEN t`, which never counts down a later hold of the owner; a multi-key hold
+    /// with its `LOCK.MRELEASE`), on the client's shared connection, which follows a failover
+    /// to the new master and a cluster key to its node. Sent again after a connection error or
+    /// a server that cannot serve it yet (a failover), pausing 50 ms doubling to 1 s, for up to
+    /// a lease: by then the server has ended the hold itself.
+    pub(crate) async fn release_abandoned(self: Arc<Self>) {
+        let cmd = match self.terms.form {
+            Form::One => {
+                let mut cmd = redis::cmd("LOCK.RELEASE");
+                cmd.arg(self.key())
+                    .arg(self.owner.as_bytes())
+                    .arg("TOKEN")
+                    .arg(self.token());
+                cmd
+            }
+            Form::Many => (*self.release).clone(),
+        };
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.reads.query_routed(&cmd, Some(self.key())).await {
+                Err(e) if not_yet(&e) && started.elapsed() + pause < self.terms.lease => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                _ => return,
+            }
+        }
     }
 
     /// A check a message asked for: one `LOCK.CHECK key owner token` per key (O(1), also on a
@@ -669,4 +718,22 @@ fn no_confirmation() -> redis::RedisError {
         std::io::ErrorKind::TimedOut,
         "granted after a long wait, but the server answered no confirmation",
     ))
+}
+
+/// An answer that says the command did not run and may run in a moment: no answer, or a server
+/// in a failover or a slot move (`READONLY`: still the old master's connection; `LOADING`,
+/// `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`).
+fn not_yet(e: &LockError) -> bool {
+    match e {
+        LockError::Server(text) => [
+            "READONLY",
+            "LOADING",
+            "MASTERDOWN",
+            "TRYAGAIN",
+            "CLUSTERDOWN",
+        ]
+        .iter()
+        .any(|code| text.starts_with(code)),
+        e => e.is_retryable(),
+    }
 }

@@ -14,7 +14,7 @@ use crate::conn::{self, HoldConn, OwnConnection};
 use crate::context::Context;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::handle::HandleState;
+use crate::handle::{HandleReleases, HandleState};
 use crate::hold::{Hold, NewHold};
 use crate::lost::LostWatch;
 use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
@@ -1156,22 +1156,29 @@ impl Lock {
             release: self.spec.release.clone(),
             keeper: ctx.keepers.current(),
             signals: ctx.signals.clone(),
+            abandoned: Arc::new(HandleReleases(Arc::downgrade(state))),
         });
         // The old hold is no longer the handle's from here: a release of it cannot free this
         // one (another token).
         state.replace(Some(hold.clone()));
         let guard = LockGuard::new(state.clone(), hold.clone());
         // After a long wait, confirmed before it is handed out. A hold refused goes with its
-        // guard, with nothing to release: it is gone, or the server answered nothing (then it
-        // ends at its lease end, or the handle's next acquire, ONCE, takes it back). One the
-        // replicas did not acknowledge is released (the handle's release: its next acquire
-        // waits for it).
+        // guard: gone, there is nothing to release; one the replicas did not acknowledge, or
+        // whose confirmation got no answer, may still be on the server, and is released by its
+        // token (the handle's release: its next acquire waits for it).
         match hold.granted(sent, replied).await {
             Ok(()) => {}
+            // The master answered: released before the refusal is returned.
             Err(e @ LockError::NotSafelyAcquired { .. }) => {
                 let _ = state
-                    .release_here(hold.runtime.clone(), hold.clone().send_release())
+                    .release_here(hold.runtime.clone(), hold.clone().release_abandoned())
                     .await;
+                return Err(e);
+            }
+            // No answer: released in the background, again until a master answers.
+            Err(e @ LockError::Connection(_)) => {
+                let runtime = hold.runtime.clone();
+                state.release_in_background(runtime.as_ref(), hold.clone().release_abandoned());
                 return Err(e);
             }
             Err(e) => return Err(e),

@@ -29,6 +29,10 @@ pub enum LostReason {
     Unreachable,
     /// A fixed lease ([`Lock::fixed_lease`](crate::Lock::fixed_lease)) ran out: nothing renews it.
     LeaseEnded,
+    /// The master kept answering the renewals, but the replicas the hold must reach
+    /// ([`Lock::replicas`](crate::Lock::replicas)) did not acknowledge them for a lease: a
+    /// failover could lose the hold, so it no longer counts. The library releases it.
+    Unreplicated,
     /// The connection an `EPHEMERAL` hold is bound to closed or failed; the server ends the
     /// hold the moment it sees that.
     ConnectionClosed,
@@ -80,6 +84,9 @@ impl fmt::Display for LostReason {
             }
             LostReason::Unreachable => "the server could not be reached before the lease ran out",
             LostReason::LeaseEnded => "the fixed lease ran out",
+            LostReason::Unreplicated => {
+                "the replicas did not acknowledge the renewals before the lease ran out"
+            }
             LostReason::ConnectionClosed => "the EPHEMERAL hold's connection closed",
             LostReason::ForceReleased => "force-released (LOCK.FORCERELEASE)",
             LostReason::Deleted => "the key was deleted",

@@ -183,9 +183,44 @@ async fn follows_ask_while_the_slot_migrates(tickets: bool) {
             .query(&mut c)
             .unwrap();
     };
-    // Mid-migration: the source answers ASK for a key it does not have.
+    // The slot has had a grant: its token counter is on the source.
+    let mut on_source = redis::Client::open(source.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg("before")
+        .arg(1_000)
+        .query(&mut on_source)
+        .unwrap();
+    let _: i64 = redis::cmd("LOCK.RELEASE")
+        .arg(key)
+        .arg("before")
+        .query(&mut on_source)
+        .unwrap();
+    // Mid-migration: the source answers ASK for a key it does not have. The counter moved
+    // first (a node mints a slot's tokens only from the counter while the slot moves: the
+    // importing node answers TRYAGAIN until it has it).
     setslot(target, "IMPORTING", &source_id);
     setslot(source, "MIGRATING", &target_id);
+    let counter: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(10)
+        .query(&mut on_source)
+        .unwrap();
+    assert_eq!(counter.len(), 1, "{counter:?}");
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(target.port)
+        .arg("")
+        .arg(0)
+        .arg(5_000)
+        .arg("KEYS")
+        .arg(&counter[0])
+        .query(&mut on_source)
+        .unwrap();
     let client = LockClient::cluster_builder(cluster.urls())
         .unwrap()
         .wait_with_tickets(tickets)

@@ -94,6 +94,17 @@ async fn a_sentinel_client_follows_a_failover() {
     )
     .await;
     assert_eq!(reason, LostReason::ConnectionClosed);
+    // The new master has it, bound to nothing: the library, which no longer believes in it,
+    // releases it there (by its token), instead of leaving it to block the key for its lease.
+    // Before, it stayed until its lease (12 s) ended.
+    let released = Instant::now() + Duration::from_secs(5);
+    while holds(new.1, "bound", ephemeral.owner(), ephemeral.token()).await {
+        assert!(
+            Instant::now() < released,
+            "the EPHEMERAL hold the failover left was not released on the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     // The other hold reached the replicas: the watchdog renews it on the new master.
     let mut raw = on(new.1).await;
     let deadline = Instant::now() + lease;
@@ -151,6 +162,87 @@ async fn a_sentinel_client_follows_a_failover() {
     )
     .await;
     assert_eq!(reason, LostReason::ForceReleased);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_a_failover_left_unanswered_is_sent_again_and_the_next_acquire_gets_a_new_token()
+{
+    // The master dies under a held lock (replicated: the new master has it). Its release gets
+    // no answer; the library sends it again by token in the background until the new master
+    // answers, and the handle's next acquire waits for that. Before, the next acquire (ONCE)
+    // got the very same hold back, so two guards of one handle carried one fencing token.
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let first = set.master_addr().1;
+    let lock = client.lock("handed").lease(Duration::from_secs(30));
+    let mut guard = lock.acquire().await.unwrap();
+    let old = guard.token();
+    replicated(first).await;
+    let (_, new) = failover(&mut set, true).await;
+    // Through Sentinel the release may find the new master at once; either way the hold must
+    // be gone before the handle acquires again.
+    let answered = guard.release().await;
+    let again = within("the next acquire", Duration::from_secs(40), lock.acquire())
+        .await
+        .unwrap();
+    assert_ne!(
+        again.token(),
+        old,
+        "the next acquire got the old hold back (release answered {answered:?})"
+    );
+    assert!(holds(new.1, "handed", again.owner(), again.token()).await);
+    assert!(!holds(new.1, "handed", again.owner(), old).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_has_a_new_leader_within_seconds_of_a_failover_not_a_lease() {
+    // The leader's process lives; its master dies. Its EPHEMERAL leadership reached the new
+    // master, bound to nothing: the deposed leader resigns it there (by its token), and the
+    // candidate waiting behind it leads at once. Before, nobody led until the leadership's
+    // lease (30 s by default) ran out on the new master.
+    let mut set = sentinel_set().await;
+    let leader_client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let other_client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let first = set.master_addr().1;
+    let leadership = leader_client.election("svc").campaign().await.unwrap();
+    replicated(first).await;
+    let candidate = other_client.election("svc");
+    // As a candidate process does: campaign again when a campaign meets the failover (an
+    // EPHEMERAL wait is not sent again on the new master by the library).
+    let waiting = tokio::spawn(async move {
+        loop {
+            match candidate.campaign().await {
+                Err(LockError::Connection(_)) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                other => return other,
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, new) = failover(&mut set, true).await;
+    let failed_over = Instant::now();
+    let reason = within(
+        "the leader deposed",
+        Duration::from_secs(10),
+        leadership.lost(),
+    )
+    .await;
+    assert_eq!(reason, LostReason::ConnectionClosed);
+    // Well inside the 30 s lease (the failover itself is over here).
+    let next = within("a new leader", Duration::from_secs(15), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!("new leader {:?} after the failover", failed_over.elapsed());
+    assert!(next.epoch() > leadership.epoch());
+    assert!(holds(new.1, "svc", next.candidate(), next.epoch()).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -464,13 +556,28 @@ async fn only_acknowledged_renewals_keep_a_hold() {
     tokio::time::sleep(lease * 2).await;
     assert_eq!(guard.lost_reason(), None);
     // Unacknowledged: the master renews, but the guard's deadline no longer moves, and the
-    // hold is reported lost within a lease (Unreachable) although the master still has it.
+    // hold is reported lost within a lease for its own reason (the master answered; the
+    // replica did not), not Unreachable. The master still has it, so the library releases it
+    // (by its token) instead of leaving it to block the key for a lease. Before, it reported
+    // Unreachable and left the hold on the master until its lease ended.
+    let releases = support::calls(&mut on(r.master.port).await, "lock.release").await;
     r.replica.signal(Signal::Stop);
     let started = Instant::now();
-    let reason = within("reported lost", lease * 3, guard.lost()).await;
-    assert_eq!(reason, LostReason::Unreachable);
-    assert!(started.elapsed() <= lease * 2, "{:?}", started.elapsed());
-    assert!(holds(r.master.port, "renewed", guard.owner(), guard.token()).await);
+    let reason = within("reported lost", lease * 5, guard.lost()).await;
+    assert_eq!(reason, LostReason::Unreplicated);
+    assert!(started.elapsed() <= lease * 5, "{:?}", started.elapsed());
+    let (owner, token) = (guard.owner().to_string(), guard.token());
+    let released = Instant::now() + lease * 5;
+    while holds(r.master.port, "renewed", &owner, token).await {
+        assert!(
+            Instant::now() < released,
+            "the abandoned hold was not released"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Released (by the library), not left to its lease.
+    let now = support::calls(&mut on(r.master.port).await, "lock.release").await;
+    assert!(now > releases, "no LOCK.RELEASE reached the master");
     r.replica.signal(Signal::Cont);
 }
 

@@ -25,6 +25,9 @@
 //!    (a read of the server), and only the check's answer counts; a check with no answer changes
 //!    nothing.
 //! 4. After *Lost* or *Released* nothing renews, and nothing changes the state.
+//! 5. A loss the server may not know of yet (the deadline passed with no renewal confirmed, or
+//!    the master the hold was bound on was replaced) asks for the hold's release in the
+//!    background (`abandon`): nobody else waits out a hold this side no longer believes in.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -244,6 +247,11 @@ pub(crate) struct Actions {
     pub(crate) check: Option<Check>,
     /// Send the release.
     pub(crate) release: bool,
+    /// The hold is lost to this side, but the server may still have it (no renewal confirmed
+    /// for a lease, a fixed lease at its local end, or the master it was bound on replaced):
+    /// release it in the background by its token, wherever the master is now, so that nobody
+    /// waits it out.
+    pub(crate) abandon: bool,
     /// The status the application sees changed.
     pub(crate) notify: bool,
     /// Tick the machine then (instead of any earlier wake-up).
@@ -286,6 +294,9 @@ pub(crate) struct Machine {
     /// A close of the bound connection is being confirmed (a read until the hold is gone was
     /// asked for once: see `Check::until_gone`).
     closing: bool,
+    /// The last renewal was answered by the master but not acknowledged by the replicas it
+    /// must reach: a deadline reached so is [`LostReason::Unreplicated`], not unreachable.
+    unacknowledged: bool,
 }
 
 impl Machine {
@@ -296,6 +307,7 @@ impl Machine {
             state: State::Acquiring,
             wake: Wake::Never,
             closing: false,
+            unacknowledged: false,
         }
     }
 
@@ -415,10 +427,14 @@ impl Machine {
         };
         let terms = self.terms;
         match event {
-            Event::Tick { now } if now >= deadline => State::Lost(match terms.renewal {
-                Renewal::Watchdog => LostReason::Unreachable,
-                Renewal::Fixed => LostReason::LeaseEnded,
-            }),
+            Event::Tick { now } if now >= deadline => {
+                out.abandon = true;
+                State::Lost(match terms.renewal {
+                    Renewal::Watchdog if self.unacknowledged => LostReason::Unreplicated,
+                    Renewal::Watchdog => LostReason::Unreachable,
+                    Renewal::Fixed => LostReason::LeaseEnded,
+                })
+            }
             Event::Tick { now } => {
                 let due = terms.renewal == Renewal::Watchdog && !renewing && now >= next;
                 out.renew = due;
@@ -434,17 +450,21 @@ impl Machine {
                 replied,
                 answer,
             } => match answer {
-                Answer::Holds(left) => State::Held {
-                    deadline: deadline.max(terms.bound(sent, left.unwrap_or(terms.lease))),
-                    next: sent + terms.interval(),
-                    renewing: false,
-                },
+                Answer::Holds(left) => {
+                    self.unacknowledged = false;
+                    State::Held {
+                        deadline: deadline.max(terms.bound(sent, left.unwrap_or(terms.lease))),
+                        next: sent + terms.interval(),
+                        renewing: false,
+                    }
+                }
                 Answer::Gone => State::Lost(LostReason::HoldGone),
                 // Renewed on the master, not acknowledged, or no answer: the deadline stays;
                 // again soon. No answer on the connection an EPHEMERAL hold is bound to (an
                 // error, a timeout: the connection may be alive) is no loss either: a read on
                 // another connection says whether the server still holds it.
                 Answer::Nothing | Answer::Unacknowledged => {
+                    self.unacknowledged = answer == Answer::Unacknowledged;
                     let bound = terms.binding == Binding::Connection;
                     if answer == Answer::Nothing && bound && !self.closing {
                         out.check = Some(Check {
@@ -505,6 +525,8 @@ impl Machine {
                 self.state
             }
             Event::MasterReplaced if terms.binding == Binding::Connection => {
+                // The new master has the hold, bound to nothing, until its lease ends.
+                out.abandon = true;
                 State::Lost(LostReason::ConnectionClosed)
             }
             Event::Fenced(reason) => State::Lost(reason),

@@ -37,6 +37,11 @@ struct Model {
     renewing: bool,
     /// Bound to nothing any more (while held).
     unbound: bool,
+    /// The last renewal was answered but not acknowledged by the replicas.
+    unacknowledged: bool,
+    /// The event just seen ended the hold in a way the server may not know of: its release is
+    /// asked for in the background.
+    abandoned: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +83,7 @@ impl Model {
 
     /// The model's view of one event.
     fn observe(&mut self, case: &Case, event: &Event<'_>) {
+        self.abandoned = false;
         let terms = &case.terms;
         let confirming = self.granted && self.long_wait && !self.delivered && self.ended.is_none();
         match *event {
@@ -113,7 +119,9 @@ impl Model {
             // Before delivery and after the end, nothing else counts.
             _ if !self.held() => {}
             Event::Tick { now } if self.bound.is_some_and(|b| now >= b) => {
+                self.abandoned = true;
                 self.end(End::Lost(match terms.renewal {
+                    Renewal::Watchdog if self.unacknowledged => LostReason::Unreplicated,
                     Renewal::Watchdog => LostReason::Unreachable,
                     Renewal::Fixed => LostReason::LeaseEnded,
                 }))
@@ -125,6 +133,7 @@ impl Model {
                 ..
             } => {
                 self.renewing = false;
+                self.unacknowledged = answer == Answer::Unacknowledged;
                 match answer {
                     Answer::Holds(left) => {
                         self.extend(case.bound(sent, left.unwrap_or(terms.lease)))
@@ -152,6 +161,7 @@ impl Model {
             // A message is a hint: only the check it asks for can end the hold.
             Event::Signal(_) => {}
             Event::MasterReplaced if self.binding(terms) == Binding::Connection => {
+                self.abandoned = true;
                 self.end(End::Lost(LostReason::ConnectionClosed))
             }
             Event::Unbound => self.unbound = true,
@@ -394,6 +404,12 @@ fn run(seed: u64) {
                 "{shown}: release"
             );
         }
+        // A loss the server may not know of asks for the hold's release, once, at that loss.
+        assert_eq!(
+            out.abandon,
+            was_held && model.abandoned && !model.held(),
+            "{shown}: abandon"
+        );
         if let Some(w) = out.wake {
             wake = w;
         }

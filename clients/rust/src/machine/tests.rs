@@ -595,11 +595,47 @@ fn only_acknowledged_renewals_move_the_deadline() {
         sent: ms(base, 1_500),
     });
     assert_eq!(m.deadline(), Some(ms(base, 2_700)));
-    // Unacknowledged until the deadline: lost.
-    m.step(Event::Tick {
+    // Unacknowledged until the deadline: lost for its own reason (the master answered; the
+    // replicas did not), and released, since the master still holds it.
+    let out = m.step(Event::Tick {
+        now: ms(base, 2_700),
+    });
+    assert_eq!(m.status(), Status::Lost(LostReason::Unreplicated));
+    assert!(out.abandon);
+}
+
+#[test]
+fn a_loss_the_server_may_not_know_of_asks_for_the_release_and_one_it_told_does_not() {
+    let base = Instant::now();
+    let held = |binding| {
+        let mut m = Machine::new(identity(), terms(Renewal::Watchdog, binding));
+        m.step(Event::Granted {
+            sent: base,
+            replied: base,
+        });
+        m
+    };
+    // No renewal answered for a lease: unreachable, and released in the background.
+    let mut m = held(Binding::Lease);
+    m.step(answered(Read::Renewal, ms(base, 1_000), Answer::Nothing));
+    let out = m.step(Event::Tick {
         now: ms(base, 2_700),
     });
     assert_eq!(m.status(), Status::Lost(LostReason::Unreachable));
+    assert!(out.abandon);
+    // An EPHEMERAL hold whose master was replaced: the new master has it, bound to nothing.
+    let mut m = held(Binding::Connection);
+    let out = m.step(Event::MasterReplaced);
+    assert_eq!(m.status(), Status::Lost(LostReason::ConnectionClosed));
+    assert!(out.abandon);
+    // The server said it is gone: nothing to release.
+    let mut m = held(Binding::Lease);
+    let out = m.step(answered(Read::Renewal, ms(base, 1_000), Answer::Gone));
+    assert_eq!(m.status(), Status::Lost(LostReason::HoldGone));
+    assert!(!out.abandon);
+    let mut m = held(Binding::Lease);
+    let out = m.step(Event::Fenced(LostReason::TokenNotCurrent));
+    assert!(!out.abandon);
 }
 
 #[test]
