@@ -786,3 +786,31 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_refusal_on_a_master_without_replicas_says_so() {
+    // The set-up a failover leaves behind 1 master + 1 replica: a master with no replica. No
+    // wait could be acknowledged, and the refusal says why, not only "0 of 1 acknowledged".
+    let master = tokio::task::spawn_blocking(Server::start).await.unwrap();
+    let client = LockClient::open(&master.url()).await.unwrap();
+    let refused = client
+        .lock("alone")
+        .replicas(1, Duration::from_millis(200))
+        .acquire()
+        .await;
+    match refused {
+        Err(LockError::NotSafelyAcquired { why, .. }) => assert!(
+            why.starts_with("the master has 0 connected replicas, 1 needed"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Released (by its token): the key is free.
+    let mut raw = on(master.port).await;
+    let info: redis::Value = redis::cmd("LOCK.INFO")
+        .arg("alone")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(info, redis::Value::Nil);
+}
