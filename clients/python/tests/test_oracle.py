@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from conftest import reports_key_events, start_cluster, start_server
-from oracle.analysis import recheck_tokens, token_order, token_pairs
+from oracle.analysis import Context, analyse, recheck_tokens, token_order, token_pairs
 from oracle.run import parse_seeds, run_seed
-from oracle.truth import Disruption
+from oracle.truth import Disruption, Snap
 
 SECS = float(os.environ.get("ORACLE_SECS", "8"))
 BASE = int(os.environ.get("ORACLE_SEED_BASE", "1"))
@@ -155,6 +155,29 @@ def test_token_pairs_counts_what_token_order_compares():
               _grant("c.3", 3.0, 2.5, [300]), _grant("d.4", 4.0, 0.5, [400]),
               _grant("e.5", 1.0, 0.5, [10], keys=["B"])]
     assert token_pairs(events) == (5, 2, 3)
+
+
+def test_a_dropped_guard_s_end_is_its_own_belief_s_not_the_guard_that_joined_its_hold():
+    # Seed 1 (cluster) of the REPLACE-removal runs: main.1 dropped its guard, its next acquire
+    # joined the same hold (not yet collected), and that guard went to the collector ('gc').
+    # Each end is its own guard's: the hold's expiry at 5.0 finds nobody believing in it (the
+    # analysis gave both ends to the joined guard, so the dropped one was believed held to
+    # the run's end: 'OVER BOUND ... then run-end').
+    owner, key = "o:1", "{g}:A"
+    held = {"h": "main.1", "ctx": "main", "owner": owner, "keys": [key], "tokens": [7]}
+    events = [
+        {"e": "spec", "h": "main.1", "ctx": "main", "t": 0.5, "lease": 2.0},
+        {"e": "granted", "t": 1.0, "reentry": False, "joined": False, "asked": 0.9, **held},
+        {"e": "end", "t": 1.5, "how": "drop", **held},
+        {"e": "granted", "t": 1.6, "reentry": False, "joined": True, "asked": 1.55, **held},
+        {"e": "end", "t": 2.0, "how": "gc", **held},
+    ]
+    snaps = [Snap(0, 1.1, 1.1, "plain", None, {key: {(owner, 7)}}, {}),
+             Snap(1, 5.0, 5.0, "plain", None, {key: set()}, {})]
+    report = analyse("t", 1, events, snaps, [], {"main": Context("main")}, 30.0, False, 0.5,
+                     1.5, {key})
+    assert report.over_bound == [] and report.false_held == [], report.summary()
+    assert report.regranted == [] and len(report.regranted_after_drop) == 1
 
 
 def test_token_order_names_the_disruptions_between_the_two_grants():

@@ -200,7 +200,11 @@ def analyse(
         if not found:
             report.errors.append(f"{e['h']}: {e['e']} of a hold never granted: {e}")
             continue
-        b = found[-1]
+        # The belief this end or loss is of: the latest grant of the hold before it. A guard
+        # that joined its dropped guard's hold makes a second belief of one (owner, token); the
+        # dropped guard's end is the first one's (taking the last made the first believed held
+        # to the run's end, and the second ended before it was granted).
+        b = next((b for b in reversed(found) if b.granted <= e["t"]), found[0])
         if e["e"] == "end":
             if b.end is None:
                 b.end, b.how = e["t"], e["how"]
