@@ -383,6 +383,11 @@ pub fn flushed(ctx: Ctx, db: Option<i32>) {
     if any_bound() || any_tickets() {
         with_scheduler(ctx, |s, _| s.flushed(db, now_ms()));
     }
+    // The token counters the flush took are written back at the next turn.
+    if !INBOX_ARMED.with(Cell::get) {
+        INBOX_ARMED.with(|a| a.set(true));
+        wait::arm_inbox_timer::<Runtime>(ctx);
+    }
 }
 
 /// The server became a replica: every binding is forgotten.
@@ -573,6 +578,7 @@ pub fn may_concern_waiters(name: &[u8]) -> bool {
 
 pub fn on_inbox(ctx: Ctx) {
     INBOX_ARMED.with(|a| a.set(false));
+    store::restore_flushed_counters(ctx);
     let changes = INBOX.with(|inbox| std::mem::take(&mut *inbox.borrow_mut()));
     let gone = GONE.with(|gone| std::mem::take(&mut *gone.borrow_mut()));
     with_scheduler_writing(ctx, |s, mut port| {

@@ -33,6 +33,9 @@ struct Names {
     /// grant creates no string for its count.
     small_counts: Vec<OwnedString>,
     counters: Vec<SlotCounter>,
+    /// (slot, database, bound) of the counters a flush took, to write back
+    /// ([`restore_flushed_counters`]).
+    flushed_counters: Vec<(usize, i32, u64)>,
 }
 
 /// How many small counts are kept as ready-made strings (see `Names::small_counts`).
@@ -124,10 +127,47 @@ pub fn swap_databases(a: i32, b: i32) {
 /// `SlotMemory::forget_bounds`).
 pub fn flushed(db: Option<i32>) {
     NAMES.with(|names| {
-        for counter in &mut names.borrow_mut().counters {
-            counter.memory.forget_bounds(db);
+        let mut names = names.borrow_mut();
+        let mut restore = Vec::new();
+        for (slot, counter) in names.counters.iter_mut().enumerate() {
+            let last = counter.memory.last().unwrap_or(0);
+            for (db, bound) in counter.memory.forget_bounds(db) {
+                restore.push((slot, db, bound.max(last)));
+            }
         }
+        names.flushed_counters.extend(restore);
     });
+}
+
+/// The counters a flush took that this process had written, written back (at the next turn,
+/// from the inbox: not inside the flush, where a `DEBUG RELOAD` is about to load its data
+/// into the emptied databases) with the highest token it handed out there, where no counter
+/// is there yet. A flush would otherwise leave the slot with no bound: the node the slot moves
+/// to next starts from its clock, which tokens may run a minute ahead of. Not on a replica
+/// (its master's writes arrive) or while loading.
+pub fn restore_flushed_counters(ctx: Ctx) {
+    let pending = NAMES.with(|names| std::mem::take(&mut names.borrow_mut().flushed_counters));
+    if pending.is_empty() || crate::ffi::is_replica(ctx) || crate::ffi::is_loading(ctx) {
+        return;
+    }
+    for (slot, db, bound) in pending {
+        let Ok(slot) = u16::try_from(slot) else {
+            continue;
+        };
+        let name = OwnedString::new(&counter_key(slot));
+        crate::ffi::with_db(ctx, db, || {
+            let key = Key::open(ctx, name.as_ptr());
+            if key.kind() != KeyKind::Missing {
+                return;
+            }
+            let mut digits = [0u8; 20];
+            let text = format_u64(bound, &mut digits);
+            if key.string_write(text) {
+                drop(key);
+                replicate::counter(ctx, name.as_ptr(), text);
+            }
+        });
+    }
 }
 
 /// Frees the cached names (module unload).

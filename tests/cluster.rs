@@ -842,3 +842,62 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
         );
     }
 }
+
+/// A flush takes the slot's token counter with the locks, while tokens may run a minute ahead
+/// of the clock (every hand-over of a slot reserves a window above the last one). The node
+/// writes the counter back from what it handed out, so the node the slot moves to next mints
+/// above it, not from its own clock. Before, that node's tokens fell by up to a window per
+/// hand-over (the Python cluster oracle: a flushdb, then a migration, then a grant 46 s lower).
+#[test]
+fn a_flushed_slot_that_moves_keeps_its_tokens_rising() {
+    let cluster = Cluster::start(3);
+    let key = "{flushed}:A";
+    let slot = key_slot(key.as_bytes());
+    let counter = String::from_utf8(counter_key(slot)).unwrap();
+    let a = cluster.node_for_slot(slot);
+    let b = cluster.nodes.iter().find(|n| n.port != a.port).unwrap();
+    let (a_id, b_id) = (Cluster::node_id(a), Cluster::node_id(b));
+    let (mut on_a, mut on_b) = (a.connect(), b.connect());
+    let set_everywhere = |id: &str| {
+        for node in &cluster.nodes {
+            set_slot(&mut node.connect(), slot, "NODE", id);
+        }
+    };
+    let move_slot =
+        |from: &mut Connection, to: &mut Connection, to_port: u16, from_id: &str, to_id: &str| {
+            set_slot(to, slot, "IMPORTING", from_id);
+            set_slot(from, slot, "MIGRATING", to_id);
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(from)
+                .unwrap();
+            if !keys.is_empty() {
+                migrate_keys(from, to_port, &keys);
+            }
+            set_everywhere(to_id);
+        };
+    // A to B and back: A's tokens now run a window ahead of the clock.
+    let first = acquire(&mut on_a, key, "o1", 60_000).unwrap();
+    release(&mut on_a, key, "o1").unwrap();
+    move_slot(&mut on_a, &mut on_b, b.port, &a_id, &b_id);
+    let on_b_token = acquire(&mut on_b, key, "o2", 60_000).unwrap();
+    release(&mut on_b, key, "o2").unwrap();
+    move_slot(&mut on_b, &mut on_a, a.port, &b_id, &a_id);
+    let last = acquire(&mut on_a, key, "o3", 60_000).unwrap();
+    assert!(first < on_b_token && on_b_token < last);
+    // FLUSHALL on A: the counter is written back at the next turn, at or above the last token.
+    let _: () = redis::cmd("FLUSHALL").query(&mut on_a).unwrap();
+    assert!(
+        eventually(SOON, || {
+            let stored: Option<i64> = redis::cmd("GET").arg(&counter).query(&mut on_a).unwrap();
+            stored.is_some_and(|s| s >= last)
+        }),
+        "the flushed counter was not written back"
+    );
+    // The slot moves to B with the counter: B's next token is above A's last.
+    move_slot(&mut on_a, &mut on_b, b.port, &a_id, &b_id);
+    let next = acquire(&mut on_b, key, "o4", 60_000).unwrap();
+    assert!(next > last, "a token fell: {next} after {last}");
+}

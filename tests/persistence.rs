@@ -234,3 +234,34 @@ fn module_unload_waits_until_no_client_points_at_a_lock_command() {
     let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut admin).unwrap();
     assert!(!list.contains("cmd=lock."), "{list}");
 }
+
+/// A FLUSHALL takes the token counters: the module writes back those it had written, with the
+/// highest token it handed out (so a later grant, here or on the node a slot moves to, stays
+/// above); a `DEBUG RELOAD`, which empties the databases and loads them again, finds its own
+/// counters and the module writes nothing into the emptied databases (the load would find the
+/// key twice and stop the server).
+#[test]
+fn a_flush_writes_the_token_counters_back_and_a_reload_is_left_alone() {
+    let server = Server::start_with(&["--enable-debug-command", "yes"]);
+    let mut con = server.connect();
+    let last = acquire(&mut con, "k", "o", 60_000).unwrap();
+    release(&mut con, "k", "o").unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut con).unwrap();
+    let counters = || counter_names(&mut server.connect());
+    assert!(
+        eventually(Duration::from_secs(5), || counters().len() == 1),
+        "the counter was not written back"
+    );
+    let name = counters().remove(0);
+    let stored: i64 = redis::cmd("GET").arg(&name).query(&mut con).unwrap();
+    assert!(stored >= last, "{stored} < {last}");
+    assert!(acquire(&mut con, "k", "o", 60_000).unwrap() > last);
+    release(&mut con, "k", "o").unwrap();
+    let before: i64 = redis::cmd("GET").arg(&name).query(&mut con).unwrap();
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    let after: i64 = redis::cmd("GET").arg(&name).query(&mut con).unwrap();
+    assert_eq!(after, before);
+    let pong: String = redis::cmd("PING").query(&mut con).unwrap();
+    assert_eq!(pong, "PONG");
+}

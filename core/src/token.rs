@@ -115,8 +115,21 @@ impl SlotMemory {
     /// in them: a counter found there later was written by someone else, even one that holds
     /// the very value reserved here (another server that reserved the same bound, and may have
     /// handed out tokens of that window). The last token stays: it is the slot's.
-    pub fn forget_bounds(&mut self, db: Option<i32>) {
-        self.bounds.retain(|(d, _)| db.is_some_and(|db| *d != db));
+    pub fn forget_bounds(&mut self, db: Option<i32>) -> Vec<(i32, u64)> {
+        let mut forgotten = Vec::new();
+        self.bounds.retain(|&(d, bound)| {
+            let keep = db.is_some_and(|db| d != db);
+            if !keep {
+                forgotten.push((d, bound));
+            }
+            keep
+        });
+        forgotten
+    }
+
+    /// The last token this process handed out in the slot, in any database.
+    pub fn last(&self) -> Option<u64> {
+        self.last
     }
 
     /// `SWAPDB a b` swapped the two databases' counters with their data: the reserved bounds
