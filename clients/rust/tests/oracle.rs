@@ -1850,10 +1850,45 @@ fn judge(
                 continue;
             }
             let landed = counts.get(token).copied().unwrap_or(0);
-            if landed < hold.ok_writes || landed > hold.ok_writes + hold.unknown_writes {
+            // A process killed with a write on its way: the server may have run it, but no
+            // outcome was ever printed (one at most: a holder writes one at a time).
+            let in_flight = u32::from(matches!(hold.end, Some((_, End::Killed))));
+            if landed < hold.ok_writes || landed > hold.ok_writes + hold.unknown_writes + in_flight
+            {
+                // What the holder's client went through while it held: a write that landed
+                // more often than sent is told apart from one a kill left unreported.
+                let client = client_of(owner);
+                let last = hold.end.as_ref().map_or(finished, |(t, _)| *t);
+                let around: Vec<String> = st
+                    .disruptions
+                    .iter()
+                    .filter(|d| d.end >= hold.granted && d.start <= last)
+                    .filter(|d| match &d.what {
+                        Disrupt::ClientKill { client: c, .. }
+                        | Disrupt::SigKill { client: c }
+                        | Disrupt::SigStop { client: c, .. } => *c == client,
+                        Disrupt::Migrate { key: k, .. }
+                        | Disrupt::ForceRelease(k)
+                        | Disrupt::Del(k)
+                        | Disrupt::CopyDel { key: k, .. } => *k == key.name,
+                        _ => true,
+                    })
+                    .map(|d| format!("{:?} at {}", d.what, d.start))
+                    .collect();
                 violations.push(format!(
-                    "seed {seed}: {owner} token {token} on {}: {} writes answered, {} unknown, {landed} landed",
-                    key.name, hold.ok_writes, hold.unknown_writes
+                    "seed {seed}: {owner} token {token} on {}: {} writes answered, {} unknown, {landed} landed \
+                     ({}, granted at {}, ended {:?}; while held: {})",
+                    key.name,
+                    hold.ok_writes,
+                    hold.unknown_writes,
+                    hold.holder,
+                    hold.granted,
+                    hold.end,
+                    if around.is_empty() {
+                        "no disruption".to_string()
+                    } else {
+                        around.join("; ")
+                    }
                 ));
             }
         }
