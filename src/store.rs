@@ -144,16 +144,34 @@ pub fn flushed(db: Option<i32>) {
 /// into the emptied databases) with the highest token it handed out there, where no counter
 /// is there yet. A flush would otherwise leave the slot with no bound: the node the slot moves
 /// to next starts from its clock, which tokens may run a minute ahead of. Not on a replica
-/// (its master's writes arrive) or while loading.
+/// (its master's writes arrive) or while loading; in a cluster only for the slots this node
+/// serves, settled.
 pub fn restore_flushed_counters(ctx: Ctx) {
     let pending = NAMES.with(|names| std::mem::take(&mut names.borrow_mut().flushed_counters));
     if pending.is_empty() || crate::ffi::is_replica(ctx) || crate::ffi::is_loading(ctx) {
         return;
     }
+    // In a cluster, only the slots this node serves settled: a slot it minted in once may have
+    // moved on (a key written here would be a key of a slot it does not own, which stops the
+    // slot from ever being assigned back), or be moving.
+    let nodes = if crate::ffi::is_cluster(ctx) {
+        match crate::ffi::cluster_nodes(ctx) {
+            Some(nodes) => Some(nodes),
+            None => return,
+        }
+    } else {
+        None
+    };
     for (slot, db, bound) in pending {
         let Ok(slot) = u16::try_from(slot) else {
             continue;
         };
+        if nodes
+            .as_deref()
+            .is_some_and(|nodes| !lock_core::cluster::settled_here(nodes, slot))
+        {
+            continue;
+        }
         let name = OwnedString::new(&counter_key(slot));
         crate::ffi::with_db(ctx, db, || {
             let key = Key::open(ctx, name.as_ptr());
