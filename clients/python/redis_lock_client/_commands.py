@@ -147,6 +147,22 @@ def fence_refusal(line: str) -> Optional[LostReason]:
     return None
 
 
+def release_token(key: bytes, owner: bytes, token: int) -> list[Arg]:
+    """LOCK.RELEASE key owner TOKEN token: releases only the owner's hold under ``token`` (nil
+    when there is none: never a later hold of the owner)."""
+    return ["LOCK.RELEASE", key, owner, "TOKEN", token]
+
+
+#: Errors of a server that did not run the command and may in a moment (a failover, a slot
+#: move): READONLY (still the old master's connection), LOADING, MASTERDOWN, TRYAGAIN,
+#: CLUSTERDOWN.
+NOT_YET = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def is_not_yet(line: str) -> bool:
+    return line.startswith(NOT_YET)
+
+
 def is_retry_later(line: str) -> bool:
     """TRYAGAIN: in a cluster, a multi-key command during a slot migration found some of its
     keys moved and others not; it did not run, and may be sent again in a moment."""

@@ -36,7 +36,7 @@ CLIENT_NAME = "redis-lock-client"
 class LostReason(enum.Enum):
     """Why a hold ended without its owner releasing it.
 
-    The first five are seen by the library itself; the rest are the server's own words, from the
+    The first six are seen by the library itself; the rest are the server's own words, from the
     lost-hold signal (the client option ``lost_signal=True``, the default).
     """
 
@@ -49,6 +49,10 @@ class LostReason(enum.Enum):
     UNREACHABLE = "unreachable"
     #: A fixed lease (``renewal=Renewal.FIXED``) ran out: nothing renews it.
     LEASE_ENDED = "lease-ended"
+    #: With ``replicas=N``: the master kept answering the renewals, but the replicas did not
+    #: acknowledge them within 90 % of the lease (a failover could lose the hold). The library
+    #: releases it.
+    UNREPLICATED = "unreplicated"
     #: The connection an EPHEMERAL hold is bound to failed or closed.
     CONNECTION_CLOSED = "connection-closed"
     #: This process is a fork of the one that took the hold: the hold is the parent's.

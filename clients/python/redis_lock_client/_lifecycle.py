@@ -22,6 +22,10 @@ report a loss. The rules:
    of the server), and the check's answer counts.
 3. After *lost* or *released* (or once a release is requested) nothing renews, and nothing
    changes the state any more.
+4. A loss the server may not know of (the deadline passed with no renewal confirmed, a fixed
+   lease at its local end, the master an EPHEMERAL hold was bound on replaced) asks for the
+   hold's release in the background, by its token (``abandon``): nobody else waits out a hold
+   this side no longer believes in.
 """
 
 from __future__ import annotations
@@ -94,6 +98,12 @@ class HoldMachine:
         self.replicated = replicated
         long_wait = replied_at - sent_at > self.interval
         self.phase = Phase.CONFIRMING if long_wait or replicated else Phase.HELD
+        #: The last renewal was answered by the master but not acknowledged by the replicas: a
+        #: deadline reached so is ``UNREPLICATED``, not ``UNREACHABLE``.
+        self.unacknowledged = False
+        #: Set by a loss the server may not know of: the shell releases the hold by its token
+        #: in the background (``take_abandon``).
+        self.abandon = False
 
     # -- what the machine tells ------------------------------------------------------------
 
@@ -133,11 +143,19 @@ class HoldMachine:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _lose(self, reason: LostReason) -> Optional[LostReason]:
+    def _lose(self, reason: LostReason, abandon: bool = False) -> Optional[LostReason]:
+        """Lost for ``reason``; ``abandon``: the server may still have it (it was not the one
+        that said so), so its release is asked for."""
         if not self.active:
             return None
         self.phase, self.reason = Phase.LOST, reason
+        self.abandon = abandon
         return reason
+
+    def take_abandon(self) -> bool:
+        """Whether the last loss asked for the hold's release in the background (once)."""
+        abandon, self.abandon = self.abandon, False
+        return abandon
 
     def confirmed(self, sent_at: float, ttl: Optional[float] = None) -> None:
         """The server confirmed the hold: a renewal sent at ``sent_at`` answered 1, or (a fixed
@@ -145,6 +163,7 @@ class HoldMachine:
         if not self.active:
             return
         if ttl is None:
+            self.unacknowledged = False
             self.deadline = max(self.deadline, sent_at + self._trusted)
             self.renew_at = sent_at + self.interval
         elif ttl < 0:  # no lease on the server: nothing ends it
@@ -156,6 +175,7 @@ class HoldMachine:
     def renewed(self, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` answered 1 (every key)."""
         if self.phase is Phase.HELD:
+            self.unacknowledged = False
             self.deadline = max(self.deadline, sent_at + self._trusted)
             self.renew_at = sent_at + self.interval
 
@@ -166,9 +186,11 @@ class HoldMachine:
         if self.phase is Phase.HELD and not self.replicated:
             self.deadline = max(self.deadline, sent_at + self._trusted)
 
-    def unanswered(self, now: float) -> None:
-        """A renewal got no answer (connection error, timeout, a passing server error)."""
+    def unanswered(self, now: float, unacknowledged: bool = False) -> None:
+        """A renewal got no answer (connection error, timeout, a passing server error), or
+        (``unacknowledged``) the master answered it but too few replicas acknowledged it."""
         if self.phase is Phase.HELD:
+            self.unacknowledged = unacknowledged
             self.renew_at = now + min(self.interval, RETRY)
 
     def refused(self) -> Optional[LostReason]:
@@ -190,11 +212,25 @@ class HoldMachine:
         """The connection an EPHEMERAL hold is bound to closed: the server ends the hold."""
         return self._lose(LostReason.CONNECTION_CLOSED)
 
+    def master_replaced(self) -> Optional[LostReason]:
+        """The master an EPHEMERAL hold's connection reached is no longer the master (a
+        failover): the new one has the hold bound to nothing until its lease ends, so it is
+        lost, and released there."""
+        return self._lose(LostReason.CONNECTION_CLOSED, abandon=True)
+
     def tick(self, now: float) -> Optional[LostReason]:
-        """Time passes. Past the deadline of a held hold, the backstop reports it lost."""
+        """Time passes. Past the deadline of a held hold, the backstop reports it lost
+        (``UNREPLICATED`` when the master answered the last renewal but the replicas did not
+        acknowledge it), and asks for its release: the server may still have it."""
         if self.phase is not Phase.HELD or now < self.deadline:
             return None
-        return self._lose(LostReason.LEASE_ENDED if self.fixed else LostReason.UNREACHABLE)
+        if self.fixed:
+            reason = LostReason.LEASE_ENDED
+        elif self.unacknowledged:
+            reason = LostReason.UNREPLICATED
+        else:
+            reason = LostReason.UNREACHABLE
+        return self._lose(reason, abandon=True)
 
     def forked(self) -> None:
         """In a forked child: the hold is the parent's (reported to nobody)."""

@@ -68,12 +68,14 @@ def test_lost_only_on_evidence_and_nothing_changes_after():
         (lambda m: m.refused(), LostReason.HOLD_GONE),
         (lambda m: m.connection_lost(), LostReason.CONNECTION_CLOSED),
         (lambda m: m.checked(False, LostReason.FLUSHED), LostReason.FLUSHED),
-        (lambda m: m.signal(HoldEnded(LostReason.EXPIRED, DB, TOKEN, KEY, OWNER)), LostReason.EXPIRED),
+        (lambda m: m.checked(False, LostReason.EXPIRED), LostReason.EXPIRED),
         (lambda m: m.fenced(LostReason.HOLD_GONE), LostReason.HOLD_GONE),
         (lambda m: m.fenced(LostReason.TOKEN_NOT_CURRENT), LostReason.TOKEN_NOT_CURRENT),
     ]:
         m = machine()
         assert event(m) is reason and m.phase is Phase.LOST and m.reason is reason
+        # The server said so (or ends it itself): nothing to release.
+        assert not m.take_abandon()
         # A late renewal, another signal, the deadline: nothing changes.
         m.renewed(1.0)
         assert m.refused() is None and m.tick(1e9) is None and m.checked(False, LostReason.DELETED) is None
@@ -88,12 +90,41 @@ def test_after_a_release_nothing_renews_and_nothing_is_reported():
     m = machine()
     assert m.release_requested() is None and m.phase is Phase.RELEASING
     assert m.next_wake() is None and not m.renewal_due(1e9)
-    assert m.signal(HoldEnded(LostReason.DELETED, DB, TOKEN, KEY, OWNER)) is None
-    assert m.tick(1e9) is None
+    assert m.checked(False, LostReason.DELETED) is None
+    assert m.tick(1e9) is None and not m.take_abandon()
     m.release_replied()
     assert m.phase is Phase.RELEASED
     error = m.release_requested()
     assert isinstance(error, NotHeld) and error.reason is None
+
+
+def test_a_loss_the_server_may_not_know_of_asks_for_the_release_once():
+    # No renewal confirmed for a lease: unreachable, released in the background.
+    m = machine()
+    m.unanswered(now=1.0)
+    assert m.tick(TRUSTED) is LostReason.UNREACHABLE
+    assert m.take_abandon() and not m.take_abandon()  # asked once
+    # The master answered the last renewal, the replicas did not acknowledge it: unreplicated.
+    m = machine()
+    m.unanswered(now=1.0, unacknowledged=True)
+    assert m.tick(TRUSTED) is LostReason.UNREPLICATED and m.take_abandon()
+    # An acknowledged renewal (or one with no answer) after it: unreachable again.
+    m = machine()
+    m.unanswered(now=1.0, unacknowledged=True)
+    m.renewed(sent_at=1.0)
+    m.unanswered(now=2.0)
+    assert m.tick(1.0 + TRUSTED) is LostReason.UNREACHABLE
+    # A fixed lease at its local end.
+    m = machine(renewal=Renewal.FIXED)
+    assert m.tick(TRUSTED) is LostReason.LEASE_ENDED and m.take_abandon()
+    # An EPHEMERAL hold whose master a failover replaced: the new master has it, unbound.
+    m = machine()
+    assert m.master_replaced() is LostReason.CONNECTION_CLOSED and m.take_abandon()
+    assert m.master_replaced() is None and not m.take_abandon()  # lost already: nothing
+    # Released, then time passes: nothing.
+    m = machine()
+    m.release_requested()
+    assert m.tick(1e9) is None and m.master_replaced() is None and not m.take_abandon()
 
 
 class Reference:
@@ -106,6 +137,7 @@ class Reference:
         self.evidence: Optional[LostReason] = None
         self.released = False
         self.confirmed = not self.needs_confirmation
+        self.unacked = False  # the last renewal answered, not acknowledged
 
     @property
     def deadline(self) -> float:
@@ -137,8 +169,11 @@ class HoldRules(RuleBasedStateMachine):
         if reported is not None:  # rule 2: the backstop only past the evidence's bound
             assert self.ref.alive() and self.ref.confirmed
             assert self.now >= self.ref.deadline
-            assert reported is (LostReason.LEASE_ENDED if self.ref.fixed else LostReason.UNREACHABLE)
+            want = (LostReason.LEASE_ENDED if self.ref.fixed
+                    else LostReason.UNREPLICATED if self.ref.unacked else LostReason.UNREACHABLE)
+            assert reported is want
             self.ref.evidence = reported
+            assert self.m.take_abandon()  # rule 4: the server may still have it
         elif self.ref.alive() and self.ref.confirmed:
             assert self.now < self.ref.deadline
 
@@ -149,6 +184,7 @@ class HoldRules(RuleBasedStateMachine):
         if self.ref.alive():
             self.ref.confirmed = True
             self.ref.bounds.append(sent + ttl - LEASE * DRIFT if self.ref.fixed else sent + TRUSTED)
+            self.ref.unacked = self.ref.unacked and self.ref.fixed
 
     @rule(age=st.floats(0, LEASE))
     def renewal_answered_1(self, age: float) -> None:
@@ -157,6 +193,7 @@ class HoldRules(RuleBasedStateMachine):
         # server would have set the lease all the same)
         if self.ref.alive() and self.ref.confirmed:
             self.ref.bounds.append(sent + TRUSTED)
+            self.ref.unacked = False
 
     @rule(age=st.floats(0, LEASE))
     def reentry(self, age: float) -> None:
@@ -165,9 +202,20 @@ class HoldRules(RuleBasedStateMachine):
         if self.ref.alive() and self.ref.confirmed:
             self.ref.bounds.append(sent + TRUSTED)
 
+    @rule(unacknowledged=st.booleans())
+    def renewal_unanswered(self, unacknowledged: bool) -> None:
+        self.m.unanswered(self.now, unacknowledged)
+        if self.ref.alive() and self.ref.confirmed:
+            self.ref.unacked = unacknowledged
+
     @rule()
-    def renewal_unanswered(self) -> None:
-        self.m.unanswered(self.now)
+    def master_replaced(self) -> None:
+        got = self.m.master_replaced()
+        if self.ref.alive():
+            assert got is LostReason.CONNECTION_CLOSED and self.m.take_abandon()
+            self.ref.evidence = got
+        else:
+            assert got is None and not self.m.take_abandon()
 
     @rule(
         event=st.sampled_from(
@@ -192,6 +240,7 @@ class HoldRules(RuleBasedStateMachine):
             self.ref.evidence = want
         else:
             assert got is None
+        assert not self.m.take_abandon()  # the server said so: nothing to release
 
     @rule(
         db=st.sampled_from([DB, 1]),
@@ -201,13 +250,10 @@ class HoldRules(RuleBasedStateMachine):
         reason=st.sampled_from([LostReason.DELETED, LostReason.FORCE_RELEASED]),
     )
     def signal(self, db: int, key: bytes, owner: bytes, token: int, reason: LostReason) -> None:
-        got = self.m.signal(HoldEnded(reason, db, token, key, owner))
-        names = (db, key, owner, token) == (DB, KEY, OWNER, TOKEN)
-        if self.ref.alive() and names:
-            assert got is reason
-            self.ref.evidence = reason
-        else:
-            assert got is None  # rule 2: only a message naming this very hold
+        # A message is never evidence: it only says whether it names this hold (then the shell
+        # checks), and changes nothing.
+        named = self.m.names(HoldEnded(reason, db, token, key, owner))
+        assert named == ((db, key, owner, token) == (DB, KEY, OWNER, TOKEN))
 
     @rule()
     def release(self) -> None:

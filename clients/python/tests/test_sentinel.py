@@ -150,12 +150,13 @@ def test_too_few_replicas_release_the_grant_and_raise_not_safely_acquired(sentin
 
 
 @pytest.mark.scenario("replicas-ack")
-def test_renewals_no_replica_acknowledged_do_not_move_the_loss_deadline(sentinels):
+def test_renewals_no_replica_acknowledged_report_unreplicated_and_release_the_hold(sentinels):
     key = unique("unacked")
     client = LockClient.from_sentinel(sentinels.addresses, SentinelSet.NAME)
     master = sentinels.master()
     seen: list[LostReason] = []
-    guard = client.lock(key, lease=1.5, replicas=1, replicas_timeout=0.2,
+    lease = 3.0
+    guard = client.lock(key, lease=lease, replicas=1, replicas_timeout=0.2,
                         on_lost=seen.append).acquire()
     replicas = sentinels.replicas()
     for r in replicas:
@@ -163,14 +164,22 @@ def test_renewals_no_replica_acknowledged_do_not_move_the_loss_deadline(sentinel
     try:
         stopped = time.monotonic()
         renews = master.commandstat("lock.renew")
-        assert guard.lost.wait(5)
+        releases = master.commandstat("lock.release")
+        assert guard.lost.wait(lease + 2)
+        lost_at = time.monotonic()
         # The master kept answering the renewals 1, but no replica acknowledged any: the
-        # deadline (90 % of the lease after the last acknowledged renewal) passed.
-        assert guard.lost_reason is LostReason.UNREACHABLE
+        # deadline (90 % of the lease after the last acknowledged renewal) passed. Not
+        # unreachable: the master answered.
+        assert guard.lost_reason is LostReason.UNREPLICATED
         wait_until(lambda: seen, "on_lost called")  # just after ``lost`` is set
-        assert seen == [LostReason.UNREACHABLE]
-        assert time.monotonic() - stopped < 1.5 + 1.0
+        assert seen == [LostReason.UNREPLICATED]
+        assert lost_at - stopped < lease + 1.0
         assert master.commandstat("lock.renew") > renews
+        # The master still had it (renewed until the loss, a lease to go): released there by
+        # its token at once, not left to its lease.
+        wait_until(lambda: master.commandstat("lock.release") > releases, "released", bound=1.0)
+        assert master.client().execute_command("LOCK.CHECK", key, guard.owner, guard.token) == 0
+        assert time.monotonic() - lost_at < lease / 2
     finally:
         for r in replicas:
             os.kill(r.proc.pid, signal.SIGCONT)
@@ -458,3 +467,46 @@ def test_the_failover_driver_writes_a_line_per_hold_across_a_failover(sentinel_s
     for x in lines:
         if x.get("event") == "acquire-error":
             assert set(x) == {"lib", "event", "replicas", "key", "kind", "owner", "ms", "error"}
+
+
+@pytest.mark.scenario("sentinel-failover")
+def test_an_election_has_a_new_leader_within_seconds_of_a_failover_not_a_lease(sentinel_set):
+    # The leadership is EPHEMERAL (the default): after the failover the new master has it
+    # bound to nothing until its lease (30 s) ends. The leader's library releases it there by
+    # its token as soon as it sees the master replaced, so the waiting candidate leads then.
+    s = sentinel_set
+    key = unique("elect")
+    first = LockClient.from_sentinel(s.addresses, SentinelSet.NAME)
+    second = LockClient.from_sentinel(s.addresses, SentinelSet.NAME)
+    old = s.master()
+    leadership = first.election(key, "first").campaign()
+    led: "queue.Queue[object]" = queue.Queue()
+
+    def candidate() -> None:
+        # As a candidate process would: campaign again after a connection error.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                led.put((time.monotonic(), second.election(key, "second").campaign()))
+                return
+            except LockConnectionError:
+                time.sleep(0.05)
+        led.put(None)
+
+    threading.Thread(target=candidate, daemon=True).start()
+    wait_until(lambda: waiting(old, key) == 1, "the second candidate waiting")
+    s.wait_replicated()
+    old.proc.kill()
+    old.proc.wait()
+    killed = time.monotonic()
+    new = s.wait_for_failover(old)
+    got = led.get(timeout=15)
+    assert got is not None, "the second candidate never led"
+    at, second_leadership = got  # type: ignore[misc]
+    assert at - killed < 15, f"led {at - killed:.1f} s after the kill (lease 30 s)"
+    assert leadership.lost.wait(5)
+    assert leadership.lost_reason is LostReason.CONNECTION_CLOSED
+    assert info(new, key)[b"owner"] == second_leadership.owner
+    assert second_leadership.resign() is Release.RELEASED
+    first.close()
+    second.close()

@@ -24,7 +24,9 @@ from .._commands import (
     holder_ttl,
     info,
     is_final,
+    is_not_yet,
     is_retry_later,
+    release_token,
 )
 from .._common import (
     RETRIES,
@@ -43,7 +45,16 @@ from .._common import (
 from .._connect import Redirected
 from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
-from ._backend import Event, Mutex, current_loop, sleep, spawn, spawn_short, wait_event
+from ._backend import (
+    Event,
+    Mutex,
+    current_loop,
+    sleep,
+    spawn,
+    spawn_from_any_thread,
+    spawn_short,
+    wait_event,
+)
 from ._connection import OwnConnection
 
 log = logging.getLogger("redis_lock_client")
@@ -118,8 +129,13 @@ class Hold:
         replied_at: float,
         on_lost: Optional[LostCallback],
         replication: Replication = NO_REPLICATION,
+        abandoned: Optional[Callable[[Hold], None]] = None,
     ) -> None:
         self.route = route
+        #: Who sends this hold's release in the background when this side stops believing in
+        #: it while the server may still have it (the handle, which counts it: its next acquire
+        #: waits for it); None: sent uncounted.
+        self.abandoned = abandoned
         self.replication = replication
         #: What the last renewal's WAIT (WAITAOF) answered, for the error of an unsafe grant.
         self.acknowledged: object = None
@@ -174,6 +190,9 @@ class Hold:
         with self._reporting:
             with self._lock:
                 reason = event(self._machine)
+                abandon = self._machine.take_abandon()
+            if abandon:
+                self.abandon()
             if reason is not None:
                 self._stop.set()
                 self.lost_event.set()
@@ -184,6 +203,46 @@ class Hold:
                     except Exception:  # noqa: BLE001 - a callback's failure must not stop us
                         log.exception("the lost callback of lock %r raised", self.keys.keys)
         return reason
+
+    def abandon(self) -> None:
+        """Releases the hold by its token in the background (``release_abandoned``), counted by
+        the handle when it has one (from any thread: nothing here waits)."""
+        if self.abandoned is not None:
+            self.abandoned(self)
+        else:
+            spawn_from_any_thread(self.loop, "redis-lock-abandoned", self.release_abandoned)
+
+    async def release_abandoned(self) -> None:
+        """Releases a hold this side no longer believes in while the server may still have it
+        (a loss it may not know of, a release that got no answer, a grant not confirmed): by
+        its token (``LOCK.RELEASE key owner TOKEN t``, which never releases a later hold of the
+        owner; a multi-key hold with its ``LOCK.MRELEASE``), through the route (the client's
+        shared connections, which follow a Sentinel failover to the new master and a cluster
+        key to its node). Sent again after no answer or a server that cannot serve it yet
+        (READONLY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN), pausing 50 ms doubling to 1 s,
+        for up to a lease: by then the server has ended the hold itself."""
+        if self.keys.multi:
+            args = self.keys.release(self.owner)
+        else:
+            args = release_token(self.key, self.owner, self.token)
+        started = time.monotonic()
+        pause = 0.05
+        while True:
+            try:
+                await self.route.query(args)
+                return
+            except LockServerError as e:
+                if not is_not_yet(str(e)):
+                    return
+            except LockConnectionError:
+                pass
+            except LockError:
+                return
+            if time.monotonic() - started + pause >= self.lease:
+                log.debug("releasing abandoned hold %r got no answer", self.keys.keys)
+                return
+            await sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def refused(self) -> None:
         """The server says the owner no longer holds it (a re-acquire answered another token
@@ -220,8 +279,12 @@ class Hold:
             # After a failover the new master has the hold bound to nothing until its lease
             # ends, and nobody can renew it there as an EPHEMERAL hold: the binding it was
             # taken for is gone, which is reported at once.
-            if await self._gone() or (own is not None and await self.route.replaced(own)):
+            if await self._gone():
                 self._event(lambda m: m.connection_lost())
+                return
+            # The new master's hold is released there (by its token): nobody waits it out.
+            if own is not None and await self.route.replaced(own):
+                self._event(lambda m: m.master_replaced())
                 return
             await sleep(pause)
             pause = min(pause * 2, CLOSE_RECHECK_MAX)
@@ -461,6 +524,9 @@ class Hold:
                 self.connection_lost()  # reported once the server no longer holds it
                 later = time.monotonic()
                 self._event(lambda m: m.unanswered(later))
+            elif found is _Renewal.UNACKED:
+                later = time.monotonic()
+                self._event(lambda m: m.unanswered(later, unacknowledged=True))
             else:
                 later = time.monotonic()
                 self._event(lambda m: m.unanswered(later))

@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar, cast
 
 from .. import _fork
 from .._commands import KeySet, Replication, TicketExpired, is_retry_later
@@ -117,6 +117,10 @@ class _AsyncHandle(Generic[_G]):
         self._guards = 0
         # Holds whose guard the garbage collector took: counted down under the gate.
         self._abandoned: collections.deque[Hold] = collections.deque()
+        # Holds this side stopped believing in while the server may still have them (a loss
+        # the server may not know of, a release with no answer): released by their token under
+        # the gate, so that the next acquire (ONCE) never gets one back.
+        self._unbelieved: collections.deque[Hold] = collections.deque()
         self._stack: contextvars.ContextVar[tuple[_G, ...]] = contextvars.ContextVar(
             "redis_lock_client_guards", default=()
         )
@@ -136,6 +140,7 @@ class _AsyncHandle(Generic[_G]):
         self._books = threading.Lock()
         self._active, self._guards = None, 0
         self._abandoned = collections.deque()
+        self._unbelieved = collections.deque()
         # A name given by the application stays (it is the application's to keep unique).
         self.owner = self.client._owner() if self._named is None else self._named
 
@@ -466,11 +471,18 @@ class _AsyncHandle(Generic[_G]):
             replied_at=replied,
             on_lost=self.on_lost,
             replication=self.replication,
+            abandoned=_counted_by(self),
         )
         try:
             unconfirmed = await hold.confirm()
         except Cancelled:  # a grant nobody will hold: released
             await _release_rest(hold)
+            raise
+        except LockConnectionError:
+            # No answer: the server may still have it. Released by its token in the
+            # background, again until a master answers; the next acquire waits for it.
+            await hold.close_own()
+            self._release_unbelieved(hold)
             raise
         except LockError:
             await hold.close_own()
@@ -493,14 +505,13 @@ class _AsyncHandle(Generic[_G]):
         return self._guard(hold)
 
     async def _unsafe(self, hold: Hold) -> None:
-        """A grant too few replicas acknowledged: released (best effort: its lease ends it
-        otherwise), then ``NotSafelyAcquired`` (or the server's error for WAIT/WAITAOF, e.g.
-        WAITAOF on a server without it or without appendonly) is raised."""
+        """A grant too few replicas acknowledged: released by its token before the refusal
+        (the gate is held: the next acquire comes after), sent again until a master answers,
+        for up to a lease; then ``NotSafelyAcquired`` (or the server's error for WAIT/WAITAOF,
+        e.g. WAITAOF on a server without it or without appendonly) is raised."""
         ack = hold.acknowledged
         try:
-            await hold.send(hold.keys.release(hold.owner))
-        except LockError:
-            log.debug("releasing an unsafe grant of %r failed", hold.keys.keys, exc_info=True)
+            await hold.release_abandoned()
         finally:
             await hold.close_own()
         if isinstance(ack, LockError):
@@ -550,6 +561,12 @@ class _AsyncHandle(Generic[_G]):
             raise error
         try:
             reply = await hold.send(hold.keys.release(hold.owner))
+        except LockConnectionError:
+            # No answer (a failover may have come between): the server may still hold it.
+            # Sent again by its token in the background, wherever the master is now; the
+            # handle's next acquire waits for it, and never gets this hold back.
+            self._release_unbelieved(hold)
+            raise
         finally:
             hold.release_replied()
             await hold.close_own()
@@ -564,12 +581,26 @@ class _AsyncHandle(Generic[_G]):
         self._abandoned.append(hold)
         spawn_from_any_thread(hold.loop, "redis-lock-collected", self._drain_gated)
 
+    def _release_unbelieved(self, hold: Hold) -> None:
+        """``hold`` is lost to this side while the server may still have it: its release by
+        token is queued and carried out under the gate (from any thread: nothing here waits),
+        before the handle's next acquire."""
+        self._unbelieved.append(hold)
+        spawn_from_any_thread(hold.loop, "redis-lock-unbelieved", self._drain_gated)
+
     async def _drain_gated(self) -> None:
         async with self._gate:
             await self._drain()
 
     async def _drain(self) -> None:
-        """Ends the guards the garbage collector took (the gate is held)."""
+        """Releases the holds this side stopped believing in, and ends the guards the garbage
+        collector took (the gate is held)."""
+        while True:
+            try:
+                lost = self._unbelieved.popleft()
+            except IndexError:
+                break
+            await lost.release_abandoned()
         while True:
             try:
                 hold = self._abandoned.popleft()
@@ -590,6 +621,21 @@ async def _release_rest(hold: Hold) -> None:
         log.debug("releasing the rest of lost hold %r failed", hold.keys.keys, exc_info=True)
     finally:
         await hold.close_own()
+
+
+def _counted_by(handle: _AsyncHandle[Any]) -> Callable[[Hold], None]:
+    """What a hold calls to be released in the background: counted by ``handle`` while it
+    lives (its next acquire waits for the release), else sent uncounted."""
+    ref = weakref.ref(handle)
+
+    def release(hold: Hold) -> None:
+        alive = ref()
+        if alive is not None:
+            alive._release_unbelieved(hold)
+        else:
+            spawn_from_any_thread(hold.loop, "redis-lock-abandoned", hold.release_abandoned)
+
+    return release
 
 
 def _abandon(handle: _AsyncHandle[Any], hold: Hold, pid: int) -> None:
@@ -647,9 +693,12 @@ class _AsyncGuard:
 
         Raises ``NotHeld`` when the hold was lost (with the reason) or the server no longer
         knew it (on any of its keys), ``LockConnectionError`` when the release could not be
-        sent or answered (the lease then ends the hold). A multi-key hold lost on some of its
-        keys may still hold the others: its last release sends LOCK.MRELEASE all the same
-        (frees them at once instead of at their lease end), then raises ``NotHeld``.
+        sent or answered: it is then sent again in the background by its token (``LOCK.RELEASE
+        key owner TOKEN t``, which never releases a later hold), wherever the master is now,
+        for up to a lease, and the handle's next acquire waits for it. A multi-key hold lost
+        on some of its keys may still hold the others: its last release sends LOCK.MRELEASE
+        all the same (frees them at once instead of at their lease end), then raises
+        ``NotHeld``.
         """
         if self._released:
             return Release.ALREADY_RELEASED
