@@ -600,7 +600,10 @@ class _AsyncHandle(Generic[_G]):
                 lost = self._unbelieved.popleft()
             except IndexError:
                 break
-            await lost.release_abandoned()
+            try:
+                await lost.release_abandoned()
+            except Exception:  # noqa: BLE001 - best effort: the lease ends it
+                log.debug("releasing lost hold %r failed", lost.keys.keys, exc_info=True)
         while True:
             try:
                 hold = self._abandoned.popleft()

@@ -602,7 +602,10 @@ class _Handle(Generic[_G]):
                 lost = self._unbelieved.popleft()
             except IndexError:
                 break
-            lost.release_abandoned()
+            try:
+                lost.release_abandoned()
+            except Exception:  # noqa: BLE001 - best effort: the lease ends it
+                log.debug("releasing lost hold %r failed", lost.keys.keys, exc_info=True)
         while True:
             try:
                 hold = self._abandoned.popleft()
