@@ -89,6 +89,8 @@ class HoldMachine:
         self.interval = renewal_interval(lease)
         self._trusted = lease - lease * DRIFT
         self.reason: Optional[LostReason] = None
+        #: The reason a message naming this hold gave, until a read confirms or denies it.
+        self.hint: Optional[LostReason] = None
         #: Past this (local monotonic time) without a confirmed renewal, the hold may be gone.
         self.deadline = sent_at + self._trusted
         #: When the watchdog sends its next renewal.
@@ -193,10 +195,18 @@ class HoldMachine:
             self.unacknowledged = unacknowledged
             self.renew_at = now + min(self.interval, RETRY)
 
+    def hinted(self, reason: LostReason) -> None:
+        """A message named this hold with ``reason``: a hint, checked by a read. Should the
+        server say the hold is gone some other way first (a renewal answered 0 before the
+        check did), the message's reason is the one given: the server confirmed the loss, and
+        the message says why."""
+        if self.active:
+            self.hint = reason
+
     def refused(self) -> Optional[LostReason]:
         """The server says the owner no longer holds it (a renewal or a proclamation answered 0,
         a final error)."""
-        return self._lose(LostReason.HOLD_GONE)
+        return self._lose(self.hint or LostReason.HOLD_GONE)
 
     def fenced(self, reason: LostReason) -> Optional[LostReason]:
         """A fenced command (LOCK.GUARD) was refused: the server does not hold this owner with
@@ -205,8 +215,12 @@ class HoldMachine:
 
     def checked(self, present: bool, reason: LostReason) -> Optional[LostReason]:
         """A read after a message naming this hold, or about its key (or a flush, or a move),
-        found the hold (``present``) or not; ``reason`` is the message's."""
-        return None if present else self._lose(reason)
+        found the hold (``present``: a message's hint is void) or not; ``reason`` is the
+        message's."""
+        if present:
+            self.hint = None
+            return None
+        return self._lose(reason)
 
     def connection_lost(self) -> Optional[LostReason]:
         """The connection an EPHEMERAL hold is bound to closed: the server ends the hold."""

@@ -98,6 +98,20 @@ def test_after_a_release_nothing_renews_and_nothing_is_reported():
     assert isinstance(error, NotHeld) and error.reason is None
 
 
+def test_a_renewal_answered_0_while_a_named_message_is_checked_gives_the_message_s_reason():
+    # A message naming the hold is a hint; the read it asks for and a renewal race. When the
+    # renewal answers 0 first, the server confirmed the loss and the message says why.
+    m = machine()
+    m.hinted(LostReason.FORCE_RELEASED)
+    assert m.active  # a hint alone changes nothing
+    assert m.refused() is LostReason.FORCE_RELEASED
+    # A check that found the hold voids the hint: a later 0 is only HOLD_GONE.
+    m = machine()
+    m.hinted(LostReason.FORCE_RELEASED)
+    assert m.checked(True, LostReason.FORCE_RELEASED) is None
+    assert m.refused() is LostReason.HOLD_GONE
+
+
 def test_a_loss_the_server_may_not_know_of_asks_for_the_release_once():
     # No renewal confirmed for a lease: unreachable, released in the background.
     m = machine()

@@ -544,6 +544,8 @@ class Hold:
         if isinstance(message, HoldEnded):
             with self._lock:
                 named = self._machine.active and self._machine.names(message)
+                if named:
+                    self._machine.hinted(message.reason)
             if named:
                 spawn_short("redis-lock-check", self._check_named, message)
             return
@@ -570,8 +572,7 @@ class Hold:
             return
         except LockError:
             return
-        if held == 0:
-            self._event(lambda m: m.checked(False, message.reason))
+        self._event(lambda m: m.checked(held != 0, message.reason))
 
     def _check(self, key: Optional[bytes], reason: LostReason, moved: bool) -> None:
         """``LOCK.INFO`` of each key concerned (a read that changes nothing, following MOVED and
