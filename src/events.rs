@@ -69,9 +69,9 @@ impl ServerEvents for LockEvents {
         // taken away unpopped. One that expires reaches its lease end (the scheduler's own
         // deadline looks at it).
         if why != KeyRemoved::Expired
-            && key.kind() == KeyKind::List
             && runtime::any_tickets()
             && !store::deleting()
+            && key.kind() == KeyKind::List
         {
             if let Some((name, db)) = key.name_and_db() {
                 let gone = if key.len() == 0 {

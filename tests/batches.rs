@@ -34,22 +34,6 @@ use lock_testkit::*;
 const CAP: usize = 1_000;
 /// The most keys of one multi-key command (`MAX_MULTI_KEYS`).
 const MULTI_KEYS: usize = 64;
-/// The longest the server may go without answering a PING while a batch runs:
-/// `$LOCK_PING_BOUND_MS`, else 600 ms. On the debug build (`make test`, the server matrix, a
-/// plain `cargo test`) the bound is a stall check: at least 5x the worst PING measured there
-/// (the 64-key run: 55-75 ms, 103 ms with a second job on two cores; Valkey 8.1's libc malloc:
-/// 109 ms in CI). The module's target, 100 ms, is `make scale`'s bound on the release build
-/// (`LOCK_PING_BOUND_MS=100`). The figure itself is printed either way.
-fn ping_bound() -> Duration {
-    let ms = std::env::var("LOCK_PING_BOUND_MS")
-        .ok()
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("LOCK_PING_BOUND_MS={v:?} is not a number"))
-        })
-        .unwrap_or(600);
-    Duration::from_millis(ms)
-}
 /// A reply this late is a stall, far past `ping_bound()`: the test stops waiting for it.
 const STALL: Duration = Duration::from_secs(10);
 /// A whole batch, from its trigger to its outcome: a generous bound that catches a hang.

@@ -722,6 +722,23 @@ fn migrate_keys(from: &mut Connection, to_port: u16, keys: &[String]) {
         .unwrap_or_else(|e| panic!("MIGRATE {keys:?}: {e}"));
 }
 
+/// The keys `con`'s node holds in `slot` (up to 100).
+fn keys_in_slot(con: &mut Connection, slot: u16) -> Vec<String> {
+    redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query(con)
+        .unwrap()
+}
+
+/// `CLUSTER SETSLOT slot NODE id` on every node: the move is over.
+fn set_slot_everywhere(cluster: &Cluster, slot: u16, id: &str) {
+    for node in &cluster.nodes {
+        set_slot(&mut node.connect(), slot, "NODE", id);
+    }
+}
+
 /// `LOCK.ACQUIRE key owner 60000 [options]` after `ASKING`, as a cluster client sends it to
 /// the importing node a redirect named.
 fn acquire_asking(
@@ -752,19 +769,6 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
     let b = cluster.nodes.iter().find(|n| n.port != a.port).unwrap();
     let (a_id, b_id) = (Cluster::node_id(a), Cluster::node_id(b));
     let (mut on_a, mut on_b) = (a.connect(), b.connect());
-    let set_everywhere = |id: &str| {
-        for node in &cluster.nodes {
-            set_slot(&mut node.connect(), slot, "NODE", id);
-        }
-    };
-    let keys_in_slot = |con: &mut Connection| -> Vec<String> {
-        redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(100)
-            .query(con)
-            .unwrap()
-    };
     let mut tokens: Vec<(&str, i64)> = Vec::new();
     let grant = |con: &mut Connection, owner: &'static str, tokens: &mut Vec<_>| {
         let token = acquire(con, key, owner, 60_000).expect("granted");
@@ -777,10 +781,10 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
     grant(&mut on_a, "o1", &mut tokens);
     set_slot(&mut on_b, slot, "IMPORTING", &a_id);
     set_slot(&mut on_a, slot, "MIGRATING", &b_id);
-    let moving = keys_in_slot(&mut on_a);
+    let moving = keys_in_slot(&mut on_a, slot);
     assert_eq!(moving, vec![counter.clone()]);
     migrate_keys(&mut on_a, b.port, &moving);
-    set_everywhere(&b_id);
+    set_slot_everywhere(&cluster, slot, &b_id);
     grant(&mut on_b, "o2", &mut tokens);
     grant(&mut on_b, "o3", &mut tokens);
     // A shared hold stays on B while the slot moves back.
@@ -802,7 +806,7 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
         Ok(None) => panic!("the importing node found the key busy"),
     }
     assert!(
-        keys_in_slot(&mut on_a).is_empty(),
+        keys_in_slot(&mut on_a, slot).is_empty(),
         "the importing node created keys of its own in the slot"
     );
 
@@ -814,7 +818,7 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
         Some("TRYAGAIN"),
         "the migrating node granted without its counter: {refused:?}"
     );
-    assert_eq!(keys_in_slot(&mut on_b), vec![shared_key.to_string()]);
+    assert_eq!(keys_in_slot(&mut on_b, slot), vec![shared_key.to_string()]);
     // The importing node mints above the counter it now holds.
     let token = acquire_asking(&mut on_a, key, "o4", &[])
         .unwrap()
@@ -824,9 +828,9 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
     assert_eq!(release(&mut on_a, key, "o4"), Some(0));
 
     // The rest moves with no key the target made meanwhile in the way; then A grants again.
-    let rest = keys_in_slot(&mut on_b);
+    let rest = keys_in_slot(&mut on_b, slot);
     migrate_keys(&mut on_b, a.port, &rest);
-    set_everywhere(&a_id);
+    set_slot_everywhere(&cluster, slot, &a_id);
     let again = acquire_with(&mut on_a, shared_key, "r2", 60_000, &["SHARED"])
         .unwrap()
         .expect("a second shared hold");
@@ -858,25 +862,15 @@ fn a_flushed_slot_that_moves_keeps_its_tokens_rising() {
     let b = cluster.nodes.iter().find(|n| n.port != a.port).unwrap();
     let (a_id, b_id) = (Cluster::node_id(a), Cluster::node_id(b));
     let (mut on_a, mut on_b) = (a.connect(), b.connect());
-    let set_everywhere = |id: &str| {
-        for node in &cluster.nodes {
-            set_slot(&mut node.connect(), slot, "NODE", id);
-        }
-    };
     let move_slot =
         |from: &mut Connection, to: &mut Connection, to_port: u16, from_id: &str, to_id: &str| {
             set_slot(to, slot, "IMPORTING", from_id);
             set_slot(from, slot, "MIGRATING", to_id);
-            let keys: Vec<String> = redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100)
-                .query(from)
-                .unwrap();
+            let keys = keys_in_slot(from, slot);
             if !keys.is_empty() {
                 migrate_keys(from, to_port, &keys);
             }
-            set_everywhere(to_id);
+            set_slot_everywhere(&cluster, slot, to_id);
         };
     // A to B and back: A's tokens now run a window ahead of the clock.
     let first = acquire(&mut on_a, key, "o1", 60_000).unwrap();

@@ -403,21 +403,6 @@ fn close_tickets() -> usize {
     }
 }
 
-/// The slowest PING allowed while the server works through a storm: `$LOCK_PING_BOUND_MS`,
-/// else 600 ms, as in tests/batches.rs: a stall check on the debug build (`make test`: 15-35 ms
-/// at 20,000 tickets here), the module's 100 ms target in `make scale` (release build, 100,000
-/// ticketed waiters, 200,000 tickets closed). The figure itself is printed either way.
-fn ping_bound() -> Duration {
-    let ms = std::env::var("LOCK_PING_BOUND_MS")
-        .ok()
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("LOCK_PING_BOUND_MS={v:?} is not a number"))
-        })
-        .unwrap_or(600);
-    Duration::from_millis(ms)
-}
-
 /// One connection queues tickets on a thousand busy keys, then closes: the server withdraws
 /// them a bounded batch a turn, and keeps answering PING meanwhile (it ended 200,000 in one
 /// turn before, 564 ms without an answer).

@@ -23,7 +23,7 @@ mod waiter;
 pub use cli::Cli;
 pub use cluster::Cluster;
 pub use lock::*;
-pub use pinger::{Pinger, Pings};
+pub use pinger::{ping_bound, Pinger, Pings};
 pub use raw_client::{open_files_limit, RawClient};
 pub use redis::{Commands, Connection, Value};
 pub use sentinel::{SentinelOptions, SentinelProcess, SentinelSet};
