@@ -208,9 +208,33 @@ class Replication:
             return reply[1]
         return reply if isinstance(reply, int) else 0
 
-    def describe(self) -> str:
-        what = "WAITAOF 1" if self.aof else "WAIT"
-        return f"{what} {self.replicas} {millis(self.timeout)}"
+    def shortfall(self, reply: object) -> str:
+        """What was missing, in words (the same as the Rust library's): ``0 of 1 replicas
+        acknowledged within 200 ms (WAIT)``."""
+        ms = millis(self.timeout)
+        if self.aof:
+            local, replicas = reply if isinstance(reply, list) and len(reply) == 2 else (0, 0)
+            return (
+                f"fsynced locally {local} of 1, by replicas {replicas} of {self.replicas} "
+                f"within {ms} ms (WAITAOF)"
+            )
+        return f"{self.count(reply)} of {self.replicas} replicas acknowledged within {ms} ms (WAIT)"
+
+
+def explained_by_role(why: str, wanted: int, role: object) -> str:
+    """A shortfall said first by what the master's ``ROLE`` shows: with fewer connected
+    replicas than wanted, no wait could have been acknowledged (a failover that left too few
+    replicas: ``replicas=N`` needs N + 1 to survive one). Unchanged when ``ROLE`` says nothing
+    (refused by an ACL, not a master) or enough are connected."""
+    if (
+        isinstance(role, list)
+        and len(role) == 3
+        and role[0] in (b"master", "master")
+        and isinstance(role[2], list)
+        and len(role[2]) < wanted
+    ):
+        return f"the master has {len(role[2])} connected replicas, {wanted} needed: {why}"
+    return why
 
 
 NO_REPLICATION = Replication(0, 0.0, False)

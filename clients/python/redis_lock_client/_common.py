@@ -149,17 +149,17 @@ class NotSafelyAcquired(LockError):
     failover now could hand the key to another owner. The hold was released (best effort:
     its lease ends it otherwise) and nothing was handed out. ``tokens`` are the tokens the
     server granted (one per key), ``acknowledged`` how many replicas acknowledged,
-    ``wanted`` how many were asked for."""
+    ``wanted`` how many were asked for, ``why`` what was missing in words (``0 of 1 replicas
+    acknowledged within 200 ms (WAIT)``; first ``the master has 0 connected replicas, 1
+    needed: ...`` when the master's ``ROLE`` lists too few replicas for any wait to succeed)."""
 
-    def __init__(self, tokens: tuple[int, ...], acknowledged: int, wanted: int, how: str) -> None:
-        super().__init__(
-            f"not safely acquired: {acknowledged} of {wanted} replicas acknowledged the grant "
-            f"({how}); released"
-        )
+    def __init__(self, tokens: tuple[int, ...], acknowledged: int, wanted: int, why: str) -> None:
+        super().__init__(f"not safely acquired (token {list(tokens)}, released): {why}")
         self.tokens = tokens
         self.token = tokens[0]
         self.acknowledged = acknowledged
         self.wanted = wanted
+        self.why = why
 
 
 class LockServerError(LockError):

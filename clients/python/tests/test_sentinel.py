@@ -126,6 +126,11 @@ def test_too_few_replicas_release_the_grant_and_raise_not_safely_acquired(sentin
         client.lock(key, replicas=3, replicas_timeout=0.3).acquire()  # two replicas exist
     assert time.monotonic() - started >= 0.3  # WAIT waited its timeout
     assert unsafe.value.acknowledged == 2 and unsafe.value.wanted == 3
+    # Two replicas are connected, three wanted: the refusal says so first.
+    assert unsafe.value.why == (
+        "the master has 2 connected replicas, 3 needed: "
+        "2 of 3 replicas acknowledged within 300 ms (WAIT)"
+    ), unsafe.value.why
     assert unsafe.value.token > 0 and unsafe.value.tokens == (unsafe.value.token,)
     assert info(master, key) is None  # released
     # After a wait: granted when the holder leaves, then the same.
@@ -185,6 +190,22 @@ def test_renewals_no_replica_acknowledged_report_unreplicated_and_release_the_ho
             os.kill(r.proc.pid, signal.SIGCONT)
     wait_until(lambda: master.client().execute_command("WAIT", 2, 1000) == 2, "replicas back",
                bound=20)
+    client.close()
+
+
+def test_a_replicas_refusal_on_a_master_without_replicas_says_so(server):
+    # The set-up a failover leaves behind 1 master + 1 replica: a master with no replica. No
+    # wait could be acknowledged, and the refusal says why, not only "0 of 1 acknowledged".
+    key = unique("alone")
+    client = LockClient.from_url(server.url)
+    with pytest.raises(NotSafelyAcquired) as refused:
+        client.lock(key, replicas=1, replicas_timeout=0.2).acquire()
+    assert refused.value.why == (
+        "the master has 0 connected replicas, 1 needed: "
+        "0 of 1 replicas acknowledged within 200 ms (WAIT)"
+    ), refused.value.why
+    assert str(refused.value).endswith(refused.value.why)
+    assert info(server, key) is None  # released by its token: the key is free
     client.close()
 
 

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar, cast
 
 from .. import _fork
-from .._commands import KeySet, Replication, TicketExpired, is_retry_later
+from .._commands import KeySet, Replication, TicketExpired, explained_by_role, is_retry_later
 from .._common import (
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
@@ -517,7 +517,12 @@ class _AsyncHandle(Generic[_G]):
         if isinstance(ack, LockError):
             raise ack
         rep = self.replication
-        raise NotSafelyAcquired(hold.tokens, rep.count(ack), rep.replicas, rep.describe())
+        why = rep.shortfall(ack)
+        try:  # too few replicas connected is said first (read once, here)
+            why = explained_by_role(why, rep.replicas, await hold.send(["ROLE"]))
+        except LockError:
+            pass
+        raise NotSafelyAcquired(hold.tokens, rep.count(ack), rep.replicas, why)
 
     # -- ends of guards ----------------------------------------------------------------------
 
