@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python library's checks (make test): installs ./clients/python[test] from PyPI into a venv
-# under target/ (pinned: redis, pytest, mypy, hypothesis), then mypy --strict on the package and
+# under target/ (pinned: redis, pytest, pytest-xdist, mypy, hypothesis), then mypy --strict on the package and
 # pytest on clients/python/tests against real servers. First, unasync.py --check fails when the
 # generated sync library (redis_lock_client/_sync/) is not what the asyncio source makes, and
 # check-scenarios.py when a row of docs/client-scenarios.md has no Python test. LOCK_MODULE names
