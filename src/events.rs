@@ -144,6 +144,11 @@ impl ServerEvents for LockEvents {
         runtime::forget_bindings(ctx);
     }
 
+    /// What the token counters about to go hold is kept, to write back after the flush.
+    fn flushing(ctx: Ctx, db: Option<i32>) {
+        store::flushing(ctx, db);
+    }
+
     /// The flush names no keys: the holders hear one message per flush and check their holds.
     fn flushed(ctx: Ctx, db: Option<i32>) {
         notify::publish_flushed(ctx, db);

@@ -36,6 +36,8 @@ struct Names {
     /// (slot, database, bound) of the counters a flush took, to write back
     /// ([`restore_flushed_counters`]).
     flushed_counters: Vec<(usize, i32, u64)>,
+    /// (slot, database, bound) of the counters a flush is about to take ([`flushing`]).
+    flushing_counters: Vec<(usize, i32, u64)>,
 }
 
 /// How many small counts are kept as ready-made strings (see `Names::small_counts`).
@@ -122,27 +124,87 @@ pub fn swap_databases(a: i32, b: i32) {
     });
 }
 
+/// `FLUSHDB` (Some) or `FLUSHALL` (None) is about to take the token counters of `db`: what
+/// each holds is kept for the write-back after it ([`flushed`]). A counter may hold a bound
+/// above anything this process reserved or handed out in its slot: one another node reserved,
+/// come here with the slot. In a cluster (database 0 only) every slot's counter is read, since
+/// a counter arrives with its slot unread; outside one, those this process wrote.
+pub fn flushing(ctx: Ctx, db: Option<i32>) {
+    let cluster = crate::ffi::is_cluster(ctx);
+    // Which (slot, database) to read, listed first: reading a key may raise events whose
+    // handlers look at the names.
+    let wanted: Vec<(usize, i32)> = if cluster {
+        if db.is_some_and(|db| db != 0) {
+            return;
+        }
+        (0..SLOTS).map(|slot| (slot, 0)).collect()
+    } else {
+        NAMES.with(|names| {
+            let names = names.borrow();
+            let mut wanted = Vec::new();
+            for (slot, counter) in names.counters.iter().enumerate() {
+                for d in counter.memory.reserved_databases() {
+                    if db.is_none_or(|db| db == d) {
+                        wanted.push((slot, d));
+                    }
+                }
+            }
+            wanted
+        })
+    };
+    let mut found = Vec::new();
+    for (slot, d) in wanted {
+        let Ok(slot16) = u16::try_from(slot) else {
+            continue;
+        };
+        let name = OwnedString::new(&counter_key(slot16));
+        let stored = crate::ffi::with_db(ctx, d, || {
+            let key = Key::open_read(ctx, name.as_ptr());
+            match key.kind() {
+                KeyKind::String => parse_positive(key.string_bytes()),
+                _ => None,
+            }
+        });
+        if let Some(bound) = stored {
+            found.push((slot, d, bound));
+        }
+    }
+    NAMES.with(|names| names.borrow_mut().flushing_counters = found);
+}
+
 /// `FLUSHDB` (Some), `FLUSHALL` (None) or a replica's load that replaced every database: the
 /// counters there are gone, and so are the windows this process reserved in them (see
-/// `SlotMemory::forget_bounds`).
+/// `SlotMemory::forget_bounds`). Each is written back at the next turn with the highest of
+/// what it held when the flush began ([`flushing`]), the bound this process reserved in it
+/// and the last token this process handed out in the slot.
 pub fn flushed(db: Option<i32>) {
     NAMES.with(|names| {
         let mut names = names.borrow_mut();
-        let mut restore = Vec::new();
-        for (slot, counter) in names.counters.iter_mut().enumerate() {
-            let last = counter.memory.last().unwrap_or(0);
-            for (db, bound) in counter.memory.forget_bounds(db) {
-                restore.push((slot, db, bound.max(last)));
+        let mut restore = std::collections::BTreeMap::new();
+        for (slot, d, bound) in std::mem::take(&mut names.flushing_counters) {
+            if db.is_none_or(|db| db == d) {
+                restore.insert((slot, d), bound);
             }
         }
-        names.flushed_counters.extend(restore);
+        for (slot, counter) in names.counters.iter_mut().enumerate() {
+            let last = counter.memory.last().unwrap_or(0);
+            for (d, bound) in counter.memory.forget_bounds(db) {
+                let highest = restore.entry((slot, d)).or_insert(0);
+                *highest = (*highest).max(bound).max(last);
+            }
+        }
+        names.flushed_counters.extend(
+            restore
+                .into_iter()
+                .map(|((slot, d), bound)| (slot, d, bound)),
+        );
     });
 }
 
-/// The counters a flush took that this process had written, written back (at the next turn,
-/// from the inbox: not inside the flush, where a `DEBUG RELOAD` is about to load its data
-/// into the emptied databases) with the highest token it handed out there, where no counter
-/// is there yet. A flush would otherwise leave the slot with no bound: the node the slot moves
+/// The counters a flush took, written back (at the next turn, from the inbox: not inside the
+/// flush, where a `DEBUG RELOAD` is about to load its data into the emptied databases) with
+/// the highest of what they held and what this process reserved and handed out there
+/// ([`flushed`]), where no counter is there yet. A flush would otherwise leave the slot with no bound: the node the slot moves
 /// to next starts from its clock, which tokens may run a minute ahead of. Not on a replica
 /// (its master's writes arrive) or while loading; in a cluster only for the slots this node
 /// serves, settled.

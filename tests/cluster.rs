@@ -895,3 +895,53 @@ fn a_flushed_slot_that_moves_keeps_its_tokens_rising() {
     let next = acquire(&mut on_b, key, "o4", 60_000).unwrap();
     assert!(next > last, "a token fell: {next} after {last}");
 }
+
+/// A flush writes back what the counter held, not only what this node reserved in it: a slot
+/// that came back from another node brings a counter that node raised (its own window above
+/// this node's), and the flush may come before any grant here reads it. Before, the node wrote
+/// back its own older bound and handed out the other node's tokens again (the Python cluster
+/// oracle: a migration back, a flushdb, then tokens falling, handed out twice, and stale
+/// writes landing).
+#[test]
+fn a_flush_writes_back_the_bound_another_node_raised() {
+    let cluster = Cluster::start(3);
+    let key = "{flushed-back}:A";
+    let slot = key_slot(key.as_bytes());
+    let a = cluster.node_for_slot(slot);
+    let b = cluster.nodes.iter().find(|n| n.port != a.port).unwrap();
+    let (a_id, b_id) = (Cluster::node_id(a), Cluster::node_id(b));
+    let (mut on_a, mut on_b) = (a.connect(), b.connect());
+    let move_slot =
+        |from: &mut Connection, to: &mut Connection, to_port: u16, from_id: &str, to_id: &str| {
+            set_slot(to, slot, "IMPORTING", from_id);
+            set_slot(from, slot, "MIGRATING", to_id);
+            let keys = keys_in_slot(from, slot);
+            if !keys.is_empty() {
+                migrate_keys(from, to_port, &keys);
+            }
+            set_slot_everywhere(&cluster, slot, to_id);
+        };
+    // A reserves a window; B, given the slot, reserves the next one above it.
+    let first = acquire(&mut on_a, key, "o1", 60_000).unwrap();
+    release(&mut on_a, key, "o1").unwrap();
+    move_slot(&mut on_a, &mut on_b, b.port, &a_id, &b_id);
+    let on_b_token = acquire(&mut on_b, key, "o2", 60_000).unwrap();
+    release(&mut on_b, key, "o2").unwrap();
+    assert!(first < on_b_token);
+    // Back to A with B's counter, and flushed there before A grants.
+    move_slot(&mut on_b, &mut on_a, a.port, &b_id, &a_id);
+    let _: () = redis::cmd("FLUSHDB").query(&mut on_a).unwrap();
+    let counter = String::from_utf8(counter_key(slot)).unwrap();
+    assert!(
+        eventually(SOON, || {
+            let stored: Option<i64> = redis::cmd("GET").arg(&counter).query(&mut on_a).unwrap();
+            stored.is_some()
+        }),
+        "the flushed counter was not written back"
+    );
+    let next = acquire(&mut on_a, key, "o3", 60_000).unwrap();
+    assert!(
+        next > on_b_token,
+        "a token fell: {next} after B's {on_b_token}"
+    );
+}

@@ -132,6 +132,11 @@ impl SlotMemory {
         self.last
     }
 
+    /// The databases this process reserved a window in (wrote the slot's counter).
+    pub fn reserved_databases(&self) -> impl Iterator<Item = i32> + '_ {
+        self.bounds.iter().map(|(db, _)| *db)
+    }
+
     /// `SWAPDB a b` swapped the two databases' counters with their data: the reserved bounds
     /// follow them (the last token stays: it is the slot's, whatever the database).
     pub fn swap_databases(&mut self, a: i32, b: i32) {

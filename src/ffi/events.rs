@@ -22,6 +22,8 @@ pub trait ServerEvents {
     fn client_closed(ctx: Ctx, client: u64);
     /// The server became a replica.
     fn became_replica(ctx: Ctx);
+    /// `FLUSHDB` (Some) or `FLUSHALL` (None) is about to empty the database(s): still readable.
+    fn flushing(ctx: Ctx, db: Option<i32>);
     /// `FLUSHDB` (Some) or `FLUSHALL` (None) finished.
     fn flushed(ctx: Ctx, db: Option<i32>);
     /// `SWAPDB a b`.
@@ -219,12 +221,17 @@ extern "C" fn on_server_event<E: ServerEvents>(
 ) {
     guard::callback((), || {
         if event.id == raw::REDISMODULE_EVENT_FLUSHDB {
-            if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
+            if data.is_null() {
                 return;
             }
             // SAFETY: for FLUSHDB events Redis passes a RedisModuleFlushInfo.
             let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-            E::flushed(ctx, (info.dbnum >= 0).then_some(info.dbnum));
+            let db = (info.dbnum >= 0).then_some(info.dbnum);
+            match subevent {
+                raw::REDISMODULE_SUBEVENT_FLUSHDB_START => E::flushing(ctx, db),
+                raw::REDISMODULE_SUBEVENT_FLUSHDB_END => E::flushed(ctx, db),
+                _ => {}
+            }
         } else if event.id == raw::REDISMODULE_EVENT_SWAPDB && !data.is_null() {
             // SAFETY: for SWAPDB events Redis passes a RedisModuleSwapDbInfo.
             let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
