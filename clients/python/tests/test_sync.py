@@ -123,7 +123,9 @@ def test_watchdog_renews_across_leases_while_the_main_thread_spins_in_python(ser
     renewals = server.commandstat("lock.renew") - before
     print(f"\nwatchdog under a busy GIL: {renewals} renewals in 3.0 s at lease 0.6 s "
           f"(interval 0.2 s, so 15 expected); main loop ran {n} iterations")
-    assert renewals >= 12
+    # 14 renewals measured here (debug build, two busy cores): 14 ms late each on average. The
+    # bound allows 100 ms (10 renewals), 7x that; the loss check below is the correctness one.
+    assert renewals >= 10
     assert not guard.lost.is_set()
     assert info(server, key)[b"owner"] == guard.owner
     guard.release()
