@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -184,7 +185,8 @@ class Oracle:
             raw = redis.Redis.from_url(url, client_name="oracle-check")
         check = redis_check(raw)
         threads = [threading.Thread(target=SyncHolder(client, Spec(**s), check, self.events,
-                                                      self.stop).run, daemon=True)
+                                                      self.stop).run, daemon=True,
+                                    name=s["hid"])
                    for s in main_specs[:3]]
         loop = asyncio.new_event_loop()
         loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -277,8 +279,11 @@ class Oracle:
         for t in threads:
             t.join(4 * self.lease + 5)
             if t.is_alive():
+                frame = sys._current_frames().get(t.ident or 0)
+                stack = "".join(traceback.format_stack(frame)) if frame else "(no frame)\n"
                 self.events({"e": "error", "h": "main", "ctx": "main", "t": time.monotonic(),
-                             "what": "a holder thread did not finish"})
+                             "what": f"a holder thread ({t.name}) did not finish; it is at:\n"
+                                     f"{stack}"})
         try:
             aio.result(4 * self.lease + 10)
         except Exception as e:  # noqa: BLE001
@@ -487,27 +492,51 @@ class Oracle:
                 raise RuntimeError(f"{e} moving slot {slot} ({group}) {src_port}->{dst_port}: "
                                    f"{busy}") from e
 
-        try:
-            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
-            first = keys[: len(keys) // 2]
-            if first:
-                migrate(first)
-                moved += len(first)
-                time.sleep(self.rng.uniform(0.01, 0.05))
+        def drain() -> None:
+            # Until the source has no key of the slot left (keys may arrive meanwhile).
+            nonlocal moved
             for _ in range(20):
                 keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
                 if not keys:
-                    break
+                    return
                 migrate(keys)
                 moved += len(keys)
-        finally:
-            for p in self.ports:
+                if closing:
+                    late.extend(k.decode(errors="replace") for k in keys)
+            raise RuntimeError(f"slot {slot} ({group}) {src_port}->{dst_port}: the source "
+                               "still had keys after 20 rounds")
+
+        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        first = keys[: len(keys) // 2]
+        if first:
+            migrate(first)
+            moved += len(first)
+            time.sleep(self.rng.uniform(0.01, 0.05))
+        closing = False
+        late: list[str] = []
+        drain()
+        closing = True
+        # As `redis-cli --cluster reshard` then `--cluster fix` close a slot: the target first,
+        # then the source, whose refusal while a key arrived after the last round ("still hold
+        # keys") is answered by moving that key too; then the other masters.
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        for attempt in range(5):
+            try:
+                src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+                break
+            except redis.ResponseError as e:
+                if "still hold keys" not in str(e) or attempt == 4:
+                    raise
+                drain()
+        for p in self.ports:
+            if p not in (src_port, dst_port):
                 self.nodes[p].execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-            # The new owner's config epoch the highest: gossip sent before the move cannot
-            # take the slot back (moves here come faster than a reshard's).
-            dst.execute_command("CLUSTER", "BUMPEPOCH")
+        # The new owner's config epoch the highest: gossip sent before the move cannot take
+        # the slot back (moves here come faster than a reshard's).
+        dst.execute_command("CLUSTER", "BUMPEPOCH")
         truth.where[group] = dst_port
-        return {"group": group, "from": src_port, "to": dst_port, "keys": moved}
+        return {"group": group, "from": src_port, "to": dst_port, "keys": moved,
+                **({"late": late} if late else {})}
 
 
 def _show(conn: Any, key: bytes, asking: bool) -> str:
