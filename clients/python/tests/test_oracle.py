@@ -27,12 +27,15 @@ SEEDS = parse_seeds(os.environ.get("ORACLE_SEEDS"), 2, BASE)
 CLUSTER_SEEDS = parse_seeds(os.environ.get("ORACLE_CLUSTER_SEEDS"), 1, BASE)
 #: The false-held bounds: where the signal is on (a few hundred ms on a loaded machine; and
 #: the median of those cases at most 50 ms), after a SIGSTOPped holder resumes 1.5 s, and
-#: otherwise the watchdog's period (lease / 3) plus this slack. Hang catchers, each at least 5x
-#: the longest case measured on the debug build here (two busy cores): signalled 21.6 ms (of 78),
-#: from a resume 5.2 ms, the watchdog's 1,517 ms (of 86: an expiry before the grant's reply
-#: reached the library, across a migration; the next 288 ms), so a slack of 7.5 s (8,167 ms).
+#: otherwise the watchdog's period (lease / 3) plus this slack. The signalled and resume bounds
+#: are hang catchers, at least 5x the longest case measured on the debug build here (two busy
+#: cores): signalled 21.6 ms (of 78), from a resume 5.2 ms. The watchdog's is the library's
+#: promise (a guard learns of a loss at its next renewal), the same as the Rust oracle's: its
+#: period plus 3 s, twice the longest case measured (1,517 ms of 86: an expiry before the
+#: grant's reply reached the library, across a migration; the next 288 ms). Looser, it would
+#: miss a false held of several leases.
 SIGNAL_BOUND = float(os.environ.get("ORACLE_SIGNAL_BOUND", "0.5"))
-SLACK = float(os.environ.get("ORACLE_SLACK", "7.5"))
+SLACK = float(os.environ.get("ORACLE_SLACK", "3.0"))
 
 
 def _check(report, capsys, dump) -> None:
