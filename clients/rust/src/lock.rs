@@ -526,11 +526,10 @@ impl Lock {
                 // A new EPHEMERAL hold that must wait takes a ticket on the connection it will
                 // be bound to; a re-entry asks on its hold's connection, as before.
                 let reentry = current.as_ref().and_then(|c| c.own_connection()).is_some();
-                let (reply, own) = match (wait, &self.ctx.tickets) {
-                    (Some(wait), Some(tickets)) if !reentry => {
-                        self.send_ephemeral_ticketed(tickets, wait, value).await
-                    }
-                    _ => self.send_ephemeral(current.as_ref(), wait, value).await,
+                let (reply, own) = if reentry {
+                    self.send_ephemeral(current.as_ref(), wait, value).await
+                } else {
+                    self.send_new_ephemeral(current.as_ref(), wait, value).await
                 };
                 match reply {
                     Ok(reply) => (reply, own),
@@ -837,6 +836,81 @@ impl Lock {
         self.send_on_own_connection(cmd, Pushes::No, limit).await.0
     }
 
+    /// A new `EPHEMERAL` hold (not a re-entry): a wait with a ticket when the client has them,
+    /// else asked on a new connection ([`Lock::send_ephemeral`]). Through Sentinel, an acquire a
+    /// failover ended (the master it asked was replaced, or cannot be reached) is asked again on
+    /// the master the Sentinels name, as a plain one is, with growing pauses, for what is left of
+    /// its wait, until the failover timeout passes (counted from the first failure after the
+    /// last change of master). A grant the old master made in it and replicated before it died
+    /// is bound to nothing on the new master, which answers the owner's `EPHEMERAL` ask with
+    /// `ERR the owner's hold is not EPHEMERAL`: that hold is this handle's (its owner is the
+    /// handle's, and the handle holds nothing), so it is released there and the acquire asked
+    /// again, once.
+    async fn send_new_ephemeral(
+        &self,
+        current: Option<&Arc<Hold>>,
+        wait: Option<Wait>,
+        value: Option<&[u8]>,
+    ) -> (Result<Value, LockError>, Option<OwnConnection>) {
+        let follow = self.ctx.servers.follows_failover();
+        let until = match wait {
+            Some(Wait::Timeout(t)) => Some(Instant::now() + t),
+            _ => None,
+        };
+        let mut pause = FAILOVER_PAUSE;
+        let mut failing_since: Option<Instant> = None;
+        let mut released = false;
+        loop {
+            let left = match (wait, until) {
+                (Some(Wait::Timeout(_)), Some(until)) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    // No wait left: one last attempt without waiting.
+                    (!left.is_zero()).then_some(Wait::Timeout(left))
+                }
+                (w, _) => w,
+            };
+            let generation = self.ctx.servers.generation();
+            let (reply, own) = match (left, &self.ctx.tickets) {
+                (Some(left), Some(tickets)) => {
+                    self.send_ephemeral_ticketed(tickets, left, value).await
+                }
+                _ => self.send_ephemeral(current, left, value).await,
+            };
+            let Err(e) = &reply else {
+                return (reply, own);
+            };
+            if !follow {
+                return (reply, own);
+            }
+            if e.is_retryable() || says_not_master(e) {
+                if self.ctx.servers.generation() != generation {
+                    // It reached a master that was replaced meanwhile: a new failover.
+                    failing_since = None;
+                    pause = FAILOVER_PAUSE;
+                }
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() + pause < self.ctx.failover_timeout {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
+                    continue;
+                }
+            } else if failing_since.is_some() && !released && says_not_ephemeral(e) {
+                released = true;
+                let key = self.spec.key();
+                if self
+                    .ctx
+                    .commands
+                    .query_routed(&self.spec.release, Some(key))
+                    .await
+                    .is_ok()
+                {
+                    continue;
+                }
+            }
+            return (reply, own);
+        }
+    }
+
     /// An `EPHEMERAL` acquire: on the current hold's own connection (a re-entry), or on a new
     /// one that the new hold will own. No retry: a broken connection took its hold with it.
     async fn send_ephemeral(
@@ -866,8 +940,8 @@ impl Lock {
     /// it to the connection that asked), and popped on the client's waiting connection. That
     /// connection stays the acquire's while the ticket waits: if it fails, the server dropped
     /// the ticket (and any grant in it), and the acquire asks again on a new one (through
-    /// Sentinel, a failover ends the acquire with a connection error instead, as it ends a
-    /// blocking `EPHEMERAL` one). A ticket that
+    /// Sentinel, a failover ends this ask with a connection error, and
+    /// [`Lock::send_new_ephemeral`] asks again on the new master). A ticket that
     /// answers a redirect or `expired` is asked again (on a new connection, where the redirect
     /// says), for what is left of the wait. Returns the answer, and the connection the grant is
     /// bound to.
@@ -943,8 +1017,8 @@ impl Lock {
                             .query_routed(&self.spec.release, Some(key))
                             .await;
                     }
-                    // Through Sentinel, a failover ends an EPHEMERAL acquire, as it ends a
-                    // blocking one: it is not sent again to the new master.
+                    // Through Sentinel, a failover ends the ticket's ask (sent again to the new
+                    // master by `send_new_ephemeral`).
                     if tickets.generation() != generation {
                         return (Err(crate::conn::master_changed()), None);
                     }
@@ -1381,4 +1455,10 @@ fn check_keys(keys: &[Arc<[u8]>]) -> Result<(), LockError> {
         }
     }
     Ok(())
+}
+
+/// The server's refusal of an `EPHEMERAL` re-entry of a hold bound to no connection (one taken
+/// without `EPHEMERAL`, or one a restart or failover left bound to nothing).
+fn says_not_ephemeral(e: &LockError) -> bool {
+    matches!(e, LockError::Server(text) if text.contains("the owner's hold is not EPHEMERAL"))
 }

@@ -58,6 +58,14 @@ impl Servers {
         matches!(self, Servers::Single(master) if master.follows_failover())
     }
 
+    /// How many times the one server changed (a failover); 0 where it never changes.
+    pub(crate) fn generation(&self) -> u64 {
+        match self {
+            Servers::Single(master) => master.generation(),
+            Servers::Cluster { .. } => 0,
+        }
+    }
+
     /// Tells of each failover (`None` where the server never changes).
     pub(crate) fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         match self {
