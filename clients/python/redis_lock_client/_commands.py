@@ -147,6 +147,12 @@ def fence_refusal(line: str) -> Optional[LostReason]:
     return None
 
 
+def says_not_ephemeral(error: str) -> bool:
+    """The server's refusal of an EPHEMERAL re-entry of a hold bound to no connection (one
+    taken without EPHEMERAL, or one a restart or failover left bound to nothing)."""
+    return "the owner's hold is not EPHEMERAL" in error
+
+
 def release_token(key: bytes, owner: bytes, token: int) -> list[Arg]:
     """LOCK.RELEASE key owner TOKEN token: releases only the owner's hold under ``token`` (nil
     when there is none: never a later hold of the owner)."""

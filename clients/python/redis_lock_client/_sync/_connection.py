@@ -88,10 +88,12 @@ class Connector:
         connection's writes), read with ``then_timeout`` more; the answer is then the pair (a
         server error of the second is returned in it, not raised)."""
         conn = self._pooled()
+        sent = time.monotonic()
         try:
             if asking:
                 call(conn, ["ASKING"], self.timeout)
             first = call(conn, args, self.timeout)
+            self._still_master(conn, sent, args)
             if then is None:
                 return first
             try:
@@ -156,6 +158,24 @@ class Connector:
             if master is not None and reached is not None and reached != master:
                 close_connection(conn)
         return conn
+
+    def _still_master(self, conn: RawConnection, sent: float, args: list[Any]) -> None:
+        """Under Sentinel: an answer that came from a server the Sentinels no longer name is
+        taken for none (LockConnectionError, the connection closed): it may come from the old
+        master, paused and continued, which no longer counts (a release it answered leaves the
+        hold on the new master). A command that took ``FOLLOW_PERIOD`` or more asks the
+        Sentinels afresh."""
+        if not self.sentinel:
+            return
+        if time.monotonic() - sent >= FOLLOW_PERIOD:
+            self._asked = 0.0
+        master = self.current_master()
+        reached = peer(conn)
+        if master is not None and reached is not None and master != reached:
+            close_connection(conn)
+            raise LockConnectionError(
+                f"{args[0]}: the master changed (a failover) while the command was on its way"
+            )
 
     @property
     def sentinel(self) -> bool:

@@ -16,7 +16,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Generic, Optional, TypeVar, cast
 
 from .. import _fork
-from .._commands import KeySet, Replication, TicketExpired, explained_by_role, is_retry_later
+from .._commands import (
+    KeySet,
+    Replication,
+    TicketExpired,
+    explained_by_role,
+    is_retry_later,
+    says_not_ephemeral,
+)
 from .._common import (
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
@@ -362,19 +369,73 @@ class _Handle(Generic[_G]):
         value: Optional[bytes],
     ) -> tuple[Any, Optional[OwnConnection]]:
         """An EPHEMERAL acquire: on the hold's own connection (a re-entry), else on a new one
-        that the hold will own. Never sent again after its connection broke (it is the hold's);
-        after MOVED, TRYAGAIN or an ASK (to the node named, after ASKING), on a new one."""
+        that the hold will own (``_send_new_ephemeral``). A re-entry is never sent again after
+        its connection broke (it is the hold's)."""
+        if current is None or current.own is None:
+            return self._send_new_ephemeral(waits, until, value)
         this_waits, wait = self._wait_left(waits, until)
         timeout: Optional[float] = self.client.command_timeout
         if this_waits:
             timeout = None if wait is None else wait + WAIT_MARGIN
         args = self._args(this_waits, wait, value)
-        if current is not None and current.own is not None:
+        try:
+            return current.own.call(args, timeout), current.own
+        except LockConnectionError:
+            current.connection_lost()
+            raise
+
+    def _master(self) -> Optional[tuple[str, int]]:
+        """Under Sentinel: the master the Sentinels named last; None elsewhere."""
+        single = self.client._single
+        return None if single is None else single.commands.master_address()
+
+    def _send_new_ephemeral(
+        self, waits: bool, until: Optional[float], value: Optional[bytes]
+    ) -> tuple[Any, Optional[OwnConnection]]:
+        """A new EPHEMERAL hold (not a re-entry), asked on a new connection
+        (``_ask_ephemeral``). Under Sentinel (``failover_timeout``), an acquire a failover
+        ended (the master it asked was replaced, or cannot be reached) is asked again on the
+        master the Sentinels name, as a plain one is, with growing pauses, for what is left of
+        its wait, until ``failover_timeout`` passed (counted from the first failure after the
+        last change of master). A grant the old master made in it and replicated before it died
+        is bound to nothing on the new master, which answers the owner's EPHEMERAL ask with
+        ``ERR the owner's hold is not EPHEMERAL``: that hold is this handle's (its owner is
+        the handle's, and the handle holds nothing), so it is released there and the acquire
+        asked again, once."""
+        failover: Optional[float] = None  # under Sentinel: asked again until then
+        pause = 0.05
+        released = False
+        while True:
+            master = self._master()
             try:
-                return current.own.call(args, timeout), current.own
+                return self._ask_ephemeral(waits, until, value)
             except LockConnectionError:
-                current.connection_lost()
-                raise
+                if self.client.failover_timeout <= 0:
+                    raise
+                now = time.monotonic()
+                if failover is None or self._master() != master:
+                    # The first failure, or one on a master replaced meanwhile: a failover.
+                    failover, pause = now + self.client.failover_timeout, 0.05
+                if now + pause >= failover:
+                    raise
+                sleep(pause)
+                pause = min(pause * 2, 1.0)
+            except LockServerError as e:
+                if failover is None or released or not says_not_ephemeral(str(e)):
+                    raise
+                released = True
+                self.client._query(self.keys.route, self.keys.release(self.owner))
+
+    def _ask_ephemeral(
+        self, waits: bool, until: Optional[float], value: Optional[bytes]
+    ) -> tuple[Any, Optional[OwnConnection]]:
+        """A new EPHEMERAL hold asked on a new connection, which the hold will own; after
+        MOVED, TRYAGAIN or an ASK (to the node named, after ASKING), on another new one."""
+        this_waits, wait = self._wait_left(waits, until)
+        timeout: Optional[float] = self.client.command_timeout
+        if this_waits:
+            timeout = None if wait is None else wait + WAIT_MARGIN
+        args = self._args(this_waits, wait, value)
         attempt = later = 0
         ask: Optional[Redirected] = None
         while True:
