@@ -48,15 +48,27 @@ pub enum Kind {
     Exclusive,
     Shared,
     Permit,
+    /// An exclusive hold taken `EPHEMERAL` (bound to a connection of its guard's own).
+    Ephemeral,
+    /// A leadership (`EPHEMERAL`, as elections are by default).
     Leader,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Exclusive,
+        Kind::Shared,
+        Kind::Permit,
+        Kind::Ephemeral,
+        Kind::Leader,
+    ];
+
     fn parse(s: &str) -> Option<Kind> {
         match s {
             "exclusive" => Some(Kind::Exclusive),
             "shared" => Some(Kind::Shared),
             "permit" => Some(Kind::Permit),
+            "ephemeral" => Some(Kind::Ephemeral),
             "leader" => Some(Kind::Leader),
             _ => None,
         }
@@ -67,12 +79,13 @@ impl Kind {
             Kind::Exclusive => "exclusive",
             Kind::Shared => "shared",
             Kind::Permit => "permit",
+            Kind::Ephemeral => "ephemeral",
             Kind::Leader => "leader",
         }
     }
 
     fn exclusive(self) -> bool {
-        matches!(self, Kind::Exclusive | Kind::Leader)
+        matches!(self, Kind::Exclusive | Kind::Ephemeral | Kind::Leader)
     }
 
     /// Whether two holds of these kinds on one key may not be held at once: an exclusive hold
@@ -508,6 +521,31 @@ impl Truth {
         seen
     }
 
+    /// What the current master was read holding on `key` between two moments: each change
+    /// (of the master, or of the key's holders), as `ms port: owner token, ...`.
+    pub fn key_story(&self, key: &str, from: f64, to: f64) -> Vec<String> {
+        let Some(k) = self.key_index(key) else {
+            return Vec::new();
+        };
+        let mut last: Option<(u16, &Vec<(String, i64)>)> = None;
+        let mut out = Vec::new();
+        for r in self
+            .rounds
+            .iter()
+            .filter(|r| r.sent >= from && r.sent <= to)
+        {
+            let Some(holders) = r.holders.get(k) else {
+                continue;
+            };
+            if last != Some((r.port, holders)) {
+                let list: Vec<String> = holders.iter().map(|(o, t)| format!("{o} {t}")).collect();
+                out.push(format!("{:.0} {}: [{}]", r.sent, r.port, list.join(", ")));
+                last = Some((r.port, holders));
+            }
+        }
+        out
+    }
+
     /// What the spies read of one server between two moments (role changes only).
     pub fn roles(&self, from: f64, to: f64) -> Vec<String> {
         let mut last: HashMap<u16, String> = HashMap::new();
@@ -638,6 +676,79 @@ pub fn first_grants(holds: &[&Hold], truth: &Truth, failovers: &[Failover]) -> V
         .collect()
 }
 
+/// How soon one library's holds of one kind were granted again after the failovers.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    pub lib: Lib,
+    pub kind: Kind,
+    /// Per failover: from the death to the first grant of this library and kind read on the
+    /// new master (ms), if there was one before the next death.
+    pub after_death: Vec<Option<f64>>,
+    /// Per failover: whether the run left room to expect one ([`Recovery::late`]'s window
+    /// ended before the next death and before the drivers stopped).
+    pub expected: Vec<bool>,
+    /// The failovers (by index) with no grant within the switch time plus the margin.
+    pub late: Vec<usize>,
+}
+
+impl Recovery {
+    /// The first grants after the switch (death to grant, less death to every Sentinel
+    /// naming the new master), in ms.
+    pub fn after_switch(&self, failovers: &[Failover]) -> Vec<f64> {
+        self.after_death
+            .iter()
+            .zip(failovers)
+            .filter_map(|(g, f)| g.map(|g| g - (f.named - f.death)))
+            .collect()
+    }
+}
+
+/// Per library and kind, the first grant on the new master after each failover (see
+/// [`first_grants`]), and the failovers after which none came within `margin_ms` of every
+/// Sentinel naming the new master. A failover counts only when that window closed before the
+/// next death and before `run_end` (the drivers stop asking then).
+pub fn recoveries(
+    holds: &[&Hold],
+    truth: &Truth,
+    failovers: &[Failover],
+    run_end: f64,
+    margin_ms: f64,
+) -> Vec<Recovery> {
+    let mut out = Vec::new();
+    for lib in Lib::ALL {
+        for kind in Kind::ALL {
+            let mine: Vec<&Hold> = holds
+                .iter()
+                .copied()
+                .filter(|h| h.lib == lib && h.kind == kind)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let after_death = first_grants(&mine, truth, failovers);
+            let mut expected = Vec::new();
+            let mut late = Vec::new();
+            for (n, (f, g)) in failovers.iter().zip(&after_death).enumerate() {
+                let until = failovers.get(n + 1).map_or(run_end, |next| next.death);
+                let window = f.named + margin_ms;
+                let counts = window <= until;
+                expected.push(counts);
+                if counts && g.is_none_or(|g| f.death + g > window) {
+                    late.push(n);
+                }
+            }
+            out.push(Recovery {
+                lib,
+                kind,
+                after_death,
+                expected,
+                late,
+            });
+        }
+    }
+    out
+}
+
 /// (min, median, max) of some durations.
 pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
     let mut v: Vec<f64> = values.to_vec();
@@ -688,6 +799,55 @@ mod tests {
         assert!(pairs.is_empty());
         assert_eq!(crowds.len(), 1);
         assert_eq!(crowds[0].holds.len(), 3);
+    }
+
+    #[test]
+    fn a_kind_with_no_grant_within_the_switch_and_the_margin_is_late() {
+        // Two failovers: named 3 s after each death; the margin 5 s.
+        let failovers = [0.0, 20_000.0].map(|death| Failover {
+            how: "kill",
+            old: 1,
+            new: 2,
+            death,
+            named: death + 3_000.0,
+            back: death + 4_000.0,
+        });
+        let mut truth = Truth {
+            keys: vec!["k".into()],
+            ..Truth::default()
+        };
+        let read = |truth: &mut Truth, sent: f64, owner: &str, token: i64| {
+            truth.rounds.push(Round {
+                sent,
+                port: 2,
+                holders: vec![vec![(owner.to_string(), token)]],
+            })
+        };
+        // Exclusive: granted 3.5 s after the first death, 7.9 s after the second (in time);
+        // leader: 4 s after the first, then only after a lease (15 s): late.
+        let holds = [
+            hold(Kind::Exclusive, "a", 1, 3_500.0, 3_600.0),
+            hold(Kind::Exclusive, "a", 2, 27_900.0, 28_000.0),
+            hold(Kind::Leader, "b", 3, 4_000.0, 4_100.0),
+            hold(Kind::Leader, "b", 4, 35_000.0, 35_100.0),
+        ];
+        for h in &holds {
+            read(&mut truth, h.start + 10.0, &h.owner, h.token);
+        }
+        let all: Vec<&Hold> = holds.iter().collect();
+        let found = recoveries(&all, &truth, &failovers, 60_000.0, 5_000.0);
+        let by_kind = |kind: Kind| found.iter().find(|r| r.kind == kind).unwrap();
+        let exclusive = by_kind(Kind::Exclusive);
+        assert_eq!(exclusive.after_death, [Some(3_500.0), Some(7_900.0)]);
+        assert!(exclusive.late.is_empty());
+        assert_eq!(exclusive.after_switch(&failovers), [500.0, 4_900.0]);
+        let leader = by_kind(Kind::Leader);
+        assert_eq!(leader.late, [1]);
+        // A window the run's end cut short is not expected to hold a grant.
+        let cut = recoveries(&all, &truth, &failovers, 26_000.0, 5_000.0);
+        let leader = cut.iter().find(|r| r.kind == Kind::Leader).unwrap();
+        assert_eq!(leader.expected, [true, false]);
+        assert!(leader.late.is_empty());
     }
 
     #[test]

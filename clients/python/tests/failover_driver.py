@@ -1,17 +1,18 @@
 """The Python library's part in the failover test: a few holders contending, through Sentinel,
-for an exclusive lock, a read lock (shared), a semaphore and an election, writing what each
-acknowledged hold was, as the application saw it, for the checker.
+for an exclusive lock, a read lock (shared), a semaphore, an EPHEMERAL exclusive lock and an
+election, writing what each acknowledged hold was, as the application saw it, for the checker.
 
     python clients/python/tests/failover_driver.py \\
         --sentinels 127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381 --master mymaster \\
         --exclusive fo:x --shared fo:r --semaphore fo:s --limit 2 --election fo:e \\
+        [--ephemeral fo:p] \\
         --replicas 1 --duration 60 --out python.jsonl
 
 One JSON line per line of ``--out`` (written and flushed as it happens; wall-clock epoch
 milliseconds):
 
 - each acknowledged hold, once it ended: ``{"lib": "python", "replicas": 1, "key": ...,
-  "kind": "exclusive|shared|permit|leader", "limit": null|n, "owner": ..., "token": ...,
+  "kind": "exclusive|shared|permit|ephemeral|leader", "limit": null|n, "owner": ..., "token": ...,
   "asked_ms": ..., "start_ms": ..., "end_ms": ..., "end": "released|lost:<reason>|run-end"}``
   — ``asked_ms`` when the acquire (campaign) was called, ``start_ms`` when it returned the guard, ``end_ms`` when the application stopped
   believing it held: when it began the release, when the library reported the loss (its
@@ -86,6 +87,8 @@ class Holder:
                                    "replicas_timeout": args.replicas_timeout}
         if kind == "exclusive":
             self.handle: Any = client.lock(key, wait_timeout=args.wait, **options)
+        elif kind == "ephemeral":
+            self.handle = client.lock(key, wait_timeout=args.wait, ephemeral=True, **options)
         elif kind == "shared":
             self.handle = client.read_lock(key, wait_timeout=args.wait, **options)
         elif kind == "permit":
@@ -153,6 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--semaphore", help="the semaphore's key")
     p.add_argument("--limit", type=int, default=2, help="the semaphore's permits")
     p.add_argument("--election", help="the election's key")
+    p.add_argument("--ephemeral", help="the EPHEMERAL exclusive lock's key")
     p.add_argument("--replicas", type=int, choices=[0, 1], required=True)
     p.add_argument("--replicas-timeout", type=float, default=1.0)
     p.add_argument("--duration", type=float, required=True, help="seconds")
@@ -175,7 +179,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     stop = threading.Event()
     rng = random.Random(args.seed)
     keys = [("exclusive", args.exclusive, None), ("shared", args.shared, None),
-            ("permit", args.semaphore, args.limit), ("leader", args.election, None)]
+            ("permit", args.semaphore, args.limit), ("leader", args.election, None),
+            ("ephemeral", args.ephemeral, None)]
     holders = [Holder(client, kind, key, limit, args, out, stop, rng.randrange(1 << 30))
                for kind, key, limit in keys if key for _ in range(args.holders)]
     if not holders:

@@ -4,13 +4,14 @@
 //! ```sh
 //! cargo run -p redis-lock-client --example failover_driver -- \
 //!     --sentinels 127.0.0.1:26379,127.0.0.1:26380,127.0.0.1:26381 --master mymaster \
-//!     --exclusive fx --shared fs --semaphore fm --limit 2 --election fe \
+//!     --exclusive fx --shared fs --semaphore fm --limit 2 --election fe [--ephemeral fp] \
 //!     --replicas 1 --duration 60 --output holds.jsonl [--lease-ms 3000] [--wait-ms 5000]
 //! ```
 //!
 //! Holders: three on the exclusive key; two readers and a writer on the shared key (the writer's
 //! holds are `exclusive` on that key); `limit + 1` on the semaphore; three candidates of the
-//! election (`EPHEMERAL`, the default). Each takes its hold (`acquire`, waiting at most
+//! election (`EPHEMERAL`, the default); with `--ephemeral`, three on that key with `EPHEMERAL`
+//! exclusive holds (kind `ephemeral`). Each takes its hold (`acquire`, waiting at most
 //! `--wait-ms`; `campaign` for the election) with `replicas(1, 500 ms)` when `--replicas 1`,
 //! keeps it a random 100 to 1,500 ms (fenced by nothing: the checker looks at the intervals),
 //! then releases it, and starts again. The lines (wall-clock epoch milliseconds):
@@ -69,6 +70,7 @@ enum Kind {
     Exclusive,
     Shared,
     Permit(u32),
+    Ephemeral,
     Leader,
 }
 
@@ -78,6 +80,7 @@ impl Kind {
             Kind::Exclusive => "exclusive",
             Kind::Shared => "shared",
             Kind::Permit(_) => "permit",
+            Kind::Ephemeral => "ephemeral",
             Kind::Leader => "leader",
         }
     }
@@ -204,6 +207,7 @@ async fn holder(
             let lock = match kind {
                 Kind::Shared => client.read_lock(&key),
                 Kind::Permit(n) => client.semaphore(&key, n),
+                Kind::Ephemeral => client.lock(&key).ephemeral(),
                 _ => client.lock(&key),
             };
             let lock = lock.lease(settings.lease).wait_timeout(settings.wait);
@@ -330,6 +334,9 @@ async fn main() -> Result<(), LockError> {
     plan.push((shared, Kind::Exclusive));
     plan.extend((0..=limit).map(|_| (semaphore.clone(), Kind::Permit(limit))));
     plan.extend((0..3).map(|_| (election.clone(), Kind::Leader)));
+    if let Some(ephemeral) = arg(&args, "--ephemeral") {
+        plan.extend((0..3).map(|_| (ephemeral.clone(), Kind::Ephemeral)));
+    }
     let mut tasks = Vec::new();
     for (n, (key, kind)) in plan.into_iter().enumerate() {
         let client = clients[n % clients.len()].clone();
