@@ -652,6 +652,34 @@ def test_a_multi_key_acquire_caught_by_a_half_moved_slot_is_sent_again(own_clust
     client2.close()
 
 
+@pytest.mark.scenario("cluster-moved", "multi-cluster")
+@pytest.mark.parametrize("ephemeral", [False, True], ids=["shared", "ephemeral"])
+def test_a_multi_key_release_caught_by_a_half_moved_slot_is_sent_again(own_cluster, ephemeral):
+    # One key of a held pair moved, the other not: the source answers the release TRYAGAIN
+    # (nothing ran). The release is sent again after growing pauses; the move ends meanwhile
+    # and the release is answered where the keys are.
+    cluster = own_cluster
+    tag = unique("reltryagain")
+    a, b = tag + ":a", tag + ":b"
+    client = LockClient(cluster.redis_cluster())
+    guard = client.multi_lock([a, b], lease=30, ephemeral=ephemeral).acquire()
+    source, target, slot, target_id = half_move(cluster, a, a)
+    before = cluster.errorstat("TRYAGAIN")
+    def finish() -> None:
+        finish_move(cluster, source, target, slot, target_id)
+        target.client().execute_command("CLUSTER", "BUMPEPOCH")  # the nodes agree at once
+
+    mover = threading.Timer(0.3, finish)
+    mover.start()
+    try:
+        assert guard.release() is Release.RELEASED
+    finally:
+        mover.join()
+    assert cluster.errorstat("TRYAGAIN") > before
+    assert node_info(target, a) is None and node_info(target, b) is None
+    client.close()
+
+
 def move_slot_to(cluster: Cluster, slot: int, source: Server, target: Server) -> None:
     """Every key of ``slot`` from ``source`` to ``target`` (MIGRATING/IMPORTING, MIGRATE, the
     slot given to the target everywhere, the target's config epoch bumped), then until every

@@ -15,6 +15,7 @@ from redis_lock_client import (
     LockConnectionError,
     LostReason,
     NotHeld,
+    Release,
     Renewal,
     lost_signal_channel,
 )
@@ -292,3 +293,32 @@ def test_the_lost_signal_reports_a_force_release_within_milliseconds(fresh_serve
 
     _, p99 = _percentiles("asyncio FORCERELEASE -> lost", asyncio.run(main()))
     assert p99 < 0.1
+
+
+@pytest.mark.parametrize("server_ended_it", [False, True], ids=["still-held", "ended"])
+def test_releasing_an_ephemeral_hold_whose_connection_closed_asks_the_server(
+        server, key, server_ended_it):
+    # The library closed the EPHEMERAL hold's connection (an I/O error or timeout on it) and
+    # has not yet read whether the server ended the hold: release() then sent nothing and
+    # raised LockConnectionError("the EPHEMERAL hold's connection is closed"), which the
+    # release's documented outcomes do not include (the Python cluster oracle, seed 7). Now it
+    # asks on the shared connections: RELEASED while the server still had it, else
+    # NotHeld(CONNECTION_CLOSED). The closed state is set directly: reached by a real I/O
+    # error, it races with the read that reports the loss.
+    raw = server.client()
+    with LockClient.from_url(server.url) as client:
+        guard = client.lock(key, ephemeral=True, lease=30).acquire()
+        own = guard._hold.own
+        if server_ended_it:
+            own.conn.send_command("CLIENT", "ID")
+            conn_id = own.conn.read_response()
+            raw.execute_command("CLIENT", "KILL", "ID", conn_id)
+            wait_until(lambda: raw.execute_command("LOCK.INFO", key) is None, "ended")
+        own.broken = True
+        if server_ended_it:
+            with pytest.raises(NotHeld) as caught:
+                guard.release()
+            assert caught.value.reason is LostReason.CONNECTION_CLOSED
+        else:
+            assert guard.release() is Release.RELEASED
+        assert raw.execute_command("LOCK.INFO", key) is None

@@ -516,8 +516,30 @@ impl Hold {
     }
 
     /// Sends the release (`LOCK.RELEASE`/`LOCK.MRELEASE`); the machine learns it was answered.
+    /// Sent again after `TRYAGAIN` (in a cluster, a slot move caught between a multi-key hold's
+    /// keys: nothing ran), after the pauses of [`TRYAGAIN_PAUSES`] (the shared cluster
+    /// connection does this itself; an `EPHEMERAL` hold's own connection does not); after
+    /// `MOVED`/`ASK` on an `EPHEMERAL` hold's own connection (its keys moved with their slot,
+    /// bound to nothing there), sent on the shared connection, which follows the redirect, as
+    /// the Python library does. Never after a connection error: it may have run.
     pub(crate) async fn send_release(self: Arc<Self>) -> Result<Value, LockError> {
-        let reply = self.connection().query(&self.release, self.key()).await;
+        let mut pauses = TRYAGAIN_PAUSES.iter();
+        let mut conn = self.connection();
+        let reply = loop {
+            let reply = conn.query(&self.release, self.key()).await;
+            if is_redirect(&reply) && matches!(conn, HoldConn::Own(_)) {
+                // The keys left the own connection's node with their slot: released where
+                // they are now, on the shared connection (it follows the redirect).
+                conn = HoldConn::Shared(self.reads.clone());
+                continue;
+            }
+            match (&reply, pauses.next()) {
+                (Err(LockError::Server(text)), Some(pause)) if text.starts_with("TRYAGAIN") => {
+                    tokio::time::sleep(*pause).await;
+                }
+                _ => break reply,
+            }
+        };
         self.step(Event::ReleaseReplied);
         reply
     }
@@ -707,6 +729,16 @@ async fn watch_connection(hold: Weak<Hold>, mut pushes: Pushes, changes: Option<
         }
     }
 }
+
+/// The pauses before a release answered `TRYAGAIN` is sent again (50 ms doubling, five times:
+/// 1.55 s in all, as the Python library's `TRYAGAIN_PAUSES`).
+const TRYAGAIN_PAUSES: [Duration; 5] = [
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+];
 
 /// Whether a reply is a cluster redirect (`MOVED`, `ASK`).
 fn is_redirect(reply: &Result<Value, LockError>) -> bool {

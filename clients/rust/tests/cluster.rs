@@ -9,6 +9,7 @@ use lock_testkit::Cluster;
 use redis::cluster_async::ClusterConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LostReason, Release};
+use tokio::runtime::Handle;
 
 /// A key whose slot lies in each third of the slot space (one per master of a fresh cluster).
 fn one_key_per_master() -> Vec<String> {
@@ -333,12 +334,18 @@ fn master_port_seen_by(node: &lock_testkit::Server, slot: u16) -> Option<u16> {
 
 /// How many `MOVED` errors `node` has answered (`INFO errorstats`).
 fn moved_count(node: &lock_testkit::Server) -> u64 {
+    error_count(node, "MOVED")
+}
+
+/// How many errors starting with `code` `node` has answered (`INFO errorstats`).
+fn error_count(node: &lock_testkit::Server, code: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("errorstats")
         .query(&mut direct(node))
         .unwrap();
+    let prefix = format!("errorstat_{code}:count=");
     info.lines()
-        .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map(|n| n.trim().parse().unwrap())
         .unwrap_or(0)
 }
@@ -1420,4 +1427,77 @@ async fn wait_across_a_cluster_failover(tickets: bool) {
         let guard = ended.expect("granted on the new master");
         assert!(guard.token() > held.token());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_release_caught_by_a_half_moved_slot_is_sent_again() {
+    release_caught_by_a_half_moved_slot(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_multi_key_release_caught_by_a_half_moved_slot_is_sent_again() {
+    release_caught_by_a_half_moved_slot(true).await;
+}
+
+/// One key of a held pair moved, the other not: the source answers the release `TRYAGAIN`
+/// (nothing ran). The release is sent again after growing pauses; the move ends meanwhile and
+/// the release is answered where the keys are.
+async fn release_caught_by_a_half_moved_slot(ephemeral: bool) {
+    let cluster = Cluster::start(3);
+    PORT.with(|p| p.set(cluster.nodes[0].port));
+    let (a, b) = ("{reltryagain}:a", "{reltryagain}:b");
+    let slot = slot(a);
+    let source = cluster.node_for_slot(slot);
+    let target = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != source.port)
+        .unwrap();
+    let client = LockClient::cluster_builder(cluster.urls())
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let mut lock = client.multi_lock([a, b]).lease(Duration::from_secs(30));
+    if ephemeral {
+        lock = lock.ephemeral();
+    }
+    let mut guard = lock.acquire().await.unwrap();
+    // Half moved: IMPORTING/MIGRATING, and `a` alone migrated.
+    let (source_id, target_id) = (Cluster::node_id(source), Cluster::node_id(target));
+    for (node, state, id) in [
+        (target, "IMPORTING", &source_id),
+        (source, "MIGRATING", &target_id),
+    ] {
+        let _: () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(id)
+            .query(&mut direct(node))
+            .unwrap();
+    }
+    let _: () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(target.port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(a)
+        .query(&mut direct(source))
+        .unwrap();
+    let before = error_count(source, "TRYAGAIN");
+    // The move ends meanwhile (the rest of the keys, then the slot the target's everywhere).
+    let released = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            move_slot(&cluster, slot, source, target);
+        });
+        tokio::task::block_in_place(|| Handle::current().block_on(guard.release()))
+    });
+    assert_eq!(released.unwrap(), Release::Released);
+    assert!(error_count(source, "TRYAGAIN") > before);
+    assert_eq!(info_on(target, a), Value::Nil);
+    assert_eq!(info_on(target, b), Value::Nil);
 }

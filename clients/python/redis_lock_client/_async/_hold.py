@@ -345,6 +345,29 @@ class Hold:
                 await own.close()
         return await self.route.query(args, then, then_timeout)
 
+    async def send_release(self) -> tuple[Any, bool]:
+        """``LOCK.RELEASE`` (``LOCK.MRELEASE`` for several keys): its reply, and whether it
+        went on the shared connections because this EPHEMERAL hold's own connection had
+        closed (the server ends a hold bound to it once it reads the close: asked there, its
+        answer says whether it still had it; nothing was sent on the closed one). Sent again
+        after ``TRYAGAIN`` (a slot move caught between the keys of a multi-key hold: nothing
+        ran), after growing pauses, up to five times, as an acquire is; never after a
+        connection error (it may have run)."""
+        args = self.keys.release(self.owner)
+        own = self.own
+        closed = own is not None and own.broken
+        later = 0
+        while True:
+            try:
+                if closed:
+                    return await self.route.query(args), True
+                return await self.send(args), False
+            except LockServerError as e:
+                if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
+                    raise
+            await sleep(TRYAGAIN_PAUSES[later])
+            later += 1
+
     async def fenced(self, key: bytes, token: int, command: tuple[Arg, ...]) -> Any:
         """``LOCK.GUARD key owner token command...``: the command's reply, when the server still
         holds this owner with this token on ``key``. A ``FENCED`` refusal reports the hold lost

@@ -607,7 +607,7 @@ class _AsyncHandle(Generic[_G]):
     async def _end(self, hold: Hold) -> Release:
         """One guard of ``hold`` ends (the gate is held). The last one stops the watchdog,
         waits out a renewal in flight and sends LOCK.RELEASE (LOCK.MRELEASE for several keys;
-        never retried); earlier ones only count down."""
+        sent again only after TRYAGAIN, which ran nothing); earlier ones only count down."""
         with self._books:
             if self._active is not hold:
                 raise NotHeld(hold.reason)
@@ -626,7 +626,7 @@ class _AsyncHandle(Generic[_G]):
                 await hold.close_own()
             raise error
         try:
-            reply = await hold.send(hold.keys.release(hold.owner))
+            reply, closed = await hold.send_release()
         except LockConnectionError:
             # No answer (a failover may have come between): the server may still hold it.
             # Sent again by its token in the background, wherever the master is now; the
@@ -637,7 +637,8 @@ class _AsyncHandle(Generic[_G]):
             hold.release_replied()
             await hold.close_own()
         if not hold.keys.released(reply):
-            raise NotHeld(None)
+            # Its connection closed: the server ended the hold with it.
+            raise NotHeld(LostReason.CONNECTION_CLOSED if closed else None)
         return Release.RELEASED
 
     def _abandoned_guard(self, hold: Hold) -> None:
@@ -685,7 +686,7 @@ async def _release_rest(hold: Hold) -> None:
     """A lost multi-key hold: LOCK.MRELEASE for the keys the owner may still hold (it ends the
     owner's holds only, nobody else's). Best effort: a failure leaves them to their lease."""
     try:
-        await hold.send(hold.keys.release(hold.owner))
+        await hold.send_release()
     except LockError:
         log.debug("releasing the rest of lost hold %r failed", hold.keys.keys, exc_info=True)
     finally:
@@ -757,11 +758,14 @@ class _AsyncGuard:
 
     async def release(self) -> Release:
         """Releases this guard. The last guard of a hold stops the watchdog, waits out a renewal
-        in flight, and sends LOCK.RELEASE (LOCK.MRELEASE for several keys; never retried);
-        earlier ones only count down.
+        in flight, and sends LOCK.RELEASE (LOCK.MRELEASE for several keys; sent again only after
+        ``TRYAGAIN``, a slot move caught between its keys, which ran nothing: up to five times,
+        after growing pauses); earlier ones only count down.
 
         Raises ``NotHeld`` when the hold was lost (with the reason) or the server no longer
-        knew it (on any of its keys), ``LockConnectionError`` when the release could not be
+        knew it (on any of its keys; an EPHEMERAL hold whose connection closed is released on
+        the shared connections instead, and raises ``NotHeld(CONNECTION_CLOSED)`` when the
+        server had already ended it), ``LockConnectionError`` when the release could not be
         sent or answered: it is then sent again in the background by its token (``LOCK.RELEASE
         key owner TOKEN t``, which never releases a later hold), wherever the master is now,
         for up to a lease, and the handle's next acquire waits for it. A multi-key hold lost
