@@ -15,7 +15,7 @@ import redis.asyncio.cluster
 import redis.cluster
 
 from conftest import Cluster, Server, add_replica, start_cluster, wait_until
-from redis_lock_client import AsyncLockClient, LockClient, Release
+from redis_lock_client import AsyncLockClient, LockClient, LockError, NotHeld, Release
 from test_cluster import asking_info, half_move, finish_move, move_slot_to, node_info
 from redis_lock_client._sync._tickets import TicketDesk as SyncDesk
 from test_tickets import Waiter, alive, connections, postponed
@@ -454,4 +454,135 @@ def test_cluster_a_ticket_wait_whose_blpop_a_failover_found_postponed_is_asked_a
         guard = waiter.result(20)
         found = node_info(replica, key)
         assert found[b"owner"] == guard.owner and found[b"token"] == guard.token
+        assert guard.release() is Release.RELEASED
+
+
+def reshard_in_two_batches(cluster: Cluster, slot: int, source: Server, target: Server) -> None:
+    """``slot`` moved as a reshard moves it (and as the oracle does): half its keys, a pause
+    (commands caught between are answered ASK or TRYAGAIN), the rest until none is left, then
+    SETSLOT NODE on the target, the source and the others."""
+    src, dst = source.client(), target.client()
+    src_id = src.execute_command("CLUSTER", "MYID").decode()
+    dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if keys[: len(keys) // 2]:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS",
+                            *keys[: len(keys) // 2])
+        time.sleep(0.03)
+    for attempt in range(5):
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000):
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        try:
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+            break
+        except redis.ResponseError as e:  # a key arrived after the last round
+            if "still hold keys" not in str(e) or attempt == 4:
+                raise
+    for n in cluster.nodes:
+        if n not in (source, target):
+            n.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+    dst.execute_command("CLUSTER", "BUMPEPOCH")  # gossip sent before cannot take it back
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-moved", "cluster-ephemeral")
+def test_cluster_ticket_waits_through_repeated_slot_moves_all_end(own_cluster):
+    # Waits with no timeout (plain and EPHEMERAL, several in one slot, some on a multi-key
+    # lock) are in progress while their keys' slot is moved between the masters again and
+    # again, in two batches of keys, and holders take and release the keys meanwhile: once the
+    # moves stop, every wait ends (granted, or a documented error) within a bound; none hangs
+    # on a ticket whose answer never comes.
+    cluster = own_cluster
+    tag = "reshard-" + uuid.uuid4().hex[:8]
+    a, b = "{" + tag + "}:A", "{" + tag + "}:B"
+    slot = redis.cluster.key_slot(tag.encode())
+    clients = [LockClient(cluster.redis_cluster()) for _ in range(2)]
+    stop = threading.Event()
+    errors: list[str] = []
+    rounds = [0]
+
+    def worker(client: LockClient, keys: list[str], ephemeral: bool) -> None:
+        if len(keys) > 1:
+            handle: Any = client.multi_lock(keys, lease=2.0, ephemeral=ephemeral)
+        else:
+            handle = client.lock(keys[0], lease=2.0, ephemeral=ephemeral)
+        handle.wait_timeout = None  # waits as long as it takes
+        while not stop.is_set():
+            try:
+                guard = handle.acquire()
+            except LockError as e:  # a documented error: not a hang
+                errors.append(f"acquire: {type(e).__name__}: {e}")
+                continue
+            time.sleep(0.02)
+            try:
+                guard.release()
+            except NotHeld:
+                pass
+            except LockError as e:
+                errors.append(f"release: {type(e).__name__}: {e}")
+            rounds[0] += 1
+
+    specs = [([a], False), ([a], True), ([b], False), ([b], True), ([a, b], False),
+             ([a], False), ([b], True), ([a, b], True)]
+    threads = [threading.Thread(target=worker, args=(clients[i % 2], keys, eph), daemon=True)
+               for i, (keys, eph) in enumerate(specs)]
+    for t in threads:
+        t.start()
+    node = cluster.node_of(a)
+    until_ = time.monotonic() + 8.0
+    moves = 0
+    while time.monotonic() < until_:
+        nxt = cluster.nodes[(cluster.nodes.index(node) + 1) % len(cluster.nodes)]
+        reshard_in_two_batches(cluster, slot, node, nxt)
+        node, moves = nxt, moves + 1
+        time.sleep(0.2)
+    stop.set()
+    # Every wait asked for a lock freed within 20 ms of each grant: 15 s is a hang catcher.
+    deadline = time.monotonic() + 15.0
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threads if t.is_alive()]
+    for c in clients:
+        c.close()
+    assert moves >= 5 and rounds[0] > 0
+    assert stuck == [], f"waits that never ended: {stuck}; errors: {errors}"
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-wait", "cluster-ephemeral")
+@pytest.mark.parametrize("ephemeral", [False, True], ids=["plain", "ephemeral"])
+@pytest.mark.parametrize("how", ["fails", "stalls"])
+def test_cluster_a_ticket_wait_outlives_no_popping_loop(cluster, monkeypatch, ephemeral, how):
+    # The loop that pops a slot's tickets fails once with an error no round expects, or
+    # stalls in a round (a read that never ends): the waits of that slot (no timeout, plain
+    # and EPHEMERAL) hung on their tickets for good (the Python cluster oracle, seeds 2, 8,
+    # 16 and 19: a holder thread waiting on a ticket whose loop had stopped: a BLPOP round
+    # begun, never read). Now the loop's failure, or a stall its waiters see, ends the group:
+    # its waiters withdraw their tickets and ask again, and are granted.
+    key = key_of("loop-" + how)
+    release = hold_elsewhere(cluster.node_of(key), key)
+    real_pop = SyncDesk._pop
+    hit = threading.Event()
+
+    def pop(self: Any, *args: Any) -> Any:
+        if not hit.is_set():
+            hit.set()
+            if how == "fails":
+                raise ValueError("I/O operation on closed file.")
+            time.sleep(30)  # a round that does not end (well past the stall bound)
+        return real_pop(self, *args)
+
+    monkeypatch.setattr(SyncDesk, "_pop", pop)
+    with LockClient(cluster.redis_cluster(), command_timeout=0.5) as client:
+        lock = client.lock(key, ephemeral=ephemeral)
+        lock.wait_timeout = None  # as long as it takes
+        waiter = Waiter(lock.acquire)
+        waiter.start()
+        assert hit.wait(10), "the ticket is popped"
+        release()
+        # The stall bound is HEALTH_PERIOD + 1 s + 4 command timeouts (4 s here): 15 s is a
+        # hang catcher.
+        guard = waiter.result(15)
+        assert guard.token > 0
         assert guard.release() is Release.RELEASED

@@ -40,6 +40,12 @@ a grant it got released) before the cancelled acquire ends, so the handle's next
 after that release. A ticket popped ``expired`` (a grant nobody popped within its lease: the
 hold is gone) is no grant: the waiter asks again while its wait lasts.
 
+No wait outlives the loop that pops for it: a group's loop that fails (an error no round
+expects) ends its group, and a waiter that sees its loop begin no round for longer than a
+round can take (``STALL_MARGIN`` plus four command timeouts) ends it too (its connections
+broken, so a stalled read ends): either way the group's waiters are told, as when the waiting
+connection breaks, and the next ticket of the slot starts a new loop.
+
 An EPHEMERAL acquire asks on the connection its hold will be bound to (``wait_own``: the server
 binds the hold to the connection that asked), and its ticket is popped as any other; the loss
 of the desk's asking connection does not touch it, the loss of its own ends the wait.
@@ -47,6 +53,7 @@ of the desk's asking connection does not touch it, the loss of its own ends the 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, Optional
@@ -78,6 +85,9 @@ from ._backend import (
 from ._connection import Connector, OwnConnection, call
 
 
+log = logging.getLogger("redis_lock_client")
+
+
 def _with_wait(args: list[Any], wait: float) -> list[Any]:
     """``args`` (an acquire ``... WAIT ms``) with ``wait`` seconds instead."""
     out = list(args)
@@ -96,6 +106,10 @@ HEALTH_PERIOD = 1.0
 SHORT_PERIOD = 0.1
 #: How long the connections stay open with no ticket waiting.
 IDLE = 5.0
+#: A group's loop that has not finished a round for this long plus four command timeouts (a
+#: round is a connection opened, ``ASKING`` and a ``BLPOP`` of at most ``HEALTH_PERIOD``, each
+#: bounded by the command timeout) has stalled: its waiters stop counting on it.
+STALL_MARGIN = HEALTH_PERIOD + 1.0
 #: The names the two kinds of connections add to the client's connection name.
 ASKING_NAME = b"tickets-ask"
 WAITING_NAME = b"tickets-wait"
@@ -175,6 +189,10 @@ class _Slot:
         self.one_by_one = False
         #: The connection to the node an ASK named, kept while pops alternate between the two.
         self.spare: Optional[_Waiting] = None
+        #: When its loop last began a round (its waiters watch it: ``_stalled``).
+        self.alive_at = time.monotonic()
+        #: Its loop ended (failed, or stalled): a ticket of its slot starts another group.
+        self.ended = False
 
 
 class _Ticket:
@@ -260,11 +278,11 @@ class TicketDesk:
             raise
         if not isinstance(ticket, _Ticket):
             return ticket
-        limit = None if wait is None else wait + WAIT_MARGIN
+        until = None if wait is None else time.monotonic() + wait + WAIT_MARGIN
         try:
             if ticket.unblock is not None:
                 await self._unblock(ticket)
-            answered = await wait_event(ticket.event, limit)
+            answered = await self._await_answer(ticket, until)
         except Cancelled:
             await self._give_up(ticket, multi, keep=False)
             raise
@@ -279,6 +297,48 @@ class TicketDesk:
         if granted is not None:
             return granted
         raise LockConnectionError("the connection a ticket waited on closed")
+
+    async def _await_answer(
+        self, ticket: _Ticket, until: Optional[float], own: Optional[OwnConnection] = None
+    ) -> bool:
+        """Waits for ``ticket``'s answer (or its loss) until ``until`` (None: as long as it
+        takes): whether it came. Looked at every ``HEALTH_PERIOD``: a loop that stalled
+        (``_stalled``) is ended and its waiters told, as when its connection breaks (they
+        withdraw their tickets and ask again), so that no wait outlives the loop that pops for
+        it; ``own`` (an EPHEMERAL wait's connection) closed raises ``LockConnectionError``."""
+        while not ticket.event.is_set():
+            left = None if until is None else until - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            step = HEALTH_PERIOD if left is None else min(HEALTH_PERIOD, left)
+            if await wait_event(ticket.event, step):
+                break
+            if own is not None and not own.alive():
+                raise LockConnectionError("an EPHEMERAL wait's connection closed")
+            if self._stalled(ticket.group):
+                self._end_group(ticket.group)
+        return True
+
+    def _stalled(self, group: _Slot) -> bool:
+        """Whether ``group``'s loop has not begun a round for longer than a round can take."""
+        bound = STALL_MARGIN + 4 * self._connector.timeout
+        return not group.ended and time.monotonic() - group.alive_at > bound
+
+    def _end_group(self, group: _Slot) -> None:
+        """``group``'s loop failed or stalled: its connections broken (a stalled read ends),
+        the group forgotten (the next ticket of its slot starts another loop) and each of its
+        waiters told, as when its waiting connection breaks."""
+        with self._books:
+            group.ended = True
+            if self._slots.get(group.slot) is group:
+                del self._slots[group.slot]
+            lost = list(group.tickets.values())
+            group.tickets.clear()
+        for waiting in (group.waiting, group.spare):
+            if waiting is not None:
+                waiting.abort()
+        group.wake.set()
+        self._tell_lost(lost)
 
     async def _withdraw(
         self, asked: Any, multi: bool, release: list[Any], held: bool, route: bytes
@@ -333,9 +393,11 @@ class TicketDesk:
         with self._books:
             self._closed = False
             group = self._slots.get(slot)
-            begin = group is None
-            if group is None:
+            begin = group is None or group.ended
+            if group is None or group.ended:
                 group = self._slots[slot] = _Slot(slot)
+            if not group.tickets:
+                group.alive_at = time.monotonic()  # idle until now: no round was due
             ticket = _Ticket(name, release, group)
             ticket.own = own
             self.issued += 1
@@ -384,17 +446,8 @@ class TicketDesk:
             try:
                 if ticket.unblock is not None:
                     await self._unblock(ticket)
-                while not ticket.event.is_set():
-                    left = None if limit is None else limit - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    step = HEALTH_PERIOD if left is None else min(HEALTH_PERIOD, left)
-                    if await wait_event(ticket.event, step):
-                        break
-                    if not own.alive():
-                        await self._give_up(ticket, multi, keep=False)
-                        raise LockConnectionError("an EPHEMERAL wait's connection closed")
-            except Cancelled:
+                await self._await_answer(ticket, limit, own)
+            except (LockConnectionError, Cancelled):
                 await self._give_up(ticket, multi, keep=False)
                 raise
             if not ticket.event.is_set():
@@ -509,12 +562,26 @@ class TicketDesk:
     # -- the waiting connections -------------------------------------------------------------
 
     async def _run(self, group: _Slot) -> None:
+        """One group's loop (``_loop``). One that fails (an error no round expects) ends its
+        group, and its waiters are told, as when its connection breaks: they ask again."""
+        try:
+            await self._loop(group)
+        except Cancelled:  # the loop shuts down (asyncio)
+            self._end_group(group)
+            raise
+        except Exception:  # noqa: BLE001 - whatever it was, no waiter may wait on it
+            self._end_group(group)
+            log.warning("the ticket loop of slot %s failed", group.slot, exc_info=True)
+            await self._close_idle()
+
+    async def _loop(self, group: _Slot) -> None:
         """One group's loop: ``BLPOP`` over its outstanding tickets, each answer to its waiter;
         its connection put back after a round with nothing to wait for, and the group ended
-        after ``IDLE`` with nothing to wait for."""
+        after ``IDLE`` with nothing to wait for (or once a waiter found it stalled)."""
         checked = time.monotonic()
         redirected = 0  # pops redirected in a row
-        while True:
+        while not group.ended:
+            group.alive_at = time.monotonic()
             if redirected > 1:
                 await sleep(SHORT_PERIOD / 2)  # nodes that disagree on the slot: not a spin
             with self._books:
@@ -687,6 +754,7 @@ class TicketDesk:
         if spare is not None:
             await spare.close()
         woken = await wait_event(group.wake, IDLE)
+        group.alive_at = time.monotonic()
         with self._books:
             if group.tickets or (woken and not self._closed):
                 return False

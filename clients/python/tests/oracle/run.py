@@ -281,6 +281,7 @@ class Oracle:
             if t.is_alive():
                 frame = sys._current_frames().get(t.ident or 0)
                 stack = "".join(traceback.format_stack(frame)) if frame else "(no frame)\n"
+                stack += self._ticket_state(frame)
                 self.events({"e": "error", "h": "main", "ctx": "main", "t": time.monotonic(),
                              "what": f"a holder thread ({t.name}) did not finish; it is at:\n"
                                      f"{stack}"})
@@ -294,6 +295,37 @@ class Oracle:
         if self.observer is not None:
             self.observer.close()
         client.close()
+
+    def _ticket_state(self, frame: Any) -> str:
+        """For a thread stuck waiting on a ticket: the ticket, its group's state in the desk,
+        and what every node has of its slot (keys, the slot's state, the lock's waiters)."""
+        ticket = None
+        while frame is not None and ticket is None:
+            ticket = frame.f_locals.get("ticket")
+            frame = frame.f_back
+        if ticket is None or not hasattr(ticket, "name"):
+            return ""
+        group = ticket.group
+        waiting = group.waiting
+        out = [f"ticket {ticket.name!r}: answer {ticket.answer!r} lost {ticket.lost} "
+               f"abandoned {ticket.abandoned}; group slot {group.slot} round {group.round} "
+               f"read {group.read} blocked {group.blocked} away {group.away} "
+               f"waiting home={getattr(waiting, 'home', None)} "
+               f"tickets {list(group.tickets)}"]
+        slot = key_slot(ticket.name)
+        for port, conn in self.nodes.items():
+            try:
+                keys = conn.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+                mine = [ln for ln in conn.execute_command("CLUSTER", "NODES").decode().splitlines()
+                        if "myself" in ln]
+                out.append(f"  node {port}: keys {keys} myself {mine}")
+            except redis.RedisError as e:
+                out.append(f"  node {port}: {e}")
+        frames = sys._current_frames()
+        for t in threading.enumerate():
+            if t.name.startswith("redis-lock") and t.ident in frames:
+                out.append(f"  thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident])[-6:]))
+        return "\n".join(out) + "\n"
 
     def _cont(self, w: Worker) -> None:
         ctx = self.contexts[w.ctx]
