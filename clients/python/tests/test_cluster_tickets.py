@@ -586,3 +586,48 @@ def test_cluster_a_ticket_wait_outlives_no_popping_loop(cluster, monkeypatch, ep
         guard = waiter.result(15)
         assert guard.token > 0
         assert guard.release() is Release.RELEASED
+
+
+@pytest.mark.scenario("tickets-wait", "cluster-moved", "cluster-ephemeral")
+@pytest.mark.parametrize("ephemeral", [False, True], ids=["plain", "ephemeral"])
+def test_cluster_a_ticket_left_unanswered_by_a_slot_move_is_asked_again(own_cluster, monkeypatch,
+                                                                       ephemeral):
+    # A wait's ticket is queued on the source when its key's slot moves; the redirect the
+    # source owed it is not on the target (here: deleted there before the pop got to it; in
+    # the Python cluster oracle, seed 2, no node had any answer for it). The pops, MOVED to the
+    # target, found nothing there for good and the wait (no timeout) hung. Now two empty pops
+    # there void the ticket: it is withdrawn and asked again on the target, and granted.
+    cluster = own_cluster
+    key = key_of("voided")
+    slot = redis.cluster.key_slot(key.encode())
+    source = cluster.node_of(key)
+    target = next(n for n in cluster.nodes if n is not source)
+    hold_elsewhere(source, key)
+    real_pop = SyncDesk._pop
+    go = threading.Event()
+    popping = threading.Event()
+
+    def pop(self: Any, *args: Any) -> Any:
+        popping.set()
+        go.wait(30)  # the loop waits while the test moves the slot
+        return real_pop(self, *args)
+
+    monkeypatch.setattr(SyncDesk, "_pop", pop)
+    with LockClient(cluster.redis_cluster()) as client:
+        lock = client.lock(key, ephemeral=ephemeral)
+        lock.wait_timeout = None  # as long as it takes
+        waiter = Waiter(lock.acquire)
+        waiter.start()
+        wait_until(lambda: waiters(source, key) == 1 and popping.is_set(), "queued on the source")
+        reshard_in_two_batches(cluster, slot, source, target)
+        raw = target.client()
+        tickets = [k for k in raw.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+                   if b"ticket" in k]
+        assert len(tickets) == 1, tickets  # the redirect the source wrote, moved along
+        raw.delete(*tickets)  # lost
+        go.set()
+        wait_until(lambda: waiters(target, key) == 1, "asked again on the target", bound=15)
+        raw.execute_command("LOCK.RELEASE", key, "other")
+        guard = waiter.result(10)
+        assert node_info(target, key)[b"token"] == guard.token
+        assert guard.release() is Release.RELEASED

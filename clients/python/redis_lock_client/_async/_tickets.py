@@ -19,7 +19,10 @@ importing its slot lives there before the slot does; elsewhere ``ASKING`` change
 ``BLPOP`` the server itself redirects (the slot is migrating and the ticket is not on the source,
 or the slot has moved) is followed with the pop only, on the node named: the lock is not asked
 for again because of it (the answer moves with the slot; an ``ASK`` is followed for one short
-pop, then the source is popped again, where the ticket may still be answered). A ``TRYAGAIN``
+pop, then the source is popped again, where the ticket may still be answered); after a
+``MOVED`` away from the desk's node (the move is over, so what the old queue owed a ticket is on
+the new node already), ``MOVED_EMPTY_ROUNDS`` pops in a row that find nothing there void the
+group's tickets: each is withdrawn and asked again where the slot is. A ``TRYAGAIN``
 (some tickets moved, some not) pops one ticket at a time until the move is over. A failover
 is another matter: the queue lives in the old master's memory, and a demoted master answers a
 ``BLPOP`` blocked then ``UNBLOCKED``, and one its write pause postponed ``MOVED`` (it is
@@ -106,6 +109,11 @@ HEALTH_PERIOD = 1.0
 SHORT_PERIOD = 0.1
 #: How long the connections stay open with no ticket waiting.
 IDLE = 5.0
+#: Full pops in a row that found nothing on the node a ``MOVED`` named (the slot left the desk's
+#: node) before the group's tickets are taken for void: the answer a queue there owed its
+#: tickets (the redirect written when their key left) moved with the slot, and is popped at
+#: once; with none, the tickets are withdrawn and asked again where the slot is.
+MOVED_EMPTY_ROUNDS = 2
 #: A group's loop that has not finished a round for this long plus four command timeouts (a
 #: round is a connection opened, ``ASKING`` and a ``BLPOP`` of at most ``HEALTH_PERIOD``, each
 #: bounded by the command timeout) has stalled: its waiters stop counting on it.
@@ -580,6 +588,7 @@ class TicketDesk:
         after ``IDLE`` with nothing to wait for (or once a waiter found it stalled)."""
         checked = time.monotonic()
         redirected = 0  # pops redirected in a row
+        gone_empty = 0  # pops answered nothing on the node a MOVED named, in a row
         while not group.ended:
             group.alive_at = time.monotonic()
             if redirected > 1:
@@ -626,13 +635,30 @@ class TicketDesk:
                 continue
             redirected = 0
             self._round_read(group, at)
+            moved_away = self._moved_away(group)
             if isinstance(reply, list) and len(reply) == 2:
+                gone_empty = 0
                 self._deliver(group, bytes(reply[0]), bytes(reply[1]))
+            elif moved_away and (gone_empty := gone_empty + 1) >= MOVED_EMPTY_ROUNDS:
+                # The slot left the desk's node: an answer its queue owed moved along (written
+                # when the key left), and is not here. Nothing will answer these tickets.
+                gone_empty = 0
+                self._break_waiting(group)
+                continue
             elif time.monotonic() - checked >= HEALTH_PERIOD:
                 checked = time.monotonic()
                 await self._check_asking()
             self._forget_abandoned(group)
         await self._close_idle()
+
+    def _moved_away(self, group: _Slot) -> bool:
+        """Whether the group pops on another node than the desk's because a ``MOVED`` said so
+        (its slot left the desk's node)."""
+        away = group.away
+        if away is None or not away[2]:
+            return False
+        home = self._connector.kwargs
+        return (away[0], away[1]) != (home.get("host"), home.get("port"))
 
     async def _demoted(self) -> bool:
         """Whether the desk's node is no longer a master (after a ``MOVED`` of a pop there):
