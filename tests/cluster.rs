@@ -732,6 +732,20 @@ fn keys_in_slot(con: &mut Connection, slot: u16) -> Vec<String> {
         .unwrap()
 }
 
+/// The whole of `slot` moved from `from` to `to` as `redis-cli --cluster reshard` moves it:
+/// IMPORTING on the target, MIGRATING on the source, its keys migrated, then NODE everywhere.
+fn move_slot(cluster: &Cluster, slot: u16, from: &Server, to: &Server) {
+    let (from_id, to_id) = (Cluster::node_id(from), Cluster::node_id(to));
+    let (mut on_from, mut on_to) = (from.connect(), to.connect());
+    set_slot(&mut on_to, slot, "IMPORTING", &from_id);
+    set_slot(&mut on_from, slot, "MIGRATING", &to_id);
+    let keys = keys_in_slot(&mut on_from, slot);
+    if !keys.is_empty() {
+        migrate_keys(&mut on_from, to.port, &keys);
+    }
+    set_slot_everywhere(cluster, slot, &to_id);
+}
+
 /// `CLUSTER SETSLOT slot NODE id` on every node: the move is over.
 fn set_slot_everywhere(cluster: &Cluster, slot: u16, id: &str) {
     for node in &cluster.nodes {
@@ -860,25 +874,14 @@ fn a_flushed_slot_that_moves_keeps_its_tokens_rising() {
     let counter = String::from_utf8(counter_key(slot)).unwrap();
     let a = cluster.node_for_slot(slot);
     let b = cluster.nodes.iter().find(|n| n.port != a.port).unwrap();
-    let (a_id, b_id) = (Cluster::node_id(a), Cluster::node_id(b));
     let (mut on_a, mut on_b) = (a.connect(), b.connect());
-    let move_slot =
-        |from: &mut Connection, to: &mut Connection, to_port: u16, from_id: &str, to_id: &str| {
-            set_slot(to, slot, "IMPORTING", from_id);
-            set_slot(from, slot, "MIGRATING", to_id);
-            let keys = keys_in_slot(from, slot);
-            if !keys.is_empty() {
-                migrate_keys(from, to_port, &keys);
-            }
-            set_slot_everywhere(&cluster, slot, to_id);
-        };
     // A to B and back: A's tokens now run a window ahead of the clock.
     let first = acquire(&mut on_a, key, "o1", 60_000).unwrap();
     release(&mut on_a, key, "o1").unwrap();
-    move_slot(&mut on_a, &mut on_b, b.port, &a_id, &b_id);
+    move_slot(&cluster, slot, a, b);
     let on_b_token = acquire(&mut on_b, key, "o2", 60_000).unwrap();
     release(&mut on_b, key, "o2").unwrap();
-    move_slot(&mut on_b, &mut on_a, a.port, &b_id, &a_id);
+    move_slot(&cluster, slot, b, a);
     let last = acquire(&mut on_a, key, "o3", 60_000).unwrap();
     assert!(first < on_b_token && on_b_token < last);
     // FLUSHALL on A: the counter is written back at the next turn, at or above the last token.
@@ -891,7 +894,7 @@ fn a_flushed_slot_that_moves_keeps_its_tokens_rising() {
         "the flushed counter was not written back"
     );
     // The slot moves to B with the counter: B's next token is above A's last.
-    move_slot(&mut on_a, &mut on_b, b.port, &a_id, &b_id);
+    move_slot(&cluster, slot, a, b);
     let next = acquire(&mut on_b, key, "o4", 60_000).unwrap();
     assert!(next > last, "a token fell: {next} after {last}");
 }
@@ -909,27 +912,16 @@ fn a_flush_writes_back_the_bound_another_node_raised() {
     let slot = key_slot(key.as_bytes());
     let a = cluster.node_for_slot(slot);
     let b = cluster.nodes.iter().find(|n| n.port != a.port).unwrap();
-    let (a_id, b_id) = (Cluster::node_id(a), Cluster::node_id(b));
     let (mut on_a, mut on_b) = (a.connect(), b.connect());
-    let move_slot =
-        |from: &mut Connection, to: &mut Connection, to_port: u16, from_id: &str, to_id: &str| {
-            set_slot(to, slot, "IMPORTING", from_id);
-            set_slot(from, slot, "MIGRATING", to_id);
-            let keys = keys_in_slot(from, slot);
-            if !keys.is_empty() {
-                migrate_keys(from, to_port, &keys);
-            }
-            set_slot_everywhere(&cluster, slot, to_id);
-        };
     // A reserves a window; B, given the slot, reserves the next one above it.
     let first = acquire(&mut on_a, key, "o1", 60_000).unwrap();
     release(&mut on_a, key, "o1").unwrap();
-    move_slot(&mut on_a, &mut on_b, b.port, &a_id, &b_id);
+    move_slot(&cluster, slot, a, b);
     let on_b_token = acquire(&mut on_b, key, "o2", 60_000).unwrap();
     release(&mut on_b, key, "o2").unwrap();
     assert!(first < on_b_token);
     // Back to A with B's counter, and flushed there before A grants.
-    move_slot(&mut on_b, &mut on_a, a.port, &b_id, &a_id);
+    move_slot(&cluster, slot, b, a);
     let _: () = redis::cmd("FLUSHDB").query(&mut on_a).unwrap();
     let counter = String::from_utf8(counter_key(slot)).unwrap();
     assert!(

@@ -39,6 +39,61 @@ const RETRIES: u32 = 2;
 const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
 const FAILOVER_PAUSE_MAX: Duration = Duration::from_secs(1);
 
+/// An acquire sent again: what is left of its wait, and its pauses through a failover
+/// ([`FAILOVER_PAUSE`] doubling up to [`FAILOVER_PAUSE_MAX`], while the client's failover
+/// timeout, counted from the first failure, allows one more attempt).
+struct Resend {
+    wait: Option<Wait>,
+    until: Option<Instant>,
+    pause: Duration,
+    failing_since: Option<Instant>,
+}
+
+impl Resend {
+    fn new(wait: Option<Wait>) -> Resend {
+        let until = match wait {
+            Some(Wait::Timeout(t)) => Some(Instant::now() + t),
+            _ => None,
+        };
+        Resend {
+            wait,
+            until,
+            pause: FAILOVER_PAUSE,
+            failing_since: None,
+        }
+    }
+
+    /// The wait to ask for now: what is left of it; `None` once nothing is (one last attempt
+    /// without waiting).
+    fn wait_left(&self) -> Option<Wait> {
+        match (self.wait, self.until) {
+            (Some(Wait::Timeout(_)), Some(until)) => {
+                let left = until.saturating_duration_since(Instant::now());
+                (!left.is_zero()).then_some(Wait::Timeout(left))
+            }
+            (w, _) => w,
+        }
+    }
+
+    /// A new failover (the master changed since the last failure): its count starts again.
+    fn restart(&mut self) {
+        self.failing_since = None;
+        self.pause = FAILOVER_PAUSE;
+    }
+
+    /// After a failure through a failover: pauses, and says whether the failover timeout
+    /// allows another attempt (false, at once, when it does not).
+    async fn pause(&mut self, failover_timeout: Duration) -> bool {
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() + self.pause >= failover_timeout {
+            return false;
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(FAILOVER_PAUSE_MAX);
+        true
+    }
+}
+
 /// The kind of hold a [`Lock`] handle takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -594,27 +649,11 @@ impl Lock {
         ticket: Ticket,
         to: Option<(&Redirect, &Node)>,
     ) -> Result<(Value, Option<Asked>), LockError> {
-        let until = match wait {
-            Some(Wait::Timeout(t)) => Some(Instant::now() + t),
-            _ => None,
-        };
         let failover = self.ctx.servers.follows_failover();
-        let mut pause = FAILOVER_PAUSE;
-        let mut failing_since: Option<Instant> = None;
+        let mut resend = Resend::new(wait);
         let mut attempt = 0;
         loop {
-            let this_wait = match (wait, until) {
-                (Some(Wait::Timeout(_)), Some(until)) => {
-                    let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        // A retry with no wait left: one last attempt without waiting.
-                        None
-                    } else {
-                        Some(Wait::Timeout(left))
-                    }
-                }
-                (w, _) => w,
-            };
+            let this_wait = resend.wait_left();
             let cmd = self.acquire_cmd(this_wait, value, ticket);
             let mut asked_on = None;
             let reply = match (this_wait, ticket) {
@@ -629,22 +668,18 @@ impl Lock {
                 }
                 (Some(w), Ticket::No) => self.send_waiting(&cmd, w).await,
             };
-            let again = |e: &LockError| e.is_retryable() || (failover && says_not_master(e));
-            match reply {
-                Err(e) if again(&e) && attempt < RETRIES => attempt += 1,
-                Err(e)
-                    if again(&e)
-                        && failover
-                        && failing_since.get_or_insert_with(Instant::now).elapsed() + pause
-                            < self.ctx.failover_timeout =>
-                {
-                    // Through a failover: the master is gone or not yet replaced. A wait is
-                    // issued again for what is left of it.
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
-                }
-                r => return r.map(|reply| (reply, asked_on)),
+            let again = matches!(&reply,
+                Err(e) if e.is_retryable() || (failover && says_not_master(e)));
+            if again && attempt < RETRIES {
+                attempt += 1;
+                continue;
             }
+            // Through a failover: the master is gone or not yet replaced. A wait is issued
+            // again for what is left of it.
+            if again && failover && resend.pause(self.ctx.failover_timeout).await {
+                continue;
+            }
+            return reply.map(|reply| (reply, asked_on));
         }
     }
 
@@ -853,22 +888,10 @@ impl Lock {
         value: Option<&[u8]>,
     ) -> (Result<Value, LockError>, Option<OwnConnection>) {
         let follow = self.ctx.servers.follows_failover();
-        let until = match wait {
-            Some(Wait::Timeout(t)) => Some(Instant::now() + t),
-            _ => None,
-        };
-        let mut pause = FAILOVER_PAUSE;
-        let mut failing_since: Option<Instant> = None;
+        let mut resend = Resend::new(wait);
         let mut released = false;
         loop {
-            let left = match (wait, until) {
-                (Some(Wait::Timeout(_)), Some(until)) => {
-                    let left = until.saturating_duration_since(Instant::now());
-                    // No wait left: one last attempt without waiting.
-                    (!left.is_zero()).then_some(Wait::Timeout(left))
-                }
-                (w, _) => w,
-            };
+            let left = resend.wait_left();
             let generation = self.ctx.servers.generation();
             let (reply, own) = match (left, &self.ctx.tickets) {
                 (Some(left), Some(tickets)) => {
@@ -885,16 +908,12 @@ impl Lock {
             if e.is_retryable() || says_not_master(e) {
                 if self.ctx.servers.generation() != generation {
                     // It reached a master that was replaced meanwhile: a new failover.
-                    failing_since = None;
-                    pause = FAILOVER_PAUSE;
+                    resend.restart();
                 }
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                if since.elapsed() + pause < self.ctx.failover_timeout {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
+                if resend.pause(self.ctx.failover_timeout).await {
                     continue;
                 }
-            } else if failing_since.is_some() && !released && says_not_ephemeral(e) {
+            } else if resend.failing_since.is_some() && !released && says_not_ephemeral(e) {
                 released = true;
                 let key = self.spec.key();
                 if self
