@@ -602,7 +602,10 @@ impl Lock {
         let mut guard = self.acquire()?;
         let output = work(&guard);
         if let Some(reason) = guard.lost_reason() {
-            return Err(LockError::NotHeld { lost: Some(reason) });
+            return Err(match &guard.inner {
+                Some(inner) => inner.not_held(reason),
+                None => LockError::NotHeld { lost: Some(reason) },
+            });
         }
         match guard.release() {
             Ok(_) | Err(LockError::Connection(_)) => Ok(output),

@@ -97,7 +97,7 @@ impl Commands {
                 } else {
                     cmd.query_async::<Value>(&mut conn).await
                 }
-                .map_err(LockError::from);
+                .map_err(|e| LockError::from(e).sent_as(cmd));
                 (self.after(&node, generation, reply), number)
             }
         }
@@ -125,7 +125,7 @@ impl Commands {
                     // Routed, a server's error reply comes back as a value.
                     .and_then(Value::extract_error),
             }
-            .map_err(LockError::from),
+            .map_err(|e| LockError::from(e).sent_as(cmd)),
             Commands::Single { .. } => {
                 let (mut conn, node, new, generation, _) = self.single_connection().await?;
                 // A new connection sends its name with its first command: one round trip.
@@ -134,7 +134,7 @@ impl Commands {
                 } else {
                     cmd.query_async::<Value>(&mut conn).await
                 }
-                .map_err(LockError::from);
+                .map_err(|e| LockError::from(e).sent_as(cmd));
                 self.after(&node, generation, reply)
             }
         }
@@ -166,7 +166,7 @@ impl Commands {
                 self.after(&node, generation, replies)?
             }
         };
-        Ok(answers(replies))
+        Ok(answers_of(pipe, replies))
     }
 
     fn name(&self) -> &str {
@@ -305,6 +305,21 @@ pub(crate) fn answers(replies: Vec<Value>) -> Vec<Result<Value, LockError>> {
         .collect()
 }
 
+/// [`answers`] of `pipe` (none of its commands ignored): a refusal (`NOPERM`) named after the
+/// command it answers.
+pub(crate) fn answers_of(pipe: &Pipeline, replies: Vec<Value>) -> Vec<Result<Value, LockError>> {
+    let mut answers = answers(replies);
+    if answers.len() == pipe.len() {
+        for (answer, cmd) in answers.iter_mut().zip(pipe.cmd_iter()) {
+            if let Err(e) = answer {
+                let e = std::mem::replace(e, LockError::InvalidArgument(""));
+                *answer = Err(e.sent_as(cmd));
+            }
+        }
+    }
+    answers
+}
+
 /// The connection a hold's renewals and release go through.
 #[derive(Clone)]
 pub(crate) enum HoldConn {
@@ -331,7 +346,7 @@ impl HoldConn {
                 let mut conn = conn.clone();
                 pipe.query_async::<Vec<Value>>(&mut conn)
                     .await
-                    .map(answers)
+                    .map(|replies| answers_of(pipe, replies))
                     .map_err(LockError::from)
             }
         }
@@ -344,7 +359,7 @@ impl HoldConn {
                 let mut conn = conn.clone();
                 cmd.query_async::<Value>(&mut conn)
                     .await
-                    .map_err(LockError::from)
+                    .map_err(|e| LockError::from(e).sent_as(cmd))
             }
         }
     }

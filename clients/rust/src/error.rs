@@ -48,6 +48,18 @@ pub enum LockError {
     /// The server refused the command; the text is the server's own error line (for example
     /// `ERR the key is a read-write lock; acquire it without LIMIT`).
     Server(String),
+    /// The server's ACL refused a command the library sent (`NOPERM`): the user the client
+    /// connected as lacks a rule. `command` is the command refused (`LOCK.CHECK`,
+    /// `CLIENT|SETNAME`, ...), `message` the server's error line; [`LockError::missing_rule`]
+    /// says what to add. A renewal or check refused so ends the hold on this side
+    /// ([`LostReason::NoPermission`], released in the background): the library cannot keep it.
+    NoPermission {
+        /// The command refused, upper case (`LOCK.CHECK`, `CLIENT|SETNAME`).
+        command: String,
+        /// The server's error line (`NOPERM User app has no permissions to run the 'lock.check'
+        /// command`).
+        message: String,
+    },
     /// The server could not be reached, the connection broke, or a reply did not arrive in time.
     Connection(redis::RedisError),
     /// An argument the library can check before sending anything (a zero lease).
@@ -83,6 +95,11 @@ impl fmt::Display for LockError {
                 )
             }
             LockError::Server(text) => write!(f, "server error: {text}"),
+            LockError::NoPermission { command, message } => write!(
+                f,
+                "the ACL refused {command} ({message}): the user needs {}",
+                missing_rule(command, message)
+            ),
             LockError::Connection(e) => write!(f, "connection error: {e}"),
             LockError::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
             LockError::UnexpectedReply(what) => write!(f, "unexpected reply: {what}"),
@@ -104,6 +121,16 @@ impl From<redis::RedisError> for LockError {
     /// else (I/O, timeouts, parse failures) is [`LockError::Connection`].
     fn from(e: redis::RedisError) -> Self {
         match e.code() {
+            Some("NOPERM") => {
+                let message = match e.detail() {
+                    Some(detail) => format!("NOPERM {detail}"),
+                    None => "NOPERM".to_string(),
+                };
+                LockError::NoPermission {
+                    command: refused_command(&message).unwrap_or_default(),
+                    message,
+                }
+            }
             Some(code) => match e.detail() {
                 Some(detail) => LockError::Server(format!("{code} {detail}")),
                 None => LockError::Server(code.to_string()),
@@ -114,9 +141,114 @@ impl From<redis::RedisError> for LockError {
 }
 
 impl LockError {
+    /// For [`LockError::NoPermission`], the ACL rule the user lacks: `+lock.check` for a
+    /// command, a key pattern (`~...`) or a channel (`&...`) otherwise.
+    pub fn missing_rule(&self) -> Option<String> {
+        match self {
+            LockError::NoPermission { command, message } => Some(missing_rule(command, message)),
+            _ => None,
+        }
+    }
+
+    /// A refusal (`NOPERM`) of `cmd`, named after it when the server's line does not name the
+    /// command (a key or a channel refused); any other error as it is.
+    pub(crate) fn sent_as(self, cmd: &redis::Cmd) -> LockError {
+        match self {
+            LockError::NoPermission { command, message } if command.is_empty() => {
+                LockError::NoPermission {
+                    command: command_name(cmd),
+                    message,
+                }
+            }
+            e => e,
+        }
+    }
+
     /// True for errors after which the same request may be sent again on a new connection:
     /// the connection broke or timed out (the request may or may not have run).
     pub(crate) fn is_retryable(&self) -> bool {
         matches!(self, LockError::Connection(_))
+    }
+}
+
+/// The name of `cmd` (its first argument), upper case.
+pub(crate) fn command_name(cmd: &redis::Cmd) -> String {
+    match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(name)) => String::from_utf8_lossy(name).to_ascii_uppercase(),
+        _ => String::new(),
+    }
+}
+
+/// The command a `NOPERM` line names (`... to run the 'lock.check' command`), upper case.
+fn refused_command(message: &str) -> Option<String> {
+    let (_, rest) = message.split_once("to run the '")?;
+    let (name, _) = rest.split_once('\'')?;
+    Some(name.to_ascii_uppercase())
+}
+
+/// The rule a `NOPERM` line says is missing: the command's (`+lock.check`,
+/// `+client|setname`), or a key pattern or a channel.
+fn missing_rule(command: &str, message: &str) -> String {
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("key") {
+        format!("a key pattern (~...) covering the keys of {command}")
+    } else if lower.contains("channel") {
+        format!("the channel (&...) {command} names")
+    } else {
+        format!("+{}", command.to_ascii_lowercase())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noperm(detail: &str) -> LockError {
+        LockError::from(redis::make_extension_error(
+            "NOPERM".into(),
+            Some(detail.to_string()),
+        ))
+    }
+
+    #[test]
+    fn refusals_name_the_command_and_the_missing_rule() {
+        let cases = [
+            // Redis >= 7.2 and Valkey, then Redis 7.0.
+            (
+                "User app has no permissions to run the 'lock.check' command",
+                "LOCK.CHECK",
+                "+lock.check",
+            ),
+            (
+                "this user has no permissions to run the 'client|setname' command",
+                "CLIENT|SETNAME",
+                "+client|setname",
+            ),
+            (
+                "No permissions to access a key",
+                "LOCK.ACQUIRE",
+                "a key pattern (~...) covering the keys of LOCK.ACQUIRE",
+            ),
+            (
+                "this user has no permissions to access one of the channels used as arguments",
+                "SUBSCRIBE",
+                "the channel (&...) SUBSCRIBE names",
+            ),
+        ];
+        for (detail, command, rule) in cases {
+            let e = noperm(detail).sent_as(redis::cmd(command).arg("k"));
+            match &e {
+                LockError::NoPermission {
+                    command: c,
+                    message,
+                } => {
+                    assert_eq!(c, command, "{detail}");
+                    assert_eq!(message, &format!("NOPERM {detail}"));
+                }
+                other => panic!("{detail}: {other:?}"),
+            }
+            assert_eq!(e.missing_rule().as_deref(), Some(rule), "{detail}");
+            assert!(e.to_string().contains(rule), "{e}");
+        }
     }
 }

@@ -113,6 +113,11 @@ impl LockGuard {
         self.hold.lost()
     }
 
+    /// The error a call answers once the hold ended for `reason` (see [`Hold::not_held`]).
+    pub(crate) fn not_held(&self, reason: LostReason) -> LockError {
+        self.hold.not_held(Some(reason))
+    }
+
     /// A [`LostWatch`] of this hold: its loss, without borrowing the guard.
     pub fn watch(&self) -> LostWatch {
         self.hold.watch()
@@ -169,16 +174,14 @@ impl LockGuard {
         self.released = true;
         match self.handle.end_guard(&self.hold) {
             GuardEnd::Remaining => match self.hold.lost_reason() {
-                Some(reason) => Err(LockError::NotHeld { lost: Some(reason) }),
+                Some(reason) => Err(self.hold.not_held(Some(reason))),
                 None => Ok(Release::StillHeld),
             },
-            GuardEnd::Stale => Err(LockError::NotHeld {
-                lost: self.hold.lost_reason(),
-            }),
+            GuardEnd::Stale => Err(self.hold.not_held(self.hold.lost_reason())),
             GuardEnd::Last => {
                 let (send, lost) = self.hold.release_requested();
                 if !send {
-                    return Err(LockError::NotHeld { lost });
+                    return Err(self.hold.not_held(lost));
                 }
                 let hold = self.hold.clone();
                 let reply = self
@@ -201,7 +204,7 @@ impl LockGuard {
                 }
                 if lost.is_some() {
                     // A multi-key hold's other keys were freed; the hold was lost all the same.
-                    return Err(LockError::NotHeld { lost });
+                    return Err(self.hold.not_held(lost));
                 }
                 let reply = reply?;
                 match reply::released(&reply) {
@@ -224,9 +227,7 @@ pub(crate) async fn fenced_at<T: FromRedisValue>(
     cmd: &Cmd,
 ) -> Result<T, LockError> {
     if guard.released {
-        return Err(LockError::NotHeld {
-            lost: guard.hold.lost_reason(),
-        });
+        return Err(guard.hold.not_held(guard.hold.lost_reason()));
     }
     let reply = guard.hold.fenced(index, cmd).await?;
     T::from_redis_value(reply)

@@ -54,6 +54,9 @@ pub(crate) struct Hold {
     keeper: Arc<Keeper>,
     signals: Option<Arc<SignalHub>>,
     abandoned: Arc<dyn Abandoned>,
+    /// The first refusal (`NOPERM`) of a command that keeps the hold: the command and the
+    /// server's line, answered by the guard's calls once the hold ended so.
+    denied: OnceLock<(String, String)>,
 }
 
 /// What the hold changes under its lock.
@@ -121,7 +124,30 @@ impl Hold {
             keeper: n.keeper,
             signals: n.signals,
             abandoned: n.abandoned,
+            denied: OnceLock::new(),
         })
+    }
+
+    /// Keeps the first refusal (`NOPERM`) among `replies`, for [`Hold::not_held`].
+    fn note_denied<'a>(&self, replies: impl IntoIterator<Item = &'a Result<Value, LockError>>) {
+        for reply in replies {
+            if let Err(LockError::NoPermission { command, message }) = reply {
+                let _ = self.denied.set((command.clone(), message.clone()));
+                return;
+            }
+        }
+    }
+
+    /// The error a call on a hold that is no longer active answers: the refusal that ended it
+    /// ([`LockError::NoPermission`]), or [`LockError::NotHeld`] with `lost`.
+    pub(crate) fn not_held(&self, lost: Option<LostReason>) -> LockError {
+        match (lost, self.denied.get()) {
+            (Some(LostReason::NoPermission), Some((command, message))) => LockError::NoPermission {
+                command: command.clone(),
+                message: message.clone(),
+            },
+            _ => LockError::NotHeld { lost },
+        }
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -277,7 +303,7 @@ impl Hold {
         // Time passing may have ended it (no renewal confirmed for a lease): `status` looks.
         match self.status() {
             Status::Active => {}
-            Status::Lost(reason) => return Err(LockError::NotHeld { lost: Some(reason) }),
+            Status::Lost(reason) => return Err(self.not_held(Some(reason))),
             Status::Released => return Err(LockError::NotHeld { lost: None }),
         }
         let mut guarded = redis::cmd("LOCK.GUARD");
@@ -346,6 +372,7 @@ impl Hold {
             match self.connection().query_pipeline(&pipe, self.key()).await {
                 Ok(mut replies) if !replies.is_empty() => {
                     let renewed = replies.remove(0);
+                    self.note_denied([&renewed]);
                     if is_redirect(&renewed) && self.unbind_if_moved().await {
                         // Sent again where the key is now, in the next round.
                         return (self.nothing(sent), None);
@@ -359,7 +386,11 @@ impl Hold {
                     }
                 }
                 Ok(_) => (Answer::Nothing, None),
-                Err(e) => (reply::renewal(&Err(e), self.terms.lease), None),
+                Err(e) => {
+                    let reply = Err(e);
+                    self.note_denied([&reply]);
+                    (reply::renewal(&reply, self.terms.lease), None)
+                }
             }
         } else {
             let mut reply = self.query(&self.renew_cmd()).await;
@@ -367,6 +398,7 @@ impl Hold {
                 // Bound to nothing now: renewed where the key is.
                 reply = self.query(&self.renew_cmd()).await;
             }
+            self.note_denied([&reply]);
             (reply::renewal(&reply, self.terms.lease), None)
         };
         let answer = match answer {
@@ -389,6 +421,8 @@ impl Hold {
     /// paused "zombie" master's grant confirmed on the real master) says nothing of this hold.
     async fn check_tokens(&self, answer: Answer) -> Answer {
         let mut pipe = redis::pipe();
+        // Each reply in its place (a refusal named after its command).
+        pipe.ignore_errors();
         for (key, token) in self.keys.iter().zip(self.tokens.iter()) {
             pipe.cmd("LOCK.CHECK")
                 .arg(&**key)
@@ -401,9 +435,22 @@ impl Hold {
                     answer
                 } else if replies.iter().all(|r| matches!(r, Ok(Value::Int(_)))) {
                     Answer::Gone
+                } else if replies
+                    .iter()
+                    .any(|r| matches!(r, Err(LockError::NoPermission { .. })))
+                {
+                    // The renewal went through, the token's check did not: the hold cannot be
+                    // kept (its token never confirmed), and the refusal is said at once.
+                    self.note_denied(&replies);
+                    Answer::Refused
                 } else {
                     Answer::Nothing
                 }
+            }
+            Err(e @ LockError::NoPermission { .. }) => {
+                let reply = Err(e);
+                self.note_denied([&reply]);
+                Answer::Refused
             }
             _ => Answer::Nothing,
         }
@@ -416,6 +463,7 @@ impl Hold {
         let mut cmd = redis::cmd("LOCK.INFO");
         cmd.arg(self.key());
         let reply = self.query(&cmd).await;
+        self.note_denied([&reply]);
         Event::Answered {
             read: Read::LeaseLeft,
             sent,
@@ -444,6 +492,7 @@ impl Hold {
                     return Err(LockError::NotHeld { lost: Some(reason) })
                 }
                 Some(Refusal::Unanswered) => return Err(LockError::Connection(no_confirmation())),
+                Some(Refusal::Denied) => return Err(self.not_held(Some(LostReason::NoPermission))),
                 Some(Refusal::Unacknowledged) => {
                     // Released by the caller (the handle's release, ordered before its next
                     // acquire). Too few replicas connected is said first (read once, here).
@@ -589,7 +638,9 @@ impl Hold {
             // ends the belief at the latest.
             let started = sent;
             let mut pause = CLOSE_RECHECK_FIRST;
-            while answer != Answer::Gone && self.is_active() && started.elapsed() < self.terms.lease
+            while !matches!(answer, Answer::Gone | Answer::Refused)
+                && self.is_active()
+                && started.elapsed() < self.terms.lease
             {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(CLOSE_RECHECK_MAX);
@@ -624,6 +675,7 @@ impl Hold {
             match self.check_key(key, *token).await {
                 Answer::Holds(_) | Answer::Unacknowledged => {}
                 Answer::Gone => return Answer::Gone,
+                Answer::Refused => return Answer::Refused,
                 Answer::Nothing => answer = Answer::Nothing,
             }
         }
@@ -670,9 +722,13 @@ impl Hold {
                 let mut cmd = redis::cmd("LOCK.INFO");
                 cmd.arg(key);
                 let reply = self.reads.query_routed(&cmd, Some(key)).await;
+                self.note_denied([&reply]);
                 reply::holder(&reply, self.owner.as_bytes(), token)
             }
-            reply => reply::checked(&reply),
+            reply => {
+                self.note_denied([&reply]);
+                reply::checked(&reply)
+            }
         }
     }
 }

@@ -477,7 +477,7 @@ impl Lock {
             reason = lost => {
                 // Dropping the guard here (the error path) stops the watchdog; nothing to
                 // release.
-                return Err(LockError::NotHeld { lost: Some(reason) });
+                return Err(guard.not_held(reason));
             }
             output = work(guard.token(), guard.watch()) => output,
         };
@@ -1262,7 +1262,7 @@ impl Lock {
         match hold.granted(sent, replied).await {
             Ok(()) => {}
             // The master answered: released before the refusal is returned.
-            Err(e @ LockError::NotSafelyAcquired { .. }) => {
+            Err(e @ (LockError::NotSafelyAcquired { .. } | LockError::NoPermission { .. })) => {
                 let _ = state
                     .release_here(hold.runtime.clone(), hold.clone().release_abandoned())
                     .await;

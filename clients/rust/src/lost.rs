@@ -36,6 +36,12 @@ pub enum LostReason {
     /// The connection an `EPHEMERAL` hold is bound to closed or failed; the server ends the
     /// hold the moment it sees that.
     ConnectionClosed,
+    /// The server's ACL refused a command the library needs to keep the hold (its renewal,
+    /// or the check of its token, `LOCK.CHECK`): the library cannot keep it, ends it on this
+    /// side and releases it in the background. The guard's calls answer
+    /// [`LockError::NoPermission`](crate::LockError::NoPermission), naming the command and the
+    /// rule to add. Not a loss the server made: fix the user's ACL.
+    NoPermission,
     /// Signal `forcereleased`: `LOCK.FORCERELEASE` removed the hold.
     ForceReleased,
     /// Signal `deleted`: a command removed the key (`DEL`, `UNLINK`, `RENAME`/`MOVE` taking it
@@ -88,6 +94,9 @@ impl fmt::Display for LostReason {
                 "the replicas did not acknowledge the renewals before the lease ran out"
             }
             LostReason::ConnectionClosed => "the EPHEMERAL hold's connection closed",
+            LostReason::NoPermission => {
+                "the server's ACL refused a command the library needs to keep the hold (NOPERM)"
+            }
             LostReason::ForceReleased => "force-released (LOCK.FORCERELEASE)",
             LostReason::Deleted => "the key was deleted",
             LostReason::Overwritten => "the key was overwritten",

@@ -31,8 +31,8 @@ pub(crate) fn tokens(reply: Value, keys: usize) -> Result<Option<Vec<u64>>, Lock
 
 /// A renewal's answer (`LOCK.RENEW` → 1/0, `LOCK.MRENEW` → an array of them): every key renewed
 /// for `lease` from when it ran, or the hold gone (`0` on any key: the hold is all its keys or
-/// nothing; or an error after which the hold cannot be there, such as `WRONGTYPE`), or nothing
-/// known (no answer, `LOADING`, `BUSY`, a pause, ...).
+/// nothing; or an error after which the hold cannot be there, such as `WRONGTYPE`), or refused
+/// by the ACL (`NOPERM`), or nothing known (no answer, `LOADING`, `BUSY`, a pause, ...).
 pub(crate) fn renewal(reply: &Result<Value, LockError>, lease: Duration) -> Answer {
     match reply {
         Ok(Value::Int(1)) => Answer::Holds(Some(lease)),
@@ -53,6 +53,7 @@ pub(crate) fn renewal(reply: &Result<Value, LockError>, lease: Duration) -> Answ
             }
         }
         Err(LockError::Server(text)) if is_final(text) => Answer::Gone,
+        Err(LockError::NoPermission { .. }) => Answer::Refused,
         _ => Answer::Nothing,
     }
 }
@@ -94,6 +95,7 @@ pub(crate) fn holder(reply: &Result<Value, LockError>, owner: &[u8], token: u64)
         Ok(Value::Nil) => return Answer::Gone,
         Ok(reply) => reply,
         Err(LockError::Server(text)) if text.starts_with("WRONGTYPE") => return Answer::Gone,
+        Err(LockError::NoPermission { .. }) => return Answer::Refused,
         Err(_) => return Answer::Nothing,
     };
     let Some(Value::Array(holders)) = field(reply, b"holders") else {
@@ -119,6 +121,7 @@ pub(crate) fn checked(reply: &Result<Value, LockError>) -> Answer {
         Ok(Value::Int(1)) => Answer::Holds(None),
         Ok(Value::Int(0)) => Answer::Gone,
         Err(LockError::Server(text)) if text.starts_with("WRONGTYPE") => Answer::Gone,
+        Err(LockError::NoPermission { .. }) => Answer::Refused,
         _ => Answer::Nothing,
     }
 }
@@ -164,7 +167,7 @@ mod tests {
     #[test]
     fn renewals_answer_held_gone_or_nothing() {
         let server = |t: &str| Err(LockError::Server(t.into()));
-        let cases: [(Result<Value, LockError>, Answer); 9] = [
+        let cases: [(Result<Value, LockError>, Answer); 10] = [
             (Ok(Value::Int(1)), Answer::Holds(Some(LEASE))),
             (Ok(Value::Int(0)), Answer::Gone),
             (
@@ -180,6 +183,14 @@ mod tests {
             (server("ERR the server is paused"), Answer::Nothing),
             (server("LOADING Redis is loading"), Answer::Nothing),
             (server("MOVED 3999 127.0.0.1:7001"), Answer::Nothing),
+            (
+                Err(LockError::NoPermission {
+                    command: "LOCK.RENEW".into(),
+                    message: "NOPERM User app has no permissions to run the 'lock.renew' command"
+                        .into(),
+                }),
+                Answer::Refused,
+            ),
         ];
         for (reply, want) in cases {
             assert_eq!(renewal(&reply, LEASE), want, "{reply:?}");
@@ -237,6 +248,11 @@ mod tests {
             checked(&Err(LockError::Server("LOADING loading".into()))),
             Answer::Nothing
         );
+        let refused = LockError::NoPermission {
+            command: "LOCK.CHECK".into(),
+            message: "NOPERM User app has no permissions to run the 'lock.check' command".into(),
+        };
+        assert_eq!(checked(&Err(refused)), Answer::Refused);
     }
 
     #[test]

@@ -471,7 +471,11 @@ async fn a_user_who_may_not_run_the_command_gets_noperm_and_keeps_the_hold() {
         .unwrap();
     let guard = client.lock("{n}:lock").acquire().await.unwrap();
     match guard.fenced::<Value>(&set("{n}:v", "1")).await {
-        Err(LockError::Server(text)) => assert!(text.starts_with("NOPERM"), "{text}"),
+        // The fenced command's own refusal, named: the hold is not affected.
+        Err(LockError::NoPermission { command, message }) => {
+            assert_eq!(command, "LOCK.GUARD", "{message}");
+            assert!(message.starts_with("NOPERM"), "{message}");
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(guard.lost_reason(), None);

@@ -176,6 +176,9 @@ pub(crate) enum Answer {
     Unacknowledged,
     /// The hold is not there.
     Gone,
+    /// The server's ACL refused the read (`NOPERM`): this side cannot keep the hold (a renewal
+    /// refused never renews it; a check refused never confirms its token).
+    Refused,
     /// No answer (the connection broke or timed out), or one that says nothing.
     Nothing,
 }
@@ -268,6 +271,9 @@ pub(crate) enum Refusal {
     /// Fewer replicas acknowledged the grant than asked: the hold is released
     /// ([`Actions::release`]).
     Unacknowledged,
+    /// The server's ACL refused the confirmation: the hold may be on the server, and is
+    /// released by the caller (by its token).
+    Denied,
 }
 
 /// A check the machine asks for.
@@ -367,6 +373,10 @@ impl Machine {
                     out.refuse = Some(Refusal::Gone(LostReason::HoldGone));
                     State::Refused
                 }
+                (Read::Renewal | Read::LeaseLeft, Answer::Refused) => {
+                    out.refuse = Some(Refusal::Denied);
+                    State::Refused
+                }
                 (Read::Renewal | Read::LeaseLeft, Answer::Unacknowledged) => {
                     out.refuse = Some(Refusal::Unacknowledged);
                     out.release = true;
@@ -459,6 +469,12 @@ impl Machine {
                     }
                 }
                 Answer::Gone => State::Lost(LostReason::HoldGone),
+                // The library cannot keep the hold (never renewed, or its token never
+                // confirmed): it ends here, and is released so that nobody waits it out.
+                Answer::Refused => {
+                    out.abandon = true;
+                    State::Lost(LostReason::NoPermission)
+                }
                 // Renewed on the master, not acknowledged, or no answer: the deadline stays;
                 // again soon. No answer on the connection an EPHEMERAL hold is bound to (an
                 // error, a timeout: the connection may be alive) is no loss either: a read on
@@ -492,6 +508,10 @@ impl Machine {
                     renewing,
                 },
                 Answer::Gone => State::Lost(reason),
+                Answer::Refused => {
+                    out.abandon = true;
+                    State::Lost(LostReason::NoPermission)
+                }
                 Answer::Holds(None) | Answer::Nothing | Answer::Unacknowledged => self.state,
             },
             Event::Answered {

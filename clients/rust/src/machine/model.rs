@@ -103,7 +103,7 @@ impl Model {
                     self.delivered = true;
                     self.bound = Some(case.bound(sent, left.unwrap_or(terms.lease)));
                 }
-                Answer::Gone | Answer::Unacknowledged => self.end(End::Refused),
+                Answer::Gone | Answer::Unacknowledged | Answer::Refused => self.end(End::Refused),
                 Answer::Nothing => {
                     self.unanswered += 1;
                     if terms.binding == Binding::Connection || self.unanswered >= 3 {
@@ -139,6 +139,11 @@ impl Model {
                         self.extend(case.bound(sent, left.unwrap_or(terms.lease)))
                     }
                     Answer::Gone => self.end(End::Lost(LostReason::HoldGone)),
+                    // The ACL refused it: this side cannot keep the hold, and releases it.
+                    Answer::Refused => {
+                        self.abandoned = true;
+                        self.end(End::Lost(LostReason::NoPermission))
+                    }
                     // Even when bound to its connection: only a read that finds it gone ends it.
                     Answer::Nothing | Answer::Unacknowledged => {}
                 }
@@ -151,6 +156,10 @@ impl Model {
             } => match answer {
                 Answer::Holds(Some(left)) => self.extend(case.bound(sent, left)),
                 Answer::Gone => self.end(End::Lost(reason)),
+                Answer::Refused => {
+                    self.abandoned = true;
+                    self.end(End::Lost(LostReason::NoPermission))
+                }
                 _ => {}
             },
             Event::Reentered { sent } if !terms.acknowledged => {
@@ -221,12 +230,13 @@ fn signals() -> Vec<LostSignal> {
 }
 
 fn random_answer(rng: &mut StdRng, lease: Duration) -> Answer {
-    match rng.gen_range(0..7) {
+    match rng.gen_range(0..8) {
         0 | 1 => Answer::Holds(Some(lease)),
         2 => Answer::Holds(Some(lease.mul_f64(rng.gen_range(0.0..1.0)))),
         3 => Answer::Holds(None),
         4 => Answer::Gone,
         5 => Answer::Unacknowledged,
+        6 => Answer::Refused,
         _ => Answer::Nothing,
     }
 }

@@ -655,3 +655,35 @@ fn an_unbound_hold_is_a_lease_from_then_on() {
     m.step(Event::Unbound);
     assert_eq!(m.binding(), Binding::Connection);
 }
+
+#[test]
+fn a_read_the_acl_refuses_ends_the_hold_at_once_and_never_as_unreachable() {
+    let base = Instant::now();
+    // Held: a renewal or a check refused (NOPERM) ends it at once, released in the background;
+    // the deadline never gets to say UNREACHABLE.
+    for read in [Read::Renewal, Read::Check(LostReason::Deleted)] {
+        let (mut m, _) = granted(Renewal::Watchdog, Binding::Lease, base, 10);
+        let out = m.step(answered(read, ms(base, 1_000), Answer::Refused));
+        assert_eq!(
+            m.status(),
+            Status::Lost(LostReason::NoPermission),
+            "{read:?}"
+        );
+        assert!(out.abandon && out.notify, "{read:?}");
+        assert_eq!(out.wake, Some(Wake::Never), "{read:?}");
+        let later = m.step(Event::Tick {
+            now: ms(base, 10_000),
+        });
+        assert_eq!(later, Actions::default(), "{read:?}");
+        assert_eq!(
+            m.status(),
+            Status::Lost(LostReason::NoPermission),
+            "{read:?}"
+        );
+    }
+    // Being confirmed: the acquire is refused with the refusal (the caller releases it).
+    let (mut m, _) = granted(Renewal::Watchdog, Binding::Lease, base, 2_000);
+    let out = m.step(answered(Read::Renewal, ms(base, 2_001), Answer::Refused));
+    assert_eq!(out.refuse, Some(Refusal::Denied));
+    assert_eq!(m.state(), State::Refused);
+}
