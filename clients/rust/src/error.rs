@@ -190,7 +190,9 @@ fn refused_command(message: &str) -> Option<String> {
 /// `+client|setname`), or a key pattern or a channel.
 fn missing_rule(command: &str, message: &str) -> String {
     let lower = message.to_ascii_lowercase();
-    if lower.contains("key") {
+    if lower.contains("given to lock.guard") {
+        "the fenced command's own rules (+command, ~keys, &channels)".to_string()
+    } else if lower.contains("key") {
         format!("a key pattern (~...) covering the keys of {command}")
     } else if lower.contains("channel") {
         format!("the channel (&...) {command} names")
@@ -223,6 +225,11 @@ mod tests {
                 "this user has no permissions to run the 'client|setname' command",
                 "CLIENT|SETNAME",
                 "+client|setname",
+            ),
+            (
+                "this user has no permissions to run the command given to LOCK.GUARD, or to access one of its keys or channels",
+                "LOCK.GUARD",
+                "the fenced command's own rules (+command, ~keys, &channels)",
             ),
             (
                 "No permissions to access a key",
