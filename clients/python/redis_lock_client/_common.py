@@ -72,6 +72,11 @@ class LostReason(enum.Enum):
     #: Signal ``flushed <db>`` (FLUSHDB/FLUSHALL), after which ``LOCK.INFO key`` no longer showed
     #: this owner with this token: the flush took the hold.
     FLUSHED = "flushed"
+    #: The server's ACL refused a command the library needs to keep the hold (its renewal, or
+    #: the check of its token, LOCK.CHECK): the library cannot keep it, ends it on this side and
+    #: releases it in the background. The guard's calls raise ``NoPermission``, naming the
+    #: command and the rule to add. Not a loss the server made: fix the user's ACL.
+    NO_PERMISSION = "no-permission"
     #: A fenced command (``guard.execute``) was refused ``FENCED the token is not current``:
     #: the owner holds the key under another fencing token now (a later hold under the same
     #: owner name), so this hold is over. The command did not run.
@@ -164,6 +169,43 @@ class NotSafelyAcquired(LockError):
 
 class LockServerError(LockError):
     """The server refused the command; the message is the server's own error line."""
+
+
+class NoPermission(LockServerError):
+    """The server's ACL refused a command the library sent (``NOPERM``): the user the client
+    connected as lacks a rule. ``command`` is the command refused (``LOCK.CHECK``,
+    ``CLIENT|SETNAME``), ``line`` the server's error line, ``rule`` what to add
+    (``+lock.check``; a key pattern or a channel when the server refused one). A renewal or a
+    check refused so ends the hold on this side (``LostReason.NO_PERMISSION``, released in the
+    background): the guard's calls raise this error then."""
+
+    def __init__(self, line: str, command: str = "") -> None:
+        self.line = line
+        self.command = refused_command(line) or command.upper()
+        self.rule = missing_rule(self.command, line)
+        # The server's line first, as every LockServerError's.
+        super().__init__(f"{line} (the ACL refused {self.command}: the user needs {self.rule})")
+
+
+def refused_command(line: str) -> str:
+    """The command a ``NOPERM`` line names (``... to run the 'lock.check' command``), upper
+    case; "" when it names none (a key or a channel was refused)."""
+    _, found, rest = line.partition("to run the '")
+    name, quoted, _ = rest.partition("'")
+    return name.upper() if found and quoted else ""
+
+
+def missing_rule(command: str, line: str) -> str:
+    """The rule a ``NOPERM`` line says is missing: the command's (``+lock.check``,
+    ``+client|setname``), or a key pattern or a channel."""
+    lower = line.lower()
+    if "given to lock.guard" in lower:
+        return "the fenced command's own rules (+command, ~keys, &channels)"
+    if "key" in lower:
+        return f"a key pattern (~...) covering the keys of {command}"
+    if "channel" in lower:
+        return f"the channel (&...) {command} names"
+    return f"+{command.lower()}"
 
 
 class LockConnectionError(LockError):

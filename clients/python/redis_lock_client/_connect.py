@@ -12,10 +12,10 @@ from typing import Any, Optional
 
 from redis.backoff import NoBackoff
 from redis.driver_info import DriverInfo
-from redis.exceptions import AskError, MovedError, ResponseError
+from redis.exceptions import AskError, MovedError, NoPermissionError, ResponseError
 from redis.retry import Retry
 
-from ._common import CLIENT_NAME, LockServerError, __version__
+from ._common import CLIENT_NAME, LockServerError, NoPermission, __version__
 
 # Settings of the application's client that the library replaces with its own.
 _REPLACED = (
@@ -78,11 +78,18 @@ class Redirected(LockServerError):
         self.port = port
 
 
-def server_error(e: ResponseError) -> LockServerError:
-    """The server's own error line (redis-py strips known codes such as ERR; put it back)."""
+def server_error(e: ResponseError, command: Any = None) -> LockServerError:
+    """The server's own error line (redis-py strips known codes such as ERR; put it back); a
+    refusal of the ACL (``NOPERM``) as ``NoPermission``, named after ``command`` (the command
+    sent) when the line names none."""
     code: Optional[str] = getattr(e, "status_code", None)
     text = str(e)
     line = f"{code} {text}" if code else text
+    if isinstance(e, NoPermissionError) or line.startswith("NOPERM"):
+        if not line.startswith("NOPERM"):
+            line = f"NOPERM {line}"
+        name = command.decode() if isinstance(command, bytes) else str(command or "")
+        return NoPermission(line, name)
     if isinstance(e, AskError):  # MovedError is an AskError
         host = getattr(e, "host", None)
         port = getattr(e, "port", None)

@@ -14,7 +14,8 @@ report a loss. The rules:
    that set or showed the lease, and counts from that command's send time. A replicated hold
    (``replicas=``) is confirmed after every grant, by a renewal that replicas acknowledged, and
    only renewals replicas acknowledged move its deadline.
-2. *Lost* only on evidence: a renewal answered 0 (or a final error), a fenced command refused
+2. *Lost* only on evidence: a renewal or a check refused by the ACL (``NOPERM``: this side
+   cannot keep the hold, and says so at once), a renewal answered 0 (or a final error), a fenced command refused
    (``FENCED``), a check that no longer finds the hold, the EPHEMERAL connection closing, or the
    time passing the deadline (no confirmed renewal for 90 % of a lease: the backstop). A message
    is never evidence (anyone allowed to publish on the channel can send one): one that names
@@ -221,6 +222,13 @@ class HoldMachine:
             self.hint = None
             return None
         return self._lose(reason)
+
+    def denied(self) -> Optional[LostReason]:
+        """The server's ACL refused a renewal or a check (``NOPERM``): this side cannot keep
+        the hold (never renewed, or its token never confirmed). It ends at once, and is
+        released in the background (the server may still have it): never left for the deadline
+        to report ``UNREACHABLE``."""
+        return self._lose(LostReason.NO_PERMISSION, abandon=True)
 
     def connection_lost(self) -> Optional[LostReason]:
         """The connection an EPHEMERAL hold is bound to closed: the server ends the hold."""

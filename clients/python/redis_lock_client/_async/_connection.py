@@ -43,7 +43,7 @@ async def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -
         await send(conn, args)
         return await read(conn, timeout)
     except ResponseError as e:
-        raise server_error(e) from None
+        raise server_error(e, args[0]) from None
     except IO_ERRORS as e:
         await close_connection(conn)
         raise LockConnectionError(f"{args[0]}: {e}") from e
@@ -70,6 +70,8 @@ class Connector:
             kwargs = {**kwargs, "client_name": name_for(kwargs["client_name"], owner)}
         try:
             return await open_connection(self.cls, kwargs)
+        except ResponseError as e:  # refused on connect (CLIENT SETNAME, SELECT: an ACL)
+            raise server_error(e) from None
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
 
@@ -145,6 +147,8 @@ class Connector:
         """A connection of the pool (put it back with ``pool_put``)."""
         try:
             conn = await pool_get(self.pool)
+        except ResponseError as e:  # refused on connect (CLIENT SETNAME, SELECT: an ACL)
+            raise server_error(e) from None
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
         if self.sentinel:

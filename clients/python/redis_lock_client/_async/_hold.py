@@ -38,6 +38,7 @@ from .._common import (
     LockServerError,
     LostCallback,
     LostReason,
+    NoPermission,
     NotHeld,
     Renewal,
     UnexpectedReply,
@@ -101,6 +102,7 @@ class _Renewal(enum.Enum):
     CLOSED = "closed"  # the EPHEMERAL hold's connection failed
     NO_ANSWER = "no-answer"  # a broken connection, a timeout, a passing error
     UNACKED = "unacked"  # answered 1, but fewer replicas than asked acknowledged it
+    REFUSED = "refused"  # the ACL refused the renewal or the check of its token (NOPERM)
 
 
 class Unconfirmed(enum.Enum):
@@ -170,6 +172,9 @@ class Hold:
             replied_at=replied_at,
             replicated=replication.on,
         )
+        #: The first refusal (NOPERM) of a command that keeps the hold, raised by the guard's
+        #: calls once the hold ended so.
+        self.denial: Optional[NoPermission] = None
         self.pid = os.getpid()
         self.loop = current_loop()
         _fork.register(self)
@@ -183,6 +188,18 @@ class Hold:
     @property
     def active(self) -> bool:
         return self._machine.active
+
+    def not_held(self) -> NotHeld | NoPermission:
+        """The error a call on a hold that is no longer active raises: the refusal that ended
+        it (``NoPermission``), or ``NotHeld`` with the reason."""
+        if self.reason is LostReason.NO_PERMISSION and self.denial is not None:
+            return self.denial
+        return NotHeld(self.reason)
+
+    def _denied(self, e: NoPermission) -> _Renewal:
+        if self.denial is None:
+            self.denial = e
+        return _Renewal.REFUSED
 
     def _event(self, event: Callable[[HoldMachine], Optional[LostReason]]) -> Optional[LostReason]:
         """Applies one event to the machine; a loss it decides is reported (once): ``lost`` is
@@ -382,9 +399,7 @@ class Hold:
         while True:
             # Time passing may have ended it (no renewal confirmed for a lease).
             if self.past_deadline():
-                with self._lock:
-                    reason = self._machine.reason
-                raise NotHeld(reason)
+                raise self.not_held()
             try:
                 return await self.send(args)
             except LockServerError as e:
@@ -413,6 +428,8 @@ class Hold:
                 reply, self.acknowledged = await self.send(args, rep.command(), rep.timeout)
             else:
                 reply = await self.send(args)
+        except NoPermission as e:
+            return self._denied(e)
         except LockServerError as e:
             return _Renewal.GONE if is_final(str(e)) else _Renewal.NO_ANSWER
         except LockConnectionError:
@@ -429,6 +446,10 @@ class Hold:
         for key, token in zip(self.keys.keys, self.tokens):
             try:
                 held = await self.send(check(key, self.owner, token))
+            except NoPermission as e:
+                # Renewed, but its token never confirmed: the hold cannot be kept, and the
+                # refusal is said at once.
+                return self._denied(e)
             except LockServerError as e:
                 return _Renewal.GONE if is_final(str(e)) else _Renewal.NO_ANSWER
             except LockConnectionError:
@@ -451,6 +472,8 @@ class Hold:
         for key, token in zip(self.keys.keys, self.tokens):
             try:
                 reply = await self.send(info(key))
+            except NoPermission as e:
+                return self._denied(e), None
             except LockServerError as e:
                 return (_Renewal.GONE if is_final(str(e)) else _Renewal.NO_ANSWER), None
             except LockConnectionError:
@@ -467,7 +490,9 @@ class Hold:
         """Before the guard is handed out: None when the hold is the owner's (nothing to
         confirm, or confirmed now); ``GONE`` when the server no longer has it, ``UNACKED``
         when (with ``replication``) too few replicas acknowledged it (nothing is reported:
-        nobody was told of it). Raises ``LockConnectionError`` when no answer came."""
+        nobody was told of it). Raises ``LockConnectionError`` when no answer came,
+        ``NoPermission`` when the ACL refused the confirmation (the server may have the hold:
+        the caller releases it)."""
         with self._lock:
             how = self._machine.confirmation
         if how is None:
@@ -485,6 +510,10 @@ class Hold:
                 return None
             if found is _Renewal.UNACKED:
                 return Unconfirmed.UNACKED
+            if found is _Renewal.REFUSED and self.denial is not None:
+                with self._lock:
+                    self._machine.refused()
+                raise self.denial
             if found is not _Renewal.NO_ANSWER:
                 with self._lock:
                     self._machine.refused()
@@ -543,6 +572,8 @@ class Hold:
                 self._event(lambda m: m.renewed(sent))
             elif found is _Renewal.GONE:
                 self._event(lambda m: m.refused())  # one key is enough: all or nothing
+            elif found is _Renewal.REFUSED:
+                self._event(lambda m: m.denied())  # said at once, released in the background
             elif found is _Renewal.CLOSED:
                 self.connection_lost()  # reported once the server no longer holds it
                 later = time.monotonic()
@@ -587,6 +618,10 @@ class Hold:
         answer changes nothing: the watchdog's rules stand."""
         try:
             held = await self.route.query(check(message.key, self.owner, message.token))
+        except NoPermission as e:
+            self._denied(e)
+            self._event(lambda m: m.denied())
+            return
         except LockServerError as e:
             if is_final(str(e)):
                 self._event(lambda m: m.checked(False, message.reason))
@@ -605,6 +640,10 @@ class Hold:
                 continue
             try:
                 reply = await self.route.query(info(k))
+            except NoPermission as e:
+                self._denied(e)
+                self._event(lambda m: m.denied())
+                return
             except LockServerError as e:
                 if is_final(str(e)):
                     self._event(lambda m: m.checked(False, reason))
@@ -619,13 +658,13 @@ class Hold:
 
     # -- release -----------------------------------------------------------------------------
 
-    def request_release(self) -> Optional[NotHeld]:
+    def request_release(self) -> Optional[NotHeld | NoPermission]:
         """The owner releases: None, or the error to raise (lost, or released before). Either
         way nothing renews from now on."""
         with self._reporting, self._lock:
             error = self._machine.release_requested()
         self._stop.set()
-        return error
+        return None if error is None else self.not_held()
 
     async def quiesce(self) -> None:
         """After ``request_release``: waits out a renewal in flight, stops listening."""

@@ -38,6 +38,7 @@ from .._common import (
     LockTimeout,
     LostCallback,
     LostReason,
+    NoPermission,
     NotHeld,
     NotSafelyAcquired,
     Release,
@@ -539,9 +540,10 @@ class _AsyncHandle(Generic[_G]):
         except Cancelled:  # a grant nobody will hold: released
             await _release_rest(hold)
             raise
-        except LockConnectionError:
-            # No answer: the server may still have it. Released by its token in the
-            # background, again until a master answers; the next acquire waits for it.
+        except (LockConnectionError, NoPermission):
+            # No answer, or the ACL refused the confirmation: the server may still have it.
+            # Released by its token in the background, again until a master answers; the next
+            # acquire waits for it.
             await hold.close_own()
             self._release_unbelieved(hold)
             raise
@@ -591,14 +593,14 @@ class _AsyncHandle(Generic[_G]):
         """A guard of ``hold`` is released by the application."""
         with self._books:
             if self._active is not hold:
-                raise NotHeld(hold.reason)
+                raise hold.not_held()
             if self._guards > 1 or (hold.reason is not None and not hold.keys.multi):
                 # Not the last guard, or a lost hold of one key (nothing to send): no gate.
                 self._guards -= 1
                 if self._guards == 0:
                     self._active = None
                 if hold.reason is not None:
-                    raise NotHeld(hold.reason)
+                    raise hold.not_held()
                 return Release.STILL_HELD
         async with self._gate:
             await self._drain()
@@ -610,11 +612,11 @@ class _AsyncHandle(Generic[_G]):
         sent again only after TRYAGAIN, which ran nothing); earlier ones only count down."""
         with self._books:
             if self._active is not hold:
-                raise NotHeld(hold.reason)
+                raise hold.not_held()
             self._guards -= 1
             if self._guards > 0:
                 if hold.reason is not None:
-                    raise NotHeld(hold.reason)
+                    raise hold.not_held()
                 return Release.STILL_HELD
             self._active = None
         error = hold.request_release()

@@ -45,7 +45,7 @@ def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -> Any:
         send(conn, args)
         return read(conn, timeout)
     except ResponseError as e:
-        raise server_error(e) from None
+        raise server_error(e, args[0]) from None
     except IO_ERRORS as e:
         close_connection(conn)
         raise LockConnectionError(f"{args[0]}: {e}") from e
@@ -72,6 +72,8 @@ class Connector:
             kwargs = {**kwargs, "client_name": name_for(kwargs["client_name"], owner)}
         try:
             return open_connection(self.cls, kwargs)
+        except ResponseError as e:  # refused on connect (CLIENT SETNAME, SELECT: an ACL)
+            raise server_error(e) from None
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
 
@@ -147,6 +149,8 @@ class Connector:
         """A connection of the pool (put it back with ``pool_put``)."""
         try:
             conn = pool_get(self.pool)
+        except ResponseError as e:  # refused on connect (CLIENT SETNAME, SELECT: an ACL)
+            raise server_error(e) from None
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
         if self.sentinel:

@@ -40,6 +40,7 @@ from .._common import (
     LockTimeout,
     LostCallback,
     LostReason,
+    NoPermission,
     NotHeld,
     NotSafelyAcquired,
     Release,
@@ -541,9 +542,10 @@ class _Handle(Generic[_G]):
         except Cancelled:  # a grant nobody will hold: released
             _release_rest(hold)
             raise
-        except LockConnectionError:
-            # No answer: the server may still have it. Released by its token in the
-            # background, again until a master answers; the next acquire waits for it.
+        except (LockConnectionError, NoPermission):
+            # No answer, or the ACL refused the confirmation: the server may still have it.
+            # Released by its token in the background, again until a master answers; the next
+            # acquire waits for it.
             hold.close_own()
             self._release_unbelieved(hold)
             raise
@@ -593,14 +595,14 @@ class _Handle(Generic[_G]):
         """A guard of ``hold`` is released by the application."""
         with self._books:
             if self._active is not hold:
-                raise NotHeld(hold.reason)
+                raise hold.not_held()
             if self._guards > 1 or (hold.reason is not None and not hold.keys.multi):
                 # Not the last guard, or a lost hold of one key (nothing to send): no gate.
                 self._guards -= 1
                 if self._guards == 0:
                     self._active = None
                 if hold.reason is not None:
-                    raise NotHeld(hold.reason)
+                    raise hold.not_held()
                 return Release.STILL_HELD
         with self._gate:
             self._drain()
@@ -612,11 +614,11 @@ class _Handle(Generic[_G]):
         sent again only after TRYAGAIN, which ran nothing); earlier ones only count down."""
         with self._books:
             if self._active is not hold:
-                raise NotHeld(hold.reason)
+                raise hold.not_held()
             self._guards -= 1
             if self._guards > 0:
                 if hold.reason is not None:
-                    raise NotHeld(hold.reason)
+                    raise hold.not_held()
                 return Release.STILL_HELD
             self._active = None
         error = hold.request_release()

@@ -68,7 +68,13 @@ from redis.exceptions import ResponseError
 
 from .. import _fork
 from .._commands import EXPIRED, TicketExpired, is_retry_later, ticket_answer, ticket_of
-from .._common import WAIT_MARGIN, LockConnectionError, LockError, LockServerError
+from .._common import (
+    WAIT_MARGIN,
+    LockConnectionError,
+    LockError,
+    LockServerError,
+    NoPermission,
+)
 from .._connect import Redirected, server_error
 from ._backend import (
     IO_ERRORS,
@@ -151,7 +157,7 @@ class _Waiting:
     """A waiting connection: where it reaches, and its client id (for ``CLIENT UNBLOCK``)."""
 
     def __init__(
-        self, conn: RawConnection, client_id: int, via: Connector, home: bool
+        self, conn: RawConnection, client_id: Optional[int], via: Connector, home: bool
     ) -> None:
         self.conn = conn
         self.id = client_id
@@ -488,6 +494,8 @@ class TicketDesk:
         if self._no_interrupt:
             return
         group, at = ticket.group, ticket.unblock
+        if group.waiting is not None and group.waiting.id is None:
+            return  # no CLIENT ID: the BLPOP ends within HEALTH_PERIOD anyway
         fence = _fence(ticket.name)
         pause = UNBLOCK_RETRY
         until = time.monotonic() + HEALTH_PERIOD
@@ -751,11 +759,17 @@ class TicketDesk:
     def _open(self, connector: Connector, home: bool) -> _Waiting:
         conn = connector.new(WAITING_NAME)
         try:
-            waiting_id = call(conn, ["CLIENT", "ID"], connector.timeout)
+            waiting_id: Optional[int] = int(
+                call(conn, ["CLIENT", "ID"], connector.timeout)
+            )
+        except NoPermission:
+            # An ACL without CLIENT ID: never interrupted (as without MULTI or DEL), each
+            # BLPOP ends within HEALTH_PERIOD and the next takes new tickets in.
+            waiting_id = None
         except LockError:
             close_connection(conn)
             raise
-        waiting = _Waiting(conn, int(waiting_id), connector, home)
+        waiting = _Waiting(conn, waiting_id, connector, home)
         if connector.sentinel:  # a master the Sentinels replaced: left at once
             waiting.following = Event()
             spawn("redis-lock-follow", connector.follow, conn, waiting.following)
