@@ -65,6 +65,19 @@ impl SentinelProcess {
         quorum: usize,
         options: &SentinelOptions,
     ) -> Self {
+        SentinelProcess::start_from_config(&format!(
+            "sentinel monitor {master_name} 127.0.0.1 {master_port} {quorum}\n\
+             sentinel down-after-milliseconds {master_name} {down}\n\
+             sentinel failover-timeout {master_name} {failover}\n\
+             sentinel parallel-syncs {master_name} 1\n",
+            down = options.down_after_ms,
+            failover = options.failover_timeout_ms,
+        ))
+    }
+
+    /// A Sentinel whose `sentinel.conf` is its port, `bind 127.0.0.1`, `daemonize no`, its
+    /// directory and log file, then `lines` (which name no port: the kit picks a free one).
+    pub fn start_from_config(lines: &str) -> Self {
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("tempdir");
             let port = free_port();
@@ -72,15 +85,9 @@ impl SentinelProcess {
             std::fs::write(
                 &config,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
-                     sentinel monitor {master_name} 127.0.0.1 {master_port} {quorum}\n\
-                     sentinel down-after-milliseconds {master_name} {down}\n\
-                     sentinel failover-timeout {master_name} {failover}\n\
-                     sentinel parallel-syncs {master_name} 1\n",
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n{lines}",
                     dir = dir.path().display(),
                     log = dir.path().join("sentinel.log").display(),
-                    down = options.down_after_ms,
-                    failover = options.failover_timeout_ms,
                 ),
             )
             .expect("write sentinel.conf");
@@ -207,16 +214,28 @@ impl SentinelSet {
         let sentinels: Vec<SentinelProcess> = (0..options.sentinels)
             .map(|_| SentinelProcess::start(&name, servers[0].port, quorum, options))
             .collect();
+        SentinelSet::from_parts(servers, sentinels, &name)
+    }
+
+    /// A set of servers and Sentinels started elsewhere (from a documented configuration: see
+    /// `clients/rust/tests/sentinel_guide.rs`), the first server the master, the Sentinels
+    /// monitoring it as `name`; returned once every Sentinel knows every replica and every other
+    /// Sentinel (30 s at most).
+    pub fn from_parts(
+        servers: Vec<Server>,
+        sentinels: Vec<SentinelProcess>,
+        name: &str,
+    ) -> SentinelSet {
         let set = SentinelSet {
+            name: name.to_string(),
+            paused: None,
             servers,
             sentinels,
-            name,
-            paused: None,
         };
         // Every Sentinel knows every replica and every other Sentinel before a test begins.
         let (replicas, others) = (
-            options.replicas.to_string(),
-            (options.sentinels - 1).to_string(),
+            (set.servers.len() - 1).to_string(),
+            (set.sentinels.len() - 1).to_string(),
         );
         let deadline = Instant::now() + Duration::from_secs(30);
         while !set.sentinels.iter().all(|s| {

@@ -292,6 +292,29 @@ impl Server {
         server
     }
 
+    /// A server started from a configuration of a user's own (`redis.conf` in its directory):
+    /// only its port, `bind 127.0.0.1`, its directory and its log file are written before
+    /// `lines`, and no `loadmodule` (`lines` load the module, or not). For a documented
+    /// configuration taken as printed (`docs/sentinel.md`'s, by
+    /// `clients/rust/tests/sentinel_guide.rs`).
+    pub fn start_from_user_config(lines: &str) -> Server {
+        let mut server = Server::unstarted(free_port(), &Options::default());
+        let config = server.dir.path().join("redis.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {}\nbind 127.0.0.1\ndir {}\nlogfile {}\n{lines}",
+                server.port,
+                server.dir.path().display(),
+                server.dir.path().join("redis.log").display(),
+            ),
+        )
+        .expect("write redis.conf");
+        server.launch = Launch::Config(config);
+        server.spawn();
+        server
+    }
+
     /// A replica of `master`, with the module loaded, once its link is up, the initial sync is
     /// done and `master` counts it in `WAIT` ([`Server::wait_replicas_acknowledge`]).
     pub fn replica_of(master: &Server) -> Server {

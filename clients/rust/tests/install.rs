@@ -1,10 +1,11 @@
 //! The README's install forms and quick start, as a user's project of its own would use them:
 //! a project outside this repository that depends on the crate by a path relative to itself
 //! (and, ignored by default, by the repository's git URL), with `redis = "1.8"` beside it, and
-//! whose `main.rs` is the README's quick start (and its fenced-writes and Sentinel blocks), word
-//! for word. The project starts from the workspace's Cargo.lock and resolves and fetches the
-//! rest from the registry (crates.io), as a new user's build does: nothing is `--offline`, so
-//! it passes with an empty cargo cache (`CARGO_HOME=$(mktemp -d)`) too.
+//! whose `main.rs` is the README's quick start (and its fenced-writes and Sentinel blocks, and
+//! docs/sentinel.md's client example), word for word. The project starts from the workspace's
+//! Cargo.lock and resolves and fetches the rest from the registry (crates.io), as a new user's
+//! build does: nothing is `--offline`, so it passes with an empty cargo cache
+//! (`CARGO_HOME=$(mktemp -d)`) too.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +31,18 @@ fn readme_block(heading: &str) -> String {
         .expect("the heading");
     let (_, code) = section.split_once("```rust\n").expect("a rust block");
     code.split_once("\n```").expect("its end").0.to_string()
+}
+
+/// docs/sentinel.md's Rust client example (statements that end with the hold released), inside
+/// an async function of its own.
+fn sentinel_guide_example() -> String {
+    let page = std::fs::read_to_string(workspace_root().join("docs/sentinel.md"))
+        .expect("docs/sentinel.md");
+    let (_, code) = page.split_once("```rust\n").expect("a rust block");
+    let code = code.split_once("\n```").expect("its end").0;
+    format!(
+        "pub async fn example() -> Result<(), redis_lock_client::LockError> {{\n{code}\nOk(())\n}}"
+    )
 }
 
 /// The README's `[dependencies]` block.
@@ -134,12 +147,14 @@ fn the_readme_blocks_build_in_a_project_that_takes_the_crate_by_a_relative_path(
         dependency.contains("\"../"),
         "relative to the project: {dependency}"
     );
-    // The quick start, and beside it the README's other complete blocks (they define functions).
+    // The quick start, and beside it the README's other complete blocks (they define functions),
+    // and docs/sentinel.md's client example.
     let main = format!(
-        "{}\n\n#[allow(dead_code)]\nmod fenced {{\n{}\n}}\n\n#[allow(dead_code)]\nmod sentinel {{\n{}\n}}\n",
+        "{}\n\n#[allow(dead_code)]\nmod fenced {{\n{}\n}}\n\n#[allow(dead_code)]\nmod sentinel {{\n{}\n}}\n\n#[allow(dead_code)]\nmod sentinel_guide {{\n{}\n}}\n",
         readme_block("## Quick start"),
         readme_block("## Fenced writes"),
-        readme_block("## Sentinel and replicas")
+        readme_block("## Sentinel and replicas"),
+        sentinel_guide_example()
     );
     let project = Project::new("path", &dependency, &main);
     let packages = project.packages();
