@@ -52,6 +52,7 @@ test: test-deps lint
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test failover -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/make-run.sh
+	bash tests/install.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh default
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash clients/python/run-tests.sh
 
@@ -190,8 +191,11 @@ oracle-python: test-deps
 	$(ORACLE_ENV) bash clients/python/run-tests.sh test_oracle.py
 	$(ORACLE_ENV) $(REDIS8_ENV) bash clients/python/run-tests.sh test_oracle.py
 
-# The module tarball, the Rust crate and the Python sdist and wheel, each checked (scripts/dist.sh).
-dist: test-deps
+# The module tarball, the Rust crate and the Python sdist and wheel, each checked, all in dist/
+# (scripts/dist.sh; DIST_DIR for another folder). It installs only what building needs and
+# python3 with venv (scripts/deps.sh dist): no Node.js, which only the client guide's tests use.
+dist:
+	@bash scripts/deps.sh dist
 	@bash scripts/dist.sh
 
 bench: build

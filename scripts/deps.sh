@@ -2,10 +2,14 @@
 # Installs what building and running need, only when missing: redis-server and redis-cli
 # (Debian's 7.0.x), libclang (bindgen, used by redis-module) and a C toolchain. `deps.sh test`
 # (what `make test` runs) adds what the tests need: python3 with venv, Node.js and npm, and
-# clippy/rustfmt. It never stops, starts or reconfigures anything.
+# clippy/rustfmt. `deps.sh dist` (what `make dist` runs) adds only python3 with venv: the Python
+# library is built in a venv of its own (Node.js is for the client guide's tests only). It never
+# stops, starts or reconfigures anything.
 set -euo pipefail
 for_tests=false
+for_dist=false
 [ "${1:-}" = test ] && for_tests=true
+[ "${1:-}" = dist ] && for_dist=true
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
@@ -14,6 +18,12 @@ command -v cc >/dev/null 2>&1 || need+=(build-essential)
 # bindgen needs libclang itself (libclang.so / libclang-NN.so), not libclang-cpp, which other
 # packages install on their own.
 compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/*/libclang-[0-9]*.so*' >/dev/null || need+=(libclang-dev)
+if $for_dist; then
+  # scripts/dist.sh checks the tarball with python3 (its links, a free port) and builds the
+  # Python library in a venv (clients/python/build-dist.sh).
+  command -v python3 >/dev/null 2>&1 || need+=(python3)
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+fi
 if $for_tests; then
   # The CLI transcript tests and scripts/profile.sh use python3.
   command -v python3 >/dev/null 2>&1 || need+=(python3)

@@ -1,30 +1,47 @@
 #!/usr/bin/env bash
-# `make dist`: the three things a user installs, each built and then checked, in target/dist/:
+# `make dist`: the four files a user installs, each built and then checked, all in one folder,
+# dist/ at the repository root (DIST_DIR for another; printed at the end):
 #   redis-lock-module-<version>-linux-<arch>.tar.gz  the module (release build), its example
-#       configuration, README, LICENSE and command reference; checked by loading the extracted
-#       module into a fresh redis-server and reading its version from MODULE LIST;
+#       configuration, LICENSE, and the documentation its README links to (docs/, the two
+#       libraries' READMEs and CHANGELOGs, the CLI transcripts and the client guide's tests), so
+#       that every link of a shipped Markdown file opens a file of the tarball (checked: a link
+#       to a file the tarball lacks fails the build); checked by loading the extracted module
+#       into a fresh redis-server and reading its version from MODULE LIST;
 #   redis-lock-client-<version>.crate  the Rust library (`cargo package`, which also builds it
 #       from the packaged sources alone);
 #   redis_lock_client-<version>.tar.gz and -py3-none-any.whl  the Python library (`python -m
-#       build`), checked with `twine check --strict` (clients/python/build-dist.sh; build and
-#       twine pinned, in a venv under target/).
+#       build`), checked with `twine check --strict` (clients/python/build-dist.sh, which writes
+#       into the same folder; build and twine pinned, in a venv under target/).
+# What it needs: what `make build` needs, and python3 with venv (scripts/deps.sh dist).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
-dist=$target/dist
+dist=${DIST_DIR:-$root/dist}
 cargo=${CARGO:-cargo}
-rm -rf "$dist"
 mkdir -p "$dist"
+# Only what an earlier run put there: DIST_DIR may name a folder that holds other files too.
+rm -rf "$dist"/redis-lock-module-* "$dist"/redis-lock-client-*.crate "$dist"/redis_lock_client-*
 
 # 1. The module.
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n 1)
 "$cargo" build --release --lib --manifest-path "$root/Cargo.toml"
 name="redis-lock-module-$version-linux-$(uname -m)"
 stage="$dist/$name"
-mkdir -p "$stage/docs"
+mkdir -p "$stage"
 cp "$target/release/libredis_lock.so" "$root/README.md" "$root/LICENSE" "$stage/"
-cp "$root/docs/commands.md" "$root/docs/operations.md" "$root/docs/guarantees.md" "$stage/docs/"
+# The documentation the README links to, and what that links to in turn: the files of these
+# paths that the repository tracks (or, outside a git checkout, that are there).
+shipped=(docs tests/cli tests/clients clients/rust/README.md clients/rust/CHANGELOG.md
+  clients/python/README.md clients/python/CHANGELOG.md)
+if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git -C "$root" ls-files -z -- "${shipped[@]}"
+else
+  (cd "$root" && find "${shipped[@]}" -type f -not -path '*/node_modules/*' -not -path '*/.venv/*' \
+    -not -path '*/__pycache__/*' -print0)
+fi | (cd "$root" && xargs -0 cp --parents -t "$stage")
 sed "s#^loadmodule .*#loadmodule ./libredis_lock.so#" "$root/redis.conf.example" >"$stage/redis.conf.example"
+# Every relative link of every shipped Markdown file must open a file (or folder) of the tarball.
+python3 "$root/scripts/check-links.py" "$stage"
 tar -C "$dist" -czf "$dist/$name.tar.gz" "$name"
 rm -rf "$stage"
 check=$(mktemp -d)
@@ -47,12 +64,13 @@ echo "dist: $name.tar.gz (MODULE LIST: lock ver $got)"
 
 # 2. The Rust library.
 crate_version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/clients/rust/Cargo.toml" | head -n 1)
-"$cargo" package --manifest-path "$root/clients/rust/Cargo.toml" --target-dir "$target" --quiet
+# --allow-dirty: the crate is what the working tree holds, as the module and the Python files
+# are (cargo alone would refuse uncommitted changes, and `make test` runs `make dist`).
+"$cargo" package --allow-dirty --manifest-path "$root/clients/rust/Cargo.toml" --target-dir "$target" --quiet
 cp "$target/package/redis-lock-client-$crate_version.crate" "$dist/"
 echo "dist: redis-lock-client-$crate_version.crate"
 
 # 3. The Python library (clients/python/build-dist.sh: build and twine check --strict).
-PYTHON_DIST_DIR="$dist/python" bash "$root/clients/python/build-dist.sh" >/dev/null
-mv "$dist"/python/* "$dist/"
-rmdir "$dist/python"
+PYTHON_DIST_DIR="$dist" bash "$root/clients/python/build-dist.sh" >/dev/null
 echo "dist: $(cd "$dist" && ls redis_lock_client-* | tr '\n' ' ')"
+echo "dist: all in $dist"
