@@ -16,7 +16,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::handle::{HandleReleases, HandleState};
 use crate::hold::{Hold, NewHold};
-use crate::lost::LostWatch;
+use crate::lost::{LostReason, LostWatch};
 use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
 use crate::node::Node;
@@ -1268,8 +1268,16 @@ impl Lock {
                     .await;
                 return Err(e);
             }
-            // No answer: released in the background, again until a master answers.
-            Err(e @ LockError::Connection(_)) => {
+            // No answer: released in the background, again until a master answers. An
+            // EPHEMERAL grant whose connection failed before its confirmation answered too:
+            // the master ends it with the connection, but a replica it reached does not (the
+            // copy is bound to nothing), and a failover makes that replica the master.
+            Err(
+                e @ (LockError::Connection(_)
+                | LockError::NotHeld {
+                    lost: Some(LostReason::ConnectionClosed),
+                }),
+            ) => {
                 let runtime = hold.runtime.clone();
                 state.release_in_background(runtime.as_ref(), hold.clone().release_abandoned());
                 return Err(e);
