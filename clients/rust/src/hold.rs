@@ -18,6 +18,7 @@ use crate::basics::millis;
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
+use crate::lock::{FAILOVER_PAUSE, FAILOVER_PAUSE_MAX};
 use crate::lost::{wait_lost, Look, LostReason, LostWatch, Status};
 use crate::machine::{
     Actions, Answer, Binding, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms,
@@ -598,7 +599,7 @@ impl Hold {
     /// key owner TOKEN t`, which never counts down a later hold of the owner; a multi-key hold
     /// with its `LOCK.MRELEASE`), on the client's shared connection, which follows a failover
     /// to the new master and a cluster key to its node. Sent again after a connection error or
-    /// a server that cannot serve it yet (a failover), pausing 50 ms doubling to 1 s, for up to
+    /// a server that cannot serve it yet (a failover), pausing 50 ms doubling to 250 ms, for up to
     /// a lease: by then the server has ended the hold itself.
     pub(crate) async fn release_abandoned(self: Arc<Self>) {
         let cmd = match self.terms.form {
@@ -613,12 +614,12 @@ impl Hold {
             Form::Many => (*self.release).clone(),
         };
         let started = Instant::now();
-        let mut pause = Duration::from_millis(50);
+        let mut pause = FAILOVER_PAUSE;
         loop {
             match self.reads.query_routed(&cmd, Some(self.key())).await {
                 Err(e) if not_yet(&e) && started.elapsed() + pause < self.terms.lease => {
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
                 }
                 _ => return,
             }

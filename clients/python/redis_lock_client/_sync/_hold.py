@@ -31,6 +31,8 @@ from .._commands import (
     release_token,
 )
 from .._common import (
+    FAILOVER_PAUSE,
+    FAILOVER_PAUSE_MAX,
     RETRIES,
     TRYAGAIN_PAUSES,
     Arg,
@@ -238,14 +240,14 @@ class Hold:
         owner; a multi-key hold with its ``LOCK.MRELEASE``), through the route (the client's
         shared connections, which follow a Sentinel failover to the new master and a cluster
         key to its node). Sent again after no answer or a server that cannot serve it yet
-        (READONLY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN), pausing 50 ms doubling to 1 s,
+        (READONLY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN), pausing 50 ms doubling to 250 ms,
         for up to a lease: by then the server has ended the hold itself."""
         if self.keys.multi:
             args = self.keys.release(self.owner)
         else:
             args = release_token(self.key, self.owner, self.token)
         started = time.monotonic()
-        pause = 0.05
+        pause = FAILOVER_PAUSE
         while True:
             try:
                 self.route.query(args)
@@ -261,7 +263,7 @@ class Hold:
                 log.debug("releasing abandoned hold %r got no answer", self.keys.keys)
                 return
             sleep(pause)
-            pause = min(pause * 2, 1.0)
+            pause = min(pause * 2, FAILOVER_PAUSE_MAX)
 
     def refused(self) -> None:
         """The server says the owner no longer holds it (a re-acquire answered another token

@@ -28,6 +28,8 @@ from .._common import (
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
     RETRIES,
+    FAILOVER_PAUSE,
+    FAILOVER_PAUSE_MAX,
     TRYAGAIN_PAUSES,
     WAIT_MARGIN,
     WAIT_REDIRECTS,
@@ -258,7 +260,7 @@ class _Handle(Generic[_G]):
         attempt = later = 0
         ask: Optional[Redirected] = None
         failover: Optional[float] = None  # under Sentinel: re-sent until then
-        pause = 0.05
+        pause = FAILOVER_PAUSE
         while True:
             this_waits, wait = self._wait_left(waits, until)
             sent = time.monotonic()
@@ -287,7 +289,7 @@ class _Handle(Generic[_G]):
                 if now >= failover:
                     raise
                 sleep(pause)  # a failover: the Sentinels name the new master soon
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, FAILOVER_PAUSE_MAX)
             except Redirected as e:
                 if time.monotonic() - sent > self.client.command_timeout:
                     attempt = 0  # it waited, then its key moved: no failed send
@@ -404,7 +406,7 @@ class _Handle(Generic[_G]):
         the handle's, and the handle holds nothing), so it is released there and the acquire
         asked again, once."""
         failover: Optional[float] = None  # under Sentinel: asked again until then
-        pause = 0.05
+        pause = FAILOVER_PAUSE
         released = False
         while True:
             master = self._master()
@@ -416,11 +418,11 @@ class _Handle(Generic[_G]):
                 now = time.monotonic()
                 if failover is None or self._master() != master:
                     # The first failure, or one on a master replaced meanwhile: a failover.
-                    failover, pause = now + self.client.failover_timeout, 0.05
+                    failover, pause = now + self.client.failover_timeout, FAILOVER_PAUSE
                 if now + pause >= failover:
                     raise
                 sleep(pause)
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, FAILOVER_PAUSE_MAX)
             except LockServerError as e:
                 if failover is None or released or not says_not_ephemeral(str(e)):
                     raise
