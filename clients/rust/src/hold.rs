@@ -19,7 +19,7 @@ use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
 use crate::lock::{FAILOVER_PAUSE, FAILOVER_PAUSE_MAX};
-use crate::lost::{wait_lost, Look, LostReason, LostWatch, Status};
+use crate::lost::{look_and_wait_lost, Look, LostReason, LostWatch, Status};
 use crate::machine::{
     Actions, Answer, Binding, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms,
     Wake,
@@ -211,8 +211,8 @@ impl Hold {
         Some(runtime.spawn(task).abort_handle())
     }
 
-    /// The application's view.
-    /// The status, never stale: a hold past its local deadline is lost the moment anyone looks,
+    /// The application's view, never stale: a hold past its local deadline is lost (and
+    /// released in the background, as the keeper's wake-up would do) the moment anyone looks,
     /// before the keeper's own wake-up runs (a process paused past its lease reads `lost` first
     /// thing when it resumes).
     pub(crate) fn status(self: &Arc<Self>) -> Status {
@@ -241,9 +241,11 @@ impl Hold {
             .get_or_init(|| watch::Sender::new(inner.machine.status()))
     }
 
-    /// Resolves with the reason when the hold is lost; never once it is released.
-    pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        wait_lost(self.channel().subscribe())
+    /// Resolves with the reason when the hold is lost; never once it is released. Each poll
+    /// looks at the local deadline first (see [`Hold::status`]).
+    pub(crate) fn lost(self: &Arc<Self>) -> impl Future<Output = LostReason> + Send + 'static {
+        let me: Arc<dyn Look> = self.clone();
+        look_and_wait_lost(self.channel().subscribe(), Arc::downgrade(&me))
     }
 
     pub(crate) fn watch(self: &Arc<Self>) -> LostWatch {

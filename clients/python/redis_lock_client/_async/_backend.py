@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Callable, Coroutine, Optional, Protocol, TypeVar, cast
+from typing import Any, Callable, Coroutine, Literal, Optional, Protocol, TypeVar, cast
 
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
@@ -23,6 +23,7 @@ __all__ = [
     "DefaultConnection",
     "Event",
     "IO_ERRORS",
+    "LostEvent",
     "Mutex",
     "RawConnection",
     "Redis",
@@ -63,6 +64,27 @@ Cancelled = asyncio.CancelledError
 Event = asyncio.Event
 #: A lock held across a command (the threaded twin: threading.Lock).
 Mutex = asyncio.Lock
+
+
+class LostEvent(asyncio.Event):
+    """A hold's ``lost`` event, never stale: ``is_set()`` and ``wait()`` first call ``look``
+    (the hold looks at its local deadline, and past it reports the loss, which sets the event),
+    so an event kept from before a pause past the lease says so the instant the process resumes,
+    before the watchdog has run. The threaded twin is a ``threading.Event``."""
+
+    def __init__(self, look: Callable[[], object]) -> None:
+        super().__init__()
+        self._look = look
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            self._look()
+        return super().is_set()
+
+    async def wait(self) -> Literal[True]:
+        if not super().is_set():
+            self._look()
+        return await super().wait()
 
 
 def new_gate() -> asyncio.Lock:

@@ -25,6 +25,7 @@ __all__ = [
     "DefaultConnection",
     "Event",
     "IO_ERRORS",
+    "LostEvent",
     "Mutex",
     "RawConnection",
     "Redis",
@@ -69,6 +70,27 @@ class Cancelled(BaseException):
 Event = threading.Event
 #: A lock held across a command (the asyncio twin: asyncio.Lock).
 Mutex = threading.Lock
+
+
+class LostEvent(threading.Event):
+    """A hold's ``lost`` event, never stale: ``is_set()`` and ``wait()`` first call ``look``
+    (the hold looks at its local deadline, and past it reports the loss, which sets the event),
+    so an event kept from before a pause past the lease says so the instant the process resumes,
+    before the watchdog has run. The asyncio twin is an ``asyncio.Event``."""
+
+    def __init__(self, look: Callable[[], object]) -> None:
+        super().__init__()
+        self._look = look
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            self._look()
+        return super().is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if not super().is_set():
+            self._look()
+        return super().wait(timeout)
 
 
 def new_gate() -> threading.RLock:

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional, Protocol
 
 from .. import _fork
@@ -52,6 +53,7 @@ from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
 from ._backend import (
     Event,
+    LostEvent,
     Mutex,
     current_loop,
     sleep,
@@ -156,7 +158,9 @@ class Hold:
         self.on_lost = on_lost
         #: Each lost-hold channel of the hold's keys (``a`` and ``{a}`` share one).
         self.channels = {lost_signal_channel(k) for k in keys.keys}
-        self.lost_event = Event()
+        #: ``guard.lost``: looks at the local deadline whenever it is read (``LostEvent``); by a
+        #: weak reference, so that the event does not keep the hold alive.
+        self.lost_event: Event = LostEvent(_looker(self))
         self._stop = Event()
         # Held while a renewal is in flight: a release waits for it, so nothing renews after.
         self._renewing = Mutex()
@@ -330,8 +334,13 @@ class Hold:
         self._event(lambda m: m.reentered(sent_at))
 
     def past_deadline(self) -> bool:
-        """Whether the hold is no longer active, or its deadline passed (then reported lost). A
-        loss being reported meanwhile (by another thread) is reported before this returns."""
+        """Whether the hold is no longer active, or its local deadline passed: then it is
+        reported lost now, with the reason the watchdog would give (``UNREACHABLE``,
+        ``UNREPLICATED``; a fixed lease ``LEASE_ENDED``), and released in the background (the
+        server may still have it), before this returns. What every read of the guard's loss
+        (``lost``, ``lost_reason``) and every fenced call looks at first, so that none is stale
+        after a pause. A loss being reported meanwhile (by another thread) is reported before
+        this returns."""
         now = time.monotonic()
         with self._reporting:
             self._event(lambda m: m.tick(now))
@@ -700,3 +709,14 @@ class Hold:
         if self.own is not None:
             self.own.after_fork()
 
+
+def _looker(hold: Hold) -> Callable[[], object]:
+    """What the hold's ``lost`` event calls before it answers: ``hold.past_deadline()``, while
+    the hold lives (a weak reference: the event does not keep it alive)."""
+    ref = weakref.ref(hold)
+
+    def look() -> object:
+        alive = ref()
+        return None if alive is None else alive.past_deadline()
+
+    return look

@@ -744,8 +744,13 @@ class _Guard:
     def lost(self) -> Event:
         """Set when the hold is lost (never after a release): an ``asyncio.Event`` in the
         asyncio library (``guard.lost.wait()``), a ``threading.Event`` in the sync one
-        (``guard.lost.wait(timeout)``). Never stale: reading it looks at the local deadline
-        first, so a process paused past its lease sees it set the instant it resumes."""
+        (``guard.lost.wait(timeout)``). Never stale: reading it, and the event's ``is_set()``
+        and ``wait()`` (also on an event kept from before), look at the hold's local deadline
+        first (the send time of the last renewal the server answered, plus the lease, minus a
+        tenth of it for clock drift), so a process paused past its lease sees it set, with
+        ``lost_reason`` ``UNREACHABLE`` (a fixed lease: ``LEASE_ENDED``), the instant it
+        resumes, before the watchdog has run; the hold is then released in the background, as
+        the watchdog does."""
         self._hold.past_deadline()
         return self._hold.lost_event
 
@@ -891,8 +896,9 @@ class LockGuard(_Guard):
         (``lost_reason`` ``HOLD_GONE``) or its token is not current (``TOKEN_NOT_CURRENT``):
         the command did not run, and the hold is reported lost (``lost``, ``on_lost``).
         ``NotHeld`` without sending anything when the guard was released or the hold lost
-        before. The command's own errors (``WRONGTYPE``, ``NOPERM``, a write through a shared
-        hold, ...) raise ``LockServerError`` and are no loss. ``LockConnectionError`` when no
+        before, also when only its local deadline says so (see ``lost``). The command's own
+        errors (``WRONGTYPE``, ``NOPERM``, a write through a shared hold, ...) raise
+        ``LockServerError`` and are no loss. ``LockConnectionError`` when no
         answer came: the command may have run (it is never sent again).
 
         The keys of the command must be in the lock key's slot in a Redis Cluster (give them
