@@ -1,5 +1,6 @@
 """What the public calls answer, and when, sync and asyncio, against a real server with the
-module (see conftest.py): here, the calls on an EPHEMERAL hold whose connection closed."""
+module (see conftest.py): here, the calls on an EPHEMERAL hold whose connection closed, and
+asyncio calls the server does not answer in time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import asyncio
 import pytest
 
 from conftest import Server, info
-from redis_lock_client import AsyncLockClient, LockClient, LostReason, NotHeld
+from redis_lock_client import (
+    AsyncLockClient,
+    LockClient,
+    LockConnectionError,
+    LostReason,
+    NotHeld,
+    Release,
+)
 
 CLOSED = (LostReason.CONNECTION_CLOSED, LostReason.DISCONNECTED)
 SIGNAL = [True, False]
@@ -108,5 +116,30 @@ def test_async_calls_after_the_ephemeral_connection_closed(server, key, lost_sig
                 with pytest.raises(NotHeld):
                     await leadership.execute("SET", "{" + key + "}:v", "late")
             assert raw.get("{" + key + "}:v") is None
+
+    asyncio.run(main())
+
+
+def test_async_a_command_that_times_out_raises_and_leaves_no_reply_behind(server, key):
+    """Rows ``leader()``, ``try_acquire()`` (no answer), asyncio. redis.asyncio answers None to
+    a read whose timeout passed and keeps the connection with the reply still on its way:
+    ``leader()`` on a server that did not answer in time said nobody leads while a leader led,
+    ``try_acquire()`` said the key was busy, and the next command on that pooled connection
+    read the late reply of the one before. Now: LockConnectionError, the connection closed."""
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url, command_timeout=0.3) as client:
+            leadership = await client.election(key).campaign()
+            assert await client.election(key).leader() is not None  # a pooled connection
+            with server.stopped():
+                with pytest.raises(LockConnectionError):
+                    await client.election(key).leader()
+                with pytest.raises(LockConnectionError):
+                    await client.lock(key + ":free").try_acquire()
+            found = await client.election(key).leader()
+            assert found is not None and found.epoch == leadership.epoch
+            guard = await client.lock(key + ":free").try_acquire()
+            assert guard is not None
+            assert await guard.release() is Release.RELEASED
+            assert await leadership.resign() is Release.RELEASED
 
     asyncio.run(main())

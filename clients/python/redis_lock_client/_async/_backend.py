@@ -168,8 +168,14 @@ async def send(conn: RawConnection, args: list[Any]) -> None:
 
 
 async def read(conn: RawConnection, timeout: Optional[float]) -> Any:
-    """One reply; ``timeout`` None waits as long as it takes."""
-    return await conn.read_response(timeout=math.inf if timeout is None else timeout)
+    """One reply; ``timeout`` None waits as long as it takes. Past ``timeout``: a TimeoutError,
+    the connection closed. (redis.asyncio answers ``None`` to a read its own ``timeout`` ended,
+    and leaves the reply on its way for the next read: a command that timed out then looked
+    answered nil, and the next command on the connection read its reply.)"""
+    if timeout is None:
+        return await conn.read_response(timeout=math.inf)
+    # The read ends cancelled, which closes the connection (redis.asyncio closes it then).
+    return await asyncio.wait_for(conn.read_response(timeout=math.inf), timeout)
 
 
 async def close_connection(conn: RawConnection) -> None:
