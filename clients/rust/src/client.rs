@@ -547,7 +547,7 @@ impl LockClient {
 
     /// A handle on one permit of the counting semaphore `key` with `limit` permits
     /// (`LOCK.ACQUIRE ... LIMIT n`; every holder of the key must name the same limit,
-    /// 1 ..= 10,000).
+    /// 1 ..= 1,000: the server refuses another, [`LockError::Server`]).
     pub fn semaphore(&self, key: impl AsRef<[u8]>, limit: u32) -> Lock {
         self.handle(key.as_ref(), Kind::Permit { limit })
     }

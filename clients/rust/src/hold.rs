@@ -58,6 +58,9 @@ pub(crate) struct Hold {
     /// The first refusal (`NOPERM`) of a command that keeps the hold: the command and the
     /// server's line, answered by the guard's calls once the hold ended so.
     denied: OnceLock<(String, String)>,
+    /// The client's command timeout: how long a call waits for the server to end an
+    /// `EPHEMERAL` hold whose connection failed under it.
+    command_timeout: Duration,
 }
 
 /// What the hold changes under its lock.
@@ -95,6 +98,8 @@ pub(crate) struct NewHold {
     pub(crate) signals: Option<Arc<SignalHub>>,
     /// The handle, for the releases of a hold this side stopped believing in.
     pub(crate) abandoned: Arc<dyn Abandoned>,
+    /// The client's command timeout.
+    pub(crate) command_timeout: Duration,
 }
 
 impl Look for Hold {
@@ -126,7 +131,18 @@ impl Hold {
             signals: n.signals,
             abandoned: n.abandoned,
             denied: OnceLock::new(),
+            command_timeout: n.command_timeout,
         })
+    }
+
+    /// A call on this `EPHEMERAL` hold's own connection failed (a connection error): the
+    /// server ends the hold as soon as it reads the close, which a read on the shared
+    /// connection confirms ([`Event::ConnectionLost`]). Whether the hold was reported lost
+    /// within the command timeout (false: the server still holds it, or no read answered).
+    pub(crate) async fn closed_outcome(self: &Arc<Self>) -> bool {
+        self.step(Event::ConnectionLost);
+        let _ = tokio::time::timeout(self.command_timeout, self.lost()).await;
+        !self.is_active()
     }
 
     /// Keeps the first refusal (`NOPERM`) among `replies`, for [`Hold::not_held`].

@@ -1251,6 +1251,7 @@ impl Lock {
             reads: ctx.commands.clone(),
             release: self.spec.release.clone(),
             keeper: ctx.keepers.current(),
+            command_timeout: ctx.command_timeout,
             signals: ctx.signals.clone(),
             abandoned: Arc::new(HandleReleases(Arc::downgrade(state))),
         });

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import select
 from typing import Any, Callable, Coroutine, Literal, Optional, Protocol, TypeVar, cast
 
 import redis.asyncio as aredis
@@ -31,6 +32,8 @@ __all__ = [
     "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
+    "closed_now",
+    "is_closed",
     "close_connection",
     "cluster_node",
     "cluster_node_at",
@@ -187,8 +190,14 @@ async def send(conn: RawConnection, args: list[Any]) -> None:
 
 
 async def read(conn: RawConnection, timeout: Optional[float]) -> Any:
-    """One reply; ``timeout`` None waits as long as it takes."""
-    return await conn.read_response(timeout=math.inf if timeout is None else timeout)
+    """One reply; ``timeout`` None waits as long as it takes. Past ``timeout``: a TimeoutError,
+    the connection closed. (redis.asyncio answers ``None`` to a read its own ``timeout`` ended,
+    and leaves the reply on its way for the next read: a command that timed out then looked
+    answered nil, and the next command on the connection read its reply.)"""
+    if timeout is None:
+        return await conn.read_response(timeout=math.inf)
+    # The read ends cancelled, which closes the connection (redis.asyncio closes it then).
+    return await asyncio.wait_for(conn.read_response(timeout=math.inf), timeout)
 
 
 async def close_connection(conn: RawConnection) -> None:
@@ -199,6 +208,35 @@ def closed_by_server(conn: RawConnection, mutex: asyncio.Lock) -> bool:
     """Whether an idle connection was closed by the server (its stream saw EOF)."""
     reader = getattr(conn, "_reader", None)
     return reader is None or bool(reader.at_eof())
+
+
+def is_closed(conn: RawConnection) -> bool:
+    """Whether ``conn`` was disconnected (redis.asyncio drops its stream then)."""
+    return getattr(conn, "_reader", None) is None
+
+
+def closed_now(conn: RawConnection) -> bool:
+    """Whether an idle connection the caller holds (nothing asked on it) is closed: by this
+    side, or by the server, also when the event loop has not read the server's close yet (its
+    socket is readable with nothing asked: the end of the stream). A TLS connection is judged by
+    its stream alone (a TLS record may arrive on an idle one)."""
+    reader = getattr(conn, "_reader", None)
+    if reader is None or reader.at_eof():
+        return True
+    transport = getattr(getattr(conn, "_writer", None), "transport", None)
+    if transport is None or transport.is_closing():
+        return True
+    if transport.get_extra_info("sslcontext") is not None:
+        return False
+    sock = transport.get_extra_info("socket")
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def new_pool(cls: type[Any], kwargs: dict[str, Any]) -> ConnectionPool:

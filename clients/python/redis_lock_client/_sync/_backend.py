@@ -33,6 +33,8 @@ __all__ = [
     "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
+    "closed_now",
+    "is_closed",
     "close_connection",
     "cluster_node",
     "cluster_node_at",
@@ -194,6 +196,22 @@ def closed_by_server(conn: RawConnection, mutex: threading.Lock) -> bool:
         return conn.can_read(timeout=0)
     finally:
         mutex.release()
+
+
+def is_closed(conn: RawConnection) -> bool:
+    """Whether ``conn`` was disconnected (redis-py drops its socket then)."""
+    return getattr(conn, "_sock", None) is None
+
+
+def closed_now(conn: RawConnection) -> bool:
+    """Whether an idle connection the caller holds (nothing asked on it) is closed: by this
+    side, or by the server (readable with nothing asked: the end of the stream)."""
+    if getattr(conn, "_sock", None) is None:
+        return True
+    try:
+        return conn.can_read(timeout=0)
+    except (*IO_ERRORS, ValueError, AttributeError):
+        return True
 
 
 def new_pool(cls: type[Any], kwargs: dict[str, Any]) -> ConnectionPool:

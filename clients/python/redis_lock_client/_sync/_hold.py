@@ -62,7 +62,7 @@ from ._backend import (
     spawn_short,
     wait_event,
 )
-from ._connection import OwnConnection
+from ._connection import OwnClosed, OwnConnection
 
 log = logging.getLogger("redis_lock_client")
 
@@ -330,6 +330,17 @@ class Hold:
                 return True
         return False
 
+    def closed_outcome(self) -> bool:
+        """A call found this EPHEMERAL hold's connection closed and sent nothing: the server
+        ends the hold as soon as it reads the close, which a read on the client's connections
+        confirms (``connection_lost``). Whether the hold was reported lost within the command
+        timeout (False: the server still holds it, or no read answered)."""
+        own = self.own
+        self.connection_lost()
+        timeout = own.timeout if own is not None else 0.0
+        wait_event(self.lost_event, timeout)
+        return not self.active
+
     def reentered(self, sent_at: float) -> None:
         self._event(lambda m: m.reentered(sent_at))
 
@@ -402,11 +413,14 @@ class Hold:
         """``LOCK.GUARD key owner token command...``: the command's reply, when the server still
         holds this owner with this token on ``key``. A ``FENCED`` refusal reports the hold lost
         (through the machine: ``lost``, ``on_lost``) and raises ``Fenced``; a hold already
-        lost or released raises ``NotHeld`` without sending anything. Never sent again after a
+        lost or released raises ``NotHeld`` without sending anything. An EPHEMERAL hold whose
+        connection is closed sends nothing: once a read finds the hold gone (the server ends it
+        with its connection) it raises ``NotHeld`` with the loss's reason; ``LockConnectionError``
+        if the server still holds it after the command timeout. Never sent again after a
         connection error (the command may have run); sent again after MOVED or ASK (followed by
         the route) and TRYAGAIN (a slot migration caught between the lock key and a data key,
-        after growing pauses, up to five times), which ran nothing. Any other error is the command's own, raised as
-        ``LockServerError``: no loss."""
+        after growing pauses, up to five times), which ran nothing. Any other error is the
+        command's own, raised as ``LockServerError``: no loss."""
         args = guard(key, self.owner, token, command)
         later = 0
         while True:
@@ -425,6 +439,10 @@ class Hold:
                     raise
                 sleep(TRYAGAIN_PAUSES[later])
                 later += 1
+            except OwnClosed:
+                if self.closed_outcome():
+                    raise self.not_held() from None
+                raise
             except LockConnectionError:
                 if self.own is not None:
                     self.connection_lost()  # the server ends the hold with its connection
