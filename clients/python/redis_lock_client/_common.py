@@ -25,6 +25,13 @@ RETRIES = 2
 #: How many redirections (MOVED, ASK) in a row a wait follows: a reshard sends a blocked waiter
 #: to where its key went, and may move it again before it is granted.
 WAIT_REDIRECTS = 16
+#: Through Sentinel, a command whose master failed is sent again after FAILOVER_PAUSE, doubled
+#: each time up to FAILOVER_PAUSE_MAX, until the client's failover timeout passes. The cap is
+#: how late a retry can come after the Sentinels name the new master: at 1 s the failover test
+#: saw every kind of hold granted up to 1 s after the switch; 4 attempts a second while no
+#: master answers cost next to nothing.
+FAILOVER_PAUSE = 0.05
+FAILOVER_PAUSE_MAX = 0.25
 #: The pauses before a command answered TRYAGAIN (a cluster slot move caught between its keys;
 #: nothing ran) is sent again.
 TRYAGAIN_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pytest
 
 from conftest import Server, reports_key_events, wait_until
 from redis_lock_client import (
     AsyncLockClient,
+    Fenced,
     LockClient,
     LockConnectionError,
     LostReason,
@@ -230,7 +234,7 @@ def test_a_fenced_command_in_flight_when_a_lost_ephemeral_holds_connection_close
         assert guard.lost_reason is LostReason.FORCE_RELEASED
 
 
-@pytest.mark.scenario("lost-unreachable")
+@pytest.mark.scenario("lost-unreachable", "lost-never-stale")
 def test_async_a_guard_read_right_after_a_pause_past_its_lease_says_lost_at_once(server, key):
     # A process paused past its lease (SIGSTOP, a long GC, a blocked event loop) reads its
     # guard first thing when it resumes, before the watchdog's task has run: `lost` is set and
@@ -322,3 +326,168 @@ def test_releasing_an_ephemeral_hold_whose_connection_closed_asks_the_server(
         else:
             assert guard.release() is Release.RELEASED
         assert raw.execute_command("LOCK.INFO", key) is None
+
+
+#: The pause tests: a lease, and a pause of two leases during which nothing else of the process
+#: runs (the local deadline is 90 % of a lease after the last renewal's send).
+PAUSED_LEASE = 1.0
+PAUSE = 2.0
+
+
+@contextmanager
+def world_stopped() -> Iterator[None]:
+    """Inside the block no other thread of the process runs, as in a stop-the-world pause (a
+    long garbage collection, a C call that keeps the GIL): the switch interval is longer than
+    the block, and the block must not release the GIL (no I/O, no sleep) until it has read what
+    it tests. ``pause()`` inside it spins without releasing the GIL."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def pause(seconds: float = PAUSE) -> None:
+    """Spins for ``seconds`` without releasing the GIL (inside ``world_stopped``: nothing else
+    of the process runs meanwhile; the watchdog's thread neither renews nor ticks)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def _refused_without_sending(call: Any) -> NotHeld:
+    """``call()`` raises NotHeld (not the server's Fenced): refused on this side."""
+    with pytest.raises(NotHeld) as refused:
+        call()
+    assert not isinstance(refused.value, Fenced)
+    return refused.value
+
+
+@pytest.mark.scenario("lost-never-stale")
+def test_sync_a_guard_read_right_after_a_pause_past_its_lease_says_lost_at_once(
+    server, client, key
+):
+    # The first read after the pause, before the watchdog's thread has run (it has not had the
+    # GIL since the pause began): lost is set, with the watchdog's reason, and a fenced command
+    # is refused without sending.
+    guard = client.lock(key, lease=PAUSED_LEASE).acquire()
+    assert guard.lost_reason is None
+    guarded = server.commandstat("lock.guard")
+    with world_stopped():
+        pause()
+        assert guard.lost.is_set()
+        assert guard.lost_reason is LostReason.UNREACHABLE
+        refused = _refused_without_sending(lambda: guard.execute("SET", "{" + key + "}:d", "x"))
+    assert refused.reason is LostReason.UNREACHABLE
+    assert server.commandstat("lock.guard") == guarded
+    assert server.client().get("{" + key + "}:d") is None
+
+
+@pytest.mark.scenario("lost-never-stale")
+def test_sync_a_lost_event_kept_from_before_a_pause_is_set_right_after_it(server, client, key):
+    # `lost = guard.lost` kept from before (a watcher's loop, `while not lost.is_set()`): its
+    # is_set() and wait() look at the deadline too. Before, it stayed unset until the watchdog
+    # ran.
+    guard = client.lock(key, lease=PAUSED_LEASE).acquire()
+    lost = guard.lost
+    assert not lost.is_set()
+    with world_stopped():
+        pause()
+        assert lost.is_set()
+    assert lost.wait(0)
+    assert guard.lost_reason is LostReason.UNREACHABLE
+
+
+@pytest.mark.scenario("lost-never-stale")
+def test_sync_multi_key_and_leadership_guards_read_right_after_a_pause_say_lost_at_once(
+    server, client, key
+):
+    guarded, proclaimed = server.commandstat("lock.guard"), server.commandstat("lock.proclaim")
+    multi = client.multi_lock(["{" + key + "}:a", "{" + key + "}:b"], lease=PAUSED_LEASE)
+    guard = multi.acquire()
+    with world_stopped():
+        pause()
+        assert guard.lost.is_set()
+        assert guard.lost_reason is LostReason.UNREACHABLE
+        tag = "{" + key + "}"
+        _refused_without_sending(lambda: guard.execute(tag + ":b", "SET", tag + ":d", "x"))
+    leadership = client.election(key + ":leader", lease=PAUSED_LEASE).campaign()
+    with world_stopped():
+        pause()
+        assert leadership.lost.is_set()
+        assert leadership.lost_reason is LostReason.UNREACHABLE
+        assert leadership.proclaim("stale") is False
+        _refused_without_sending(lambda: leadership.execute("SET", key + ":leader:d", "x"))
+    assert server.commandstat("lock.guard") == guarded
+    assert server.commandstat("lock.proclaim") == proclaimed
+
+
+@pytest.mark.scenario("lost-never-stale")
+def test_async_guards_read_right_after_a_pause_past_their_lease_say_lost_at_once(server, key):
+    # The event loop is blocked (time.sleep in a coroutine): no watchdog task runs between the
+    # pause and the reads. A lost event kept from before, a fixed lease (LEASE_ENDED), a
+    # multi-key guard and a leadership say lost at once; their fenced commands and the
+    # proclamation send nothing.
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            guarded = server.commandstat("lock.guard")
+            proclaimed = server.commandstat("lock.proclaim")
+            plain = await client.lock(key, lease=PAUSED_LEASE).acquire()
+            kept = plain.lost
+            fixed = await client.lock(
+                key + ":fixed", lease=PAUSED_LEASE, renewal=Renewal.FIXED
+            ).acquire()
+            tag = "{" + key + "}"
+            multi = await client.multi_lock([tag + ":a", tag + ":b"], lease=PAUSED_LEASE).acquire()
+            leadership = await client.election(key + ":leader", lease=PAUSED_LEASE).campaign()
+            for guard in (plain, fixed, multi, leadership):
+                assert guard.lost_reason is None
+            time.sleep(PAUSE)  # the event loop stops for two leases
+            assert kept.is_set()
+            assert plain.lost_reason is LostReason.UNREACHABLE
+            assert fixed.lost.is_set()
+            assert fixed.lost_reason is LostReason.LEASE_ENDED
+            assert multi.lost.is_set()
+            assert multi.lost_reason is LostReason.UNREACHABLE
+            assert leadership.lost.is_set()
+            assert leadership.lost_reason is LostReason.UNREACHABLE
+            for call, reason in (
+                (fixed.execute("SET", key + ":fixed:d", "x"), LostReason.LEASE_ENDED),
+                (multi.execute(tag + ":a", "SET", tag + ":d", "x"), LostReason.UNREACHABLE),
+                (leadership.execute("SET", key + ":leader:d", "x"), LostReason.UNREACHABLE),
+            ):
+                with pytest.raises(NotHeld) as refused:
+                    await call
+                assert not isinstance(refused.value, Fenced)
+                assert refused.value.reason is reason
+            assert await leadership.proclaim("stale") is False
+            assert server.commandstat("lock.guard") == guarded
+            assert server.commandstat("lock.proclaim") == proclaimed
+
+    asyncio.run(main())
+
+
+@pytest.mark.scenario("lost-never-stale")
+def test_async_a_hold_read_lost_after_a_pause_is_released_in_the_background(server, key):
+    # Lost only by its local deadline, while the server still has it (renewed from outside):
+    # the guard says lost at once, and the hold is released in the background, as when the
+    # watchdog declares the loss. Nobody waits it out.
+    raw = server.client()
+
+    def held(guard: Any) -> bool:
+        return raw.execute_command("LOCK.CHECK", key, guard.owner, guard.token) == 1
+
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            guard = await client.lock(key, lease=PAUSED_LEASE).acquire()
+            assert raw.execute_command("LOCK.RENEW", key, guard.owner, 60_000) == 1
+            time.sleep(PAUSE)  # the event loop stops for two leases
+            assert guard.lost_reason is LostReason.UNREACHABLE
+            assert held(guard)  # the server still has it
+            started = time.monotonic()
+            while held(guard):
+                assert time.monotonic() - started < 10, "the hold was not released"
+                await asyncio.sleep(0.02)
+
+    asyncio.run(main())

@@ -18,6 +18,7 @@ from redis_lock_client import (
     AsyncLockClient,
     LockClient,
     LockError,
+    LockGuard,
     LockServerError,
     LostReason,
     NotSafelyAcquired,
@@ -372,6 +373,61 @@ def test_readme_sentinel_example_runs_as_printed(sentinels):
 
 
 @pytest.mark.scenario("sentinel-failover")
+def test_an_ephemeral_grant_whose_confirmation_a_failover_cut_is_released_on_the_new_master(
+        sentinel_set):
+    # The Rust library's failover-test finding, checked here too: the master pauses while an
+    # EPHEMERAL grant's WAIT is unanswered. The master ends such a hold with its connection, but
+    # the replica it reached keeps a copy bound to nothing; promoted, it would keep the hold for
+    # its lease. The library releases it by its token on the new master.
+    s = sentinel_set
+    key = unique("cut")
+    lease = 30.0
+    client = LockClient.from_sentinel(s.addresses, SentinelSet.NAME)
+    old = s.master()
+    replicas = s.replicas()
+    for r in replicas:  # the grant waits in their sockets; nothing acknowledges it
+        os.kill(r.proc.pid, signal.SIGSTOP)
+    result: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            result["r"] = client.lock(key, lease=lease, ephemeral=True, replicas=1,
+                                      replicas_timeout=1.5).acquire()
+        except Exception as e:  # noqa: BLE001 - looked at below
+            result["r"] = e
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        wait_until(lambda: info(old, key) is not None, "granted on the master", bound=10)
+        os.kill(old.proc.pid, signal.SIGSTOP)
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        new = s.wait_for_failover(old)
+        asking.join(60)
+        got = result.get("r")
+        # Refused, or asked again on the new master (a grant of its own, another token).
+        assert isinstance(got, (LockError, LockGuard)), result
+        promoted = time.monotonic()
+
+        def cut_held() -> bool:
+            holder = info(new, key)
+            return holder is not None and (not isinstance(got, LockGuard)
+                                           or holder[b"token"] != got.token)
+
+        wait_until(lambda: not cut_held(), "the cut grant released on the new master",
+                   bound=lease / 2)
+        assert time.monotonic() - promoted < lease / 2
+        if isinstance(got, LockGuard):
+            assert info(new, key)[b"token"] == got.token
+            assert got.release() is Release.RELEASED
+    finally:
+        for r in replicas:
+            os.kill(r.proc.pid, signal.SIGCONT)
+        os.kill(old.proc.pid, signal.SIGCONT)
+    client.close()
+
+
 def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentinel_set):
     # SIGSTOP past down-after-milliseconds: the Sentinels promote a replica while the old master
     # still holds the library's connections open, answering nothing. A renewal to it times out

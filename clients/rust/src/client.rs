@@ -472,7 +472,7 @@ impl LockClient {
     ///   connection): the watchdog renews again soon;
     /// - an **acquire**, waiting or not (`try_acquire()`, `acquire()`, a multi-key acquire, a
     ///   campaign that is not `EPHEMERAL`), whose master fails is **sent again** to the master
-    ///   the Sentinels name, with a pause of 50 ms doubling up to 1 s, until a master answers or
+    ///   the Sentinels name, with a pause of 50 ms doubling up to 250 ms, until a master answers or
     ///   the failover timeout passes ([`LockClientBuilder::failover_timeout`], 30 s; then
     ///   [`LockError::Connection`]); a wait is issued again on the new master for what is left
     ///   of it (its place in the old master's queue is gone: waiters are not replicated). A
@@ -547,7 +547,7 @@ impl LockClient {
 
     /// A handle on one permit of the counting semaphore `key` with `limit` permits
     /// (`LOCK.ACQUIRE ... LIMIT n`; every holder of the key must name the same limit,
-    /// 1 ..= 10,000).
+    /// 1 ..= 1,000: the server refuses another, [`LockError::Server`]).
     pub fn semaphore(&self, key: impl AsRef<[u8]>, limit: u32) -> Lock {
         self.handle(key.as_ref(), Kind::Permit { limit })
     }

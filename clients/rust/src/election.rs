@@ -193,9 +193,13 @@ impl Leadership {
 
     /// Publishes `value` (at most 4096 bytes) for observers (`LOCK.PROCLAIM`): `true`, or
     /// `false` when this leadership is over — resigned, lost, past its local deadline (then
-    /// reported lost, [`LostReason::Unreachable`]), or refused by the server because the
-    /// candidate no longer leads in this epoch (then reported lost, [`LostReason::HoldGone`]).
-    /// A deposed leader's proclamation is never published.
+    /// reported lost, [`LostReason::Unreachable`]), refused by the server because the
+    /// candidate no longer leads in this epoch (then reported lost, [`LostReason::HoldGone`]),
+    /// or its `EPHEMERAL` connection closed (reported lost once a read finds the hold gone:
+    /// the server ends it with its connection). A deposed leader's proclamation is never
+    /// published. [`LockError::Connection`] only when no answer came and the leadership may
+    /// stand (a timeout on a live connection, a server still holding it after the command
+    /// timeout).
     pub async fn proclaim(&self, value: impl AsRef<[u8]>) -> Result<bool, LockError> {
         proclaim(&self.guard, value.as_ref()).await
     }
@@ -262,10 +266,13 @@ pub(crate) async fn proclaim(guard: &LockGuard, value: &[u8]) -> Result<bool, Lo
         ))),
         Err(e) if e.is_retryable() && hold.own_connection().is_some() => {
             // The server ends an EPHEMERAL hold with its connection: reported lost once a read
-            // finds it gone. Until then the leadership may stand (a timeout on a live
-            // connection): the error, not a false "over".
-            hold.step(Event::ConnectionLost);
-            Err(e)
+            // finds it gone, and then the leadership is over (false). Until then it may stand
+            // (a timeout on a live connection): the error, not a false "over".
+            if hold.closed_outcome().await {
+                Ok(false)
+            } else {
+                Err(e)
+            }
         }
         Err(e) => Err(e),
     }

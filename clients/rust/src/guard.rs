@@ -99,7 +99,11 @@ impl LockGuard {
         &self.hold.owner
     }
 
-    /// `Some(reason)` once the hold is known to be lost.
+    /// `Some(reason)` once the hold is known to be lost. Never stale: it looks at the hold's
+    /// local deadline first (the send time of the last renewal the server answered, plus the
+    /// lease, minus a tenth of it for clock drift), so a process paused past its lease reads
+    /// `Some(Unreachable)` (a fixed lease: `Some(LeaseEnded)`) the instant it resumes, before
+    /// the watchdog has run; the hold is then released in the background, as the watchdog does.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.hold.lost_reason()
     }
@@ -108,7 +112,7 @@ impl LockGuard {
     /// found it gone, the server could not be reached before the lease ran out, the `EPHEMERAL`
     /// connection closed, a fixed lease ran out, or the server's lost-hold signal said why. It
     /// never resolves after a release. It does not borrow the guard: select on it beside the
-    /// work.
+    /// work. Each poll looks at the local deadline first, as [`LockGuard::lost_reason`] does.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         self.hold.lost()
     }
@@ -133,8 +137,8 @@ impl LockGuard {
     ///   [`LostReason::HoldGone`], or the owner holds the key under another token,
     ///   [`LostReason::TokenNotCurrent`]). **The command did not run**, and the guard reports
     ///   the hold lost with that reason ([`LockGuard::lost`] resolves).
-    /// - [`LockError::NotHeld`]: the guard was released, or its hold is already known lost:
-    ///   nothing is sent.
+    /// - [`LockError::NotHeld`]: the guard was released, or its hold is lost, also when only its
+    ///   local deadline says so (see [`LockGuard::lost_reason`]): nothing is sent.
     /// - [`LockError::Server`]: the command's own error, or the fence's refusal of the command
     ///   (a shared hold runs only read-only commands; a command on the lock key itself, a
     ///   `LOCK.*` command, a command that names no key, ... : see the server's `LOCK.GUARD`); the

@@ -18,7 +18,8 @@ use crate::basics::millis;
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
-use crate::lost::{wait_lost, Look, LostReason, LostWatch, Status};
+use crate::lock::{FAILOVER_PAUSE, FAILOVER_PAUSE_MAX};
+use crate::lost::{look_and_wait_lost, Look, LostReason, LostWatch, Status};
 use crate::machine::{
     Actions, Answer, Binding, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms,
     Wake,
@@ -57,6 +58,9 @@ pub(crate) struct Hold {
     /// The first refusal (`NOPERM`) of a command that keeps the hold: the command and the
     /// server's line, answered by the guard's calls once the hold ended so.
     denied: OnceLock<(String, String)>,
+    /// The client's command timeout: how long a call waits for the server to end an
+    /// `EPHEMERAL` hold whose connection failed under it.
+    command_timeout: Duration,
 }
 
 /// What the hold changes under its lock.
@@ -94,6 +98,8 @@ pub(crate) struct NewHold {
     pub(crate) signals: Option<Arc<SignalHub>>,
     /// The handle, for the releases of a hold this side stopped believing in.
     pub(crate) abandoned: Arc<dyn Abandoned>,
+    /// The client's command timeout.
+    pub(crate) command_timeout: Duration,
 }
 
 impl Look for Hold {
@@ -125,7 +131,18 @@ impl Hold {
             signals: n.signals,
             abandoned: n.abandoned,
             denied: OnceLock::new(),
+            command_timeout: n.command_timeout,
         })
+    }
+
+    /// A call on this `EPHEMERAL` hold's own connection failed (a connection error): the
+    /// server ends the hold as soon as it reads the close, which a read on the shared
+    /// connection confirms ([`Event::ConnectionLost`]). Whether the hold was reported lost
+    /// within the command timeout (false: the server still holds it, or no read answered).
+    pub(crate) async fn closed_outcome(self: &Arc<Self>) -> bool {
+        self.step(Event::ConnectionLost);
+        let _ = tokio::time::timeout(self.command_timeout, self.lost()).await;
+        !self.is_active()
     }
 
     /// Keeps the first refusal (`NOPERM`) among `replies`, for [`Hold::not_held`].
@@ -210,8 +227,8 @@ impl Hold {
         Some(runtime.spawn(task).abort_handle())
     }
 
-    /// The application's view.
-    /// The status, never stale: a hold past its local deadline is lost the moment anyone looks,
+    /// The application's view, never stale: a hold past its local deadline is lost (and
+    /// released in the background, as the keeper's wake-up would do) the moment anyone looks,
     /// before the keeper's own wake-up runs (a process paused past its lease reads `lost` first
     /// thing when it resumes).
     pub(crate) fn status(self: &Arc<Self>) -> Status {
@@ -240,9 +257,11 @@ impl Hold {
             .get_or_init(|| watch::Sender::new(inner.machine.status()))
     }
 
-    /// Resolves with the reason when the hold is lost; never once it is released.
-    pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        wait_lost(self.channel().subscribe())
+    /// Resolves with the reason when the hold is lost; never once it is released. Each poll
+    /// looks at the local deadline first (see [`Hold::status`]).
+    pub(crate) fn lost(self: &Arc<Self>) -> impl Future<Output = LostReason> + Send + 'static {
+        let me: Arc<dyn Look> = self.clone();
+        look_and_wait_lost(self.channel().subscribe(), Arc::downgrade(&me))
     }
 
     pub(crate) fn watch(self: &Arc<Self>) -> LostWatch {
@@ -598,7 +617,7 @@ impl Hold {
     /// key owner TOKEN t`, which never counts down a later hold of the owner; a multi-key hold
     /// with its `LOCK.MRELEASE`), on the client's shared connection, which follows a failover
     /// to the new master and a cluster key to its node. Sent again after a connection error or
-    /// a server that cannot serve it yet (a failover), pausing 50 ms doubling to 1 s, for up to
+    /// a server that cannot serve it yet (a failover), pausing 50 ms doubling to 250 ms, for up to
     /// a lease: by then the server has ended the hold itself.
     pub(crate) async fn release_abandoned(self: Arc<Self>) {
         let cmd = match self.terms.form {
@@ -613,12 +632,12 @@ impl Hold {
             Form::Many => (*self.release).clone(),
         };
         let started = Instant::now();
-        let mut pause = Duration::from_millis(50);
+        let mut pause = FAILOVER_PAUSE;
         loop {
             match self.reads.query_routed(&cmd, Some(self.key())).await {
                 Err(e) if not_yet(&e) && started.elapsed() + pause < self.terms.lease => {
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
+                    pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
                 }
                 _ => return,
             }

@@ -16,7 +16,7 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::handle::{HandleReleases, HandleState};
 use crate::hold::{Hold, NewHold};
-use crate::lost::LostWatch;
+use crate::lost::{LostReason, LostWatch};
 use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
 use crate::node::Node;
@@ -36,8 +36,11 @@ const RETRIES: u32 = 2;
 
 /// Through Sentinel, an acquire whose master failed is sent again after this pause, doubled
 /// each time up to [`FAILOVER_PAUSE_MAX`], until the client's failover timeout passes.
-const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
-const FAILOVER_PAUSE_MAX: Duration = Duration::from_secs(1);
+pub(crate) const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
+/// The cap is how late a retry can come after the Sentinels name the new master: at 1 s the
+/// failover test saw grants up to 1 s (2.1 s for a ticketed wait, whose retries paused 1 s each)
+/// after the switch; 4 attempts a second while no master answers cost next to nothing.
+pub(crate) const FAILOVER_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 /// An acquire sent again: what is left of its wait, and its pauses through a failover
 /// ([`FAILOVER_PAUSE`] doubling up to [`FAILOVER_PAUSE_MAX`], while the client's failover
@@ -1248,6 +1251,7 @@ impl Lock {
             reads: ctx.commands.clone(),
             release: self.spec.release.clone(),
             keeper: ctx.keepers.current(),
+            command_timeout: ctx.command_timeout,
             signals: ctx.signals.clone(),
             abandoned: Arc::new(HandleReleases(Arc::downgrade(state))),
         });
@@ -1268,8 +1272,16 @@ impl Lock {
                     .await;
                 return Err(e);
             }
-            // No answer: released in the background, again until a master answers.
-            Err(e @ LockError::Connection(_)) => {
+            // No answer: released in the background, again until a master answers. An
+            // EPHEMERAL grant whose connection failed before its confirmation answered too:
+            // the master ends it with the connection, but a replica it reached does not (the
+            // copy is bound to nothing), and a failover makes that replica the master.
+            Err(
+                e @ (LockError::Connection(_)
+                | LockError::NotHeld {
+                    lost: Some(LostReason::ConnectionClosed),
+                }),
+            ) => {
                 let runtime = hold.runtime.clone();
                 state.release_in_background(runtime.as_ref(), hold.clone().release_abandoned());
                 return Err(e);

@@ -141,9 +141,11 @@ impl LostWatch {
         }
     }
 
-    /// Resolves with the reason when the hold is lost; never once it is released.
+    /// Resolves with the reason when the hold is lost; never once it is released. Never stale,
+    /// as [`LostWatch::reason`]: each poll looks at the local deadline first, so polled right
+    /// after a pause past the lease it is ready at once.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        wait_lost(self.rx.clone())
+        look_and_wait_lost(self.rx.clone(), self.hold.clone())
     }
 }
 
@@ -153,6 +155,23 @@ pub(crate) enum Status {
     Active,
     Released,
     Lost(LostReason),
+}
+
+/// [`wait_lost`], looking at `hold`'s local deadline at each poll first: a hold past it is
+/// lost the moment the future is polled, before the keeper's own wake-up runs (a `select!` on
+/// `lost()` beside the work sees the loss first thing after a pause).
+pub(crate) async fn look_and_wait_lost(
+    rx: watch::Receiver<Status>,
+    hold: Weak<dyn Look>,
+) -> LostReason {
+    let mut wait = std::pin::pin!(wait_lost(rx));
+    std::future::poll_fn(|cx| {
+        if let Some(hold) = hold.upgrade() {
+            hold.look();
+        }
+        wait.as_mut().poll(cx)
+    })
+    .await
 }
 
 pub(crate) async fn wait_lost(mut rx: watch::Receiver<Status>) -> LostReason {

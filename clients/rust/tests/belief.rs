@@ -421,3 +421,227 @@ fn a_guard_read_right_after_a_pause_past_its_lease_says_lost_at_once() {
         assert_eq!(guard.lost_reason(), Some(LostReason::Unreachable));
     });
 }
+
+/// How the pause tests stop the process: the runtime's only thread sleeps for three leases, so
+/// no renewal, no keeper wake-up and no other task runs between the pause and the read after it.
+const PAUSED_LEASE: Duration = Duration::from_millis(300);
+const PAUSE: Duration = Duration::from_millis(900);
+
+/// A current-thread runtime (nothing runs while its thread is blocked), a server, a client.
+fn paused_test(test: impl AsyncFnOnce(Server, LockClient)) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let server = Server::start();
+        let client = LockClient::builder(redis::Client::open(server.url()).unwrap())
+            .build()
+            .await
+            .unwrap();
+        test(server, client).await;
+    });
+}
+
+/// One poll of `future` here and now (nothing else runs meanwhile): its output if ready.
+fn poll_once<F: std::future::Future>(future: std::pin::Pin<&mut F>) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// A `lost()` future made before a pause past the lease (as in `select!` beside the work) is
+/// ready at its first poll after the pause, before the keeper has run: each poll looks at the
+/// local deadline. Before, it stayed pending until the keeper's wake-up had run.
+#[test]
+fn a_lost_future_polled_right_after_a_pause_past_its_lease_is_ready_at_once() {
+    paused_test(async |_server, client| {
+        let guard = client
+            .lock("paused-future")
+            .lease(PAUSED_LEASE)
+            .acquire()
+            .await
+            .unwrap();
+        let mut lost = std::pin::pin!(guard.lost());
+        // Polled once while held: pending.
+        assert_eq!(poll_once(lost.as_mut()), None);
+        std::thread::sleep(PAUSE);
+        assert_eq!(poll_once(lost.as_mut()), Some(LostReason::Unreachable));
+        // A `LostWatch`'s future, made before the loss too, on a hold nobody else looked at.
+        let other = client
+            .lock("paused-watch")
+            .lease(PAUSED_LEASE)
+            .acquire()
+            .await
+            .unwrap();
+        let watch = other.watch();
+        let mut watched = std::pin::pin!(watch.lost());
+        assert_eq!(poll_once(watched.as_mut()), None);
+        std::thread::sleep(PAUSE);
+        assert_eq!(poll_once(watched.as_mut()), Some(LostReason::Unreachable));
+    });
+}
+
+/// A fenced call right after a pause past the lease is refused on this side: `NotHeld` with the
+/// watchdog's reason, and nothing reaches the server (no `LOCK.GUARD` counted), not even to be
+/// refused by its fence.
+#[test]
+fn a_fenced_call_right_after_a_pause_past_its_lease_is_refused_without_sending() {
+    paused_test(async |server, client| {
+        let mut raw = raw(&server).await;
+        let guard = client
+            .lock("{paused}:lock")
+            .lease(PAUSED_LEASE)
+            .acquire()
+            .await
+            .unwrap();
+        std::thread::sleep(PAUSE);
+        let refused = guard
+            .fenced::<String>(redis::cmd("SET").arg("{paused}:data").arg("stale"))
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(redis_lock_client::LockError::NotHeld {
+                    lost: Some(LostReason::Unreachable)
+                })
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(calls(&mut raw, "lock.guard").await, 0);
+        let data: Option<String> = redis::cmd("GET")
+            .arg("{paused}:data")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(data, None);
+    });
+}
+
+/// A fixed lease read right after a pause past it says `LeaseEnded` at once, as the keeper would
+/// have; a fenced call is refused with it, nothing sent.
+#[test]
+fn a_fixed_lease_read_right_after_a_pause_past_it_says_lease_ended_at_once() {
+    paused_test(async |server, client| {
+        let mut raw = raw(&server).await;
+        let guard = client
+            .lock("{fixed}:lock")
+            .fixed_lease(PAUSED_LEASE)
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!(guard.lost_reason(), None);
+        std::thread::sleep(PAUSE);
+        assert_eq!(guard.lost_reason(), Some(LostReason::LeaseEnded));
+        let refused = guard
+            .fenced::<String>(redis::cmd("SET").arg("{fixed}:data").arg("stale"))
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(redis_lock_client::LockError::NotHeld {
+                    lost: Some(LostReason::LeaseEnded)
+                })
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(calls(&mut raw, "lock.guard").await, 0);
+    });
+}
+
+/// A multi-key guard and a leadership read right after a pause past their lease say lost at
+/// once (`Unreachable`); their fenced calls are refused without sending, and the leadership's
+/// proclamation answers `false` without sending.
+#[test]
+fn multi_key_and_leadership_guards_read_right_after_a_pause_say_lost_at_once() {
+    paused_test(async |server, client| {
+        let mut raw = raw(&server).await;
+        let multi = client
+            .multi_lock(["{m}:a", "{m}:b"])
+            .lease(PAUSED_LEASE)
+            .acquire()
+            .await
+            .unwrap();
+        let leadership = client
+            .election("{e}:leader")
+            .lease(PAUSED_LEASE)
+            .campaign()
+            .await
+            .unwrap();
+        assert_eq!(multi.lost_reason(), None);
+        assert_eq!(leadership.lost_reason(), None);
+        std::thread::sleep(PAUSE);
+        assert_eq!(multi.lost_reason(), Some(LostReason::Unreachable));
+        assert_eq!(leadership.lost_reason(), Some(LostReason::Unreachable));
+        let refused = multi
+            .fenced::<String>("{m}:b", redis::cmd("SET").arg("{m}:data").arg("stale"))
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(redis_lock_client::LockError::NotHeld {
+                    lost: Some(LostReason::Unreachable)
+                })
+            ),
+            "{refused:?}"
+        );
+        let refused = leadership
+            .fenced::<String>(redis::cmd("SET").arg("{e}:data").arg("stale"))
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(redis_lock_client::LockError::NotHeld {
+                    lost: Some(LostReason::Unreachable)
+                })
+            ),
+            "{refused:?}"
+        );
+        assert!(!leadership.proclaim("stale").await.unwrap());
+        assert_eq!(calls(&mut raw, "lock.guard").await, 0);
+        assert_eq!(calls(&mut raw, "lock.proclaim").await, 0);
+    });
+}
+
+/// A guard that says lost only because its local deadline passed (the server may still have
+/// the hold) releases it in the background, as the watchdog does: nobody waits it out. Here
+/// the server still has it (renewed from outside during the pause).
+#[test]
+fn a_hold_read_lost_after_a_pause_is_released_in_the_background_if_the_server_still_has_it() {
+    paused_test(async |server, client| {
+        let mut raw = raw(&server).await;
+        let guard = client
+            .lock("kept")
+            .lease(PAUSED_LEASE)
+            .acquire()
+            .await
+            .unwrap();
+        let (owner, token) = (guard.owner().to_owned(), guard.token());
+        // Another process renews it on the server while this one is paused (a blocking
+        // connection: the runtime's thread is the one that sleeps).
+        let mut outside = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let renewed: i64 = redis::cmd("LOCK.RENEW")
+            .arg("kept")
+            .arg(&owner)
+            .arg(60_000)
+            .query(&mut outside)
+            .unwrap();
+        assert_eq!(renewed, 1);
+        std::thread::sleep(PAUSE);
+        assert_eq!(guard.lost_reason(), Some(LostReason::Unreachable));
+        assert!(server_holds(&mut raw, "kept", &owner, token).await);
+        let started = Instant::now();
+        while server_holds(&mut raw, "kept", &owner, token).await {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the hold was not released"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}

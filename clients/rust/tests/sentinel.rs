@@ -274,6 +274,77 @@ async fn a_hold_the_new_master_never_received_is_lost_at_the_first_renewal() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ephemeral_grant_whose_confirmation_a_failover_cut_is_released_on_the_new_master() {
+    // The failover test's `replicas=1` leader (make test, seed 1795915574): a campaign's grant
+    // was refused with `NotHeld(ConnectionClosed)` when the master paused during its WAIT. The
+    // master ends an EPHEMERAL hold with its connection, but the replica it reached keeps a
+    // copy bound to nothing; promoted, it kept the hold for its lease (the candidate's next
+    // campaigns answered `not EPHEMERAL` for 12 s). Such a grant is released like one whose
+    // confirmation got no answer: by its token, in the background, on the new master.
+    let mut set = sentinel_set().await;
+    let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let master = set.master_addr().1;
+    let mut raw = on(master).await;
+    let lease = Duration::from_secs(30);
+    // The replicas are paused: the grant waits in their sockets, and nothing acknowledges it.
+    for server in set.servers.iter().filter(|s| s.port != master) {
+        server.signal(Signal::Stop);
+    }
+    let lock = client
+        .lock("cut")
+        .ephemeral()
+        .lease(lease)
+        .replicas(1, Duration::from_millis(1_500));
+    let asking = tokio::spawn(async move { lock.acquire().await.map(|g| g.token()) });
+    // The grant is on the master, its WAIT not answered: the master pauses.
+    let granted = Instant::now();
+    loop {
+        let info: Value = redis::cmd("LOCK.INFO")
+            .arg("cut")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if info != Value::Nil {
+            break;
+        }
+        assert!(granted.elapsed() < Duration::from_secs(10), "no grant");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let old = set.pause_master();
+    // The replicas run again and read the grant from their sockets; one is promoted.
+    for server in set.servers.iter().filter(|s| s.port != master) {
+        server.signal(Signal::Cont);
+    }
+    let new = tokio::task::block_in_place(|| set.wait_failover(&old, Duration::from_secs(60)));
+    let refused = within("the acquire answered", Duration::from_secs(60), asking)
+        .await
+        .unwrap();
+    assert!(refused.is_err(), "{refused:?}");
+    // Gone from the new master within seconds, not at the end of its 30 s lease.
+    let promoted = Instant::now();
+    let mut on_new = on(new.1).await;
+    loop {
+        let info: Value = redis::cmd("LOCK.INFO")
+            .arg("cut")
+            .query_async(&mut on_new)
+            .await
+            .unwrap();
+        if info == Value::Nil {
+            break;
+        }
+        assert!(
+            promoted.elapsed() < lease / 2,
+            "the grant is still on the new master {:?} after the failover: {info:?} ({refused:?})",
+            promoted.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    set.resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_acquire_is_sent_again_to_the_new_master() {
     let mut set = sentinel_set().await;
     let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, Callable, Coroutine, Optional, Protocol, TypeVar, cast
+import select
+from typing import Any, Callable, Coroutine, Literal, Optional, Protocol, TypeVar, cast
 
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
@@ -23,6 +24,7 @@ __all__ = [
     "DefaultConnection",
     "Event",
     "IO_ERRORS",
+    "LostEvent",
     "Mutex",
     "RawConnection",
     "Redis",
@@ -30,6 +32,8 @@ __all__ = [
     "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
+    "closed_now",
+    "is_closed",
     "close_connection",
     "cluster_node",
     "cluster_node_at",
@@ -63,6 +67,27 @@ Cancelled = asyncio.CancelledError
 Event = asyncio.Event
 #: A lock held across a command (the threaded twin: threading.Lock).
 Mutex = asyncio.Lock
+
+
+class LostEvent(asyncio.Event):
+    """A hold's ``lost`` event, never stale: ``is_set()`` and ``wait()`` first call ``look``
+    (the hold looks at its local deadline, and past it reports the loss, which sets the event),
+    so an event kept from before a pause past the lease says so the instant the process resumes,
+    before the watchdog has run. The threaded twin is a ``threading.Event``."""
+
+    def __init__(self, look: Callable[[], object]) -> None:
+        super().__init__()
+        self._look = look
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            self._look()
+        return super().is_set()
+
+    async def wait(self) -> Literal[True]:
+        if not super().is_set():
+            self._look()
+        return await super().wait()
 
 
 def new_gate() -> asyncio.Lock:
@@ -165,8 +190,14 @@ async def send(conn: RawConnection, args: list[Any]) -> None:
 
 
 async def read(conn: RawConnection, timeout: Optional[float]) -> Any:
-    """One reply; ``timeout`` None waits as long as it takes."""
-    return await conn.read_response(timeout=math.inf if timeout is None else timeout)
+    """One reply; ``timeout`` None waits as long as it takes. Past ``timeout``: a TimeoutError,
+    the connection closed. (redis.asyncio answers ``None`` to a read its own ``timeout`` ended,
+    and leaves the reply on its way for the next read: a command that timed out then looked
+    answered nil, and the next command on the connection read its reply.)"""
+    if timeout is None:
+        return await conn.read_response(timeout=math.inf)
+    # The read ends cancelled, which closes the connection (redis.asyncio closes it then).
+    return await asyncio.wait_for(conn.read_response(timeout=math.inf), timeout)
 
 
 async def close_connection(conn: RawConnection) -> None:
@@ -177,6 +208,35 @@ def closed_by_server(conn: RawConnection, mutex: asyncio.Lock) -> bool:
     """Whether an idle connection was closed by the server (its stream saw EOF)."""
     reader = getattr(conn, "_reader", None)
     return reader is None or bool(reader.at_eof())
+
+
+def is_closed(conn: RawConnection) -> bool:
+    """Whether ``conn`` was disconnected (redis.asyncio drops its stream then)."""
+    return getattr(conn, "_reader", None) is None
+
+
+def closed_now(conn: RawConnection) -> bool:
+    """Whether an idle connection the caller holds (nothing asked on it) is closed: by this
+    side, or by the server, also when the event loop has not read the server's close yet (its
+    socket is readable with nothing asked: the end of the stream). A TLS connection is judged by
+    its stream alone (a TLS record may arrive on an idle one)."""
+    reader = getattr(conn, "_reader", None)
+    if reader is None or reader.at_eof():
+        return True
+    transport = getattr(getattr(conn, "_writer", None), "transport", None)
+    if transport is None or transport.is_closing():
+        return True
+    if transport.get_extra_info("sslcontext") is not None:
+        return False
+    sock = transport.get_extra_info("socket")
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def new_pool(cls: type[Any], kwargs: dict[str, Any]) -> ConnectionPool:

@@ -20,6 +20,8 @@ from ._backend import (
     close_connection,
     interrupt,
     closed_by_server,
+    closed_now,
+    is_closed,
     new_pool,
     open_connection,
     peer,
@@ -47,6 +49,13 @@ async def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -
     except IO_ERRORS as e:
         await close_connection(conn)
         raise LockConnectionError(f"{args[0]}: {e}") from e
+    except (ValueError, AttributeError) as e:
+        # Closed under this call (a client closed from another thread, a hold's connection
+        # closed by its watchdog): redis-py then fails on its closed socket buffer ("I/O
+        # operation on closed file", "'NoneType' object has no attribute 'readline'").
+        if not is_closed(conn):
+            raise
+        raise LockConnectionError(f"{args[0]}: the connection closed under the command") from e
     except Cancelled:
         await close_connection(conn)
         raise
@@ -226,6 +235,11 @@ class Connector:
         await pool_close(self.pool)
 
 
+class OwnClosed(LockConnectionError):
+    """The EPHEMERAL hold's connection was closed before the command: nothing was sent (the
+    server ends the hold once it reads the close)."""
+
+
 class OwnConnection:
     """The connection an EPHEMERAL hold is bound to: never replaced, never reconnected. Any
     error on it closes it for good (the server then ends the hold, if it has not already)."""
@@ -248,8 +262,11 @@ class OwnConnection:
         """One command on the connection; ``asking``: preceded by ASKING (the keys' slot is
         being imported by this connection's node); ``then``: as for ``Connector.query``."""
         async with self.mutex:
-            if self.broken:
-                raise LockConnectionError("the EPHEMERAL hold's connection is closed")
+            # Looked at before anything is sent: a command written to a connection the server
+            # closed never runs, and its caller is told so (``OwnClosed``), not "no answer".
+            if self.broken or closed_now(self.conn):
+                self.broken = True
+                raise OwnClosed("the EPHEMERAL hold's connection is closed: nothing was sent")
             try:
                 if asking:
                     await call(self.conn, ["ASKING"], timeout)
@@ -265,11 +282,11 @@ class OwnConnection:
                 self.broken = True
                 raise
             except (ValueError, AttributeError) as e:
-                # Closed under this call (``close``, from the watchdog's thread once the hold
-                # is lost): redis-py then fails on its closed socket buffer. That is the
-                # connection's loss, not an error of the command.
-                if not self.broken:
+                # Closed under this call: redis-py then fails on its closed socket buffer. That
+                # is the connection's loss, not an error of the command.
+                if not (self.broken or is_closed(self.conn)):
                     raise
+                self.broken = True
                 raise LockConnectionError(f"the EPHEMERAL hold's connection closed: {e}") from e
 
     def alive(self) -> bool:
@@ -282,8 +299,15 @@ class OwnConnection:
         return not self.broken
 
     async def close(self) -> None:
+        """Closes it for good. A command reading on it meanwhile (another thread's, another
+        task's) is broken first and ends with a connection error; the connection is shut down
+        once that command let go of it, never under it (redis-py's reads on a connection closed
+        under them fail with errors of their own: ``'NoneType' object has no attribute
+        'readline'``, ``I/O operation on closed file``)."""
         self.broken = True
-        await close_connection(self.conn)
+        interrupt(self.conn)
+        async with self.mutex:
+            await close_connection(self.conn)
 
     def after_fork(self) -> None:
         """In a forked child: the parent's socket is never used, nor shut down, here."""

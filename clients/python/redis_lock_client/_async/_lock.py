@@ -26,6 +26,8 @@ from .._common import (
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
     RETRIES,
+    FAILOVER_PAUSE,
+    FAILOVER_PAUSE_MAX,
     TRYAGAIN_PAUSES,
     WAIT_MARGIN,
     WAIT_REDIRECTS,
@@ -256,7 +258,7 @@ class _AsyncHandle(Generic[_G]):
         attempt = later = 0
         ask: Optional[Redirected] = None
         failover: Optional[float] = None  # under Sentinel: re-sent until then
-        pause = 0.05
+        pause = FAILOVER_PAUSE
         while True:
             this_waits, wait = self._wait_left(waits, until)
             sent = time.monotonic()
@@ -285,7 +287,7 @@ class _AsyncHandle(Generic[_G]):
                 if now >= failover:
                     raise
                 await sleep(pause)  # a failover: the Sentinels name the new master soon
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, FAILOVER_PAUSE_MAX)
             except Redirected as e:
                 if time.monotonic() - sent > self.client.command_timeout:
                     attempt = 0  # it waited, then its key moved: no failed send
@@ -402,7 +404,7 @@ class _AsyncHandle(Generic[_G]):
         the handle's, and the handle holds nothing), so it is released there and the acquire
         asked again, once."""
         failover: Optional[float] = None  # under Sentinel: asked again until then
-        pause = 0.05
+        pause = FAILOVER_PAUSE
         released = False
         while True:
             master = self._master()
@@ -414,11 +416,11 @@ class _AsyncHandle(Generic[_G]):
                 now = time.monotonic()
                 if failover is None or self._master() != master:
                     # The first failure, or one on a master replaced meanwhile: a failover.
-                    failover, pause = now + self.client.failover_timeout, 0.05
+                    failover, pause = now + self.client.failover_timeout, FAILOVER_PAUSE
                 if now + pause >= failover:
                     raise
                 await sleep(pause)
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, FAILOVER_PAUSE_MAX)
             except LockServerError as e:
                 if failover is None or released or not says_not_ephemeral(str(e)):
                     raise
@@ -740,8 +742,13 @@ class _AsyncGuard:
     def lost(self) -> Event:
         """Set when the hold is lost (never after a release): an ``asyncio.Event`` in the
         asyncio library (``await guard.lost.wait()``), a ``threading.Event`` in the sync one
-        (``guard.lost.wait(timeout)``). Never stale: reading it looks at the local deadline
-        first, so a process paused past its lease sees it set the instant it resumes."""
+        (``guard.lost.wait(timeout)``). Never stale: reading it, and the event's ``is_set()``
+        and ``wait()`` (also on an event kept from before), look at the hold's local deadline
+        first (the send time of the last renewal the server answered, plus the lease, minus a
+        tenth of it for clock drift), so a process paused past its lease sees it set, with
+        ``lost_reason`` ``UNREACHABLE`` (a fixed lease: ``LEASE_ENDED``), the instant it
+        resumes, before the watchdog has run; the hold is then released in the background, as
+        the watchdog does."""
         self._hold.past_deadline()
         return self._hold.lost_event
 
@@ -887,8 +894,9 @@ class AsyncLockGuard(_AsyncGuard):
         (``lost_reason`` ``HOLD_GONE``) or its token is not current (``TOKEN_NOT_CURRENT``):
         the command did not run, and the hold is reported lost (``lost``, ``on_lost``).
         ``NotHeld`` without sending anything when the guard was released or the hold lost
-        before. The command's own errors (``WRONGTYPE``, ``NOPERM``, a write through a shared
-        hold, ...) raise ``LockServerError`` and are no loss. ``LockConnectionError`` when no
+        before, also when only its local deadline says so (see ``lost``). The command's own
+        errors (``WRONGTYPE``, ``NOPERM``, a write through a shared hold, ...) raise
+        ``LockServerError`` and are no loss. ``LockConnectionError`` when no
         answer came: the command may have run (it is never sent again).
 
         The keys of the command must be in the lock key's slot in a Redis Cluster (give them

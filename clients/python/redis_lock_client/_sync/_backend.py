@@ -25,6 +25,7 @@ __all__ = [
     "DefaultConnection",
     "Event",
     "IO_ERRORS",
+    "LostEvent",
     "Mutex",
     "RawConnection",
     "Redis",
@@ -32,6 +33,8 @@ __all__ = [
     "SentinelConnectionPool",
     "Subscriber",
     "closed_by_server",
+    "closed_now",
+    "is_closed",
     "close_connection",
     "cluster_node",
     "cluster_node_at",
@@ -69,6 +72,27 @@ class Cancelled(BaseException):
 Event = threading.Event
 #: A lock held across a command (the asyncio twin: asyncio.Lock).
 Mutex = threading.Lock
+
+
+class LostEvent(threading.Event):
+    """A hold's ``lost`` event, never stale: ``is_set()`` and ``wait()`` first call ``look``
+    (the hold looks at its local deadline, and past it reports the loss, which sets the event),
+    so an event kept from before a pause past the lease says so the instant the process resumes,
+    before the watchdog has run. The asyncio twin is an ``asyncio.Event``."""
+
+    def __init__(self, look: Callable[[], object]) -> None:
+        super().__init__()
+        self._look = look
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            self._look()
+        return super().is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if not super().is_set():
+            self._look()
+        return super().wait(timeout)
 
 
 def new_gate() -> threading.RLock:
@@ -172,6 +196,22 @@ def closed_by_server(conn: RawConnection, mutex: threading.Lock) -> bool:
         return conn.can_read(timeout=0)
     finally:
         mutex.release()
+
+
+def is_closed(conn: RawConnection) -> bool:
+    """Whether ``conn`` was disconnected (redis-py drops its socket then)."""
+    return getattr(conn, "_sock", None) is None
+
+
+def closed_now(conn: RawConnection) -> bool:
+    """Whether an idle connection the caller holds (nothing asked on it) is closed: by this
+    side, or by the server (readable with nothing asked: the end of the stream)."""
+    if getattr(conn, "_sock", None) is None:
+        return True
+    try:
+        return conn.can_read(timeout=0)
+    except (*IO_ERRORS, ValueError, AttributeError):
+        return True
 
 
 def new_pool(cls: type[Any], kwargs: dict[str, Any]) -> ConnectionPool:

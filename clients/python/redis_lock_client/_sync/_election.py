@@ -141,9 +141,13 @@ class Leadership(_Guard):
     def proclaim(self, value: Key) -> bool:
         """Publishes ``value`` (at most 4096 bytes) for observers (``LOCK.PROCLAIM``): True, or
         False when this leadership is over: resigned, lost, past its local deadline (it is then
-        reported lost, ``UNREACHABLE``), or refused by the server because the candidate no
-        longer leads in this epoch (reported lost, ``HOLD_GONE``). A deposed leader's
-        proclamation is never published."""
+        reported lost, ``UNREACHABLE``), refused by the server because the candidate no longer
+        leads in this epoch (reported lost, ``HOLD_GONE``), or its EPHEMERAL connection closed
+        (reported lost once a read finds the hold gone: the server ends it with its
+        connection). A deposed leader's proclamation is never published. Raises
+        ``LockConnectionError`` only when no answer came and the leadership may stand (a
+        timeout on a live connection, a server that still holds it after the command
+        timeout)."""
         hold = self._hold
         if self._released or hold.past_deadline():
             return False
@@ -153,8 +157,10 @@ class Leadership(_Guard):
             if hold.own is None:
                 raise
             # The server ends the hold with its connection: reported lost once a read finds it
-            # gone; until then the leadership may stand (the error, not a false "over").
-            hold.connection_lost()
+            # gone (then the leadership is over: False); until then it may stand (the error,
+            # not a false "over").
+            if hold.closed_outcome():
+                return False
             raise
         if proclaimed(reply):
             return True

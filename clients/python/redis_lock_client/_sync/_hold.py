@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional, Protocol
 
 from .. import _fork
@@ -31,6 +32,8 @@ from .._commands import (
     release_token,
 )
 from .._common import (
+    FAILOVER_PAUSE,
+    FAILOVER_PAUSE_MAX,
     RETRIES,
     TRYAGAIN_PAUSES,
     Arg,
@@ -50,6 +53,7 @@ from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
 from ._backend import (
     Event,
+    LostEvent,
     Mutex,
     current_loop,
     sleep,
@@ -58,7 +62,7 @@ from ._backend import (
     spawn_short,
     wait_event,
 )
-from ._connection import OwnConnection
+from ._connection import OwnClosed, OwnConnection
 
 log = logging.getLogger("redis_lock_client")
 
@@ -154,7 +158,9 @@ class Hold:
         self.on_lost = on_lost
         #: Each lost-hold channel of the hold's keys (``a`` and ``{a}`` share one).
         self.channels = {lost_signal_channel(k) for k in keys.keys}
-        self.lost_event = Event()
+        #: ``guard.lost``: looks at the local deadline whenever it is read (``LostEvent``); by a
+        #: weak reference, so that the event does not keep the hold alive.
+        self.lost_event: Event = LostEvent(_looker(self))
         self._stop = Event()
         # Held while a renewal is in flight: a release waits for it, so nothing renews after.
         self._renewing = Mutex()
@@ -238,14 +244,14 @@ class Hold:
         owner; a multi-key hold with its ``LOCK.MRELEASE``), through the route (the client's
         shared connections, which follow a Sentinel failover to the new master and a cluster
         key to its node). Sent again after no answer or a server that cannot serve it yet
-        (READONLY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN), pausing 50 ms doubling to 1 s,
+        (READONLY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN), pausing 50 ms doubling to 250 ms,
         for up to a lease: by then the server has ended the hold itself."""
         if self.keys.multi:
             args = self.keys.release(self.owner)
         else:
             args = release_token(self.key, self.owner, self.token)
         started = time.monotonic()
-        pause = 0.05
+        pause = FAILOVER_PAUSE
         while True:
             try:
                 self.route.query(args)
@@ -261,7 +267,7 @@ class Hold:
                 log.debug("releasing abandoned hold %r got no answer", self.keys.keys)
                 return
             sleep(pause)
-            pause = min(pause * 2, 1.0)
+            pause = min(pause * 2, FAILOVER_PAUSE_MAX)
 
     def refused(self) -> None:
         """The server says the owner no longer holds it (a re-acquire answered another token
@@ -324,12 +330,28 @@ class Hold:
                 return True
         return False
 
+    def closed_outcome(self) -> bool:
+        """A call found this EPHEMERAL hold's connection closed and sent nothing: the server
+        ends the hold as soon as it reads the close, which a read on the client's connections
+        confirms (``connection_lost``). Whether the hold was reported lost within the command
+        timeout (False: the server still holds it, or no read answered)."""
+        own = self.own
+        self.connection_lost()
+        timeout = own.timeout if own is not None else 0.0
+        wait_event(self.lost_event, timeout)
+        return not self.active
+
     def reentered(self, sent_at: float) -> None:
         self._event(lambda m: m.reentered(sent_at))
 
     def past_deadline(self) -> bool:
-        """Whether the hold is no longer active, or its deadline passed (then reported lost). A
-        loss being reported meanwhile (by another thread) is reported before this returns."""
+        """Whether the hold is no longer active, or its local deadline passed: then it is
+        reported lost now, with the reason the watchdog would give (``UNREACHABLE``,
+        ``UNREPLICATED``; a fixed lease ``LEASE_ENDED``), and released in the background (the
+        server may still have it), before this returns. What every read of the guard's loss
+        (``lost``, ``lost_reason``) and every fenced call looks at first, so that none is stale
+        after a pause. A loss being reported meanwhile (by another thread) is reported before
+        this returns."""
         now = time.monotonic()
         with self._reporting:
             self._event(lambda m: m.tick(now))
@@ -391,11 +413,14 @@ class Hold:
         """``LOCK.GUARD key owner token command...``: the command's reply, when the server still
         holds this owner with this token on ``key``. A ``FENCED`` refusal reports the hold lost
         (through the machine: ``lost``, ``on_lost``) and raises ``Fenced``; a hold already
-        lost or released raises ``NotHeld`` without sending anything. Never sent again after a
+        lost or released raises ``NotHeld`` without sending anything. An EPHEMERAL hold whose
+        connection is closed sends nothing: once a read finds the hold gone (the server ends it
+        with its connection) it raises ``NotHeld`` with the loss's reason; ``LockConnectionError``
+        if the server still holds it after the command timeout. Never sent again after a
         connection error (the command may have run); sent again after MOVED or ASK (followed by
         the route) and TRYAGAIN (a slot migration caught between the lock key and a data key,
-        after growing pauses, up to five times), which ran nothing. Any other error is the command's own, raised as
-        ``LockServerError``: no loss."""
+        after growing pauses, up to five times), which ran nothing. Any other error is the
+        command's own, raised as ``LockServerError``: no loss."""
         args = guard(key, self.owner, token, command)
         later = 0
         while True:
@@ -414,6 +439,10 @@ class Hold:
                     raise
                 sleep(TRYAGAIN_PAUSES[later])
                 later += 1
+            except OwnClosed:
+                if self.closed_outcome():
+                    raise self.not_held() from None
+                raise
             except LockConnectionError:
                 if self.own is not None:
                     self.connection_lost()  # the server ends the hold with its connection
@@ -698,3 +727,14 @@ class Hold:
         if self.own is not None:
             self.own.after_fork()
 
+
+def _looker(hold: Hold) -> Callable[[], object]:
+    """What the hold's ``lost`` event calls before it answers: ``hold.past_deadline()``, while
+    the hold lives (a weak reference: the event does not keep it alive)."""
+    ref = weakref.ref(hold)
+
+    def look() -> object:
+        alive = ref()
+        return None if alive is None else alive.past_deadline()
+
+    return look

