@@ -64,9 +64,9 @@ impl ServerEvents for LockEvents {
     /// A key that leaves with its slot (`MIGRATE` in a cluster reshard) is not lost: its
     /// holders are told it moved.
     fn key_removed(ctx: Ctx, key: &Key, why: KeyRemoved) {
-        // A ticket (a list) going, still open here: emptied by a pop, its grant was delivered;
-        // still holding its element (`DEL`, `UNLINK`, `RENAME`, overwritten, evicted), it was
-        // taken away unpopped. One that expires reaches its lease end (the scheduler's own
+        // A ticket (a list) going, still open here: emptied by a pop, or moved with its slot,
+        // its grant was delivered; still holding its element (`DEL`, `UNLINK`, `RENAME`,
+        // overwritten, evicted), it was taken away unpopped. One that expires reaches its lease end (the scheduler's own
         // deadline looks at it).
         if why != KeyRemoved::Expired
             && runtime::any_tickets()
@@ -74,7 +74,13 @@ impl ServerEvents for LockEvents {
             && key.kind() == KeyKind::List
         {
             if let Some((name, db)) = key.name_and_db() {
-                let gone = if key.len() == 0 {
+                // One deleted with its element because its slot left (`MIGRATE` in a reshard)
+                // went on with its grant: popped on the node it moved to, as delivered here.
+                // Written again here, it would stand beside the moved one (the reshard's next
+                // `MIGRATE` of the slot's keys then fails `BUSYKEY`).
+                let moved = why == KeyRemoved::Deleted
+                    && runtime::slot_left(ctx, name.bytes()).is_some();
+                let gone = if key.len() == 0 || moved {
                     TicketGone::Popped
                 } else {
                     TicketGone::TakenAway

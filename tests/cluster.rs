@@ -746,6 +746,63 @@ fn move_slot(cluster: &Cluster, slot: u16, from: &Server, to: &Server) {
     set_slot_everywhere(cluster, slot, &to_id);
 }
 
+/// A ticket holding a grant nobody popped yet moves with its slot: `MIGRATE` deletes it on the
+/// source, which must not take that for a ticket taken away and write it there again (servers
+/// with key events tell a pop from a removal, and a removed unpopped ticket is written again).
+/// Before, the source wrote the ticket back, and the reshard's next `MIGRATE` of the slot's keys
+/// failed `BUSYKEY` (Redis 8.2.3: the Python cluster oracle, 5 seeds of 10).
+#[test]
+fn an_unpopped_ticket_moved_with_its_slot_is_not_written_again_on_the_source() {
+    let cluster = Cluster::start(3);
+    let key = "moves:{7}";
+    let slot = key_slot(key.as_bytes());
+    let source = cluster.node_for_slot(slot);
+    let target = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != source.port)
+        .unwrap();
+    let mut src = source.connect();
+    acquire(&mut src, key, "holder", 120_000).unwrap();
+    let ticket: String = redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg("waiter")
+        .arg(60_000)
+        .arg("WAIT")
+        .arg(0)
+        .arg("TICKET")
+        .query(&mut src)
+        .unwrap();
+    // Released: the grant is written into the ticket, which nobody pops.
+    let _: i64 = redis::cmd("LOCK.RELEASE")
+        .arg(key)
+        .arg("holder")
+        .query(&mut src)
+        .unwrap();
+    assert!(eventually(SOON, || {
+        redis::cmd("LLEN")
+            .arg(&ticket)
+            .query::<i64>(&mut src)
+            .unwrap()
+            == 1
+    }));
+    move_slot(&cluster, slot, source, target);
+    // Everything of the slot is on the target, the ticket's grant among it; nothing came back
+    // on the source, now or a moment later.
+    thread::sleep(Duration::from_millis(300));
+    let left = keys_in_slot(&mut src, slot);
+    assert!(left.is_empty(), "the source has keys of the slot again: {left:?}");
+    let mut dst = target.connect();
+    let popped: Vec<String> = redis::cmd("LRANGE")
+        .arg(&ticket)
+        .arg(0)
+        .arg(-1)
+        .query(&mut dst)
+        .unwrap();
+    assert_eq!(popped.len(), 1, "the ticket moved with its grant");
+    assert!(popped[0].parse::<u64>().is_ok(), "{popped:?}");
+}
+
 /// `CLUSTER SETSLOT slot NODE id` on every node: the move is over.
 fn set_slot_everywhere(cluster: &Cluster, slot: u16, id: &str) {
     for node in &cluster.nodes {
