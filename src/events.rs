@@ -78,8 +78,8 @@ impl ServerEvents for LockEvents {
                 // went on with its grant: popped on the node it moved to, as delivered here.
                 // Written again here, it would stand beside the moved one (the reshard's next
                 // `MIGRATE` of the slot's keys then fails `BUSYKEY`).
-                let moved = why == KeyRemoved::Deleted
-                    && runtime::slot_left(ctx, name.bytes()).is_some();
+                let moved =
+                    why == KeyRemoved::Deleted && runtime::slot_left(ctx, name.bytes()).is_some();
                 let gone = if key.len() == 0 || moved {
                     TicketGone::Popped
                 } else {

@@ -791,7 +791,10 @@ fn an_unpopped_ticket_moved_with_its_slot_is_not_written_again_on_the_source() {
     // on the source, now or a moment later.
     thread::sleep(Duration::from_millis(300));
     let left = keys_in_slot(&mut src, slot);
-    assert!(left.is_empty(), "the source has keys of the slot again: {left:?}");
+    assert!(
+        left.is_empty(),
+        "the source has keys of the slot again: {left:?}"
+    );
     let mut dst = target.connect();
     let popped: Vec<String> = redis::cmd("LRANGE")
         .arg(&ticket)
