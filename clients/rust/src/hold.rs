@@ -345,6 +345,17 @@ impl Hold {
                 }
                 None => Err(LockError::Server(text)),
             },
+            // The fenced command's refusal is named after it on every server: Redis 7.0's
+            // module words it (`the command given to LOCK.GUARD`), later servers and Valkey
+            // pass theirs on (`... to run the 'set' command`).
+            Err(LockError::NoPermission { message, .. })
+                if message.contains("given to LOCK.GUARD") =>
+            {
+                Err(LockError::NoPermission {
+                    command: crate::error::command_name(cmd),
+                    message,
+                })
+            }
             Err(e) if e.is_retryable() && self.own_connection().is_some() => {
                 // The server ends an EPHEMERAL hold with its connection.
                 self.step(Event::ConnectionLost);
