@@ -69,13 +69,22 @@ def name_for(base: str, owner: bytes) -> str:
 class Redirected(LockServerError):
     """MOVED or ASK: in a cluster, the key's slot is served by another node. ``asking``: an ASK
     (the slot is being moved: send ``ASKING`` and the command to ``host``:``port`` once);
-    else a MOVED (reload the slot map and send the command again)."""
+    else a MOVED (``host``:``port`` serves ``slot`` now: send the command there, and reload
+    the slot map)."""
 
-    def __init__(self, line: str, asking: bool, host: Optional[str], port: Optional[int]) -> None:
+    def __init__(
+        self,
+        line: str,
+        asking: bool,
+        host: Optional[str],
+        port: Optional[int],
+        slot: Optional[int] = None,
+    ) -> None:
         super().__init__(line)
         self.asking = asking
         self.host = host
         self.port = port
+        self.slot = slot
 
 
 def server_error(e: ResponseError, command: Any = None) -> LockServerError:
@@ -93,11 +102,13 @@ def server_error(e: ResponseError, command: Any = None) -> LockServerError:
     if isinstance(e, AskError):  # MovedError is an AskError
         host = getattr(e, "host", None)
         port = getattr(e, "port", None)
+        slot = str(getattr(e, "slot_id", ""))
         return Redirected(
             line,
             asking=not isinstance(e, MovedError),
             host=host if isinstance(host, str) else None,
             port=port if isinstance(port, int) else None,
+            slot=int(slot) if slot.isdigit() else None,
         )
     return LockServerError(line)
 
@@ -114,4 +125,5 @@ def redirected(line: str) -> Optional[Redirected]:
         asking=parts[0] == "ASK",
         host=host or None,
         port=int(port) if port.isdigit() else None,
+        slot=int(parts[1]) if parts[1].isdigit() else None,
     )

@@ -359,6 +359,32 @@ def test_an_acquire_answered_moved_reloads_the_slot_map_and_is_sent_again(own_cl
     second.close()
 
 
+def test_a_moved_reply_is_followed_to_the_node_it_names_while_the_slot_map_is_stale(own_cluster):
+    # After a failover the nodes learn of the new master one after another: the slot map loaded
+    # again after a MOVED may come from a node that has not heard yet, and still name the old
+    # master (a release after a CLUSTER FAILOVER failed so: MOVED three times). The MOVED itself
+    # names the new master: commands go there. Here the clients' slot map reloads load nothing,
+    # as from a source that has not heard of the move.
+    cluster = own_cluster
+    key = unique("stale")
+    holder, waiter = LockClient(cluster.redis_cluster()), LockClient(cluster.redis_cluster())
+    guard = holder.lock(key, lease=60).acquire()
+    waiter.lock(unique("stale")).try_acquire()  # the waiter's slot map is loaded too
+    holder._refresh = waiter._refresh = lambda: None
+    source, target = move_slot(cluster, key)
+    assert node_info(target, key)[b"owner"] == guard.owner
+    threading.Timer(0.3, guard.release).start()
+    waited = waiter.lock(key, wait_timeout=10).acquire()  # a wait, MOVED to the new master
+    assert waited.token > guard.token
+    assert node_info(target, key)[b"owner"] == waited.owner
+    assert waited.release() is Release.RELEASED
+    assert node_info(target, key) is None
+    assert redirected(source, "lock.acquire") == 1  # the waiter's, sent on to the target
+    assert redirected(source, "lock.release") == 1  # the holder's, sent on to the target
+    holder.close()
+    waiter.close()
+
+
 @pytest.mark.scenario("cluster-moved")
 def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     cluster = own_cluster

@@ -14,11 +14,10 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::acks::{Acknowledgement, Shortfall};
-use crate::basics::millis;
+use crate::basics::{millis, FAILOVER_PAUSE, FAILOVER_PAUSE_MAX};
 use crate::conn::{Commands, HoldConn};
 use crate::error::LockError;
 use crate::keeper::{Keeper, Place, Timed};
-use crate::lock::{FAILOVER_PAUSE, FAILOVER_PAUSE_MAX};
 use crate::lost::{look_and_wait_lost, Look, LostReason, LostWatch, Status};
 use crate::machine::{
     Actions, Answer, Binding, Check, Event, Form, Identity, Machine, Read, Refusal, State, Terms,

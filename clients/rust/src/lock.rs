@@ -9,7 +9,7 @@ use redis::{Cmd, Value};
 use tokio::time::Instant;
 
 use crate::acks::Acknowledgement;
-use crate::basics::millis;
+use crate::basics::{millis, FAILOVER_PAUSE, FAILOVER_PAUSE_MAX};
 use crate::conn::{self, HoldConn, OwnConnection};
 use crate::context::Context;
 use crate::error::LockError;
@@ -33,14 +33,6 @@ const WAIT_MARGIN: Duration = Duration::from_secs(2);
 /// How many times an acquire is sent again after its connection broke or timed out. Safe
 /// because every acquire carries `ONCE`.
 const RETRIES: u32 = 2;
-
-/// Through Sentinel, an acquire whose master failed is sent again after this pause, doubled
-/// each time up to [`FAILOVER_PAUSE_MAX`], until the client's failover timeout passes.
-pub(crate) const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
-/// The cap is how late a retry can come after the Sentinels name the new master: at 1 s the
-/// failover test saw grants up to 1 s (2.1 s for a ticketed wait, whose retries paused 1 s each)
-/// after the switch; 4 attempts a second while no master answers cost next to nothing.
-pub(crate) const FAILOVER_PAUSE_MAX: Duration = Duration::from_millis(250);
 
 /// An acquire sent again: what is left of its wait, and its pauses through a failover
 /// ([`FAILOVER_PAUSE`] doubling up to [`FAILOVER_PAUSE_MAX`], while the client's failover

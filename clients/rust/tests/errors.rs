@@ -10,37 +10,7 @@ use lock_testkit::Signal;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LockError, LostReason, Release};
-use support::{raw, setup, setup_without_signal, Server};
-
-/// The id of the connection an `EPHEMERAL` hold on `key` is bound to (`LOCK.INFO`'s `ephemeral`).
-async fn ephemeral_connection(raw: &mut MultiplexedConnection, key: &str) -> i64 {
-    let info: Value = redis::cmd("LOCK.INFO")
-        .arg(key)
-        .query_async(raw)
-        .await
-        .unwrap();
-    let Value::Array(fields) = info else {
-        panic!("held: {info:?}")
-    };
-    fields
-        .chunks(2)
-        .find_map(|p| match p {
-            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
-            _ => None,
-        })
-        .expect("bound to a connection")
-}
-
-async fn kill(raw: &mut MultiplexedConnection, id: i64) {
-    let killed: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("ID")
-        .arg(id)
-        .query_async(raw)
-        .await
-        .unwrap();
-    assert_eq!(killed, 1);
-}
+use support::{ephemeral_connection, kill, raw, setup, setup_without_signal, Server};
 
 fn set(key: &str, value: &str) -> redis::Cmd {
     let mut cmd = redis::cmd("SET");

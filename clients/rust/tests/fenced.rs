@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LockError, LostReason, Release};
-use support::{calls, setup_without_signal, Server};
+use support::{calls, ephemeral_connection, setup_without_signal, Server};
 
 async fn get(raw: &mut MultiplexedConnection, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query_async(raw).await.unwrap()
@@ -387,25 +387,6 @@ fn the_blocking_guards_fence_too() {
     ));
     let value: String = redis::cmd("GET").arg("{b}:n").query(&mut raw).unwrap();
     assert_eq!(value, "3");
-}
-
-/// The id of the connection an `EPHEMERAL` hold on `key` is bound to (`LOCK.INFO`'s `ephemeral`).
-async fn ephemeral_connection(raw: &mut MultiplexedConnection, key: &str) -> i64 {
-    let info: Value = redis::cmd("LOCK.INFO")
-        .arg(key)
-        .query_async(raw)
-        .await
-        .unwrap();
-    let Value::Array(fields) = info else {
-        panic!("held: {info:?}")
-    };
-    fields
-        .chunks(2)
-        .find_map(|p| match p {
-            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
-            _ => None,
-        })
-        .expect("bound to a connection")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -266,9 +266,9 @@ class AsyncObserver:
             if not (isinstance(reply, list) and reply[1:2] == [self._channel]):
                 raise LockConnectionError(f"{self._subscribe} answered {reply!r}")
             found = parse_leader(await self._client._query(self._key, leader(self._key)))
-        except Redirected:
+        except Redirected as e:
             await sub.close()
-            await self._client._refresh()
+            await self._client._moved(e)
             raise
         except BaseException:
             await sub.close()

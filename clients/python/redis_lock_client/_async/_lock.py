@@ -296,7 +296,7 @@ class _AsyncHandle(Generic[_G]):
                 attempt += 1
                 ask = e if e.asking else None
                 if ask is None:
-                    await self.client._refresh()
+                    await self.client._moved(e)
             except LockServerError as e:
                 if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
@@ -477,7 +477,7 @@ class _AsyncHandle(Generic[_G]):
                 attempt += 1
                 ask = e if e.asking else None
                 if ask is None:
-                    await self.client._refresh()
+                    await self.client._moved(e)
                 this_waits, wait = self._wait_left(waits, until)
                 args = self._args(this_waits, wait, value)
             except LockServerError as e:

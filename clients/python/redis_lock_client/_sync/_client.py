@@ -172,6 +172,10 @@ class LockClient:
         self._nodes_lock = threading.Lock()
         self._refreshing = Mutex()
         self._refreshed_at = 0.0
+        # slot -> (host, port) a MOVED named: where the slot is served now, even while the
+        # slot map's source has not heard of the move (the nodes learn a failover one after
+        # another). A wrong one is mended by the MOVED its node answers.
+        self._moved_to: dict[int, tuple[str, int]] = {}
         self._single: Optional[_Node] = None
         self._sentinel: Optional[tuple[Any, Any]] = None
         self._pool: Optional[ConnectionPool] = None
@@ -279,12 +283,20 @@ class LockClient:
             return known
 
     def _node_for(self, key: bytes) -> _Node:
-        """The server that serves ``key`` (standalone: the one server)."""
+        """The server that serves ``key`` (standalone: the one server): the node the last MOVED
+        for its slot named, else the slot map's."""
         if self._single is not None:
             return self._single
         cluster = cast(RedisCluster, self._cluster)
+        slot = key_slot(key)
+        moved_to = self._moved_to.get(slot)
+        if moved_to is not None:
+            named = self._node_at(*moved_to)
+            if named is not None:
+                return named
+            self._moved_to.pop(slot, None)
         try:
-            name, cls, kwargs = cluster_node(cluster, key_slot(key))
+            name, cls, kwargs = cluster_node(cluster, slot)
         except (redis.RedisError, RedisClusterException) as e:
             raise LockConnectionError(f"no node serves {key!r}: {e}") from e
         return self._node_named(name, cls, kwargs)
@@ -299,9 +311,16 @@ class LockClient:
             found = cluster_node_at(self._cluster, host, port)
         return None if found is None else self._node_named(*found)
 
+    def _moved(self, moved: Redirected) -> None:
+        """A MOVED reply: its slot is sent where it names from now on, and the slot map is
+        loaded again."""
+        if moved.slot is not None and moved.host is not None and moved.port is not None:
+            self._moved_to[moved.slot] = (moved.host, moved.port)
+        self._refresh()
+
     def _refresh(self) -> None:
-        """A MOVED reply: the slot map is stale (a resharding, a failover); load it again. Many
-        callers at once (every hold of a moved slot) load it once: one that waited while
+        """The slot map is stale (a MOVED, a slot that left a node: a resharding, a failover):
+        load it again. Many callers at once (every hold of a moved slot) load it once: one that waited while
         another load began after it asked does not load it again (one that began before may
         have read the map before the move this caller saw)."""
         if self._cluster is None:
@@ -326,7 +345,7 @@ class LockClient:
         then_timeout: float = 0.0,
     ) -> Any:
         """One command on a pooled connection to the key's server. In a cluster, a MOVED
-        reloads the slot map and sends it again; an ASK (the slot is being moved) sends it once
+        sends it again to the node named (and reloads the slot map); an ASK (the slot is being moved) sends it once
         to the node named, after ASKING; up to twice. ``then``: a second command on the same
         connection (see ``Connector.query``)."""
         attempt = 0
@@ -345,9 +364,12 @@ class LockClient:
                             return target.commands.query(
                                 args, asking=True, then=then, then_timeout=then_timeout
                             )
-                        except Redirected:
-                            pass  # the move is over: the slot map tells where
-                self._refresh()
+                        except Redirected as again:
+                            e = again  # the move is over: a MOVED names where
+                if not e.asking:
+                    self._moved(e)
+                else:
+                    self._refresh()
 
     def _query_at(self, ask: Redirected, args: list[Any]) -> Any:
         """One command sent to the node an ASK named, after ASKING (pooled connection)."""
@@ -373,6 +395,8 @@ class LockClient:
         whose slot map does not show the move yet (the nodes learn it one after another), the
         map is loaded again, with a growing pause, for up to about 5 s."""
         old = route.hub if dropped_by is None else dropped_by
+        if dropped_by is not None:
+            self._moved_to.clear()  # a slot left a node a MOVED may have named
         delay = 0.05
         while True:
             try:

@@ -268,9 +268,9 @@ class Observer:
             if not (isinstance(reply, list) and reply[1:2] == [self._channel]):
                 raise LockConnectionError(f"{self._subscribe} answered {reply!r}")
             found = parse_leader(self._client._query(self._key, leader(self._key)))
-        except Redirected:
+        except Redirected as e:
             sub.close()
-            self._client._refresh()
+            self._client._moved(e)
             raise
         except BaseException:
             sub.close()

@@ -298,7 +298,7 @@ class _Handle(Generic[_G]):
                 attempt += 1
                 ask = e if e.asking else None
                 if ask is None:
-                    self.client._refresh()
+                    self.client._moved(e)
             except LockServerError as e:
                 if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
@@ -479,7 +479,7 @@ class _Handle(Generic[_G]):
                 attempt += 1
                 ask = e if e.asking else None
                 if ask is None:
-                    self.client._refresh()
+                    self.client._moved(e)
                 this_waits, wait = self._wait_left(waits, until)
                 args = self._args(this_waits, wait, value)
             except LockServerError as e:

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use redis::aio::MultiplexedConnection;
+use redis::Value;
 use redis_lock_client::LockClient;
 
 #[allow(unused_imports)]
@@ -287,4 +288,34 @@ fn busy_keys(host: &str, from: u16, to: u16, slot: u16, keys: &[String]) -> Stri
         out.push_str(&format!(" {key}: source {on_source}, target {on_target};"));
     }
     out
+}
+
+/// The id of the connection an `EPHEMERAL` hold on `key` is bound to (`LOCK.INFO`'s `ephemeral`).
+pub async fn ephemeral_connection(raw: &mut MultiplexedConnection, key: &str) -> i64 {
+    let info: Value = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let Value::Array(fields) = info else {
+        panic!("held: {info:?}")
+    };
+    fields
+        .chunks(2)
+        .find_map(|p| match p {
+            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+            _ => None,
+        })
+        .expect("bound to a connection")
+}
+
+pub async fn kill(raw: &mut MultiplexedConnection, id: i64) {
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
 }
