@@ -153,6 +153,87 @@ pub fn parse(message: &[u8]) -> Option<Parsed<'_>> {
 mod tests {
     use super::*;
 
+    /// The shared test vectors' rows (`clients/vectors`, see its README), `\xHH` decoded.
+    fn vector_rows(text: &str) -> Vec<Vec<Vec<u8>>> {
+        let unescape = |column: &str| {
+            let (mut out, bytes) = (Vec::new(), column.as_bytes());
+            let mut at = 0;
+            while let Some(&b) = bytes.get(at) {
+                let hex = bytes.get(at + 2..at + 4).filter(|_| b == b'\\');
+                match (bytes.get(at + 1), hex) {
+                    (Some(b'\\'), _) if b == b'\\' => (out.push(b'\\'), at += 2),
+                    (Some(b'x'), Some(hex)) => {
+                        let hex = std::str::from_utf8(hex).expect("hex");
+                        (out.push(u8::from_str_radix(hex, 16).expect("hex")), at += 4)
+                    }
+                    _ => (out.push(b), at += 1),
+                };
+            }
+            out
+        };
+        text.lines()
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .map(|line| line.split('\t').map(unescape).collect())
+            .collect()
+    }
+
+    #[test]
+    fn the_module_writes_the_messages_of_the_shared_vectors() {
+        let number = |b: &[u8]| std::str::from_utf8(b).expect("digits").parse::<u64>();
+        let db = |b: &[u8]| i32::try_from(number(b).expect("db")).expect("db");
+        let reasons = [
+            LostReason::ForceReleased,
+            LostReason::Deleted,
+            LostReason::Overwritten,
+            LostReason::Evicted,
+            LostReason::Disconnected,
+            LostReason::Expired,
+        ];
+        let gone = [
+            KeyGone::Deleted,
+            KeyGone::Expired,
+            KeyGone::Evicted,
+            KeyGone::Overwritten,
+        ];
+        let mut written = 0;
+        for row in vector_rows(include_str!("../../clients/vectors/lost-messages.tsv")) {
+            let field = |at: usize| row.get(at).map_or(&[][..], |f| f.as_slice());
+            let word = std::str::from_utf8(field(2)).expect("word");
+            let expected = match field(1) {
+                b"hold" => lost_hold(
+                    db(field(3)),
+                    field(5),
+                    &Lost {
+                        reason: *reasons.iter().find(|r| r.name() == word).expect("reason"),
+                        owner: field(6).to_vec(),
+                        token: Some(number(field(4)).expect("token")),
+                    },
+                ),
+                b"key" => key_gone(
+                    db(field(3)),
+                    field(5),
+                    *gone.iter().find(|g| g.name() == word).expect("reason"),
+                ),
+                b"moved" => key_gone(db(field(3)), field(5), KeyGone::Moved),
+                _ => continue, // a flush (written by the module's event handler), or none
+            };
+            assert_eq!(field(0), expected.as_slice(), "{row:?}");
+            written += 1;
+        }
+        for row in vector_rows(include_str!("../../clients/vectors/leader-messages.tsv")) {
+            let field = |at: usize| row.get(at).map_or(&[][..], |f| f.as_slice());
+            let (d, epoch) = (|| db(field(2)), || number(field(3)).expect("epoch"));
+            let expected = match field(1) {
+                b"elected" => elected(d(), field(4), epoch(), field(5)),
+                b"proclaimed" => proclaimed(d(), field(4), epoch(), field(5)),
+                _ => continue,
+            };
+            assert_eq!(field(0), expected.as_slice(), "{row:?}");
+            written += 1;
+        }
+        assert!(written > 15, "{written} rows");
+    }
+
     #[test]
     fn every_message_names_its_database_and_key_exactly() {
         let lost = |reason, token, owner: &str| Lost {

@@ -113,8 +113,17 @@ KeyMessage = Union[HoldEnded, KeyEnded, KeyMoved]
 LostMessage = Union[HoldEnded, KeyEnded, KeyMoved, Flushed]
 
 
+#: Tokens and epochs are 64-bit unsigned on the server.
+_MAX_NUMBER = 2**64 - 1
+
+
 def _number(field: bytes) -> Optional[int]:
-    return int(field) if field.isdigit() else None
+    """A number as the server writes it: decimal digits, no sign, no leading zero (but ``0``
+    itself), at most 64 bits; None for anything else."""
+    if not field.isdigit() or (len(field) > 1 and field.startswith(b"0")):
+        return None
+    value = int(field)
+    return value if value <= _MAX_NUMBER else None
 
 
 def _db_and_key(db_field: bytes, keylen_field: bytes, rest: bytes) -> Optional[tuple[int, bytes, bytes]]:
@@ -144,8 +153,8 @@ def parse_lost(payload: bytes) -> Optional[KeyMessage]:
         return None if reason is None else KeyEnded(reason, db, key)
     one = _ONE_HOLD.get(word)
     token = _number(token_field)
-    if one is None or token is None or not tail.startswith(b" "):
-        return None
+    if one is None or token is None or len(tail) < 2 or not tail.startswith(b" "):
+        return None  # the owner is never empty
     return HoldEnded(one, db, token, key, tail[1:])
 
 

@@ -11,86 +11,14 @@ from redis_lock_client._lifecycle import HoldMachine
 from redis_lock_client._messages import (
     Flushed,
     HoldEnded,
-    KeyEnded,
-    KeyMoved,
     LeaderMessage,
-    leader_channel,
-    lost_signal_channel,
-    parse_flush,
-    parse_leader_message,
-    parse_lost,
 )
 
-ONE_HOLD = [
-    (b"forcereleased", LostReason.FORCE_RELEASED),
-    (b"disconnected", LostReason.DISCONNECTED),
-    (b"expired", LostReason.EXPIRED),
-    (b"deleted", LostReason.DELETED),
-    (b"overwritten", LostReason.OVERWRITTEN),
-    (b"evicted", LostReason.EVICTED),
-]
+# What each payload says, and which are ignored: the shared vectors (test_vectors.py).
 
 
-@pytest.mark.scenario("lost-forcereleased", "lost-disconnected", "lost-deleted",
-                      "lost-overwritten", "lost-evicted", "lost-expired")
-@pytest.mark.parametrize("word,reason", ONE_HOLD)
-def test_a_one_hold_message_names_db_token_key_and_owner(word, reason):
-    # <reason> <db> <token> <keylen> <key> <owner>: the key is exactly keylen bytes (spaces
-    # too), the owner the rest of the message (spaces too).
-    assert parse_lost(word + b" 3 42 9 a key {x} app:1 with space") == HoldEnded(
-        reason, 3, 42, b"a key {x}", b"app:1 with space")
-    assert parse_lost(word + b" 0 0 1 k o") == HoldEnded(reason, 0, 0, b"k", b"o")  # Redisson's
-    assert parse_lost(word + b" 0 7 0  owner") == HoldEnded(reason, 0, 7, b"", b"owner")
-
-
-@pytest.mark.scenario("signal-own-key", "cluster-moved")
-def test_whole_key_and_moved_messages_have_a_star_and_end_with_the_key():
-    for word, reason in [(b"deleted", LostReason.DELETED), (b"expired", LostReason.EXPIRED),
-                         (b"overwritten", LostReason.OVERWRITTEN),
-                         (b"evicted", LostReason.EVICTED)]:
-        assert parse_lost(word + b" 1 * 5 {a} b") == KeyEnded(reason, 1, b"{a} b")
-    assert parse_lost(b"moved 0 * 3 k k") == KeyMoved(0, b"k k")
-
-
-@pytest.mark.parametrize("bad", [
-    b"", b"deleted", b"deleted 0 42 1", b"deleted 0 42 1 k",  # no owner
-    b"deleted x 42 1 k o", b"deleted 0 x 1 k o", b"deleted 0 42 x k o", b"deleted -1 42 1 k o",
-    b"deleted 0 42 5 k o",  # keylen past the end
-    b"deleted 0 42 1 kowner",  # no space after the key
-    b"unknown 0 42 1 k o", b"flushed 0", b"moved 0 42 1 k o",  # moved names no hold
-    b"forcereleased 0 * 1 k",  # forcereleased is of one hold only
-    b"disconnected 0 * 1 k", b"deleted 0 * 1 k trailing", b"deleted 0 * 3 k",
-    b"moved 0 * 1 k x", b"deleted 42 owner",  # the old format is not the new one
-])
-def test_anything_else_is_not_a_lost_hold_message(bad):
-    assert parse_lost(bad) is None
-
-
-@pytest.mark.scenario("lost-flushed")
-def test_flush_messages():
-    assert parse_flush(b"flushed 0") == Flushed(0)
-    assert parse_flush(b"flushed 12") == Flushed(12)
-    assert parse_flush(b"flushed all") == Flushed(None)
-    for bad in [b"flushed", b"flushed x", b"flushed 0 1", b"deleted 0", b""]:
-        assert parse_flush(bad) is None
+def test_a_flush_covers_its_database_or_all():
     assert Flushed(None).covers(5) and Flushed(5).covers(5) and not Flushed(4).covers(5)
-
-
-def test_leader_messages_name_db_epoch_key_and_candidate_or_value():
-    assert parse_leader_message(b"elected 1 77 5 {s} x node a") == LeaderMessage(
-        True, 1, 77, b"{s} x", b"node a")
-    assert parse_leader_message(b"proclaimed 0 77 1 s 10.0.0.1:80") == LeaderMessage(
-        False, 0, 77, b"s", b"10.0.0.1:80")
-    assert parse_leader_message(b"proclaimed 0 77 1 s ") == LeaderMessage(False, 0, 77, b"s", b"")
-    for bad in [b"elected 0 77 1 s ", b"elected 0 0 1 s c", b"elected 0 77 2 s c",
-                b"elected 77 node", b"proclaimed 77 value", b"other 0 77 1 s c", b""]:
-        assert parse_leader_message(bad) is None
-
-
-def test_channels_are_shared_by_a_key_and_its_braced_form():
-    assert lost_signal_channel("a") == lost_signal_channel("{a}") == b"lock.lost:{a}"
-    assert lost_signal_channel("x{y}z") == b"lock.lost:x{y}z"
-    assert leader_channel("a") == leader_channel(b"{a}") == b"lock.leader:{a}"
 
 
 def _machine(db: int = 0, key: bytes = b"k", token: int = 42, owner: bytes = b"me") -> HoldMachine:

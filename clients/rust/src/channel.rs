@@ -75,4 +75,20 @@ mod tests {
         // `a` and `{a}` share a channel: the messages name their key.
         assert_eq!(lost_signal_channel(b"a"), lost_signal_channel(b"{a}"));
     }
+
+    #[test]
+    fn channels_are_named_as_the_shared_vectors_say() {
+        use crate::vectors::{column, rows, unescape, CHANNELS};
+        let rows = rows(CHANNELS);
+        assert!(rows.len() > 3);
+        for row in rows {
+            let key = unescape(column(&row, 0));
+            assert_eq!(
+                lost_signal_channel(&key),
+                unescape(column(&row, 1)),
+                "{row:?}"
+            );
+            assert_eq!(leader_channel(&key), unescape(column(&row, 2)), "{row:?}");
+        }
+    }
 }

@@ -155,6 +155,8 @@ mod reply;
 mod servers;
 mod signal;
 mod tickets;
+#[cfg(test)]
+mod vectors;
 
 pub use channel::{
     leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,

@@ -145,7 +145,8 @@ pub(crate) enum LeaderMessage {
         key: Vec<u8>,
         candidate: Vec<u8>,
     },
-    /// `proclaimed <db> <epoch> <keylen> <key> <value>` (the value may be empty).
+    /// `proclaimed <db> <epoch> <keylen> <key> <value>` (the value may be empty, the space
+    /// before it is always there).
     Proclaimed {
         db: i64,
         epoch: u64,
@@ -159,20 +160,22 @@ impl LeaderMessage {
         let (word, rest) = split_word(payload)?;
         let (db, rest) = split_word(rest)?;
         let (epoch, rest) = split_word(rest)?;
-        let (db, epoch) = (number(db)?, number(epoch)?);
+        let (db, epoch) = (number(db)?, number(epoch).filter(|e| *e != 0)?);
+        // The server always writes the space before the candidate or the value.
         let (key, tail) = keyed(rest)?;
+        let tail = tail?;
         match word {
-            b"elected" => Some(LeaderMessage::Elected {
+            b"elected" if !tail.is_empty() => Some(LeaderMessage::Elected {
                 db,
                 epoch,
                 key,
-                candidate: tail.filter(|c| !c.is_empty())?,
+                candidate: tail,
             }),
             b"proclaimed" => Some(LeaderMessage::Proclaimed {
                 db,
                 epoch,
                 key,
-                value: tail.unwrap_or_default(),
+                value: tail,
             }),
             _ => None,
         }
@@ -218,103 +221,77 @@ fn number<T: std::str::FromStr>(s: &[u8]) -> Option<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vectors::{column, rows, unescape, LEADER_MESSAGES, LOST_MESSAGES};
 
-    fn hold(reason: LostReason, db: i64, token: u64, key: &str, owner: &str) -> LostSignal {
-        LostSignal::Hold {
-            reason,
-            db,
-            token,
-            key: key.into(),
-            owner: owner.into(),
+    fn expected_lost(row: &[&str]) -> Option<LostSignal> {
+        let text = |at| unescape(column(row, at));
+        let reason = || LostReason::from_signal_word(column(row, 2)).expect("a signal word");
+        let db = || column(row, 3).parse().expect("db");
+        match column(row, 1) {
+            "hold" => Some(LostSignal::Hold {
+                reason: reason(),
+                db: db(),
+                token: column(row, 4).parse().expect("token"),
+                key: text(5),
+                owner: text(6),
+            }),
+            "key" => Some(LostSignal::Key {
+                reason: reason(),
+                db: db(),
+                key: text(5),
+            }),
+            "moved" => Some(LostSignal::Moved {
+                db: db(),
+                key: text(5),
+            }),
+            "flushed" => Some(LostSignal::Flushed {
+                db: (column(row, 3) != "all").then(db),
+            }),
+            kind => {
+                assert_eq!(kind, "none", "{row:?}");
+                None
+            }
         }
     }
 
     #[test]
-    fn one_hold_messages_name_db_key_owner_and_token() {
-        let cases: [(&[u8], Option<LostSignal>); 12] = [
-            (
-                b"forcereleased 0 17 9 orders:42 worker 1",
-                Some(hold(
-                    LostReason::ForceReleased,
-                    0,
-                    17,
-                    "orders:42",
-                    "worker 1",
-                )),
-            ),
-            // A key with spaces, and a token 0 (a hold Redisson's script took).
-            (
-                b"expired 3 0 5 a b c w",
-                Some(hold(LostReason::Expired, 3, 0, "a b c", "w")),
-            ),
-            (
-                b"disconnected 15 8 3 {k} o",
-                Some(hold(LostReason::Disconnected, 15, 8, "{k}", "o")),
-            ),
-            (
-                b"deleted 0 1 1 k o",
-                Some(hold(LostReason::Deleted, 0, 1, "k", "o")),
-            ),
-            (b"released 0 1 1 k o", None),
-            (b"deleted x 1 1 k o", None),
-            (b"deleted 0 x 1 k o", None),
-            (b"deleted 0 -1 1 k o", None),
-            (b"deleted 0 1 1 k ", None),
-            (b"deleted 0 1 2 k o", None), // keylen runs into the owner's space: "k " then "o"
-            (b"deleted 0 1 9 k o", None), // shorter than keylen
-            (b"deleted 00 1 1 k o", None),
-        ];
-        for (payload, want) in cases {
-            assert_eq!(
-                LostSignal::parse(payload),
-                want,
-                "{}",
-                String::from_utf8_lossy(payload)
+    fn lost_messages_read_as_the_shared_vectors_say() {
+        let rows = rows(LOST_MESSAGES);
+        assert!(rows.len() > 30);
+        for row in rows {
+            let payload = unescape(column(&row, 0));
+            assert_eq!(LostSignal::parse(&payload), expected_lost(&row), "{row:?}");
+        }
+    }
+
+    #[test]
+    fn leader_messages_read_as_the_shared_vectors_say() {
+        let rows = rows(LEADER_MESSAGES);
+        assert!(rows.len() > 10);
+        for row in rows {
+            let (db, epoch, key, data) = (
+                || column(&row, 2).parse().expect("db"),
+                || column(&row, 3).parse().expect("epoch"),
+                || unescape(column(&row, 4)),
+                || unescape(column(&row, 5)),
             );
-        }
-    }
-
-    #[test]
-    fn whole_key_moved_and_flush_messages_parse() {
-        let key = |reason, db, key: &str| LostSignal::Key {
-            reason,
-            db,
-            key: key.into(),
-        };
-        let cases: [(&[u8], Option<LostSignal>); 12] = [
-            (b"deleted 0 * 1 k", Some(key(LostReason::Deleted, 0, "k"))),
-            (
-                b"expired 1 * 3 a b",
-                Some(key(LostReason::Expired, 1, "a b")),
-            ),
-            (
-                b"overwritten 0 * 3 {k}",
-                Some(key(LostReason::Overwritten, 0, "{k}")),
-            ),
-            (b"evicted 0 * 1 k", Some(key(LostReason::Evicted, 0, "k"))),
-            // Whole-key reasons only, nothing after the key.
-            (b"forcereleased 0 * 1 k", None),
-            (b"deleted 0 * 1 k o", None),
-            (
-                b"moved 0 * 5 {a}:b",
-                Some(LostSignal::Moved {
-                    db: 0,
-                    key: "{a}:b".into(),
+            let want = match column(&row, 1) {
+                "elected" => Some(LeaderMessage::Elected {
+                    db: db(),
+                    epoch: epoch(),
+                    key: key(),
+                    candidate: data(),
                 }),
-            ),
-            (b"moved 0 3 1 k o", None),
-            (b"flushed 0", Some(LostSignal::Flushed { db: Some(0) })),
-            (b"flushed 15", Some(LostSignal::Flushed { db: Some(15) })),
-            (b"flushed all", Some(LostSignal::Flushed { db: None })),
-            (b"flushed", None),
-        ];
-        for (payload, want) in cases {
-            assert_eq!(
-                LostSignal::parse(payload),
-                want,
-                "{}",
-                String::from_utf8_lossy(payload)
-            );
+                "proclaimed" => Some(LeaderMessage::Proclaimed {
+                    db: db(),
+                    epoch: epoch(),
+                    key: key(),
+                    value: data(),
+                }),
+                _ => None,
+            };
+            let payload = unescape(column(&row, 0));
+            assert_eq!(LeaderMessage::parse(&payload), want, "{row:?}");
         }
     }
 
@@ -327,51 +304,6 @@ mod tests {
         let all = LostSignal::Flushed { db: None };
         assert!(all.concerns(4, b"x"));
         assert!(!LostSignal::Flushed { db: Some(0) }.concerns(4, b"x"));
-    }
-
-    #[test]
-    fn leader_messages_name_db_and_key() {
-        let cases: [(&[u8], Option<LeaderMessage>); 7] = [
-            (
-                b"elected 0 7 3 svc node a",
-                Some(LeaderMessage::Elected {
-                    db: 0,
-                    epoch: 7,
-                    key: "svc".into(),
-                    candidate: "node a".into(),
-                }),
-            ),
-            (
-                b"proclaimed 1 7 5 {svc} 10.0.0.1:80",
-                Some(LeaderMessage::Proclaimed {
-                    db: 1,
-                    epoch: 7,
-                    key: "{svc}".into(),
-                    value: "10.0.0.1:80".into(),
-                }),
-            ),
-            (
-                b"proclaimed 0 7 3 svc ",
-                Some(LeaderMessage::Proclaimed {
-                    db: 0,
-                    epoch: 7,
-                    key: "svc".into(),
-                    value: Vec::new(),
-                }),
-            ),
-            (b"elected 0 7 3 svc", None),
-            (b"elected 0 7 3 svc ", None),
-            (b"elected 0 x 3 svc c", None),
-            (b"resigned 0 7 3 svc c", None),
-        ];
-        for (payload, want) in cases {
-            assert_eq!(
-                LeaderMessage::parse(payload),
-                want,
-                "{}",
-                String::from_utf8_lossy(payload)
-            );
-        }
         let m = LeaderMessage::parse(b"elected 0 7 3 svc c").unwrap();
         assert!(m.is_about(0, b"svc"));
         assert!(!m.is_about(1, b"svc"));
