@@ -32,7 +32,7 @@ cp "$target/release/libredis_lock.so" "$root/README.md" "$root/LICENSE" "$stage/
 # The documentation the README links to, and what that links to in turn: the files of these
 # paths that the repository tracks (or, outside a git checkout, that are there).
 shipped=(docs tests/cli tests/clients clients/rust/README.md clients/rust/CHANGELOG.md
-  clients/python/README.md clients/python/CHANGELOG.md)
+  clients/python/README.md clients/python/CHANGELOG.md clients/vectors)
 if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   git -C "$root" ls-files -z -- "${shipped[@]}"
 else
