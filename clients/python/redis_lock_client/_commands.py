@@ -140,11 +140,12 @@ def fence_refusal(line: str) -> Optional[LostReason]:
     """What a LOCK.GUARD refusal says of the hold: ``FENCED the hold is gone`` (the owner
     holds nothing on the key), ``FENCED the token is not current`` (it holds it under another
     token); None for any other error (the command's own, which is no loss)."""
-    if line.startswith("FENCED the token is not current"):
+    word, _, rest = line.partition(" ")
+    if word != "FENCED":
+        return None
+    if rest.lstrip().startswith("the token is not current"):
         return LostReason.TOKEN_NOT_CURRENT
-    if line.startswith("FENCED"):
-        return LostReason.HOLD_GONE
-    return None
+    return LostReason.HOLD_GONE
 
 
 def says_not_ephemeral(error: str) -> bool:

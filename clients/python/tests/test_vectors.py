@@ -10,6 +10,8 @@ from typing import Optional
 import pytest
 
 from redis_lock_client import LostReason
+from redis_lock_client._commands import fence_refusal, is_final, is_not_yet
+from redis_lock_client._common import missing_rule, refused_command
 from redis_lock_client._messages import (
     Flushed,
     HoldEnded,
@@ -89,5 +91,19 @@ def test_channels(row):
 
 def test_every_file_has_rows():
     assert {name: len(rows(name)) > 5 for name in
-            ("lost-messages.tsv", "leader-messages.tsv", "channels.tsv")} == dict.fromkeys(
-        ("lost-messages.tsv", "leader-messages.tsv", "channels.tsv"), True)
+            ("lost-messages.tsv", "leader-messages.tsv", "channels.tsv", "error-lines.tsv")} \
+        == dict.fromkeys(("lost-messages.tsv", "leader-messages.tsv", "channels.tsv",
+                          "error-lines.tsv"), True)
+
+
+@pytest.mark.parametrize("row", rows("error-lines.tsv"), ids=lambda r: r[0])
+def test_error_lines(row):
+    line = row[0]
+    assert is_final(line) == (column(row, 1) == "final")
+    fence = {"gone": LostReason.HOLD_GONE, "token-not-current": LostReason.TOKEN_NOT_CURRENT}
+    assert fence_refusal(line) == fence.get(column(row, 2))
+    assert is_not_yet(line) == (column(row, 3) == "not-yet")
+    if line.startswith("NOPERM"):
+        named = refused_command(line)
+        assert named == column(row, 4)
+        assert missing_rule(named or "LOCK.ACQUIRE", line) == column(row, 5)

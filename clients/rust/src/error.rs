@@ -180,7 +180,7 @@ pub(crate) fn command_name(cmd: &redis::Cmd) -> String {
 }
 
 /// The command a `NOPERM` line names (`... to run the 'lock.check' command`), upper case.
-fn refused_command(message: &str) -> Option<String> {
+pub(crate) fn refused_command(message: &str) -> Option<String> {
     let (_, rest) = message.split_once("to run the '")?;
     let (name, _) = rest.split_once('\'')?;
     Some(name.to_ascii_uppercase())
@@ -188,7 +188,7 @@ fn refused_command(message: &str) -> Option<String> {
 
 /// The rule a `NOPERM` line says is missing: the command's (`+lock.check`,
 /// `+client|setname`), or a key pattern or a channel.
-fn missing_rule(command: &str, message: &str) -> String {
+pub(crate) fn missing_rule(command: &str, message: &str) -> String {
     let lower = message.to_ascii_lowercase();
     if lower.contains("given to lock.guard") {
         "the fenced command's own rules (+command, ~keys, &channels)".to_string()

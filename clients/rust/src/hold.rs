@@ -840,7 +840,7 @@ fn no_confirmation() -> redis::RedisError {
 /// An answer that says the command did not run and may run in a moment: no answer, or a server
 /// in a failover or a slot move (`READONLY`: still the old master's connection; `LOADING`,
 /// `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`).
-fn not_yet(e: &LockError) -> bool {
+pub(crate) fn not_yet(e: &LockError) -> bool {
     match e {
         LockError::Server(text) => [
             "READONLY",

@@ -60,7 +60,7 @@ pub(crate) fn renewal(reply: &Result<Value, LockError>, lease: Duration) -> Answ
 
 /// Server errors after which the hold cannot be there any more (as opposed to LOADING, BUSY,
 /// MASTERDOWN, a pause, a redirect, ... which pass).
-fn is_final(text: &str) -> bool {
+pub(crate) fn is_final(text: &str) -> bool {
     (text.starts_with("ERR ") && !text.contains("paused")) || text.starts_with("WRONGTYPE")
 }
 

@@ -42,3 +42,41 @@ pub(crate) fn unescape(text: &str) -> Vec<u8> {
 pub(crate) const LOST_MESSAGES: &str = include_str!("../../vectors/lost-messages.tsv");
 pub(crate) const LEADER_MESSAGES: &str = include_str!("../../vectors/leader-messages.tsv");
 pub(crate) const CHANNELS: &str = include_str!("../../vectors/channels.tsv");
+pub(crate) const ERROR_LINES: &str = include_str!("../../vectors/error-lines.tsv");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{missing_rule, refused_command, LockError};
+    use crate::hold::not_yet;
+    use crate::lost::LostReason;
+    use crate::reply::{fence_refusal, is_final};
+
+    #[test]
+    fn error_lines_read_as_the_shared_vectors_say() {
+        let rows = rows(ERROR_LINES);
+        assert!(rows.len() > 15);
+        for row in rows {
+            let line = column(&row, 0);
+            assert_eq!(is_final(line), column(&row, 1) == "final", "{row:?}");
+            let fence = match column(&row, 2) {
+                "gone" => Some(LostReason::HoldGone),
+                "token-not-current" => Some(LostReason::TokenNotCurrent),
+                _ => None,
+            };
+            assert_eq!(fence_refusal(line), fence, "{row:?}");
+            let server = LockError::Server(line.to_string());
+            assert_eq!(not_yet(&server), column(&row, 3) == "not-yet", "{row:?}");
+            if line.starts_with("NOPERM") {
+                let named = refused_command(line).unwrap_or_default();
+                assert_eq!(named, column(&row, 4), "{row:?}");
+                let command = if named.is_empty() {
+                    "LOCK.ACQUIRE"
+                } else {
+                    &named
+                };
+                assert_eq!(missing_rule(command, line), column(&row, 5), "{row:?}");
+            }
+        }
+    }
+}
