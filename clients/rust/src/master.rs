@@ -5,25 +5,36 @@
 //! every command sent before the change and answered after it is taken for unanswered, so that
 //! a paused old master that comes back (a "zombie", still a master until the Sentinels turn it
 //! into a replica) is never believed: its grants, renewals and fenced writes are void once a
-//! replica was promoted. The client learns of a change from the Sentinels' `+switch-master`
-//! message, from a poll of the Sentinels every second (pub/sub is at-most-once), and from a
-//! lookup after a failure that names another address.
+//! replica was promoted. The client learns of a change from a poll of the Sentinels every
+//! second, from a lookup right after their `+switch-master` message (a hint only: anyone who
+//! may publish on a Sentinel can send one, and an old one may arrive late), and from a lookup
+//! after a failure.
 //!
-//! Through Sentinel the library asks the Sentinels for the master (the `redis` crate's
-//! `Sentinel`, which also checks with `ROLE` that the server it names says it is a master) when
-//! it first needs it and whenever the one it knew fails: a connection to it that cannot be
-//! made or breaks, or a reply that says it is a replica now (`READONLY`, or the module's refusal
-//! to let a replica wait). Every connection the client opens afterwards (the shared one, a
-//! waiting acquire's, an `EPHEMERAL` hold's, the lost-hold listener's, an observer's) goes to
-//! the new master. A lookup that cannot finish within the command timeout (a paused master
-//! still named by the Sentinels accepts connections but never answers `ROLE`) fails, and the
-//! next one asks again.
+//! How the master is chosen: every Sentinel is asked at once (`SENTINEL MASTER <name>`, each
+//! within the command timeout; one unreachable or answering nonsense counts for nothing), and
+//! the answer with the highest `config-epoch` wins: the epoch of the failover that made that
+//! address the master, so a Sentinel that has not heard of the last failover yet (or one
+//! restarted from an old configuration) cannot lead the client back to an older master,
+//! whatever its place in the list (the price: a lookup waits for the slowest Sentinel, up to the
+//! command timeout). The client remembers the highest epoch it has followed and
+//! never follows an address named with a lower one. A newer master is followed only once it
+//! says it is one (`ROLE`), and not while the Sentinels that name it take it for down
+//! (`s_down`, `o_down`).
+//!
+//! The lookup runs when the client first needs the master and whenever the one it knew fails: a
+//! connection to it that cannot be made or breaks, or a reply that says it is a replica now
+//! (`READONLY`, or the module's refusal to let a replica wait). Every connection the client
+//! opens afterwards (the shared one, a waiting acquire's, an `EPHEMERAL` hold's, the lost-hold
+//! listener's, an observer's) goes to the new master. A lookup that finds no master (no
+//! Sentinel answers, the newest master does not answer `ROLE` within the command timeout: a
+//! paused master still named by the Sentinels accepts connections but never answers) fails, and
+//! the next one asks again.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
-use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+use redis::aio::MultiplexedConnection;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
 use tokio::sync::watch;
 
 use crate::basics::relock;
@@ -91,19 +102,87 @@ pub(crate) async fn changed(changes: Option<watch::Receiver<u64>>) {
     }
 }
 
+/// What one Sentinel says of the master (its `SENTINEL MASTER <name>` reply).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SentinelView {
+    host: String,
+    port: u16,
+    /// The failover that made this address the master (0 before any): the higher, the newer.
+    config_epoch: u64,
+    /// The Sentinel's flags say `master` and neither `s_down` nor `o_down`.
+    usable: bool,
+}
+
+/// Reads a `SENTINEL MASTER <name>` reply: a flat field/value list (RESP2) or a map (RESP3).
+/// `None` when `ip`, `port` or `config-epoch` is missing or malformed.
+fn sentinel_view(reply: &Value) -> Option<SentinelView> {
+    let pairs: Vec<(&Value, &Value)> = match reply {
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .filter_map(|pair| match pair {
+                [field, value] => Some((field, value)),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(pairs) => pairs.iter().map(|(field, value)| (field, value)).collect(),
+        _ => return None,
+    };
+    let field = |name: &str| {
+        pairs
+            .iter()
+            .find(|(field, _)| text(field).as_deref() == Some(name))
+            .and_then(|(_, value)| text(value))
+    };
+    let flags = field("flags").unwrap_or_default();
+    let flags: Vec<&str> = flags.split(',').collect();
+    Some(SentinelView {
+        host: field("ip")?,
+        port: field("port")?.parse().ok()?,
+        config_epoch: field("config-epoch")?.parse().ok()?,
+        usable: flags.contains(&"master")
+            && !flags.iter().any(|f| *f == "s_down" || *f == "o_down"),
+    })
+}
+
+/// A field or value of a Sentinel's reply as text (numbers too, whatever the protocol).
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The newest of the Sentinels' views: the highest config-epoch, a usable one first among
+/// equals. Asked in turn, the first Sentinel to answer may be one that has not heard of the
+/// last failover yet, and would name an older master.
+fn newest(views: impl IntoIterator<Item = SentinelView>) -> Option<SentinelView> {
+    views
+        .into_iter()
+        .max_by_key(|view| (view.config_epoch, view.usable))
+}
+
+/// The master the client follows, and the config-epoch it was named with.
+struct Followed {
+    addr: ConnectionAddr,
+    config_epoch: u64,
+}
+
 /// The master of one Sentinel-monitored set.
 pub(crate) struct SentinelMaster {
-    sentinel: tokio::sync::Mutex<Sentinel>,
-    /// The Sentinels, for the watcher's own connections.
     sentinels: Vec<ConnectionInfo>,
     name: String,
     /// The master's connection settings: database, user, password, protocol.
     settings: RedisConnectionInfo,
     timeout: Duration,
+    /// One lookup at a time; a connection kept per Sentinel between lookups.
+    lookups: tokio::sync::Mutex<Vec<Option<MultiplexedConnection>>>,
     /// The master to use, until a failure drops it.
     current: Mutex<Option<Node>>,
-    /// The last master's address the client knew: another one is a failover.
-    known: Mutex<Option<ConnectionAddr>>,
+    /// The last master the client followed: another address is a failover, and one named at a
+    /// lower config-epoch is older than it and never followed.
+    followed: Mutex<Option<Followed>>,
     generation: watch::Sender<u64>,
 }
 
@@ -120,108 +199,124 @@ impl SentinelMaster {
             ));
         }
         Ok(SentinelMaster {
-            sentinel: tokio::sync::Mutex::new(
-                Sentinel::build(sentinels.clone()).map_err(LockError::Connection)?,
-            ),
+            lookups: tokio::sync::Mutex::new(vec![None; sentinels.len()]),
             sentinels,
             name,
             settings,
             timeout,
             current: Mutex::new(None),
-            known: Mutex::new(None),
+            followed: Mutex::new(None),
             generation: watch::Sender::new(0),
         })
     }
 
-    /// `node` is the master now: a failover if the client knew another.
-    fn adopt(&self, node: &Node) {
+    /// `node`, named at `config_epoch`, is the master now: a failover if the client followed
+    /// another address.
+    fn adopt(&self, node: &Node, config_epoch: u64) {
         let addr = node.client.get_connection_info().addr().clone();
-        let mut known = relock(&self.known);
-        if known.as_ref().is_some_and(|k| *k != addr) {
+        let mut followed = relock(&self.followed);
+        if followed.as_ref().is_some_and(|f| f.addr != addr) {
             self.generation.send_modify(|g| *g += 1);
         }
-        *known = Some(addr);
+        *followed = Some(Followed { addr, config_epoch });
     }
 
-    /// Where the Sentinels say the master is (`SENTINEL GET-MASTER-ADDR-BY-NAME`), asked of
-    /// each in turn until one answers, on connections kept in `conns` (one per Sentinel).
-    async fn ask(
-        &self,
-        conns: &mut Vec<Option<redis::aio::MultiplexedConnection>>,
-    ) -> Option<(String, u16)> {
-        conns.resize(self.sentinels.len(), None);
-        for (info, slot) in self.sentinels.iter().zip(conns.iter_mut()) {
-            let asked = async {
-                if slot.is_none() {
-                    *slot = Some(
-                        redis::Client::open(info.clone())
-                            .ok()?
-                            .get_multiplexed_async_connection()
-                            .await
-                            .ok()?,
-                    );
+    /// Every Sentinel's view of the master, asked all at once (each within the command
+    /// timeout), on the connections kept in `conns`. An unreachable Sentinel, or one whose
+    /// answer does not parse, counts for nothing.
+    async fn ask_all(&self, conns: &mut [Option<MultiplexedConnection>]) -> Vec<SentinelView> {
+        let mut asks = tokio::task::JoinSet::new();
+        for (index, (info, conn)) in self.sentinels.iter().zip(conns.iter()).enumerate() {
+            let (info, conn, name, timeout) =
+                (info.clone(), conn.clone(), self.name.clone(), self.timeout);
+            asks.spawn(async move {
+                match tokio::time::timeout(timeout, ask_one(info, conn, &name)).await {
+                    Ok((conn, view)) => (index, conn, view),
+                    // A Sentinel that does not answer in time: connect afresh next time.
+                    Err(_) => (index, None, None),
                 }
-                let conn = slot.as_mut()?;
-                let reply: redis::RedisResult<Option<(String, String)>> = redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(&self.name)
-                    .query_async(conn)
-                    .await;
-                let (host, port) = match reply {
-                    Ok(reply) => reply?,
-                    Err(_) => {
-                        *slot = None;
-                        return None;
-                    }
-                };
-                Some((host, port.parse().ok()?))
-            };
-            match tokio::time::timeout(self.timeout, asked).await {
-                Ok(Some(found)) => return Some(found),
-                Ok(None) => {}
-                Err(_) => *slot = None,
-            }
+            });
         }
-        None
+        let mut views = Vec::new();
+        while let Some(asked) = asks.join_next().await {
+            let Ok((index, conn, view)) = asked else {
+                continue;
+            };
+            if let Some(slot) = conns.get_mut(index) {
+                *slot = conn;
+            }
+            views.extend(view);
+        }
+        views
     }
 
-    /// The Sentinels name `host:port` as the master: if it is not the one the client uses,
-    /// switch to it (a failover).
-    fn named(&self, host: String, port: u16) {
-        let known = relock(&self.known).clone();
-        let same = matches!(&known, Some(ConnectionAddr::Tcp(h, p)) if *h == host && *p == port);
-        if same {
-            return;
-        }
-        let Ok(info) = ConnectionAddr::Tcp(host, port).into_connection_info() else {
-            return;
+    /// Whether `node` says it is a master (`ROLE`), within the command timeout: a server the
+    /// Sentinels name may not have been promoted yet, or no longer be one.
+    async fn says_master(&self, node: &Node) -> bool {
+        let role = async {
+            let mut conn = node.client.get_multiplexed_async_connection().await.ok()?;
+            let role: Value = redis::cmd("ROLE").query_async(&mut conn).await.ok()?;
+            match role {
+                Value::Array(items) => items.first().and_then(text),
+                _ => None,
+            }
         };
-        if let Ok(node) = Node::from_info(info.set_redis_settings(self.settings.clone())) {
-            *relock(&self.current) = Some(node.clone());
-            self.adopt(&node);
+        matches!(
+            tokio::time::timeout(self.timeout, role).await,
+            Ok(Some(role)) if role == "master"
+        )
+    }
+
+    /// Asks every Sentinel and follows the newest master they name: the same one as now, or
+    /// another (a failover) once it says it is a master. Never one named at a lower
+    /// config-epoch than the master followed so far (a Sentinel behind the others, or one
+    /// restarted from an old configuration). The master to use, if there is one.
+    async fn look_up(&self, conns: &mut [Option<MultiplexedConnection>]) -> Option<Node> {
+        let view = newest(self.ask_all(conns).await)?;
+        if !view.usable {
+            return None;
         }
+        let floor = relock(&self.followed).as_ref().map(|f| f.config_epoch);
+        if floor.is_some_and(|floor| view.config_epoch < floor) {
+            return None;
+        }
+        let info = ConnectionAddr::Tcp(view.host, view.port)
+            .into_connection_info()
+            .ok()?
+            .set_redis_settings(self.settings.clone());
+        let node = Node::from_info(info).ok()?;
+        let current = relock(&self.current).clone();
+        if let Some(current) = current.filter(|current| current.same_address(&node)) {
+            self.adopt(&current, view.config_epoch);
+            return Some(current);
+        }
+        if !self.says_master(&node).await {
+            return None;
+        }
+        *relock(&self.current) = Some(node.clone());
+        self.adopt(&node, view.config_epoch);
+        Some(node)
+    }
+
+    /// Asks the Sentinels again (the poll, or a `+switch-master` message: a hint, not the
+    /// answer), and switches if they name a newer master.
+    async fn refresh(&self) {
+        let mut conns = self.lookups.lock().await;
+        self.look_up(&mut conns).await;
     }
 
     async fn node(&self) -> Result<Node, LockError> {
         if let Some(node) = relock(&self.current).clone() {
             return Ok(node);
         }
-        let mut sentinel = self.sentinel.lock().await;
+        let mut conns = self.lookups.lock().await;
         // Another task may have asked meanwhile.
         if let Some(node) = relock(&self.current).clone() {
             return Ok(node);
         }
-        let info =
-            SentinelNodeConnectionInfo::default().set_redis_connection_info(self.settings.clone());
-        let lookup = sentinel.async_master_for(&self.name, Some(&info));
-        let client = match tokio::time::timeout(self.timeout, lookup).await {
-            Ok(client) => client.map_err(LockError::Connection)?,
-            Err(_) => return Err(no_master(&self.name)),
-        };
-        let node = Node::from_info(client.get_connection_info().clone())?;
-        *relock(&self.current) = Some(node.clone());
-        self.adopt(&node);
-        Ok(node)
+        self.look_up(&mut conns)
+            .await
+            .ok_or_else(|| no_master(&self.name))
     }
 
     fn forget(&self, node: &Node) {
@@ -232,9 +327,43 @@ impl SentinelMaster {
     }
 }
 
-/// Follows the Sentinels' view of the master while the client lives: their `+switch-master`
-/// messages (on one Sentinel at a time) and, as the backstop of an at-most-once message, a poll
-/// every second.
+/// One Sentinel's view of the master (`SENTINEL MASTER <name>`), on `conn` or a new
+/// connection; returns the connection worth keeping, if any.
+async fn ask_one(
+    info: ConnectionInfo,
+    conn: Option<MultiplexedConnection>,
+    name: &str,
+) -> (Option<MultiplexedConnection>, Option<SentinelView>) {
+    let mut conn = match conn {
+        Some(conn) => conn,
+        None => {
+            let opened = match redis::Client::open(info) {
+                Ok(client) => client.get_multiplexed_async_connection().await,
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok(conn) => conn,
+                Err(_) => return (None, None),
+            }
+        }
+    };
+    let reply: redis::RedisResult<Value> = redis::cmd("SENTINEL")
+        .arg("MASTER")
+        .arg(name)
+        .query_async(&mut conn)
+        .await;
+    match reply {
+        Ok(reply) => (Some(conn), sentinel_view(&reply)),
+        // The Sentinel answered, but not with the master (it does not monitor this name):
+        // the connection is fine.
+        Err(e) if !e.is_io_error() && !e.is_unrecoverable_error() => (Some(conn), None),
+        Err(_) => (None, None),
+    }
+}
+
+/// Follows the Sentinels' view of the master while the client lives: a lookup on each of
+/// their `+switch-master` messages (on one Sentinel at a time) and, as the backstop of an
+/// at-most-once message, every second.
 pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
     let Some(first) = master.upgrade() else {
         return;
@@ -242,7 +371,6 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
     let (sentinels, name) = (first.sentinels.clone(), first.name.clone());
     drop(first);
     let mut next = 0usize;
-    let mut polls = Vec::new();
     loop {
         // A subscription to one Sentinel's +switch-master, while it lasts.
         let (tx, mut pushes) = tokio::sync::mpsc::unbounded_channel();
@@ -266,19 +394,17 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
             tokio::select! {
                 push = pushes.recv(), if conn.is_some() => match push {
                     Some(push) if push.kind == redis::PushKind::Message => {
-                        // `<name> <old ip> <old port> <new ip> <new port>`
-                        let text = match push.data.get(1) {
-                            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                            _ => continue,
-                        };
-                        let f: Vec<&str> = text.split(' ').collect();
-                        if let [n, _, _, host, port] = f.as_slice() {
-                            if *n == name {
-                                let Some(master) = master.upgrade() else { return };
-                                if let Ok(port) = port.parse() {
-                                    master.named(host.to_string(), port);
-                                }
-                            }
+                        // `<name> <old ip> <old port> <new ip> <new port>`: only a hint that
+                        // the master changed (anyone may publish it, and an old one may arrive
+                        // late), so the Sentinels are asked, not believed on its word.
+                        let names_ours = matches!(
+                            push.data.get(1),
+                            Some(Value::BulkString(b)) if b.split(|c| *c == b' ').next() == Some(name.as_bytes())
+                        );
+                        if names_ours {
+                            let Some(master) = master.upgrade() else { return };
+                            master.refresh().await;
+                            poll.reset();
                         }
                     }
                     Some(push) if push.kind == redis::PushKind::Disconnection => break,
@@ -287,9 +413,7 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
                 },
                 _ = poll.tick() => {
                     let Some(master) = master.upgrade() else { return };
-                    if let Some((host, port)) = master.ask(&mut polls).await {
-                        master.named(host, port);
-                    }
+                    master.refresh().await;
                     if conn.is_none() {
                         // No subscription: try the next Sentinel.
                         break;
@@ -304,7 +428,10 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
 fn no_master(name: &str) -> LockError {
     LockError::Connection(redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
-        format!("the Sentinels named no reachable master for {name} in time"),
+        format!(
+            "no master for {name}: no Sentinel answered, or the newest master they name is down, \
+             older than the one followed, or did not say it is a master in time"
+        ),
     )))
 }
 
@@ -320,5 +447,133 @@ pub(crate) fn says_not_master(e: &LockError) -> bool {
                 || text.starts_with("ERR a replica does not serve")
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    /// A `SENTINEL MASTER` reply in RESP2: a flat field/value list.
+    fn flat(fields: &[(&str, &str)]) -> Value {
+        Value::Array(
+            fields
+                .iter()
+                .flat_map(|(field, value)| [bulk(field), bulk(value)])
+                .collect(),
+        )
+    }
+
+    fn view(port: u16, config_epoch: u64, usable: bool) -> SentinelView {
+        SentinelView {
+            host: "10.0.0.1".into(),
+            port,
+            config_epoch,
+            usable,
+        }
+    }
+
+    #[test]
+    fn a_sentinel_master_reply_is_read_or_refused_without_panicking() {
+        let full = [
+            ("name", "mymaster"),
+            ("ip", "10.0.0.1"),
+            ("port", "6380"),
+            ("flags", "master"),
+            ("config-epoch", "3"),
+        ];
+        let with = |field: &str, value: &str| {
+            let fields: Vec<(&str, &str)> = full
+                .iter()
+                .map(|(f, v)| (*f, if *f == field { value } else { *v }))
+                .collect();
+            flat(&fields)
+        };
+        let without = |field: &str| {
+            let fields: Vec<(&str, &str)> =
+                full.iter().copied().filter(|(f, _)| *f != field).collect();
+            flat(&fields)
+        };
+        let cases: Vec<(Value, Option<SentinelView>)> = vec![
+            (flat(&full), Some(view(6380, 3, true))),
+            (with("flags", "master,s_down"), Some(view(6380, 3, false))),
+            (
+                with("flags", "master,s_down,o_down"),
+                Some(view(6380, 3, false)),
+            ),
+            (with("flags", "slave"), Some(view(6380, 3, false))),
+            (without("flags"), Some(view(6380, 3, false))),
+            (without("ip"), None),
+            (without("port"), None),
+            (without("config-epoch"), None),
+            (with("port", "99999"), None),
+            (with("port", "x"), None),
+            (with("config-epoch", "-1"), None),
+            (with("config-epoch", ""), None),
+            // An odd field count: the last field has no value.
+            (
+                {
+                    let Value::Array(mut items) = flat(&full) else {
+                        unreachable!()
+                    };
+                    items.push(bulk("leader"));
+                    Value::Array(items)
+                },
+                Some(view(6380, 3, true)),
+            ),
+            // RESP3: a map, numbers as integers.
+            (
+                Value::Map(vec![
+                    (bulk("ip"), bulk("10.0.0.1")),
+                    (bulk("port"), Value::Int(6380)),
+                    (bulk("flags"), Value::SimpleString("master".into())),
+                    (bulk("config-epoch"), Value::Int(3)),
+                ]),
+                Some(view(6380, 3, true)),
+            ),
+            (Value::Nil, None),
+            (Value::Int(1), None),
+            (Value::Array(vec![Value::Nil, Value::Nil]), None),
+            (
+                Value::Array(vec![bulk("ip"), Value::BulkString(vec![0xff, 0xfe])]),
+                None,
+            ),
+        ];
+        for (reply, want) in cases {
+            assert_eq!(sentinel_view(&reply), want, "{reply:?}");
+        }
+    }
+
+    #[test]
+    fn the_newest_view_is_the_highest_config_epoch_a_usable_one_first() {
+        let cases: Vec<(Vec<SentinelView>, Option<SentinelView>)> = vec![
+            (vec![], None),
+            (vec![view(1, 0, true)], Some(view(1, 0, true))),
+            // A lagging Sentinel first: the later failover wins.
+            (
+                vec![view(1, 0, true), view(2, 4, true), view(2, 4, true)],
+                Some(view(2, 4, true)),
+            ),
+            (
+                vec![view(2, 4, true), view(1, 0, true)],
+                Some(view(2, 4, true)),
+            ),
+            // Down at the newest epoch: not replaced by an older master.
+            (
+                vec![view(2, 4, false), view(1, 0, true)],
+                Some(view(2, 4, false)),
+            ),
+            (
+                vec![view(2, 4, true), view(2, 4, false)],
+                Some(view(2, 4, true)),
+            ),
+        ];
+        for (views, want) in cases {
+            assert_eq!(newest(views.clone()), want, "{views:?}");
+        }
     }
 }

@@ -1,12 +1,12 @@
 //! Through Sentinel, and grants acknowledged by replicas: real `redis-server` processes (a
 //! master, two replicas, three Sentinels from the test kit's `SentinelSet`), failovers made by
-//! killing or pausing the master.
+//! killing or pausing the master, or asked for (`SENTINEL FAILOVER`).
 
 mod support;
 
 use std::time::{Duration, Instant};
 
-use lock_testkit::{SentinelSet, Server, Signal};
+use lock_testkit::{SentinelOptions, SentinelProcess, SentinelSet, Server, Signal};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LockError, LostReason, Release};
@@ -458,6 +458,119 @@ async fn a_paused_master_is_left_for_the_new_one() {
     let mut next = client.lock("z2").try_acquire().await.unwrap().unwrap();
     assert!(holds(new.1, "z2", next.owner(), next.token()).await);
     next.release().await.unwrap();
+}
+
+/// `SENTINEL MASTER <name>`'s `config-epoch` on `sentinel` (0 until a failover).
+fn config_epoch(sentinel: &SentinelProcess, name: &str) -> u64 {
+    sentinel
+        .master_field(name, "config-epoch")
+        .and_then(|epoch| epoch.parse().ok())
+        .expect("the sentinel answers SENTINEL MASTER with a config-epoch")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_sentinel_listed_first_never_leads_the_client_to_an_older_master() {
+    // A master and one replica watched by three Sentinels, failed over once (SENTINEL
+    // FAILOVER): they name the replica at config-epoch >= 1.
+    let options = SentinelOptions {
+        replicas: 1,
+        ..SentinelOptions::default()
+    };
+    let (mut set, stale) = tokio::task::spawn_blocking(move || {
+        let set = SentinelSet::start_with(&options);
+        // A Sentinel that lags behind, modelled by one that monitors an unrelated standalone
+        // server under the same name: it names that server at config-epoch 0.
+        let stale = Server::start();
+        let lagging = SentinelProcess::start_from_config(&format!(
+            "sentinel monitor {} 127.0.0.1 {} 1\n",
+            set.master_name(),
+            stale.port
+        ));
+        (set, (stale, lagging))
+    })
+    .await
+    .unwrap();
+    let (stale, lagging) = stale;
+    let name = set.master_name().to_string();
+    let old = set.master_addr();
+    // The replica is ready to be promoted once it has acknowledged a write.
+    let mut raw_old = on(old.1).await;
+    let _: () = redis::cmd("SET")
+        .arg("before")
+        .arg("failover")
+        .query_async(&mut raw_old)
+        .await
+        .unwrap();
+    let acknowledged: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5_000)
+        .query_async(&mut raw_old)
+        .await
+        .unwrap();
+    assert_eq!(acknowledged, 1, "the replica acknowledged");
+    // A Sentinel refuses (NOGOODSLAVE) until it has heard from the replica lately: asked again.
+    let mut asked = on(set.sentinels[0].port).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply: redis::RedisResult<String> = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(&name)
+            .query_async(&mut asked)
+            .await;
+        match reply {
+            Ok(ok) => {
+                assert_eq!(ok, "OK");
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let new = tokio::task::block_in_place(|| set.wait_failover(&old, Duration::from_secs(30)));
+    for sentinel in &set.sentinels {
+        assert!(config_epoch(sentinel, &name) >= 1);
+    }
+    assert_eq!(config_epoch(&lagging, &name), 0);
+    assert_eq!(
+        lagging.master_addr(&name),
+        Some(("127.0.0.1".into(), stale.port))
+    );
+
+    // The lagging Sentinel first in the list: the client follows the highest epoch.
+    let mut urls = vec![lagging.url()];
+    urls.extend(set.sentinel_urls());
+    let client = LockClient::sentinel(urls, &name).await.unwrap();
+    let mut first = client.lock("epoch:1").try_acquire().await.unwrap().unwrap();
+    assert!(
+        holds(new.1, "epoch:1", first.owner(), first.token()).await,
+        "granted on the master of the highest config-epoch (held on the lagging Sentinel's \
+         server instead: {})",
+        holds(stale.port, "epoch:1", first.owner(), first.token()).await
+    );
+    assert_eq!(first.release().await.unwrap(), Release::Released);
+
+    // Never backwards: with the up-to-date Sentinels gone, the lagging one is the only one
+    // left, and the client keeps the master it follows through the polls (every second).
+    let up_to_date: Vec<SentinelProcess> = set.sentinels.drain(..).collect();
+    // Dropped: killed and reaped.
+    tokio::task::block_in_place(|| drop(up_to_date));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let mut second = client.lock("epoch:2").try_acquire().await.unwrap().unwrap();
+    assert!(
+        holds(new.1, "epoch:2", second.owner(), second.token()).await,
+        "still granted on the master of the highest config-epoch (held on the lagging \
+         Sentinel's server instead: {})",
+        holds(stale.port, "epoch:2", second.owner(), second.token()).await
+    );
+    assert_eq!(second.release().await.unwrap(), Release::Released);
+
+    let mut raw_stale = on(stale.port).await;
+    let keys: i64 = redis::cmd("DBSIZE")
+        .query_async(&mut raw_stale)
+        .await
+        .unwrap();
+    assert_eq!(keys, 0, "nothing written on the lagging Sentinel's server");
+    assert_eq!(support::calls(&mut raw_stale, "lock.acquire").await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
