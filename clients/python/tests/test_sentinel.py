@@ -12,8 +12,17 @@ import time
 import uuid
 
 import pytest
+import redis
 
-from conftest import SentinelSet, start_sentinel_set, wait_until, waiting
+from conftest import (
+    SentinelSet,
+    _mkdir,
+    _start_sentinel,
+    start_server,
+    start_sentinel_set,
+    wait_until,
+    waiting,
+)
 from redis_lock_client import (
     AsyncLockClient,
     LockClient,
@@ -83,6 +92,123 @@ def test_a_client_through_sentinel_locks_on_the_master_and_its_replicas_get_it(s
     with direct.lock(key) as again:
         assert info(master, key)[b"token"] == again.token
     direct.close()
+
+
+def _answer(port: int, epoch: int, flags: str = "master") -> dict:
+    """A Sentinel's ``SENTINEL MASTER`` answer as redis-py parses it (RESP2)."""
+    from redis._parsers.helpers import parse_sentinel_master
+
+    return parse_sentinel_master([b"name", b"m", b"ip", b"127.0.0.1", b"port", str(port).encode(),
+                                  b"flags", flags.encode(), b"num-other-sentinels", b"2",
+                                  b"config-epoch", str(epoch).encode()])
+
+
+@pytest.mark.parametrize("followed, asked, chosen", [
+    # The highest epoch wins, wherever its Sentinel is in the list.
+    (None, [_answer(1, 0), _answer(2, 3), _answer(2, 3)], 2),
+    # A Sentinel that failed, or names a master it sees down, is left out.
+    (None, [_answer(1, 5, "master,s_down"), ConnectionError("refused"), _answer(2, 3)], 2),
+    (None, [_answer(1, 5, "master,o_down,s_down"), _answer(2, 3)], 2),
+    # A lower epoch never moves the followed master; a higher one does.
+    (2, [_answer(1, 0)], 2),
+    (2, [_answer(1, 0), _answer(3, 4)], 3),
+    # A tie keeps the followed master if one of them names it, else the first.
+    (2, [_answer(1, 1), _answer(2, 1)], 2),
+    (None, [_answer(1, 1), _answer(2, 1)], 1),
+    # Nobody names a usable master: redis-py's MasterNotFoundError.
+    (2, [ConnectionError("refused"), _answer(1, 9, "master,s_down")], None),
+])
+def test_the_master_followed_is_the_one_named_with_the_highest_epoch(followed, asked, chosen):
+    from redis.sentinel import MasterNotFoundError, Sentinel
+
+    from redis_lock_client._masters import FollowedMasters
+
+    masters = FollowedMasters()
+    usable = Sentinel([]).check_master_state
+    if followed is not None:  # followed first, named with epoch 2
+        masters.pick("m", [(None, _answer(followed, 2))], lambda a: usable(a, "m"), None,
+                     MasterNotFoundError)
+    pairs = [(None, a) for a in asked]
+    if chosen is None:
+        with pytest.raises(MasterNotFoundError, match="refused"):
+            masters.pick("m", pairs, lambda a: usable(a, "m"), None, MasterNotFoundError)
+    else:
+        got = masters.pick("m", pairs, lambda a: usable(a, "m"), None, MasterNotFoundError)
+        assert got == ("127.0.0.1", chosen)
+
+
+def _sentinel_names(sentinel, name: str) -> dict:
+    return redis.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=2,
+                       decode_responses=True).sentinel_master(name)
+
+
+def _commands_run(sentinel) -> int:
+    """Commands ``sentinel`` ran so far, this INFO not counted (a Sentinel of Redis 7.0 has no
+    commandstats)."""
+    return int(sentinel.client().info("stats")["total_commands_processed"])
+
+
+@pytest.mark.scenario("sentinel-connect")
+def test_the_master_named_with_the_highest_epoch_wins_and_a_lower_epoch_never_moves_a_client_back(
+        sentinel_set, tmp_path):
+    # A lagging Sentinel first in the list names another server under the same name with an
+    # older epoch: the library follows the Sentinels that saw the failover, and once they are
+    # gone, it keeps to that master rather than go back to the lagging one's.
+    s = sentinel_set
+    old = s.master()
+    assert s.sentinel().execute_command("SENTINEL", "FAILOVER", SentinelSet.NAME)
+    deadline = time.monotonic() + 30
+    new = None
+    while new is None:
+        assert time.monotonic() < deadline, "the Sentinels did not fail over"
+        named = [_sentinel_names(x, SentinelSet.NAME) for x in s.sentinels]
+        ports = {int(n["port"]) for n in named}
+        if (len(ports) == 1 and old.port not in ports
+                and all(int(n["config-epoch"]) >= 1 and n["is_master"] for n in named)):
+            candidate = next(x for x in s.servers if x.port in ports)
+            if candidate.client().info("replication")["role"] == "master":
+                new = candidate
+        time.sleep(0.05)
+    # The lagging Sentinel S0: it watches an unrelated server X under the same name, epoch 0.
+    x = start_server(_mkdir(tmp_path / "x"))
+    s0 = _start_sentinel(_mkdir(tmp_path / "s0"), x.port)
+    try:
+        lagging = _sentinel_names(s0, SentinelSet.NAME)
+        assert int(lagging["port"]) == x.port and int(lagging["config-epoch"]) == 0
+        addresses = [("127.0.0.1", s0.port)] + s.addresses
+        client = LockClient.from_sentinel(addresses, SentinelSet.NAME)
+
+        async def both_clients() -> None:
+            async with AsyncLockClient.from_sentinel(addresses, SentinelSet.NAME) as aclient:
+                key, akey = unique("epoch"), unique("aepoch")
+                guard = client.lock(key).acquire()
+                aguard = await aclient.lock(akey).acquire()
+                assert info(x, key) is None, "locked on the lagging Sentinel's server"
+                assert info(x, akey) is None, "asyncio: locked on the lagging Sentinel's server"
+                assert info(new, key)[b"token"] == guard.token
+                assert info(new, akey)[b"token"] == aguard.token
+                # Only the lagging Sentinel is left: its lower epoch does not move the
+                # clients back.
+                for sentinel in s.sentinels:
+                    sentinel.proc.kill()
+                    sentinel.proc.wait()
+                asked = _commands_run(s0)
+                await asyncio.sleep(1.0)  # twice the period after which the Sentinels are asked
+                later, alater = unique("later"), unique("alater")
+                again = client.lock(later).acquire()
+                aagain = await aclient.lock(alater).acquire()
+                # More than the INFO of ``asked``: the clients asked the Sentinel left again.
+                assert _commands_run(s0) > asked + 1, "the Sentinels were not asked again"
+                assert info(x, later) is None and info(x, alater) is None
+                assert info(new, later)[b"token"] == again.token
+                assert info(new, alater)[b"token"] == aagain.token
+
+        asyncio.run(both_clients())
+        client.close()
+    finally:
+        for proc in (s0.proc, x.proc):
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.scenario("replicas-unsafe")

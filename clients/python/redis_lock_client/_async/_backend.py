@@ -13,9 +13,12 @@ from typing import Any, Callable, Coroutine, Literal, Optional, Protocol, TypeVa
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection, ConnectionPool
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._masters import Address, FollowedMasters
 
 __all__ = [
     "CLOSED",
@@ -326,14 +329,52 @@ async def cluster_refresh(cluster: RedisCluster) -> None:
     await cluster.nodes_manager.initialize()
 
 
+class EpochSentinel(Sentinel):
+    """redis-py's Sentinel manager, whose master is the one named with the highest configuration
+    epoch by the Sentinels that answer, never one named with a lower epoch than the master it
+    follows (``_masters.py``). redis-py's takes the first Sentinel whose answer looks healthy:
+    one that has not heard of a failover yet names the old master. Every Sentinel is asked at
+    once; one that fails or times out is left out."""
+
+    def __init__(self, sentinels: list[tuple[str, int]], sentinel_kwargs: dict[str, Any]) -> None:
+        # redis-py's Sentinel is untyped.
+        super().__init__(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+        self.followed = FollowedMasters()
+
+    async def discover_master(self, service_name: str) -> Address:
+        sentinels = list(self.sentinels)
+
+        async def ask(sentinel: Any) -> object:
+            try:
+                return await sentinel.execute_command("SENTINEL MASTER", service_name)
+            except (RedisError, OSError, asyncio.TimeoutError) as e:
+                return e
+
+        answers = list(await asyncio.gather(*(ask(s) for s in sentinels)))
+        return self.followed.pick(
+            service_name,
+            list(zip(sentinels, answers)),
+            self._usable(service_name),
+            self._force_master_ip,
+            MasterNotFoundError,
+        )
+
+    def _usable(self, service_name: str) -> Callable[[dict[str, Any]], bool]:
+        """redis-py's check of a Sentinel's answer (the master not flagged down, the Sentinel
+        seeing ``min_other_sentinels``)."""
+        check: Callable[[dict[str, Any], str], Any] = self.check_master_state
+        return lambda state: bool(check(state, service_name))
+
+
 def sentinel_master(
     sentinels: list[tuple[str, int]],
     service_name: str,
     sentinel_kwargs: dict[str, Any],
     connection_kwargs: dict[str, Any],
 ) -> tuple[Sentinel, Redis]:
-    """redis-py's Sentinel manager and its client of the master named ``service_name``."""
-    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    """The library's Sentinel manager (``EpochSentinel``) and its client of the master named
+    ``service_name``."""
+    manager = EpochSentinel(sentinels, sentinel_kwargs=sentinel_kwargs)
     return manager, manager.master_for(service_name, **connection_kwargs)
 
 

@@ -15,8 +15,11 @@ import redis
 from redis.cluster import RedisCluster
 from redis.connection import Connection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
+
+from .._masters import Address, FollowedMasters
 
 __all__ = [
     "CLOSED",
@@ -346,14 +349,64 @@ def cluster_refresh(cluster: RedisCluster) -> None:
     cluster.nodes_manager.initialize()
 
 
+class EpochSentinel(Sentinel):
+    """redis-py's Sentinel manager, whose master is the one named with the highest configuration
+    epoch by the Sentinels that answer, never one named with a lower epoch than the master it
+    follows (``_masters.py``). redis-py's takes the first Sentinel whose answer looks healthy:
+    one that has not heard of a failover yet names the old master. Every Sentinel is asked at
+    once (a thread each but the first); one that fails or times out is left out."""
+
+    def __init__(self, sentinels: list[tuple[str, int]], sentinel_kwargs: dict[str, Any]) -> None:
+        # redis-py's Sentinel is untyped.
+        super().__init__(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+        self.followed = FollowedMasters()
+
+    def discover_master(self, service_name: str) -> Address:
+        sentinels = list(self.sentinels)
+        answers: list[object] = [None] * len(sentinels)
+
+        def ask(i: int) -> None:
+            try:
+                answers[i] = sentinels[i].execute_command(  # type: ignore[no-untyped-call]
+                    "SENTINEL MASTER", service_name
+                )
+            except (RedisError, OSError) as e:
+                answers[i] = e
+
+        threads = [
+            threading.Thread(target=ask, args=(i,), name="redis-lock-sentinel", daemon=True)
+            for i in range(1, len(sentinels))
+        ]
+        for t in threads:
+            t.start()
+        if sentinels:
+            ask(0)
+        for t in threads:
+            t.join()
+        return self.followed.pick(
+            service_name,
+            list(zip(sentinels, answers)),
+            self._usable(service_name),
+            self._force_master_ip,
+            MasterNotFoundError,
+        )
+
+    def _usable(self, service_name: str) -> Callable[[dict[str, Any]], bool]:
+        """redis-py's check of a Sentinel's answer (the master not flagged down, the Sentinel
+        seeing ``min_other_sentinels``)."""
+        check: Callable[[dict[str, Any], str], Any] = self.check_master_state
+        return lambda state: bool(check(state, service_name))
+
+
 def sentinel_master(
     sentinels: list[tuple[str, int]],
     service_name: str,
     sentinel_kwargs: dict[str, Any],
     connection_kwargs: dict[str, Any],
 ) -> tuple[Sentinel, Redis]:
-    """redis-py's Sentinel manager and its client of the master named ``service_name``."""
-    manager = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    """The library's Sentinel manager (``EpochSentinel``) and its client of the master named
+    ``service_name``."""
+    manager = EpochSentinel(sentinels, sentinel_kwargs=sentinel_kwargs)
     master = manager.master_for(service_name, **connection_kwargs)  # type: ignore[no-untyped-call]
     return manager, master
 

@@ -246,9 +246,11 @@ class LockClient:
         wait_with_tickets: bool = True,
         **connection_kwargs: Any,
     ) -> LockClient:
-        """A client on the master Sentinel names for ``service_name`` (redis-py's
-        ``Sentinel(sentinels).master_for(service_name)``), following failovers: every
-        connection the library opens asks the Sentinels for the master first, so commands,
+        """A client on the master Sentinel names for ``service_name`` (as redis-py's
+        ``Sentinel(sentinels).master_for(service_name)``, but the master followed is the one
+        named with the highest configuration epoch by any Sentinel, never one named with a
+        lower epoch than the master followed: a Sentinel that has not heard of a failover yet
+        does not send the client back), following failovers: every connection the library opens asks the Sentinels for the master first, so commands,
         waits, EPHEMERAL holds and the signal listener reach the new master once the old
         one's connections broke (a demoted master's are closed by Sentinel; its READONLY
         answers count as broken). ``sentinels``: ``[(host, port), ...]``;

@@ -1,0 +1,94 @@
+"""Which master to follow among the Sentinels' answers (no I/O): the one named with the highest
+configuration epoch, and never one named with a lower epoch than the master followed already.
+
+Every failover raises the epoch; a Sentinel that has not heard of the latest one still names the
+old master (which answers as a master for seconds after ``SENTINEL FAILOVER``), with an older
+epoch. Both flavours of ``_backend.py`` ask every Sentinel and pass the answers here.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from . import _fork
+
+#: A master's (host, port).
+Address = tuple[str, int]
+
+
+class FollowedMasters:
+    """The master followed per service, with the epoch it was named with."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._followed: dict[str, tuple[int, Address]] = {}
+        _fork.register(self)
+
+    def choose(self, service_name: str, answers: list[tuple[int, Address]]) -> Optional[Address]:
+        """The master to follow, given the answers ``(epoch, address)`` of the Sentinels that
+        named a usable master, in the order the Sentinels were given; None when there is none.
+        The highest epoch wins (a tie: the master followed already if one of them names it,
+        else the first); an answer with an epoch below the followed one's leaves the followed
+        master in place."""
+        if not answers:
+            return None
+        epoch = max(e for e, _ in answers)
+        named = [address for e, address in answers if e == epoch]
+        with self._lock:
+            followed = self._followed.get(service_name)
+            if followed is not None:
+                followed_epoch, followed_address = followed
+                if followed_epoch > epoch or (
+                    followed_epoch == epoch and followed_address in named
+                ):
+                    return followed_address
+            self._followed[service_name] = (epoch, named[0])
+            return named[0]
+
+    def pick(
+        self,
+        service_name: str,
+        asked: list[tuple[object, object]],
+        usable: Callable[[dict[str, Any]], bool],
+        force_ip: Optional[str],
+        not_found: type[Exception],
+    ) -> Address:
+        """The master to follow, from ``asked``: each Sentinel with its answer to ``SENTINEL
+        MASTER <name>`` or the error it gave (``named_master`` reads each answer). Raises
+        ``not_found`` (the flavour's ``MasterNotFoundError``) as redis-py does when no Sentinel
+        names a usable master."""
+        named = []
+        for _, answer in asked:
+            found = named_master(answer, usable, force_ip)
+            if found is not None:
+                named.append(found)
+        chosen = self.choose(service_name, named)
+        if chosen is None:
+            errors = [f"{s} - {a!r}" for s, a in asked if isinstance(a, Exception)]
+            detail = f" : {', '.join(errors)}" if errors else ""
+            raise not_found(f"No master found for {service_name!r}{detail}")
+        return chosen
+
+    def after_fork(self) -> None:
+        """In a forked child: a lock the parent held at the fork is not held here."""
+        self._lock = threading.Lock()
+
+
+def named_master(
+    answer: object, usable: Callable[[dict[str, Any]], bool], force_ip: Optional[str]
+) -> Optional[tuple[int, Address]]:
+    """A Sentinel's answer to ``SENTINEL MASTER <name>`` (as redis-py parses it) as
+    ``(epoch, address)``; None for an error, or a master ``usable`` refuses (redis-py's
+    ``check_master_state``: one flagged down, or a Sentinel seeing too few others).
+    ``force_ip``: the host to use whatever the Sentinel says (redis-py's ``force_master_ip``)."""
+    if not isinstance(answer, dict):
+        return None
+    try:
+        if not usable(answer):
+            return None
+        epoch = int(answer.get("config-epoch", 0))
+        address = (str(force_ip if force_ip is not None else answer["ip"]), int(answer["port"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return epoch, address
