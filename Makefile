@@ -19,7 +19,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover oracle oracle-rust oracle-python bench bench-quick clean
+.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover oracle oracle-rust oracle-python bench bench-quick bench-waits clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -223,6 +223,18 @@ bench: build
 
 bench-quick: build
 	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE)) --quick
+
+# The Python library's waits, ticketed (the default) and blocked in the server, side by side:
+# WAITERS asyncio waiters on KEYS keys for WAIT_SECS a run, REPS runs each: throughput and server memory per waiter
+# (scripts/library-waits.py; about 1.5 minutes at the defaults).
+WAITERS ?= 2000
+KEYS ?= 5
+REPS ?= 3
+WAIT_SECS ?= 10
+bench-waits: build
+	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
+	ulimit -n $$(( $(WAITERS) * 2 + 1024 )) && WAITERS=$(WAITERS) KEYS=$(KEYS) SECS=$(WAIT_SECS) REPS=$(REPS) \
+		LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/library-waits.py
 
 clean:
 	$(CARGO) clean

@@ -75,6 +75,15 @@ class FollowedMasters:
         self._lock = threading.Lock()
 
 
+#: How long the Sentinels not yet heard from are waited for once a majority answered (seconds).
+STRAGGLER_GRACE = 0.1
+
+
+def majority(sentinels: int) -> int:
+    """How many answers make a majority of ``sentinels``."""
+    return sentinels // 2 + 1
+
+
 def named_master(
     answer: object, usable: Callable[[dict[str, Any]], bool], force_ip: Optional[str]
 ) -> Optional[tuple[int, Address]]:

@@ -222,8 +222,9 @@ impl SentinelMaster {
     }
 
     /// Every Sentinel's view of the master, asked all at once (each within the command
-    /// timeout), on the connections kept in `conns`. An unreachable Sentinel, or one whose
-    /// answer does not parse, counts for nothing.
+    /// timeout; once a majority answered, the rest within [`STRAGGLER_GRACE`]), on the
+    /// connections kept in `conns`. An unreachable Sentinel, or one whose answer does not
+    /// parse, counts for nothing.
     async fn ask_all(&self, conns: &mut [Option<MultiplexedConnection>]) -> Vec<SentinelView> {
         let mut asks = tokio::task::JoinSet::new();
         for (index, (info, conn)) in self.sentinels.iter().zip(conns.iter()).enumerate() {
@@ -238,10 +239,23 @@ impl SentinelMaster {
             });
         }
         let mut views = Vec::new();
-        while let Some(asked) = asks.join_next().await {
+        let (majority, mut answered) = (self.sentinels.len() / 2 + 1, 0);
+        loop {
+            // Once a majority answered, the others get a moment more, not the whole timeout:
+            // a paused Sentinel would otherwise slow every lookup (each failover's included).
+            let next = if answered < majority {
+                asks.join_next().await
+            } else {
+                match tokio::time::timeout(STRAGGLER_GRACE, asks.join_next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            };
+            let Some(asked) = next else { break };
             let Ok((index, conn, view)) = asked else {
                 continue;
             };
+            answered += usize::from(view.is_some());
             if let Some(slot) = conns.get_mut(index) {
                 *slot = conn;
             }
@@ -424,6 +438,9 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
         drop(conn);
     }
 }
+
+/// How long the Sentinels not yet heard from are waited for once a majority answered.
+const STRAGGLER_GRACE: Duration = Duration::from_millis(100);
 
 fn no_master(name: &str) -> LockError {
     LockError::Connection(redis::RedisError::from(std::io::Error::new(

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._masters import Address, FollowedMasters
+from .._masters import STRAGGLER_GRACE, Address, FollowedMasters, majority
 
 __all__ = [
     "CLOSED",
@@ -334,7 +334,8 @@ class EpochSentinel(Sentinel):
     epoch by the Sentinels that answer, never one named with a lower epoch than the master it
     follows (``_masters.py``). redis-py's takes the first Sentinel whose answer looks healthy:
     one that has not heard of a failover yet names the old master. Every Sentinel is asked at
-    once; one that fails or times out is left out."""
+    once; one that fails or times out is left out, and once a majority answered the others are
+    waited for ``STRAGGLER_GRACE`` more."""
 
     def __init__(self, sentinels: list[tuple[str, int]], sentinel_kwargs: dict[str, Any]) -> None:
         # redis-py's Sentinel is untyped.
@@ -350,7 +351,19 @@ class EpochSentinel(Sentinel):
             except (RedisError, OSError, asyncio.TimeoutError) as e:
                 return e
 
-        answers = list(await asyncio.gather(*(ask(s) for s in sentinels)))
+        tasks = [asyncio.ensure_future(ask(s)) for s in sentinels]
+        pending = set(tasks)
+        answered = 0
+        while pending and answered < majority(len(sentinels)):
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            answered += sum(isinstance(t.result(), dict) for t in done)
+        if pending:
+            # A majority answered: the others get a moment more, not the whole timeout (a
+            # paused Sentinel would otherwise slow every lookup, each failover's included).
+            _, pending = await asyncio.wait(pending, timeout=STRAGGLER_GRACE)
+            for task in pending:
+                task.cancel()
+        answers = [t.result() if t.done() and not t.cancelled() else None for t in tasks]
         return self.followed.pick(
             service_name,
             list(zip(sentinels, answers)),

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
-from .._masters import Address, FollowedMasters
+from .._masters import STRAGGLER_GRACE, Address, FollowedMasters, majority
 
 __all__ = [
     "CLOSED",
@@ -365,27 +365,36 @@ class EpochSentinel(Sentinel):
         sentinels = list(self.sentinels)
         answers: list[object] = [None] * len(sentinels)
 
+        done = threading.Condition()
+        counts = {"answered": 0, "finished": 0}
+
         def ask(i: int) -> None:
             try:
-                answers[i] = sentinels[i].execute_command(  # type: ignore[no-untyped-call]
+                answer: object = sentinels[i].execute_command(  # type: ignore[no-untyped-call]
                     "SENTINEL MASTER", service_name
                 )
             except (RedisError, OSError) as e:
-                answers[i] = e
+                answer = e
+            with done:
+                answers[i] = answer
+                counts["answered"] += isinstance(answer, dict)
+                counts["finished"] += 1
+                done.notify_all()
 
-        threads = [
-            threading.Thread(target=ask, args=(i,), name="redis-lock-sentinel", daemon=True)
-            for i in range(1, len(sentinels))
-        ]
-        for t in threads:
-            t.start()
-        if sentinels:
-            ask(0)
-        for t in threads:
-            t.join()
+        for i in range(len(sentinels)):
+            threading.Thread(target=ask, args=(i,), name="redis-lock-sentinel", daemon=True).start()
+        with done:
+            done.wait_for(
+                lambda: counts["finished"] == len(sentinels)
+                or counts["answered"] >= majority(len(sentinels))
+            )
+            # A majority answered: the others get a moment more, not the whole timeout (a
+            # paused Sentinel would otherwise slow every lookup, each failover's included).
+            done.wait_for(lambda: counts["finished"] == len(sentinels), timeout=STRAGGLER_GRACE)
+            heard = list(answers)  # a copy: a late answer goes on being written into answers
         return self.followed.pick(
             service_name,
-            list(zip(sentinels, answers)),
+            list(zip(sentinels, heard)),
             self._usable(service_name),
             self._force_master_ip,
             MasterNotFoundError,
