@@ -565,6 +565,11 @@ impl Lock {
             w => w,
         };
         let _gate = self.state.gate.lock().await;
+        let until = match wait {
+            Some(Wait::Timeout(t)) => Some(Instant::now() + t),
+            _ => None,
+        };
+        let mut wait = wait;
         let mut again = 0;
         loop {
             // The handle's releases on their way are answered first: an acquire (ONCE) that
@@ -617,7 +622,14 @@ impl Lock {
             match self.settle(current, tokens, sent, replied, own).await? {
                 Settled::Guard(guard) => return Ok(Some(guard)),
                 Settled::Busy => return Ok(None),
-                Settled::Again if again < AGAIN => again += 1,
+                Settled::Again if again < AGAIN => {
+                    again += 1;
+                    // Asked again for what is left of the wait (none left: once, not waiting).
+                    if let Some(until) = until {
+                        let left = until.saturating_duration_since(Instant::now());
+                        wait = (!left.is_zero()).then_some(Wait::Timeout(left));
+                    }
+                }
                 Settled::Again => {
                     return Err(LockError::UnexpectedReply(
                         "the handle's hold kept changing during the acquire".into(),
@@ -1251,12 +1263,26 @@ impl Lock {
         // one (another token).
         state.replace(Some(hold.clone()));
         let guard = LockGuard::new(state.clone(), hold.clone());
-        // After a long wait, confirmed before it is handed out. A hold refused goes with its
-        // guard: gone, there is nothing to release; one the replicas did not acknowledge, or
-        // whose confirmation got no answer, may still be on the server, and is released by its
-        // token (the handle's release: its next acquire waits for it).
+        // After a long wait, confirmed before it is handed out. A hold the server no longer has
+        // goes with its guard (nothing to release), and the acquire goes on, within its wait,
+        // as in the Python library; one the replicas did not acknowledge, or whose
+        // confirmation got no answer, may still be on the server, and is released by its token
+        // (the handle's release: its next acquire waits for it).
         match hold.granted(sent, replied).await {
             Ok(()) => {}
+            // An EPHEMERAL grant whose connection failed before its confirmation answered: the
+            // master ends it with the connection, but a replica it reached does not (the copy is
+            // bound to nothing), and a failover makes that replica the master. Released in the
+            // background, and asked again (on the new master, after that release).
+            Err(LockError::NotHeld {
+                lost: Some(LostReason::ConnectionClosed),
+            }) => {
+                let runtime = hold.runtime.clone();
+                state.release_in_background(runtime.as_ref(), hold.clone().release_abandoned());
+                return Ok(Settled::Again);
+            }
+            // Gone: its lease ended before the grant's reply was read.
+            Err(LockError::NotHeld { .. }) => return Ok(Settled::Again),
             // The master answered: released before the refusal is returned.
             Err(e @ (LockError::NotSafelyAcquired { .. } | LockError::NoPermission { .. })) => {
                 let _ = state
@@ -1264,16 +1290,8 @@ impl Lock {
                     .await;
                 return Err(e);
             }
-            // No answer: released in the background, again until a master answers. An
-            // EPHEMERAL grant whose connection failed before its confirmation answered too:
-            // the master ends it with the connection, but a replica it reached does not (the
-            // copy is bound to nothing), and a failover makes that replica the master.
-            Err(
-                e @ (LockError::Connection(_)
-                | LockError::NotHeld {
-                    lost: Some(LostReason::ConnectionClosed),
-                }),
-            ) => {
+            // No answer: released in the background, again until a master answers.
+            Err(e @ LockError::Connection(_)) => {
                 let runtime = hold.runtime.clone();
                 state.release_in_background(runtime.as_ref(), hold.clone().release_abandoned());
                 return Err(e);
