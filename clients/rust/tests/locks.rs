@@ -70,8 +70,10 @@ async fn acquire_waits_and_is_granted_on_release() {
     let (_server, client, _raw) = setup().await;
     let mut held = client.lock("k").acquire().await.unwrap();
     let waiter = client.lock("k").wait_timeout(Duration::from_secs(10));
+    // Counted from before the spawn: the task may start late on a loaded machine, and the
+    // release comes 300 ms after this instant at the earliest.
+    let start = Instant::now();
     let task = tokio::spawn(async move {
-        let start = Instant::now();
         let g = waiter.acquire().await;
         (g, start.elapsed())
     });
