@@ -557,9 +557,11 @@ impl Hold {
         }
     }
 
-    /// Starts the hold's background work once it is handed out: the connection watcher of an
-    /// `EPHEMERAL` hold, and the subscription to its keys' lost-hold channels.
-    pub(crate) fn start(self: &Arc<Self>, pushes: Option<(Pushes, Option<Changes>)>) {
+    /// Starts the hold's background work as it is handed out: the connection watcher of an
+    /// `EPHEMERAL` hold, and the subscription to its keys' lost-hold channels. Returns once the
+    /// server confirmed a new subscription (or after the command timeout), as the Python library
+    /// does: a loss right after the grant is then heard, not left to the next renewal.
+    pub(crate) async fn start(self: &Arc<Self>, pushes: Option<(Pushes, Option<Changes>)>) {
         let mut tasks = Vec::new();
         if let Some((pushes, changes)) = pushes {
             tasks.extend(self.spawn(watch_connection(Arc::downgrade(self), pushes, changes)));
@@ -568,11 +570,17 @@ impl Hold {
             let me: Arc<dyn Subscriber> = self.clone();
             let new = hub.watch(&Arc::downgrade(&me), &self.keys);
             if !new.is_empty() {
-                // Not one of the hold's tasks: other holds of the key count on it too.
-                self.spawn(async move {
+                let (done, subscribed) = tokio::sync::oneshot::channel::<()>();
+                // Not one of the hold's tasks (other holds of the key count on it too), and
+                // never cut short by this wait's timeout.
+                let spawned = self.spawn(async move {
                     // A failed subscription leaves the watchdog alone to notice a loss.
                     let _ = hub.subscribe(&new).await;
+                    let _ = done.send(());
                 });
+                if spawned.is_some() {
+                    let _ = tokio::time::timeout(self.command_timeout, subscribed).await;
+                }
             }
         }
         let mut inner = self.inner();

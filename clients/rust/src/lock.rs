@@ -1298,7 +1298,7 @@ impl Lock {
             }
             Err(e) => return Err(e),
         }
-        hold.start(pushes);
+        hold.start(pushes).await;
         Ok(Settled::Guard(guard))
     }
 }

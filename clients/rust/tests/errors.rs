@@ -458,15 +458,19 @@ async fn row_proclaim() {
 // Row "resign": as release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_resign() {
-    let (_server, client, mut raw) = setup().await;
-    let mut leadership = client.election("{g}:e").campaign().await.unwrap();
+    // Lost by the next renewal (0.2 s on), not by the lost-hold signal: a message published
+    // before the hold's subscription is in place (a loaded machine) would be missed, and the
+    // test would wait for the renewal of a 30 s lease.
+    let (_server, client, mut raw) = setup_without_signal().await;
+    let election = client.election("{g}:e").lease(Duration::from_millis(600));
+    let mut leadership = election.campaign().await.unwrap();
     assert_eq!(leadership.resign().await.unwrap(), Release::Released);
     assert_eq!(leadership.resign().await.unwrap(), Release::AlreadyReleased);
-    let mut leadership = client.election("{g}:e").campaign().await.unwrap();
+    let mut leadership = election.campaign().await.unwrap();
     force_release(&mut raw, "{g}:e").await;
-    tokio::time::timeout(Duration::from_secs(2), leadership.lost())
+    tokio::time::timeout(Duration::from_secs(3), leadership.lost())
         .await
-        .unwrap();
+        .expect("the next renewal, 0.2 s on");
     let lost = leadership.resign().await;
     assert!(matches!(lost, Err(LockError::NotHeld { .. })), "{lost:?}");
 }

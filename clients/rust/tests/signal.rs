@@ -73,6 +73,31 @@ async fn publish(raw: &mut MultiplexedConnection, channel: &str, payload: &str) 
         .unwrap();
 }
 
+/// A guard is handed out once the server confirmed the subscription to its key's channel (as
+/// in the Python library): a loss right after the acquire returns is heard through the signal,
+/// not at the next renewal (10 s on). Before, the subscription was made in the background, and
+/// the client's first one (its subscriber connection still being opened) came after a
+/// `LOCK.FORCERELEASE` sent at once: the loss was reported 10 s late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_right_after_the_acquire_is_heard_through_the_signal() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    for round in 0..5 {
+        let client = LockClient::open(&server.url()).await.unwrap();
+        let key = format!("{{right-after}}:{round}");
+        let guard = client.lock(key.as_str()).acquire().await.unwrap();
+        let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+            .arg(&key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("heard through the signal, not at the renewal 10 s on");
+        assert_eq!(reason, LostReason::ForceReleased, "round {round}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lost_signal_is_on_by_default_and_can_be_turned_off() {
     let server = Server::start();
