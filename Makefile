@@ -6,7 +6,8 @@
 # `make scale` runs the batch tests at the caps and the ticket storms (release build, the 100 ms
 # PING bound). `make soak RUNS=5` runs the whole of `make test` RUNS times on a fresh clone of
 # HEAD with one core kept busy, and counts the tests that failed. `make redis-suite` runs Redis's
-# own test suite without and with the module and prints the differences.
+# own test suite without and with the module and prints the differences. `make partitions
+# SECS=120 SEED=1` (root) cuts the network between servers, Sentinels and clients.
 SHELL := /bin/bash
 PORT ?= 6379
 CARGO ?= cargo
@@ -19,7 +20,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover oracle oracle-rust oracle-python bench bench-quick bench-waits clean
+.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover partitions oracle oracle-rust oracle-python bench bench-quick bench-waits clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -177,6 +178,20 @@ failover: test-deps
 	$(CARGO) build -p redis-lock-client --example failover_driver
 	bash clients/python/venv.sh
 	FAILOVER_SECS=$(SECS) $(if $(SEED),FAILOVER_SEED=$(SEED)) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test failover -- --nocapture
+
+# The partition test (tests/partitions/, README.md there): three nodes, each a server with the
+# module and a Sentinel in a network namespace of its own, four clients of the Python library in
+# theirs, and a seeded nemesis cutting the network with iptables DROP rules (the master from its
+# replicas, a client from the master, a replica from everyone, Sentinels from each other) for
+# SECS seconds; then it checks the clients' history against the final state and prints the
+# table of docs/guarantees.md (Partitions). Needs root. Not part of `make test` (SECS + about
+# 30 s). `make partitions SECS=120 SEED=1`; history and logs in target/partitions/<time>/.
+partitions: deps
+	@bash scripts/deps.sh partitions
+	$(CARGO) build --lib
+	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
+	SECS=$(SECS) SEED=$(or $(SEED),1) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) \
+		$(abspath $(TARGET_DIR))/python-client-venv/bin/python tests/partitions/run.py --out $(abspath $(TARGET_DIR))/partitions
 
 # The oracle of each lock library: a guard's belief against the server's truth on seeded random
 # histories, every write through the fence (a short run of a few seeds is in `make test`). Longer:

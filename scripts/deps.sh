@@ -3,13 +3,16 @@
 # (Debian's 7.0.x), libclang (bindgen, used by redis-module) and a C toolchain. `deps.sh test`
 # (what `make test` runs) adds what the tests need: python3 with venv, Node.js and npm, and
 # clippy/rustfmt. `deps.sh dist` (what `make dist` runs) adds only python3 with venv: the Python
-# library is built in a venv of its own (Node.js is for the client guide's tests only). It never
-# stops, starts or reconfigures anything.
+# library is built in a venv of its own (Node.js is for the client guide's tests only).
+# `deps.sh partitions` (what `make partitions` runs) adds ip and iptables (iproute2, iptables)
+# and python3 with venv. It never stops, starts or reconfigures anything.
 set -euo pipefail
 for_tests=false
 for_dist=false
+for_partitions=false
 [ "${1:-}" = test ] && for_tests=true
 [ "${1:-}" = dist ] && for_dist=true
+[ "${1:-}" = partitions ] && for_partitions=true
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
@@ -21,6 +24,13 @@ compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib
 if $for_dist; then
   # scripts/dist.sh checks the tarball with python3 (its links, a free port) and builds the
   # Python library in a venv (clients/python/build-dist.sh).
+  command -v python3 >/dev/null 2>&1 || need+=(python3)
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+fi
+if $for_partitions; then
+  # tests/partitions/: network namespaces, veths and a bridge (ip), faults as iptables rules.
+  command -v ip >/dev/null 2>&1 || need+=(iproute2)
+  command -v iptables >/dev/null 2>&1 || need+=(iptables)
   command -v python3 >/dev/null 2>&1 || need+=(python3)
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 fi

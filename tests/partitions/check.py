@@ -1,0 +1,241 @@
+"""The checker of a partition run: the clients' histories, the nemesis's faults and the final
+log lists read on the settled master, turned into one count per guarantee and kind of lock.
+Pure functions of their input: no server, no clock."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+
+@dataclass
+class Hold:
+    """What one client believed: it held ``key`` with ``token`` from its acquire's answer
+    until it began the release or the library reported the hold lost, whichever came first."""
+
+    process: str
+    key: str
+    token: int
+    start: float
+    end: float
+
+
+@dataclass
+class Counts:
+    acquires: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    writes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    landed: int = 0
+    out_of_order: int = 0
+    refused_landed: int = 0
+    tokens_twice: int = 0
+    overlapping: int = 0
+    lost_writes: int = 0
+    fenced: int = 0
+    not_sent: int = 0
+    lost_reports: int = 0
+    lost_write_times: list[float] = field(default_factory=list)
+    rate_faults: float = 0.0
+    rate_healthy: float = 0.0
+    longest_gap: float = 0.0
+    longest_gap_at: float = 0.0
+    slowest_call: float = 0.0
+    slowest_call_op: str = ""
+    examples: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
+
+    @property
+    def failed(self) -> list[str]:
+        """The guarantees this run broke (each must be 0)."""
+        broken = []
+        if self.out_of_order:
+            broken.append("fenced writes landed out of token order")
+        if self.refused_landed:
+            broken.append("writes answered as refused that landed")
+        return broken
+
+
+def token_of(entry: str) -> int:
+    """An entry is ``<process>:<token>:<seq>``."""
+    return int(entry.split(":")[1])
+
+
+def count_out_of_order(log: list[str]) -> tuple[int, list[str]]:
+    """Entries whose token is lower than one written before them in the same list."""
+    highest, count, examples = -1, 0, []
+    for i, entry in enumerate(log):
+        token = token_of(entry)
+        if token < highest:
+            count += 1
+            examples.append(f"#{i} {entry} after token {highest}")
+        highest = max(highest, token)
+    return count, examples
+
+
+def holds_of(history: list[dict[str, Any]], run_end: float) -> list[Hold]:
+    """Each ok acquire as a hold, ended by the same process's release of that token, or its
+    library's loss report for it, whichever came first (a process killed while holding: the
+    end of the run)."""
+    ends: dict[tuple[str, str, int], float] = {}
+    for op in history:
+        if op["op"] in ("release", "lost") and op.get("token") is not None:
+            k = (op["process"], op["key"], op["token"])
+            ends[k] = min(ends.get(k, run_end), op["invoke"])
+    holds = []
+    for op in history:
+        if op["op"] == "acquire" and op["outcome"] == "ok":
+            k = (op["process"], op["key"], op["token"])
+            holds.append(Hold(op["process"], op["key"], op["token"], op["complete"],
+                              max(op["complete"], ends.get(k, run_end))))
+    return holds
+
+
+def overlapping_pairs(holds: list[Hold]) -> list[tuple[Hold, Hold]]:
+    """Pairs of holds of one key by two processes whose believed intervals intersect."""
+    pairs = []
+    by_key: dict[str, list[Hold]] = defaultdict(list)
+    for hold in holds:
+        by_key[hold.key].append(hold)
+    for key_holds in by_key.values():
+        key_holds.sort(key=lambda h: h.start)
+        for i, a in enumerate(key_holds):
+            for b in key_holds[i + 1:]:
+                if b.start >= a.end:
+                    break
+                if b.process != a.process:
+                    pairs.append((a, b))
+    return pairs
+
+
+def tokens_handed_twice(history: list[dict[str, Any]]) -> list[tuple[str, int, list[str]]]:
+    """(key, token) pairs that ok acquires of two or more processes got."""
+    owners: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for op in history:
+        if op["op"] == "acquire" and op["outcome"] == "ok":
+            owners[(op["key"], op["token"])].add(op["process"])
+    return [(k, t, sorted(p)) for (k, t), p in owners.items() if len(p) > 1]
+
+
+def intervals_length(intervals: Iterable[tuple[float, float]], lo: float, hi: float) -> float:
+    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in intervals)
+
+
+def in_any(t: float, intervals: list[tuple[float, float]]) -> bool:
+    return any(s <= t < e for s, e in intervals)
+
+
+def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
+               faults: list[tuple[float, float]], window: tuple[float, float]) -> Counts:
+    """Every count for the keys of one kind (``history`` and ``logs`` already narrowed to
+    them). ``window`` is when the clients ran."""
+    c = Counts()
+    for op in history:
+        if op["op"] == "acquire":
+            c.acquires[op["outcome"]] += 1
+        elif op["op"] == "write":
+            c.writes[op["outcome"]] += 1
+            error = op.get("error") or ""
+            c.fenced += error.startswith("Fenced")
+            c.not_sent += error.startswith("NotHeld")
+        elif op["op"] == "lost":
+            c.lost_reports += 1
+        # How long a call kept its application waiting: a fault must never hang a client.
+        if op["op"] != "lost" and op["complete"] - op["invoke"] > c.slowest_call:
+            c.slowest_call = op["complete"] - op["invoke"]
+            c.slowest_call_op = f"{op['op']} {op['outcome']}"
+
+    landed: set[str] = set()
+    for key, log in logs.items():
+        c.landed += len(log)
+        landed.update(log)
+        count, examples = count_out_of_order(log)
+        c.out_of_order += count
+        c.examples["out_of_order"] += [f"{key} {e}" for e in examples[:5]]
+
+    for op in history:
+        if op["op"] != "write":
+            continue
+        if op["outcome"] == "ok" and op["entry"] not in landed:
+            c.lost_writes += 1
+            c.lost_write_times.append(op["invoke"])
+            c.examples["lost_writes"].append(op["entry"])
+        if op["outcome"] == "fail" and op["entry"] in landed:
+            c.refused_landed += 1
+            c.examples["refused_landed"].append(f"{op['entry']}: {op.get('error')}")
+
+    twice = tokens_handed_twice(history)
+    c.tokens_twice = len(twice)
+    c.examples["tokens_twice"] = [f"{k} {t} {p}" for k, t, p in twice[:5]]
+
+    pairs = overlapping_pairs(holds_of(history, window[1]))
+    c.overlapping = len(pairs)
+    c.examples["overlapping"] = [
+        f"{a.key}: {a.process} token {a.token} [{a.start:.3f}, {a.end:.3f}] and "
+        f"{b.process} token {b.token} [{b.start:.3f}, {b.end:.3f}]" for a, b in pairs[:5]]
+
+    grants = sorted(op["complete"] for op in history
+                    if op["op"] == "acquire" and op["outcome"] == "ok"
+                    and window[0] <= op["complete"] <= window[1])
+    fault_secs = intervals_length(faults, *window)
+    healthy_secs = (window[1] - window[0]) - fault_secs
+    during = sum(1 for t in grants if in_any(t, faults))
+    c.rate_faults = during / fault_secs if fault_secs > 0 else 0.0
+    c.rate_healthy = (len(grants) - during) / healthy_secs if healthy_secs > 0 else 0.0
+    # The first seconds are the clients connecting: gaps count from the first grant.
+    points = grants + [window[1]]
+    for a, b in zip(points, points[1:]):
+        if b - a > c.longest_gap:
+            c.longest_gap, c.longest_gap_at = b - a, a
+    return c
+
+
+def markdown_table(by_kind: dict[str, Counts], faults_count: int, failovers: int) -> str:
+    kinds = list(by_kind)
+    header = "| guarantee | " + " | ".join(kinds) + " | meaning |"
+    rule = "|---|" + "---|" * len(kinds) + "---|"
+
+    def row(name: str, values: list[str], meaning: str) -> str:
+        return f"| {name} | " + " | ".join(values) + f" | {meaning} |"
+
+    def each(fn: Any) -> list[str]:
+        return [fn(by_kind[k]) for k in kinds]
+
+    rows = [
+        header, rule,
+        row("acquires ok / fail / info", each(lambda c: f"{c.acquires['ok']:,} / "
+            f"{c.acquires['fail']:,} / {c.acquires['info']:,}"), "fail: refused or timed out; "
+            "info: no answer"),
+        row("fenced writes ok / fail / info", each(lambda c: f"{c.writes['ok']:,} / "
+            f"{c.writes['fail']:,} / {c.writes['info']:,}"), "fail: FENCED, NotHeld or refused"),
+        row("writes refused FENCED / not sent (hold lost)",
+            each(lambda c: f"{c.fenced} / {c.not_sent}"), "the fence at work"),
+        row("holds the library reported lost", each(lambda c: str(c.lost_reports)), ""),
+        row("writes in the final lists", each(lambda c: f"{c.landed:,}"), ""),
+        row("**writes landed out of token order**", each(lambda c: f"**{c.out_of_order}**"),
+            "must be 0 (checked)"),
+        row("**writes answered refused that landed**", each(lambda c: f"**{c.refused_landed}**"),
+            "must be 0 (checked)"),
+        row("tokens handed out twice for a key", each(lambda c: str(c.tokens_twice)),
+            "reported"),
+        row("believed-overlapping holds (pairs)", each(lambda c: str(c.overlapping)),
+            "reported: the limit of a lease"),
+        row("acknowledged writes lost by a failover", each(lambda c: str(c.lost_writes)),
+            "reported"),
+        row("acquires/s during faults / healthy", each(
+            lambda c: f"{c.rate_faults:.1f} / {c.rate_healthy:.1f}"), "availability"),
+        row("longest gap with no grant (s)", each(lambda c: f"{c.longest_gap:.1f}"),
+            "availability"),
+        row("slowest call (s)", each(lambda c: f"{c.slowest_call:.1f} ({c.slowest_call_op})"),
+            "acquire waits 1 s at most"),
+    ]
+    return "\n".join(rows) + f"\n\n{faults_count} faults, {failovers} failovers.\n"
+
+
+def by_fault(times: list[float], faults: list[tuple[str, float, float]],
+             after: float = 15.0) -> dict[str, int]:
+    """How many of ``times`` fell in each kind of fault, or within ``after`` seconds of its
+    heal (a failover the fault began may end after it): which fault a loss came with."""
+    counts: dict[str, int] = defaultdict(int)
+    for t in times:
+        kinds = [kind for kind, start, end in faults if start <= t <= end + after]
+        counts[kinds[-1] if kinds else "none"] += 1
+    return dict(counts)

@@ -1,0 +1,165 @@
+"""One client process of the partition test (run inside its own network namespace, in the
+Python library's venv). It loops until ``--secs`` have passed: pick a key, acquire its lock
+through Sentinel, write to the key's log through the guard (``LOCK.GUARD``: the write runs only
+while the token is current) twice with a pause between, release. Every operation is one JSON
+line of ``--out``, written when it completes::
+
+    {"process": "c1", "op": "acquire|write|release|lost", "key": "{plain:a}",
+     "invoke": <monotonic s>, "complete": <monotonic s>, "outcome": "ok|fail|info",
+     "token": <int or null>, "entry": "<what the write pushed>", "error": "..."}
+
+``ok``: the server answered yes; ``fail``: it answered no, nothing happened (a timeout, a
+refusal, FENCED); ``info``: no answer, it may or may not have happened. ``lost`` is the
+library telling the application its hold is gone (its ``on_lost``): the end of its belief.
+Times are ``time.monotonic()``, which on Linux is one clock for every process of the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from redis_lock_client import (
+    Fenced,
+    LockClient,
+    LockConnectionError,
+    LockError,
+    LockTimeout,
+    NotHeld,
+    NotSafelyAcquired,
+)
+
+
+SHORT_HOLD_SECS = (0.05, 0.4)  # the pause between a hold's two writes, mostly
+LONG_HOLD_SECS = (2.0, 8.0)  # ... and in LONG_HOLD_SHARE of the holds
+LONG_HOLD_SHARE = 0.1
+
+
+class History:
+    """The JSON-lines file, one line per completed operation, flushed as it happens so a
+    killed process leaves everything it completed."""
+
+    def __init__(self, path: str, process: str) -> None:
+        self._file = open(path, "a", buffering=1)
+        self._lock = threading.Lock()  # on_lost runs on the library's threads
+        self.process = process
+
+    def record(self, **fields: Any) -> None:
+        line = json.dumps({"process": self.process, **fields})
+        with self._lock:
+            self._file.write(line + "\n")
+
+
+def outcome_of(error: Exception) -> str:
+    """What an error says about whether the operation happened: a connection error or a
+    timeout of the command may have run it (``info``); every other answer says it did not."""
+    if isinstance(error, LockConnectionError):
+        return "info"
+    return "fail"
+
+
+def connect(sentinels: list[tuple[str, int]], master: str, deadline: float) -> LockClient:
+    """The library's client, retried until the Sentinels answer (they may be cut off at the
+    start) or the run is over."""
+    while True:
+        try:
+            return LockClient.from_sentinel(sentinels, master, command_timeout=1.0,
+                                            failover_timeout=5.0)
+        except Exception as e:  # noqa: BLE001 - any failure to connect is retried the same way
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no master found through the Sentinels: {e}")
+            time.sleep(0.5)
+
+
+def hold_and_write(history: History, handle: Any, key: str, rng: random.Random,
+                   counter: list[int], current_tokens: dict[str, int]) -> None:
+    """One round: acquire, two fenced writes with a pause between, release."""
+    invoke = time.monotonic()
+    try:
+        guard = handle.acquire()
+    except (LockTimeout, NotSafelyAcquired, LockError) as e:
+        history.record(op="acquire", key=key, invoke=invoke, complete=time.monotonic(),
+                       outcome=outcome_of(e), token=None, error=f"{type(e).__name__}: {e}")
+        return
+    token = guard.token
+    current_tokens[key] = token
+    history.record(op="acquire", key=key, invoke=invoke, complete=time.monotonic(),
+                   outcome="ok", token=token)
+    # Now and then a holder dawdles past its lease (a slow step, a GC pause): with the
+    # watchdog renewing it is still the holder, unless a fault cut it off meanwhile, and then
+    # its second write must be refused, not land after a newer holder's.
+    dawdle = rng.random() < LONG_HOLD_SHARE
+    for pause in (0.0, rng.uniform(*(LONG_HOLD_SECS if dawdle else SHORT_HOLD_SECS))):
+        time.sleep(pause)
+        counter[0] += 1
+        entry = f"{history.process}:{token}:{counter[0]}"
+        invoke = time.monotonic()
+        try:
+            guard.execute("RPUSH", f"{key}:log", entry)
+            outcome, error = "ok", None
+        except (Fenced, NotHeld) as e:
+            outcome, error = "fail", f"{type(e).__name__}: {e}"
+        except LockError as e:
+            outcome, error = outcome_of(e), f"{type(e).__name__}: {e}"
+        history.record(op="write", key=key, invoke=invoke, complete=time.monotonic(),
+                       outcome=outcome, token=token, entry=entry, error=error)
+    invoke = time.monotonic()
+    try:
+        guard.release()
+        outcome, error = "ok", None
+    except LockError as e:
+        outcome, error = outcome_of(e), f"{type(e).__name__}: {e}"
+    history.record(op="release", key=key, invoke=invoke, complete=time.monotonic(),
+                   outcome=outcome, token=token, error=error)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--sentinels", required=True, help="host:port,host:port,...")
+    parser.add_argument("--master", default="lockmaster")
+    parser.add_argument("--plain", required=True, help="keys locked with replicas=0")
+    parser.add_argument("--acked", required=True, help="keys locked with replicas=1")
+    parser.add_argument("--secs", type=float, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lease", type=float, default=4.0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    end = time.monotonic() + args.secs
+    sentinels = [(h, int(p)) for h, p in (s.split(":") for s in args.sentinels.split(","))]
+    history = History(args.out, args.name)
+    rng = random.Random(f"{args.seed}:{args.name}")
+    client = connect(sentinels, args.master, end)
+
+    handles: dict[str, Any] = {}
+    current_tokens: dict[str, int] = {}  # the token of each key's last grant, for on_lost
+    for replicas, keys in ((0, args.plain), (1, args.acked)):
+        for key in keys.split(","):
+            def on_lost(reason: Any, key: str = key) -> None:
+                # The library's word that a hold is gone: the end of the application's belief.
+                now = time.monotonic()
+                history.record(op="lost", key=key, invoke=now, complete=now, outcome="info",
+                               token=current_tokens.get(key),
+                               error=str(getattr(reason, "value", reason)))
+            handles[key] = client.lock(key, lease=args.lease, wait_timeout=1.0,
+                                       replicas=replicas, replicas_timeout=0.5,
+                                       on_lost=on_lost)
+    counter = [0]
+    rounds = 0
+    while time.monotonic() < end:
+        key = rng.choice(sorted(handles))
+        hold_and_write(history, handles[key], key, rng, counter, current_tokens)
+        rounds += 1
+        time.sleep(rng.uniform(0.0, 0.05))
+    print(f"{args.name}: {rounds} rounds", file=sys.stderr)
+    client.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The checker's own test: each count finds what it counts on a history made by hand (no
+servers). `target/python-client-venv/bin/python -m pytest tests/partitions/test_check.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import check
+
+
+def op(process: str, name: str, token: int | None, invoke: float, complete: float,
+       outcome: str = "ok", **extra: Any) -> dict[str, Any]:
+    return {"process": process, "op": name, "key": "{k}", "token": token, "invoke": invoke,
+            "complete": complete, "outcome": outcome, **extra}
+
+
+def test_a_lower_token_written_after_a_higher_one_is_out_of_order() -> None:
+    count, examples = check.count_out_of_order(["a:5:1", "b:7:1", "a:5:2", "c:9:1", "c:9:2"])
+    assert count == 1 and examples == ["#2 a:5:2 after token 7"]
+    assert check.count_out_of_order(["a:5:1", "a:5:2", "b:7:1"])[0] == 0
+
+
+def test_holds_of_two_clients_overlap_until_release_or_loss_report() -> None:
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),
+        op("c2", "acquire", 7, 1.5, 2.0),
+        op("c1", "lost", 5, 2.5, 2.5, outcome="info"),  # c1 believed until 2.5
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c2", "release", 7, 4.0, 4.1),
+        op("c3", "acquire", 9, 4.0, 4.2),  # after c2's release began: no overlap
+    ]
+    pairs = check.overlapping_pairs(check.holds_of(history, run_end=10.0))
+    assert [(a.process, b.process) for a, b in pairs] == [("c1", "c2")]
+
+
+def test_one_token_acquired_by_two_clients_is_counted_once() -> None:
+    history = [op("c1", "acquire", 5, 0, 1), op("c2", "acquire", 5, 2, 3),
+               op("c2", "acquire", 6, 4, 5)]
+    assert check.tokens_handed_twice(history) == [("{k}", 5, ["c1", "c2"])]
+
+
+def test_lost_and_refused_writes_are_read_against_the_final_list() -> None:
+    history = [
+        op("c1", "acquire", 5, 0, 1),
+        op("c1", "write", 5, 1, 1.1, entry="c1:5:1"),  # acknowledged, kept
+        op("c1", "write", 5, 2, 2.1, entry="c1:5:2"),  # acknowledged, lost
+        op("c2", "write", 4, 3, 3.1, outcome="fail", entry="c2:4:1",
+           error="Fenced: ..."),  # refused, yet in the list: broken
+    ]
+    counts = check.check_kind(history, {"{k}": ["c1:5:1", "c2:4:1"]}, [], (0.0, 10.0))
+    assert counts.lost_writes == 1 and counts.refused_landed == 1 and counts.fenced == 1
+    assert counts.out_of_order == 1
+    assert counts.failed == ["fenced writes landed out of token order",
+                             "writes answered as refused that landed"]
+
+
+def test_grant_rates_split_between_faults_and_health() -> None:
+    history = [op("c1", "acquire", t, t - 0.1, t) for t in (1, 2, 3, 6.5, 7)]
+    counts = check.check_kind(history, {}, [(5.0, 10.0)], (0.0, 10.0))
+    assert (counts.rate_healthy, counts.rate_faults) == (3 / 5, 2 / 5)
+    assert counts.longest_gap == 3.5
