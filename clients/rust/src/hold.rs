@@ -847,7 +847,8 @@ fn no_confirmation() -> redis::RedisError {
 
 /// An answer that says the command did not run and may run in a moment: no answer, or a server
 /// in a failover or a slot move (`READONLY`: still the old master's connection; `LOADING`,
-/// `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`).
+/// `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`; `NOREPLICAS`: a master with `min-replicas-to-write`
+/// refuses writes until its replicas are back, as after a failover).
 pub(crate) fn not_yet(e: &LockError) -> bool {
     match e {
         LockError::Server(text) => [
@@ -856,6 +857,7 @@ pub(crate) fn not_yet(e: &LockError) -> bool {
             "MASTERDOWN",
             "TRYAGAIN",
             "CLUSTERDOWN",
+            "NOREPLICAS",
         ]
         .iter()
         .any(|code| text.starts_with(code)),
