@@ -79,6 +79,22 @@ class FollowedMasters:
 STRAGGLER_GRACE = 0.1
 
 
+def with_current_address(state: object, address: object) -> object:
+    """A Sentinel's ``SENTINEL MASTER`` answer with the address its ``GET-MASTER-ADDR-BY-NAME``
+    gives: the Sentinel leading a failover reports the new epoch with the old address in
+    ``SENTINEL MASTER`` until every replica is reconfigured, while ``GET-MASTER-ADDR-BY-NAME``
+    already names the promoted replica. An error stays the error; no address (nil, or anything
+    else): None, no view."""
+    if not isinstance(state, dict):
+        return state
+    if not (isinstance(address, (list, tuple)) and len(address) == 2):
+        return None
+    host, port = address
+    host = host.decode() if isinstance(host, bytes) else host
+    port = port.decode() if isinstance(port, bytes) else port
+    return {**state, "ip": str(host), "port": str(port)}
+
+
 def majority(sentinels: int) -> int:
     """How many answers make a majority of ``sentinels``."""
     return sentinels // 2 + 1

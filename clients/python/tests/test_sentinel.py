@@ -709,3 +709,18 @@ def test_an_election_has_a_new_leader_within_seconds_of_a_failover_not_a_lease(s
     assert second_leadership.resign() is Release.RELEASED
     first.close()
     second.close()
+
+
+def test_the_address_is_the_one_get_master_addr_by_name_gives():
+    # The Sentinel leading a failover reports the new epoch with the old address in SENTINEL
+    # MASTER until every replica is reconfigured; GET-MASTER-ADDR-BY-NAME names the promoted
+    # replica already: the view takes its address from there.
+    from redis_lock_client._masters import with_current_address
+
+    state = {"ip": "10.0.0.1", "port": 6379, "config-epoch": 2, "flags": "master"}
+    assert with_current_address(state, ("10.0.0.2", 6380)) == {
+        **state, "ip": "10.0.0.2", "port": "6380"}
+    assert with_current_address(state, (b"10.0.0.2", b"6380"))["ip"] == "10.0.0.2"
+    assert with_current_address(state, None) is None
+    error = ConnectionError("down")
+    assert with_current_address(error, None) is error

@@ -411,8 +411,8 @@ impl Lock {
     /// When the wait took a third of the lease or more, the hold is confirmed before the guard
     /// is returned (a renewal sent at once; for a fixed lease, a read of the lease it has left):
     /// its deadline then counts from that send, not from when the wait began. If the
-    /// confirmation finds the hold gone the answer is [`LockError::NotHeld`]; if the server
-    /// answers none of three, [`LockError::Connection`] (the hold then ends at its lease end, or
+    /// confirmation finds the hold gone, the acquire goes on within what is left of its wait;
+    /// if the server answers none of three, [`LockError::Connection`] (the hold then ends at its lease end, or
     /// this handle's next acquire takes it back). The handle's releases still on their way (a
     /// guard dropped without [`LockGuard::release`]) are answered before the acquire is sent.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
@@ -574,7 +574,21 @@ impl Lock {
         loop {
             // The handle's releases on their way are answered first: an acquire (ONCE) that
             // overtook one would be answered with the old hold, which the release then frees.
-            let mark = self.state.settle_releases().await;
+            // Asked again, no longer than the wait allows (a background release goes on for up
+            // to a lease while no master answers); without a wait, a command timeout.
+            let mark = if again == 0 {
+                self.state.settle_releases().await
+            } else {
+                let left = match until {
+                    Some(until) => until.saturating_duration_since(Instant::now()),
+                    None if wait.is_none() => self.ctx.command_timeout,
+                    None => Duration::MAX,
+                };
+                match tokio::time::timeout(left, self.state.settle_releases()).await {
+                    Ok(mark) => mark,
+                    Err(_) => return Ok(None),
+                }
+            };
             let current = self.state.current();
             let sent = Instant::now();
             let (reply, own) = if self.ephemeral {
@@ -1282,7 +1296,9 @@ impl Lock {
                 return Ok(Settled::Again);
             }
             // Gone: its lease ended before the grant's reply was read.
-            Err(LockError::NotHeld { .. }) => return Ok(Settled::Again),
+            Err(LockError::NotHeld {
+                lost: None | Some(LostReason::HoldGone | LostReason::LeaseEnded),
+            }) => return Ok(Settled::Again),
             // The master answered: released before the refusal is returned.
             Err(e @ (LockError::NotSafelyAcquired { .. } | LockError::NoPermission { .. })) => {
                 let _ = state

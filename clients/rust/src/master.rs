@@ -144,6 +144,17 @@ fn sentinel_view(reply: &Value) -> Option<SentinelView> {
     })
 }
 
+/// A `SENTINEL GET-MASTER-ADDR-BY-NAME` reply: `[ip, port]`; `None` for nil or anything else.
+fn current_address(reply: &Value) -> Option<(String, u16)> {
+    match reply {
+        Value::Array(items) => match items.as_slice() {
+            [ip, port] => Some((text(ip)?, text(port)?.parse().ok()?)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// A field or value of a Sentinel's reply as text (numbers too, whatever the protocol).
 fn text(value: &Value) -> Option<String> {
     match value {
@@ -361,13 +372,27 @@ async fn ask_one(
             }
         }
     };
-    let reply: redis::RedisResult<Value> = redis::cmd("SENTINEL")
+    // The epoch and flags from `SENTINEL MASTER`, the address from `GET-MASTER-ADDR-BY-NAME`:
+    // the Sentinel leading a failover reports the new epoch with the old address in `SENTINEL
+    // MASTER` until every replica is reconfigured, while `GET-MASTER-ADDR-BY-NAME` (and its
+    // hellos to the others) already names the promoted replica.
+    let replies: redis::RedisResult<(Value, Value)> = redis::pipe()
+        .cmd("SENTINEL")
         .arg("MASTER")
+        .arg(name)
+        .cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
         .arg(name)
         .query_async(&mut conn)
         .await;
-    match reply {
-        Ok(reply) => (Some(conn), sentinel_view(&reply)),
+    match replies {
+        Ok((master, address)) => {
+            let view = sentinel_view(&master).and_then(|view| {
+                let (host, port) = current_address(&address)?;
+                Some(SentinelView { host, port, ..view })
+            });
+            (Some(conn), view)
+        }
         // The Sentinel answered, but not with the master (it does not monitor this name):
         // the connection is fine.
         Err(e) if !e.is_io_error() && !e.is_unrecoverable_error() => (Some(conn), None),
@@ -591,6 +616,23 @@ mod tests {
         ];
         for (views, want) in cases {
             assert_eq!(newest(views.clone()), want, "{views:?}");
+        }
+    }
+
+    #[test]
+    fn the_current_address_is_read_from_get_master_addr_by_name() {
+        let cases: Vec<(Value, Option<(String, u16)>)> = vec![
+            (
+                Value::Array(vec![bulk("10.0.0.2"), bulk("6380")]),
+                Some(("10.0.0.2".into(), 6380)),
+            ),
+            (Value::Nil, None),
+            (Value::Array(vec![bulk("10.0.0.2")]), None),
+            (Value::Array(vec![bulk("10.0.0.2"), bulk("x")]), None),
+            (bulk("10.0.0.2:6380"), None),
+        ];
+        for (reply, want) in cases {
+            assert_eq!(current_address(&reply), want, "{reply:?}");
         }
     }
 }

@@ -288,7 +288,10 @@ mod tests {
                     key: key(),
                     value: data(),
                 }),
-                _ => None,
+                kind => {
+                    assert_eq!(kind, "none", "{row:?}");
+                    None
+                }
             };
             let payload = unescape(column(&row, 0));
             assert_eq!(LeaderMessage::parse(&payload), want, "{row:?}");

@@ -18,7 +18,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._masters import STRAGGLER_GRACE, Address, FollowedMasters, majority
+from .._masters import (
+    STRAGGLER_GRACE,
+    Address,
+    FollowedMasters,
+    majority,
+    with_current_address,
+)
 
 __all__ = [
     "CLOSED",
@@ -347,9 +353,13 @@ class EpochSentinel(Sentinel):
 
         async def ask(sentinel: Any) -> object:
             try:
-                return await sentinel.execute_command("SENTINEL MASTER", service_name)
+                state = await sentinel.execute_command("SENTINEL MASTER", service_name)
+                address = await sentinel.execute_command(
+                    "SENTINEL GET-MASTER-ADDR-BY-NAME", service_name
+                )
             except (RedisError, OSError, asyncio.TimeoutError) as e:
                 return e
+            return with_current_address(state, address)
 
         tasks = [asyncio.ensure_future(ask(s)) for s in sentinels]
         pending = set(tasks)

@@ -19,7 +19,13 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
-from .._masters import STRAGGLER_GRACE, Address, FollowedMasters, majority
+from .._masters import (
+    STRAGGLER_GRACE,
+    Address,
+    FollowedMasters,
+    majority,
+    with_current_address,
+)
 
 __all__ = [
     "CLOSED",
@@ -370,9 +376,13 @@ class EpochSentinel(Sentinel):
 
         def ask(i: int) -> None:
             try:
-                answer: object = sentinels[i].execute_command(  # type: ignore[no-untyped-call]
+                state = sentinels[i].execute_command(  # type: ignore[no-untyped-call]
                     "SENTINEL MASTER", service_name
                 )
+                address = sentinels[i].execute_command(  # type: ignore[no-untyped-call]
+                    "SENTINEL GET-MASTER-ADDR-BY-NAME", service_name
+                )
+                answer: object = with_current_address(state, address)
             except (RedisError, OSError) as e:
                 answer = e
             with done:
