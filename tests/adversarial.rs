@@ -855,11 +855,18 @@ impl Worker {
         };
         self.shared.count("tickets queued");
         let mut pop = redis::cmd("BLPOP");
-        pop.arg(&ticket).arg(wait as f64 / 1000.0 + 5.0);
-        let popped = match self.cons[usize::from(db)].as_mut() {
-            Some((con, _)) => outcome(pop.query(con)),
-            None => Outcome::Dropped,
+        let pop_timeout = Duration::from_millis(wait) + Duration::from_secs(5);
+        pop.arg(&ticket).arg(pop_timeout.as_secs_f64());
+        let popping = Instant::now();
+        let (popped, client_id) = match self.cons[usize::from(db)].as_mut() {
+            Some((con, client_id)) => (outcome(pop.query(con)), *client_id),
+            None => (Outcome::Dropped, None),
         };
+        // A plain `CLIENT UNBLOCK` from the disrupter (a blocked `BLPOP` is a blocked client
+        // like any other) ends the pop with nil long before its timeout: the ticket was not
+        // unanswered, its pop was cut short.
+        let cut_short = popping.elapsed() + Duration::from_secs(1) < pop_timeout
+            && client_id.is_some_and(|id| self.shared.unblocked.lock().unwrap().contains(&id));
         let who = format!("w{} db{db}", self.id);
         self.shared
             .op(format!("{who} {} -> {}", show_cmd(&pop), show(&popped)));
@@ -888,6 +895,11 @@ impl Worker {
                     _ if self.shared.epoch() != epoch => {
                         // A flush, SWAPDB or reload took the answer before the pop.
                         self.shared.count("tickets lost to the disrupter");
+                        Outcome::Reply(Value::Nil)
+                    }
+                    _ if cut_short => {
+                        self.shared
+                            .count("ticket pops cut short by CLIENT UNBLOCK, then withdrawn");
                         Outcome::Reply(Value::Nil)
                     }
                     other => {
