@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import Server, reports_key_events, wait_until
+from conftest import Server, _start_on, reports_key_events, wait_until
 from redis_lock_client import (
     AsyncLockClient,
     Fenced,
@@ -297,6 +297,37 @@ def test_the_lost_signal_reports_a_force_release_within_milliseconds(fresh_serve
 
     _, p99 = _percentiles("asyncio FORCERELEASE -> lost", asyncio.run(main()))
     assert p99 < 0.1
+
+
+def test_a_hold_taken_as_the_server_comes_back_is_subscribed_when_handed_out(fresh_server, key, tmp_path):
+    # The signal listener connects again after growing pauses (up to 2 s) while its server is
+    # down. A hold taken as the server comes back was handed out unsubscribed (its guard waits
+    # for the subscription's confirmation no longer than the command timeout): a loss right
+    # after it was heard only at the next renewal. After a failover that cost every kind of
+    # hold ~1 s in the failover test. Now a new watcher wakes the listener at once.
+    # Before the fix: NUMSUB 0 at the hand-out (the listener's next try was ~1.8 s away).
+    server = fresh_server
+    client = LockClient.from_url(server.url, command_timeout=0.5)
+    first = client.lock(key + ":first", lease=30).acquire()  # the listener runs
+    port = server.port
+    server.proc.kill()
+    server.proc.wait()
+    time.sleep(3.3)  # its pauses, 50 ms doubling: the next try is at 5.15 s, after a 2 s one
+    (tmp_path / "back").mkdir()
+    back = _start_on(port, tmp_path / "back")
+    try:
+        raw = back.client()
+        guard = client.lock(key, lease=30).acquire()
+        assert raw.pubsub_numsub(lost_signal_channel(key))[0][1] >= 1, (
+            "the hold was handed out before its lost-hold channel was subscribed")
+        raw.execute_command("LOCK.FORCERELEASE", key)
+        assert guard.lost.wait(5.0), "a loss right after the acquire was not heard"
+        assert guard.lost_reason is LostReason.FORCE_RELEASED
+        del first
+        client.close()
+    finally:
+        back.proc.kill()
+        back.proc.wait()
 
 
 @pytest.mark.parametrize("server_ended_it", [False, True], ids=["still-held", "ended"])

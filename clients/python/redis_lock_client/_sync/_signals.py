@@ -58,6 +58,10 @@ class SignalHub:
         self._watched: dict[bytes, list[weakref.ref[Watcher]]] = {}
         self._confirmed: dict[bytes, Event] = {}
         self._sub: Optional[Subscriber] = None
+        #: Set by a new watcher while the listener is not connected: it connects at once
+        #: instead of after its growing pause (after a failover the pause reached up to 2 s,
+        #: and a new hold waits for its subscription's confirmation before it is handed out).
+        self._wake = Event()
         self._running = False
         self._closed = False
 
@@ -78,6 +82,8 @@ class SignalHub:
                 events.append(event)
             start = not self._running
             self._running = True
+            if self._sub is None:
+                self._wake.set()
         if start:
             spawn("redis-lock-signal", self._run)
         until = time.monotonic() + self._connector.timeout
@@ -118,7 +124,8 @@ class SignalHub:
             try:
                 sub = Subscriber(self._connector.new())
             except LockConnectionError:
-                sleep(delay)
+                wait_event(self._wake, delay)
+                self._wake.clear()
                 delay = min(delay * 2, 2.0)
                 continue
             delay = 0.05
