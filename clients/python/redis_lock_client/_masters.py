@@ -1,20 +1,31 @@
 """Which master to follow among the Sentinels' answers (no I/O): the one named with the highest
-configuration epoch, and never one named with a lower epoch than the master followed already.
+configuration epoch, and not one named with a lower epoch than the master followed already,
+unless a majority of the Sentinels has named only such masters for ``EPOCH_RESET_GRACE``.
 
 Every failover raises the epoch; a Sentinel that has not heard of the latest one still names the
 old master (which answers as a master for seconds after ``SENTINEL FAILOVER``), with an older
-epoch. Both flavours of ``_backend.py`` ask every Sentinel and pass the answers here.
+epoch. A Sentinel set re-created from scratch starts its epochs again from 0: a majority that
+keeps naming lower epochs is that, not a lag (a Sentinel learns a failover's epoch from the
+others' hello messages, every 2 s), and a client that held on to the floor would never follow
+a master again. Both flavours of ``_backend.py`` ask every Sentinel and pass the answers here.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from . import _fork
 
 #: A master's (host, port).
 Address = tuple[str, int]
+
+#: How long a majority of the Sentinels must name masters only at epochs below the followed
+#: one's before the client takes the set for re-created (its epochs started again) and follows
+#: the newest master it names (seconds). A failover's epoch reaches every Sentinel within a few
+#: 2 s hello periods; the Rust library waits as long (``EPOCH_RESET_GRACE``).
+EPOCH_RESET_GRACE = 10.0
 
 
 class FollowedMasters:
@@ -23,26 +34,48 @@ class FollowedMasters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._followed: dict[str, tuple[int, Address]] = {}
+        #: Since when a majority of the Sentinels has named only epochs below the followed one.
+        self._below_since: dict[str, float] = {}
         _fork.register(self)
 
-    def choose(self, service_name: str, answers: list[tuple[int, Address]]) -> Optional[Address]:
+    def choose(
+        self,
+        service_name: str,
+        answers: list[tuple[int, Address]],
+        majority_answered: bool = False,
+        newest_heard: int = 0,
+        now: Optional[float] = None,
+    ) -> Optional[Address]:
         """The master to follow, given the answers ``(epoch, address)`` of the Sentinels that
         named a usable master, in the order the Sentinels were given; None when there is none.
         The highest epoch wins (a tie: the master followed already if one of them names it,
         else the first); an answer with an epoch below the followed one's leaves the followed
-        master in place."""
+        master in place, until a majority of the Sentinels has answered for
+        ``EPOCH_RESET_GRACE`` (``now``: ``time.monotonic()``) with none at the followed epoch or
+        above (``majority_answered``: a majority answered this time; ``newest_heard``: the
+        highest epoch any of them gave, a master flagged down included)."""
         if not answers:
             return None
+        now = time.monotonic() if now is None else now
         epoch = max(e for e, _ in answers)
         named = [address for e, address in answers if e == epoch]
         with self._lock:
             followed = self._followed.get(service_name)
             if followed is not None:
                 followed_epoch, followed_address = followed
-                if followed_epoch > epoch or (
-                    followed_epoch == epoch and followed_address in named
-                ):
+                if followed_epoch == epoch and followed_address in named:
+                    self._below_since.pop(service_name, None)
                     return followed_address
+                if followed_epoch > epoch:
+                    if max(epoch, newest_heard) >= followed_epoch:
+                        self._below_since.pop(service_name, None)
+                        return followed_address  # the followed epoch is still known
+                    if not majority_answered:
+                        return followed_address  # a minority behind: no evidence of a reset
+                    since = self._below_since.setdefault(service_name, now)
+                    if now - since < EPOCH_RESET_GRACE:
+                        return followed_address
+            self._below_since.pop(service_name, None)
             self._followed[service_name] = (epoch, named[0])
             return named[0]
 
@@ -63,7 +96,13 @@ class FollowedMasters:
             found = named_master(answer, usable, force_ip)
             if found is not None:
                 named.append(found)
-        chosen = self.choose(service_name, named)
+        answered = [answer for _, answer in asked if isinstance(answer, dict)]
+        chosen = self.choose(
+            service_name,
+            named,
+            len(answered) >= majority(len(asked)),
+            max((epoch_of(answer) for answer in answered), default=0),
+        )
         if chosen is None:
             errors = [f"{s} - {a!r}" for s, a in asked if isinstance(a, Exception)]
             detail = f" : {', '.join(errors)}" if errors else ""
@@ -98,6 +137,14 @@ def with_current_address(state: object, address: object) -> object:
 def majority(sentinels: int) -> int:
     """How many answers make a majority of ``sentinels``."""
     return sentinels // 2 + 1
+
+
+def epoch_of(answer: dict[str, Any]) -> int:
+    """The ``config-epoch`` of a Sentinel's ``SENTINEL MASTER`` answer (0 if it has none)."""
+    try:
+        return int(answer.get("config-epoch", 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def named_master(

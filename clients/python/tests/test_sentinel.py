@@ -137,6 +137,31 @@ def test_the_master_followed_is_the_one_named_with_the_highest_epoch(followed, a
         assert got == ("127.0.0.1", chosen)
 
 
+def test_a_majority_naming_only_lower_epochs_for_the_grace_is_followed_as_a_recreated_set():
+    # A Sentinel set re-created from scratch starts its epochs at 0 again: a client that kept
+    # to the highest epoch it ever followed would never follow a master again (review F2). A
+    # majority naming only lower epochs for EPOCH_RESET_GRACE is followed; a minority never is,
+    # and one answer at the followed epoch (a master flagged down included) starts it again.
+    from redis_lock_client._masters import EPOCH_RESET_GRACE, FollowedMasters
+
+    a, b = ("127.0.0.1", 1), ("127.0.0.1", 2)
+    grace = EPOCH_RESET_GRACE
+    masters = FollowedMasters()
+    assert masters.choose("m", [(5, a)], True, 5, now=0.0) == a
+    # A majority at epoch 0 naming b: a lag until the grace passed.
+    assert masters.choose("m", [(0, b)], True, 0, now=1.0) == a
+    assert masters.choose("m", [(0, b)], True, 0, now=1.0 + grace / 2) == a
+    # One of them still knows epoch 5 (its master flagged down): the clock starts again.
+    assert masters.choose("m", [(0, b)], True, 5, now=1.0 + grace / 2) == a
+    assert masters.choose("m", [(0, b)], True, 0, now=2.0 + grace / 2) == a
+    assert masters.choose("m", [(0, b)], True, 0, now=1.9 + grace + grace / 2) == a
+    # A minority behind never moves the client, past the grace too; the majority then does.
+    assert masters.choose("m", [(0, b)], False, 0, now=2.0 + grace + grace / 2) == a
+    assert masters.choose("m", [(0, b)], True, 0, now=2.0 + grace + grace / 2) == b
+    # Followed now at epoch 0: the new set's next failover (epoch 1) is followed at once.
+    assert masters.choose("m", [(1, a)], False, 1, now=3.0 + 2 * grace) == a
+
+
 def _sentinel_names(sentinel, name: str) -> dict:
     return redis.Redis(host="127.0.0.1", port=sentinel.port, socket_timeout=2,
                        decode_responses=True).sentinel_master(name)

@@ -17,7 +17,8 @@
 //! restarted from an old configuration) cannot lead the client back to an older master,
 //! whatever its place in the list (the price: a lookup waits for the slowest Sentinel, up to the
 //! command timeout). The client remembers the highest epoch it has followed and
-//! never follows an address named with a lower one. A newer master is followed only once it
+//! never follows an address named with a lower one, unless a majority of the Sentinels names
+//! nothing newer for [`EPOCH_RESET_GRACE`] (a Sentinel set re-created from scratch). A newer master is followed only once it
 //! says it is one (`ROLE`), and not while the Sentinels that name it take it for down
 //! (`s_down`, `o_down`).
 //!
@@ -31,7 +32,7 @@
 //! the next one asks again.
 
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value};
@@ -178,6 +179,35 @@ fn newest(views: impl IntoIterator<Item = SentinelView>) -> Option<SentinelView>
 struct Followed {
     addr: ConnectionAddr,
     config_epoch: u64,
+    /// Since when a majority of the Sentinels has named only epochs below `config_epoch`.
+    below_since: Option<Instant>,
+}
+
+impl Followed {
+    fn new(addr: ConnectionAddr, config_epoch: u64) -> Followed {
+        Followed {
+            addr,
+            config_epoch,
+            below_since: None,
+        }
+    }
+
+    /// Whether a master named at `newest` (the highest epoch the Sentinels that answered gave)
+    /// may be followed: one at the followed epoch or above, always; one below it only once a
+    /// majority of the Sentinels (`majority_answered`, this time) has named nothing newer for
+    /// [`EPOCH_RESET_GRACE`]: a Sentinel set re-created from scratch, its epochs started again.
+    /// A minority behind neither moves the client nor counts.
+    fn admits(&mut self, newest: u64, majority_answered: bool, now: Instant) -> bool {
+        if newest >= self.config_epoch {
+            self.below_since = None;
+            return true;
+        }
+        if !majority_answered {
+            return false;
+        }
+        let since = *self.below_since.get_or_insert(now);
+        now.saturating_duration_since(since) >= EPOCH_RESET_GRACE
+    }
 }
 
 /// The master of one Sentinel-monitored set.
@@ -229,7 +259,7 @@ impl SentinelMaster {
         if followed.as_ref().is_some_and(|f| f.addr != addr) {
             self.generation.send_modify(|g| *g += 1);
         }
-        *followed = Some(Followed { addr, config_epoch });
+        *followed = Some(Followed::new(addr, config_epoch));
     }
 
     /// Every Sentinel's view of the master, asked all at once (each within the command
@@ -297,12 +327,16 @@ impl SentinelMaster {
     /// config-epoch than the master followed so far (a Sentinel behind the others, or one
     /// restarted from an old configuration). The master to use, if there is one.
     async fn look_up(&self, conns: &mut [Option<MultiplexedConnection>]) -> Option<Node> {
-        let view = newest(self.ask_all(conns).await)?;
+        let views = self.ask_all(conns).await;
+        let majority_answered = views.len() > self.sentinels.len() / 2;
+        let view = newest(views)?;
         if !view.usable {
             return None;
         }
-        let floor = relock(&self.followed).as_ref().map(|f| f.config_epoch);
-        if floor.is_some_and(|floor| view.config_epoch < floor) {
+        let admitted = relock(&self.followed).as_mut().is_none_or(|followed| {
+            followed.admits(view.config_epoch, majority_answered, Instant::now())
+        });
+        if !admitted {
             return None;
         }
         let info = ConnectionAddr::Tcp(view.host, view.port)
@@ -467,6 +501,13 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
 /// How long the Sentinels not yet heard from are waited for once a majority answered.
 const STRAGGLER_GRACE: Duration = Duration::from_millis(100);
 
+/// How long a majority of the Sentinels must name masters only at epochs below the followed
+/// one's before the client takes the set for re-created (its epochs started again from 0) and
+/// follows the newest master it names. A failover's epoch reaches every Sentinel within a few
+/// 2 s hello periods, so a lag never lasts this long; without it, a client would never follow
+/// a master again after its Sentinels were re-created. The Python library waits as long.
+const EPOCH_RESET_GRACE: Duration = Duration::from_secs(10);
+
 fn no_master(name: &str) -> LockError {
     LockError::Connection(redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -588,6 +629,29 @@ mod tests {
         for (reply, want) in cases {
             assert_eq!(sentinel_view(&reply), want, "{reply:?}");
         }
+    }
+
+    #[test]
+    fn a_majority_naming_only_lower_epochs_for_the_grace_is_followed_as_a_recreated_set() {
+        // Review F2: a Sentinel set re-created from scratch starts its epochs at 0 again; a
+        // client that kept to the highest epoch it ever followed would never follow a master
+        // again. The Python library's test_sentinel.py checks the same steps.
+        let start = Instant::now();
+        let at = |seconds: f64| start + Duration::from_secs_f64(seconds);
+        let grace = EPOCH_RESET_GRACE.as_secs_f64();
+        let mut followed = Followed::new(ConnectionAddr::Tcp("127.0.0.1".into(), 1), 5);
+        assert!(followed.admits(5, true, at(0.0)));
+        assert!(followed.admits(6, false, at(0.0)));
+        // A majority at epoch 0: a lag until the grace passed.
+        assert!(!followed.admits(0, true, at(1.0)));
+        assert!(!followed.admits(0, true, at(1.0 + grace / 2.0)));
+        // One of them still knows epoch 5 (its master flagged down): the clock starts again.
+        assert!(followed.admits(5, true, at(1.0 + grace / 2.0)));
+        assert!(!followed.admits(0, true, at(2.0 + grace / 2.0)));
+        assert!(!followed.admits(0, true, at(1.9 + grace + grace / 2.0)));
+        // A minority behind never moves the client, past the grace too; the majority then does.
+        assert!(!followed.admits(0, false, at(2.0 + grace + grace / 2.0)));
+        assert!(followed.admits(0, true, at(2.0 + grace + grace / 2.0)));
     }
 
     #[test]
