@@ -923,12 +923,13 @@ fn report(lines: &Lines, truth: &Truth, failovers: &[Failover], logs: &[String],
     for (n, f) in failovers.iter().enumerate() {
         let after = |g: Option<f64>| g.map_or("-".into(), |g| format!("{g:.0} ms"));
         println!(
-            "  {:>2}. {:<5} {} -> {}: named after {:.0} ms, old one back after {:.0} ms, \
-             first grant after {} (replicas=1), {} (control)",
+            "  {:>2}. {:<5} {} -> {} at {:.0} (the drivers' clock, ms): named after {:.0} ms, old \
+             one back after {:.0} ms, first grant after {} (replicas=1), {} (control)",
             n + 1,
             f.how,
             f.old,
             f.new,
+            f.death,
             f.named - f.death,
             f.back - f.death,
             after(grants[0][n]),
@@ -1013,13 +1014,20 @@ fn report(lines: &Lines, truth: &Truth, failovers: &[Failover], logs: &[String],
         );
         for r in &f.recoveries {
             let after_death: Vec<f64> = r.after_death.iter().flatten().copied().collect();
+            let after_switch = r.after_switch(failovers);
             println!(
-                "  {:<7} {:<10} {:>22} {:>22} {:>6}",
+                "  {:<7} {:<10} {:>22} {:>22} {:>6}   {}",
                 r.lib.name(),
                 r.kind.name(),
                 ms(checker::spread(&after_death)),
-                ms(checker::spread(&r.after_switch(failovers))),
-                format!("{}/{}", after_death.len(), failovers.len())
+                ms(checker::spread(&after_switch)),
+                format!("{}/{}", after_death.len(), failovers.len()),
+                // Each failover's, in order: which one a maximum came from.
+                after_switch
+                    .iter()
+                    .map(|v| format!("{v:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             );
             for &n in &r.late {
                 let failover = &failovers[n];

@@ -44,7 +44,7 @@ pub(crate) const LEADER_MESSAGES: &str = include_str!("../../vectors/leader-mess
 pub(crate) const CHANNELS: &str = include_str!("../../vectors/channels.tsv");
 pub(crate) const ERROR_LINES: &str = include_str!("../../vectors/error-lines.tsv");
 
-#[cfg(test)]
+// The module is compiled for tests only (lib.rs): no second `cfg(test)` here.
 mod tests {
     use super::*;
     use crate::error::{missing_rule, refused_command, LockError};

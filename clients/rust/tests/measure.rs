@@ -8,10 +8,9 @@ mod support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LostReason};
-use support::{calls, raw, Server};
+use support::{calls, ephemeral_connection, raw, Server};
 
 const TRIALS: usize = 100;
 
@@ -53,7 +52,7 @@ async fn signal_latency(name: &str, end: &[&str], want: &[LostReason], ephemeral
         let mut cmd = redis::cmd(end[0]);
         for arg in &end[1..] {
             if *arg == "$ID" {
-                cmd.arg(ephemeral_id(&mut con).await);
+                cmd.arg(ephemeral_connection(&mut con, "k").await);
             } else {
                 cmd.arg(*arg);
             }
@@ -68,24 +67,6 @@ async fn signal_latency(name: &str, end: &[&str], want: &[LostReason], ephemeral
     }
     let (_, p99) = percentiles(name, samples);
     assert!(p99 < Duration::from_millis(500));
-}
-
-async fn ephemeral_id(con: &mut MultiplexedConnection) -> i64 {
-    let Value::Array(fields) = redis::cmd("LOCK.INFO")
-        .arg("k")
-        .query_async::<Value>(con)
-        .await
-        .unwrap()
-    else {
-        panic!("held")
-    };
-    fields
-        .chunks(2)
-        .find_map(|p| match p {
-            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
-            _ => None,
-        })
-        .unwrap()
 }
 
 #[ignore]

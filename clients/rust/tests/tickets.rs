@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{LockClient, LockError};
-use support::{calls, raw, Server};
+use support::{bound_to, calls, raw, Server};
 use tokio::time::Instant;
 
 /// A client of `server` with the default settings but for the lost-hold signal (so that its
@@ -661,21 +661,6 @@ async fn a_popped_expired_grant_after_the_wait_is_the_timeout() {
 }
 
 /// `LOCK.INFO key`'s `ephemeral`: the id of the connection the hold is bound to.
-async fn bound_to(raw: &mut MultiplexedConnection, key: &str) -> Option<i64> {
-    let info: Value = redis::cmd("LOCK.INFO")
-        .arg(key)
-        .query_async(raw)
-        .await
-        .unwrap();
-    let Value::Array(fields) = info else {
-        return None;
-    };
-    fields.chunks(2).find_map(|p| match p {
-        [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
-        _ => None,
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ephemeral_wait_takes_a_ticket_and_its_hold_dies_with_the_asking_connection() {
     let server = Server::start();

@@ -292,21 +292,26 @@ fn busy_keys(host: &str, from: u16, to: u16, slot: u16, keys: &[String]) -> Stri
 
 /// The id of the connection an `EPHEMERAL` hold on `key` is bound to (`LOCK.INFO`'s `ephemeral`).
 pub async fn ephemeral_connection(raw: &mut MultiplexedConnection, key: &str) -> i64 {
+    bound_to(raw, key)
+        .await
+        .expect("held, and bound to a connection")
+}
+
+/// The id of the connection `key`'s `EPHEMERAL` hold is bound to (`LOCK.INFO`); None when the
+/// key is not held or its hold is bound to none.
+pub async fn bound_to(raw: &mut MultiplexedConnection, key: &str) -> Option<i64> {
     let info: Value = redis::cmd("LOCK.INFO")
         .arg(key)
         .query_async(raw)
         .await
         .unwrap();
     let Value::Array(fields) = info else {
-        panic!("held: {info:?}")
+        return None;
     };
-    fields
-        .chunks(2)
-        .find_map(|p| match p {
-            [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
-            _ => None,
-        })
-        .expect("bound to a connection")
+    fields.chunks(2).find_map(|p| match p {
+        [Value::BulkString(n), Value::Int(id)] if n == b"ephemeral" => Some(*id),
+        _ => None,
+    })
 }
 
 pub async fn kill(raw: &mut MultiplexedConnection, id: i64) {
