@@ -163,8 +163,10 @@ def release_token(key: bytes, owner: bytes, token: int) -> list[Arg]:
 #: Errors of a server that did not run the command and may in a moment (a failover, a slot
 #: move): READONLY (still the old master's connection), LOADING, MASTERDOWN, TRYAGAIN,
 #: CLUSTERDOWN, NOREPLICAS (a master with ``min-replicas-to-write`` refuses writes until its
-#: replicas are back, as after a failover).
-NOT_YET = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
+#: replicas are back, as after a failover), BUSY (a script or function past
+#: ``busy-reply-threshold``: the server runs nothing else until it ends or is killed).
+NOT_YET = ("READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS",
+           "BUSY ")  # BUSY, not BUSYKEY or BUSYGROUP
 
 
 def is_not_yet(line: str) -> bool:

@@ -848,7 +848,8 @@ fn no_confirmation() -> redis::RedisError {
 /// An answer that says the command did not run and may run in a moment: no answer, or a server
 /// in a failover or a slot move (`READONLY`: still the old master's connection; `LOADING`,
 /// `MASTERDOWN`, `TRYAGAIN`, `CLUSTERDOWN`; `NOREPLICAS`: a master with `min-replicas-to-write`
-/// refuses writes until its replicas are back, as after a failover).
+/// refuses writes until its replicas are back, as after a failover; `BUSY`: a script or function
+/// past `busy-reply-threshold`, and the server runs nothing else until it ends or is killed).
 pub(crate) fn not_yet(e: &LockError) -> bool {
     match e {
         LockError::Server(text) => [
@@ -858,6 +859,7 @@ pub(crate) fn not_yet(e: &LockError) -> bool {
             "TRYAGAIN",
             "CLUSTERDOWN",
             "NOREPLICAS",
+            "BUSY ", // the code BUSY, not BUSYKEY or BUSYGROUP
         ]
         .iter()
         .any(|code| text.starts_with(code)),

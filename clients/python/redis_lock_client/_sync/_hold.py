@@ -244,8 +244,9 @@ class Hold:
         owner; a multi-key hold with its ``LOCK.MRELEASE``), through the route (the client's
         shared connections, which follow a Sentinel failover to the new master and a cluster
         key to its node). Sent again after no answer or a server that cannot serve it yet
-        (READONLY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN), pausing 50 ms doubling to 250 ms,
-        for up to a lease: by then the server has ended the hold itself."""
+        (``is_not_yet``: READONLY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN, NOREPLICAS,
+        BUSY), pausing 50 ms doubling to 250 ms, for up to a lease: by then the server has
+        ended the hold itself."""
         if self.keys.multi:
             args = self.keys.release(self.owner)
         else:
