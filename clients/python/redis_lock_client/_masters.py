@@ -151,7 +151,8 @@ def named_master(
     answer: object, usable: Callable[[dict[str, Any]], bool], force_ip: Optional[str]
 ) -> Optional[tuple[int, Address]]:
     """A Sentinel's answer to ``SENTINEL MASTER <name>`` (as redis-py parses it) as
-    ``(epoch, address)``; None for an error, or a master ``usable`` refuses (redis-py's
+    ``(epoch, address)``; None for an error, an answer without a ``config-epoch`` (it cannot
+    be ranked) or a malformed one, or a master ``usable`` refuses (redis-py's
     ``check_master_state``: one flagged down, or a Sentinel seeing too few others).
     ``force_ip``: the host to use whatever the Sentinel says (redis-py's ``force_master_ip``)."""
     if not isinstance(answer, dict):
@@ -159,7 +160,9 @@ def named_master(
     try:
         if not usable(answer):
             return None
-        epoch = int(answer.get("config-epoch", 0))
+        epoch = int(answer["config-epoch"])  # none: no view, as in the Rust library
+        if epoch < 0:
+            return None
         address = (str(force_ip if force_ip is not None else answer["ip"]), int(answer["port"]))
     except (KeyError, TypeError, ValueError):
         return None

@@ -736,6 +736,19 @@ def test_an_election_has_a_new_leader_within_seconds_of_a_failover_not_a_lease(s
     second.close()
 
 
+def test_an_answer_without_a_config_epoch_or_with_a_malformed_one_is_no_view():
+    # As in the Rust library (master.rs sentinel_view): an answer that cannot be ranked counts
+    # for nothing (before, a missing epoch was read as 0 here).
+    from redis_lock_client._masters import named_master
+
+    state = {"ip": "10.0.0.1", "port": 6379, "config-epoch": 2, "flags": "master"}
+    assert named_master(state, lambda a: True, None) == (2, ("10.0.0.1", 6379))
+    without = {k: v for k, v in state.items() if k != "config-epoch"}
+    for answer in (without, {**state, "config-epoch": ""}, {**state, "config-epoch": "-1"},
+                   {**state, "config-epoch": "x"}, {**state, "port": "x"}):
+        assert named_master(answer, lambda a: True, None) is None, answer
+
+
 def test_the_address_is_the_one_get_master_addr_by_name_gives():
     # The Sentinel leading a failover reports the new epoch with the old address in SENTINEL
     # MASTER until every replica is reconfigured; GET-MASTER-ADDR-BY-NAME names the promoted
