@@ -644,11 +644,10 @@ impl Lock {
                         wait = (!left.is_zero()).then_some(Wait::Timeout(left));
                     }
                 }
-                Settled::Again => {
-                    return Err(LockError::UnexpectedReply(
-                        "the handle's hold kept changing during the acquire".into(),
-                    ))
-                }
+                // Every grant was gone by its confirmation, or the handle's hold kept changing:
+                // not acquired (a timeout for `acquire`), as in the Python library; not an
+                // `UnexpectedReply`, which no reply here was.
+                Settled::Again => return Ok(None),
             }
         }
     }
