@@ -584,10 +584,17 @@ impl Lock {
                     None if wait.is_none() => self.ctx.command_timeout,
                     None => Duration::MAX,
                 };
-                match tokio::time::timeout(left, self.state.settle_releases()).await {
+                let mark = match tokio::time::timeout(left, self.state.settle_releases()).await {
                     Ok(mark) => mark,
                     Err(_) => return Ok(None),
+                };
+                // Asked again for what is left of the wait (none left: once, not waiting), not
+                // the whole of it again.
+                if let Some(until) = until {
+                    let left = until.saturating_duration_since(Instant::now());
+                    wait = (!left.is_zero()).then_some(Wait::Timeout(left));
                 }
+                mark
             };
             let current = self.state.current();
             let sent = Instant::now();
@@ -636,14 +643,7 @@ impl Lock {
             match self.settle(current, tokens, sent, replied, own).await? {
                 Settled::Guard(guard) => return Ok(Some(guard)),
                 Settled::Busy => return Ok(None),
-                Settled::Again if again < AGAIN => {
-                    again += 1;
-                    // Asked again for what is left of the wait (none left: once, not waiting).
-                    if let Some(until) = until {
-                        let left = until.saturating_duration_since(Instant::now());
-                        wait = (!left.is_zero()).then_some(Wait::Timeout(left));
-                    }
-                }
+                Settled::Again if again < AGAIN => again += 1,
                 // Every grant was gone by its confirmation, or the handle's hold kept changing:
                 // not acquired (a timeout for `acquire`), as in the Python library; not an
                 // `UnexpectedReply`, which no reply here was.
