@@ -281,6 +281,10 @@ impl SentinelMaster {
         }
         let mut views = Vec::new();
         let (majority, mut answered) = (self.sentinels.len() / 2 + 1, 0);
+        // A Sentinel cut off by the grace (paused, overloaded, its host gone) is connected to
+        // afresh next time: a connection with an ask still unanswered on it is not kept (a
+        // dead host's is found dead at the connect, not after a command timeout).
+        let mut finished = vec![false; conns.len()];
         loop {
             // Once a majority answered, the others get a moment more, not the whole timeout:
             // a paused Sentinel would otherwise slow every lookup (each failover's included).
@@ -300,7 +304,15 @@ impl SentinelMaster {
             if let Some(slot) = conns.get_mut(index) {
                 *slot = conn;
             }
+            if let Some(done) = finished.get_mut(index) {
+                *done = true;
+            }
             views.extend(view);
+        }
+        for (slot, done) in conns.iter_mut().zip(finished) {
+            if !done {
+                *slot = None;
+            }
         }
         views
     }
