@@ -5,8 +5,8 @@ messages and the passing of time into events, each stamped with the local monoto
 observed, and carries out what the machine asks: confirm the grant, renew at ``renew_at``,
 report a loss. The rules:
 
-1. *Held* only after the grant, and, when the acquire's reply came more than a renewal interval
-   (lease / 3) after it was sent (a long wait), after the server confirmed the hold again: the
+1. *Held* only after the grant, and, when the acquire's reply came a renewal interval (lease / 3)
+   or more after it was sent (a long wait), after the server confirmed the hold again: the
    server granted somewhere between the send and the reply, so the only local bound on the
    lease's end is the send time plus the lease, which a long wait used up. That is no evidence
    of a loss; a confirmation (a renewal, or for a fixed lease a read of the hold's ttl) gives a
@@ -99,7 +99,7 @@ class HoldMachine:
         #: Replicated (``replicas=``): every grant is confirmed by a renewal that replicas
         #: acknowledged, and only acknowledged renewals move the deadline.
         self.replicated = replicated
-        long_wait = replied_at - sent_at > self.interval
+        long_wait = replied_at - sent_at >= self.interval
         self.phase = Phase.CONFIRMING if long_wait or replicated else Phase.HELD
         #: The last renewal was answered by the master but not acknowledged by the replicas: a
         #: deadline reached so is ``UNREPLICATED``, not ``UNREACHABLE``.

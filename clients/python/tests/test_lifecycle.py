@@ -146,7 +146,7 @@ class Reference:
 
     def __init__(self, sent: float, replied: float, fixed: bool) -> None:
         self.fixed = fixed
-        self.needs_confirmation = replied - sent > INTERVAL
+        self.needs_confirmation = replied - sent >= INTERVAL
         self.bounds = [sent + TRUSTED]  # every send whose reply set or showed the lease
         self.evidence: Optional[LostReason] = None
         self.released = False

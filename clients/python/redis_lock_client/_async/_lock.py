@@ -829,7 +829,7 @@ class AsyncLock(_AsyncHandle["AsyncLockGuard"]):
     Re-entry is per handle: acquiring again through a handle that holds the key succeeds at once
     with the same token; the hold ends with its last guard. Two handles are two owners.
 
-    A hold granted after a wait that took more than a third of its lease is confirmed (one
+    A hold granted after a wait that took a third of its lease or more is confirmed (one
     renewal, sent at once) before ``acquire()`` returns it: its lease on the server counts from
     the grant, which may be long after the acquire was sent.
     """
