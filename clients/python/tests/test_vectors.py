@@ -9,9 +9,10 @@ from typing import Optional
 
 import pytest
 
-from redis_lock_client import LostReason
+from redis_lock_client import LostReason, Renewal
 from redis_lock_client._commands import fence_refusal, is_final, is_not_yet
 from redis_lock_client._common import missing_rule, refused_command
+from redis_lock_client._lifecycle import Confirm, HoldMachine, Phase
 from redis_lock_client._messages import (
     Flushed,
     HoldEnded,
@@ -90,7 +91,9 @@ def test_channels(row):
 
 
 @pytest.mark.parametrize(
-    "name", ["lost-messages.tsv", "leader-messages.tsv", "channels.tsv", "error-lines.tsv"])
+    "name",
+    ["lost-messages.tsv", "leader-messages.tsv", "channels.tsv", "error-lines.tsv",
+     "hold-machine.tsv"])
 def test_every_file_has_rows(name):
     assert len(rows(name)) > 5
 
@@ -106,3 +109,96 @@ def test_error_lines(row):
         named = refused_command(line)
         assert named == column(row, 4)
         assert missing_rule(named or "LOCK.ACQUIRE", line) == column(row, 5)
+
+
+def hold_scenarios() -> list[list[list[str]]]:
+    """The hold machine's scenarios: the rows with one name (one hold's life), in order."""
+    out: dict[str, list[list[str]]] = {}
+    for row in rows("hold-machine.tsv"):
+        out.setdefault(row[0], []).append(row)
+    return list(out.values())
+
+
+def seconds(ms: str) -> float:
+    return int(ms) / 1000
+
+
+def hold_machine(grant: list[str]) -> tuple[HoldMachine, bool]:
+    """The machine a scenario's first row (``grant``: sent at 0, answered at its time, on the
+    terms its argument names) makes, and whether the hold is EPHEMERAL."""
+    assert grant[3] == "grant", grant
+    lease, *words = grant[4].split()
+    assert set(words) <= {"fixed", "ephemeral", "replicated"}, grant
+    m = HoldMachine(
+        db=0, owner=b"o", tokens={b"k": 1}, lease=seconds(lease),
+        renewal=Renewal.FIXED if "fixed" in words else Renewal.WATCHDOG,
+        sent_at=0.0, replied_at=seconds(grant[1]), replicated="replicated" in words)
+    return m, "ephemeral" in words
+
+
+@pytest.mark.parametrize("steps", hold_scenarios(), ids=lambda steps: steps[0][0])
+def test_hold_machine(steps):
+    m, ephemeral = hold_machine(steps[0])
+    ever_held = False
+    for at, row in enumerate(steps):
+        now = seconds(row[1])
+        sent = seconds(column(row, 2) or row[1])
+        event, argument = row[3], column(row, 4)
+        # What the machine asks the shell to do now; only these events ask anything.
+        asks: set[str] = set()
+        if event == "grant":
+            assert at == 0, row
+            how = m.confirmation
+            asks = {Confirm.RENEWAL: {"renew"}, Confirm.READ: {"read"}, None: set()}[how]
+        elif event == "tick":
+            m.tick(now)
+            asks = {"renew"} if m.renewal_due(now) else set()
+        elif event == "confirmed":
+            m.confirmed(sent, seconds(argument) if argument else None)
+        elif event == "renewed":
+            m.renewed(sent)
+        elif event in ("renewal-gone", "replaced"):
+            m.refused()
+        elif event == "renewal-unanswered":
+            m.unanswered(now)
+        elif event == "renewal-unacknowledged":
+            m.unanswered(now, unacknowledged=True)
+        elif event in ("renewal-denied", "check-denied"):
+            m.denied()
+        elif event == "reentered":
+            m.reentered(sent)
+        elif event == "hint":  # a message naming this very hold (database, key, owner, token)
+            message = HoldEnded(LostReason(argument), 0, 1, b"k", b"o")
+            assert m.names(message), row
+            m.hinted(message.reason)
+        elif event == "check-present":
+            m.checked(True, LostReason(argument))
+        elif event == "check-gone":
+            m.checked(False, LostReason(argument))
+        elif event == "fenced":
+            m.fenced(LostReason(argument))
+        elif event == "connection-closed":
+            assert ephemeral, row
+            m.connection_lost()
+        elif event == "master-replaced":
+            assert ephemeral, row
+            m.master_replaced()
+        elif event == "release":
+            asks = {"release"} if m.release_requested() is None else set()
+        elif event == "release-replied":
+            m.release_replied()
+        else:
+            raise AssertionError(f"unknown event {event!r}: {row}")
+        ever_held = ever_held or m.phase is Phase.HELD
+        # A grant lost before it was ever held was never handed out: refused.
+        phase = "refused" if m.phase is Phase.LOST and not ever_held else m.phase.value
+        deadline = str(round(m.deadline * 1000)) if m.phase is Phase.HELD else ""
+        got = (phase, m.reason.value if m.reason else "", asks,
+               "abandon" if m.take_abandon() else "", deadline)
+        want = (row[5], column(row, 6), set(column(row, 7).split()), column(row, 8),
+                column(row, 9))
+        assert want[0] in {p.value for p in Phase} | {"refused"}, row
+        assert not want[1] or LostReason(want[1]), row
+        assert want[2] <= {"renew", "read", "release"}, row
+        assert want[3] in ("", "abandon"), row
+        assert got == want, row
