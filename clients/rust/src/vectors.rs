@@ -43,13 +43,25 @@ pub(crate) const LOST_MESSAGES: &str = include_str!("../../vectors/lost-messages
 pub(crate) const LEADER_MESSAGES: &str = include_str!("../../vectors/leader-messages.tsv");
 pub(crate) const CHANNELS: &str = include_str!("../../vectors/channels.tsv");
 pub(crate) const ERROR_LINES: &str = include_str!("../../vectors/error-lines.tsv");
+pub(crate) const HOLD_MACHINE: &str = include_str!("../../vectors/hold-machine.tsv");
 
 // The module is compiled for tests only (lib.rs): no second `cfg(test)` here.
 mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
     use super::*;
     use crate::error::{missing_rule, refused_command, LockError};
     use crate::hold::not_yet;
     use crate::lost::LostReason;
+    use crate::machine::{
+        Actions, Answer, Binding, Event, Form, Identity, Machine, Read, Refusal, Renewal, State,
+        Terms,
+    };
+    use crate::message::LostSignal;
     use crate::reply::{fence_refusal, is_final};
 
     #[test]
@@ -77,6 +89,240 @@ mod tests {
                 };
                 assert_eq!(missing_rule(command, line), column(&row, 5), "{row:?}");
             }
+        }
+    }
+
+    /// A reason by the name the vectors give it (the Python library's `LostReason` values).
+    fn lost_reason(name: &str) -> LostReason {
+        match name {
+            "hold-gone" => LostReason::HoldGone,
+            "token-not-current" => LostReason::TokenNotCurrent,
+            "unreachable" => LostReason::Unreachable,
+            "lease-ended" => LostReason::LeaseEnded,
+            "unreplicated" => LostReason::Unreplicated,
+            "connection-closed" => LostReason::ConnectionClosed,
+            "no-permission" => LostReason::NoPermission,
+            "forcereleased" => LostReason::ForceReleased,
+            "deleted" => LostReason::Deleted,
+            "overwritten" => LostReason::Overwritten,
+            "evicted" => LostReason::Evicted,
+            "disconnected" => LostReason::Disconnected,
+            "expired" => LostReason::Expired,
+            "flushed" => LostReason::Flushed,
+            _ => panic!("unknown lost reason {name:?}"),
+        }
+    }
+
+    fn millis(text: &str) -> Duration {
+        Duration::from_millis(text.parse().expect("milliseconds"))
+    }
+
+    /// The terms a scenario's `grant` names: the lease in milliseconds, then any of `fixed`,
+    /// `ephemeral` (bound to its connection), `replicated` (acknowledged by replicas).
+    fn hold_terms(argument: &str) -> Terms {
+        let mut words = argument.split(' ');
+        let mut terms = Terms {
+            lease: millis(words.next().unwrap_or_default()),
+            renewal: Renewal::Watchdog,
+            binding: Binding::Lease,
+            form: Form::One,
+            acknowledged: false,
+        };
+        for word in words {
+            match word {
+                "fixed" => terms.renewal = Renewal::Fixed,
+                "ephemeral" => terms.binding = Binding::Connection,
+                "replicated" => terms.acknowledged = true,
+                _ => panic!("unknown term {word:?} in {argument:?}"),
+            }
+        }
+        terms
+    }
+
+    #[test]
+    fn the_hold_machine_follows_the_shared_scenarios() {
+        // The scenarios: rows with one name, in the file's order.
+        let mut scenarios: Vec<Vec<Vec<&str>>> = Vec::new();
+        for row in rows(HOLD_MACHINE) {
+            match scenarios
+                .iter_mut()
+                .find(|s| column(&s[0], 0) == column(&row, 0))
+            {
+                Some(steps) => steps.push(row),
+                None => scenarios.push(vec![row]),
+            }
+        }
+        assert!(scenarios.len() >= 20);
+        for steps in scenarios {
+            run_hold_scenario(&steps);
+        }
+    }
+
+    /// Runs one scenario: the grant (sent at 0 ms) and each step after it, checking the
+    /// machine's state, what it asks for and its deadline after each.
+    fn run_hold_scenario(steps: &[Vec<&str>]) {
+        let base = Instant::now();
+        let grant = &steps[0];
+        assert_eq!(column(grant, 3), "grant", "{grant:?}");
+        let terms = hold_terms(column(grant, 4));
+        let identity = Identity {
+            db: 0,
+            keys: vec![Arc::from(&b"k"[..])].into(),
+            owner: "o".into(),
+            tokens: vec![1].into(),
+        };
+        let mut m = Machine::new(identity, terms);
+        // Why the grant was refused, once it was (`State::Refused` does not keep it).
+        let mut refused = None;
+        for (at, row) in steps.iter().enumerate() {
+            let now = base + millis(column(row, 1));
+            let sent = match column(row, 2) {
+                "" => now,
+                ms => base + millis(ms),
+            };
+            let argument = column(row, 4);
+            let answered = |read: Read, answer: Answer| Event::Answered {
+                read,
+                sent,
+                replied: now,
+                answer,
+            };
+            let signal;
+            let events = match column(row, 3) {
+                "grant" => {
+                    assert_eq!(at, 0, "{row:?}");
+                    vec![Event::Granted {
+                        sent: base,
+                        replied: now,
+                    }]
+                }
+                "tick" => vec![Event::Tick { now }],
+                "confirmed" if argument.is_empty() => {
+                    vec![answered(Read::Renewal, Answer::Holds(None))]
+                }
+                "confirmed" => vec![answered(
+                    Read::LeaseLeft,
+                    Answer::Holds(Some(millis(argument))),
+                )],
+                "renewed" => vec![answered(Read::Renewal, Answer::Holds(None))],
+                "renewal-gone" => vec![answered(Read::Renewal, Answer::Gone)],
+                "renewal-unanswered" => vec![answered(Read::Renewal, Answer::Nothing)],
+                "renewal-unacknowledged" => {
+                    vec![answered(Read::Renewal, Answer::Unacknowledged)]
+                }
+                "renewal-denied" => vec![answered(Read::Renewal, Answer::Refused)],
+                "reentered" => vec![Event::Reentered { sent }],
+                "replaced" => vec![Event::Replaced],
+                "hint" => {
+                    signal = LostSignal::Hold {
+                        reason: lost_reason(argument),
+                        db: 0,
+                        token: 1,
+                        key: b"k".to_vec(),
+                        owner: b"o".to_vec(),
+                    };
+                    vec![Event::Signal(&signal)]
+                }
+                "check-present" => vec![answered(
+                    Read::Check(lost_reason(argument)),
+                    Answer::Holds(None),
+                )],
+                "check-gone" => vec![answered(Read::Check(lost_reason(argument)), Answer::Gone)],
+                "check-denied" => vec![answered(
+                    Read::Check(lost_reason(argument)),
+                    Answer::Refused,
+                )],
+                "fenced" => vec![Event::Fenced(lost_reason(argument))],
+                // The bound connection closed, and a read then found the hold gone.
+                "connection-closed" => {
+                    assert_eq!(terms.binding, Binding::Connection, "{row:?}");
+                    vec![
+                        Event::ConnectionLost,
+                        answered(Read::Check(LostReason::ConnectionClosed), Answer::Gone),
+                    ]
+                }
+                "master-replaced" => {
+                    assert_eq!(terms.binding, Binding::Connection, "{row:?}");
+                    vec![Event::MasterReplaced]
+                }
+                "release" => vec![Event::ReleaseRequested],
+                "release-replied" => vec![Event::ReleaseReplied],
+                other => panic!("unknown event {other:?}: {row:?}"),
+            };
+            let mut out = Actions::default();
+            for event in events {
+                let step = m.step(event);
+                out.renew |= step.renew;
+                out.read_lease |= step.read_lease;
+                out.release |= step.release;
+                out.abandon |= step.abandon;
+                out.refuse = out.refuse.or(step.refuse);
+            }
+            if let Some(refusal) = out.refuse {
+                let Refusal::Gone(reason) = refusal else {
+                    panic!("a refusal no vector names ({refusal:?}): {row:?}");
+                };
+                refused = Some(reason);
+            }
+            let (phase, reason) = match m.state() {
+                State::Acquiring => ("acquiring", None),
+                State::Confirming { .. } => ("confirming", None),
+                State::Held { .. } => ("held", None),
+                State::Releasing => ("releasing", None),
+                State::Released => ("released", None),
+                State::Lost(reason) => ("lost", Some(reason)),
+                State::Refused => ("refused", refused),
+            };
+            let asks: BTreeSet<&str> = [
+                (out.renew, "renew"),
+                (out.read_lease, "read"),
+                (out.release, "release"),
+            ]
+            .into_iter()
+            .filter_map(|(asked, word)| asked.then_some(word))
+            .collect();
+            let want_phase = column(row, 5);
+            let known = [
+                "confirming",
+                "held",
+                "releasing",
+                "released",
+                "lost",
+                "refused",
+            ];
+            assert!(known.contains(&want_phase), "unknown phase: {row:?}");
+            let want_reason = match column(row, 6) {
+                "" => None,
+                name => Some(lost_reason(name)),
+            };
+            let want_asks: BTreeSet<&str> = column(row, 7).split_whitespace().collect();
+            for word in &want_asks {
+                assert!(
+                    ["renew", "read", "release"].contains(word),
+                    "unknown ask {word:?}: {row:?}"
+                );
+            }
+            let want_abandon = match column(row, 8) {
+                "" => false,
+                "abandon" => true,
+                other => panic!("unknown abandon column {other:?}: {row:?}"),
+            };
+            let want_deadline = match column(row, 9) {
+                "" => None,
+                ms => Some(millis(ms)),
+            };
+            let deadline = m.deadline().map(|d| d - base);
+            assert_eq!(
+                (phase, reason, asks, out.abandon, deadline),
+                (
+                    want_phase,
+                    want_reason,
+                    want_asks,
+                    want_abandon,
+                    want_deadline
+                ),
+                "{row:?}"
+            );
         }
     }
 }
