@@ -39,9 +39,9 @@ grep -q "PORT=" "$dir/busy.log" || fail "the busy-port message names no PORT=: $
 
 # The Makefile passes CARGO_TARGET_DIR on (given on its command line too), and make run installs
 # only what running needs.
-make -s -n -C "$here" run CARGO_TARGET_DIR="$dir/elsewhere" PORT=7777 >"$dir/plan.txt"
+make -s -n --no-print-directory -C "$here" run CARGO_TARGET_DIR="$dir/elsewhere" PORT=7777 >"$dir/plan.txt"
 grep -q 'scripts/run.sh "7777"' "$dir/plan.txt" || fail "make run's plan: $(cat "$dir/plan.txt")"
-[ "$(make -s -C "$here" --eval 'print-target-dir: ; @echo "$$CARGO_TARGET_DIR"' print-target-dir \
+[ "$(make -s --no-print-directory -C "$here" --eval 'print-target-dir: ; @echo "$$CARGO_TARGET_DIR"' print-target-dir \
   CARGO_TARGET_DIR="$dir/elsewhere")" = "$dir/elsewhere" ] \
   || fail "the Makefile does not pass CARGO_TARGET_DIR on to its commands"
 grep -q "scripts/deps.sh test" "$dir/plan.txt" && fail "make run installs the tests' dependencies"

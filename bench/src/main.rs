@@ -72,7 +72,7 @@ impl Plan {
             memory_locks: 100_000,
             memory_waiters: 100_000,
             reference_waiters: true,
-            family_clients: vec![8, 32],
+            family_clients: vec![2, 8, 32],
             family_cell: Duration::from_millis(2000),
             crash_ephemeral_samples: 20,
             crash_lease_samples: 3,

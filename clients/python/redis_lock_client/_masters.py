@@ -1,13 +1,17 @@
 """Which master to follow among the Sentinels' answers (no I/O): the one named with the highest
-configuration epoch, and not one named with a lower epoch than the master followed already,
-unless a majority of the Sentinels has named only such masters for ``EPOCH_RESET_GRACE``.
+configuration epoch, and never another one named with a lower epoch than the master followed
+already (that one stays; once a majority of the Sentinels has named it at a lower epoch for
+``EPOCH_RESET_GRACE``, its epoch comes down to theirs).
 
 Every failover raises the epoch; a Sentinel that has not heard of the latest one still names the
 old master (which answers as a master for seconds after ``SENTINEL FAILOVER``), with an older
-epoch. A Sentinel set re-created from scratch starts its epochs again from 0: a majority that
-keeps naming lower epochs is that, not a lag (a Sentinel learns a failover's epoch from the
-others' hello messages, every 2 s), and a client that held on to the floor would never follow
-a master again. Both flavours of ``_backend.py`` ask every Sentinel and pass the answers here.
+epoch. A Sentinel set re-created from scratch starts its epochs again from 0: a client that held
+on to the highest epoch it followed would never follow their failovers. So a majority naming the
+followed master itself at a lower epoch for ``EPOCH_RESET_GRACE`` brings the epoch down (a lag
+lasts a few 2 s hello periods). A lower epoch never moves the client to another master, even
+from a majority: Sentinels cut off with a master that was replaced name it at its old epoch for
+as long as the partition lasts. Both flavours of ``_backend.py`` ask every Sentinel and pass the
+answers here.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from . import _fork
 #: A master's (host, port).
 Address = tuple[str, int]
 
-#: How long a majority of the Sentinels must name masters only at epochs below the followed
-#: one's before the client takes the set for re-created (its epochs started again) and follows
-#: the newest master it names (seconds). A failover's epoch reaches every Sentinel within a few
-#: 2 s hello periods; the Rust library waits as long (``EPOCH_RESET_GRACE``).
+#: How long a majority of the Sentinels must name the followed master at a lower epoch, none at
+#: the followed one or above, before the client takes the set for re-created (its epochs
+#: started again) and lowers the followed epoch to theirs (seconds). A failover's epoch reaches
+#: every Sentinel within a few 2 s hello periods; the Rust library waits as long
+#: (``EPOCH_RESET_GRACE``).
 EPOCH_RESET_GRACE = 10.0
 
 
@@ -49,32 +54,43 @@ class FollowedMasters:
         """The master to follow, given the answers ``(epoch, address)`` of the Sentinels that
         named a usable master, in the order the Sentinels were given; None when there is none.
         The highest epoch wins (a tie: the master followed already if one of them names it,
-        else the first); an answer with an epoch below the followed one's leaves the followed
-        master in place, until a majority of the Sentinels has answered for
-        ``EPOCH_RESET_GRACE`` (``now``: ``time.monotonic()``) with none at the followed epoch or
-        above (``majority_answered``: a majority answered this time; ``newest_heard``: the
-        highest epoch any of them gave, a master flagged down included)."""
-        if not answers:
-            return None
+        else the first). An answer with an epoch below the followed one's never moves the
+        client to another master: the followed one stays (a lagging Sentinel, or a majority of
+        them cut off with the old master, would lead it back to a master the others demoted).
+        Named so at a lower epoch, the followed master itself is still followed, and once a
+        majority of the Sentinels has done so for ``EPOCH_RESET_GRACE`` with none at the
+        followed epoch or above (a Sentinel set re-created from scratch, its epochs started
+        again), the followed epoch comes down to theirs, so that their next failover is
+        followed. ``majority_answered``: a majority of the Sentinels answered this time;
+        ``newest_heard``: the highest epoch any of them gave, a master flagged down included;
+        ``now``: ``time.monotonic()``."""
         now = time.monotonic() if now is None else now
-        epoch = max(e for e, _ in answers)
-        named = [address for e, address in answers if e == epoch]
         with self._lock:
             followed = self._followed.get(service_name)
+            if not answers:
+                if followed is not None and newest_heard >= followed[0]:
+                    self._below_since.pop(service_name, None)
+                return None
+            epoch = max(e for e, _ in answers)
+            named = [address for e, address in answers if e == epoch]
             if followed is not None:
                 followed_epoch, followed_address = followed
-                if followed_epoch == epoch and followed_address in named:
-                    self._below_since.pop(service_name, None)
-                    return followed_address
-                if followed_epoch > epoch:
-                    if max(epoch, newest_heard) >= followed_epoch:
+                if epoch < followed_epoch:
+                    lowering = (
+                        followed_address in named
+                        and majority_answered
+                        and newest_heard < followed_epoch
+                    )
+                    if not lowering:
                         self._below_since.pop(service_name, None)
-                        return followed_address  # the followed epoch is still known
-                    if not majority_answered:
-                        return followed_address  # a minority behind: no evidence of a reset
+                        return followed_address
                     since = self._below_since.setdefault(service_name, now)
                     if now - since < EPOCH_RESET_GRACE:
                         return followed_address
+                    named = [followed_address]  # the floor comes down, on the same master
+                elif epoch == followed_epoch and followed_address in named:
+                    self._below_since.pop(service_name, None)
+                    return followed_address
             self._below_since.pop(service_name, None)
             self._followed[service_name] = (epoch, named[0])
             return named[0]
@@ -96,12 +112,18 @@ class FollowedMasters:
             found = named_master(answer, usable, force_ip)
             if found is not None:
                 named.append(found)
-        answered = [answer for _, answer in asked if isinstance(answer, dict)]
+        # Answers that name a master at an epoch, flagged down or not (as the Rust library
+        # counts them): one without an epoch says nothing about the set's epochs.
+        heard = [
+            found[0]
+            for _, answer in asked
+            if (found := named_master(answer, lambda _: True, force_ip)) is not None
+        ]
         chosen = self.choose(
             service_name,
             named,
-            len(answered) >= majority(len(asked)),
-            max((epoch_of(answer) for answer in answered), default=0),
+            len(heard) >= majority(len(asked)),
+            max(heard, default=0),
         )
         if chosen is None:
             errors = [f"{s} - {a!r}" for s, a in asked if isinstance(a, Exception)]
@@ -137,14 +159,6 @@ def with_current_address(state: object, address: object) -> object:
 def majority(sentinels: int) -> int:
     """How many answers make a majority of ``sentinels``."""
     return sentinels // 2 + 1
-
-
-def epoch_of(answer: dict[str, Any]) -> int:
-    """The ``config-epoch`` of a Sentinel's ``SENTINEL MASTER`` answer (0 if it has none)."""
-    try:
-        return int(answer.get("config-epoch", 0))
-    except (TypeError, ValueError):
-        return 0
 
 
 def named_master(

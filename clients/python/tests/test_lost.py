@@ -330,6 +330,39 @@ def test_a_hold_taken_as_the_server_comes_back_is_subscribed_when_handed_out(fre
         back.proc.wait()
 
 
+def test_a_second_reader_of_a_watched_key_waits_for_the_channel_subscribed_again(fresh_server, key):
+    # The listener's connection dropped and cannot be made again (maxclients reached: commands
+    # on the open connections still pass). A second reader of a key this client already
+    # watched was handed out at once, on the confirmation the closed connection had got
+    # (review of 19d74e1, F3): unsubscribed, a loss right after it was heard only at the next
+    # renewal. Now it waits for the next connection's confirmation, up to the command timeout.
+    # Before the fix: handed out in milliseconds.
+    server = fresh_server
+    raw = server.client()
+    client = LockClient.from_url(server.url, command_timeout=0.5)
+    first = client.read_lock(key, lease=30).try_acquire()  # on a pooled connection, kept
+    assert first is not None
+    wait_until(lambda: raw.pubsub_numsub(lost_signal_channel(key))[0][1] >= 1, "subscribed")
+    # No new connection once the listener's is gone (those open stay).
+    connected = int(raw.info("clients")["connected_clients"])
+    raw.config_set("maxclients", connected - 1)
+    try:
+        raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        started = time.monotonic()
+        second = client.read_lock(key, lease=30).try_acquire()
+        took = time.monotonic() - started
+        assert second is not None
+        assert raw.pubsub_numsub(lost_signal_channel(key))[0][1] == 0  # it could not connect
+        assert took >= 0.45, f"handed out after {took:.3f} s, its channel not subscribed"
+    finally:
+        raw.config_set("maxclients", 10000)
+    # Once connections are taken again, the listener subscribes and hears a loss.
+    wait_until(lambda: raw.pubsub_numsub(lost_signal_channel(key))[0][1] >= 1, "subscribed again")
+    raw.execute_command("LOCK.FORCERELEASE", key)
+    assert second.lost.wait(5.0) and first.lost.wait(5.0)
+    client.close()
+
+
 @pytest.mark.parametrize("server_ended_it", [False, True], ids=["still-held", "ended"])
 def test_releasing_an_ephemeral_hold_whose_connection_closed_asks_the_server(
         server, key, server_ended_it):

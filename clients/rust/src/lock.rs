@@ -411,7 +411,9 @@ impl Lock {
     /// When the wait took a third of the lease or more, the hold is confirmed before the guard
     /// is returned (a renewal sent at once; for a fixed lease, a read of the lease it has left):
     /// its deadline then counts from that send, not from when the wait began. If the
-    /// confirmation finds the hold gone, the acquire goes on within what is left of its wait;
+    /// confirmation finds the hold gone, the acquire goes on within what is left of its wait
+    /// (asked again three times at most, then [`LockError::Timeout`], with no wait left or
+    /// not, as the Python library answers a timeout);
     /// if the server answers none of three, [`LockError::Connection`] (the hold then ends at its lease end, or
     /// this handle's next acquire takes it back). The handle's releases still on their way (a
     /// guard dropped without [`LockGuard::release`]) are answered before the acquire is sent.

@@ -17,8 +17,9 @@
 //! restarted from an old configuration) cannot lead the client back to an older master,
 //! whatever its place in the list (the price: a lookup waits for the slowest Sentinel, up to the
 //! command timeout). The client remembers the highest epoch it has followed and
-//! never follows an address named with a lower one, unless a majority of the Sentinels names
-//! nothing newer for [`EPOCH_RESET_GRACE`] (a Sentinel set re-created from scratch). A newer master is followed only once it
+//! never follows another address named with a lower one (a majority of the Sentinels naming
+//! the followed master itself at a lower epoch for [`EPOCH_RESET_GRACE`], a Sentinel set
+//! re-created from scratch, brings the epoch down). A newer master is followed only once it
 //! says it is one (`ROLE`), and not while the Sentinels that name it take it for down
 //! (`s_down`, `o_down`).
 //!
@@ -192,22 +193,54 @@ impl Followed {
         }
     }
 
-    /// Whether a master named at `newest` (the highest epoch the Sentinels that answered gave)
-    /// may be followed: one at the followed epoch or above, always; one below it only once a
-    /// majority of the Sentinels (`majority_answered`, this time) has named nothing newer for
-    /// [`EPOCH_RESET_GRACE`]: a Sentinel set re-created from scratch, its epochs started again.
-    /// A minority behind neither moves the client nor counts.
-    fn admits(&mut self, newest: u64, majority_answered: bool, now: Instant) -> bool {
+    /// What a lookup makes of the newest master the Sentinels name (`newest`: the highest
+    /// epoch any that answered gave, a master flagged down included; `same_master`: it names
+    /// the followed address). A lower epoch never moves the client to another master, even
+    /// from a majority: Sentinels cut off with a master that was replaced name it at its old
+    /// epoch for as long as the partition lasts. The followed master itself, named at a lower
+    /// epoch by a majority of the Sentinels for [`EPOCH_RESET_GRACE`] (`majority_answered`,
+    /// each time), is a Sentinel set re-created from scratch: its epoch comes down to theirs,
+    /// so that their next failover is followed. Anything else starts that clock again.
+    fn judge(
+        &mut self,
+        newest: u64,
+        same_master: bool,
+        majority_answered: bool,
+        now: Instant,
+    ) -> Verdict {
         if newest >= self.config_epoch {
             self.below_since = None;
-            return true;
+            return Verdict::Follow;
         }
-        if !majority_answered {
-            return false;
+        if !same_master || !majority_answered {
+            self.below_since = None;
+            return if same_master {
+                Verdict::KeepEpoch
+            } else {
+                Verdict::Refuse
+            };
         }
         let since = *self.below_since.get_or_insert(now);
-        now.saturating_duration_since(since) >= EPOCH_RESET_GRACE
+        if now.saturating_duration_since(since) >= EPOCH_RESET_GRACE {
+            Verdict::LowerEpoch
+        } else {
+            Verdict::KeepEpoch
+        }
     }
+}
+
+/// What a lookup makes of the newest master the Sentinels name ([`Followed::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Named at the followed epoch or above: followed (the same master, or a failover).
+    Follow,
+    /// The followed master, named at a lower epoch: still followed, its epoch kept.
+    KeepEpoch,
+    /// The followed master, named at a lower epoch by a majority for the grace: followed, at
+    /// their epoch from now on.
+    LowerEpoch,
+    /// Another master, named at a lower epoch: never followed.
+    Refuse,
 }
 
 /// The master of one Sentinel-monitored set.
@@ -259,7 +292,11 @@ impl SentinelMaster {
         if followed.as_ref().is_some_and(|f| f.addr != addr) {
             self.generation.send_modify(|g| *g += 1);
         }
-        *followed = Some(Followed::new(addr, config_epoch));
+        match followed.as_ref() {
+            // Unchanged: its clock (`below_since`) goes on.
+            Some(f) if f.addr == addr && f.config_epoch == config_epoch => {}
+            _ => *followed = Some(Followed::new(addr, config_epoch)),
+        }
     }
 
     /// Every Sentinel's view of the master, asked all at once (each within the command
@@ -342,30 +379,43 @@ impl SentinelMaster {
         let views = self.ask_all(conns).await;
         let majority_answered = views.len() > self.sentinels.len() / 2;
         let view = newest(views)?;
-        if !view.usable {
+        let addr = ConnectionAddr::Tcp(view.host.clone(), view.port);
+        // Judged before the usable check: an answer at the followed epoch, its master flagged
+        // down, still says the epoch is known.
+        let (verdict, floor) = match relock(&self.followed).as_mut() {
+            Some(followed) => (
+                followed.judge(
+                    view.config_epoch,
+                    followed.addr == addr,
+                    majority_answered,
+                    Instant::now(),
+                ),
+                followed.config_epoch,
+            ),
+            None => (Verdict::Follow, 0),
+        };
+        if !view.usable || verdict == Verdict::Refuse {
             return None;
         }
-        let admitted = relock(&self.followed).as_mut().is_none_or(|followed| {
-            followed.admits(view.config_epoch, majority_answered, Instant::now())
-        });
-        if !admitted {
-            return None;
-        }
-        let info = ConnectionAddr::Tcp(view.host, view.port)
+        let epoch = match verdict {
+            Verdict::KeepEpoch => floor,
+            _ => view.config_epoch,
+        };
+        let info = addr
             .into_connection_info()
             .ok()?
             .set_redis_settings(self.settings.clone());
         let node = Node::from_info(info).ok()?;
         let current = relock(&self.current).clone();
         if let Some(current) = current.filter(|current| current.same_address(&node)) {
-            self.adopt(&current, view.config_epoch);
+            self.adopt(&current, epoch);
             return Some(current);
         }
         if !self.says_master(&node).await {
             return None;
         }
         *relock(&self.current) = Some(node.clone());
-        self.adopt(&node, view.config_epoch);
+        self.adopt(&node, epoch);
         Some(node)
     }
 
@@ -513,11 +563,11 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
 /// How long the Sentinels not yet heard from are waited for once a majority answered.
 const STRAGGLER_GRACE: Duration = Duration::from_millis(100);
 
-/// How long a majority of the Sentinels must name masters only at epochs below the followed
-/// one's before the client takes the set for re-created (its epochs started again from 0) and
-/// follows the newest master it names. A failover's epoch reaches every Sentinel within a few
-/// 2 s hello periods, so a lag never lasts this long; without it, a client would never follow
-/// a master again after its Sentinels were re-created. The Python library waits as long.
+/// How long a majority of the Sentinels must name the followed master at a lower epoch, none
+/// at the followed one or above, before the client takes the set for re-created (its epochs
+/// started again from 0) and lowers the followed epoch to theirs. A failover's epoch reaches
+/// every Sentinel within a few 2 s hello periods, so a lag never lasts this long; without it,
+/// a client would never follow the re-created set's failovers. The Python library waits as long.
 const EPOCH_RESET_GRACE: Duration = Duration::from_secs(10);
 
 fn no_master(name: &str) -> LockError {
@@ -644,26 +694,40 @@ mod tests {
     }
 
     #[test]
-    fn a_majority_naming_only_lower_epochs_for_the_grace_is_followed_as_a_recreated_set() {
-        // Review F2: a Sentinel set re-created from scratch starts its epochs at 0 again; a
-        // client that kept to the highest epoch it ever followed would never follow a master
-        // again. The Python library's test_sentinel.py checks the same steps.
+    fn a_lower_epoch_never_moves_the_client_and_a_recreated_set_brings_the_epoch_down() {
+        // Review F2 (and its review): the Python library's test_sentinel.py takes the same steps.
+        use Verdict::*;
         let start = Instant::now();
         let at = |seconds: f64| start + Duration::from_secs_f64(seconds);
-        let grace = EPOCH_RESET_GRACE.as_secs_f64();
+        let g = EPOCH_RESET_GRACE.as_secs_f64();
         let mut followed = Followed::new(ConnectionAddr::Tcp("127.0.0.1".into(), 1), 5);
-        assert!(followed.admits(5, true, at(0.0)));
-        assert!(followed.admits(6, false, at(0.0)));
-        // A majority at epoch 0: a lag until the grace passed.
-        assert!(!followed.admits(0, true, at(1.0)));
-        assert!(!followed.admits(0, true, at(1.0 + grace / 2.0)));
-        // One of them still knows epoch 5 (its master flagged down): the clock starts again.
-        assert!(followed.admits(5, true, at(1.0 + grace / 2.0)));
-        assert!(!followed.admits(0, true, at(2.0 + grace / 2.0)));
-        assert!(!followed.admits(0, true, at(1.9 + grace + grace / 2.0)));
-        // A minority behind never moves the client, past the grace too; the majority then does.
-        assert!(!followed.admits(0, false, at(2.0 + grace + grace / 2.0)));
-        assert!(followed.admits(0, true, at(2.0 + grace + grace / 2.0)));
+        assert_eq!(followed.judge(5, true, true, at(0.0)), Follow);
+        assert_eq!(followed.judge(6, false, false, at(0.0)), Follow);
+        // A majority at epoch 0 naming another master: never followed, however long.
+        assert_eq!(followed.judge(0, false, true, at(1.0)), Refuse);
+        assert_eq!(followed.judge(0, false, true, at(1.0 + 2.0 * g)), Refuse);
+        // A majority naming the followed master at epoch 0: still it, its epoch kept a while.
+        let t = 2.0 + 2.0 * g;
+        assert_eq!(followed.judge(0, true, true, at(t)), KeepEpoch);
+        assert_eq!(followed.judge(0, true, true, at(t + g / 2.0)), KeepEpoch);
+        // Epoch 5 still heard (its master flagged down): the clock starts again.
+        assert_eq!(followed.judge(5, false, true, at(t + g / 2.0)), Follow);
+        assert_eq!(followed.judge(0, true, true, at(t + g)), KeepEpoch);
+        // A minority answering starts it again too, and so does another master named.
+        assert_eq!(followed.judge(0, true, false, at(t + 2.0 * g)), KeepEpoch);
+        assert_eq!(
+            followed.judge(0, true, true, at(t + 2.0 * g + 0.1)),
+            KeepEpoch
+        );
+        assert_eq!(followed.judge(0, false, true, at(t + 3.0 * g)), Refuse);
+        assert_eq!(
+            followed.judge(0, true, true, at(t + 3.0 * g + 0.1)),
+            KeepEpoch
+        );
+        assert_eq!(
+            followed.judge(0, true, true, at(t + 4.0 * g + 0.1)),
+            LowerEpoch
+        );
     }
 
     #[test]

@@ -163,17 +163,28 @@ impl SignalHub {
     /// Starts handing `subscriber` the messages of `keys`' channels (and of the flush channel).
     /// Returns the channels not subscribed to yet: [`SignalHub::subscribe`] them (a message
     /// published before the server confirms is missed; the watchdog still covers the hold).
+    /// With no connection (it dropped, and is made again after pauses growing to 2 s while the
+    /// server is down, as in a failover) that is every channel of `keys`, watched already or
+    /// not: the subscription connects at once, and a second reader or permit of a key is not
+    /// handed out on the confirmation a closed connection got.
     pub(crate) fn watch(
         &self,
         subscriber: &Weak<dyn Subscriber>,
         keys: &[Arc<[u8]>],
     ) -> Vec<Vec<u8>> {
+        // Locked: a connection being made or used; subscribing again there costs nothing.
+        let connected = matches!(self.conn.try_lock(), Ok(conn) if conn.is_some());
         let mut new = Vec::new();
         let mut watched = relock(&self.watched);
         for key in keys {
             let channel = self.channel(key);
             let entry = match watched.get_mut(&channel) {
-                Some(entry) => entry,
+                Some(entry) => {
+                    if !connected {
+                        new.push(channel.clone());
+                    }
+                    entry
+                }
                 None => {
                     new.push(channel.clone());
                     watched.entry(channel).or_default()

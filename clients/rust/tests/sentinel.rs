@@ -72,12 +72,17 @@ async fn a_sentinel_client_follows_a_failover() {
         .await
         .unwrap();
     let first = set.master_addr().1;
-    // Longer than a failover takes: the hold outlives it.
-    let lease = Duration::from_secs(12);
+    // Longer than a failover takes: the hold outlives it. Its deadline (90 % of a lease from
+    // the last renewal sent, up to a third of a lease before the kill) must come after the
+    // failover and the client's switch, which a loaded machine stretched past 7 s: with 12 s
+    // leases the EPHEMERAL hold was once reported Unreachable before the switch said
+    // ConnectionClosed (make soak). 20 s leaves 11 s; the EPHEMERAL hold is never renewed
+    // after the kill, and gets 30 s.
+    let lease = Duration::from_secs(20);
     let held = client.lock("kept").lease(lease).acquire().await.unwrap();
     let ephemeral = client
         .lock("bound")
-        .lease(lease)
+        .lease(Duration::from_secs(30))
         .ephemeral()
         .acquire()
         .await

@@ -98,6 +98,47 @@ async fn a_loss_right_after_the_acquire_is_heard_through_the_signal() {
     }
 }
 
+/// A second reader of a key the client already watches, taken as its server comes back: the
+/// listener's connection had dropped and was being made again after pauses growing to 2 s, and
+/// the guard was handed out on the confirmation the closed connection got, unsubscribed (after
+/// a failover, every key with two holders in the process): a loss right after it was heard
+/// only at the next renewal. Now a watch with no connection subscribes every channel at once.
+/// Before the fix: no subscriber at the hand-out (the listener's next try ~1.8 s away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_reader_taken_as_the_server_comes_back_is_subscribed_when_handed_out() {
+    let mut server = Server::start();
+    let client = LockClient::open(&server.url()).await.unwrap();
+    let first = client.read_lock("{back}").acquire().await.unwrap();
+    wait_subscribers(&mut raw(&server).await, "lock.lost:{back}", 1).await;
+    server.kill_hard();
+    // The listener tries again after 50 ms doubling: after 3.3 s, its next try is at 5.15 s.
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    server.restart();
+    let mut raw = raw(&server).await;
+    let second = client.read_lock("{back}").acquire().await.unwrap();
+    let reply: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("lock.lost:{back}")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply.get(1),
+        Some(&Value::Int(1)),
+        "handed out before its lost-hold channel was subscribed again"
+    );
+    let _: i64 = redis::cmd("LOCK.FORCERELEASE")
+        .arg("{back}")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), second.lost())
+        .await
+        .expect("heard through the signal, not at the renewal 10 s on");
+    assert_eq!(reason, LostReason::ForceReleased);
+    drop(first);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lost_signal_is_on_by_default_and_can_be_turned_off() {
     let server = Server::start();

@@ -121,14 +121,20 @@ class SignalHub:
     def _run(self) -> None:
         delay = 0.05
         while not self._closed:
+            tried = time.monotonic()
             try:
                 sub = Subscriber(self._connector.new())
             except LockConnectionError:
                 wait_event(self._wake, delay)
                 self._wake.clear()
+                # Woken by a new watcher: still at least the first pause between two tries
+                # (connections refused while commands pass, as at maxclients, would otherwise
+                # be tried at the pace of the acquires).
+                sleep(max(0.0, tried + 0.05 - time.monotonic()))
                 delay = min(delay * 2, 2.0)
                 continue
             delay = 0.05
+            self._wake.clear()  # a wake of a try that succeeded is spent
             with self._lock:
                 # The flush channel first: confirmed before any key's channel is.
                 sub.post("SUBSCRIBE", flush_channel())
@@ -151,6 +157,11 @@ class SignalHub:
             finally:
                 with self._lock:
                     self._sub = None
+                    # The channels are no longer subscribed: a watcher of one of them (another
+                    # reader of a key, a permit) waits for the next connection's confirmation,
+                    # not for one that the closed connection got.
+                    for channel in self._confirmed:
+                        self._confirmed[channel] = Event()
                 sub.close()
 
     def _follow(self, sub: Subscriber) -> None:
