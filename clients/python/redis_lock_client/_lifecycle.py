@@ -172,7 +172,12 @@ class HoldMachine:
         elif ttl < 0:  # no lease on the server: nothing ends it
             self.deadline = float("inf")
         else:
-            self.deadline = max(self.deadline, sent_at + ttl - self.lease * DRIFT)
+            read = sent_at + ttl - self.lease * DRIFT
+            # Confirming a grant, the read is the server's word on the lease now, taken alone
+            # (as the Rust machine does): the grant's bound holds only while nothing shortened
+            # the lease since (a PEXPIRE of the key, a renewal with a shorter lease).
+            confirming = self.phase is Phase.CONFIRMING
+            self.deadline = read if confirming else max(self.deadline, read)
         self.phase = Phase.HELD
 
     def renewed(self, sent_at: float) -> None:

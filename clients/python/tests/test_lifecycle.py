@@ -196,8 +196,13 @@ class HoldRules(RuleBasedStateMachine):
         sent = self.now - age
         self.m.confirmed(sent, ttl if self.ref.fixed else None)
         if self.ref.alive():
+            if self.ref.fixed and not self.ref.confirmed:
+                # The confirmation of a grant by a read: the read alone (as in Rust).
+                self.ref.bounds = [sent + ttl - LEASE * DRIFT]
+            else:
+                self.ref.bounds.append(sent + ttl - LEASE * DRIFT if self.ref.fixed
+                                       else sent + TRUSTED)
             self.ref.confirmed = True
-            self.ref.bounds.append(sent + ttl - LEASE * DRIFT if self.ref.fixed else sent + TRUSTED)
             self.ref.unacked = self.ref.unacked and self.ref.fixed
 
     @rule(age=st.floats(0, LEASE))
