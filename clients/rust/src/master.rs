@@ -305,9 +305,13 @@ impl SentinelMaster {
     /// parse, counts for nothing.
     async fn ask_all(&self, conns: &mut [Option<MultiplexedConnection>]) -> Vec<SentinelView> {
         let mut asks = tokio::task::JoinSet::new();
-        for (index, (info, conn)) in self.sentinels.iter().zip(conns.iter()).enumerate() {
+        // Each connection goes with its ask and comes back with its answer: one the grace cut
+        // off (a Sentinel paused, overloaded, its host gone), with an ask unanswered on it, is
+        // not kept, and the next lookup connects afresh (a dead host's is found dead at the
+        // connect, not after a command timeout).
+        for (index, (info, conn)) in self.sentinels.iter().zip(conns.iter_mut()).enumerate() {
             let (info, conn, name, timeout) =
-                (info.clone(), conn.clone(), self.name.clone(), self.timeout);
+                (info.clone(), conn.take(), self.name.clone(), self.timeout);
             asks.spawn(async move {
                 match tokio::time::timeout(timeout, ask_one(info, conn, &name)).await {
                     Ok((conn, view)) => (index, conn, view),
@@ -318,10 +322,6 @@ impl SentinelMaster {
         }
         let mut views = Vec::new();
         let (majority, mut answered) = (self.sentinels.len() / 2 + 1, 0);
-        // A Sentinel cut off by the grace (paused, overloaded, its host gone) is connected to
-        // afresh next time: a connection with an ask still unanswered on it is not kept (a
-        // dead host's is found dead at the connect, not after a command timeout).
-        let mut finished = vec![false; conns.len()];
         loop {
             // Once a majority answered, the others get a moment more, not the whole timeout:
             // a paused Sentinel would otherwise slow every lookup (each failover's included).
@@ -341,15 +341,7 @@ impl SentinelMaster {
             if let Some(slot) = conns.get_mut(index) {
                 *slot = conn;
             }
-            if let Some(done) = finished.get_mut(index) {
-                *done = true;
-            }
             views.extend(view);
-        }
-        for (slot, done) in conns.iter_mut().zip(finished) {
-            if !done {
-                *slot = None;
-            }
         }
         views
     }

@@ -92,9 +92,10 @@ mod tests {
         }
     }
 
-    /// A reason by the name the vectors give it (the Python library's `LostReason` values).
+    /// A reason by the name the vectors give it (the Python library's `LostReason` values): the
+    /// server's own words as its messages say them, the library's reasons by their names.
     fn lost_reason(name: &str) -> LostReason {
-        match name {
+        LostReason::from_signal_word(name).unwrap_or_else(|| match name {
             "hold-gone" => LostReason::HoldGone,
             "token-not-current" => LostReason::TokenNotCurrent,
             "unreachable" => LostReason::Unreachable,
@@ -102,15 +103,9 @@ mod tests {
             "unreplicated" => LostReason::Unreplicated,
             "connection-closed" => LostReason::ConnectionClosed,
             "no-permission" => LostReason::NoPermission,
-            "forcereleased" => LostReason::ForceReleased,
-            "deleted" => LostReason::Deleted,
-            "overwritten" => LostReason::Overwritten,
-            "evicted" => LostReason::Evicted,
-            "disconnected" => LostReason::Disconnected,
-            "expired" => LostReason::Expired,
             "flushed" => LostReason::Flushed,
             _ => panic!("unknown lost reason {name:?}"),
-        }
+        })
     }
 
     fn millis(text: &str) -> Duration {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{blocking, Leader, LockError, LostReason, Release};
-use support::{calls, setup, Server};
+use support::{calls, setup, wait_subscribers, Server};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -32,27 +32,6 @@ fn leader(candidate: &str, epoch: u64, value: Option<&str>) -> Leader {
         candidate: candidate.as_bytes().to_vec(),
         epoch,
         value: value.map(|v| v.as_bytes().to_vec()),
-    }
-}
-
-/// Waits (bounded) until `channel` has `n` subscribers.
-async fn wait_subscribers(raw: &mut MultiplexedConnection, channel: &str, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let reply: Vec<Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(raw)
-            .await
-            .unwrap();
-        if reply.get(1) == Some(&Value::Int(n)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{channel}: never {n} subscribers"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -11,28 +11,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use redis_lock_client::{blocking, LockClient, LostReason};
-use support::{calls, raw, reports_key_events, Server};
-
-/// Waits (bounded) until `channel` has `n` subscribers.
-async fn wait_subscribers(raw: &mut MultiplexedConnection, channel: &str, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let reply: Vec<Value> = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(raw)
-            .await
-            .unwrap();
-        if reply.get(1) == Some(&Value::Int(n)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{channel}: never {n} subscribers"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use support::{calls, raw, reports_key_events, subscribers, wait_subscribers, Server};
 
 /// `LOCK.INFO key`'s holders as (owner, token) pairs (RESP2), empty when the key is free.
 async fn holders(raw: &mut MultiplexedConnection, key: &str) -> Vec<(Vec<u8>, i64)> {
@@ -116,15 +95,9 @@ async fn a_second_reader_taken_as_the_server_comes_back_is_subscribed_when_hande
     server.restart();
     let mut raw = raw(&server).await;
     let second = client.read_lock("{back}").acquire().await.unwrap();
-    let reply: Vec<Value> = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg("lock.lost:{back}")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
     assert_eq!(
-        reply.get(1),
-        Some(&Value::Int(1)),
+        subscribers(&mut raw, "lock.lost:{back}").await,
+        1,
         "handed out before its lost-hold channel was subscribed again"
     );
     let _: i64 = redis::cmd("LOCK.FORCERELEASE")

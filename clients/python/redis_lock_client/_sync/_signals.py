@@ -29,6 +29,12 @@ from ._backend import CLOSED, IO_ERRORS, Event, Subscriber, sleep, spawn, wait_e
 from ._connection import FOLLOW_PERIOD, Connector
 
 
+#: The listener's first pause between two tries to connect, doubled each try up to
+#: ``RETRY_MAX``; a new watcher wakes it, but never closer than this to the last try.
+RETRY_FIRST = 0.05
+RETRY_MAX = 2.0
+
+
 class Watcher(Protocol):
     """What listens: its channels, and what it makes of a message of one of them."""
 
@@ -119,7 +125,7 @@ class SignalHub:
             sub.close()
 
     def _run(self) -> None:
-        delay = 0.05
+        delay = RETRY_FIRST
         while not self._closed:
             tried = time.monotonic()
             try:
@@ -130,10 +136,10 @@ class SignalHub:
                 # Woken by a new watcher: still at least the first pause between two tries
                 # (connections refused while commands pass, as at maxclients, would otherwise
                 # be tried at the pace of the acquires).
-                sleep(max(0.0, tried + 0.05 - time.monotonic()))
-                delay = min(delay * 2, 2.0)
+                sleep(max(0.0, tried + RETRY_FIRST - time.monotonic()))
+                delay = min(delay * 2, RETRY_MAX)
                 continue
-            delay = 0.05
+            delay = RETRY_FIRST
             self._wake.clear()  # a wake of a try that succeeded is spent
             with self._lock:
                 # The flush channel first: confirmed before any key's channel is.

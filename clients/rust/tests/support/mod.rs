@@ -324,3 +324,29 @@ pub async fn kill(raw: &mut MultiplexedConnection, id: i64) {
         .unwrap();
     assert_eq!(killed, 1);
 }
+
+/// How many subscribers `channel` has now (`PUBSUB NUMSUB`).
+pub async fn subscribers(raw: &mut MultiplexedConnection, channel: &str) -> i64 {
+    let reply: Vec<Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(raw)
+        .await
+        .unwrap();
+    match reply.get(1) {
+        Some(Value::Int(n)) => *n,
+        other => panic!("PUBSUB NUMSUB {channel}: {other:?}"),
+    }
+}
+
+/// Waits (bounded) until `channel` has `n` subscribers.
+pub async fn wait_subscribers(raw: &mut MultiplexedConnection, channel: &str, n: i64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while subscribers(raw, channel).await != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{channel}: never {n} subscribers"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
