@@ -25,6 +25,7 @@ use crate::machine::{
 };
 use crate::message::LostSignal;
 use crate::reply;
+use crate::servers::Redirect;
 use crate::signal::{SignalHub, Subscriber};
 
 /// One hold: what its guards, its keeper and the signal listener share. A hold of several keys
@@ -835,7 +836,7 @@ const TRYAGAIN_PAUSES: [Duration; 5] = [
 
 /// Whether a reply is a cluster redirect (`MOVED`, `ASK`).
 fn is_redirect(reply: &Result<Value, LockError>) -> bool {
-    matches!(reply, Err(LockError::Server(text)) if text.starts_with("MOVED ") || text.starts_with("ASK "))
+    Redirect::in_reply(reply).is_some()
 }
 
 fn no_confirmation() -> redis::RedisError {

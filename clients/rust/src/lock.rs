@@ -21,8 +21,8 @@ use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
 use crate::node::Node;
 use crate::reply;
-use crate::servers::Found;
-use crate::tickets::{said, Answer, Asked, Pending, Redirect, Said, Tickets, Wanted};
+use crate::servers::{Redirect, Route};
+use crate::tickets::{said, Answer, Asked, Pending, Said, Tickets, Wanted};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -1124,40 +1124,27 @@ impl Lock {
     ) {
         let servers = &self.ctx.servers;
         let timeout = self.ctx.command_timeout;
-        let started = match start {
-            Some((redirect, from)) => servers
-                .node_at(&redirect.address, from)
-                .map(|node| (node, Found::Sure, redirect.asking)),
-            None => servers
-                .node_of(self.spec.key())
-                .await
-                .map(|(node, found)| (node, found, false)),
-        };
-        let (mut node, mut found, mut asking) = match started {
-            Ok(started) => started,
+        let mut route = match Route::start(servers, self.spec.key(), start).await {
+            Ok(route) => route,
             Err(e) => return (Err(e), None, None),
         };
-        let mut redirects = 0;
         loop {
+            let node = &route.node;
             let (target, push) = match pushes {
                 Pushes::Yes => (&node.resp3, true),
                 Pushes::No => (&node.client, false),
             };
             let mut own = match conn::own_connection(target, push, timeout).await {
                 Ok(own) => own,
-                Err(_) if found == Found::Cached => {
-                    servers.forget(&node);
-                    (node, found) = match servers.node_of(self.spec.key()).await {
-                        Ok((node, _)) => (node, Found::Sure),
-                        Err(e) => return (Err(e), None, None),
-                    };
-                    continue;
-                }
-                Err(e) => return (Err(e), None, None),
+                Err(e) => match route.unreachable().await {
+                    Ok(true) => continue,
+                    Ok(false) => return (Err(e), None, None),
+                    Err(e) => return (Err(e), None, None),
+                },
             };
             // The connection's name, ASKING when a redirect said so, and the acquire: one
             // round trip.
-            let first = conn::first_query(&mut own.conn, &self.ctx.name, asking, cmd);
+            let first = conn::first_query(&mut own.conn, &self.ctx.name, route.asking, cmd);
             // Through Sentinel, a failover ends the wait (its connection is dropped with it):
             // the old master's queue no longer counts, nor any grant it might still make.
             let changes = servers.changes();
@@ -1178,32 +1165,21 @@ impl Lock {
                 Ok(reply) => reply,
                 Err(e) => return (Err(e), None, None),
             };
-            match &reply {
-                Err(e) if redirects < REDIRECTS => {
-                    if let Some((address, _slot)) = e.redirect_node() {
-                        asking = e.code() == Some("ASK");
-                        if !asking {
-                            servers.forget(&node);
-                        }
-                        node = match servers.node_at(address, &node) {
-                            Ok(node) => node,
-                            Err(e) => return (Err(e), None, None),
-                        };
-                        found = Found::Sure;
-                        redirects += 1;
-                        continue;
-                    }
+            if let Err(e) = &reply {
+                match route.redirected(e) {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => return (Err(e), None, None),
                 }
-                _ => {}
             }
             let reply = reply.map_err(LockError::from);
             if let Err(e) = &reply {
                 if says_not_master(e) {
                     // A replica now (a failover): the next lookup asks the Sentinels again.
-                    servers.forget(&node);
+                    servers.forget(&route.node);
                 }
             }
-            return (reply, Some(own), Some(node));
+            return (reply, Some(own), Some(route.node));
         }
     }
 
@@ -1467,9 +1443,6 @@ enum Pushes {
     Yes,
     No,
 }
-
-/// How many `MOVED`/`ASK` redirects one acquire on a connection of its own follows.
-const REDIRECTS: u32 = 3;
 
 fn timed_out() -> LockError {
     LockError::Connection(redis::RedisError::from(io::Error::new(

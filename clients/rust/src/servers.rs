@@ -139,6 +139,132 @@ impl Servers {
     }
 }
 
+/// How many `MOVED`/`ASK` redirects in a row one command follows before its answer stands.
+pub(crate) const REDIRECTS: u32 = 3;
+
+/// Where a cluster node said a key went with its slot: `MOVED` (the slot moved: the client's
+/// copy of the slot map is stale) or `ASK` (the slot is moving: this one command goes there,
+/// after `ASKING`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Redirect {
+    /// `host:port` (no host: the host of the node that answered).
+    pub(crate) address: String,
+    /// An `ASK`: send `ASKING` first.
+    pub(crate) asking: bool,
+}
+
+impl Redirect {
+    /// `ASK <slot> <host:port>` or `MOVED <slot> <host:port>`: an error's text, or a ticket's
+    /// popped answer after its `-`.
+    pub(crate) fn parse(error: &str) -> Option<Redirect> {
+        let mut words = error.split(' ');
+        let asking = match words.next()? {
+            "ASK" => true,
+            "MOVED" => false,
+            _ => return None,
+        };
+        let _slot: u16 = words.next()?.parse().ok()?;
+        let address = words.next()?.to_string();
+        (words.next().is_none() && !address.is_empty()).then_some(Redirect { address, asking })
+    }
+
+    /// The redirect a server's error answer is, if it is one.
+    pub(crate) fn of(error: &redis::RedisError) -> Option<Redirect> {
+        let (address, _slot) = error.redirect_node()?;
+        Some(Redirect {
+            address: address.to_string(),
+            asking: error.code() == Some("ASK"),
+        })
+    }
+
+    /// The redirect a reply turned into a library error is, if it is one.
+    pub(crate) fn in_reply(reply: &Result<Value, LockError>) -> Option<Redirect> {
+        match reply {
+            Err(LockError::Server(text)) => Redirect::parse(text),
+            _ => None,
+        }
+    }
+}
+
+/// One command's way to the node that serves its key, for the commands the library sends on
+/// connections of its own (a waiting acquire's, an `EPHEMERAL` hold's, the ticket desk's asks;
+/// the shared cluster connection follows redirects itself): the one place where a redirect is
+/// followed and a stale slot map dropped.
+pub(crate) struct Route<'a> {
+    servers: &'a Servers,
+    key: &'a [u8],
+    /// Where the command goes now.
+    pub(crate) node: Node,
+    /// Whether `ASKING` goes first (the last redirect was an `ASK`).
+    pub(crate) asking: bool,
+    found: Found,
+    redirects: u32,
+}
+
+impl<'a> Route<'a> {
+    /// Starts at the node that serves `key`, or where `redirect` said (`from`: the node that
+    /// answered it).
+    pub(crate) async fn start(
+        servers: &'a Servers,
+        key: &'a [u8],
+        redirect: Option<(&Redirect, &Node)>,
+    ) -> Result<Route<'a>, LockError> {
+        let (node, found, asking) = match redirect {
+            Some((redirect, from)) => (
+                servers.node_at(&redirect.address, from)?,
+                Found::Sure,
+                redirect.asking,
+            ),
+            None => {
+                let (node, found) = servers.node_of(key).await?;
+                (node, found, false)
+            }
+        };
+        Ok(Route {
+            servers,
+            key,
+            node,
+            asking,
+            found,
+            redirects: 0,
+        })
+    }
+
+    /// The node could not be reached (nothing was sent to it). One the client's slot map (or
+    /// the Sentinels) named may be stale: the map is dropped and the key's node looked up
+    /// again, once. True: send to [`Route::node`] again.
+    pub(crate) async fn unreachable(&mut self) -> Result<bool, LockError> {
+        if self.found != Found::Cached {
+            return Ok(false);
+        }
+        self.servers.forget(&self.node);
+        let (node, _) = self.servers.node_of(self.key).await?;
+        self.node = node;
+        self.found = Found::Sure;
+        Ok(true)
+    }
+
+    /// The node answered `error`. A redirect (up to [`REDIRECTS`] in a row) moves the route to
+    /// the node it names; a `MOVED` also drops the client's slot map. True: send to
+    /// [`Route::node`] again (after `ASKING` when [`Route::asking`]).
+    pub(crate) fn redirected(&mut self, error: &redis::RedisError) -> Result<bool, LockError> {
+        if self.redirects >= REDIRECTS {
+            return Ok(false);
+        }
+        let Some(redirect) = Redirect::of(error) else {
+            return Ok(false);
+        };
+        if !redirect.asking {
+            self.servers.forget(&self.node);
+        }
+        self.node = self.servers.node_at(&redirect.address, &self.node)?;
+        self.asking = redirect.asking;
+        self.found = Found::Sure;
+        self.redirects += 1;
+        Ok(true)
+    }
+}
+
 /// The node of a cluster (`info`: the seed's settings) that a `MOVED` or `ASK` redirect names
 /// (`host:port`; no host: the host of `from`, the node that sent it).
 pub(crate) fn node_at(

@@ -53,7 +53,7 @@ use crate::error::LockError;
 use crate::master::Master;
 use crate::naming::setname;
 use crate::node::Node;
-use crate::servers::{key_slot, Found, Servers};
+use crate::servers::{key_slot, Redirect, Route, Servers, REDIRECTS};
 
 /// How long a waiting connection stays open with no ticket waiting.
 const IDLE: Duration = Duration::from_secs(2);
@@ -81,9 +81,6 @@ const OPEN_FAILURES: u32 = 3;
 /// `BLPOP` over several tickets of a slot that is migrating), `CLUSTERDOWN` or another error,
 /// or after a few redirects in a row.
 const PAUSE: Duration = Duration::from_millis(100);
-
-/// How many `MOVED`/`ASK` redirects one ask follows.
-const REDIRECTS: u32 = 3;
 
 /// What a ticket came to.
 #[derive(Debug)]
@@ -133,28 +130,6 @@ pub(crate) fn said(answer: &[u8]) -> Said<'_> {
         "expired" => Said::Expired,
         _ if is_grant(answer) => Said::Granted(text),
         _ => Said::Unknown(text),
-    }
-}
-
-/// Where a lock went with its slot: ask again at `address` (after `ASKING` when `asking`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Redirect {
-    pub(crate) address: String,
-    pub(crate) asking: bool,
-}
-
-impl Redirect {
-    /// `ASK <slot> <host:port>` or `MOVED <slot> <host:port>`.
-    fn parse(error: &str) -> Option<Redirect> {
-        let mut words = error.split(' ');
-        let asking = match words.next()? {
-            "ASK" => true,
-            "MOVED" => false,
-            _ => return None,
-        };
-        let _slot: u16 = words.next()?.parse().ok()?;
-        let address = words.next()?.to_string();
-        (words.next().is_none() && !address.is_empty()).then_some(Redirect { address, asking })
     }
 }
 
@@ -590,47 +565,25 @@ impl Tickets {
             };
             return (reply, Some(asked));
         }
-        let (mut node, mut found, mut asking) = match to {
-            Some((redirect, from)) => match servers.node_at(&redirect.address, from) {
-                Ok(node) => (node, Found::Sure, redirect.asking),
-                Err(e) => return (Err(e), None),
-            },
-            None => match servers.node_of(key).await {
-                Ok((node, found)) => (node, found, false),
-                Err(e) => return (Err(e), None),
-            },
+        let mut route = match Route::start(servers, key, to).await {
+            Ok(route) => route,
+            Err(e) => return (Err(e), None),
         };
-        let mut redirects = 0;
         loop {
-            let conns = self.node_conns(&node);
-            let (reply, number) = conns.query(cmd, asking).await;
-            match &reply {
-                // The slot map named a node that cannot be reached: read it again, once.
-                Err(e) if e.code().is_none() && found == Found::Cached => {
-                    servers.forget(&node);
-                    node = match servers.node_of(key).await {
-                        Ok((node, _)) => node,
-                        Err(e) => return (Err(e), None),
-                    };
-                    found = Found::Sure;
-                    continue;
+            let conns = self.node_conns(&route.node);
+            let (reply, number) = conns.query(cmd, route.asking).await;
+            if let Err(e) = &reply {
+                // No answer (no error code): the node could not be reached.
+                let again = if e.code().is_none() {
+                    route.unreachable().await
+                } else {
+                    route.redirected(e)
+                };
+                match again {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(e) => return (Err(e), None),
                 }
-                Err(e) if redirects < REDIRECTS => {
-                    if let Some((address, _slot)) = e.redirect_node() {
-                        asking = e.code() == Some("ASK");
-                        if !asking {
-                            servers.forget(&node);
-                        }
-                        node = match servers.node_at(address, &node) {
-                            Ok(node) => node,
-                            Err(e) => return (Err(e), None),
-                        };
-                        found = Found::Sure;
-                        redirects += 1;
-                        continue;
-                    }
-                }
-                _ => {}
             }
             let asked = Asked {
                 asker: Asker::Node(conns),
@@ -776,13 +729,13 @@ impl Tickets {
                 // The slot is migrating (ASK: the tickets are not on this node) or moved: the
                 // tickets are popped where the server says. Those asked on this node are void
                 // if it says `MOVED`: it serves the slot no more (see [`Tickets::void_at`]).
-                Popped::Redirect(address, ask) => {
-                    if !ask {
+                Popped::Redirect(redirect) => {
+                    if !redirect.asking {
                         Tickets::void_at(&current, &mut entries);
                     }
                     let to = match (&self.place, &current.node) {
                         (Place::Cluster { info, .. }, Some(from)) => {
-                            crate::servers::node_at(info, &address, &from.node).ok()
+                            crate::servers::node_at(info, &redirect.address, &from.node).ok()
                         }
                         _ => None,
                     };
@@ -790,7 +743,7 @@ impl Tickets {
                     if let Some(to) = to {
                         pop = Some(Pop {
                             node: self.node_conns(&to),
-                            asking: ask,
+                            asking: redirect.asking,
                         });
                     }
                     redirected += 1;
@@ -1085,10 +1038,8 @@ impl Tickets {
                 }
             }
             Ok(_) => Popped::Nothing,
-            Err(e) => match e.redirect_node() {
-                Some((address, _slot)) if waiting.node.is_some() => {
-                    Popped::Redirect(address.to_string(), e.code() == Some("ASK"))
-                }
+            Err(e) => match Redirect::of(&e) {
+                Some(redirect) if waiting.node.is_some() => Popped::Redirect(redirect),
                 // Not the library's own `CLIENT UNBLOCK` (that one answers nil): the server
                 // ended the wait (the node became a replica, in a failover).
                 _ if e.code() == Some("UNBLOCKED") && waiting.node.is_some() => Popped::Unblocked,
@@ -1192,8 +1143,8 @@ enum Popped {
     Nothing,
     /// The waiting connection is of no more use.
     Broken,
-    /// The server sent the `BLPOP` to another node (`host:port`; `true`: with `ASKING`).
-    Redirect(String, bool),
+    /// The server sent the `BLPOP` to another node.
+    Redirect(Redirect),
     /// The server cannot serve it now (`TRYAGAIN`, `CLUSTERDOWN`) or refused it: again after a
     /// pause.
     Again,
