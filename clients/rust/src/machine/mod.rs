@@ -303,6 +303,11 @@ pub(crate) struct Machine {
     /// The last renewal was answered by the master but not acknowledged by the replicas it
     /// must reach: a deadline reached so is [`LostReason::Unreplicated`], not unreachable.
     unacknowledged: bool,
+    /// The reason of a message that named exactly this hold, while the read it asked for has
+    /// not found the hold there. Should the server say the hold is gone another way first (a
+    /// renewal answered 0 before the check), the message's reason is the one reported: the
+    /// loss is the server's word, the message says why (as when the check finds it gone).
+    hint: Option<LostReason>,
 }
 
 impl Machine {
@@ -314,6 +319,7 @@ impl Machine {
             wake: Wake::Never,
             closing: false,
             unacknowledged: false,
+            hint: None,
         }
     }
 
@@ -348,6 +354,7 @@ impl Machine {
     pub(crate) fn step(&mut self, event: Event<'_>) -> Actions {
         let before = self.status();
         let mut out = Actions::default();
+        self.note_hint(&event);
         self.state = match (self.state, event) {
             (State::Acquiring, Event::Granted { sent, replied }) => {
                 let long = replied.saturating_duration_since(sent) >= self.terms.interval();
@@ -370,7 +377,7 @@ impl Machine {
                     self.held(sent, left.unwrap_or(self.terms.lease))
                 }
                 (Read::Renewal | Read::LeaseLeft, Answer::Gone) => {
-                    out.refuse = Some(Refusal::Gone(LostReason::HoldGone));
+                    out.refuse = Some(Refusal::Gone(self.gone_reason()));
                     State::Refused
                 }
                 (Read::Renewal | Read::LeaseLeft, Answer::Refused) => {
@@ -468,7 +475,7 @@ impl Machine {
                         renewing: false,
                     }
                 }
-                Answer::Gone => State::Lost(LostReason::HoldGone),
+                Answer::Gone => State::Lost(self.gone_reason()),
                 // The library cannot keep the hold (never renewed, or its token never
                 // confirmed): it ends here, and is released so that nobody waits it out.
                 Answer::Refused => {
@@ -560,6 +567,35 @@ impl Machine {
             | Event::Granted { .. }
             | Event::ReleaseReplied => self.state,
         }
+    }
+
+    /// Keeps the reason of a message naming exactly this hold while it is granted (see
+    /// `hint`), and forgets it once a check finds the hold there.
+    fn note_hint(&mut self, event: &Event<'_>) {
+        if !matches!(self.state, State::Confirming { .. } | State::Held { .. }) {
+            return;
+        }
+        match event {
+            Event::Signal(LostSignal::Hold {
+                reason,
+                db,
+                token,
+                key,
+                owner,
+            }) if self.identity.is_named_by(*db, key, owner, *token) => self.hint = Some(*reason),
+            Event::Answered {
+                read: Read::Check(_),
+                answer: Answer::Holds(_),
+                ..
+            } => self.hint = None,
+            _ => {}
+        }
+    }
+
+    /// Why the hold is gone when a renewal (or a read of its lease) found it so: a message's
+    /// reason not yet checked (see `hint`), else [`LostReason::HoldGone`].
+    fn gone_reason(&self) -> LostReason {
+        self.hint.unwrap_or(LostReason::HoldGone)
     }
 
     /// The check a message asks for. A message is a hint: anyone allowed to publish on the

@@ -42,6 +42,9 @@ struct Model {
     /// The event just seen ended the hold in a way the server may not know of: its release is
     /// asked for in the background.
     abandoned: bool,
+    /// The reason of a message naming this hold that no check has answered present: the
+    /// reason of a renewal's "gone" after it.
+    hint: Option<LostReason>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +89,21 @@ impl Model {
         self.abandoned = false;
         let terms = &case.terms;
         let confirming = self.granted && self.long_wait && !self.delivered && self.ended.is_none();
+        if confirming || self.held() {
+            match event {
+                Event::Signal(signal) => {
+                    if let Some(reason) = names(&case.identity, signal) {
+                        self.hint = Some(reason);
+                    }
+                }
+                Event::Answered {
+                    read: Read::Check(_),
+                    answer: Answer::Holds(_),
+                    ..
+                } => self.hint = None,
+                _ => {}
+            }
+        }
         match *event {
             Event::Granted { sent, replied } if !self.granted => {
                 self.granted = true;
@@ -138,7 +156,7 @@ impl Model {
                     Answer::Holds(left) => {
                         self.extend(case.bound(sent, left.unwrap_or(terms.lease)))
                     }
-                    Answer::Gone => self.end(End::Lost(LostReason::HoldGone)),
+                    Answer::Gone => self.end(End::Lost(self.hint.unwrap_or(LostReason::HoldGone))),
                     // The ACL refused it: this side cannot keep the hold, and releases it.
                     Answer::Refused => {
                         self.abandoned = true;
