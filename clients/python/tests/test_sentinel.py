@@ -623,11 +623,31 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
     observer = election.observe()
     threading.Thread(target=lambda: [seen.put(x) for x in observer], daemon=True).start()
     assert seen.get(timeout=5).value == b"before"
+    # A client whose commands may take 30 s: one left waiting on the paused master ends as soon
+    # as this client hears of the new master (its hold's signal listener asks the Sentinels
+    # every half second), not at its timeout. Before: 30 s after the pause.
+    patient = LockClient.from_sentinel(s.addresses, SentinelSet.NAME, command_timeout=30.0)
+    patient_guard = patient.lock(unique("patient"), lease=lease).acquire()
+    in_flight_ended: "queue.Queue[float]" = queue.Queue()
+
+    def in_flight() -> None:
+        try:
+            patient.lock(unique("in-flight"), lease=lease).try_acquire()
+        except LockError:
+            pass  # no answer: what it ran into is not the point, when it ended is
+        in_flight_ended.put(time.monotonic())
+
     s.wait_replicated()
     old = s.master()
     os.kill(old.proc.pid, signal.SIGSTOP)
+    paused = time.monotonic()
     try:
+        threading.Thread(target=in_flight, daemon=True).start()
         new = s.wait_for_failover(old)
+        # Within 10 s of the failover (a fifth of the way to the timeout), and not before the
+        # Sentinels' down-after-milliseconds (3 s) had passed: it did wait on the paused master.
+        ended = in_flight_ended.get(timeout=10)
+        assert ended - paused > 3, "the command never waited on the paused master"
         renews = new.commandstat("lock.renew")
         wait_until(lambda: new.commandstat("lock.renew") > renews, "renewed on the new master",
                    bound=lease)
@@ -654,6 +674,8 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
     leadership.resign()
     observer.close()
     client.close()
+    patient_guard.release()
+    patient.close()
 
 
 @pytest.mark.scenario("sentinel-failover")

@@ -264,6 +264,12 @@ async def pool_close(pool: ConnectionPool) -> None:
     await pool.disconnect()
 
 
+def pool_in_use(pool: ConnectionPool) -> list[RawConnection]:
+    """The pool's connections taken out now: a command on each, or its connect and handshake
+    (redis-py connects a connection after taking it out)."""
+    return list(cast(Any, pool)._get_in_use_connections())
+
+
 #: What ``Subscriber.read`` returns once the subscriber is closed.
 CLOSED: Any = object()
 

@@ -29,6 +29,7 @@ from ._backend import (
     peer,
     pool_close,
     pool_get,
+    pool_in_use,
     pool_put,
     read,
     send,
@@ -73,6 +74,9 @@ class Connector:
         self.db = int(self.kwargs.get("db", 0) or 0)
         self.pool = new_pool(cls, self.kwargs)
         self._asked = 0.0
+        #: Under Sentinel: the master named when it was last looked at (see
+        #: ``_leave_old_master``).
+        self._master_seen: Optional[tuple[str, int]] = None
 
     def new(self, owner: Optional[bytes] = None) -> RawConnection:
         """A connection of its own; one bound to ``owner`` carries the owner in its name."""
@@ -207,7 +211,22 @@ class Connector:
                 ask_master(self.kwargs["connection_pool"])
             except (RedisError, ReferenceError, OSError):
                 pass  # no Sentinel answers: the last answer stands
-        return self.master_address()
+        master = self.master_address()
+        if master is not None and master != self._master_seen:
+            self._master_seen = master
+            self._leave_old_master(master)
+        return master
+
+    def _leave_old_master(self, master: tuple[str, int]) -> None:
+        """The Sentinels name ``master``, another server than before: a pooled connection
+        taken out to another server (a command on it, or its connect's handshake) is broken
+        now. On a paused master it would wait out the command timeout, for an answer that no
+        longer counts (see ``_still_master``); broken, its read fails as on a connection the
+        server closed, and its caller goes on as after no answer (a connect tries again, to
+        the master named now)."""
+        for conn in pool_in_use(self.pool):
+            if peer(conn) not in (None, master):
+                interrupt(conn)
 
     def follow(self, conn: RawConnection, done: Event) -> None:
         """Under Sentinel, while ``done`` is not set: closes ``conn`` as soon as the Sentinels
