@@ -30,6 +30,7 @@ from redis_lock_client import (
     LockGuard,
     LockServerError,
     LostReason,
+    NotHeld,
     NotSafelyAcquired,
     Release,
     lost_signal_channel,
@@ -676,6 +677,43 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
     client.close()
     patient_guard.release()
     patient.close()
+
+
+def test_a_refusal_from_a_master_the_sentinels_no_longer_name_is_no_loss(sentinel_set,
+                                                                         monkeypatch):
+    # Found by the partition test: a master cut off from the Sentinels still serves the clients
+    # that reach it, and does not have the holds the new master granted. A fenced write the
+    # library sent there (its view of the Sentinels is up to half a second old) was refused
+    # FENCED, and the guard was reported lost while the new master held it. Here the old master
+    # stays a master, its clients connected (its ACL refuses the Sentinels' REPLICAOF and CLIENT
+    # KILL), after a forced failover, and the library's view of the Sentinels is held still
+    # (FOLLOW_PERIOD of a minute, no listener), so its write goes there. Before: Fenced, the guard lost. Now the refusal makes the
+    # library ask the Sentinels afresh: it came from a server they no longer name, so it counts
+    # as no answer, and the next write lands on the new master, which still has the hold.
+    from redis_lock_client._sync import _connection
+
+    s = sentinel_set
+    key = unique("partitioned")
+    client = LockClient.from_sentinel(s.addresses, SentinelSet.NAME, command_timeout=2.0,
+                                      lost_signal=False)
+    guard = client.lock(key, lease=30).acquire()
+    assert guard.execute("SET", f"{key}:state", "0") == b"OK"  # a pooled connection to it
+    s.wait_replicated()
+    monkeypatch.setattr(_connection, "FOLLOW_PERIOD", 60.0)
+    old = s.master()
+    old.client().execute_command("ACL", "SETUSER", "default", "-replicaof", "-slaveof", "-client|kill")
+    s.sentinel().execute_command("SENTINEL", "FAILOVER", SentinelSet.NAME)
+    new = s.wait_for_failover(old)
+    assert old.client().info("replication")["role"] == "master"  # two masters now
+    old.client().execute_command("LOCK.FORCERELEASE", key)  # gone there, not on the new one
+    with pytest.raises(LockError) as refused:
+        guard.execute("SET", f"{key}:state", "a")
+    assert not isinstance(refused.value, NotHeld), refused.value
+    assert not guard.lost.is_set()
+    assert guard.execute("SET", f"{key}:state", "b") == b"OK"
+    assert new.client().get(f"{key}:state") == b"b"
+    guard.release()
+    client.close()
 
 
 @pytest.mark.scenario("sentinel-failover")

@@ -107,8 +107,15 @@ class Connector:
         try:
             if asking:
                 call(conn, ["ASKING"], self.timeout)
-            first = call(conn, args, self.timeout)
-            self._still_master(conn, sent, args)
+            try:
+                first = call(conn, args, self.timeout)
+            except LockServerError:
+                # A refusal (FENCED, an error of the hold) may end a hold: believed only from
+                # the master the Sentinels name now, asked afresh (see ``_still_master``).
+                self._still_master(conn, sent, args, fresh=True)
+                raise
+            # 0: a renewal, a check or a proclamation that found the hold gone, likewise.
+            self._still_master(conn, sent, args, fresh=first == 0)
             if then is None:
                 return first
             try:
@@ -176,15 +183,20 @@ class Connector:
                 close_connection(conn)
         return conn
 
-    def _still_master(self, conn: RawConnection, sent: float, args: list[Any]) -> None:
+    def _still_master(
+        self, conn: RawConnection, sent: float, args: list[Any], fresh: bool = False
+    ) -> None:
         """Under Sentinel: an answer that came from a server the Sentinels no longer name is
         taken for none (LockConnectionError, the connection closed): it may come from the old
         master, paused and continued, which no longer counts (a release it answered leaves the
-        hold on the new master). A command that took ``FOLLOW_PERIOD`` or more asks the
-        Sentinels afresh."""
+        hold on the new master), or one cut off from the Sentinels that still serves this
+        client (a partition: it does not have the holds the new master granted). A command
+        that took ``FOLLOW_PERIOD`` or more, and an answer that says a hold is gone
+        (``fresh``), ask the Sentinels afresh: the last answer may be up to ``FOLLOW_PERIOD``
+        old, and a hold is reported lost only on the word of the master named now."""
         if not self.sentinel:
             return
-        if time.monotonic() - sent >= FOLLOW_PERIOD:
+        if fresh or time.monotonic() - sent >= FOLLOW_PERIOD:
             self._asked = 0.0
         master = self.current_master()
         reached = peer(conn)
