@@ -39,6 +39,7 @@ from ._backend import (
     Redis,
     RedisCluster,
     SentinelConnectionPool,
+    Watchdog,
     cluster_node,
     cluster_node_at,
     cluster_refresh,
@@ -205,6 +206,8 @@ class LockClient:
             if failover_timeout is not None
             else DEFAULT_FAILOVER_TIMEOUT if self._single is not None and sentinel else 0.0
         )
+        #: Renews every hold of the client (a thread and a few workers; asyncio: a task each).
+        self._watchdog = Watchdog()
         self.id = new_client_id()
         self._pid = os.getpid()
         self._next = 0

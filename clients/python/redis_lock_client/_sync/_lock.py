@@ -526,6 +526,7 @@ class _Handle(Generic[_G]):
             return None
         hold = Hold(
             route=self.client._route(self.keys.route),
+            watchdog=self.client._watchdog,
             keys=self.keys,
             owner=self.owner,
             tokens=tokens,
