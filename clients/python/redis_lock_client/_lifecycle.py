@@ -122,11 +122,15 @@ class HoldMachine:
             return None
         return Confirm.READ if self.fixed and not self.replicated else Confirm.RENEWAL
 
-    def next_wake(self) -> Optional[float]:
-        """When the watchdog must act next (renew, or see the deadline pass); None: never."""
+    def next_wake(self, renewing: bool = False) -> Optional[float]:
+        """When the watchdog must act next (renew, or see the deadline pass); None: never.
+        ``renewing``: a renewal is under way, whose answer sets the next renewal time: until
+        it comes, only the deadline."""
         if self.phase is not Phase.HELD:
             return None
-        return self.deadline if self.fixed else min(self.renew_at, self.deadline)
+        if self.fixed or renewing:
+            return self.deadline
+        return min(self.renew_at, self.deadline)
 
     def renewal_due(self, now: float) -> bool:
         return self.phase is Phase.HELD and not self.fixed and now >= self.renew_at

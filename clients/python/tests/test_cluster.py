@@ -25,6 +25,7 @@ from redis_lock_client import (
     leader_channel,
     lost_signal_channel,
 )
+from redis_lock_client._connect import Redirected
 
 # Keys whose slots fall on each of the three masters.
 KEYS = ["{a}:lock", "{b}:lock", "{c}:lock"]
@@ -464,6 +465,25 @@ def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sen
         await rc.aclose()
         await other_rc.aclose()
     asyncio.run(main())
+
+
+def test_one_rule_says_where_a_redirected_command_goes_next():
+    # The rule every path that sends a command about a key follows (the pooled commands, a wait,
+    # an EPHEMERAL acquire on its own connection), no server: a client that has not connected.
+    client = LockClient(host="127.0.0.1", port=1)
+    moved = Redirected("MOVED 5 10.0.0.1:7001", asking=False, host="10.0.0.1", port=7001, slot=5)
+    ask = Redirected("ASK 5 10.0.0.2:7002", asking=True, host="10.0.0.2", port=7002, slot=5)
+    nameless = Redirected("ASK 5 ?", asking=True, host=None, port=None, slot=5)
+    # A MOVED: to the key's node, the one it named from now on.
+    assert client._redirect(moved, asked=False) is None
+    assert client._moved_to[5] == ("10.0.0.1", 7001)
+    # An ASK: followed, once (to the node it names, after ASKING), and not noted as a move.
+    assert client._redirect(ask, asked=False) is ask
+    assert client._moved_to[5] == ("10.0.0.1", 7001)
+    # An ASK answered after ASKING, or one naming no node: to the key's node.
+    assert client._redirect(ask, asked=True) is None
+    assert client._redirect(nameless, asked=False) is None
+    client.close()
 
 
 @pytest.mark.scenario("cluster-moved")

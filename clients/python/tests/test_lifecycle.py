@@ -63,6 +63,17 @@ def test_the_deadline_moves_only_on_confirmed_renewals_from_their_send_time():
     assert m.deadline == 2.0 + TRUSTED and m.renew_at == 3.5 + 0.1
 
 
+def test_while_a_renewal_is_under_way_the_watchdog_wakes_only_for_the_deadline():
+    m = machine()
+    assert m.next_wake() == INTERVAL and m.renewal_due(INTERVAL)
+    # Its answer sets the next renewal; until then the renewal time passed stays passed.
+    assert m.next_wake(renewing=True) == TRUSTED
+    m.renewed(sent_at=INTERVAL)
+    assert m.next_wake() == 2 * INTERVAL
+    fixed = machine(renewal=Renewal.FIXED)
+    assert fixed.next_wake() == fixed.next_wake(renewing=True) == TRUSTED
+
+
 def test_lost_only_on_evidence_and_nothing_changes_after():
     for event, reason in [
         (lambda m: m.refused(), LostReason.HOLD_GONE),

@@ -6,8 +6,10 @@ generated from ``_async/`` by ``unasync.py``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import select
+import time
 from typing import Any, Callable, Coroutine, Literal, Optional, Protocol, TypeVar, cast
 
 import redis.asyncio as aredis
@@ -25,6 +27,7 @@ from .._masters import (
     majority,
     with_current_address,
 )
+from .._watchdog import OVER, Look
 
 __all__ = [
     "CLOSED",
@@ -65,7 +68,12 @@ __all__ = [
     "start",
     "finish",
     "wait_event",
+    "Watch",
+    "Watchdog",
+    "Watched",
 ]
+
+log = logging.getLogger("redis_lock_client")
 
 Redis = aredis.Redis
 DefaultConnection = Connection
@@ -171,6 +179,100 @@ def spawn_from_any_thread(
         loop.call_soon_threadsafe(lambda: spawn(name, fn, *args))
     except RuntimeError:
         pass  # the loop is closed
+
+
+class Watched(Protocol):
+    """What the watchdog watches (a hold)."""
+
+    def look(self, now: float, renewing: bool) -> Look:
+        """What to do at ``now`` (``renewing``: a renewal asked for earlier is under way). Never
+        waits (the threaded twin looks at every hold of a client on one thread)."""
+        ...
+
+    async def renew_once(self) -> None:
+        """The renewal a look asked for: a round trip, up to the command timeout."""
+        ...
+
+    async def unwatched(self) -> None:
+        """The watch is over (after the renewal under way, if one was)."""
+        ...
+
+
+class Watch:
+    """One hold under the watchdog: a task on the loop that acquired it, which looks at the
+    hold when the hold says and runs each renewal a look asks for as a task of its own (the
+    looks go on meanwhile: a renewal that waits on the server never delays the deadline's).
+    ``wake()`` (from any thread) has it looked at at once: it was stopped (released, or lost by
+    other news than the watchdog's)."""
+
+    def __init__(self, watched: Watched, name: str) -> None:
+        self._watched = watched
+        self._name = name
+        self._woken = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        spawn(name, self._run)
+
+    def wake(self) -> None:
+        try:
+            here: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is self._loop:
+            self._woken.set()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._woken.set)
+        except RuntimeError:
+            pass  # the loop is closed
+
+    async def _run(self) -> None:
+        renewal: Optional[asyncio.Task[None]] = None
+        try:
+            while True:
+                self._woken.clear()  # (a wake from now on is seen by the wait below)
+                try:
+                    look = self._watched.look(time.monotonic(), renewal is not None)
+                except Exception:  # noqa: BLE001 - as the threaded twin: logged, watch over
+                    log.exception("the watchdog's look at %s failed", self._name)
+                    look = OVER
+                if look.renew:
+                    renewal = asyncio.ensure_future(self._renew())
+                if look.again is None:
+                    return
+                woken = asyncio.ensure_future(self._woken.wait())
+                try:
+                    await asyncio.wait(
+                        {woken} if renewal is None else {woken, renewal},
+                        timeout=max(0.0, look.again - time.monotonic()),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    woken.cancel()
+                if renewal is not None and renewal.done():
+                    renewal = None  # its answer moved the hold's times: looked at again now
+        finally:
+            if renewal is not None:
+                await asyncio.wait({renewal})
+            try:
+                await self._watched.unwatched()
+            except Exception:  # noqa: BLE001
+                log.exception("ending the watch of %s failed", self._name)
+
+    async def _renew(self) -> None:
+        try:
+            await self._watched.renew_once()
+        except Exception:  # noqa: BLE001 - the deadline stands: the next look reports it
+            log.exception("a renewal of %s failed", self._name)
+
+
+class Watchdog:
+    """A client's watchdog: a task per hold (``Watch``) on the loop that acquired it. (The
+    threaded twin looks at every hold of the client on one thread and sends renewals on a few
+    workers, with the same looks.)"""
+
+    def watch(self, name: str, watched: Watched) -> Watch:
+        """Watches ``watched`` from now on: looked at at once, then when it says."""
+        return Watch(watched, name)
 
 
 class RawConnection(Protocol):

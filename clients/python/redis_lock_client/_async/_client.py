@@ -37,6 +37,7 @@ from ._backend import (
     Redis,
     RedisCluster,
     SentinelConnectionPool,
+    Watchdog,
     cluster_node,
     cluster_node_at,
     cluster_refresh,
@@ -203,6 +204,8 @@ class AsyncLockClient:
             if failover_timeout is not None
             else DEFAULT_FAILOVER_TIMEOUT if self._single is not None and sentinel else 0.0
         )
+        #: Renews every hold of the client (a thread and a few workers; asyncio: a task each).
+        self._watchdog = Watchdog()
         self.id = new_client_id()
         self._pid = os.getpid()
         self._next = 0
@@ -337,6 +340,33 @@ class AsyncLockClient:
             finally:
                 self._refreshed_at = began
 
+    async def _redirect(self, e: Redirected, asked: bool) -> Optional[Redirected]:
+        """What follows a MOVED or an ASK (``e``) answered to a command about a key, for every
+        path that sends one (the pooled commands of ``_query``, the acquires that wait or are
+        EPHEMERAL on connections of their own; each counts its tries itself): the ASK to follow
+        (the command goes once to the node it names, after ASKING: ``_node_to``), or None: the
+        command goes to the node serving the key. A MOVED names that node from now on (noted,
+        and the slot map loaded again). An ASK answered to a command sent after ASKING
+        (``asked``: the node the last ASK named does not take it either), or naming no node,
+        has the slot map loaded again."""
+        if not e.asking:
+            await self._moved(e)
+            return None
+        if asked or e.host is None or e.port is None:
+            await self._refresh()
+            return None
+        return e
+
+    async def _node_to(self, key: bytes, ask: Optional[Redirected]) -> tuple[_Node, bool]:
+        """Where the next command about ``key`` goes, and whether after ASKING: the node an ASK
+        (``ask``) named, when the slot map knows it (loaded again if not); else the node that
+        serves ``key``."""
+        if ask is not None and ask.host is not None and ask.port is not None:
+            named = await self._node_at(ask.host, ask.port)
+            if named is not None:
+                return named, True
+        return await self._node_for(key), False
+
     async def _query(
         self,
         key: bytes,
@@ -345,38 +375,26 @@ class AsyncLockClient:
         then_timeout: float = 0.0,
     ) -> Any:
         """One command on a pooled connection to the key's server. In a cluster, a MOVED
-        sends it again to the node named (and reloads the slot map); an ASK (the slot is being moved) sends it once
-        to the node named, after ASKING; up to twice. ``then``: a second command on the same
-        connection (see ``Connector.query``)."""
+        sends it again to the node named (and reloads the slot map); an ASK (the slot is being
+        moved) sends it once to the node named, after ASKING (``_redirect``); up to twice, an
+        ASK and its send counting as one. ``then``: a second command on the same connection
+        (see ``Connector.query``)."""
         attempt = 0
+        ask: Optional[Redirected] = None
         while True:
+            node, asking = await self._node_to(key, ask)
             try:
-                node = await self._node_for(key)
-                return await node.commands.query(args, then=then, then_timeout=then_timeout)
+                return await node.commands.query(
+                    args, asking=asking, then=then, then_timeout=then_timeout
+                )
             except Redirected as e:
-                if self._cluster is None or attempt >= RETRIES:
+                if self._cluster is None:
                     raise
-                attempt += 1
-                if e.asking and e.host is not None and e.port is not None:
-                    target = await self._node_at(e.host, e.port)
-                    if target is not None:
-                        try:
-                            return await target.commands.query(
-                                args, asking=True, then=then, then_timeout=then_timeout
-                            )
-                        except Redirected as again:
-                            e = again  # the move is over: a MOVED names where
-                if not e.asking:
-                    await self._moved(e)
-                else:
-                    await self._refresh()
-
-    async def _query_at(self, ask: Redirected, args: list[Any]) -> Any:
-        """One command sent to the node an ASK named, after ASKING (pooled connection)."""
-        node = await self._node_at(ask.host or "", ask.port or 0)
-        if node is None:
-            raise ask
-        return await node.commands.query(args, asking=True)
+                if not asking:  # (the send after an ASK was counted with the ASK)
+                    if attempt >= RETRIES:
+                        raise
+                    attempt += 1
+                ask = await self._redirect(e, asked=asking)
 
     def _route(self, key: bytes) -> _Route:
         return _Route(self, key)

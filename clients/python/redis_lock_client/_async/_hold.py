@@ -49,10 +49,13 @@ from .._common import (
 from .._connect import Redirected
 from .._lifecycle import Confirm, HoldMachine
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
+from .._watchdog import OVER, Look
 from ._backend import (
     Event,
     LostEvent,
     Mutex,
+    Watch,
+    Watchdog,
     current_loop,
     sleep,
     spawn,
@@ -96,6 +99,9 @@ class Route(Protocol):
 #: (doubling up to ``CLOSE_RECHECK_MAX``): the server ends it as soon as it reads the close.
 CLOSE_RECHECK_FIRST = 0.002
 CLOSE_RECHECK_MAX = 0.1
+#: How often the watchdog looks at an EPHEMERAL hold's connection, so that its close is seen at
+#: once.
+OWN_LOOK = 0.1
 
 
 class _Renewal(enum.Enum):
@@ -124,6 +130,7 @@ class Hold:
         self,
         *,
         route: Route,
+        watchdog: Watchdog,
         keys: KeySet,
         owner: bytes,
         tokens: tuple[int, ...],
@@ -138,6 +145,9 @@ class Hold:
         abandoned: Optional[Callable[[Hold], None]] = None,
     ) -> None:
         self.route = route
+        #: The client's watchdog, which renews the hold once ``start``ed.
+        self._watchdog = watchdog
+        self._watch: Optional[Watch] = None
         #: Who sends this hold's release in the background when this side stops believing in
         #: it while the server may still have it (the handle, which counts it: its next acquire
         #: waits for it); None: sent uncounted.
@@ -159,7 +169,8 @@ class Hold:
         #: ``guard.lost``: looks at the local deadline whenever it is read (``LostEvent``); by a
         #: weak reference, so that the event does not keep the hold alive.
         self.lost_event: Event = LostEvent(_looker(self))
-        self._stop = Event()
+        #: Nothing renews any more (lost, released, being released).
+        self._stopped = False
         # Held while a renewal is in flight: a release waits for it, so nothing renews after.
         self._renewing = Mutex()
         # Set once a close of the hold's own connection is being confirmed (``connection_lost``).
@@ -217,7 +228,7 @@ class Hold:
             if abandon:
                 self.abandon()
             if reason is not None:
-                self._stop.set()
+                self._stop_watching()
                 self.lost_event.set()
                 self.route.unwatch(self)
                 if self.on_lost is not None:
@@ -552,68 +563,77 @@ class Hold:
 
     async def start(self) -> None:
         """Starts the watchdog and listens to the hold's lost-hold channels."""
-        spawn(f"redis-lock-watchdog:{self.token}", self._keep)
+        self._watch = self._watchdog.watch(f"redis-lock-watchdog:{self.token}", self)
         await self.route.watch(self)
 
-    async def _keep(self) -> None:
-        try:
-            await self._watch_lease()
-        finally:
-            if self.own is not None and self.reason is not None:
-                await self.own.close()
+    def _stop_watching(self) -> None:
+        """Nothing renews from now on (released, or lost); the watchdog is told at once, so that
+        a lost EPHEMERAL hold's connection closes now (``unwatched``)."""
+        self._stopped = True
+        watch = self._watch
+        if watch is not None:
+            watch.wake()
 
-    async def _sleep_until(self, until: float) -> bool:
-        """Waits until ``until``; True if the hold was stopped meanwhile. An EPHEMERAL hold's
-        connection is looked at every 100 ms, so that its close is seen at once."""
-        while True:
-            left = until - time.monotonic()
-            if left <= 0:
-                return self._stop.is_set()
-            own = self.own
-            if own is None:
-                return await wait_event(self._stop, left)
-            if await wait_event(self._stop, min(left, 0.1)):
-                return True
-            if not own.alive() and self.own is own:  # (not one given up after a move)
-                self.connection_lost()  # reported once the server no longer holds it
+    # -- the watchdog: what it does at each look (``_backend.Watchdog``) ---------------------
 
-    async def _watch_lease(self) -> None:
-        """The watchdog: renews when the machine says (every lease / 3), and reports the loss
-        the machine decides (a renewal answered 0, no confirmed renewal before the deadline; a
-        fixed lease at its end)."""
-        while True:
-            with self._lock:
-                wake = self._machine.next_wake()
-            if wake is None or await self._sleep_until(wake):
+    def look(self, now: float, renewing: bool) -> Look:
+        """The watchdog's look at ``now``, which never waits (the threaded watchdog looks at
+        every hold of a client on one thread): an EPHEMERAL hold's connection found closed is
+        confirmed (``connection_lost``); a deadline passed is reported lost (the machine's
+        ``tick``); a renewal the machine says is due (every lease / 3, sooner again after no
+        answer) is asked for, unless one is under way (``renewing``). Then when to look again:
+        the machine's next wake (while a renewal is under way, the deadline: its answer sets
+        the next renewal), an EPHEMERAL hold's at most ``OWN_LOOK`` later; never (``OVER``)
+        once the hold is stopped: lost, released, being released."""
+        if self._stopped:
+            return OVER
+        own = self.own
+        # (``self.own is own``: not one given up after a move meanwhile.)
+        if own is not None and not own.alive() and self.own is own:
+            self.connection_lost()  # reported once the server no longer holds it
+        if self._event(lambda m: m.tick(now)) is not None:
+            return OVER
+        with self._lock:
+            renew = not renewing and self._machine.renewal_due(now)
+            wake = self._machine.next_wake(renewing=renewing or renew)
+        if wake is None:
+            return OVER
+        if self.own is not None:
+            wake = min(wake, now + OWN_LOOK)
+        return Look(renew=renew, again=wake)
+
+    async def renew_once(self) -> None:
+        """The renewal a look asked for, and what its answer tells the machine (a renewal
+        answered 0 reports the loss; no answer has it sent again soon). A release waits for it
+        (``_renewing``), and none is sent once the hold is stopped."""
+        async with self._renewing:
+            if self._stopped:
                 return
-            now = time.monotonic()
-            if self._event(lambda m: m.tick(now)) is not None:
-                return
-            with self._lock:
-                due = self._machine.renewal_due(now)
-            if not due:
-                continue
-            async with self._renewing:
-                if self._stop.is_set():
-                    return
-                sent = time.monotonic()
-                found = await self._renew()
-            if found is _Renewal.HELD:
-                self._event(lambda m: m.renewed(sent))
-            elif found is _Renewal.GONE:
-                self._event(lambda m: m.refused())  # one key is enough: all or nothing
-            elif found is _Renewal.REFUSED:
-                self._event(lambda m: m.denied())  # said at once, released in the background
-            elif found is _Renewal.CLOSED:
-                self.connection_lost()  # reported once the server no longer holds it
-                later = time.monotonic()
-                self._event(lambda m: m.unanswered(later))
-            elif found is _Renewal.UNACKED:
-                later = time.monotonic()
-                self._event(lambda m: m.unanswered(later, unacknowledged=True))
-            else:
-                later = time.monotonic()
-                self._event(lambda m: m.unanswered(later))
+            sent = time.monotonic()
+            found = await self._renew()
+        if found is _Renewal.HELD:
+            self._event(lambda m: m.renewed(sent))
+        elif found is _Renewal.GONE:
+            self._event(lambda m: m.refused())  # one key is enough: all or nothing
+        elif found is _Renewal.REFUSED:
+            self._event(lambda m: m.denied())  # said at once, released in the background
+        elif found is _Renewal.CLOSED:
+            self.connection_lost()  # reported once the server no longer holds it
+            later = time.monotonic()
+            self._event(lambda m: m.unanswered(later))
+        elif found is _Renewal.UNACKED:
+            later = time.monotonic()
+            self._event(lambda m: m.unanswered(later, unacknowledged=True))
+        else:
+            later = time.monotonic()
+            self._event(lambda m: m.unanswered(later))
+
+    async def unwatched(self) -> None:
+        """The watchdog stopped watching (after the renewal under way, if one was): a lost
+        EPHEMERAL hold's connection is closed (the server ends whatever it still binds to it);
+        a released one's is closed by the release."""
+        if self.own is not None and self.reason is not None:
+            await self.own.close()
 
     # -- the lost-hold signal ------------------------------------------------------------------
 
@@ -693,12 +713,12 @@ class Hold:
         way nothing renews from now on."""
         with self._reporting, self._lock:
             error = self._machine.release_requested()
-        self._stop.set()
+        self._stop_watching()
         return None if error is None else self.not_held()
 
     async def quiesce(self) -> None:
         """After ``request_release``: waits out a renewal in flight, stops listening."""
-        self._stop.set()
+        self._stop_watching()
         async with self._renewing:
             pass
         self.route.unwatch(self)
@@ -718,9 +738,9 @@ class Hold:
         self._reporting = threading.RLock()
         self._renewing = Mutex()
         self._machine.forked()
-        # New events: a parent thread may have held an old one's internal lock at the fork.
-        self._stop = Event()
-        self._stop.set()
+        self._stopped = True
+        self._watch = None  # the parent's watchdog: its threads are not here
+        # A new event: a parent thread may have held the old one's internal lock at the fork.
         self.lost_event = Event()
         self.lost_event.set()
         if self.own is not None:

@@ -5,6 +5,8 @@ generated from ``_async/`` by ``unasync.py``."""
 
 from __future__ import annotations
 
+import collections
+import logging
 import select
 import socket
 import threading
@@ -19,6 +21,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
+from .. import _fork
 from .._masters import (
     STRAGGLER_GRACE,
     Address,
@@ -26,6 +29,7 @@ from .._masters import (
     majority,
     with_current_address,
 )
+from .._watchdog import OVER, Look, Timetable
 
 __all__ = [
     "CLOSED",
@@ -66,7 +70,12 @@ __all__ = [
     "start",
     "finish",
     "wait_event",
+    "Watch",
+    "Watchdog",
+    "Watched",
 ]
+
+log = logging.getLogger("redis_lock_client")
 
 Redis = redis.Redis
 DefaultConnection = Connection
@@ -157,6 +166,206 @@ def current_loop() -> Optional[object]:
 def spawn_from_any_thread(loop: Optional[object], name: str, fn: Callable[..., None], *args: Any) -> None:
     """From any thread (a finalizer runs where the collector runs): ``spawn``."""
     spawn(name, fn, *args)
+
+
+class Watched(Protocol):
+    """What the watchdog watches (a hold)."""
+
+    def look(self, now: float, renewing: bool) -> Look:
+        """What to do at ``now`` (``renewing``: a renewal asked for earlier is under way). Never
+        waits: one thread looks at every hold of a client."""
+        ...
+
+    def renew_once(self) -> None:
+        """The renewal a look asked for: a round trip, up to the command timeout."""
+        ...
+
+    def unwatched(self) -> None:
+        """The watch is over (after the renewal under way, if one was)."""
+        ...
+
+
+#: How many threads at most send a client's renewals at once (each a round trip of up to the
+#: command timeout); the others wait their turn.
+RENEWAL_WORKERS = 4
+#: How long the watchdog's thread and its workers wait with nothing to do before they end (the
+#: next hold starts them again).
+IDLE_END = 5.0
+
+
+class Watch:
+    """One hold under the watchdog. ``wake()`` (from any thread) has it looked at at once: it
+    was stopped (released, or lost by other news than the watchdog's)."""
+
+    def __init__(self, watchdog: Watchdog, watched: Watched, name: str) -> None:
+        self.watched = watched
+        self.name = name
+        self._watchdog = watchdog
+        #: A renewal of it is on a worker (the watchdog's lock guards this and ``over``).
+        self.renewing = False
+        #: No more looks: the watch ends (after the renewal under way, if one is).
+        self.over = False
+
+    def wake(self) -> None:
+        self._watchdog._plan(self, time.monotonic())
+
+
+class Watchdog:
+    """A client's watchdog: ONE thread looks at each hold of the client when the hold asked to
+    be looked at (the soonest first, from a ``Timetable``: a renewal due, its deadline, an
+    EPHEMERAL hold's connection every 100 ms) and decides there, never waiting on the network;
+    each renewal it decides on, a round trip of up to the command timeout, is sent by one of up
+    to ``RENEWAL_WORKERS`` threads. A server that does not answer delays renewals (the workers
+    wait on it), never a look: every deadline is seen when it comes. The thread and the workers
+    start with the first hold and end once idle for ``IDLE_END``. (The asyncio twin runs a task
+    per hold, with the same looks.)"""
+
+    def __init__(self) -> None:
+        self._reset()
+        _fork.register(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Condition()
+        self._timetable: Timetable[Watch] = Timetable()
+        self._looking = False  # the thread runs
+        self._workers = _Workers(RENEWAL_WORKERS, "redis-lock-renewal")
+
+    def after_fork(self) -> None:
+        """In a forked child: none of the parent's threads are here, and its holds are not
+        renewed here (``Hold.after_fork``); the child's own start afresh."""
+        self._reset()
+
+    def watch(self, name: str, watched: Watched) -> Watch:
+        """Watches ``watched`` from now on: looked at at once, then when it says."""
+        watch = Watch(self, watched, name)
+        self._plan(watch, time.monotonic())
+        return watch
+
+    def _plan(self, watch: Watch, at: float) -> None:
+        with self._lock:
+            if watch.over:
+                return
+            if self._timetable.plan(watch, at):
+                self._lock.notify()
+            if not self._looking:
+                self._looking = True
+                thread = threading.Thread(target=self._look_on, name="redis-lock-watchdog")
+                thread.daemon = True
+                thread.start()
+
+    def _look_on(self) -> None:
+        """The watchdog's thread: every look, when it comes."""
+        while True:
+            with self._lock:
+                watch = self._next_due()
+                if watch is None:
+                    self._looking = False
+                    return
+            self._look(watch)
+
+    def _next_due(self) -> Optional[Watch]:
+        """(Locked.) The watch whose look is due, once one is; None after ``IDLE_END`` with
+        nothing planned."""
+        idle_until: Optional[float] = None
+        while True:
+            now = time.monotonic()
+            watch = self._timetable.take_due(now)
+            if watch is not None:
+                return watch
+            soonest = self._timetable.soonest()
+            if soonest is not None:
+                idle_until = None
+                self._lock.wait(soonest - now)
+            elif idle_until is None:
+                idle_until = now + IDLE_END
+            elif now >= idle_until:
+                return None
+            else:
+                self._lock.wait(idle_until - now)
+
+    def _look(self, watch: Watch) -> None:
+        with self._lock:
+            renewing = watch.renewing
+        try:
+            look = watch.watched.look(time.monotonic(), renewing)
+        except Exception:  # noqa: BLE001 - one hold's failure must not stop the others' looks
+            log.exception("the watchdog's look at %s failed", watch.name)
+            look = OVER
+        with self._lock:
+            if look.renew:
+                watch.renewing = True
+            if look.again is None:
+                watch.over = True
+                self._timetable.drop(watch)
+            else:
+                self._timetable.plan(watch, look.again)  # (or sooner: woken meanwhile)
+            ended = watch.over and not watch.renewing
+        if look.renew:
+            self._workers.run(lambda: self._renew(watch))
+        if ended:  # closing an EPHEMERAL hold's connection may wait for its command to break
+            self._workers.run(lambda: self._end(watch))
+
+    def _renew(self, watch: Watch) -> None:
+        """On a worker: the renewal a look asked for; then the hold is looked at again at once
+        (the answer moved its times), or its watch ends."""
+        try:
+            watch.watched.renew_once()
+        except Exception:  # noqa: BLE001 - the deadline stands: the next look reports it
+            log.exception("a renewal of %s failed", watch.name)
+        with self._lock:
+            watch.renewing = False
+            over = watch.over
+        if over:
+            self._end(watch)
+        else:
+            self._plan(watch, time.monotonic())
+
+    def _end(self, watch: Watch) -> None:
+        try:
+            watch.watched.unwatched()
+        except Exception:  # noqa: BLE001
+            log.exception("ending the watch of %s failed", watch.name)
+
+
+class _Workers:
+    """Up to ``most`` daemon threads running the jobs given, in the order given: started as jobs
+    come (one more while the jobs waiting outnumber the idle ones), each ending once idle for
+    ``IDLE_END``."""
+
+    def __init__(self, most: int, name: str) -> None:
+        self._most = most
+        self._name = name
+        self._lock = threading.Condition()
+        self._jobs: collections.deque[Callable[[], None]] = collections.deque()
+        self._threads = 0
+        self._idle = 0
+
+    def run(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            if len(self._jobs) > self._idle and self._threads < self._most:
+                self._threads += 1
+                threading.Thread(target=self._work, name=self._name, daemon=True).start()
+            else:
+                self._lock.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                idle_until = time.monotonic() + IDLE_END
+                while not self._jobs:
+                    left = idle_until - time.monotonic()
+                    if left <= 0:
+                        self._threads -= 1
+                        return
+                    self._idle += 1
+                    self._lock.wait(left)
+                    self._idle -= 1
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - the worker serves the next job
+                log.exception("a job of %s failed", self._name)
 
 
 class RawConnection(Protocol):

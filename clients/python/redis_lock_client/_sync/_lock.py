@@ -60,7 +60,7 @@ from ._backend import (
     spawn,
     spawn_from_any_thread,
 )
-from ._connection import Connector, OwnConnection, call
+from ._connection import OwnConnection, call
 from ._hold import Hold, Unconfirmed
 from ._tickets import NoTickets, TicketDesk
 
@@ -258,19 +258,22 @@ class _Handle(Generic[_G]):
         ``wait_timeout``. ``ephemeral``: the hold is one that was EPHEMERAL and is bound to
         nothing any more (its slot moved): re-entered without EPHEMERAL."""
         attempt = later = 0
-        ask: Optional[Redirected] = None
+        ask: Optional[Redirected] = None  # an ASK the next send follows (``client._redirect``)
         failover: Optional[float] = None  # under Sentinel: re-sent until then
         pause = FAILOVER_PAUSE
         while True:
             this_waits, wait = self._wait_left(waits, until)
             sent = time.monotonic()
+            asking = False  # this send follows an ASK, after ASKING
             try:
                 if this_waits:
                     args = self._args(True, wait, value, ephemeral)
-                    return self._send_waiting(args, wait, ask)
+                    node, asking = self.client._node_to(self.keys.route, ask)
+                    return self._send_waiting(args, wait, node, asking)
                 args = self._args(False, None, value, ephemeral)
-                if ask is not None:
-                    return self.client._query_at(ask, args)
+                if ask is not None:  # one send, whose redirect is followed here
+                    node, asking = self.client._node_to(self.keys.route, ask)
+                    return node.commands.query(args, asking=asking)
                 return self.client._query(self.keys.route, args)
             except TicketExpired:
                 # A grant that expired before it was popped: not granted; asked again while
@@ -296,9 +299,7 @@ class _Handle(Generic[_G]):
                 if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
                     raise
                 attempt += 1
-                ask = e if e.asking else None
-                if ask is None:
-                    self.client._moved(e)
+                ask = self.client._redirect(e, asked=asking)
             except LockServerError as e:
                 if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
@@ -306,36 +307,14 @@ class _Handle(Generic[_G]):
                 sleep(TRYAGAIN_PAUSES[later])
                 later += 1
 
-    def _connector(self, ask: Optional[Redirected]) -> Connector:
-        """The connections of the node the keys' slot is served by, or (``ask``) of the node an
-        ASK named."""
-        if ask is not None:
-            node = self.client._node_at(ask.host or "", ask.port or 0)
-            if node is not None:
-                return node.commands
-            raise ask
-        return (self.client._node_for(self.keys.route)).commands
-
-    def _desk(self, ask: Optional[Redirected]) -> Optional[TicketDesk]:
-        """The ticket desk of the keys' node (or of the node an ASK named), when the client
-        waits with tickets and the server has them."""
-        node: Optional[_Node]
-        if ask is None:
-            node = self.client._node_for(self.keys.route)
-        else:
-            node = self.client._node_at(ask.host or "", ask.port or 0)
-        tickets = None if node is None else node.tickets
-        return tickets if tickets is not None and not tickets.unsupported else None
-
     def _send_waiting(
-        self, args: list[Any], wait: Optional[float], ask: Optional[Redirected] = None
+        self, args: list[Any], wait: Optional[float], node: _Node, asking: bool
     ) -> Any:
-        """A wait with a ticket (the client's ``wait_with_tickets``), else on a connection of
-        its own (named for the owner), closed after; after an ASK, asked on the node named,
-        preceded by ASKING. Under Sentinel the
-        connection is closed as soon as the Sentinels name another master (the wait is then
-        sent again, to it)."""
-        tickets = self._desk(ask)
+        """A wait on ``node`` (``asking``: the node an ASK named, preceded by ASKING): with a
+        ticket (the client's ``wait_with_tickets``), else on a connection of its own (named for
+        the owner), closed after. Under Sentinel the connection is closed as soon as the
+        Sentinels name another master (the wait is then sent again, to it)."""
+        tickets = _desk(node)
         if tickets is not None:
             release = self.keys.release(self.owner)
             held = self._current() is not None
@@ -345,19 +324,19 @@ class _Handle(Generic[_G]):
                     wait,
                     self.keys.multi,
                     release,
-                    asking=ask is not None,
+                    asking=asking,
                     held=held,
                     route=self.keys.route,
                 )
             except NoTickets:
                 pass
-        connector = self._connector(ask)
+        connector = node.commands
         conn = connector.new(self.owner)
         done = Event()
         if connector.sentinel:  # a wait on a master the Sentinels replaced ends at once
             spawn("redis-lock-follow", connector.follow, conn, done)
         try:
-            if ask is not None:
+            if asking:
                 call(conn, ["ASKING"], self.client.command_timeout)
             return call(conn, args, None if wait is None else wait + WAIT_MARGIN)
         finally:
@@ -440,25 +419,25 @@ class _Handle(Generic[_G]):
             timeout = None if wait is None else wait + WAIT_MARGIN
         args = self._args(this_waits, wait, value)
         attempt = later = 0
-        ask: Optional[Redirected] = None
+        ask: Optional[Redirected] = None  # an ASK the next ask follows (``client._redirect``)
         while True:
-            connector = self._connector(ask)
+            node, asking = self.client._node_to(self.keys.route, ask)
+            connector = node.commands
             own = OwnConnection(connector.new(self.owner), self.client.command_timeout)
             sent = time.monotonic()
             done = Event()
             if connector.sentinel and this_waits:  # a replaced master: the wait ends at once
                 spawn("redis-lock-follow", connector.follow, own.conn, done)
             try:
-                desk = self._desk(ask) if this_waits else None
+                desk = _desk(node) if this_waits else None
                 if desk is not None:
                     try:
                         release = self.keys.release(self.owner)
                         multi = self.keys.multi
-                        asking = ask is not None
                         return desk.wait_own(own, args, wait, multi, release, asking), own
                     except NoTickets:
                         pass
-                if ask is not None:
+                if asking:
                     own.call(["ASKING"], self.client.command_timeout)
                 return own.call(args, timeout), own
             except TicketExpired:
@@ -477,9 +456,7 @@ class _Handle(Generic[_G]):
                 if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
                     raise
                 attempt += 1
-                ask = e if e.asking else None
-                if ask is None:
-                    self.client._moved(e)
+                ask = self.client._redirect(e, asked=asking)
                 this_waits, wait = self._wait_left(waits, until)
                 args = self._args(this_waits, wait, value)
             except LockServerError as e:
@@ -526,6 +503,7 @@ class _Handle(Generic[_G]):
             return None
         hold = Hold(
             route=self.client._route(self.keys.route),
+            watchdog=self.client._watchdog,
             keys=self.keys,
             owner=self.owner,
             tokens=tokens,
@@ -686,6 +664,12 @@ class _Handle(Generic[_G]):
                 self._end(hold)
             except Exception:  # noqa: BLE001 - best effort: the lease ends it
                 log.debug("releasing a collected guard of %r failed", hold.keys.keys, exc_info=True)
+
+
+def _desk(node: _Node) -> Optional[TicketDesk]:
+    """``node``'s ticket desk, when the client waits with tickets and the server has them."""
+    tickets = node.tickets
+    return tickets if tickets is not None and not tickets.unsupported else None
 
 
 def _release_rest(hold: Hold) -> None:
