@@ -180,17 +180,20 @@ failover: test-deps
 	FAILOVER_SECS=$(SECS) $(if $(SEED),FAILOVER_SEED=$(SEED)) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) $(CARGO) test --workspace --test failover -- --nocapture
 
 # The partition test (tests/partitions/, README.md there): three nodes, each a server with the
-# module and a Sentinel in a network namespace of its own, four clients of the Python library in
-# theirs, and a seeded nemesis cutting the network with iptables DROP rules (the master from its
-# replicas, a client from the master, a replica from everyone, Sentinels from each other) for
-# SECS seconds; then it checks the clients' history against the final state and prints the
-# table of docs/guarantees.md (Partitions). Needs root. Not part of `make test` (SECS + about
-# 30 s). `make partitions SECS=120 SEED=1`; history and logs in target/partitions/<time>/.
+# module and a Sentinel in a network namespace of its own, four clients of the Python library
+# and two of the Rust library (its partition_client example, built here) in theirs, and a seeded
+# nemesis cutting the network with iptables DROP rules (the master from its replicas, a client
+# from the master, a replica from everyone, Sentinels from each other) for SECS seconds; then
+# it checks the clients' history against the final state and prints the table of
+# docs/guarantees.md (Partitions). Needs root. Not part of `make test` (SECS + about 30 s).
+# `make partitions SECS=120 SEED=1`; history and logs in target/partitions/<time>/.
 partitions: deps
 	@bash scripts/deps.sh partitions
 	$(CARGO) build --lib
+	$(CARGO) build -p redis-lock-client --example partition_client
 	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
 	SECS=$(SECS) SEED=$(or $(SEED),1) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) \
+		RUST_PARTITION_CLIENT=$(abspath $(TARGET_DIR))/debug/examples/partition_client \
 		$(abspath $(TARGET_DIR))/python-client-venv/bin/python tests/partitions/run.py --out $(abspath $(TARGET_DIR))/partitions
 
 # The oracle of each lock library: a guard's belief against the server's truth on seeded random

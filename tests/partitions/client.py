@@ -4,7 +4,7 @@ through Sentinel, write to the key's log through the guard (``LOCK.GUARD``: the 
 while the token is current) twice with a pause between, release. Every operation is one JSON
 line of ``--out``, written when it completes::
 
-    {"process": "c1", "op": "acquire|write|release|lost", "key": "{plain:a}",
+    {"process": "c1", "lib": "python", "op": "acquire|write|release|lost", "key": "{plain:a}",
      "invoke": <monotonic s>, "complete": <monotonic s>, "outcome": "ok|fail|info",
      "token": <int or null>, "entry": "<what the write pushed>", "error": "..."}
 
@@ -12,6 +12,8 @@ line of ``--out``, written when it completes::
 refusal, FENCED); ``info``: no answer, it may or may not have happened. ``lost`` is the
 library telling the application its hold is gone (its ``on_lost``): the end of its belief.
 Times are ``time.monotonic()``, which on Linux is one clock for every process of the host.
+The Rust library's twin, ``clients/rust/examples/partition_client.rs``, writes the same lines
+(``"lib": "rust"``), on the same clock.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class History:
         self.process = process
 
     def record(self, **fields: Any) -> None:
-        line = json.dumps({"process": self.process, **fields})
+        line = json.dumps({"process": self.process, "lib": "python", **fields})
         with self._lock:
             self._file.write(line + "\n")
 

@@ -1,9 +1,12 @@
 """The partition test (``make partitions SECS=120 SEED=1``): three server nodes, each a
 ``redis-server`` with the lock module and a Sentinel in a network namespace of its own, clients
-of the Python library in namespaces of their own, and a nemesis cutting the network with
-iptables DROP rules; then a check of what the clients saw against what the servers kept.
+of both lock libraries (Python's client.py, Rust's partition_client example) in namespaces of
+their own, and a nemesis cutting the network with iptables DROP rules; then a check of what the
+clients saw against what the servers kept.
 
-Run as root (namespaces, iptables), in the Python library's venv. See README.md beside it.
+Run as root (namespaces, iptables), in the Python library's venv, with the Rust example built
+(``cargo build -p redis-lock-client --example partition_client``; the Makefile does both). See
+README.md beside it.
 Everything it made (namespaces, bridge, processes) is removed at the end, on failure and on
 Ctrl-C too; what it wrote stays in target/partitions/<time>/.
 """
@@ -37,20 +40,25 @@ ACKED_KEYS = ["{acked:a}", "{acked:b}"]  # locked with replicas=1
 KINDS = {"plain": PLAIN_KEYS, "replicas=1": ACKED_KEYS}
 CLIENT_GRACE_SECS = 45  # past SECS, a client still running is killed (its last op: no answer)
 SETTLE_SECS = 90
+LIBRARIES = ("python", "rust")
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--secs", type=float, default=float(os.environ.get("SECS") or 120))
     parser.add_argument("--seed", type=int, default=int(os.environ.get("SEED") or 1))
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--python", type=int, default=4, help="clients of the Python library")
+    parser.add_argument("--rust", type=int, default=2, help="clients of the Rust library")
+    parser.add_argument("--rust-client", default=os.environ.get("RUST_PARTITION_CLIENT")
+                        or str(ROOT / "target" / "debug" / "examples" / "partition_client"),
+                        help="the Rust library's partition_client example, built")
     parser.add_argument("--module", default=os.environ.get("LOCK_MODULE")
                         or "/work/lib/libredis_lock.so")
     parser.add_argument("--out", default=str(ROOT / "target" / "partitions"))
     return parser.parse_args()
 
 
-def check_prerequisites(module: str) -> None:
+def check_prerequisites(module: str, rust_client: str | None) -> None:
     if os.geteuid() != 0:
         raise SetupError("run as root: network namespaces and iptables need it")
     for tool in ("ip", "iptables", "redis-server"):
@@ -59,6 +67,9 @@ def check_prerequisites(module: str) -> None:
                              "redis-server; make partitions installs them)")
     if not Path(module).is_file():
         raise SetupError(f"the module {module} does not exist (cargo build --lib)")
+    if rust_client is not None and not os.access(rust_client, os.X_OK):
+        raise SetupError(f"the Rust client {rust_client} does not exist (cargo build -p "
+                         "redis-lock-client --example partition_client)")
 
 
 def raise_on_signals() -> None:
@@ -69,12 +80,21 @@ def raise_on_signals() -> None:
     signal.signal(signal.SIGHUP, interrupt)
 
 
-def start_clients(net: Net, names: list[str], folder: Path, secs: float,
-                  seed: int) -> list[subprocess.Popen[bytes]]:
+def client_names(python: int, rust: int) -> dict[str, str]:
+    """Each client's name (c1, c2, ...: the Python library's first) and its library."""
+    libraries = ["python"] * python + ["rust"] * rust
+    return {f"c{i + 1}": library for i, library in enumerate(libraries)}
+
+
+def start_clients(net: Net, clients: dict[str, str], rust_client: str, folder: Path,
+                  secs: float, seed: int) -> list[subprocess.Popen[bytes]]:
+    """One process per client, in its namespace; both libraries take the same arguments."""
     sentinels = ",".join(f"{net.ip(n)}:{SENTINEL_PORT}" for n in NODES)
     processes = []
-    for name in names:
-        argv = [sys.executable, str(HERE / "client.py"), "--name", name,
+    for name, library in clients.items():
+        program = ([sys.executable, str(HERE / "client.py")] if library == "python"
+                   else [rust_client])
+        argv = [*program, "--name", name,
                 "--sentinels", sentinels, "--plain", ",".join(PLAIN_KEYS),
                 "--acked", ",".join(ACKED_KEYS), "--secs", str(secs), "--seed", str(seed),
                 "--out", str(folder / f"history-{name}.jsonl")]
@@ -136,20 +156,22 @@ def main() -> int:
     raise_on_signals()
     folder = Path(args.out) / time.strftime(f"%Y%m%d-%H%M%S-seed{args.seed}")
     folder.mkdir(parents=True, exist_ok=True)
-    clients = [f"c{i + 1}" for i in range(args.clients)]
+    libraries = client_names(args.python, args.rust)
+    clients = list(libraries)
     net = Net(os.getpid())
     nodes = Nodes(net, NODES, args.module, folder)
     client_processes: list[subprocess.Popen[bytes]] = []
     nemesis = None
     try:
-        check_prerequisites(args.module)
+        check_prerequisites(args.module, args.rust_client if args.rust else None)
         print(f"partitions: SECS={args.secs:g} SEED={args.seed}, writing to {folder}",
               flush=True)
         net.setup(NODES + clients)
         print(f"  network {net.prefix}0/24 (bridge {net.bridge}), starting the nodes",
               flush=True)
         nodes.start()
-        client_processes = start_clients(net, clients, folder, args.secs, args.seed)
+        client_processes = start_clients(net, libraries, args.rust_client, folder, args.secs,
+                                         args.seed)
         start = time.monotonic()
         nemesis = Nemesis(net, nodes, clients, args.seed, str(folder / "nemesis.jsonl"))
         thread = threading.Thread(target=nemesis.run, args=(start + args.secs,), daemon=True)
@@ -171,15 +193,31 @@ def main() -> int:
         history = read_history(folder, clients)
         faults = [(f.start, f.end) for f in nemesis.faults]
         by_kind = {}
+        by_library = {}
         for kind, keys in KINDS.items():
-            by_kind[kind] = check.check_kind([op for op in history if op["key"] in keys],
-                                             {k: logs[k] for k in keys}, faults, (start, end))
+            kind_history = [op for op in history if op["key"] in keys]
+            kind_logs = {k: logs[k] for k in keys}
+            by_kind[kind] = check.check_kind(kind_history, kind_logs, faults, (start, end))
+            for library in LIBRARIES:
+                mine = {name for name, lib in libraries.items() if lib == library}
+                if mine:
+                    by_library[f"{kind}, {library}"] = check.check_kind(
+                        kind_history, kind_logs, faults, (start, end), processes=mine)
         failovers = count_failovers(folder)
-        table = check.markdown_table(by_kind, len(nemesis.faults), failovers)
+        table = check.markdown_table(by_kind)
         settled = (f"settled on {master} in {settle_secs:.1f} s" if settle_secs >= 0 else
                    f"NOT settled in {SETTLE_SECS} s (read {master}, named by most Sentinels)")
+        used = [library for library in LIBRARIES if library in libraries.values()]
+        per_library = ", ".join(f"{list(libraries.values()).count(library)} {library}"
+                                for library in used)
         summary = (f"`make partitions SECS={args.secs:g} SEED={args.seed}`: {len(clients)} "
-                   f"clients, {end - start:.0f} s; {settled}.\n\n{table}")
+                   f"clients ({per_library}), {end - start:.0f} s; {settled}.\n\n{table}\n"
+                   f"{len(nemesis.faults)} faults, {failovers} failovers.\n")
+        if len(used) > 1:
+            summary += ("\nBy library: each column counts its clients' calls, grants and "
+                        "writes (out of order: the late entry is theirs); a pair of overlapping "
+                        "holds or a token handed twice counts for each library in it.\n\n"
+                        + check.markdown_table(by_library))
         fault_kinds = [(f.kind, f.start, f.end) for f in nemesis.faults]
         for kind, c in by_kind.items():
             if c.lost_writes:

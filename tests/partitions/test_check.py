@@ -59,3 +59,38 @@ def test_grant_rates_split_between_faults_and_health() -> None:
     counts = check.check_kind(history, {}, [(5.0, 10.0)], (0.0, 10.0))
     assert (counts.rate_healthy, counts.rate_faults) == (3 / 5, 2 / 5)
     assert counts.longest_gap == 3.5
+
+
+def test_a_library_counts_its_own_calls_and_writes_and_every_pair_it_is_in() -> None:
+    python, rust = {"c1", "c2"}, {"c5"}
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),
+        op("c1", "write", 5, 1.0, 1.1, entry="c1:5:1"),
+        op("c5", "acquire", 7, 1.5, 2.0),  # overlaps c1's hold: a pair of both libraries
+        op("c5", "write", 7, 2.0, 2.1, entry="c5:7:1"),
+        op("c1", "write", 5, 2.5, 2.6, entry="c1:5:2"),  # landed after token 7: c1's fault
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c5", "write", 7, 3.2, 3.3, outcome="fail", entry="c5:7:2", error="NotHeld: ..."),
+        op("c5", "release", 7, 4.0, 4.1),
+        op("c2", "acquire", 9, 5.0, 5.1),
+        op("c2", "release", 9, 6.0, 6.1),
+    ]
+    logs = {"{k}": ["c1:5:1", "c5:7:1", "c1:5:2"]}
+    everyone = check.check_kind(history, logs, [], (0.0, 10.0))
+    py = check.check_kind(history, logs, [], (0.0, 10.0), processes=python)
+    rs = check.check_kind(history, logs, [], (0.0, 10.0), processes=rust)
+    assert (py.acquires["ok"], rs.acquires["ok"]) == (2, 1)
+    assert (py.writes["ok"], rs.writes["ok"], rs.writes["fail"]) == (2, 1, 1)
+    assert (py.not_sent, rs.not_sent) == (0, 1)
+    assert (py.landed, rs.landed, everyone.landed) == (2, 1, 3)
+    assert (py.out_of_order, rs.out_of_order, everyone.out_of_order) == (1, 0, 1)
+    assert (py.overlapping, rs.overlapping, everyone.overlapping) == (1, 1, 1)
+    assert py.failed == ["fenced writes landed out of token order"] and rs.failed == []
+
+
+def test_a_token_two_libraries_got_counts_for_both_and_not_for_a_third() -> None:
+    history = [op("c1", "acquire", 5, 0, 1), op("c5", "acquire", 5, 2, 3),
+               op("c2", "acquire", 6, 4, 5)]
+    counts = {name: check.check_kind(history, {}, [], (0.0, 10.0), processes=procs).tokens_twice
+              for name, procs in (("c1", {"c1"}), ("c5", {"c5"}), ("c2", {"c2"}))}
+    assert counts == {"c1": 1, "c5": 1, "c2": 0}
