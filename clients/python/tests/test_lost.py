@@ -398,6 +398,26 @@ def test_releasing_an_ephemeral_hold_whose_connection_closed_asks_the_server(
         assert raw.execute_command("LOCK.INFO", key) is None
 
 
+def test_a_release_whose_connection_closed_after_it_was_looked_at_asks_the_server(server, key):
+    # The release looks whether the EPHEMERAL hold's connection is closed, then sends on it; a
+    # close in between (a kill the watchdog had not seen yet) made the send refuse with
+    # OwnClosed ("nothing was sent"), and release() raised it: not one of its documented
+    # outcomes (the Python oracle, seed 7, under load). Now it asks on the shared connections.
+    # The window is made wide: the server closed the connection and this side's flag says
+    # open, as it does until the watchdog's next look.
+    raw = server.client()
+    with LockClient.from_url(server.url) as client:
+        guard = client.lock(key, ephemeral=True, lease=30).acquire()
+        own = guard._hold.own
+        own.conn.send_command("CLIENT", "ID")
+        raw.execute_command("CLIENT", "KILL", "ID", own.conn.read_response())
+        wait_until(lambda: raw.execute_command("LOCK.INFO", key) is None, "ended")
+        own.broken = False
+        reply, asked_on_the_shared_connections = guard._hold.send_release()
+        assert asked_on_the_shared_connections
+        assert not guard._hold.keys.released(reply)
+
+
 #: The pause tests: a lease, and a pause of two leases during which nothing else of the process
 #: runs (the local deadline is 90 % of a lease after the last renewal's send).
 PAUSED_LEASE = 1.0

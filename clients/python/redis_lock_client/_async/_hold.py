@@ -413,6 +413,11 @@ class Hold:
                 if closed:
                     return await self.route.query(args), True
                 return await self.send(args), False
+            except OwnClosed:
+                # Closed since it was looked at above (a kill, a close seen by the watchdog
+                # meanwhile): nothing was sent on it, so it is asked on the shared connections.
+                closed = True
+                continue
             except LockServerError as e:
                 if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
