@@ -50,8 +50,9 @@ def _check(report, capsys, dump) -> None:
         "an observer followed a leader the server never elected:\n" + "\n".join(report.unelected)
     # Whole: an exception that escaped a holder comes with its traceback.
     assert report.errors == [], "\n\n".join(report.errors)
-    assert report.unchecked == []
-    assert report.over_bound == [], "a guard believed held past its bound"
+    assert report.unchecked == [], "\n".join(map(str, report.unchecked))
+    assert report.over_bound == [], "a guard believed held past its bound:\n" + "\n".join(
+        report.over_bound)
 
 
 @pytest.mark.scenario("oracle")
