@@ -98,7 +98,8 @@ impl Commands {
                     cmd.query_async::<Value>(&mut conn).await
                 }
                 .map_err(|e| LockError::from(e).sent_as(cmd));
-                (self.after(&node, generation, reply), number)
+                let gone = may_say_gone(&reply);
+                (self.after(&node, generation, reply, gone).await, number)
             }
         }
     }
@@ -135,7 +136,8 @@ impl Commands {
                     cmd.query_async::<Value>(&mut conn).await
                 }
                 .map_err(|e| LockError::from(e).sent_as(cmd));
-                self.after(&node, generation, reply)
+                let gone = may_say_gone(&reply);
+                self.after(&node, generation, reply, gone).await
             }
         }
     }
@@ -163,7 +165,11 @@ impl Commands {
                     .query_async::<Vec<Value>>(&mut conn)
                     .await
                     .map_err(LockError::from);
-                self.after(&node, generation, replies)?
+                let gone = match &replies {
+                    Ok(replies) => replies.iter().any(value_may_say_gone),
+                    Err(e) => error_may_say_gone(e),
+                };
+                self.after(&node, generation, replies, gone).await?
             }
         };
         Ok(answers_of(pipe, replies))
@@ -246,11 +252,18 @@ impl Commands {
     /// broken, timed out, or a replica now (a failover), and the next command starts on a new
     /// connection, to the master the Sentinels name then. An answer that arrives after the
     /// master changed is taken for none: it may come from the old master, paused and back.
-    fn after<T>(
+    ///
+    /// An answer that may say a hold is gone (`gone`: see [`may_say_gone`]) is believed only
+    /// once the Sentinels, asked afresh, still name `node`: the client's view of them may be
+    /// up to a poll (a second) old, and an old master cut off from them (a partition) still
+    /// serves the clients that reach it without the holds the new master granted. Its `FENCED`
+    /// or its renewal answered 0 would report a hold lost that the new master has.
+    async fn after<T>(
         &self,
         node: &Node,
         generation: u64,
         reply: Result<T, LockError>,
+        gone: bool,
     ) -> Result<T, LockError> {
         let Commands::Single {
             master,
@@ -261,6 +274,11 @@ impl Commands {
         else {
             return reply;
         };
+        if gone && master.generation() == generation {
+            // Only on such answers: a lookup that already started after this one arrived
+            // serves it too.
+            master.ask_afresh(std::time::Instant::now()).await;
+        }
         let reply = if master.generation() != generation {
             Err(master_changed())
         } else {
@@ -281,6 +299,37 @@ impl Commands {
         }
         reply
     }
+}
+
+/// Whether an answer may say a hold is gone: `0` (a renewal, a `LOCK.CHECK` or a proclamation
+/// that found none; a multi-key renewal's `0` on any key), or a server's error (`FENCED`, one
+/// after which a renewal finds the hold gone) other than one that says the server is no master.
+/// The same rule as the Python library's, which asks on `0` and on any server error.
+fn may_say_gone(reply: &Result<Value, LockError>) -> bool {
+    match reply {
+        Ok(value) => value_may_say_gone(value),
+        Err(e) => error_may_say_gone(e),
+    }
+}
+
+/// [`may_say_gone`] of one reply, a pipeline's server errors given as values.
+fn value_may_say_gone(value: &Value) -> bool {
+    match value {
+        Value::Int(0) => true,
+        Value::Array(items) => items.iter().any(|item| matches!(item, Value::Int(0))),
+        Value::ServerError(_) => value
+            .clone()
+            .extract_error()
+            .err()
+            .is_some_and(|e| error_may_say_gone(&LockError::from(e))),
+        _ => false,
+    }
+}
+
+/// [`may_say_gone`] of an error: a server's, not one that says it is no master (that one
+/// already drops the connection and asks the Sentinels).
+fn error_may_say_gone(e: &LockError) -> bool {
+    matches!(e, LockError::Server(_)) && !says_not_master(e)
 }
 
 /// The error of a command answered after a failover: it may have run on the old master, which
@@ -432,5 +481,39 @@ pub(crate) async fn prefixed_query(
             redis::ErrorKind::Client,
             "no reply in the pipeline",
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_answer_that_may_say_a_hold_is_gone_asks_the_sentinels_afresh() {
+        let server = |text: &str| Err(LockError::Server(text.into()));
+        let cases: Vec<(Result<Value, LockError>, bool)> = vec![
+            (Ok(Value::Int(0)), true),
+            (Ok(Value::Int(1)), false),
+            (Ok(Value::Array(vec![Value::Int(1), Value::Int(0)])), true),
+            (Ok(Value::Array(vec![Value::Int(1), Value::Int(1)])), false),
+            (Ok(Value::Nil), false),
+            (Ok(Value::Okay), false),
+            (server("FENCED the hold is gone"), true),
+            (server("ERR not a lock"), true),
+            (
+                server("READONLY You can't write against a read only replica."),
+                false,
+            ),
+            (server("MASTERDOWN Link with MASTER is down"), false),
+            (
+                Err(LockError::Connection(redis::RedisError::from(
+                    std::io::Error::from(std::io::ErrorKind::BrokenPipe),
+                ))),
+                false,
+            ),
+        ];
+        for (reply, want) in cases {
+            assert_eq!(may_say_gone(&reply), want, "{reply:?}");
+        }
     }
 }

@@ -7,8 +7,10 @@
 //! into a replica) is never believed: its grants, renewals and fenced writes are void once a
 //! replica was promoted. The client learns of a change from a poll of the Sentinels every
 //! second, from a lookup right after their `+switch-master` message (a hint only: anyone who
-//! may publish on a Sentinel can send one, and an old one may arrive late), and from a lookup
-//! after a failure.
+//! may publish on a Sentinel can send one, and an old one may arrive late), from a lookup
+//! after a failure, and from a lookup after an answer that says a hold is gone (`FENCED`, a
+//! renewal or check answered 0: `conn.rs`), which is believed only if they still name the
+//! server that gave it.
 //!
 //! How the master is chosen: every Sentinel is asked at once (`SENTINEL MASTER <name>`, each
 //! within the command timeout; one unreachable or answering nonsense counts for nothing), and
@@ -67,6 +69,15 @@ impl Master {
     pub(crate) fn forget(&self, node: &Node) {
         if let Master::Sentinel(sentinel) = self {
             sentinel.forget(node);
+        }
+    }
+
+    /// Through Sentinel: asks the Sentinels which master they name now (unless a lookup that
+    /// started after `answered` did), and follows a newer one ([`Master::generation`] moves).
+    /// Nothing for a fixed address.
+    pub(crate) async fn ask_afresh(&self, answered: Instant) {
+        if let Master::Sentinel(sentinel) = self {
+            sentinel.ask_afresh(answered).await;
         }
     }
 
@@ -258,6 +269,9 @@ pub(crate) struct SentinelMaster {
     /// lower config-epoch is older than it and never followed.
     followed: Mutex<Option<Followed>>,
     generation: watch::Sender<u64>,
+    /// When the last lookup started (under `lookups`): one that started after an answer
+    /// arrived already says what the Sentinels name now ([`SentinelMaster::ask_afresh`]).
+    last_asked: Mutex<Option<Instant>>,
 }
 
 impl SentinelMaster {
@@ -281,6 +295,7 @@ impl SentinelMaster {
             current: Mutex::new(None),
             followed: Mutex::new(None),
             generation: watch::Sender::new(0),
+            last_asked: Mutex::new(None),
         })
     }
 
@@ -368,6 +383,7 @@ impl SentinelMaster {
     /// config-epoch than the master followed so far (a Sentinel behind the others, or one
     /// restarted from an old configuration). The master to use, if there is one.
     async fn look_up(&self, conns: &mut [Option<MultiplexedConnection>]) -> Option<Node> {
+        *relock(&self.last_asked) = Some(Instant::now());
         let views = self.ask_all(conns).await;
         let majority_answered = views.len() > self.sentinels.len() / 2;
         let view = newest(views)?;
@@ -415,6 +431,17 @@ impl SentinelMaster {
     /// answer), and switches if they name a newer master.
     async fn refresh(&self) {
         let mut conns = self.lookups.lock().await;
+        self.look_up(&mut conns).await;
+    }
+
+    /// Asks the Sentinels which master they name now, unless a lookup that started after
+    /// `answered` did (answers that arrive together share one lookup), and switches if they
+    /// name a newer master. A lookup that finds no master changes nothing.
+    async fn ask_afresh(&self, answered: Instant) {
+        let mut conns = self.lookups.lock().await;
+        if relock(&self.last_asked).is_some_and(|asked| asked >= answered) {
+            return;
+        }
         self.look_up(&mut conns).await;
     }
 

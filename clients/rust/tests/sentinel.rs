@@ -478,6 +478,213 @@ async fn a_paused_master_is_left_for_the_new_one() {
     next.release().await.unwrap();
 }
 
+/// A TCP relay to the server on a port: what passes through it, either way, is held while it is
+/// shut and goes on once it is open again; its connections stay open meanwhile. A client that
+/// reaches the Sentinels through relays learns of a failover only when the test opens them.
+struct Relay {
+    port: u16,
+    open: tokio::sync::watch::Sender<bool>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn to(target: u16) -> Relay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (open, gate) = tokio::sync::watch::channel(true);
+        let accepting = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let gate = gate.clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        return;
+                    };
+                    let (from_client, to_client) = inbound.into_split();
+                    let (from_server, to_server) = outbound.into_split();
+                    tokio::join!(
+                        pass(from_client, to_server, gate.clone()),
+                        pass(from_server, to_client, gate)
+                    );
+                });
+            }
+        });
+        Relay {
+            port,
+            open,
+            accepting,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn shut(&self) {
+        self.open.send_replace(false);
+    }
+
+    fn reopen(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// Copies `from` to `to`, each chunk once the gate is open.
+async fn pass(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut gate: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut chunk = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if gate.wait_for(|open| *open).await.is_err() || to.write_all(&chunk[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_from_a_master_the_sentinels_no_longer_name_is_no_loss() {
+    // Found by the partition test: a master cut off from the Sentinels still serves the clients
+    // that reach it, and does not have the holds the new master granted. A fenced write the
+    // library sent there (its view of the Sentinels is up to a poll, a second, old) was refused
+    // FENCED, and the guard was reported lost while the new master held it. Here the old master
+    // stays a master, its clients connected (its ACL refuses the Sentinels' REPLICAOF and CLIENT
+    // KILL), after a forced failover. The client's view is held still deterministically: it
+    // reaches the Sentinels only through relays, shut before the failover (its polls and their
+    // +switch-master message wait in them), so its shared connection stays on the old master,
+    // where its write goes. The relays open once the old master has run the write, 200 ms
+    // later: the current code has reported the loss by then. Before the fix: Fenced, the guard
+    // lost. Now the refusal makes the library ask the Sentinels afresh (that ask waits in the
+    // relays until they open): it came from a server they no longer name, so it counts as no
+    // answer (Connection), and the next write lands on the new master, which has the hold.
+    let set = sentinel_set().await;
+    let mut relays = Vec::new();
+    for (_, port) in set.sentinel_addrs() {
+        relays.push(Relay::to(port).await);
+    }
+    let client = LockClient::sentinel_builder(
+        relays.iter().map(Relay::url).collect::<Vec<_>>(),
+        set.master_name(),
+    )
+    .unwrap()
+    .command_timeout(Duration::from_secs(5))
+    // Its check of the old master's FORCERELEASE message would go to the old master too: the
+    // write alone is under test, as in the Python test (lost_signal=False).
+    .without_lost_signal()
+    .build()
+    .await
+    .unwrap();
+    // No renewal before the write (one every lease / 3): the old master would answer it 0.
+    let guard = client
+        .lock("partitioned")
+        .lease(Duration::from_secs(120))
+        .acquire()
+        .await
+        .unwrap();
+    // The shared connection to the master, warmed by one fenced write.
+    let warmed: String = guard
+        .fenced(redis::cmd("SET").arg("partitioned:state").arg("0"))
+        .await
+        .unwrap();
+    assert_eq!(warmed, "OK");
+    let old = set.master_addr();
+    replicated(old.1).await;
+    for relay in &relays {
+        relay.shut();
+    }
+    let mut raw_old = on(old.1).await;
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-replicaof")
+        .arg("-slaveof")
+        .arg("-client|kill")
+        .query_async(&mut raw_old)
+        .await
+        .unwrap();
+    // A Sentinel refuses (NOGOODSLAVE) until it has heard from a replica lately: asked again.
+    let mut asked = on(set.sentinels[0].port).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply: redis::RedisResult<String> = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(set.master_name())
+            .query_async(&mut asked)
+            .await;
+        match reply {
+            Ok(ok) => {
+                assert_eq!(ok, "OK");
+                break;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let new = tokio::task::block_in_place(|| set.wait_failover(&old, Duration::from_secs(60)));
+    assert_eq!(
+        set.role(old.1).as_deref(),
+        Some("master"),
+        "two masters now"
+    );
+    // Gone on the old master, still held on the new one.
+    let _: Value = redis::cmd("LOCK.FORCERELEASE")
+        .arg("partitioned")
+        .query_async(&mut raw_old)
+        .await
+        .unwrap();
+    assert!(holds(new.1, "partitioned", guard.owner(), guard.token()).await);
+    let guarded = support::calls(&mut raw_old, "lock.guard").await;
+    let mut write = redis::cmd("SET");
+    write.arg("partitioned:state").arg("a");
+    let (refused, ()) = tokio::join!(guard.fenced::<Value>(&write), async {
+        within(
+            "the write reaches the old master",
+            Duration::from_secs(10),
+            async {
+                while support::calls(&mut raw_old, "lock.guard").await == guarded {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for relay in &relays {
+            relay.reopen();
+        }
+    });
+    match refused {
+        Err(LockError::Connection(_)) => {}
+        other => panic!("no answer, not {other:?}"),
+    }
+    assert_eq!(guard.lost_reason(), None);
+    let landed: String = guard
+        .fenced(redis::cmd("SET").arg("partitioned:state").arg("b"))
+        .await
+        .unwrap();
+    assert_eq!(landed, "OK");
+    let state: String = redis::cmd("GET")
+        .arg("partitioned:state")
+        .query_async(&mut on(new.1).await)
+        .await
+        .unwrap();
+    assert_eq!(state, "b");
+    let mut guard = guard;
+    assert_eq!(guard.release().await.unwrap(), Release::Released);
+}
+
 /// `SENTINEL MASTER <name>`'s `config-epoch` on `sentinel` (0 until a failover).
 fn config_epoch(sentinel: &SentinelProcess, name: &str) -> u64 {
     sentinel
