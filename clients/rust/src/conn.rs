@@ -11,7 +11,7 @@ use redis::{AsyncConnectionConfig, Cmd, Pipeline, Value};
 use tokio::sync::mpsc;
 
 use crate::basics::relock;
-use crate::error::LockError;
+use crate::error::{command_name, LockError};
 use crate::master::{says_not_master, Master};
 use crate::naming::setname;
 use crate::node::Node;
@@ -98,7 +98,7 @@ impl Commands {
                     cmd.query_async::<Value>(&mut conn).await
                 }
                 .map_err(|e| LockError::from(e).sent_as(cmd));
-                let gone = may_say_gone(&reply);
+                let gone = may_say_gone(cmd, &reply);
                 (self.after(&node, generation, reply, gone).await, number)
             }
         }
@@ -136,7 +136,7 @@ impl Commands {
                     cmd.query_async::<Value>(&mut conn).await
                 }
                 .map_err(|e| LockError::from(e).sent_as(cmd));
-                let gone = may_say_gone(&reply);
+                let gone = may_say_gone(cmd, &reply);
                 self.after(&node, generation, reply, gone).await
             }
         }
@@ -166,7 +166,10 @@ impl Commands {
                     .await
                     .map_err(LockError::from);
                 let gone = match &replies {
-                    Ok(replies) => replies.iter().any(value_may_say_gone),
+                    Ok(replies) => pipe
+                        .cmd_iter()
+                        .zip(replies)
+                        .any(|(cmd, reply)| value_may_say_gone(cmd, reply)),
                     Err(e) => error_may_say_gone(e),
                 };
                 self.after(&node, generation, replies, gone).await?
@@ -301,22 +304,33 @@ impl Commands {
     }
 }
 
-/// Whether an answer may say a hold is gone: `0` (a renewal, a `LOCK.CHECK` or a proclamation
-/// that found none; a multi-key renewal's `0` on any key), or a server's error (`FENCED`, one
-/// after which a renewal finds the hold gone) other than one that says the server is no master.
-/// The same rule as the Python library's, which asks on `0` and on any server error.
-fn may_say_gone(reply: &Result<Value, LockError>) -> bool {
+/// The commands whose `0` says a hold is gone: a renewal (a multi-key one's per key), a
+/// `LOCK.CHECK`, a proclamation. Not a release: its `0` (no holder left) is the usual answer,
+/// and a Sentinel lookup on every release would cost every release a round trip or more.
+const GONE_AT_ZERO: [&str; 4] = ["LOCK.RENEW", "LOCK.MRENEW", "LOCK.CHECK", "LOCK.PROCLAIM"];
+
+/// Whether an answer to `cmd` may say a hold is gone: `0` from one of [`GONE_AT_ZERO`] (a
+/// multi-key renewal's `0` on any key), or a server's error (`FENCED`, one after which a
+/// renewal finds the hold gone) other than one that says the server is no master. The same
+/// rule as the Python library's.
+fn may_say_gone(cmd: &Cmd, reply: &Result<Value, LockError>) -> bool {
     match reply {
-        Ok(value) => value_may_say_gone(value),
+        Ok(value) => value_may_say_gone(cmd, value),
         Err(e) => error_may_say_gone(e),
     }
 }
 
 /// [`may_say_gone`] of one reply, a pipeline's server errors given as values.
-fn value_may_say_gone(value: &Value) -> bool {
+fn value_may_say_gone(cmd: &Cmd, value: &Value) -> bool {
+    let gone_at_zero = || {
+        let name = command_name(cmd);
+        GONE_AT_ZERO.iter().any(|c| *c == name)
+    };
     match value {
-        Value::Int(0) => true,
-        Value::Array(items) => items.iter().any(|item| matches!(item, Value::Int(0))),
+        Value::Int(0) => gone_at_zero(),
+        Value::Array(items) => {
+            items.iter().any(|item| matches!(item, Value::Int(0))) && gone_at_zero()
+        }
         Value::ServerError(_) => value
             .clone()
             .extract_error()
@@ -491,6 +505,7 @@ mod tests {
     #[test]
     fn only_an_answer_that_may_say_a_hold_is_gone_asks_the_sentinels_afresh() {
         let server = |text: &str| Err(LockError::Server(text.into()));
+        let renew = redis::cmd("LOCK.RENEW");
         let cases: Vec<(Result<Value, LockError>, bool)> = vec![
             (Ok(Value::Int(0)), true),
             (Ok(Value::Int(1)), false),
@@ -513,7 +528,12 @@ mod tests {
             ),
         ];
         for (reply, want) in cases {
-            assert_eq!(may_say_gone(&reply), want, "{reply:?}");
+            assert_eq!(may_say_gone(&renew, &reply), want, "{reply:?}");
         }
+        // A release's 0 is no holder left, its usual answer: no lookup.
+        let release = redis::cmd("lock.release");
+        assert!(!may_say_gone(&release, &Ok(Value::Int(0))));
+        assert!(may_say_gone(&redis::cmd("lock.check"), &Ok(Value::Int(0))));
+        assert!(may_say_gone(&release, &server("FENCED the hold is gone")));
     }
 }

@@ -41,6 +41,21 @@ from ._backend import (
 FOLLOW_PERIOD = 0.5
 
 
+#: The commands whose 0 says a hold is gone: a renewal (a multi-key one's per key), a check,
+#: a proclamation. Not a release: its 0 (no holder left) is the usual answer, and a Sentinel
+#: lookup on every release would cost every release a round trip or more.
+GONE_AT_ZERO = frozenset({"LOCK.RENEW", "LOCK.MRENEW", "LOCK.CHECK", "LOCK.PROCLAIM"})
+
+
+def says_gone(args: list[Any], reply: Any) -> bool:
+    """Whether ``reply`` to ``args`` says a hold is gone (a 0 of ``GONE_AT_ZERO``); the Rust
+    library's rule too."""
+    name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+    if name.upper() not in GONE_AT_ZERO:
+        return False
+    return bool(reply == 0 or (isinstance(reply, list) and 0 in reply))
+
+
 def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -> Any:
     """One command on ``conn`` (``timeout`` None: as long as it takes). A broken, timed-out or
     cancelled connection is closed, so that no stale reply is ever read from it later."""
@@ -114,8 +129,7 @@ class Connector:
                 # the master the Sentinels name now, asked afresh (see ``_still_master``).
                 self._still_master(conn, sent, args, fresh=True)
                 raise
-            # 0: a renewal, a check or a proclamation that found the hold gone, likewise.
-            self._still_master(conn, sent, args, fresh=first == 0)
+            self._still_master(conn, sent, args, fresh=says_gone(args, first))
             if then is None:
                 return first
             try:
