@@ -544,6 +544,12 @@ pub(crate) async fn watch_sentinels(master: Weak<SentinelMaster>) {
         let conn = subscribed.await;
         next += 1;
         let mut poll = tokio::time::interval(Duration::from_secs(1));
+        if conn.is_none() {
+            // An interval's first tick is at once: without a subscription the lookup, and the
+            // next Sentinel's try, would follow at once too, a loop of connection attempts for
+            // as long as no Sentinel can be reached. They come a second from now.
+            poll.reset();
+        }
         loop {
             tokio::select! {
                 push = pushes.recv(), if conn.is_some() => match push {

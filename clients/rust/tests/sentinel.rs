@@ -1217,3 +1217,43 @@ async fn a_replicas_refusal_on_a_master_without_replicas_says_so() {
         .unwrap();
     assert_eq!(info, redis::Value::Nil);
 }
+
+/// With no Sentinel to subscribe to, the client's Sentinel watch tried again at once: a
+/// `tokio::time::interval`'s first tick is immediate, so each failed subscription was followed
+/// by a lookup and the next try with no pause, a loop of connection attempts for as long as
+/// the Sentinels were unreachable (found reading master.rs). Here the one Sentinel is killed
+/// after the client found the master, and its port taken by a listener that accepts
+/// connections and closes them at once: in 2 s the watch may try about twice a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_sentinels_are_tried_again_after_a_pause_not_in_a_loop() {
+    let mut set = SentinelSet::start_with(&SentinelOptions {
+        replicas: 0,
+        sentinels: 1,
+        ..SentinelOptions::default()
+    });
+    let client = LockClient::sentinel(set.sentinel_urls(), set.master_name())
+        .await
+        .unwrap();
+    let port = set.sentinels[0].port;
+    drop(set.sentinels.pop()); // killed
+    let listener = loop {
+        match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(listener) => break listener,
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let closer = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            drop(socket);
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let tries = accepted.load(std::sync::atomic::Ordering::Relaxed);
+    // A subscription and a lookup a second, each a connection or a few.
+    assert!(tries < 50, "{tries} connections to the Sentinel in 2 s");
+    drop(client);
+    closer.abort();
+}
