@@ -378,9 +378,12 @@ def test_releasing_an_ephemeral_hold_whose_connection_closed_asks_the_server(
     # release's documented outcomes do not include (the Python cluster oracle, seed 7). Now it
     # asks on the shared connections: RELEASED while the server still had it, else
     # NotHeld(CONNECTION_CLOSED). The closed state is set directly: reached by a real I/O
-    # error, it races with the read that reports the loss.
+    # error, it races with the read that reports the loss. Without the lost-hold signal: its
+    # message about the kill (reason DISCONNECTED) raced with the release, and reported the
+    # loss first once in a soak run (NotHeld(DISCONNECTED), as documented for a hold lost
+    # before its release), which is not what this test is about.
     raw = server.client()
-    with LockClient.from_url(server.url) as client:
+    with LockClient.from_url(server.url, lost_signal=False) as client:
         guard = client.lock(key, ephemeral=True, lease=30).acquire()
         own = guard._hold.own
         if server_ended_it:
