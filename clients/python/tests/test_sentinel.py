@@ -679,22 +679,6 @@ def test_a_paused_master_is_left_for_the_new_one_while_it_is_still_paused(sentin
     patient.close()
 
 
-@pytest.mark.parametrize("args,reply,gone", [
-    (["LOCK.RENEW", "k", "o", 30000], 0, True),
-    (["LOCK.RENEW", "k", "o", 30000], 1, False),
-    ([b"lock.mrenew"], [1, 0], True),
-    (["LOCK.CHECK", "k", "o", 1], 0, True),
-    (["LOCK.PROCLAIM", "k", "o", 1, "v"], 0, True),
-    (["LOCK.RELEASE", "k", "o"], 0, False),  # no holder left: the usual answer, no lookup
-    (["LOCK.ACQUIRE", "k", "o", 30000], None, False),
-])
-def test_only_an_answer_that_says_a_hold_is_gone_asks_the_sentinels_afresh(args, reply, gone):
-    # The Rust library's table (conn.rs) too; server errors always ask afresh in both.
-    from redis_lock_client._sync._connection import says_gone
-
-    assert says_gone(args, reply) is gone
-
-
 def test_a_refusal_from_a_master_the_sentinels_no_longer_name_is_no_loss(sentinel_set,
                                                                          monkeypatch):
     # Found by the partition test: a master cut off from the Sentinels still serves the clients

@@ -202,3 +202,20 @@ def test_hold_machine(steps):
         assert want[2] <= {"renew", "read", "release"}, row
         assert want[3] in ("", "abandon"), row
         assert got == want, row
+
+
+def _gone_reply(text: str) -> object:
+    if text == "nil":
+        return None
+    if text == "OK":
+        return b"OK"
+    if text.startswith("["):
+        return [int(n) for n in text.strip("[]").split(" ")]
+    return int(text)
+
+
+@pytest.mark.parametrize("row", rows("gone-answers.tsv"), ids=lambda r: f"{r[0]}-{r[1]}")
+def test_the_answers_that_ask_the_sentinels_afresh_are_the_shared_ones(row: list[str]) -> None:
+    from redis_lock_client._sync._connection import says_gone
+
+    assert says_gone([row[0]], _gone_reply(row[1])) is (column(row, 2) == "afresh")

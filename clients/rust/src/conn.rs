@@ -530,6 +530,26 @@ mod tests {
         for (reply, want) in cases {
             assert_eq!(may_say_gone(&renew, &reply), want, "{reply:?}");
         }
+        // The shared table (clients/vectors/gone-answers.tsv).
+        let parse = |text: &str| match text {
+            "nil" => Value::Nil,
+            "OK" => Value::Okay,
+            _ if text.starts_with('[') => Value::Array(
+                text.trim_matches(|c| c == '[' || c == ']')
+                    .split(' ')
+                    .map(|n| Value::Int(n.parse().expect("an integer")))
+                    .collect(),
+            ),
+            _ => Value::Int(text.parse().expect("an integer")),
+        };
+        let rows = crate::vectors::rows(crate::vectors::GONE_ANSWERS);
+        assert!(rows.len() >= 10);
+        for row in rows {
+            let command = redis::cmd(crate::vectors::column(&row, 0));
+            let reply = Ok(parse(crate::vectors::column(&row, 1)));
+            let want = crate::vectors::column(&row, 2) == "afresh";
+            assert_eq!(may_say_gone(&command, &reply), want, "{row:?}");
+        }
         // A release's 0 is no holder left, its usual answer: no lookup.
         let release = redis::cmd("lock.release");
         assert!(!may_say_gone(&release, &Ok(Value::Int(0))));

@@ -44,6 +44,7 @@ pub(crate) const LEADER_MESSAGES: &str = include_str!("../../vectors/leader-mess
 pub(crate) const CHANNELS: &str = include_str!("../../vectors/channels.tsv");
 pub(crate) const ERROR_LINES: &str = include_str!("../../vectors/error-lines.tsv");
 pub(crate) const HOLD_MACHINE: &str = include_str!("../../vectors/hold-machine.tsv");
+pub(crate) const GONE_ANSWERS: &str = include_str!("../../vectors/gone-answers.tsv");
 
 // The module is compiled for tests only (lib.rs): no second `cfg(test)` here.
 mod tests {
