@@ -154,8 +154,9 @@ def _free_cluster_port(taken: set[int]) -> int:
 
 class Cluster:
     """Three masters with the module, slots 0-5460, 5461-10922, 10923-16383 (as
-    testkit/src/cluster.rs: cluster-enabled, CLUSTER ADDSLOTSRANGE, CLUSTER MEET, then wait
-    until every node says cluster_state:ok with all slots served)."""
+    `redis-cli --cluster create` in testkit/src/cluster.rs: cluster-enabled, CLUSTER
+    ADDSLOTSRANGE, a config epoch of each master's own, CLUSTER MEET, then wait until every node
+    says cluster_state:ok with all slots served and knows every master's config epoch)."""
 
     def __init__(self, nodes: list[Server]) -> None:
         self.nodes = nodes
@@ -169,6 +170,21 @@ class Cluster:
     def node_of(self, key: str) -> Server:
         slot = redis.cluster.key_slot(key.encode())
         return self.nodes[0 if slot <= 5460 else 1 if slot <= 10922 else 2]
+
+    def epochs_agreed(self) -> bool:
+        """Whether every node knows the same config epoch for each master, and no two masters
+        share one. Only then does a node that takes a slot (SETSLOT NODE to itself, BUMPEPOCH)
+        get an epoch no other has: a target that bumped to an epoch it did not know another
+        master had lost the slot it had just been given to an UPDATE from a node that still saw
+        the old owner, and no node claimed the slot again (soak run 2, a wait moved between
+        the masters)."""
+        views = []
+        for n in self.nodes:
+            with n.client() as c:
+                lines = c.execute_command("CLUSTER", "NODES").decode().splitlines()
+            views.append({f[0]: int(f[6]) for f in (line.split() for line in lines)
+                          if "master" in f[2].split(",")})
+        return all(v == views[0] for v in views) and len(set(views[0].values())) == len(views[0])
 
     def errorstat(self, name: str) -> int:
         """Errors `name` (e.g. MOVED) answered so far, over every node."""
@@ -190,8 +206,11 @@ def start_cluster(tmp: Path) -> Cluster:
         taken.add(port)
         nodes.append(_start_on(port, d, "--cluster-enabled", "yes", "--cluster-config-file",
                                "nodes.conf", "--cluster-node-timeout", "5000"))
-    for node, (lo, hi) in zip(nodes, ranges):
+    for epoch, (node, (lo, hi)) in enumerate(zip(nodes, ranges), start=1):
         node.client().execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        # As redis-cli --cluster create: masters that meet with the same epoch (0) settle their
+        # collision over gossip rounds, after the cluster says ok.
+        node.client().execute_command("CLUSTER", "SET-CONFIG-EPOCH", epoch)
     for node in nodes[1:]:
         nodes[0].client().execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
     deadline = time.monotonic() + 20
@@ -203,7 +222,9 @@ def start_cluster(tmp: Path) -> Cluster:
             if time.monotonic() > deadline:
                 pytest.fail("the cluster did not come up")
             time.sleep(0.05)
-    return Cluster(nodes)
+    cluster = Cluster(nodes)
+    wait_until(cluster.epochs_agreed, "the nodes do not agree on the config epochs", bound=20)
+    return cluster
 
 
 def add_replica(cluster: Cluster, master: Server, tmp: Path) -> Server:

@@ -460,7 +460,10 @@ def test_cluster_a_ticket_wait_whose_blpop_a_failover_found_postponed_is_asked_a
 def reshard_in_two_batches(cluster: Cluster, slot: int, source: Server, target: Server) -> None:
     """``slot`` moved as a reshard moves it (and as the oracle does): half its keys, a pause
     (commands caught between are answered ASK or TRYAGAIN), the rest until none is left, then
-    SETSLOT NODE on the target, the source and the others."""
+    SETSLOT NODE on the target, the source and the others. It starts once every node agrees on
+    the config epochs (Cluster.epochs_agreed): the target's bump then makes its epoch the
+    highest."""
+    wait_until(cluster.epochs_agreed, "the nodes do not agree on the config epochs", bound=10)
     src, dst = source.client(), target.client()
     src_id = src.execute_command("CLUSTER", "MYID").decode()
     dst_id = dst.execute_command("CLUSTER", "MYID").decode()

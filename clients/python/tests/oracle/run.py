@@ -499,6 +499,7 @@ class Oracle:
         """The group's slot moves to another master, as a reshard moves it, in two batches of
         keys with a pause between (commands caught between them are answered ASK or TRYAGAIN)."""
         truth = self.truth
+        _wait_for_agreed_epochs(list(self.nodes.values()))
         slot = key_slot(group.encode())
         src_port = truth.where[group]
         dst_port = self.rng.choice([p for p in self.ports if p != src_port])
@@ -569,6 +570,25 @@ class Oracle:
         truth.where[group] = dst_port
         return {"group": group, "from": src_port, "to": dst_port, "keys": moved,
                 **({"late": late} if late else {})}
+
+
+def _wait_for_agreed_epochs(nodes: list[Any]) -> None:
+    """Until every node knows the same config epoch for each master and no two masters share
+    one (conftest's Cluster.epochs_agreed): only then does the target's bump at the end of a
+    move give it an epoch no other master has, so gossip from before the move cannot take the
+    slot back. Raises after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        views = []
+        for conn in nodes:
+            lines = conn.execute_command("CLUSTER", "NODES").decode().splitlines()
+            views.append({f[0]: int(f[6]) for f in (line.split() for line in lines)
+                          if "master" in f[2].split(",")})
+        if all(v == views[0] for v in views) and len(set(views[0].values())) == len(views[0]):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the nodes do not agree on the config epochs: {views}")
+        time.sleep(0.01)
 
 
 def _show(conn: Any, key: bytes, asking: bool) -> str:
