@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 
 import pytest
 
@@ -16,6 +17,7 @@ from redis_lock_client import (
     Fenced,
     LockClient,
     LockConnectionError,
+    LockGuard,
     LockServerError,
     LockTimeout,
     LostReason,
@@ -420,3 +422,35 @@ def test_async_a_command_that_times_out_raises_and_leaves_no_reply_behind(server
             assert await leadership.resign() is Release.RELEASED
 
     asyncio.run(main())
+
+
+def test_a_client_closed_while_a_command_connects_lets_no_redis_py_error_escape(fresh_server, key):
+    """A call whose pooled connection is still in its handshake (a server that pauses every
+    command) when ``close()`` comes from another thread loses that connection as any other:
+    nothing was sent, so the acquire is sent again and granted once the pause ends (or, out of
+    time, raises LockConnectionError). Before, redis-py's error for a read of a socket closed
+    under it (ValueError, "I/O operation on closed file") escaped: found killing the lost-hold
+    listener's thread, whose check of a message was connecting when its client closed."""
+    from redis_lock_client._sync._backend import pool_in_use
+
+    client = LockClient(fresh_server.client(), lost_signal=False)
+    fresh_server.client().execute_command("CLIENT", "PAUSE", 3000, "ALL")
+    outcome: list[object] = []
+
+    def acquire() -> None:
+        try:
+            outcome.append(client.lock(key, wait_timeout=0).acquire())
+        except BaseException as e:  # noqa: BLE001 - asserted on
+            outcome.append(e)
+
+    thread = threading.Thread(target=acquire)
+    thread.start()
+    pool = client._single.commands.pool  # type: ignore[union-attr]
+    wait_until(lambda: any(getattr(c, "_sock", None) is not None for c in pool_in_use(pool)),
+               "the command's connection is open, in its handshake")
+    client.close()
+    thread.join(10)
+    assert len(outcome) == 1, outcome
+    assert isinstance(outcome[0], (LockGuard, LockConnectionError)), outcome
+    if isinstance(outcome[0], LockGuard):
+        assert outcome[0].release() is Release.RELEASED

@@ -141,8 +141,12 @@ def spawn_short(name: str, fn: Callable[..., None], *args: Any) -> None:
     check a lost-hold message asks for): at once, on the calling thread (the signal listener's),
     which reads on when it returns. Starting a thread would cost more than the work (a
     millisecond and more at the 99th percentile on a busy machine); the asyncio twin makes a
-    task."""
-    fn(*args)
+    task. An error of ``fn`` ends ``fn`` only, as it would end its own thread or task: logged,
+    never raised into the reader (the listener of every hold's messages)."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - the reader reads on; the error is logged
+        log.exception("%s failed", name)
 
 
 T = TypeVar("T")
@@ -437,7 +441,13 @@ def new_pool(cls: type[Any], kwargs: dict[str, Any]) -> ConnectionPool:
 
 
 def pool_get(pool: ConnectionPool) -> RawConnection:
-    return cast(RawConnection, pool.get_connection())
+    try:
+        return cast(RawConnection, pool.get_connection())
+    except (ValueError, AttributeError) as e:
+        # Closed from another thread during its connect's handshake (the client's close(), the
+        # interruption of connections to a replaced master): redis-py then fails on its closed
+        # socket buffer ("I/O operation on closed file"). The connection's loss, as any other.
+        raise RedisConnectionError(f"the connection closed under its handshake: {e}") from e
 
 
 def pool_put(pool: ConnectionPool, conn: RawConnection) -> None:
