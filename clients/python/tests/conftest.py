@@ -49,6 +49,23 @@ def _free_port() -> int:
                 continue
 
 
+def _started(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the process started answers on ``port`` within 10 s (false once it exits). The
+    probe's connection is closed on the way out: left to the garbage collector, it stayed open
+    until a collection at any later moment, and a test that counts the server's connections
+    (maxclients) saw a slot free up in its middle."""
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as r:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if int(r.info("server")["process_id"]) == proc.pid:
+                    return True
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+    return False
+
+
 class Server:
     def __init__(self, port: int, proc: subprocess.Popen[bytes]) -> None:
         self.port = port
@@ -95,18 +112,8 @@ def start_server(tmp: Path, *extra: str) -> Server:
              "--loadmodule", module, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        # Closed on the way out: left to the garbage collector, its connection stayed open
-        # until a collection at any later moment, and a test that counts the server's
-        # connections (maxclients) saw a slot free up in its middle.
-        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=1) as r:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    if int(r.info("server")["process_id"]) == proc.pid:
-                        return Server(port, proc)
-                except redis.RedisError:
-                    pass
-                time.sleep(0.05)
+        if _started(port, proc):
+            return Server(port, proc)
         proc.kill()
         proc.wait()
     pytest.fail("redis-server with the module did not start")
@@ -292,15 +299,8 @@ def _start_on(port: int, tmp: Path, *extra: str) -> Server:
          "--loadmodule", module, *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if int(r.info("server")["process_id"]) == proc.pid:
-                return Server(port, proc)
-        except redis.RedisError:
-            pass
-        time.sleep(0.05)
+    if _started(port, proc):
+        return Server(port, proc)
     proc.kill()
     proc.wait()
     pytest.fail(f"redis-server with the module did not start on {port}")
@@ -447,15 +447,8 @@ def _start_sentinel(tmp: Path, master_port: int) -> Server:
             [os.environ.get("LOCK_SERVER", "redis-server"), str(conf), "--sentinel"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        r = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if int(r.info("server")["process_id"]) == proc.pid:
-                    return Server(port, proc)
-            except redis.RedisError:
-                pass
-            time.sleep(0.05)
+        if _started(port, proc):
+            return Server(port, proc)
         proc.kill()
         proc.wait()
     pytest.fail("redis-server --sentinel did not start")
