@@ -31,6 +31,10 @@
 //! `CLOCK_MONOTONIC`, the clock of Python's `time.monotonic()` on Linux: one clock for every
 //! process of the host, so the holds of both libraries can be compared.
 
+#[path = "support/json.rs"]
+mod json;
+use json::quoted;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::File;
@@ -145,27 +149,6 @@ fn reason_word(reason: LostReason) -> String {
         // A reason added to the library later: its name, until it is given a word here.
         other => format!("{other:?}"),
     }
-}
-
-/// A JSON string.
-fn quoted(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// The `error` field of a line: client.py leaves it out of a granted acquire's line, writes

@@ -19,6 +19,28 @@ async fn on(port: u16) -> MultiplexedConnection {
         .unwrap()
 }
 
+/// `SENTINEL FAILOVER name` on the Sentinel on `port`, until it answers OK: a Sentinel refuses
+/// (NOGOODSLAVE) until it has heard from a replica lately, so it is asked again (for 30 s).
+async fn ask_failover(port: u16, name: &str) {
+    let mut asked = on(port).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply: redis::RedisResult<String> = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(name)
+            .query_async(&mut asked)
+            .await;
+        match reply {
+            Ok(ok) => {
+                assert_eq!(ok, "OK");
+                return;
+            }
+            Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Whether the server on `port` holds `key` for (`owner`, `token`) (`LOCK.CHECK`).
 async fn holds(port: u16, key: &str, owner: &str, token: u64) -> bool {
     let n: i64 = redis::cmd("LOCK.CHECK")
@@ -615,24 +637,7 @@ async fn a_refusal_from_a_master_the_sentinels_no_longer_name_is_no_loss() {
         .query_async(&mut raw_old)
         .await
         .unwrap();
-    // A Sentinel refuses (NOGOODSLAVE) until it has heard from a replica lately: asked again.
-    let mut asked = on(set.sentinels[0].port).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let reply: redis::RedisResult<String> = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg(set.master_name())
-            .query_async(&mut asked)
-            .await;
-        match reply {
-            Ok(ok) => {
-                assert_eq!(ok, "OK");
-                break;
-            }
-            Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    ask_failover(set.sentinels[0].port, set.master_name()).await;
     let new = tokio::task::block_in_place(|| set.wait_failover(&old, Duration::from_secs(60)));
     assert_eq!(
         set.role(old.1).as_deref(),
@@ -733,24 +738,7 @@ async fn a_lagging_sentinel_listed_first_never_leads_the_client_to_an_older_mast
         .await
         .unwrap();
     assert_eq!(acknowledged, 1, "the replica acknowledged");
-    // A Sentinel refuses (NOGOODSLAVE) until it has heard from the replica lately: asked again.
-    let mut asked = on(set.sentinels[0].port).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let reply: redis::RedisResult<String> = redis::cmd("SENTINEL")
-            .arg("FAILOVER")
-            .arg(&name)
-            .query_async(&mut asked)
-            .await;
-        match reply {
-            Ok(ok) => {
-                assert_eq!(ok, "OK");
-                break;
-            }
-            Err(e) => assert!(Instant::now() < deadline, "SENTINEL FAILOVER: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    ask_failover(set.sentinels[0].port, &name).await;
     let new = tokio::task::block_in_place(|| set.wait_failover(&old, Duration::from_secs(30)));
     for sentinel in &set.sentinels {
         assert!(config_epoch(sentinel, &name) >= 1);
