@@ -205,7 +205,7 @@ pub fn flushed(db: Option<i32>) {
 /// flush, where a `DEBUG RELOAD` is about to load its data into the emptied databases) with
 /// the highest of what they held and what this process reserved and handed out there
 /// ([`flushed`]), where no counter is there yet. A flush would otherwise leave the slot with no bound: the node the slot moves
-/// to next starts from its clock, which tokens may run a minute ahead of. Not on a replica
+/// to next starts from its clock, which tokens may run a window (a second) ahead of. Not on a replica
 /// (its master's writes arrive) or while loading; in a cluster only for the slots this node
 /// serves, settled.
 pub fn restore_flushed_counters(ctx: Ctx) {

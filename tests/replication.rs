@@ -229,6 +229,64 @@ fn tokens_rise_after_failover_even_past_grants_the_replica_never_received() {
     );
 }
 
+/// Two failovers that each lose writes, as the partition test met them (`{plain:b}`, seed 2):
+/// replica B is promoted and grants, then B fails too, and replica C — which never got
+/// anything B wrote — is promoted. Both promoted replicas find the same counter, the first
+/// master's reservation, and go above it; C's tokens must still be above B's. With a window of
+/// a minute they were B's again (both started at that reservation + 1); with a second, C's
+/// clock is past B's tokens by then. The pauses stand for the Sentinels noticing each failure
+/// (`down-after-milliseconds`, 1 s at the least docs/sentinel.md allows).
+#[test]
+fn tokens_rise_through_two_failovers_the_second_replica_missing_the_first_ones_writes() {
+    let mut a = Server::start();
+    let b = Server::replica_of(&a);
+    let c = Server::replica_of(&a);
+    let mut on_a = a.connect();
+    let first = acquire(&mut on_a, "k", "a", 60_000).unwrap();
+    release(&mut on_a, "k", "a").unwrap();
+    assert_eq!(wait_replicas(&mut on_a, 2, 5_000), 2);
+    // C loses its link (pointed at a master that is not there: it keeps its data).
+    let mut on_c = c.connect();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(free_port())
+        .query(&mut on_c)
+        .unwrap();
+    a.kill_hard();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut on_b = b.connect();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut on_b)
+        .unwrap();
+    let mut from_b = Vec::new();
+    for round in 0..20 {
+        let owner = format!("b-{round}");
+        from_b.push(acquire(&mut on_b, "k", &owner, 60_000).unwrap());
+        release(&mut on_b, "k", &owner).unwrap();
+    }
+    assert!(
+        from_b.iter().all(|t| *t > first),
+        "{from_b:?} after {first}"
+    );
+    // B fails before C got anything from it; C is promoted a down-after later.
+    drop(on_b);
+    drop(b);
+    std::thread::sleep(Duration::from_secs(1));
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut on_c)
+        .unwrap();
+    let last_of_b = *from_b.last().unwrap();
+    let token = acquire(&mut on_c, "k", "c", 60_000).unwrap();
+    assert!(
+        token > last_of_b,
+        "{token} <= B's {last_of_b} (B handed out {from_b:?}): a token handed out again"
+    );
+}
+
 /// Found by an adversarial review: a token counter given a TTL by hand kept it on the master
 /// (the module writes the counter in place) but lost it on the replica and in the AOF, which
 /// got a plain SET. The write is replicated with KEEPTTL now.

@@ -31,11 +31,16 @@ use crate::{LockError, UnixMs};
 /// Token values per millisecond of the server clock: a token is never below `now_ms * 1000`.
 pub const TOKENS_PER_MS: u64 = 1_000;
 
-/// How far ahead of a token its stored bound is reserved: one minute of clock. A slot's bound
-/// is then written at most about once a minute (or once per 60 million grants), so even with
-/// locks spread over all 16,384 slots most grants write nothing; tokens after a restart or
-/// failover may start up to a minute's worth ahead of the clock, which is harmless.
-pub const WINDOW: u64 = 60_000 * TOKENS_PER_MS;
+/// How far ahead of a token its stored bound is reserved: one second of clock. A slot's bound
+/// is then written at most about once a second while the slot grants (or once per million
+/// grants). A promoted replica starts its tokens above the bound it holds, up to a window ahead
+/// of its clock, and that window must be shorter than the time between two promotions: a
+/// replica promoted after the first promoted one failed may have missed all of that one's
+/// writes, and goes above the same bound again; by then its clock must be past every token
+/// the first one handed out. A minute's window handed the same tokens out twice after two
+/// failovers a few seconds apart (`tokens_rise_through_failovers_that_lose_writes`); with a
+/// second, promotions two Sentinel `down-after-milliseconds` of 1 s apart keep tokens rising.
+pub const WINDOW: u64 = 1_000 * TOKENS_PER_MS;
 
 /// What a node found in a slot's counter key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +87,7 @@ pub struct Grant {
 /// counters) from one database to another: a key's next token must be above every token this
 /// process handed out for that name, wherever the counter it now reads came from. The bounds
 /// are kept per database so that a slot used in several databases keeps a window in each,
-/// instead of reserving a new one (60 s of clock ahead) at every switch.
+/// instead of reserving a new one (a window ahead of the clock) at every switch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlotMemory {
     last: Option<u64>,
@@ -333,7 +338,7 @@ mod tests {
     /// The adversarial test's find: grants alternating between db 0 and db 1 in one slot, then
     /// SWAPDB 0 1 (the counters swap with the data). Db 0's next token used to come from db 1's
     /// old, lower bound and repeat one handed out in db 0 before the swap; and every switch of
-    /// database reserved a new window, running tokens a minute of clock ahead each time.
+    /// database reserved a new window, running tokens a window of clock ahead each time.
     #[test]
     fn swapdb_and_alternating_databases_neither_repeat_nor_run_ahead() {
         let mut memory = SlotMemory::default();
@@ -572,5 +577,81 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// Sentinel's `down-after-milliseconds` at its least (docs/sentinel.md): a replica is
+    /// promoted at least this long after its failed master's last grant.
+    const DOWN_AFTER_MS: u64 = 1_000;
+    /// The shortest time between two promotions: the promoted master must fail in turn, and
+    /// that be noticed.
+    const PROMOTIONS_APART_MS: u64 = 2 * DOWN_AFTER_MS;
+
+    /// Three servers, one master at a time, replication that loses writes: each write of the
+    /// counter reaches each replica soon, or, while its link is down (for seconds), not at all,
+    /// and a replica is promoted with whatever it got
+    /// (the old master, restarted or not, follows it, with or without a resync). Promotions
+    /// are at least [`PROMOTIONS_APART_MS`] apart. Every grant must be above every grant before
+    /// it, whichever master made it. With a window of a minute, a second promotion within the
+    /// minute to a replica that missed the first promoted master's reservation handed out that
+    /// master's tokens again (the partition test's `{plain:b}`, seed 2: tokens repeated, then
+    /// fell).
+    #[test]
+    fn tokens_rise_through_failovers_that_lose_writes() {
+        #[derive(Default, Clone)]
+        struct Server {
+            memory: SlotMemory,
+            counter: Option<u64>,
+        }
+        for seed in 1..=200u64 {
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let mut servers = vec![Server::default(); 3];
+            let mut master = 0usize;
+            let mut now = NOW;
+            let mut promoted_at = NOW;
+            let mut highest = 0u64;
+            let mut linked = [true; 3];
+            for step in 0..3_000 {
+                now += next(40);
+                let serving = &mut servers[master];
+                let grant = serving.memory.next_token(0, serving.counter, now).unwrap();
+                assert!(
+                    grant.token > highest,
+                    "seed {seed}, step {step}: token {} after {highest}",
+                    grant.token
+                );
+                highest = grant.token;
+                if let Some(bound) = grant.store_bound {
+                    servers[master].counter = Some(bound);
+                }
+                // Replication: a replica whose link is up gets the master's counter now or a
+                // little later; a link goes down (a partition) and up again now and then.
+                for r in 0..servers.len() {
+                    if next(60) == 0 {
+                        linked[r] = !linked[r];
+                    }
+                    if r != master && linked[r] && next(3) == 0 {
+                        servers[r].counter = servers[master].counter;
+                    }
+                }
+                if now - promoted_at >= PROMOTIONS_APART_MS && next(20) == 0 {
+                    let old = master;
+                    master = (master + 1 + next(2) as usize) % servers.len();
+                    // The old master's last grant was before it failed; the Sentinels notice
+                    // the failure a down-after later.
+                    now += DOWN_AFTER_MS;
+                    promoted_at = now;
+                    if next(2) == 0 {
+                        // The old master restarted (from what it had): its memory is gone.
+                        servers[old].memory = SlotMemory::default();
+                    }
+                }
+            }
+        }
     }
 }
