@@ -235,7 +235,7 @@ fn tokens_rise_after_failover_even_past_grants_the_replica_never_received() {
 /// master's reservation, and go above it; C's tokens must still be above B's. With a window of
 /// a minute they were B's again (both started at that reservation + 1); with a second, C's
 /// clock is past B's tokens by then. The pauses stand for the Sentinels noticing each failure
-/// (`down-after-milliseconds`, 1 s at the least docs/sentinel.md allows).
+/// (`down-after-milliseconds`: 1 s here, a third of the 3 s docs/sentinel.md advises).
 #[test]
 fn tokens_rise_through_two_failovers_the_second_replica_missing_the_first_ones_writes() {
     let mut a = Server::start();

@@ -579,8 +579,8 @@ mod tests {
         Ok(())
     }
 
-    /// Sentinel's `down-after-milliseconds` at its least (docs/sentinel.md): a replica is
-    /// promoted at least this long after its failed master's last grant.
+    /// Sentinel's `down-after-milliseconds`, 1 s (a third of the 3 s docs/sentinel.md advises): a
+    /// replica is promoted at least this long after its failed master's last grant.
     const DOWN_AFTER_MS: u64 = 1_000;
     /// The shortest time between two promotions: the promoted master must fail in turn, and
     /// that be noticed.
