@@ -26,7 +26,7 @@ FAULTS = {
 # faults as before they existed.
 MORE_FAULTS = {
     "master-cannot-send": 2,  # one way: the master's packets to the other nodes dropped
-    "client-cannot-receive": 1,  # one way: a client's commands reach the master, no answer
+    "client-cannot-receive": 1,  # one way: a client hears nothing from the master's node
     "flapping-master": 2,  # the master cut off and healed again and again within one fault
 }
 WEIGHTS = {**FAULTS, **MORE_FAULTS}

@@ -94,9 +94,9 @@ class Net:
         to or from ``port`` when given): with ``direction`` "both", every packet either way
         (nothing gets through, and the other side sees no reset, only silence); "out", only
         what ``name`` sends to them (they still reach it); "in", only what they send to it (it
-        still reaches them). Over a one-way cut, what a connection sends the open way still
-        arrives and is read (a Sentinel's PING, a replica's REPLCONF ACK), but the answer and
-        the acknowledgements going back are lost, and no new connection completes."""
+        still reaches them). A TCP connection does not last over a one-way cut: what is sent the
+        open way may arrive and be read at first, but its acknowledgements are lost, so the
+        sender soon stops sending new data; and no new connection completes."""
         if direction not in ("both", "out", "in"):
             raise ValueError(f"direction {direction!r}: both, out or in")
         netns = self.netns(name)
