@@ -20,7 +20,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover partitions oracle oracle-rust oracle-python bench bench-quick bench-waits clean
+.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover partitions partitions-prep partitions-matrix oracle oracle-rust oracle-python bench bench-quick bench-waits clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -183,18 +183,28 @@ failover: test-deps
 # module and a Sentinel in a network namespace of its own, four clients of the Python library
 # and two of the Rust library (its partition_client example, built here) in theirs, and a seeded
 # nemesis cutting the network with iptables DROP rules (the master from its replicas, a client
-# from the master, a replica from everyone, Sentinels from each other) for SECS seconds; then
-# it checks the clients' history against the final state and prints the table of
-# docs/guarantees.md (Partitions). Needs root. Not part of `make test` (SECS + about 30 s).
-# `make partitions SECS=120 SEED=1`; history and logs in target/partitions/<time>/.
-partitions: deps
+# from the master, a replica from everyone, Sentinels from each other; FAULTS=all adds one-way
+# cuts and a flapping master) for SECS seconds; then it checks the clients' history against the
+# final state and prints the table of docs/guarantees.md (Partitions). Needs root. Not part of
+# `make test` (SECS + about 30 s). `make partitions SECS=120 SEED=1`, and MIN_REPLICAS=0 (the
+# servers' min-replicas-to-write, default 1) or DOWN_AFTER=1000 (the Sentinels'
+# down-after-milliseconds, default 3000); history and logs in target/partitions/<time>/.
+# `make partitions-matrix SECS=120 SEED=1` runs it once per configuration (MIN_REPLICAS 0 and 1
+# times DOWN_AFTER 1000 and 3000, every kind of fault) and prints one table of the four.
+PARTITIONS_ENV = SECS=$(SECS) SEED=$(or $(SEED),1) MIN_REPLICAS=$(MIN_REPLICAS) \
+	DOWN_AFTER=$(DOWN_AFTER) FAULTS=$(FAULTS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) \
+	RUST_PARTITION_CLIENT=$(abspath $(TARGET_DIR))/debug/examples/partition_client
+partitions-prep: deps
 	@bash scripts/deps.sh partitions
 	$(CARGO) build --lib
 	$(CARGO) build -p redis-lock-client --example partition_client
 	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
-	SECS=$(SECS) SEED=$(or $(SEED),1) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) \
-		RUST_PARTITION_CLIENT=$(abspath $(TARGET_DIR))/debug/examples/partition_client \
-		$(abspath $(TARGET_DIR))/python-client-venv/bin/python tests/partitions/run.py --out $(abspath $(TARGET_DIR))/partitions
+
+partitions: partitions-prep
+	$(PARTITIONS_ENV) $(abspath $(TARGET_DIR))/python-client-venv/bin/python tests/partitions/run.py --out $(abspath $(TARGET_DIR))/partitions
+
+partitions-matrix: partitions-prep
+	$(PARTITIONS_ENV) $(abspath $(TARGET_DIR))/python-client-venv/bin/python tests/partitions/matrix.py --out $(abspath $(TARGET_DIR))/partitions
 
 # The oracle of each lock library: a guard's belief against the server's truth on seeded random
 # histories, every write through the fence (a short run of a few seeds is in `make test`). Longer:

@@ -41,6 +41,7 @@ class Counts:
     longest_gap_at: float = 0.0
     slowest_call: float = 0.0
     slowest_call_op: str = ""
+    outages: list[tuple[str, float]] = field(default_factory=list)  # per fault: kind, seconds
     examples: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
 
     @property
@@ -130,10 +131,10 @@ def in_any(t: float, intervals: list[tuple[float, float]]) -> bool:
 
 
 def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
-               faults: list[tuple[float, float]], window: tuple[float, float],
+               faults: list[tuple[str, float, float]], window: tuple[float, float],
                processes: set[str] | None = None) -> Counts:
     """Every count for the keys of one kind (``history`` and ``logs`` already narrowed to
-    them). ``window`` is when the clients ran.
+    them). ``faults`` are (kind, start, end); ``window`` is when the clients ran.
 
     With ``processes`` (the clients of one library), the counts are theirs, read against
     everyone's history and lists: their calls, the writes they made (landed, lost, refused yet
@@ -193,9 +194,10 @@ def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
     grants = sorted(op["complete"] for op in history
                     if op["op"] == "acquire" and op["outcome"] == "ok"
                     and window[0] <= op["complete"] <= window[1])
-    fault_secs = intervals_length(faults, *window)
+    periods = [(start, end) for _, start, end in faults]
+    fault_secs = intervals_length(periods, *window)
     healthy_secs = (window[1] - window[0]) - fault_secs
-    during = sum(1 for t in grants if in_any(t, faults))
+    during = sum(1 for t in grants if in_any(t, periods))
     c.rate_faults = during / fault_secs if fault_secs > 0 else 0.0
     c.rate_healthy = (len(grants) - during) / healthy_secs if healthy_secs > 0 else 0.0
     # The first seconds are the clients connecting: gaps count from the first grant.
@@ -203,7 +205,45 @@ def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
     for a, b in zip(points, points[1:]):
         if b - a > c.longest_gap:
             c.longest_gap, c.longest_gap_at = b - a, a
+    c.outages = unavailability(grants, faults, window)
     return c
+
+
+def unavailability(grants: list[float], faults: list[tuple[str, float, float]],
+                   window: tuple[float, float]) -> list[tuple[str, float]]:
+    """For each fault (kind, start, end), its kind and the longest time no grant came (to any
+    client, ``grants`` sorted) within its period: from its start to the next fault's start (or
+    the window's end), the fault and the healthy pause after it, where a failover it began may
+    finish. The periods do not overlap: a stretch that began before a fault counts for it from
+    its start, and one that runs into the next fault counts for each its own part."""
+    points = (grants or [window[0]]) + [window[1]]
+    gaps = list(zip(points, points[1:]))
+    ordered = sorted(faults, key=lambda f: f[1])
+    outages = []
+    for i, (kind, start, _end) in enumerate(ordered):
+        until = ordered[i + 1][1] if i + 1 < len(ordered) else window[1]
+        longest = max((min(b, until) - max(a, start) for a, b in gaps
+                       if b > start and a < until), default=0.0)
+        outages.append((kind, longest))
+    return outages
+
+
+def median(values: list[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count); 0 for none."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return 0.0
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def unavailability_by_kind(
+        outages: list[tuple[str, float]]) -> dict[str, tuple[int, float, float]]:
+    """Per kind of fault: how many, and the median and the longest of their unavailability."""
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for kind, secs in outages:
+        by_kind[kind].append(secs)
+    return {kind: (len(v), median(v), max(v)) for kind, v in sorted(by_kind.items())}
 
 
 def markdown_table(by_kind: dict[str, Counts]) -> str:
@@ -243,6 +283,10 @@ def markdown_table(by_kind: dict[str, Counts]) -> str:
             lambda c: f"{c.rate_faults:.1f} / {c.rate_healthy:.1f}"), "availability"),
         row("longest gap with no grant (s)", each(lambda c: f"{c.longest_gap:.1f}"),
             "availability"),
+        row("unavailability per fault p50 / max (s)", each(
+            lambda c: f"{median([s for _, s in c.outages]):.1f} / "
+                      f"{max((s for _, s in c.outages), default=0.0):.1f}"),
+            "longest time without a grant in a fault or the pause after it"),
         row("slowest call (s)", each(lambda c: f"{c.slowest_call:.1f} ({c.slowest_call_op})"),
             "acquire waits 1 s at most"),
     ]
@@ -258,3 +302,29 @@ def by_fault(times: list[float], faults: list[tuple[str, float, float]],
         kinds = [kind for kind, start, end in faults if start <= t <= end + after]
         counts[kinds[-1] if kinds else "none"] += 1
     return dict(counts)
+
+
+def matrix_table(runs: list[dict[str, Any]]) -> str:
+    """One row per run and kind of lock, from each run's summary.json (run.py ``run_summary``)
+    with ``exit`` (its exit status) added; a run that wrote no summary (its set-up failed, or
+    it was interrupted) is one row saying so."""
+    rows = [
+        "| min-replicas | down-after (ms) | lock | believed-overlapping holds (pairs) | "
+        "**out of order / refused yet landed** | tokens handed twice | acknowledged writes "
+        "lost | unavailability p50 / max (s) | faults (cuts) | failovers | exit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        config = f"| {run['min_replicas']} | {run['down_after']} |"
+        if "locks" not in run:
+            rows.append(f"{config} - | no summary: the run ended before its check | | | | "
+                        f"| | | {run['exit']} |")
+            continue
+        applied = sum(run["faults_applied"].values())
+        for kind, c in run["locks"].items():
+            rows.append(
+                f"{config} {kind} | {c['overlapping']} | **{c['out_of_order']} / "
+                f"{c['refused_landed']}** | {c['tokens_twice']} | {c['lost_writes']} | "
+                f"{c['unavailability_p50']:.1f} / {c['unavailability_max']:.1f} | "
+                f"{applied} ({run['cuts']}) | {run['failovers']} | {run['exit']} |")
+    return "\n".join(rows) + "\n"

@@ -88,20 +88,29 @@ class Net:
         """``argv`` run inside ``name``'s namespace (``ip netns exec`` execs it: same pid)."""
         return ["ip", "netns", "exec", self.netns(name), *argv]
 
-    def drop_between(self, name: str, others: list[str], port: int | None = None) -> None:
-        """Silently drop, in ``name``'s namespace, every packet to and from ``others`` (only
-        TCP to or from ``port`` when given). Both directions in one namespace suffice: nothing
-        gets through either way, and the other side sees no reset, only silence."""
+    def drop_between(self, name: str, others: list[str], port: int | None = None,
+                     direction: str = "both") -> None:
+        """Silently drop, in ``name``'s namespace, packets between it and ``others`` (only TCP
+        to or from ``port`` when given): with ``direction`` "both", every packet either way
+        (nothing gets through, and the other side sees no reset, only silence); "out", only
+        what ``name`` sends to them (they still reach it); "in", only what they send to it (it
+        still reaches them). A TCP connection does not last over a one-way cut: what is sent the
+        open way may arrive and be read at first, but its acknowledgements are lost, so the
+        sender soon stops sending new data; and no new connection completes."""
+        if direction not in ("both", "out", "in"):
+            raise ValueError(f"direction {direction!r}: both, out or in")
         netns = self.netns(name)
         for other in others:
             addr = self.ip(other)
             ports = [[]] if port is None else [["-p", "tcp", "--dport", str(port)],
                                                 ["-p", "tcp", "--sport", str(port)]]
             for match in ports:
-                sh("ip", "netns", "exec", netns, "iptables", "-w", "5", "-A", "INPUT",
-                   "-s", addr, *match, "-j", "DROP")
-                sh("ip", "netns", "exec", netns, "iptables", "-w", "5", "-A", "OUTPUT",
-                   "-d", addr, *match, "-j", "DROP")
+                if direction in ("both", "in"):
+                    sh("ip", "netns", "exec", netns, "iptables", "-w", "5", "-A", "INPUT",
+                       "-s", addr, *match, "-j", "DROP")
+                if direction in ("both", "out"):
+                    sh("ip", "netns", "exec", netns, "iptables", "-w", "5", "-A", "OUTPUT",
+                       "-d", addr, *match, "-j", "DROP")
         self.cut_namespaces.add(netns)
 
     def heal(self) -> None:

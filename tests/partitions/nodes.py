@@ -18,26 +18,32 @@ SERVER_PORT = 6379
 SENTINEL_PORT = 26379
 
 
-def server_conf(module: str, folder: Path, master_ip: Optional[str]) -> str:
+MIN_REPLICAS = 1  # min-replicas-to-write, as docs/sentinel.md sets it
+DOWN_AFTER_MS = 3000  # the Sentinels' down-after-milliseconds, as docs/sentinel.md sets it
+
+
+def server_conf(module: str, folder: Path, master_ip: Optional[str],
+                min_replicas: int = MIN_REPLICAS) -> str:
     """The data server's settings: docs/sentinel.md's (module, min-replicas) plus what a test
-    needs (its own folder, no snapshots, a log file)."""
+    needs (its own folder, no snapshots, a log file). ``min_replicas`` 0 lets a master cut off
+    from its replicas take writes for as long as the cut lasts."""
     lines = [
         f"port {SERVER_PORT}", "bind 0.0.0.0", "protected-mode no", f"dir {folder}",
         'save ""', "appendonly no", f"logfile {folder}/server.log",
         f"loadmodule {module}",
-        "min-replicas-to-write 1", "min-replicas-max-lag 10",
+        f"min-replicas-to-write {min_replicas}", "min-replicas-max-lag 10",
     ]
     if master_ip:
         lines.append(f"replicaof {master_ip} {SERVER_PORT}")
     return "\n".join(lines) + "\n"
 
 
-def sentinel_conf(folder: Path, master_ip: str) -> str:
+def sentinel_conf(folder: Path, master_ip: str, down_after_ms: int = DOWN_AFTER_MS) -> str:
     return "\n".join([
         f"port {SENTINEL_PORT}", "bind 0.0.0.0", "protected-mode no", f"dir {folder}",
         f"logfile {folder}/sentinel.log",
         f"sentinel monitor {MASTER_NAME} {master_ip} {SERVER_PORT} 2",
-        f"sentinel down-after-milliseconds {MASTER_NAME} 3000",
+        f"sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}",
         f"sentinel failover-timeout {MASTER_NAME} 10000",
         f"sentinel parallel-syncs {MASTER_NAME} 1",
     ]) + "\n"
@@ -52,8 +58,10 @@ class Nodes:
     """The servers and Sentinels of nodes n1, n2, n3 (n1 the first master), and their
     processes, killed by ``stop``."""
 
-    def __init__(self, net: Net, names: list[str], module: str, folder: Path) -> None:
+    def __init__(self, net: Net, names: list[str], module: str, folder: Path,
+                 min_replicas: int = MIN_REPLICAS, down_after_ms: int = DOWN_AFTER_MS) -> None:
         self.net, self.names, self.module, self.folder = net, names, module, folder
+        self.min_replicas, self.down_after_ms = min_replicas, down_after_ms
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
@@ -62,13 +70,15 @@ class Nodes:
             folder = self.folder / name
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "redis.conf").write_text(
-                server_conf(self.module, folder, None if name == self.names[0] else master_ip))
+                server_conf(self.module, folder, None if name == self.names[0] else master_ip,
+                            self.min_replicas))
             self._spawn(name, ["redis-server", str(folder / "redis.conf")])
         self.wait_for_replicas(timeout=60)
         for name in self.names:
             folder = self.folder / name
             # A Sentinel rewrites its file: one per node, in the node's folder.
-            (folder / "sentinel.conf").write_text(sentinel_conf(folder, master_ip))
+            (folder / "sentinel.conf").write_text(
+                sentinel_conf(folder, master_ip, self.down_after_ms))
             self._spawn(name, ["redis-server", str(folder / "sentinel.conf"), "--sentinel"])
         self.wait_for_sentinels(timeout=60)
 

@@ -28,9 +28,9 @@ from typing import Any
 import redis
 
 import check
-from nemesis import Nemesis
+from nemesis import FAULTS, WEIGHTS, Nemesis
 from netns import Net, SetupError
-from nodes import SENTINEL_PORT, Nodes
+from nodes import DOWN_AFTER_MS, MIN_REPLICAS, SENTINEL_PORT, Nodes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -54,8 +54,61 @@ def parse_args() -> argparse.Namespace:
                         help="the Rust library's partition_client example, built")
     parser.add_argument("--module", default=os.environ.get("LOCK_MODULE")
                         or "/work/lib/libredis_lock.so")
+    parser.add_argument("--min-replicas", type=int, choices=(0, 1),
+                        default=int(os.environ.get("MIN_REPLICAS") or MIN_REPLICAS),
+                        help="the servers' min-replicas-to-write (min-replicas-max-lag 10)")
+    parser.add_argument("--down-after", type=int,
+                        default=int(os.environ.get("DOWN_AFTER") or DOWN_AFTER_MS),
+                        help="the Sentinels' down-after-milliseconds")
+    parser.add_argument("--faults", default=os.environ.get("FAULTS") or ",".join(FAULTS),
+                        help="the kinds of fault the nemesis draws, comma-separated, or 'all' "
+                        f"({', '.join(WEIGHTS)}); default: the first {len(FAULTS)}")
     parser.add_argument("--out", default=str(ROOT / "target" / "partitions"))
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.faults = fault_kinds(args.faults, parser)
+    if args.down_after <= 0:
+        parser.error("--down-after: a positive number of milliseconds")
+    return args
+
+
+def fault_kinds(spec: str, parser: argparse.ArgumentParser) -> list[str]:
+    kinds = list(WEIGHTS) if spec == "all" else [k for k in spec.split(",") if k]
+    unknown = [k for k in kinds if k not in WEIGHTS]
+    if unknown or not kinds:
+        parser.error(f"--faults {spec!r}: choose from {', '.join(WEIGHTS)} (or 'all')")
+    return kinds
+
+
+def configuration(args: argparse.Namespace) -> str:
+    """The settings the run's servers and nemesis had, as table.md states them."""
+    faults = "all" if args.faults == list(WEIGHTS) else ",".join(args.faults)
+    return (f"min-replicas-to-write {args.min_replicas} (min-replicas-max-lag 10), "
+            f"down-after-milliseconds {args.down_after} (failover-timeout 10000), "
+            f"faults {faults}")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The make line that repeats the run (settings left at their defaults are left out)."""
+    words = [f"make partitions SECS={args.secs:g} SEED={args.seed}"]
+    if args.min_replicas != MIN_REPLICAS:
+        words.append(f"MIN_REPLICAS={args.min_replicas}")
+    if args.down_after != DOWN_AFTER_MS:
+        words.append(f"DOWN_AFTER={args.down_after}")
+    if args.faults != list(FAULTS):
+        words.append("FAULTS=" + ("all" if args.faults == list(WEIGHTS) else
+                                  ",".join(args.faults)))
+    return " ".join(words)
+
+
+def faults_applied(faults: list[Any]) -> str:
+    """How many faults of each kind (a flapping one with its number of cuts)."""
+    counts: dict[str, list[int]] = {}
+    for fault in faults:
+        n = counts.setdefault(fault.kind, [0, 0])
+        n[0] += 1
+        n[1] += len(fault.flaps)
+    return ", ".join(f"{n} {kind}" + (f" ({cuts} cuts)" if cuts else "")
+                     for kind, (n, cuts) in sorted(counts.items())) or "none"
 
 
 def check_prerequisites(module: str, rust_client: str | None) -> None:
@@ -151,6 +204,28 @@ def count_failovers(folder: Path) -> int:
     return max(counts, default=0)
 
 
+def run_summary(args: argparse.Namespace, by_kind: dict[str, check.Counts], faults: list[Any],
+                failovers: int, settle_secs: float, broken: list[str]) -> dict[str, Any]:
+    """What matrix.py gathers from each run: its settings and, per kind of lock, the counts."""
+    kinds: dict[str, int] = {}
+    for fault in faults:
+        kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
+    return {
+        "secs": args.secs, "seed": args.seed, "min_replicas": args.min_replicas,
+        "down_after": args.down_after, "faults": args.faults,
+        "faults_applied": kinds, "cuts": sum(max(1, len(f.flaps)) for f in faults),
+        "failovers": failovers, "settle_secs": settle_secs, "failed": broken,
+        "locks": {kind: {
+            "acquires_ok": c.acquires["ok"], "writes_ok": c.writes["ok"],
+            "out_of_order": c.out_of_order, "refused_landed": c.refused_landed,
+            "tokens_twice": c.tokens_twice, "overlapping": c.overlapping,
+            "lost_writes": c.lost_writes,
+            "unavailability_p50": check.median([s for _, s in c.outages]),
+            "unavailability_max": max((s for _, s in c.outages), default=0.0),
+        } for kind, c in by_kind.items()},
+    }
+
+
 def main() -> int:
     args = parse_args()
     raise_on_signals()
@@ -159,13 +234,13 @@ def main() -> int:
     libraries = client_names(args.python, args.rust)
     clients = list(libraries)
     net = Net(os.getpid())
-    nodes = Nodes(net, NODES, args.module, folder)
+    nodes = Nodes(net, NODES, args.module, folder, args.min_replicas, args.down_after)
     client_processes: list[subprocess.Popen[bytes]] = []
     nemesis = None
     try:
         check_prerequisites(args.module, args.rust_client if args.rust else None)
-        print(f"partitions: SECS={args.secs:g} SEED={args.seed}, writing to {folder}",
-              flush=True)
+        print(f"partitions: SECS={args.secs:g} SEED={args.seed}, {configuration(args)}; "
+              f"writing to {folder}", flush=True)
         net.setup(NODES + clients)
         print(f"  network {net.prefix}0/24 (bridge {net.bridge}), starting the nodes",
               flush=True)
@@ -173,7 +248,8 @@ def main() -> int:
         client_processes = start_clients(net, libraries, args.rust_client, folder, args.secs,
                                          args.seed)
         start = time.monotonic()
-        nemesis = Nemesis(net, nodes, clients, args.seed, str(folder / "nemesis.jsonl"))
+        nemesis = Nemesis(net, nodes, clients, args.seed, str(folder / "nemesis.jsonl"),
+                          args.faults)
         thread = threading.Thread(target=nemesis.run, args=(start + args.secs,), daemon=True)
         thread.start()
         killed = wait_for_clients(client_processes, start + args.secs + CLIENT_GRACE_SECS)
@@ -191,7 +267,7 @@ def main() -> int:
         logs = read_final_logs(nodes, master)
         (folder / "final-logs.json").write_text(json.dumps(logs))
         history = read_history(folder, clients)
-        faults = [(f.start, f.end) for f in nemesis.faults]
+        faults = [(f.kind, f.start, f.end) for f in nemesis.faults]
         by_kind = {}
         by_library = {}
         for kind, keys in KINDS.items():
@@ -210,26 +286,33 @@ def main() -> int:
         used = [library for library in LIBRARIES if library in libraries.values()]
         per_library = ", ".join(f"{list(libraries.values()).count(library)} {library}"
                                 for library in used)
-        summary = (f"`make partitions SECS={args.secs:g} SEED={args.seed}`: {len(clients)} "
-                   f"clients ({per_library}), {end - start:.0f} s; {settled}.\n\n{table}\n"
-                   f"{len(nemesis.faults)} faults, {failovers} failovers.\n")
+        summary = (f"`{command_line(args)}`: {len(clients)} clients ({per_library}), "
+                   f"{end - start:.0f} s; {settled}.\n\nConfiguration: {configuration(args)}."
+                   f"\n\n{table}\n{len(nemesis.faults)} faults ({faults_applied(nemesis.faults)}), "
+                   f"{failovers} failovers.\n")
+        for kind, c in by_kind.items():
+            summary += (f"\n{kind}: unavailability by kind of fault (faults: p50 / max s): "
+                        + "; ".join(f"{fault} {n}: {p50:.1f} / {longest:.1f}" for fault, (
+                            n, p50, longest) in check.unavailability_by_kind(c.outages).items())
+                        + "\n")
         if len(used) > 1:
             summary += ("\nBy library: each column counts its clients' calls, grants and "
                         "writes (out of order: the late entry is theirs); a pair of overlapping "
                         "holds or a token handed twice counts for each library in it.\n\n"
                         + check.markdown_table(by_library))
-        fault_kinds = [(f.kind, f.start, f.end) for f in nemesis.faults]
         for kind, c in by_kind.items():
             if c.lost_writes:
                 summary += (f"\n{kind}: acknowledged writes lost, by the fault they were made in "
                             f"(or within 15 s of its heal): "
-                            f"{check.by_fault(c.lost_write_times, fault_kinds)}")
+                            f"{check.by_fault(c.lost_write_times, faults)}")
         summary += "\n"
         (folder / "table.md").write_text(summary)
         (folder / "examples.json").write_text(json.dumps(
             {k: c.examples for k, c in by_kind.items()}, indent=1))
-        print("\n" + summary)
         broken = [f"{kind}: {b}" for kind, c in by_kind.items() for b in c.failed]
+        (folder / "summary.json").write_text(json.dumps(run_summary(
+            args, by_kind, nemesis.faults, failovers, settle_secs, broken), indent=1))
+        print("\n" + summary)
         for kind, c in by_kind.items():
             for name, examples in c.examples.items():
                 for example in examples[:3]:

@@ -56,9 +56,11 @@ def test_lost_and_refused_writes_are_read_against_the_final_list() -> None:
 
 def test_grant_rates_split_between_faults_and_health() -> None:
     history = [op("c1", "acquire", t, t - 0.1, t) for t in (1, 2, 3, 6.5, 7)]
-    counts = check.check_kind(history, {}, [(5.0, 10.0)], (0.0, 10.0))
+    counts = check.check_kind(history, {}, [("isolate-master", 5.0, 10.0)], (0.0, 10.0))
     assert (counts.rate_healthy, counts.rate_faults) == (3 / 5, 2 / 5)
     assert counts.longest_gap == 3.5
+    # The fault's longest stretch without a grant: from the last one (7) to the run's end.
+    assert counts.outages == [("isolate-master", 3.0)]
 
 
 def test_a_library_counts_its_own_calls_and_writes_and_every_pair_it_is_in() -> None:
@@ -94,3 +96,52 @@ def test_a_token_two_libraries_got_counts_for_both_and_not_for_a_third() -> None
     counts = {name: check.check_kind(history, {}, [], (0.0, 10.0), processes=procs).tokens_twice
               for name, procs in (("c1", {"c1"}), ("c5", {"c5"}), ("c2", {"c2"}))}
     assert counts == {"c1": 1, "c5": 1, "c2": 0}
+
+
+def test_a_faults_unavailability_counts_from_its_start_into_the_pause_after_it() -> None:
+    grants = [1.0, 2.0, 9.0, 10.0, 14.0, 15.0]
+    faults = [("isolate-master", 3.0, 6.0),  # no grant from 2 to 9: 6 s counted from 3
+              ("flapping-master", 11.0, 12.0),  # 10 to 14, past its heal: 3 s from 11
+              ("master-cannot-send", 16.0, 17.0)]  # 15 to the end (20): 4 s from 16 for it,
+    # and 1 s (15 to 16) for flapping-master, whose 3 s stay its longest
+    assert check.unavailability(grants, faults, (0.0, 20.0)) == [
+        ("isolate-master", 6.0), ("flapping-master", 3.0), ("master-cannot-send", 4.0)]
+
+
+def test_a_stretch_without_grants_over_two_faults_is_split_where_the_second_began() -> None:
+    faults = [("client-cannot-receive", 5.0, 6.0), ("isolate-replica", 3.0, 4.0)]
+    # Sorted by start: isolate-replica's period is 3 to 5, the other's 5 to the end (10).
+    assert check.unavailability([1.0, 2.0, 8.0], faults, (0.0, 10.0)) == [
+        ("isolate-replica", 2.0), ("client-cannot-receive", 3.0)]
+    assert check.unavailability([], faults, (0.0, 10.0)) == [
+        ("isolate-replica", 2.0), ("client-cannot-receive", 5.0)]
+
+
+def test_unavailability_by_kind_of_fault_gives_count_median_and_longest() -> None:
+    outages = [("flapping-master", 1.0), ("isolate-master", 4.0), ("flapping-master", 3.0),
+               ("flapping-master", 2.0), ("isolate-master", 6.0)]
+    assert check.unavailability_by_kind(outages) == {
+        "flapping-master": (3, 2.0, 3.0), "isolate-master": (2, 5.0, 6.0)}
+    assert check.median([]) == 0.0
+
+
+def test_lost_writes_are_told_by_the_kind_of_the_fault_they_came_with() -> None:
+    faults = [("master-cannot-send", 10.0, 12.0), ("flapping-master", 40.0, 45.0)]
+    assert check.by_fault([11.0, 30.0, 44.0, 70.0], faults) == {
+        "master-cannot-send": 1, "flapping-master": 1, "none": 2}
+
+
+def test_the_matrix_table_has_a_row_per_run_and_kind_of_lock() -> None:
+    lock = {"overlapping": 3, "out_of_order": 0, "refused_landed": 0, "tokens_twice": 1,
+            "lost_writes": 2, "unavailability_p50": 1.25, "unavailability_max": 7.0}
+    runs: list[dict[str, Any]] = [
+        {"min_replicas": 0, "down_after": 1000, "faults_applied": {"isolate-master": 2,
+         "flapping-master": 1}, "cuts": 6, "failovers": 2, "exit": 0,
+         "locks": {"plain": lock, "replicas=1": {**lock, "lost_writes": 0}}},
+        {"min_replicas": 1, "down_after": 3000, "exit": 2},  # its set-up failed
+    ]
+    rows = check.matrix_table(runs).splitlines()
+    assert len(rows) == 2 + 2 + 1
+    assert rows[2] == "| 0 | 1000 | plain | 3 | **0 / 0** | 1 | 2 | 1.2 / 7.0 | 3 (6) | 2 | 0 |"
+    assert rows[3].startswith("| 0 | 1000 | replicas=1 | 3 | **0 / 0** | 1 | 0 |")
+    assert rows[4].startswith("| 1 | 3000 | - | no summary") and rows[4].endswith("| 2 |")
