@@ -55,6 +55,8 @@ test: test-deps lint
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/make-run.sh
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash tests/clients/run.sh default
 	LOCK_MODULE=$(abspath $(DEBUG_MODULE)) bash clients/python/run-tests.sh
+	$(abspath $(TARGET_DIR))/python-client-venv/bin/python -m pytest -q -p no:cacheprovider tests/partitions/
+	SECS=$(TEST_PARTITION_SECS) SEED=1 $(PARTITIONS_ENV_FIXED) $(abspath $(TARGET_DIR))/python-client-venv/bin/python tests/partitions/run.py --out $(abspath $(TARGET_DIR))/partitions
 
 # The batch tests (tests/batches.rs: one command, event or timer that grants or ends thousands of
 # holds must keep the server answering PING) run in `make test` at the caps (1,000 holders a key,
@@ -66,6 +68,10 @@ test: test-deps lint
 # at 100,000 waiters and 200,000 closed tickets, each figure printed, and a failure above
 # SCALE_PING_BOUND_MS (100 ms).
 TEST_BATCH_N ?= 1000
+# The partition test's run in `make test` (root; the set-up adds about 30 s): the checker's own
+# tests, then SECS seconds of faults on seed 1 with the default configuration, failing on a
+# must-be-0 count that is not (`make partitions` below, for longer runs and other seeds).
+TEST_PARTITION_SECS ?= 60
 TEST_PING_BOUND_MS ?= 600
 SCALE_PING_BOUND_MS ?= 100
 scale: build
@@ -191,9 +197,10 @@ failover: test-deps
 # down-after-milliseconds, default 3000); history and logs in target/partitions/<time>/.
 # `make partitions-matrix SECS=120 SEED=1` runs it once per configuration (MIN_REPLICAS 0 and 1
 # times DOWN_AFTER 1000 and 3000, every kind of fault) and prints one table of the four.
-PARTITIONS_ENV = SECS=$(SECS) SEED=$(or $(SEED),1) MIN_REPLICAS=$(MIN_REPLICAS) \
-	DOWN_AFTER=$(DOWN_AFTER) FAULTS=$(FAULTS) LOCK_MODULE=$(abspath $(DEBUG_MODULE)) \
+PARTITIONS_ENV_FIXED = LOCK_MODULE=$(abspath $(DEBUG_MODULE)) \
 	RUST_PARTITION_CLIENT=$(abspath $(TARGET_DIR))/debug/examples/partition_client
+PARTITIONS_ENV = SECS=$(SECS) SEED=$(or $(SEED),1) MIN_REPLICAS=$(MIN_REPLICAS) \
+	DOWN_AFTER=$(DOWN_AFTER) FAULTS=$(FAULTS) $(PARTITIONS_ENV_FIXED)
 partitions-prep: deps
 	@bash scripts/deps.sh partitions
 	$(CARGO) build --lib

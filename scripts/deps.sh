@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and running need, only when missing: redis-server and redis-cli
 # (Debian's 7.0.x), libclang (bindgen, used by redis-module) and a C toolchain. `deps.sh test`
-# (what `make test` runs) adds what the tests need: python3 with venv, Node.js and npm, and
-# clippy/rustfmt. `deps.sh dist` (what `make dist` runs) adds only python3 with venv: the Python
+# (what `make test` runs) adds what the tests need: python3 with venv, Node.js and npm,
+# clippy/rustfmt, and what the partition test needs (below: `make test` runs it for 60 s). `deps.sh dist` (what `make dist` runs) adds only python3 with venv: the Python
 # library is built in a venv of its own (Node.js is for the client guide's tests only).
 # `deps.sh partitions` (what `make partitions` runs) adds ip and iptables (iproute2, iptables)
 # and python3 with venv. It never stops, starts or reconfigures anything.
@@ -10,7 +10,7 @@ set -euo pipefail
 for_tests=false
 for_dist=false
 for_partitions=false
-[ "${1:-}" = test ] && for_tests=true
+[ "${1:-}" = test ] && for_tests=true && for_partitions=true
 [ "${1:-}" = dist ] && for_dist=true
 [ "${1:-}" = partitions ] && for_partitions=true
 
