@@ -862,7 +862,22 @@ end
 -- Carry out, and the functions
 ---------------------------------------------------------------------------------------------
 
-local function carry_out(outcome)
+-- Whether the server runs in cluster mode, where Redisson (3.22+) waits with SSUBSCRIBE.
+local function cluster_enabled()
+  return string.find(redis.call('INFO', 'cluster'), 'cluster_enabled:1', 1, true) ~= nil
+end
+
+-- The unlock message, as the module sends it: PUBLISH, and in cluster mode SPUBLISH too (to the
+-- key's shard). A channel outside the key's slot (a key with a stray '{') gets PUBLISH only: a
+-- script's SPUBLISH there is refused, and it comes after the writes.
+local function publish_unlock(key, channel)
+  redis.call('PUBLISH', channel, UNLOCK_MESSAGE)
+  if cluster_enabled() and key_slot(channel) == key_slot(key) then
+    redis.call('SPUBLISH', channel, UNLOCK_MESSAGE)
+  end
+end
+
+local function carry_out(outcome, key)
   if is_refusal(outcome) then
     return outcome
   end
@@ -870,7 +885,7 @@ local function carry_out(outcome)
     redis.call(unpack(write))
   end
   if outcome.publish then
-    redis.call('PUBLISH', outcome.publish, UNLOCK_MESSAGE)
+    publish_unlock(key, outcome.publish)
   end
   return outcome.reply
 end
@@ -884,7 +899,7 @@ local function run(parsed, decide)
   if is_refusal(lock) then
     return lock
   end
-  return carry_out(decide(parsed, lock))
+  return carry_out(decide(parsed, lock), parsed.key)
 end
 
 local function acquire(keys, args)

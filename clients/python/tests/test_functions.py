@@ -631,6 +631,44 @@ def test_over_maxmemory_a_new_lock_is_refused_and_holders_go_on(tmp_path: Path) 
         s.proc.wait()
 
 
+def test_in_cluster_mode_the_unlock_message_goes_to_the_shard_too(tmp_path: Path) -> None:
+    """One node serving every slot: the counter (same slot, not declared) is usable from the
+    function, and the unlock message goes by SPUBLISH too, for Redisson 3.22+, which waits with
+    SSUBSCRIBE in a cluster (a key with a stray brace, whose channel is in another slot, gets
+    PUBLISH only)."""
+    s = start_server(tmp_path, "--cluster-enabled", "yes", with_module=False)
+    try:
+        r = s.client()
+        r.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + 10
+        while b"cluster_state:ok" not in r.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "the one-node cluster did not come up"
+            time.sleep(0.05)
+        load(r)
+        key = f"{{orders}}:{uuid.uuid4().hex}"
+        sub = r.pubsub()
+        sub.ssubscribe(f"redisson_lock__channel:{key}")
+        assert sub.get_sharded_message(timeout=5)["type"] == "ssubscribe"
+        first = fcall(r, "lock_acquire", key, "w", 30000)
+        assert int(r.get(counter_of(key))) == first
+        published, sharded = s.commandstat("publish"), s.commandstat("spublish")
+        assert fcall(r, "lock_release", key, "w") == 0
+        assert (s.commandstat("publish"), s.commandstat("spublish")) == (published + 1, sharded + 1)
+        message = sub.get_sharded_message(timeout=5)
+        assert message["type"] == "smessage" and message["data"] == b"0"
+        stray = "a{b" + uuid.uuid4().hex
+        fcall(r, "lock_acquire", stray, "w", 30000)
+        assert fcall(r, "lock_forcerelease", stray) == 1
+        assert (s.commandstat("publish"), s.commandstat("spublish")) == (published + 2, sharded + 1)
+        second = fcall(r, "lock_acquire", key, "w", 30000)
+        assert isinstance(first, int) and isinstance(second, int) and second > first
+        sub.close()
+        r.close()
+    finally:
+        s.proc.kill()
+        s.proc.wait()
+
+
 # -- one key, the module and the library -------------------------------------------------------
 
 
