@@ -603,16 +603,18 @@ end
 -- legacy is true when the token is in the old `__fence__` field, and ttl (PTTL, read only
 -- when `with_ttl`) is the lease left. Anything else is a refusal, read without a write.
 local function read_lock(key, with_ttl)
-  local kind = redis.call('TYPE', key).ok
-  if kind == 'none' then
-    return { free = true }
-  end
-  if kind ~= 'hash' then
+  -- HLEN answers 0 for a missing key and WRONGTYPE for one that is not a hash (pcall: as a
+  -- value, not a raised error).
+  local fields_count = redis.pcall('HLEN', key)
+  if is_refusal(fields_count) then
     return refuse(E.wrongtype)
+  end
+  if fields_count == 0 then
+    return { free = true }
   end
   -- Redisson's layout has at most two fields (the owner and the token): a larger hash is a
   -- multi-hold key or no lock, decided without reading it whole.
-  if redis.call('HLEN', key) > 2 then
+  if fields_count > 2 then
     local mode = redis.call('HGET', key, MODE_FIELD)
     local legacy_mode = redis.call('HEXISTS', key, LEGACY_MODE_FIELD) == 1
     if (mode and legacy_mode) or not (legacy_mode or mode == 'rw'
@@ -682,15 +684,15 @@ end
 -- written with the grant. Returns {token (number), counter (key name)} or a refusal.
 local function next_token(key)
   local counter = counter_key(key)
-  local kind = redis.call('TYPE', counter).ok
-  if kind ~= 'none' and kind ~= 'string' then
+  local stored = redis.pcall('GET', counter)
+  if is_refusal(stored) then
     return refuse(E.counter_wrongtype)
   end
   local time = redis.call('TIME')
   local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   local token = math.max(now_ms * TOKENS_PER_MS, 1)
   -- A counter that holds no positive integer is no counter, as for the module.
-  local bound = kind == 'string' and parse_positive(redis.call('GET', counter)) or nil
+  local bound = stored and parse_positive(stored) or nil
   if bound then
     if bound == MAX_STORED_INTEGER then
       return refuse(E.tokens_exhausted)
@@ -862,9 +864,15 @@ end
 -- Carry out, and the functions
 ---------------------------------------------------------------------------------------------
 
--- Whether the server runs in cluster mode, where Redisson (3.22+) waits with SSUBSCRIBE.
+-- Whether the server runs in cluster mode, where Redisson (3.22+) waits with SSUBSCRIBE. A
+-- server cannot change it while it runs, so it is read once (per server: each has its own Lua).
+local CLUSTER_ENABLED
+
 local function cluster_enabled()
-  return string.find(redis.call('INFO', 'cluster'), 'cluster_enabled:1', 1, true) ~= nil
+  if CLUSTER_ENABLED == nil then
+    CLUSTER_ENABLED = string.find(redis.call('INFO', 'cluster'), 'cluster_enabled:1', 1, true) ~= nil
+  end
+  return CLUSTER_ENABLED
 end
 
 -- The unlock message, as the module sends it: PUBLISH, and in cluster mode SPUBLISH too (to the
