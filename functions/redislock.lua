@@ -3,7 +3,7 @@
 redislock: the exclusive lock of the LOCK.* module as a Redis Functions library, for servers
 that cannot load a module (managed Redis services). Load it with
 
-    redis-cli FUNCTION LOAD REPLACE < functions/redislock.lua
+    redis-cli -x FUNCTION LOAD REPLACE < functions/redislock.lua
 
 and call it with FCALL (docs/functions.md is the reference):
 

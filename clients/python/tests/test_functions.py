@@ -141,6 +141,22 @@ def test_the_slot_tags_in_the_library_are_the_modules() -> None:
     assert counter_of("k") == "__lock_fence__{k}"
 
 
+def test_the_library_names_every_slots_counter_as_the_module_does(r: redis.Redis) -> None:
+    """One grant in each of the 16,384 slots (the key `{<tag>}:lock` is in the tag's slot): each
+    writes exactly the counter the module's rule names, read from the library's table."""
+    r.flushall()
+    keys = [f"{{{tag}}}:lock" for tag in TAGS]
+    for start in range(0, len(keys), 1024):
+        with r.pipeline(transaction=False) as p:
+            for key in keys[start:start + 1024]:
+                p.execute_command("FCALL", "lock_acquire", 1, key, "w", 60000)
+            assert all(isinstance(t, int) for t in p.execute())
+    counters = {k.decode() for k in r.scan_iter("__lock_fence__*", count=1000)}
+    assert counters == {counter_of(key) for key in keys}
+    assert len(counters) == 16384
+    r.flushall()
+
+
 # -- acquire -----------------------------------------------------------------------------------
 
 
@@ -587,6 +603,7 @@ def test_time_and_writes_reach_a_replica_as_effects(server: Server, key: str,
                                                     tmp_path: Path) -> None:
     """Functions replicate their effects: TIME is read once, on the master, and the replica gets
     the counter, the hash and the lease as an absolute deadline (PEXPIRE goes as PEXPIREAT)."""
+    server.client().config_set("repl-diskless-sync-delay", 0)
     replica = start_server(tmp_path, "--replicaof", "127.0.0.1", str(server.port), with_module=False)
     try:
         master = server.client()
