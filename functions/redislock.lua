@@ -84,6 +84,18 @@ local function is_refusal(value)
   return type(value) == 'table' and value.err ~= nil
 end
 
+-- A read made with redis.pcall: WRONGTYPE becomes `wrongtype`, any other error (NOPERM: the
+-- caller's ACL does not cover the key) is returned as the server worded it, before any write.
+local function read_refusal(reply, wrongtype)
+  if not is_refusal(reply) then
+    return nil
+  end
+  if string.sub(reply.err, 1, 10) == 'WRONGTYPE ' then
+    return refuse(wrongtype)
+  end
+  return reply
+end
+
 ---------------------------------------------------------------------------------------------
 -- Integers, as Redis and the module read them
 ---------------------------------------------------------------------------------------------
@@ -606,8 +618,9 @@ local function read_lock(key, with_ttl)
   -- HLEN answers 0 for a missing key and WRONGTYPE for one that is not a hash (pcall: as a
   -- value, not a raised error).
   local fields_count = redis.pcall('HLEN', key)
-  if is_refusal(fields_count) then
-    return refuse(E.wrongtype)
+  local refused = read_refusal(fields_count, E.wrongtype)
+  if refused then
+    return refused
   end
   if fields_count == 0 then
     return { free = true }
@@ -685,8 +698,9 @@ end
 local function next_token(key)
   local counter = counter_key(key)
   local stored = redis.pcall('GET', counter)
-  if is_refusal(stored) then
-    return refuse(E.counter_wrongtype)
+  local refused = read_refusal(stored, E.counter_wrongtype)
+  if refused then
+    return refused
   end
   local time = redis.call('TIME')
   local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -864,24 +878,20 @@ end
 -- Carry out, and the functions
 ---------------------------------------------------------------------------------------------
 
--- Whether the server runs in cluster mode, where Redisson (3.22+) waits with SSUBSCRIBE. A
--- server cannot change it while it runs, so it is read once (per server: each has its own Lua).
-local CLUSTER_ENABLED
-
-local function cluster_enabled()
-  if CLUSTER_ENABLED == nil then
-    CLUSTER_ENABLED = string.find(redis.call('INFO', 'cluster'), 'cluster_enabled:1', 1, true) ~= nil
-  end
-  return CLUSTER_ENABLED
-end
-
--- The unlock message, as the module sends it: PUBLISH, and in cluster mode SPUBLISH too (to the
--- key's shard). A channel outside the key's slot (a key with a stray '{') gets PUBLISH only: a
--- script's SPUBLISH there is refused, and it comes after the writes.
+-- The unlock message: PUBLISH, as the module sends it, and SPUBLISH too, for Redisson 3.22+,
+-- which waits with SSUBSCRIBE in a cluster (the module sends SPUBLISH in cluster mode only; a
+-- function cannot tell the modes apart without INFO, which many ACLs deny, so it always sends
+-- both). A channel outside the key's slot (a key with a stray '{') gets PUBLISH only: a script's
+-- SPUBLISH there is refused. Sent before the writes, so that a caller whose ACL does not allow
+-- the channel is refused (NOPERM) with nothing changed; nobody can tell the order, since
+-- subscribers get the message only once the function has returned.
 local function publish_unlock(key, channel)
-  redis.call('PUBLISH', channel, UNLOCK_MESSAGE)
-  if cluster_enabled() and key_slot(channel) == key_slot(key) then
-    redis.call('SPUBLISH', channel, UNLOCK_MESSAGE)
+  local sent = redis.pcall('PUBLISH', channel, UNLOCK_MESSAGE)
+  if not is_refusal(sent) and key_slot(channel) == key_slot(key) then
+    sent = redis.pcall('SPUBLISH', channel, UNLOCK_MESSAGE)
+  end
+  if is_refusal(sent) then
+    return sent
   end
 end
 
@@ -889,11 +899,14 @@ local function carry_out(outcome, key)
   if is_refusal(outcome) then
     return outcome
   end
+  if outcome.publish then
+    local refused = publish_unlock(key, outcome.publish)
+    if refused then
+      return refused
+    end
+  end
   for _, write in ipairs(outcome.writes) do
     redis.call(unpack(write))
-  end
-  if outcome.publish then
-    publish_unlock(key, outcome.publish)
   end
   return outcome.reply
 end

@@ -211,7 +211,7 @@ def test_release_counts_down_then_frees_the_key_and_publishes(server: Server, r:
     fcall(r, "lock_acquire", key, "w", 30000)
     fcall(r, "lock_acquire", key, "w", 30000)
     r.pexpire(key, 20000)
-    published = publishes(server)
+    published, sharded = publishes(server), server.commandstat("spublish")
     assert fcall(r, "lock_release", key, "w") == 1
     # Releasing keeps the lease of a hold that stays, and publishes nothing.
     assert r.pttl(key) <= 20000 and r.hget(key, "w") == b"1"
@@ -219,7 +219,8 @@ def test_release_counts_down_then_frees_the_key_and_publishes(server: Server, r:
     assert fcall(r, "lock_release", key, "other") is None
     assert fcall(r, "lock_release", key, "w") == 0
     assert r.exists(key) == 0
-    assert publishes(server) == published + 1
+    # PUBLISH, and SPUBLISH too (the module sends that in cluster mode only).
+    assert (publishes(server), server.commandstat("spublish")) == (published + 1, sharded + 1)
     message = sub.get_message(timeout=5)
     assert message["type"] == "message" and message["data"] == b"0"
     assert fcall(r, "lock_release", key, "w") is None
@@ -684,6 +685,65 @@ def test_in_cluster_mode_the_unlock_message_goes_to_the_shard_too(tmp_path: Path
     finally:
         s.proc.kill()
         s.proc.wait()
+
+
+LOCK_COMMANDS = ["+fcall", "+fcall_ro", "+hlen", "+hgetall", "+hget", "+hexists", "+hset",
+                 "+hdel", "+pexpire", "+pttl", "+del", "+get", "+set", "+time", "+publish",
+                 "+spublish"]
+
+
+def test_an_acl_user_needs_the_commands_keys_and_channel_the_functions_use(
+    server: Server, r: redis.Redis, key: str
+) -> None:
+    """As on a managed service: the functions run as the caller, so its ACL must allow the
+    commands they run, the counters' keys and the unlock channel (docs/functions.md). A refusal
+    comes before any write."""
+    def as_user(name: str) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=server.port, protocol=2, username=name,
+                           password="pw")
+
+    r.acl_setuser("lockapp", enabled=True, passwords=["+pw"], keys=["test:*", "__lock_fence__*"],
+                  channels=["redisson_lock__channel:*"], commands=LOCK_COMMANDS, reset=True)
+    # Like a managed service's default user: everything but the dangerous commands (INFO too).
+    r.acl_setuser("managed", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                  categories=["+@all", "-@dangerous"], reset=True)
+    for name in ["lockapp", "managed"]:
+        with as_user(name) as u:
+            token = fcall(u, "lock_acquire", key, "w", 30000)
+            assert fcall(u, "lock_acquire", key, "w", 30000) == token
+            assert fcall(u, "lock_renew", key, "w", 30000) == 1
+            assert as_dict(u.execute_command("FCALL_RO", "lock_info", 1, key))[b"count"] == 2
+            assert fcall(u, "lock_release", key, "w") == 1
+            assert fcall(u, "lock_release", key, "w") == 0
+            fcall(u, "lock_acquire", key, "w", 30000)
+            assert fcall(u, "lock_forcerelease", key) == 1
+            assert u.execute_command("FCALL_RO", "lock_version", 0) == 1
+    # Without the counters' keys: no grant, nothing written.
+    r.acl_setuser("nocounter", enabled=True, passwords=["+pw"], keys=["test:*"],
+                  channels=["*"], commands=LOCK_COMMANDS, reset=True)
+    before = snapshot(r)
+    with as_user("nocounter") as u:
+        assert "can't access at least one of the keys" in error_of_as(u, "lock_acquire", key, "w", 30000)
+    assert snapshot(r) == before
+    # Without the channel: a release that would free the lock is refused, the lock still held.
+    r.acl_setuser("nochannel", enabled=True, passwords=["+pw"], keys=["test:*", "__lock_fence__*"],
+                  channels=["other"], commands=LOCK_COMMANDS, reset=True)
+    with as_user("nochannel") as u:
+        fcall(u, "lock_acquire", key, "w", 30000)
+        assert fcall(u, "lock_acquire", key, "w", 30000) is not None
+        assert fcall(u, "lock_release", key, "w") == 1  # nothing to publish
+        before = snapshot(r)
+        assert "can't publish to the channel" in error_of_as(u, "lock_release", key, "w")
+        assert "can't publish to the channel" in error_of_as(u, "lock_forcerelease", key)
+        assert snapshot(r) == before
+    for name in ["lockapp", "managed", "nocounter", "nochannel"]:
+        r.acl_deluser(name)
+
+
+def error_of_as(u: redis.Redis, function: str, *keys_then_args: object) -> str:
+    with pytest.raises(redis.RedisError) as caught:
+        fcall(u, function, *keys_then_args)
+    return str(caught.value)
 
 
 # -- one key, the module and the library -------------------------------------------------------
