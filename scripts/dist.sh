@@ -2,7 +2,8 @@
 # `make dist`: the four files a user installs, each built and then checked, all in one folder,
 # dist/ at the repository root (DIST_DIR for another; printed at the end):
 #   redis-lock-module-<version>-linux-<arch>.tar.gz  the module (release build), its example
-#       configuration, LICENSE, and the documentation its README links to (docs/, the two
+#       configuration, LICENSE, the Functions library for servers without the module
+#       (functions/), and the documentation its README links to (docs/, the two
 #       libraries' READMEs and CHANGELOGs, the CLI transcripts and the client guide's tests), so
 #       that every link of a shipped Markdown file opens a file of the tarball (checked: a link
 #       to a file the tarball lacks fails the build); checked by loading the extracted module
@@ -31,7 +32,7 @@ mkdir -p "$stage"
 cp "$target/release/libredis_lock.so" "$root/README.md" "$root/LICENSE" "$stage/"
 # The documentation the README links to, and what that links to in turn: the files of these
 # paths that the repository tracks (or, outside a git checkout, that are there).
-shipped=(docs tests/cli tests/clients clients/rust/README.md clients/rust/CHANGELOG.md
+shipped=(docs functions tests/cli tests/clients clients/rust/README.md clients/rust/CHANGELOG.md
   clients/python/README.md clients/python/CHANGELOG.md clients/vectors)
 if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   git -C "$root" ls-files -z -- "${shipped[@]}"

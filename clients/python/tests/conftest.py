@@ -102,21 +102,23 @@ class Server:
         return out
 
 
-def start_server(tmp: Path, *extra: str) -> Server:
-    module = _module()
+def start_server(tmp: Path, *extra: str, with_module: bool = True) -> Server:
+    """A server on a free loopback port, loading the module unless ``with_module`` is false (a
+    server as a managed service runs it, for the Functions library: test_functions.py)."""
+    load = ["--loadmodule", _module()] if with_module else []
     for _ in range(5):
         port = _free_port()
         proc = subprocess.Popen(
             [os.environ.get("LOCK_SERVER", "redis-server"), "--port", str(port), "--bind",
              "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp),
-             "--loadmodule", module, *extra],
+             *load, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         if _started(port, proc):
             return Server(port, proc)
         proc.kill()
         proc.wait()
-    pytest.fail("redis-server with the module did not start")
+    pytest.fail(f"redis-server {'with' if with_module else 'without'} the module did not start")
 
 
 @pytest.fixture(scope="module")
