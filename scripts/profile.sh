@@ -13,7 +13,7 @@
 # With WARM=1 (the default) every workload runs once unmeasured first. N fresh keys fall in
 # nearly every one of the 16,384 slots, so without it most acquires are the first of their
 # slot and reserve its token window (a counter key written and replicated), which a running
-# server does about once a minute per slot; WARM=0 measures that cold start (the figures the
+# server does about once a second per slot; WARM=0 measures that cold start (the figures the
 # issues before #19 quoted).
 # (apt-get install valgrind if missing.)
 set -euo pipefail

@@ -148,6 +148,7 @@ impl ServerEvents for LockEvents {
     /// back does not revive bindings to connections of the past.
     fn became_replica(ctx: Ctx) {
         runtime::forget_bindings(ctx);
+        store::forget_windows();
     }
 
     /// What the token counters about to go hold is kept, to write back after the flush.

@@ -172,6 +172,19 @@ pub fn flushing(ctx: Ctx, db: Option<i32>) {
     NAMES.with(|names| names.borrow_mut().flushing_counters = found);
 }
 
+/// The server follows a master now: the token windows this process reserved are not its own
+/// any more, even where no resync replaces its data (a demoted master the new master's stream has
+/// not reached): the new master may have gone above them meanwhile, with writes this server
+/// never got. Promoted again, it goes above whatever its counters hold (`core::token`: a window
+/// trusted after a demotion handed out tokens below the other master's). The last tokens stay.
+pub fn forget_windows() {
+    NAMES.with(|names| {
+        for counter in names.borrow_mut().counters.iter_mut() {
+            counter.memory.forget_bounds(None);
+        }
+    });
+}
+
 /// `FLUSHDB` (Some), `FLUSHALL` (None) or a replica's load that replaced every database: the
 /// counters there are gone, and so are the windows this process reserved in them (see
 /// `SlotMemory::forget_bounds`). Each is written back at the next turn with the highest of

@@ -851,7 +851,7 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
     };
 
     // On A, then the slot moves to B (the counter with it) and B grants twice: B went above
-    // A's reserved bound, a minute of clock ahead.
+    // A's reserved bound, a window of clock ahead.
     grant(&mut on_a, "o1", &mut tokens);
     set_slot(&mut on_b, slot, "IMPORTING", &a_id);
     set_slot(&mut on_a, slot, "MIGRATING", &b_id);
@@ -921,8 +921,8 @@ fn tokens_of_a_key_never_fall_while_its_slot_moves_back_and_forth() {
     }
 }
 
-/// A flush takes the slot's token counter with the locks, while tokens may run a minute ahead
-/// of the clock (every hand-over of a slot reserves a window above the last one). The node
+/// A flush takes the slot's token counter with the locks, while tokens may run a window ahead
+/// of the clock (a hand-over goes above the window the other node reserved). The node
 /// writes the counter back from what it handed out, so the node the slot moves to next mints
 /// above it, not from its own clock. Before, that node's tokens fell by up to a window per
 /// hand-over (the Python cluster oracle: a flushdb, then a migration, then a grant 46 s lower).

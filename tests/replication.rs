@@ -287,6 +287,38 @@ fn tokens_rise_through_two_failovers_the_second_replica_missing_the_first_ones_w
     );
 }
 
+/// A master that follows another for a while (no resync reaching it: its data stays its own)
+/// and is promoted again does not trust the token window it reserved before: the other master
+/// may have gone above it with writes this server never got. Its next token is above the bound
+/// its counter holds. Before, it handed out tokens from that window, below the other master's
+/// (an adversarial review: a restart, a failover to B and back, B's reservation lost).
+#[test]
+fn a_master_demoted_and_promoted_again_goes_above_its_old_window() {
+    let server = Server::start();
+    let mut con = server.connect();
+    let first = acquire(&mut con, "k", "a", 60_000).unwrap();
+    release(&mut con, "k", "a").unwrap();
+    let counter = counter_names(&mut con).pop().expect("a counter");
+    let window: i64 = con.get(&counter).unwrap();
+    assert!(window > first);
+    // Follows a master that is not there (keeps its data), then is promoted again.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(free_port())
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut con)
+        .unwrap();
+    let token = acquire(&mut con, "k", "b", 60_000).unwrap();
+    assert!(
+        token > window,
+        "{token} is inside the window up to {window} it reserved before it followed another"
+    );
+}
+
 /// Found by an adversarial review: a token counter given a TTL by hand kept it on the master
 /// (the module writes the counter in place) but lost it on the replica and in the AOF, which
 /// got a plain SET. The write is replicated with KEEPTTL now.

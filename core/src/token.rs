@@ -23,7 +23,8 @@
 //! Tokens also never fall below the server clock (`now_ms * 1000`): if the bound is lost or
 //! rolled back (FLUSHALL, an RDB snapshot older than the last reservation, a failover to a
 //! replica that missed it), a later clock reading is above every earlier token unless the clock
-//! went back or a slot sustained more than 1,000 grants per millisecond.
+//! went back, a slot sustained more than 1,000 grants per millisecond, or tokens had run ahead
+//! of the clock (by about a window: see [`WINDOW`] and `next_token`'s reservation).
 
 use crate::layout::MAX_STORED_INTEGER;
 use crate::{LockError, UnixMs};
@@ -39,7 +40,8 @@ pub const TOKENS_PER_MS: u64 = 1_000;
 /// writes, and goes above the same bound again; by then its clock must be past every token
 /// the first one handed out. A minute's window handed the same tokens out twice after two
 /// failovers a few seconds apart (`tokens_rise_through_failovers_that_lose_writes`); with a
-/// second, promotions two Sentinel `down-after-milliseconds` of 1 s apart keep tokens rising.
+/// second, a replica promoted a Sentinel `down-after-milliseconds` of 1 s after its master's
+/// last grant keeps tokens rising. The window is one of clock (see `next_token`).
 pub const WINDOW: u64 = 1_000 * TOKENS_PER_MS;
 
 /// What a node found in a slot's counter key.
@@ -191,14 +193,21 @@ pub fn next_token(
             });
         }
     }
-    // Otherwise go above the stored bound too, and reserve a new window.
+    // Otherwise go above the stored bound too, and reserve a new window: a window of clock
+    // (up to a window ahead of the clock, not of the token), and past a token already ahead of
+    // the clock, a millisecond's tokens. Reserved from the token, each restart, flush or
+    // hand-over that went above a bound it did not write added a window to how far tokens ran
+    // ahead of the clock, and a failover a down-after later handed them out again.
     let token = above(stored)
         .map(|t| t.max(next))
         .filter(|t| *t <= MAX_STORED_INTEGER)
         .ok_or(LockError::TokensExhausted)?;
+    let reserved = token
+        .saturating_add(TOKENS_PER_MS)
+        .max(floor.saturating_add(WINDOW));
     Ok(Grant {
         token,
-        store_bound: Some(token.saturating_add(WINDOW).min(MAX_STORED_INTEGER)),
+        store_bound: Some(reserved.min(MAX_STORED_INTEGER)),
     })
 }
 
@@ -238,7 +247,7 @@ mod tests {
                 Some(FLOOR + 10),
                 Some(FLOOR + 10),
                 Some(FLOOR + 10),
-                grant(FLOOR + 11, Some(FLOOR + 11 + WINDOW)),
+                grant(FLOOR + 11, Some(FLOOR + WINDOW)),
             ),
             // The clock ran past the window.
             (
@@ -252,21 +261,21 @@ mod tests {
                 Some(FLOOR + 50),
                 Some(FLOOR + 3),
                 Some(FLOOR + 10),
-                grant(FLOOR + 51, Some(FLOOR + 51 + WINDOW)),
+                grant(FLOOR + 51, Some(FLOOR + WINDOW)),
             ),
             // The bound was flushed: above what we handed out ourselves, and the clock.
             (
                 None,
                 Some(FLOOR + 7),
                 Some(FLOOR + 10),
-                grant(FLOOR + 8, Some(FLOOR + 8 + WINDOW)),
+                grant(FLOOR + 8, Some(FLOOR + WINDOW)),
             ),
             // Another database's tokens in the same slot count too (no bound reserved here).
             (
                 Some(FLOOR + 5),
                 Some(FLOOR + 90),
                 None,
-                grant(FLOOR + 91, Some(FLOOR + 91 + WINDOW)),
+                grant(FLOOR + 91, Some(FLOOR + WINDOW)),
             ),
             // An old counter that held the last token (or a bound behind the clock).
             (Some(41), None, None, grant(FLOOR, Some(FLOOR + WINDOW))),
@@ -275,7 +284,18 @@ mod tests {
                 Some(FLOOR + 500),
                 None,
                 None,
-                grant(FLOOR + 501, Some(FLOOR + 501 + WINDOW)),
+                grant(FLOOR + 501, Some(FLOOR + WINDOW)),
+            ),
+            // A bound more than a window ahead of the clock (a restart right after another,
+            // a promotion): above it, reserving a millisecond's tokens, not a window more.
+            (
+                Some(FLOOR + 3 * WINDOW),
+                None,
+                None,
+                grant(
+                    FLOOR + 3 * WINDOW + 1,
+                    Some(FLOOR + 3 * WINDOW + 1 + TOKENS_PER_MS),
+                ),
             ),
             // Near the integer limit the window ends at the limit.
             (
@@ -582,27 +602,78 @@ mod tests {
     /// Sentinel's `down-after-milliseconds`, 1 s (a third of the 3 s docs/sentinel.md advises): a
     /// replica is promoted at least this long after its failed master's last grant.
     const DOWN_AFTER_MS: u64 = 1_000;
-    /// The shortest time between two promotions: the promoted master must fail in turn, and
-    /// that be noticed.
-    const PROMOTIONS_APART_MS: u64 = 2 * DOWN_AFTER_MS;
+
+    /// One server of the failover model: what its process remembers and its slot's counter.
+    #[derive(Default, Clone, Debug)]
+    struct Server {
+        memory: SlotMemory,
+        counter: Option<u64>,
+    }
+
+    impl Server {
+        fn grant(&mut self, now: UnixMs) -> u64 {
+            let grant = self.memory.next_token(0, self.counter, now).unwrap();
+            if let Some(bound) = grant.store_bound {
+                self.counter = Some(bound);
+            }
+            grant.token
+        }
+
+        /// A restart that kept the data (the AOF): the process's memory is gone.
+        fn restart(&mut self) {
+            self.memory = SlotMemory::default();
+        }
+
+        /// `FLUSHALL` as `store::flushing`/`flushed`/`restore_flushed_counters` carry it out
+        /// (outside a cluster): the counter is written back with the highest of what it held,
+        /// the window reserved in it and the last token, and the window is forgotten.
+        fn flushall(&mut self) {
+            let held = self.counter.take();
+            let last = self.memory.last().unwrap_or(0);
+            let mut restored = if self.memory.reserved_databases().any(|db| db == 0) {
+                held
+            } else {
+                None
+            };
+            for (_, bound) in self.memory.forget_bounds(None) {
+                restored = Some(restored.unwrap_or(0).max(bound).max(last));
+            }
+            self.counter = restored;
+        }
+
+        /// The server follows another master (`became_replica`): the windows it reserved are
+        /// not its own any more, even where no resync replaces its data.
+        fn demoted(&mut self) {
+            self.memory.forget_bounds(None);
+        }
+
+        /// A replica that got `master`'s writes up to now (its memory stays its own).
+        fn replica_of(master: &Server) -> Server {
+            Server {
+                memory: SlotMemory::default(),
+                counter: master.counter,
+            }
+        }
+    }
+
+    /// What happens in the failover model besides grants and failovers.
+    #[derive(Debug, Clone, Copy)]
+    struct Knobs {
+        /// The least time between two promotions.
+        promotions_apart_ms: u64,
+        /// One step in this many (0: never), the master restarts in place (AOF), 100 ms.
+        restarts: u64,
+        /// One step in this many (0: never), the master takes a FLUSHALL.
+        flushes: u64,
+    }
 
     /// Three servers, one master at a time, replication that loses writes: each write of the
-    /// counter reaches each replica soon, or, while its link is down (for seconds), not at all,
-    /// and a replica is promoted with whatever it got
-    /// (the old master, restarted or not, follows it, with or without a resync). Promotions
-    /// are at least [`PROMOTIONS_APART_MS`] apart. Every grant must be above every grant before
-    /// it, whichever master made it. With a window of a minute, a second promotion within the
-    /// minute to a replica that missed the first promoted master's reservation handed out that
-    /// master's tokens again (the partition test's `{plain:b}`, seed 2: tokens repeated, then
-    /// fell).
-    #[test]
-    fn tokens_rise_through_failovers_that_lose_writes() {
-        #[derive(Default, Clone)]
-        struct Server {
-            memory: SlotMemory,
-            counter: Option<u64>,
-        }
-        for seed in 1..=200u64 {
+    /// counter reaches each replica soon, or, while its link is down (for seconds), not at all;
+    /// a replica is promoted with whatever it got, a down-after after its master's last grant
+    /// (the old master, restarted or not, follows it, with or without a resync). Every grant
+    /// must be above every grant before it, whichever master made it. The first fall, if any.
+    fn failover_model(knobs: Knobs, seeds: u64) -> Result<(), String> {
+        for seed in 1..=seeds {
             let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             let mut next = move |n: u64| {
                 rng ^= rng << 13;
@@ -618,17 +689,23 @@ mod tests {
             let mut linked = [true; 3];
             for step in 0..3_000 {
                 now += next(40);
-                let serving = &mut servers[master];
-                let grant = serving.memory.next_token(0, serving.counter, now).unwrap();
-                assert!(
-                    grant.token > highest,
-                    "seed {seed}, step {step}: token {} after {highest}",
-                    grant.token
-                );
-                highest = grant.token;
-                if let Some(bound) = grant.store_bound {
-                    servers[master].counter = Some(bound);
+                if knobs.restarts > 0 && next(knobs.restarts) == 0 {
+                    servers[master].restart();
+                    now += 100;
                 }
+                // A flush before the restarted process granted is the documented exception (it
+                // knows nothing to write back, and the counter and its memory are both gone).
+                let granted = servers[master].memory.last().is_some();
+                if knobs.flushes > 0 && next(knobs.flushes) == 0 && granted {
+                    servers[master].flushall();
+                }
+                let token = servers[master].grant(now);
+                if token <= highest {
+                    return Err(format!(
+                        "seed {seed}, step {step}: token {token} after {highest} ({knobs:?})"
+                    ));
+                }
+                highest = token;
                 // Replication: a replica whose link is up gets the master's counter now or a
                 // little later; a link goes down (a partition) and up again now and then.
                 for r in 0..servers.len() {
@@ -639,7 +716,7 @@ mod tests {
                         servers[r].counter = servers[master].counter;
                     }
                 }
-                if now - promoted_at >= PROMOTIONS_APART_MS && next(20) == 0 {
+                if now - promoted_at >= knobs.promotions_apart_ms && next(20) == 0 {
                     let old = master;
                     master = (master + 1 + next(2) as usize) % servers.len();
                     // The old master's last grant was before it failed; the Sentinels notice
@@ -647,11 +724,150 @@ mod tests {
                     now += DOWN_AFTER_MS;
                     promoted_at = now;
                     if next(2) == 0 {
-                        // The old master restarted (from what it had): its memory is gone.
-                        servers[old].memory = SlotMemory::default();
+                        servers[old].restart();
+                    } else {
+                        servers[old].demoted();
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The failover model with promotions a down-after apart, and with restarts in place and
+    /// flushes between them. A window reserved from the token (not the clock) with a minute's
+    /// length handed tokens out twice after two failovers a few seconds apart (the partition
+    /// test's `{plain:b}`, seed 2); with a second's, restarts or flushes a few tenths of a
+    /// second apart each added a window to the tokens' lead on the clock, and the next failover
+    /// handed them out again (an adversarial review: seed 1, steps 1854 and 234).
+    #[test]
+    fn tokens_rise_through_failovers_that_lose_writes() {
+        for knobs in [
+            Knobs {
+                promotions_apart_ms: 2 * DOWN_AFTER_MS,
+                restarts: 0,
+                flushes: 0,
+            },
+            Knobs {
+                promotions_apart_ms: 0,
+                restarts: 0,
+                flushes: 0,
+            },
+            Knobs {
+                promotions_apart_ms: 2 * DOWN_AFTER_MS,
+                restarts: 200,
+                flushes: 0,
+            },
+            Knobs {
+                promotions_apart_ms: 2 * DOWN_AFTER_MS,
+                restarts: 0,
+                flushes: 30,
+            },
+            Knobs {
+                promotions_apart_ms: 0,
+                restarts: 100,
+                flushes: 100,
+            },
+        ] {
+            assert_eq!(failover_model(knobs, 300), Ok(()));
+        }
+    }
+
+    /// The review's sequences, each ending with a grant that must be above every token before
+    /// it: (what happened, the tokens before, the last grant).
+    #[test]
+    fn tokens_rise_after_restarts_flushes_and_moves_then_a_failover() {
+        let mut cases: Vec<(&str, Vec<u64>, u64)> = Vec::new();
+        // Two restarts in place 100 ms apart, then a failover to a replica whose link went
+        // down before the first.
+        let mut a = Server::default();
+        let mut now = NOW;
+        let mut seen = vec![a.grant(now)];
+        let mut r = Server::replica_of(&a);
+        for _ in 0..2 {
+            now += 100;
+            a.restart();
+            seen.push(a.grant(now));
+        }
+        now += 100;
+        seen.push(a.grant(now));
+        now += DOWN_AFTER_MS;
+        cases.push(("two restarts, then a failover", seen, r.grant(now)));
+        // FLUSHALL and a grant, three times 50 ms apart; the replica gets the last write-back
+        // but not the reservation after it.
+        let mut a = Server::default();
+        let mut now = NOW;
+        let mut seen = vec![a.grant(now)];
+        for _ in 0..3 {
+            now += 50;
+            a.flushall();
+            seen.push(a.grant(now));
+        }
+        now += 50;
+        a.flushall();
+        let mut r = Server::replica_of(&a);
+        seen.push(a.grant(now));
+        now += DOWN_AFTER_MS;
+        cases.push(("flushes, then a failover", seen, r.grant(now)));
+        // The slot from A to B and back (MIGRATE carries the counter), then A fails over to a
+        // replica that got the counter back but not A's reservation after it.
+        let mut a = Server::default();
+        let mut b = Server::default();
+        let mut now = NOW;
+        let mut seen = vec![a.grant(now)];
+        now += 50;
+        b.counter = a.counter.take();
+        seen.push(b.grant(now));
+        now += 50;
+        a.counter = b.counter.take();
+        let mut r = Server::replica_of(&a);
+        seen.push(a.grant(now));
+        now += DOWN_AFTER_MS;
+        cases.push(("a slot there and back, then a failover", seen, r.grant(now)));
+        // Another minter in the slot that stores its token as the bound (the Functions
+        // library), alternating with the module 100 times in 100 ms; a replica that missed
+        // the last two writes, promoted 10 s later.
+        let mut a = Server::default();
+        let mut now = NOW;
+        let mut seen = Vec::new();
+        for _ in 0..100 {
+            now += 1;
+            let by_library = (now * TOKENS_PER_MS).max(a.counter.map_or(0, |b| b + 1));
+            a.counter = Some(by_library);
+            seen.push(by_library);
+            seen.push(a.grant(now));
+        }
+        let mut r = Server {
+            memory: SlotMemory::default(),
+            counter: Some(seen[seen.len() - 3]),
+        };
+        now += 10 * DOWN_AFTER_MS;
+        cases.push((
+            "the module and another minter alternating",
+            seen,
+            r.grant(now),
+        ));
+        // A restart (tokens a window ahead), a manual failover to B, whose reservation never
+        // reaches A; B fails and A, a replica that kept its data, is promoted again.
+        let mut a = Server::default();
+        let mut now = NOW;
+        let mut seen = vec![a.grant(now)];
+        now += 100;
+        a.restart();
+        seen.push(a.grant(now));
+        now += 10;
+        let mut b = Server::replica_of(&a);
+        a.demoted();
+        seen.push(b.grant(now));
+        now += DOWN_AFTER_MS;
+        cases.push(("a failover and back", seen, a.grant(now)));
+        for (what, before, token) in cases {
+            let highest = before.iter().copied().max().unwrap_or(0);
+            assert!(
+                token > highest,
+                "{what}: {token} after {highest} ({} below)",
+                highest - token
+            );
         }
     }
 }
