@@ -16,6 +16,25 @@ fn holder(con: &mut Connection, key: &str) -> Option<(String, i64, i64)> {
     })
 }
 
+/// `REPLICAOF NO ONE`: the server is a master.
+fn promote(con: &mut Connection) {
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(con)
+        .unwrap();
+}
+
+/// `REPLICAOF` a port nothing listens on: the server follows no reachable master and keeps
+/// its data (a replica cut off from its master, a demoted master no resync reached).
+fn follow_nobody(con: &mut Connection) {
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(free_port())
+        .query(con)
+        .unwrap();
+}
+
 #[test]
 fn the_replica_matches_the_master_after_every_kind_of_change() {
     let master = Server::start();
@@ -123,11 +142,7 @@ fn after_failover_locks_keep_owner_token_and_lease_end_and_tokens_keep_rising() 
     // The master dies; the replica is promoted and the clients move to it.
     master.kill_hard();
     let mut r = replica.connect();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut r)
-        .unwrap();
+    promote(&mut r);
     let after: Vec<StoredLock> = all_keys.iter().map(|k| stored_lock(&mut r, k)).collect();
     assert_eq!(after, before, "locks changed across failover");
     assert_eq!(
@@ -204,11 +219,7 @@ fn tokens_rise_after_failover_even_past_grants_the_replica_never_received() {
     // The replica loses its link (pointed at a master that is not there: it keeps its data);
     // the master hands out more tokens, then dies before they ever reach the replica.
     let mut r = replica.connect();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(free_port())
-        .query(&mut r)
-        .unwrap();
+    follow_nobody(&mut r);
     let mut unreplicated = 0;
     for round in 0..50 {
         let owner = format!("lost-{round}");
@@ -216,11 +227,7 @@ fn tokens_rise_after_failover_even_past_grants_the_replica_never_received() {
         release(&mut m, "k", &owner).unwrap();
     }
     master.kill_hard();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut r)
-        .unwrap();
+    promote(&mut r);
     assert!(lock_info(&mut r, "k").is_none());
     let token = acquire(&mut r, "k", "after-failover", 60_000).unwrap();
     assert!(
@@ -247,19 +254,11 @@ fn tokens_rise_through_two_failovers_the_second_replica_missing_the_first_ones_w
     assert_eq!(wait_replicas(&mut on_a, 2, 5_000), 2);
     // C loses its link (pointed at a master that is not there: it keeps its data).
     let mut on_c = c.connect();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(free_port())
-        .query(&mut on_c)
-        .unwrap();
+    follow_nobody(&mut on_c);
     a.kill_hard();
     std::thread::sleep(Duration::from_secs(1));
     let mut on_b = b.connect();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut on_b)
-        .unwrap();
+    promote(&mut on_b);
     let mut from_b = Vec::new();
     for round in 0..20 {
         let owner = format!("b-{round}");
@@ -274,11 +273,7 @@ fn tokens_rise_through_two_failovers_the_second_replica_missing_the_first_ones_w
     drop(on_b);
     drop(b);
     std::thread::sleep(Duration::from_secs(1));
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut on_c)
-        .unwrap();
+    promote(&mut on_c);
     let last_of_b = *from_b.last().unwrap();
     let token = acquire(&mut on_c, "k", "c", 60_000).unwrap();
     assert!(
@@ -302,16 +297,8 @@ fn a_master_demoted_and_promoted_again_goes_above_its_old_window() {
     let window: i64 = con.get(&counter).unwrap();
     assert!(window > first);
     // Follows a master that is not there (keeps its data), then is promoted again.
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(free_port())
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut con)
-        .unwrap();
+    follow_nobody(&mut con);
+    promote(&mut con);
     let token = acquire(&mut con, "k", "b", 60_000).unwrap();
     assert!(
         token > window,

@@ -504,6 +504,18 @@ mod tests {
         );
     }
 
+    /// The models' random numbers: `next(n)` is below `n`, the same sequence for a seed
+    /// (xorshift).
+    fn seeded(seed: u64) -> impl FnMut(u64) -> u64 {
+        let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        }
+    }
+
     /// Runs `seeds` seeded histories of the model above; the first fall found, if any.
     fn migration_model(aware: bool, seeds: u64) -> Result<(), String> {
         const KEYS: usize = 4;
@@ -515,13 +527,7 @@ mod tests {
             on: [bool; KEYS + 1],
         }
         for seed in 1..=seeds {
-            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut next = move |n: u64| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng % n
-            };
+            let mut next = seeded(seed);
             let mut nodes = [Node::default(), Node::default()];
             let mut owner = 0usize;
             let mut now = NOW;
@@ -674,13 +680,7 @@ mod tests {
     /// must be above every grant before it, whichever master made it. The first fall, if any.
     fn failover_model(knobs: Knobs, seeds: u64) -> Result<(), String> {
         for seed in 1..=seeds {
-            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut next = move |n: u64| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng % n
-            };
+            let mut next = seeded(seed);
             let mut servers = vec![Server::default(); 3];
             let mut master = 0usize;
             let mut now = NOW;

@@ -70,7 +70,12 @@ def fcall(r: redis.Redis, function: str, *keys_then_args: object, keys: int = 1)
 def error_of(r: redis.Redis, function: str, *keys_then_args: object, keys: int = 1) -> str:
     """The error line exactly as the server sends it (redis-py drops a leading `ERR `), read on
     a socket of its own."""
-    args = [b"FCALL", function, keys, *keys_then_args]
+    return error_line(r, [b"FCALL", function, keys, *keys_then_args])
+
+
+def error_line(r: redis.Redis, args: list[object]) -> str:
+    """The error line the server answers ``args`` with, exactly as sent, on a socket of its
+    own."""
     encoded = [a if isinstance(a, bytes) else str(a).encode() for a in args]
     request = b"*%d\r\n" % len(encoded) + b"".join(
         b"$%d\r\n%s\r\n" % (len(a), a) for a in encoded)
@@ -82,7 +87,7 @@ def error_of(r: redis.Redis, function: str, *keys_then_args: object, keys: int =
             chunk = conn.recv(4096)
             assert chunk, "the server closed the connection"
             reply += chunk
-    assert reply.startswith(b"-"), reply
+    assert reply.startswith(b"-"), (args, reply)
     return reply[1:-2].decode()
 
 
@@ -815,20 +820,7 @@ def module_error(r: redis.Redis, function: str, *args: object) -> str:
     """`error_of` for the LOCK.* command a function mirrors (lock_acquire -> LOCK.ACQUIRE), with
     the arity error worded as the library words it."""
     command = "LOCK." + function.removeprefix("lock_").upper()
-    args_list = [command, *args]
-    encoded = [a if isinstance(a, bytes) else str(a).encode() for a in args_list]
-    request = b"*%d\r\n" % len(encoded) + b"".join(
-        b"$%d\r\n%s\r\n" % (len(a), a) for a in encoded)
-    port = r.connection_pool.connection_kwargs["port"]
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-        conn.sendall(request)
-        reply = b""
-        while not reply.endswith(b"\r\n"):
-            chunk = conn.recv(4096)
-            assert chunk, "the server closed the connection"
-            reply += chunk
-    assert reply.startswith(b"-"), (args_list, reply)
-    line = reply[1:-2].decode()
+    line = error_line(r, [command, *args])
     return line.replace(f"'{command.lower()}' command", f"'{function}' function")
 
 
