@@ -7,7 +7,7 @@ import pytest
 
 from redis_lock_client import Leader, LostReason, Renewal
 from redis_lock_client._leaders import LeaderFeed
-from redis_lock_client._lifecycle import HoldMachine
+from redis_lock_client._lifecycle import Answer, Answered, CheckRead, Granted, HoldMachine, Holds, Signal
 from redis_lock_client._messages import (
     Flushed,
     HoldEnded,
@@ -22,8 +22,9 @@ def test_a_flush_covers_its_database_or_all():
 
 
 def _machine(db: int = 0, key: bytes = b"k", token: int = 42, owner: bytes = b"me") -> HoldMachine:
-    return HoldMachine(db=db, owner=owner, tokens={key: token}, lease=30.0,
-                       renewal=Renewal.WATCHDOG, sent_at=0.0, replied_at=0.0)
+    m = HoldMachine(db=db, owner=owner, tokens={key: token}, lease=30.0, renewal=Renewal.WATCHDOG)
+    m.step(Granted(0.0, 0.0))
+    return m
 
 
 @pytest.mark.scenario("lost-forcereleased", "signal-forged")
@@ -33,13 +34,17 @@ def test_a_message_naming_a_hold_is_only_a_reason_to_check_it():
                   HoldEnded(LostReason.DELETED, 0, 41, b"k", b"me"),  # another token
                   HoldEnded(LostReason.DELETED, 0, 42, b"k", b"you")]:  # another owner
         assert not _machine().names(other)
+        assert _machine().step(Signal(other)).check is None
     # The hold's own: anyone allowed to publish on the channel can send it, so it only asks
-    # for a check (the machine has no event for a message); the check's answer decides.
+    # for a check; the check's answer decides.
     machine = _machine()
     assert machine.names(HoldEnded(LostReason.DELETED, 0, 42, b"k", b"me"))
-    assert not hasattr(machine, "signal")
-    assert machine.checked(True, LostReason.DELETED) is None and machine.active
-    assert machine.checked(False, LostReason.DELETED) is LostReason.DELETED
+    out = machine.step(Signal(HoldEnded(LostReason.DELETED, 0, 42, b"k", b"me")))
+    assert out.check is not None and out.check.reason is LostReason.DELETED
+    assert out.lost is None and machine.active
+    read = CheckRead(LostReason.DELETED)
+    assert machine.step(Answered(read, 1.0, 1.0, Holds())).lost is None and machine.active
+    assert machine.step(Answered(read, 1.0, 1.0, Answer.GONE)).lost is LostReason.DELETED
     assert not machine.active and machine.reason is LostReason.DELETED
 
 

@@ -114,7 +114,8 @@ mod tests {
     }
 
     /// The terms a scenario's `grant` names: the lease in milliseconds, then any of `fixed`,
-    /// `ephemeral` (bound to its connection), `replicated` (acknowledged by replicas).
+    /// `ephemeral` (bound to its connection), `replicated` (acknowledged by replicas), `multi`
+    /// (several keys held together).
     fn hold_terms(argument: &str) -> Terms {
         let mut words = argument.split(' ');
         let mut terms = Terms {
@@ -129,6 +130,7 @@ mod tests {
                 "fixed" => terms.renewal = Renewal::Fixed,
                 "ephemeral" => terms.binding = Binding::Connection,
                 "replicated" => terms.acknowledged = true,
+                "multi" => terms.form = Form::Many,
                 _ => panic!("unknown term {word:?} in {argument:?}"),
             }
         }
@@ -168,7 +170,8 @@ mod tests {
             tokens: vec![1].into(),
         };
         let mut m = Machine::new(identity, terms);
-        // Why the grant was refused, once it was (`State::Refused` does not keep it).
+        // Why the grant was refused, once it was (`State::Refused` does not keep it), by the
+        // reason the vectors give each refusal.
         let mut refused = None;
         for (at, row) in steps.iter().enumerate() {
             let now = base + millis(column(row, 1));
@@ -182,6 +185,12 @@ mod tests {
                 sent,
                 replied: now,
                 answer,
+            };
+            // A check's argument: its reason, then the lease left in ms if the read showed it.
+            let check = |answer: fn(Option<Duration>) -> Answer| {
+                let mut words = argument.split(' ');
+                let reason = lost_reason(words.next().unwrap_or_default());
+                answered(Read::Check(reason), answer(words.next().map(millis)))
             };
             let signal;
             let events = match column(row, 3) {
@@ -219,23 +228,22 @@ mod tests {
                     };
                     vec![Event::Signal(&signal)]
                 }
-                "check-present" => vec![answered(
-                    Read::Check(lost_reason(argument)),
-                    Answer::Holds(None),
-                )],
-                "check-gone" => vec![answered(Read::Check(lost_reason(argument)), Answer::Gone)],
-                "check-denied" => vec![answered(
-                    Read::Check(lost_reason(argument)),
-                    Answer::Refused,
-                )],
+                "key-message" => {
+                    signal = LostSignal::Key {
+                        reason: lost_reason(argument),
+                        db: 0,
+                        key: b"k".to_vec(),
+                    };
+                    vec![Event::Signal(&signal)]
+                }
+                "check-present" => vec![check(Answer::Holds)],
+                "check-gone" => vec![check(|_| Answer::Gone)],
+                "check-denied" => vec![check(|_| Answer::Refused)],
+                "check-unanswered" => vec![check(|_| Answer::Nothing)],
                 "fenced" => vec![Event::Fenced(lost_reason(argument))],
-                // The bound connection closed, and a read then found the hold gone.
-                "connection-closed" => {
+                "connection-lost" => {
                     assert_eq!(terms.binding, Binding::Connection, "{row:?}");
-                    vec![
-                        Event::ConnectionLost,
-                        answered(Read::Check(LostReason::ConnectionClosed), Answer::Gone),
-                    ]
+                    vec![Event::ConnectionLost]
                 }
                 "master-replaced" => {
                     assert_eq!(terms.binding, Binding::Connection, "{row:?}");
@@ -252,13 +260,16 @@ mod tests {
                 out.read_lease |= step.read_lease;
                 out.release |= step.release;
                 out.abandon |= step.abandon;
+                out.check = out.check.or(step.check);
                 out.refuse = out.refuse.or(step.refuse);
             }
             if let Some(refusal) = out.refuse {
-                let Refusal::Gone(reason) = refusal else {
-                    panic!("a refusal no vector names ({refusal:?}): {row:?}");
-                };
-                refused = Some(reason);
+                refused = Some(match refusal {
+                    Refusal::Gone(reason) => reason,
+                    Refusal::Unanswered => LostReason::Unreachable,
+                    Refusal::Unacknowledged => LostReason::Unreplicated,
+                    Refusal::Denied => LostReason::NoPermission,
+                });
             }
             let (phase, reason) = match m.state() {
                 State::Acquiring => ("acquiring", None),
@@ -272,6 +283,7 @@ mod tests {
             let asks: BTreeSet<&str> = [
                 (out.renew, "renew"),
                 (out.read_lease, "read"),
+                (out.check.is_some(), "check"),
                 (out.release, "release"),
             ]
             .into_iter()
@@ -294,7 +306,7 @@ mod tests {
             let want_asks: BTreeSet<&str> = column(row, 7).split_whitespace().collect();
             for word in &want_asks {
                 assert!(
-                    ["renew", "read", "release"].contains(word),
+                    ["renew", "read", "check", "release"].contains(word),
                     "unknown ask {word:?}: {row:?}"
                 );
             }

@@ -532,6 +532,12 @@ class _AsyncHandle(Generic[_G]):
             raise
         if unconfirmed is Unconfirmed.GONE:
             await hold.close_own()
+            if hold.reason is LostReason.CONNECTION_CLOSED:
+                # An EPHEMERAL grant whose connection failed (or gave no answer) before its
+                # confirmation answered: the master ends it with the connection, but a replica
+                # it reached does not (the copy is bound to nothing), and a failover makes that
+                # replica the master. Released in the background, and asked again after.
+                self._release_unbelieved(hold)
             return _AGAIN
         if unconfirmed is Unconfirmed.UNACKED:
             await self._unsafe(hold)

@@ -1,7 +1,9 @@
 # Generated from redis_lock_client/_async/_hold.py by clients/python/unasync.py:
 # edit that file and run the script, not this one.
-"""One hold, around its state machine (``_lifecycle.py``): the confirmation of a grant after a
-long wait, the watchdog, the lost-hold messages and the checks they call for, the release.
+"""One hold, around its state machine (``_lifecycle.py``): the shell turns replies, messages
+and the passing of time into the machine's events (``_event``) and carries out the actions it
+returns: the confirmation of a grant after a long wait, the watchdog's renewals, the checks a
+message or a closed connection calls for, a loss reported, a release in the background.
 
 A hold does not know the client that made it: it reaches its server through a ``Route``.
 """
@@ -49,7 +51,8 @@ from .._common import (
     UnexpectedReply,
 )
 from .._connect import Redirected
-from .._lifecycle import Confirm, HoldMachine
+from .. import _lifecycle as life
+from .._lifecycle import Answer, Answered, CheckRead, Holds, HoldMachine, Phase, Read, Refusal
 from .._messages import Flushed, HoldEnded, KeyEnded, LostMessage, lost_signal_channel
 from .._watchdog import OVER, Look
 from ._backend import (
@@ -107,7 +110,7 @@ OWN_LOOK = 0.1
 
 
 class _Renewal(enum.Enum):
-    """What one renewal (or confirmation) found."""
+    """What one renewal (or confirmation) found; ``_answer`` says it to the machine."""
 
     HELD = "held"  # answered 1 for every key (and, replicated, acknowledged)
     GONE = "gone"  # answered 0 for a key, or a final error
@@ -175,8 +178,8 @@ class Hold:
         self._stopped = False
         # Held while a renewal is in flight: a release waits for it, so nothing renews after.
         self._renewing = Mutex()
-        # Set once a close of the hold's own connection is being confirmed (``connection_lost``).
-        self._closing = False
+        # The machine asked for a renewal the watchdog has not started yet (``look``).
+        self._renew_asked = False
         self._lock = threading.Lock()
         # Held while an event is applied and its loss reported (callback included): whoever
         # reads the state through it sees a loss only once the application was told of it.
@@ -187,10 +190,12 @@ class Hold:
             tokens=dict(zip(keys.keys, tokens)),
             lease=lease,
             renewal=renewal,
-            sent_at=sent_at,
-            replied_at=replied_at,
             replicated=replication.on,
+            ephemeral=own is not None,
+            multi=keys.multi,
         )
+        #: What the grant asked for: the guard handed out, or first a confirmation (``confirm``).
+        self._granted = self._machine.step(life.Granted(sent_at, replied_at))
         #: The first refusal (NOPERM) of a command that keeps the hold, raised by the guard's
         #: calls once the hold ended so.
         self.denial: Optional[NoPermission] = None
@@ -220,25 +225,37 @@ class Hold:
             self.denial = e
         return _Renewal.REFUSED
 
-    def _event(self, event: Callable[[HoldMachine], Optional[LostReason]]) -> Optional[LostReason]:
-        """Applies one event to the machine; a loss it decides is reported (once): ``lost`` is
-        set, then ``on_lost`` is called."""
+    def _event(self, event: life.Event, looking: bool = False) -> life.Actions:
+        """Steps the machine with one event and carries out what it asks that needs no caller:
+        a loss reported (once: ``lost`` is set, then ``on_lost`` is called), a release in the
+        background, a check, a renewal handed to the watchdog (``looking``: the watchdog's own
+        look, which takes it). The rest (a confirmation, a refusal, the release) is the
+        caller's, from the actions returned."""
         with self._reporting:
             with self._lock:
-                reason = event(self._machine)
-                abandon = self._machine.take_abandon()
-            if abandon:
+                out = self._machine.step(event)
+                if out.renew and self._machine.phase is Phase.HELD:
+                    self._renew_asked = True
+                else:
+                    looking = True
+            if not looking:  # (asked on another tick than the watchdog's: it looks now)
+                watch = self._watch
+                if watch is not None:
+                    watch.wake()
+            if out.abandon:
                 self.abandon()
-            if reason is not None:
+            if out.check is not None:
+                self._start_check(out.check)
+            if out.lost is not None:
                 self._stop_watching()
                 self.lost_event.set()
                 self.route.unwatch(self)
                 if self.on_lost is not None:
                     try:
-                        self.on_lost(reason)
+                        self.on_lost(out.lost)
                     except Exception:  # noqa: BLE001 - a callback's failure must not stop us
                         log.exception("the lost callback of lock %r raised", self.keys.keys)
-        return reason
+        return out
 
     def abandon(self) -> None:
         """Releases the hold by its token in the background (``release_abandoned``), counted by
@@ -284,31 +301,30 @@ class Hold:
     def refused(self) -> None:
         """The server says the owner no longer holds it (a re-acquire answered another token
         or nil, a proclamation answered 0)."""
-        self._event(lambda m: m.refused())
+        self._event(life.Replaced())
 
     def connection_lost(self) -> None:
         """The connection this EPHEMERAL hold is bound to failed or closed. The server ends the
         hold when it sees the close, which may be a moment after this side saw it (a close of
         this side's, on a timeout, reaches the server later; a failed command may have left the
-        connection alive). A guard being confirmed is refused at once (it was never handed out);
-        a held one is reported lost once a read on the client's connections finds the hold gone
-        (``_confirm_closed``)."""
-        with self._lock:
-            if self._machine.confirmation is not None:
-                confirming = True
-            elif self._closing or not self._machine.active:
-                return
-            else:
-                confirming, self._closing = False, True
-        if confirming:
-            self._event(lambda m: m.connection_lost())
-        else:
+        connection alive). The machine refuses a guard being confirmed at once (it was never
+        handed out); a held one is reported lost once a read on the client's connections finds
+        the hold gone (the check it asks for: ``_confirm_closed``)."""
+        self._event(life.ConnectionLost())
+
+    def _start_check(self, check: life.Check) -> None:
+        """Runs a check the machine asked for, in the background."""
+        if check.until_gone:
             spawn(f"redis-lock-closed:{self.token}", self._confirm_closed)
+        elif check.named:
+            spawn_short("redis-lock-check", self._check_named, check)
+        else:
+            spawn("redis-lock-check", self._check, check)
 
     def _confirm_closed(self) -> None:
         """Reads the hold (each key) a few milliseconds apart, then up to every 100 ms, until it
-        is gone: then it is reported lost (``CONNECTION_CLOSED``). Bounded by the lease: the
-        watchdog's deadline reports it at the latest."""
+        is gone: then the machine hears it (and reports it lost: ``CONNECTION_CLOSED``). Bounded
+        by the lease: the watchdog's deadline reports it at the latest."""
         started = time.monotonic()
         pause = CLOSE_RECHECK_FIRST
         own = self.own
@@ -316,12 +332,14 @@ class Hold:
             # After a failover the new master has the hold bound to nothing until its lease
             # ends, and nobody can renew it there as an EPHEMERAL hold: the binding it was
             # taken for is gone, which is reported at once.
+            sent = time.monotonic()
             if self._gone():
-                self._event(lambda m: m.connection_lost())
+                read = CheckRead(LostReason.CONNECTION_CLOSED)
+                self._event(Answered(read, sent, time.monotonic(), Answer.GONE))
                 return
             # The new master's hold is released there (by its token): nobody waits it out.
             if own is not None and self.route.replaced(own):
-                self._event(lambda m: m.master_replaced())
+                self._event(life.MasterReplaced())
                 return
             sleep(pause)
             pause = min(pause * 2, CLOSE_RECHECK_MAX)
@@ -354,7 +372,7 @@ class Hold:
         return not self.active
 
     def reentered(self, sent_at: float) -> None:
-        self._event(lambda m: m.reentered(sent_at))
+        self._event(life.Reentered(sent_at))
 
     def past_deadline(self) -> bool:
         """Whether the hold is no longer active, or its local deadline passed: then it is
@@ -366,7 +384,7 @@ class Hold:
         this returns."""
         now = time.monotonic()
         with self._reporting:
-            self._event(lambda m: m.tick(now))
+            self._event(life.Tick(now))
             return not self.active
 
     # -- I/O ---------------------------------------------------------------------------------
@@ -395,6 +413,7 @@ class Hold:
             except Redirected:
                 if self.own is own:
                     self.own = None
+                    self._event(life.Unbound())  # a plain lease from here
                 own.close()
         return self.route.query(args, then, then_timeout)
 
@@ -450,7 +469,7 @@ class Hold:
                 line = str(e)
                 refusal = fence_refusal(line)
                 if refusal is not None:
-                    self._event(lambda m: m.fenced(refusal))
+                    self._event(life.Fenced(refusal))
                     raise Fenced(refusal, line) from None
                 if not is_retry_later(line) or later >= len(TRYAGAIN_PAUSES):
                     raise
@@ -514,8 +533,8 @@ class Hold:
         return _Renewal.HELD
 
     def _read_ttl(self) -> tuple[_Renewal, Optional[float]]:
-        """Each key's hold read with LOCK.INFO: HELD and the shortest ttl in seconds (-1: no
-        lease), or GONE, or NO_ANSWER."""
+        """Each key's hold read with LOCK.INFO: HELD and the shortest ttl in seconds (``inf``:
+        no lease), or GONE, or NO_ANSWER."""
         shortest: Optional[float] = None
         for key, token in zip(self.keys.keys, self.tokens):
             try:
@@ -529,44 +548,59 @@ class Hold:
             ttl = holder_ttl(reply, self.owner, token)
             if ttl is None:
                 return _Renewal.GONE, None
-            seconds = -1.0 if ttl < 0 else ttl / 1000
-            if shortest is None or shortest < 0 or 0 <= seconds < shortest:
-                shortest = seconds
+            seconds = float("inf") if ttl < 0 else ttl / 1000
+            shortest = seconds if shortest is None else min(shortest, seconds)
         return _Renewal.HELD, shortest
 
     def confirm(self) -> Optional[Unconfirmed]:
-        """Before the guard is handed out: None when the hold is the owner's (nothing to
-        confirm, or confirmed now); ``GONE`` when the server no longer has it, ``UNACKED``
-        when (with ``replication``) too few replicas acknowledged it (nothing is reported:
-        nobody was told of it). Raises ``LockConnectionError`` when no answer came,
-        ``NoPermission`` when the ACL refused the confirmation (the server may have the hold:
-        the caller releases it)."""
-        with self._lock:
-            how = self._machine.confirmation
-        if how is None:
-            return None
-        for _ in range(RETRIES + 1):
-            sent = time.monotonic()
-            ttl: Optional[float] = None
-            if how is Confirm.RENEWAL:
-                found = self._renew()
-            else:
-                found, ttl = self._read_ttl()
-            if found is _Renewal.HELD:
-                with self._lock:
-                    self._machine.confirmed(sent, ttl)
-                return None
-            if found is _Renewal.UNACKED:
-                return Unconfirmed.UNACKED
-            if found is _Renewal.REFUSED and self.denial is not None:
-                with self._lock:
-                    self._machine.refused()
-                raise self.denial
-            if found is not _Renewal.NO_ANSWER:
-                with self._lock:
-                    self._machine.refused()
+        """Before the guard is handed out: sends the confirmations the machine asks for (a
+        grant after a long wait, or replicated), until it hands the guard out (None) or refuses
+        it: ``GONE`` when the server no longer has it (or an EPHEMERAL hold's connection gave
+        no answer: it is given up, ``reason`` ``CONNECTION_CLOSED``), ``UNACKED`` when (with
+        ``replication``) too few replicas acknowledged it (nothing is reported: nobody was told
+        of it). Raises ``LockConnectionError`` when no confirmation was answered,
+        ``NoPermission`` when the ACL refused one (the server may have the hold: the caller
+        releases it)."""
+        out = self._granted
+        while not out.deliver:
+            refusal = out.refuse
+            if refusal is Refusal.GONE:
                 return Unconfirmed.GONE
-        raise LockConnectionError("the grant could not be confirmed: no answer")
+            if refusal is Refusal.UNACKNOWLEDGED:
+                return Unconfirmed.UNACKED
+            if refusal is Refusal.DENIED:
+                raise self.denial or NoPermission("the confirmation of the grant was refused")
+            if refusal is Refusal.UNANSWERED:
+                raise LockConnectionError("the grant could not be confirmed: no answer")
+            sent = time.monotonic()
+            if out.renew:
+                found, read, left = self._renew(), Read.RENEWAL, None
+            elif out.read_lease:
+                (found, left), read = self._read_ttl(), Read.LEASE_LEFT
+            else:
+                raise UnexpectedReply("the grant was neither handed out nor confirmed")
+            if found is _Renewal.CLOSED:
+                out = self._event(life.ConnectionLost())
+                if out.refuse is not None:
+                    continue
+            out = self._event(self._answer(read, found, sent, left))
+        return None
+
+    @staticmethod
+    def _answer(read: Read, found: _Renewal, sent: float, left: Optional[float] = None) -> Answered:
+        """A renewal's (or a read of the lease's) answer, as the machine hears it."""
+        answer: Holds | Answer
+        if found is _Renewal.HELD:
+            answer = Holds(left)
+        elif found is _Renewal.GONE:
+            answer = Answer.GONE
+        elif found is _Renewal.UNACKED:
+            answer = Answer.UNACKNOWLEDGED
+        elif found is _Renewal.REFUSED:
+            answer = Answer.REFUSED
+        else:
+            answer = Answer.NOTHING
+        return Answered(read, sent, time.monotonic(), answer)
 
     def start(self) -> None:
         """Starts the watchdog and listens to the hold's lost-hold channels."""
@@ -598,13 +632,16 @@ class Hold:
         # (``self.own is own``: not one given up after a move meanwhile.)
         if own is not None and not own.alive() and self.own is own:
             self.connection_lost()  # reported once the server no longer holds it
-        if self._event(lambda m: m.tick(now)) is not None:
+        out = self._event(life.Tick(now), looking=True)
+        wake = out.wake
+        if out.lost is not None or wake is None:
             return OVER
         with self._lock:
-            renew = not renewing and self._machine.renewal_due(now)
-            wake = self._machine.next_wake(renewing=renewing or renew)
-        if wake is None:
-            return OVER
+            # The machine asks once (one renewal at a time); a renewal the watchdog still runs
+            # has answered already: this one starts after it.
+            renew = self._renew_asked and not renewing
+            if renew:
+                self._renew_asked = False
         if self.own is not None:
             wake = min(wake, now + OWN_LOOK)
         return Look(renew=renew, again=wake)
@@ -617,23 +654,17 @@ class Hold:
             if self._stopped:
                 return
             sent = time.monotonic()
-            found = self._renew()
-        if found is _Renewal.HELD:
-            self._event(lambda m: m.renewed(sent))
-        elif found is _Renewal.GONE:
-            self._event(lambda m: m.refused())  # one key is enough: all or nothing
-        elif found is _Renewal.REFUSED:
-            self._event(lambda m: m.denied())  # said at once, released in the background
-        elif found is _Renewal.CLOSED:
+            try:
+                found = self._renew()
+            except BaseException:
+                # Said to the machine as no answer, so that it asks for the next one.
+                self._event(self._answer(Read.RENEWAL, _Renewal.NO_ANSWER, sent))
+                raise
+        if found is _Renewal.CLOSED:
             self.connection_lost()  # reported once the server no longer holds it
-            later = time.monotonic()
-            self._event(lambda m: m.unanswered(later))
-        elif found is _Renewal.UNACKED:
-            later = time.monotonic()
-            self._event(lambda m: m.unanswered(later, unacknowledged=True))
-        else:
-            later = time.monotonic()
-            self._event(lambda m: m.unanswered(later))
+        # Gone (one key is enough: all or nothing), refused by the ACL (said at once, released
+        # in the background), no answer (again soon): the machine decides.
+        self._event(self._answer(Read.RENEWAL, found, sent))
 
     def unwatched(self) -> None:
         """The watchdog stopped watching (after the renewal under way, if one was): a lost
@@ -646,71 +677,67 @@ class Hold:
 
     def signal(self, message: LostMessage) -> None:
         """A message of the signal listener: a hint, never evidence (anyone allowed to publish
-        on the channel can send one). A one-hold message that names this hold exactly is checked
-        with one read (``LOCK.CHECK`` of the key it names); a whole-key, flush or move message
-        that concerns this hold's database and a key of it, with one read per key. Only a read
-        that finds the hold gone reports it lost."""
-        if isinstance(message, HoldEnded):
-            with self._lock:
-                named = self._machine.active and self._machine.names(message)
-                if named:
-                    self._machine.hinted(message.reason)
-            if named:
-                spawn_short("redis-lock-check", self._check_named, message)
-            return
-        if isinstance(message, Flushed):
-            db, key, reason, moved = message.db, None, LostReason.FLUSHED, False
-        elif isinstance(message, KeyEnded):
-            db, key, reason, moved = message.db, message.key, message.reason, False
-        else:
-            db, key, reason, moved = message.db, message.key, LostReason.HOLD_GONE, True
-        with self._lock:
-            concerned = self._machine.active and self._machine.concerns(db, key)
-        if concerned:
-            spawn("redis-lock-check", self._check, key, reason, moved)
+        on the channel can send one). The machine asks for a check when it names this hold
+        exactly (one ``LOCK.CHECK`` of the key it names: ``_check_named``), or concerns this
+        hold's database and a key of it (a whole-key, flush or move message: one read per key,
+        ``_check``). Only a read that finds the hold gone reports it lost."""
+        self._event(life.Signal(message))
 
-    def _check_named(self, message: HoldEnded) -> None:
+    def _check_named(self, asked: life.Check) -> None:
         """``LOCK.CHECK key owner token`` of the key a message named (one round trip, O(1)): the
         hold is reported lost, with the message's reason, only when the server answers 0. No
         answer changes nothing: the watchdog's rules stand."""
+        key = asked.key if asked.key is not None else self.key
+        token = self._machine.tokens.get(key, self.token)
+        sent = time.monotonic()
+        answer: Holds | Answer
         try:
-            held = self.route.query(check(message.key, self.owner, message.token))
+            held = self.route.query(check(key, self.owner, token))
         except NoPermission as e:
             self._denied(e)
-            self._event(lambda m: m.denied())
-            return
+            answer = Answer.REFUSED
         except LockServerError as e:
-            if is_final(str(e)):
-                self._event(lambda m: m.checked(False, message.reason))
-            return
+            answer = Answer.GONE if is_final(str(e)) else Answer.NOTHING
         except LockError:
-            return
-        self._event(lambda m: m.checked(held != 0, message.reason))
+            answer = Answer.NOTHING
+        else:
+            answer = Answer.GONE if held == 0 else Holds()
+        self._event(Answered(CheckRead(asked.reason), sent, time.monotonic(), answer))
 
-    def _check(self, key: Optional[bytes], reason: LostReason, moved: bool) -> None:
+    def _check(self, asked: life.Check) -> None:
         """``LOCK.INFO`` of each key concerned (a read that changes nothing, following MOVED and
-        ASK): the hold is reported lost (``reason``) only when the server no longer shows this
-        owner with this token. No answer leaves it to the watchdog. After a move, the hold
-        found alive is listened to where its keys are now."""
+        ASK): the hold is reported lost (the check's reason) only when the server no longer
+        shows this owner with this token; shown, the lease it has left is evidence too. No
+        answer leaves it to the watchdog. After a move, the hold found alive is listened to
+        where its keys are now."""
+        sent = time.monotonic()
+        answer: Holds | Answer = Holds()
+        shortest: Optional[float] = None
         for k, token in zip(self.keys.keys, self.tokens):
-            if key is not None and k != key:
+            if asked.key is not None and k != asked.key:
                 continue
             try:
                 reply = self.route.query(info(k))
             except NoPermission as e:
                 self._denied(e)
-                self._event(lambda m: m.denied())
-                return
+                answer = Answer.REFUSED
+                break
             except LockServerError as e:
-                if is_final(str(e)):
-                    self._event(lambda m: m.checked(False, reason))
-                return
+                answer = Answer.GONE if is_final(str(e)) else Answer.NOTHING
+                break
             except LockError:
-                return
-            if holder_ttl(reply, self.owner, token) is None:
-                self._event(lambda m: m.checked(False, reason))
-                return
-        if moved and self.active:
+                answer = Answer.NOTHING
+                break
+            ttl = holder_ttl(reply, self.owner, token)
+            if ttl is None:
+                answer = Answer.GONE
+                break
+            seconds = float("inf") if ttl < 0 else ttl / 1000
+            shortest = seconds if shortest is None else min(shortest, seconds)
+        if isinstance(answer, Holds):
+            answer = Holds(shortest)
+        self._event(Answered(CheckRead(asked.reason), sent, time.monotonic(), answer))
+        if asked.moved and isinstance(answer, Holds) and self.active:
             self.route.relocate(self)
 
     # -- release -----------------------------------------------------------------------------
@@ -718,10 +745,12 @@ class Hold:
     def request_release(self) -> Optional[NotHeld | NoPermission]:
         """The owner releases: None, or the error to raise (lost, or released before). Either
         way nothing renews from now on."""
-        with self._reporting, self._lock:
-            error = self._machine.release_requested()
+        with self._reporting:
+            with self._lock:
+                held = self._machine.phase in (Phase.CONFIRMING, Phase.HELD)
+            self._event(life.ReleaseRequested())
         self._stop_watching()
-        return None if error is None else self.not_held()
+        return None if held else self.not_held()
 
     def quiesce(self) -> None:
         """After ``request_release``: waits out a renewal in flight, stops listening."""
@@ -731,8 +760,7 @@ class Hold:
         self.route.unwatch(self)
 
     def release_replied(self) -> None:
-        with self._lock:
-            self._machine.release_replied()
+        self._event(life.ReleaseReplied())
 
     def close_own(self) -> None:
         if self.own is not None:
@@ -744,7 +772,7 @@ class Hold:
         self._lock = threading.Lock()
         self._reporting = threading.RLock()
         self._renewing = Mutex()
-        self._machine.forked()
+        self._machine.step(life.Forked())
         self._stopped = True
         self._watch = None  # the parent's watchdog: its threads are not here
         # A new event: a parent thread may have held the old one's internal lock at the fork.
