@@ -249,6 +249,7 @@ mod tests {
                     assert_eq!(terms.binding, Binding::Connection, "{row:?}");
                     vec![Event::MasterReplaced]
                 }
+                "unbound" => vec![Event::Unbound],
                 "release" => vec![Event::ReleaseRequested],
                 "release-replied" => vec![Event::ReleaseReplied],
                 other => panic!("unknown event {other:?}: {row:?}"),

@@ -16,7 +16,8 @@
 //!    a read of the lease left), counted from that command's *send* time, minus a tenth of the
 //!    lease for clock drift; it never moves back. When renewals must be acknowledged by
 //!    replicas, only an acknowledged renewal moves it (a master that dies before replicating a
-//!    renewal leaves the new master with the older lease end).
+//!    renewal leaves the new master with the older lease end; a read or a re-entry on the
+//!    master says nothing of the replicas).
 //! 3. *Lost* only on evidence: a renewal answered 0 (or, bound to its connection, not at all), a
 //!    check that no longer finds the hold, the `EPHEMERAL` connection closing, the handle's
 //!    acquire answered with another token, or time passing the deadline (no confirmed renewal
@@ -305,8 +306,9 @@ pub(crate) struct Machine {
     unacknowledged: bool,
     /// The reason of a message that named exactly this hold, while the read it asked for has
     /// not found the hold there. Should the server say the hold is gone another way first (a
-    /// renewal answered 0 before the check), the message's reason is the one reported: the
-    /// loss is the server's word, the message says why (as when the check finds it gone).
+    /// renewal answered 0 before the check, a re-entry answered another token), the message's
+    /// reason is the one reported: the loss is the server's word, the message says why (as
+    /// when the check finds it gone).
     hint: Option<LostReason>,
 }
 
@@ -405,10 +407,19 @@ impl Machine {
                 }
                 (Read::Check(_), _) => State::Confirming { attempts },
             },
-            (State::Confirming { .. }, Event::ConnectionLost | Event::MasterReplaced)
+            (State::Confirming { .. }, Event::ConnectionLost)
                 if self.terms.binding == Binding::Connection =>
             {
                 out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
+                State::Refused
+            }
+            // The new master has the hold, bound to nothing, until its lease ends: released
+            // there, so that nobody waits it out.
+            (State::Confirming { .. }, Event::MasterReplaced)
+                if self.terms.binding == Binding::Connection =>
+            {
+                out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
+                out.abandon = true;
                 State::Refused
             }
             (State::Held { .. }, Event::Unbound) => {
@@ -509,7 +520,9 @@ impl Machine {
                 answer,
                 ..
             } => match answer {
-                Answer::Holds(Some(left)) => State::Held {
+                // A read of the master: no evidence that a promoted replica would have the
+                // hold as long, where replicas must acknowledge what moves the deadline.
+                Answer::Holds(Some(left)) if !terms.acknowledged => State::Held {
                     deadline: deadline.max(terms.bound(sent, left)),
                     next,
                     renewing,
@@ -519,7 +532,7 @@ impl Machine {
                     out.abandon = true;
                     State::Lost(LostReason::NoPermission)
                 }
-                Answer::Holds(None) | Answer::Nothing | Answer::Unacknowledged => self.state,
+                Answer::Holds(_) | Answer::Nothing | Answer::Unacknowledged => self.state,
             },
             Event::Answered {
                 read: Read::LeaseLeft,
@@ -532,7 +545,8 @@ impl Machine {
                 renewing,
             },
             Event::Reentered { .. } => self.state,
-            Event::Replaced => State::Lost(LostReason::HoldGone),
+            // The server says the hold is gone: a message's reason not yet checked says why.
+            Event::Replaced => State::Lost(self.gone_reason()),
             // A hint, not evidence: the check the message asks for tells.
             Event::Signal(signal) => {
                 out.check = self.check_after(signal);

@@ -132,6 +132,8 @@ impl Model {
             Event::ConnectionLost | Event::MasterReplaced
                 if confirming && terms.binding == Binding::Connection =>
             {
+                // A failover's new master has the hold, bound to nothing: released there.
+                self.abandoned = matches!(event, Event::MasterReplaced);
                 self.end(End::Refused)
             }
             // Before delivery and after the end, nothing else counts.
@@ -172,7 +174,10 @@ impl Model {
                 answer,
                 ..
             } => match answer {
-                Answer::Holds(Some(left)) => self.extend(case.bound(sent, left)),
+                // A read of the master says nothing of the replicas.
+                Answer::Holds(Some(left)) if !terms.acknowledged => {
+                    self.extend(case.bound(sent, left))
+                }
                 Answer::Gone => self.end(End::Lost(reason)),
                 Answer::Refused => {
                     self.abandoned = true;
@@ -183,7 +188,7 @@ impl Model {
             Event::Reentered { sent } if !terms.acknowledged => {
                 self.extend(case.bound(sent, terms.lease))
             }
-            Event::Replaced => self.end(End::Lost(LostReason::HoldGone)),
+            Event::Replaced => self.end(End::Lost(self.hint.unwrap_or(LostReason::HoldGone))),
             Event::Fenced(reason) => self.end(End::Lost(reason)),
             // A message is a hint: only the check it asks for can end the hold.
             Event::Signal(_) => {}
@@ -435,7 +440,7 @@ fn run(seed: u64) {
         // A loss the server may not know of asks for the hold's release, once, at that loss.
         assert_eq!(
             out.abandon,
-            was_held && model.abandoned && !model.held(),
+            (was_held || was_confirming) && model.abandoned && !model.held(),
             "{shown}: abandon"
         );
         if let Some(w) = out.wake {
