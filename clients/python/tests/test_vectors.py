@@ -176,8 +176,9 @@ def hold_events(row: list[str]) -> list[Event]:
     if event == "tick":
         return [Tick(now)]
     if event == "confirmed":
-        if argument:
-            return [Answered(Read.LEASE_LEFT, sent, now, Holds(seconds(argument)))]
+        if argument:  # the lease left (``none``: the server has no lease on the hold)
+            left = float("inf") if argument == "none" else seconds(argument)
+            return [Answered(Read.LEASE_LEFT, sent, now, Holds(left))]
         return [renewal(Holds())]
     simple: dict[str, Event] = {
         "renewed": renewal(Holds()),
@@ -225,7 +226,8 @@ def test_hold_machine(steps):
                 ("release", out.release)] if asked}
             abandon = abandon or out.abandon
         ended = m.phase in (Phase.LOST, Phase.REFUSED)
-        deadline = str(round(m.deadline * 1000)) if m.phase is Phase.HELD else ""
+        deadline = "" if m.phase is not Phase.HELD else (
+            "never" if m.deadline == float("inf") else str(round(m.deadline * 1000)))
         got = (m.phase.value, m.reason.value if ended and m.reason else "", asks,
                "abandon" if abandon else "", deadline)
         want = (row[5], column(row, 6), set(column(row, 7).split()), column(row, 8),

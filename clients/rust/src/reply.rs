@@ -87,7 +87,8 @@ pub(crate) fn released(reply: &Value) -> Option<bool> {
 }
 
 /// What a `LOCK.INFO` reply (nil, or name/value pairs as a RESP2 flat array or a RESP3 map)
-/// says of the hold (`owner`, `token`): there, with its `ttl` when it has one; gone (the key
+/// says of the hold (`owner`, `token`): there, with its `ttl` when it has one
+/// ([`NO_LEASE`](crate::machine::NO_LEASE) for `-1`: no lease on the server); gone (the key
 /// is free, or `holders` does not list the owner with this token); nothing known (a reply
 /// LOCK.INFO never gives, or an error).
 pub(crate) fn holder(reply: &Result<Value, LockError>, owner: &[u8], token: u64) -> Answer {
@@ -108,6 +109,7 @@ pub(crate) fn holder(reply: &Result<Value, LockError>, owner: &[u8], token: u64)
     match found {
         None => Answer::Gone,
         Some(h) => Answer::Holds(match field(h, b"ttl") {
+            Some(Value::Int(-1)) => Some(crate::machine::NO_LEASE),
             Some(Value::Int(ms)) => u64::try_from(*ms).ok().map(Duration::from_millis),
             _ => None,
         }),
@@ -234,6 +236,22 @@ mod tests {
         }
         assert_eq!(holder(&Ok(Value::Nil), b"me", 7), Answer::Gone);
         assert_eq!(holder(&Ok(Value::Int(3)), b"me", 7), Answer::Nothing);
+        // No lease on the server (`ttl` -1): nothing ends the hold for time alone.
+        let unending = Value::Array(vec![
+            bulk("holders"),
+            Value::Array(vec![Value::Array(vec![
+                bulk("owner"),
+                bulk("me"),
+                bulk("ttl"),
+                Value::Int(-1),
+                bulk("token"),
+                Value::Int(7),
+            ])]),
+        ]);
+        assert_eq!(
+            holder(&Ok(unending), b"me", 7),
+            Answer::Holds(Some(crate::machine::NO_LEASE))
+        );
     }
 
     #[test]

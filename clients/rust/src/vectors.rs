@@ -60,7 +60,7 @@ mod tests {
     use crate::lost::LostReason;
     use crate::machine::{
         Actions, Answer, Binding, Event, Form, Identity, Machine, Read, Refusal, Renewal, State,
-        Terms,
+        Terms, NO_LEASE,
     };
     use crate::message::LostSignal;
     use crate::reply::{fence_refusal, is_final};
@@ -205,6 +205,10 @@ mod tests {
                 "confirmed" if argument.is_empty() => {
                     vec![answered(Read::Renewal, Answer::Holds(None))]
                 }
+                // `none`: the read shows no lease on the server (`ttl` -1).
+                "confirmed" if argument == "none" => {
+                    vec![answered(Read::LeaseLeft, Answer::Holds(Some(NO_LEASE)))]
+                }
                 "confirmed" => vec![answered(
                     Read::LeaseLeft,
                     Answer::Holds(Some(millis(argument))),
@@ -316,11 +320,16 @@ mod tests {
                 "abandon" => true,
                 other => panic!("unknown abandon column {other:?}: {row:?}"),
             };
+            // `never`: none that time alone reaches (a year or more on stands for it).
             let want_deadline = match column(row, 9) {
                 "" => None,
-                ms => Some(millis(ms)),
+                "never" => Some("never".to_string()),
+                ms => Some(millis(ms).as_millis().to_string()),
             };
-            let deadline = m.deadline().map(|d| d - base);
+            let deadline = m.deadline().map(|d| match d - base {
+                far if far >= Duration::from_secs(86_400 * 365) => "never".to_string(),
+                near => near.as_millis().to_string(),
+            });
             assert_eq!(
                 (phase, reason, asks, out.abandon, deadline),
                 (

@@ -120,9 +120,9 @@ impl Terms {
 
     /// The local bound a command sent at `sent` gives, when the server answered that the hold
     /// lasts `left` from when it ran (no earlier than `sent`): minus a tenth of the lease for
-    /// clock drift.
+    /// clock drift. A hold with no lease on the server ([`NO_LEASE`]) has none.
     fn bound(&self, sent: Instant, left: Duration) -> Instant {
-        sent + left.saturating_sub(self.lease / 10)
+        sent + left.saturating_sub(self.lease / 10).min(NEVER)
     }
 
     /// How many confirmations an acquire sends before it gives up on a server that answers none.
@@ -167,10 +167,18 @@ pub(crate) enum Read {
     Check(LostReason),
 }
 
+/// How long a hold lasts that has no lease on the server (`LOCK.INFO` shows `ttl` `-1`):
+/// nothing ends it but a release, so this side never reports it lost for time alone.
+pub(crate) const NO_LEASE: Duration = Duration::MAX;
+
+/// A deadline as good as never, that an [`Instant`] can still hold (about 30 years on).
+pub(crate) const NEVER: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 /// What the server answered to a read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Answer {
-    /// The hold is there, and lasts at least this long from when the read ran, if known.
+    /// The hold is there, and lasts at least this long from when the read ran, if known
+    /// ([`NO_LEASE`]: the server has no lease on it).
     Holds(Option<Duration>),
     /// The hold is there, but fewer replicas acknowledged the renewal than asked: no evidence
     /// that a promoted replica would have it.
