@@ -736,6 +736,10 @@ class Hold:
             shortest = seconds if shortest is None else min(shortest, seconds)
         if isinstance(answer, Holds):
             answer = Holds(shortest)
+            if asked.moved:
+                # An EPHEMERAL hold's key moved: bound to nothing on the new node, it lives on
+                # (its own connection is given up at its next command there, ``send``).
+                self._event(life.Unbound())
         self._event(Answered(CheckRead(asked.reason), sent, time.monotonic(), answer))
         if asked.moved and isinstance(answer, Holds) and self.active:
             self.route.relocate(self)
