@@ -231,11 +231,14 @@ class Refusal(enum.Enum):
     #: ``HOLD_GONE``), or an EPHEMERAL hold's connection closed or gave no answer
     #: (``CONNECTION_CLOSED``).
     GONE = "gone"
-    #: The server answered no confirmation (``UNREACHABLE``).
+    #: The server answered no confirmation (``UNREACHABLE``): released in the background
+    #: (``abandon``).
     UNANSWERED = "unanswered"
-    #: Too few replicas acknowledged the grant (``UNREPLICATED``): released (``release``).
+    #: Too few replicas acknowledged the grant (``UNREPLICATED``): released by its token
+    #: before the error is raised (``release``).
     UNACKNOWLEDGED = "unacknowledged"
-    #: The server's ACL refused the confirmation (``NO_PERMISSION``).
+    #: The server's ACL refused the confirmation (``NO_PERMISSION``): released as an
+    #: unacknowledged one is (``release``).
     DENIED = "denied"
 
 
@@ -404,24 +407,30 @@ class HoldMachine:
                 self._held(event.sent, self.lease if answer.left is None else answer.left)
             elif answer is Answer.GONE:
                 self._refuse(out, Refusal.GONE, self._gone_reason())
-            elif answer is Answer.REFUSED:
-                self._refuse(out, Refusal.DENIED, LostReason.NO_PERMISSION)
-            elif answer is Answer.UNACKNOWLEDGED:
-                self._refuse(out, Refusal.UNACKNOWLEDGED, LostReason.UNREPLICATED)
+            elif answer is Answer.REFUSED or answer is Answer.UNACKNOWLEDGED:
+                # The master answered: the hold may be there, and is released before the
+                # refusal is raised.
+                if answer is Answer.REFUSED:
+                    self._refuse(out, Refusal.DENIED, LostReason.NO_PERMISSION)
+                else:
+                    self._refuse(out, Refusal.UNACKNOWLEDGED, LostReason.UNREPLICATED)
                 out.release = True
             elif self.ephemeral:
                 # No answer on the hold's own connection: it is given up (closed), and the
-                # server ends the hold with it.
+                # master ends the hold with it; a replica it reached has it bound to nothing:
+                # released in the background.
                 self._refuse(out, Refusal.GONE, LostReason.CONNECTION_CLOSED)
+                out.abandon = True
             elif self.attempts < CONFIRMATIONS:
                 self.attempts += 1
                 self._confirm(out)
             else:
+                # The server may have it: released in the background.
                 self._refuse(out, Refusal.UNANSWERED, LostReason.UNREACHABLE)
-        elif isinstance(event, ConnectionLost) and self.ephemeral:
-            self._refuse(out, Refusal.GONE, LostReason.CONNECTION_CLOSED)
-        elif isinstance(event, MasterReplaced) and self.ephemeral:
-            # The new master has the hold, bound to nothing, until its lease ends.
+                out.abandon = True
+        elif isinstance(event, (ConnectionLost, MasterReplaced)) and self.ephemeral:
+            # The master ends the hold with its connection, but a replica it reached has it
+            # bound to nothing (and a failover's new master has it so): released there.
             self._refuse(out, Refusal.GONE, LostReason.CONNECTION_CLOSED)
             out.abandon = True
         elif isinstance(event, Forked):

@@ -83,11 +83,17 @@ def test_a_confirmation_with_no_answer_is_sent_again_then_the_grant_is_refused()
         out = m.step(renewal(2 * LEASE, Answer.NOTHING))
         assert out.renew and m.phase is Phase.CONFIRMING
     out = m.step(renewal(2 * LEASE, Answer.NOTHING))
-    assert out.refuse is Refusal.UNANSWERED and m.phase is Phase.REFUSED
-    # EPHEMERAL: its connection is given up at once.
+    # The server may have it: released in the background.
+    assert out.refuse is Refusal.UNANSWERED and m.phase is Phase.REFUSED and out.abandon
+    # EPHEMERAL: its connection is given up at once (and a replica's copy released).
     m, out = machine(sent=0.0, replied=2 * LEASE, ephemeral=True)
     out = m.step(renewal(2 * LEASE, Answer.NOTHING))
     assert out.refuse is Refusal.GONE and m.reason is LostReason.CONNECTION_CLOSED
+    assert out.abandon
+    # Found gone: nothing to release.
+    m, out = machine(sent=0.0, replied=2 * LEASE)
+    out = m.step(renewal(2 * LEASE, Answer.GONE))
+    assert out.refuse is Refusal.GONE and not out.abandon and not out.release
 
 
 def test_a_fixed_lease_after_a_long_wait_is_confirmed_by_a_read_of_its_lease_left():

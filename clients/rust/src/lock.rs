@@ -1256,22 +1256,19 @@ impl Lock {
         let guard = LockGuard::new(state.clone(), hold.clone());
         // After a long wait, confirmed before it is handed out. A hold the server no longer has
         // goes with its guard (nothing to release), and the acquire goes on, within its wait,
-        // as in the Python library; one the replicas did not acknowledge, or whose
-        // confirmation got no answer, may still be on the server, and is released by its token
-        // (the handle's release: its next acquire waits for it).
+        // as in the Python library; one the replicas did not acknowledge, or the ACL refused to
+        // confirm, may still be on the server, and is released by its token here (the
+        // machine's `release`); one whose confirmation got no answer is released in the
+        // background (the machine's `abandon`, carried out by `Hold::step`: the handle's
+        // release, which its next acquire waits for).
         match hold.granted(sent, replied).await {
             Ok(()) => {}
-            // An EPHEMERAL grant whose connection failed before its confirmation answered: the
-            // master ends it with the connection, but a replica it reached does not (the copy is
-            // bound to nothing), and a failover makes that replica the master. Released in the
-            // background, and asked again (on the new master, after that release).
+            // An EPHEMERAL grant whose connection failed before its confirmation answered
+            // (released in the background: a replica it reached has it bound to nothing):
+            // asked again, on the new master after a failover.
             Err(LockError::NotHeld {
                 lost: Some(LostReason::ConnectionClosed),
-            }) => {
-                let runtime = hold.runtime.clone();
-                state.release_in_background(runtime.as_ref(), hold.clone().release_abandoned());
-                return Ok(Settled::Again);
-            }
+            }) => return Ok(Settled::Again),
             // Gone: its lease ended before the grant's reply was read.
             Err(LockError::NotHeld {
                 lost: None | Some(LostReason::HoldGone | LostReason::LeaseEnded),
@@ -1283,12 +1280,7 @@ impl Lock {
                     .await;
                 return Err(e);
             }
-            // No answer: released in the background, again until a master answers.
-            Err(e @ LockError::Connection(_)) => {
-                let runtime = hold.runtime.clone();
-                state.release_in_background(runtime.as_ref(), hold.clone().release_abandoned());
-                return Err(e);
-            }
+            // No answer: released in the background (again until a master answers).
             Err(e) => return Err(e),
         }
         hold.start(pushes).await;

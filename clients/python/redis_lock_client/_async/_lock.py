@@ -520,24 +520,25 @@ class _AsyncHandle(Generic[_G]):
         except Cancelled:  # a grant nobody will hold: released
             await _release_rest(hold)
             raise
-        except (LockConnectionError, NoPermission):
-            # No answer, or the ACL refused the confirmation: the server may still have it.
-            # Released by its token in the background, again until a master answers; the next
-            # acquire waits for it.
+        except NoPermission:
+            # The ACL refused the confirmation: the server may still have it (the machine's
+            # ``release``). Released by its token in the background, again until a master
+            # answers; the next acquire waits for it.
             await hold.close_own()
             self._release_unbelieved(hold)
+            raise
+        except LockConnectionError:
+            # No answer: the machine asked for its release in the background (``abandon``,
+            # counted by this handle: the next acquire waits for it).
+            await hold.close_own()
             raise
         except LockError:
             await hold.close_own()
             raise
         if unconfirmed is Unconfirmed.GONE:
+            # (An EPHEMERAL grant whose connection failed, or gave no answer, before its
+            # confirmation answered is released in the background: the machine's ``abandon``.)
             await hold.close_own()
-            if hold.reason is LostReason.CONNECTION_CLOSED:
-                # An EPHEMERAL grant whose connection failed (or gave no answer) before its
-                # confirmation answered: the master ends it with the connection, but a replica
-                # it reached does not (the copy is bound to nothing), and a failover makes that
-                # replica the master. Released in the background, and asked again after.
-                self._release_unbelieved(hold)
             return _AGAIN
         if unconfirmed is Unconfirmed.UNACKED:
             await self._unsafe(hold)

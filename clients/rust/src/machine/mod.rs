@@ -275,13 +275,14 @@ pub(crate) struct Actions {
 pub(crate) enum Refusal {
     /// The confirmation found the hold gone.
     Gone(LostReason),
-    /// The server answered no confirmation.
+    /// The server answered no confirmation: the hold is released in the background
+    /// ([`Actions::abandon`]).
     Unanswered,
     /// Fewer replicas acknowledged the grant than asked: the hold is released
-    /// ([`Actions::release`]).
+    /// ([`Actions::release`]: by the acquire, by its token, before it returns the error).
     Unacknowledged,
     /// The server's ACL refused the confirmation: the hold may be on the server, and is
-    /// released by the caller (by its token).
+    /// released as an unacknowledged one is ([`Actions::release`]).
     Denied,
 }
 
@@ -390,8 +391,11 @@ impl Machine {
                     out.refuse = Some(Refusal::Gone(self.gone_reason()));
                     State::Refused
                 }
+                // The master answered: the hold may be there, and is released before the
+                // refusal is returned.
                 (Read::Renewal | Read::LeaseLeft, Answer::Refused) => {
                     out.refuse = Some(Refusal::Denied);
+                    out.release = true;
                     State::Refused
                 }
                 (Read::Renewal | Read::LeaseLeft, Answer::Unacknowledged) => {
@@ -399,9 +403,13 @@ impl Machine {
                     out.release = true;
                     State::Refused
                 }
+                // No answer: the server may have the hold, which is released in the
+                // background (an EPHEMERAL one's connection is given up: the master ends it
+                // then, but a replica it reached has it bound to nothing).
                 (Read::Renewal | Read::LeaseLeft, Answer::Nothing) => {
                     if self.terms.binding == Binding::Connection {
                         out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
+                        out.abandon = true;
                         State::Refused
                     } else if attempts < Terms::CONFIRMATIONS {
                         self.confirm(&mut out);
@@ -410,20 +418,16 @@ impl Machine {
                         }
                     } else {
                         out.refuse = Some(Refusal::Unanswered);
+                        out.abandon = true;
                         State::Refused
                     }
                 }
                 (Read::Check(_), _) => State::Confirming { attempts },
             },
-            (State::Confirming { .. }, Event::ConnectionLost)
-                if self.terms.binding == Binding::Connection =>
-            {
-                out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
-                State::Refused
-            }
-            // The new master has the hold, bound to nothing, until its lease ends: released
-            // there, so that nobody waits it out.
-            (State::Confirming { .. }, Event::MasterReplaced)
+            // The master ends the hold with its connection, but a replica it reached has it
+            // bound to nothing (and a failover's new master has it so): released in the
+            // background, so that nobody waits it out.
+            (State::Confirming { .. }, Event::ConnectionLost | Event::MasterReplaced)
                 if self.terms.binding == Binding::Connection =>
             {
                 out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));

@@ -125,6 +125,8 @@ impl Model {
                 Answer::Nothing => {
                     self.unanswered += 1;
                     if terms.binding == Binding::Connection || self.unanswered >= 3 {
+                        // The server may have it: released in the background.
+                        self.abandoned = true;
                         self.end(End::Refused);
                     }
                 }
@@ -132,8 +134,9 @@ impl Model {
             Event::ConnectionLost | Event::MasterReplaced
                 if confirming && terms.binding == Binding::Connection =>
             {
-                // A failover's new master has the hold, bound to nothing: released there.
-                self.abandoned = matches!(event, Event::MasterReplaced);
+                // A replica (or a failover's new master) has the hold, bound to nothing:
+                // released there.
+                self.abandoned = true;
                 self.end(End::Refused)
             }
             // Before delivery and after the end, nothing else counts.
@@ -433,7 +436,7 @@ fn run(seed: u64) {
             assert!(
                 (was_held && model.ended == Some(End::Released))
                     || (matches!(model.ended, Some(End::Lost(_))) && case.terms.form == Form::Many)
-                    || out.refuse == Some(Refusal::Unacknowledged),
+                    || matches!(out.refuse, Some(Refusal::Unacknowledged | Refusal::Denied)),
                 "{shown}: release"
             );
         }
