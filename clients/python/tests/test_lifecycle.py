@@ -245,6 +245,8 @@ class Reference:
         self.released = False
         self.confirmed = not self.needs_confirmation
         self.unacked = False  # the last renewal answered, not acknowledged
+        #: The reason of a message naming the hold that no check has answered present.
+        self.hint: Optional[LostReason] = None
 
     @property
     def deadline(self) -> float:
@@ -344,7 +346,8 @@ class HoldRules(RuleBasedStateMachine):
     def evidence(self, event: str) -> None:
         want: Optional[LostReason]
         if event == "replaced":
-            self.out, want = self.m.step(Replaced()), LostReason.HOLD_GONE
+            # The server says it is gone: a message's reason not yet checked says why.
+            self.out, want = self.m.step(Replaced()), self.ref.hint or LostReason.HOLD_GONE
         elif event == "fenced":
             self.out, want = self.m.step(Fenced(LostReason.HOLD_GONE)), LostReason.HOLD_GONE
         elif event == "not-current":
@@ -354,6 +357,8 @@ class HoldRules(RuleBasedStateMachine):
             self.out, want = self.m.step(check(Answer.GONE)), LostReason.DELETED
         else:
             self.out, want = self.m.step(check(Holds())), None
+            if self.ref.alive():
+                self.ref.hint = None
         if self._held() and want is not None:
             assert self.out.lost is want
             self.ref.evidence = want
@@ -373,6 +378,8 @@ class HoldRules(RuleBasedStateMachine):
         # nothing changes.
         self.out = self.m.step(Signal(HoldEnded(reason, db, token, key, owner)))
         named = (db, key, owner, token) == (DB, KEY, OWNER, TOKEN)
+        if named and self.ref.alive():
+            self.ref.hint = reason
         assert (self.out.check is not None) == (named and self._held())
         assert self.out.lost is None and not self.out.abandon
 

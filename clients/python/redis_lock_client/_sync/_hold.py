@@ -234,11 +234,11 @@ class Hold:
         with self._reporting:
             with self._lock:
                 out = self._machine.step(event)
-                if out.renew and self._machine.phase is Phase.HELD:
+                # The watchdog's renewal (a grant's confirmation is ``confirm``'s).
+                renewal = out.renew and self._machine.phase is Phase.HELD
+                if renewal:
                     self._renew_asked = True
-                else:
-                    looking = True
-            if not looking:  # (asked on another tick than the watchdog's: it looks now)
+            if renewal and not looking:  # asked on another tick than the watchdog's: it looks now
                 watch = self._watch
                 if watch is not None:
                     watch.wake()
