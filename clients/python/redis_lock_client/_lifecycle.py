@@ -11,8 +11,8 @@ has the same events and actions, and both run the shared scenarios of
    lease's end is the send time plus the lease, which a long wait used up. That is no evidence
    of a loss; a confirmation (a renewal, or for a fixed lease a read of the lease left) gives a
    bound that counts from its own send time. A confirmation with no answer is sent again, up to
-   ``CONFIRMATIONS`` in all; then the grant is refused (an EPHEMERAL one at once: its
-   connection is given up). A replicated hold (``replicas=``) is confirmed after every grant,
+   ``CONFIRMATIONS`` in all; then the grant is refused (an EPHEMERAL one as soon as its
+   connection fails). A replicated hold (``replicas=``) is confirmed after every grant,
    by a renewal that replicas acknowledged; one they did not acknowledge is refused (and
    released).
 2. The deadline moves only on a reply of the server that set or showed the lease, counted from
@@ -228,8 +228,7 @@ class Refusal(enum.Enum):
     """Why a grant is not handed out (the machine's ``reason`` says more)."""
 
     #: The confirmation found the hold gone (its reason: a message's not yet checked, else
-    #: ``HOLD_GONE``), or an EPHEMERAL hold's connection closed or gave no answer
-    #: (``CONNECTION_CLOSED``).
+    #: ``HOLD_GONE``), or an EPHEMERAL hold's connection failed (``CONNECTION_CLOSED``).
     GONE = "gone"
     #: The server answered no confirmation (``UNREACHABLE``): released in the background
     #: (``abandon``).
@@ -415,13 +414,10 @@ class HoldMachine:
                 else:
                     self._refuse(out, Refusal.UNACKNOWLEDGED, LostReason.UNREPLICATED)
                 out.release = True
-            elif self.ephemeral:
-                # No answer on the hold's own connection: it is given up (closed), and the
-                # master ends the hold with it; a replica it reached has it bound to nothing:
-                # released in the background.
-                self._refuse(out, Refusal.GONE, LostReason.CONNECTION_CLOSED)
-                out.abandon = True
             elif self.attempts < CONFIRMATIONS:
+                # No answer (also on the connection an EPHEMERAL hold is bound to: an error, a
+                # timeout, a server not ready yet, and the connection may be alive; its
+                # failure is ``ConnectionLost``): sent again.
                 self.attempts += 1
                 self._confirm(out)
             else:

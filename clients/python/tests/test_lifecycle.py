@@ -85,9 +85,12 @@ def test_a_confirmation_with_no_answer_is_sent_again_then_the_grant_is_refused()
     out = m.step(renewal(2 * LEASE, Answer.NOTHING))
     # The server may have it: released in the background.
     assert out.refuse is Refusal.UNANSWERED and m.phase is Phase.REFUSED and out.abandon
-    # EPHEMERAL: its connection is given up at once (and a replica's copy released).
+    # EPHEMERAL: sent again too (the connection may be alive); refused once the connection
+    # fails (and a replica's copy released).
     m, out = machine(sent=0.0, replied=2 * LEASE, ephemeral=True)
     out = m.step(renewal(2 * LEASE, Answer.NOTHING))
+    assert out.renew and out.refuse is None
+    out = m.step(ConnectionLost())
     assert out.refuse is Refusal.GONE and m.reason is LostReason.CONNECTION_CLOSED
     assert out.abandon
     # Found gone: nothing to release.

@@ -384,15 +384,29 @@ impl Hold {
 
     /// One renewal (the watchdog's): its answer goes to the machine.
     async fn renew(self: Arc<Self>) {
-        let (event, _) = self.send_renewal().await;
+        let (event, _, broken) = self.send_renewal().await;
+        if broken {
+            // The connection the hold is bound to failed: the server ends the hold once it
+            // reads that (the machine asks for reads until then).
+            self.step(Event::ConnectionLost);
+        }
         self.step(event);
+    }
+
+    /// Whether `reply` is a connection error on the connection this hold is bound to (its own,
+    /// `EPHEMERAL`): the server ends the hold as soon as it reads the close.
+    fn broke(&self, reply: &Result<Value, LockError>) -> bool {
+        matches!(reply, Err(LockError::Connection(_)))
+            && matches!(self.connection(), HoldConn::Own(_))
     }
 
     /// A renewal, followed in one pipeline by what acknowledges it (`WAIT`, `WAITAOF`) when
     /// the lock asks for that: the hold is there but the renewal unacknowledged
-    /// ([`Answer::Unacknowledged`], with why) when too few acknowledged.
-    async fn send_renewal(self: &Arc<Self>) -> (Event<'static>, Option<Shortfall>) {
+    /// ([`Answer::Unacknowledged`], with why) when too few acknowledged. The last: whether the
+    /// connection the hold is bound to failed ([`Hold::broke`]).
+    async fn send_renewal(self: &Arc<Self>) -> (Event<'static>, Option<Shortfall>, bool) {
         let sent = Instant::now();
+        let mut broken = false;
         let (answer, why) = if self.acks.is_on() {
             let mut pipe = redis::pipe();
             pipe.ignore_errors().add_command(self.renew_cmd());
@@ -405,7 +419,7 @@ impl Hold {
                     self.note_denied([&renewed]);
                     if is_redirect(&renewed) && self.unbind_if_moved().await {
                         // Sent again where the key is now, in the next round.
-                        return (self.nothing(sent), None);
+                        return (self.nothing(sent), None, false);
                     }
                     match reply::renewal(&renewed, self.terms.lease) {
                         Answer::Holds(left) => match self.acks.judge(&replies) {
@@ -419,6 +433,7 @@ impl Hold {
                 Err(e) => {
                     let reply = Err(e);
                     self.note_denied([&reply]);
+                    broken = self.broke(&reply);
                     (reply::renewal(&reply, self.terms.lease), None)
                 }
             }
@@ -429,6 +444,7 @@ impl Hold {
                 reply = self.query(&self.renew_cmd()).await;
             }
             self.note_denied([&reply]);
+            broken = self.broke(&reply);
             (reply::renewal(&reply, self.terms.lease), None)
         };
         let answer = match answer {
@@ -441,7 +457,7 @@ impl Hold {
             replied: Instant::now(),
             answer,
         };
-        (event, why)
+        (event, why, broken)
     }
 
     /// `answer` when the server holds every key under this hold's token, `Gone` when it does not
@@ -487,19 +503,21 @@ impl Hold {
     }
 
     /// A fixed lease's confirmation: the lease this hold has left on its first key
-    /// (`LOCK.INFO`; every key was granted at one instant with one lease).
-    async fn read_lease(&self) -> Event<'static> {
+    /// (`LOCK.INFO`; every key was granted at one instant with one lease); and whether the
+    /// connection the hold is bound to failed ([`Hold::broke`]).
+    async fn read_lease(&self) -> (Event<'static>, bool) {
         let sent = Instant::now();
         let mut cmd = redis::cmd("LOCK.INFO");
         cmd.arg(self.key());
         let reply = self.query(&cmd).await;
         self.note_denied([&reply]);
-        Event::Answered {
+        let event = Event::Answered {
             read: Read::LeaseLeft,
             sent,
             replied: Instant::now(),
             answer: reply::holder(&reply, self.owner.as_bytes(), self.token()),
-        }
+        };
+        (event, self.broke(&reply))
     }
 
     /// After a grant: hands the hold over, or first sends the confirmation the machine asks for
@@ -543,10 +561,10 @@ impl Hold {
                 }
                 None => {}
             }
-            let event = if out.renew {
-                let (event, unacknowledged) = self.send_renewal().await;
+            let (event, broken) = if out.renew {
+                let (event, unacknowledged, broken) = self.send_renewal().await;
                 why = unacknowledged;
-                event
+                (event, broken)
             } else if out.read_lease {
                 self.read_lease().await
             } else {
@@ -554,6 +572,14 @@ impl Hold {
                     "the grant was neither handed out nor confirmed".into(),
                 ));
             };
+            if broken {
+                // Its connection failed: the machine refuses the grant (the master ends it with
+                // the connection; a replica's copy is released in the background).
+                out = self.step(Event::ConnectionLost);
+                if out.refuse.is_some() {
+                    continue;
+                }
+            }
             out = self.step(event);
         }
     }

@@ -536,9 +536,12 @@ class _AsyncHandle(Generic[_G]):
             await hold.close_own()
             raise
         if unconfirmed is Unconfirmed.GONE:
-            # (An EPHEMERAL grant whose connection failed, or gave no answer, before its
-            # confirmation answered is released in the background: the machine's ``abandon``.)
+            # An EPHEMERAL grant whose connection failed before its confirmation answered: the
+            # master ends it with the connection, but a replica it reached has it bound to
+            # nothing (the machine's ``abandon`` queued its release): released before it is
+            # asked again (the gate is held here).
             await hold.close_own()
+            await self._drain()
             return _AGAIN
         if unconfirmed is Unconfirmed.UNACKED:
             await self._unsafe(hold)

@@ -403,15 +403,12 @@ impl Machine {
                     out.release = true;
                     State::Refused
                 }
-                // No answer: the server may have the hold, which is released in the
-                // background (an EPHEMERAL one's connection is given up: the master ends it
-                // then, but a replica it reached has it bound to nothing).
+                // No answer (also on the connection an EPHEMERAL hold is bound to: an error, a
+                // timeout, a server not ready yet, and the connection may be alive; its failure
+                // is `ConnectionLost`): sent again; after the last, the server may have the
+                // hold, which is released in the background.
                 (Read::Renewal | Read::LeaseLeft, Answer::Nothing) => {
-                    if self.terms.binding == Binding::Connection {
-                        out.refuse = Some(Refusal::Gone(LostReason::ConnectionClosed));
-                        out.abandon = true;
-                        State::Refused
-                    } else if attempts < Terms::CONFIRMATIONS {
+                    if attempts < Terms::CONFIRMATIONS {
                         self.confirm(&mut out);
                         State::Confirming {
                             attempts: attempts + 1,

@@ -124,7 +124,7 @@ impl Model {
                 Answer::Gone | Answer::Unacknowledged | Answer::Refused => self.end(End::Refused),
                 Answer::Nothing => {
                     self.unanswered += 1;
-                    if terms.binding == Binding::Connection || self.unanswered >= 3 {
+                    if self.unanswered >= 3 {
                         // The server may have it: released in the background.
                         self.abandoned = true;
                         self.end(End::Refused);

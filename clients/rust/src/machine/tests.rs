@@ -132,13 +132,17 @@ fn a_confirmation_that_finds_the_hold_gone_or_unanswered_refuses_the_acquire() {
             assert_eq!(out.refuse, Some(Refusal::Unanswered));
         }
     }
-    // Bound to its connection, one failure is the connection gone.
+    // Bound to its connection: no answer is sent again too (the connection may be alive);
+    // the connection failing refuses it, and its copy on a replica is released.
     let (mut m, _) = granted(Renewal::Watchdog, Binding::Connection, base, 2_000);
     let out = m.step(answered(Read::Renewal, ms(base, 2_001), Answer::Nothing));
+    assert!(out.renew && out.refuse.is_none());
+    let out = m.step(Event::ConnectionLost);
     assert_eq!(
         out.refuse,
         Some(Refusal::Gone(LostReason::ConnectionClosed))
     );
+    assert!(out.abandon);
 }
 
 #[test]
