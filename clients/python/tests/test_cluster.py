@@ -808,3 +808,39 @@ def test_a_wait_whose_key_moves_again_and_again_follows_it_and_is_granted(own_cl
     got[0].release()  # type: ignore[attr-defined]
     client.close()
     other.close()
+
+
+def test_a_master_that_does_not_answer_holds_back_no_other_masters_renewals(own_cluster):
+    # The sync client's watchdog sends renewals on a few worker threads. They were the
+    # client's: with a master paused, its holds' renewals took every worker (each waiting out
+    # the command timeout) and the other masters' holds queued behind them, past their
+    # deadlines: reported lost while their server held them. Now each master has its own.
+    cluster = own_cluster
+    paused, answering = cluster.nodes[0], cluster.nodes[1]
+    prefix = "paused-" + uuid.uuid4().hex[:8]
+    names = (f"{prefix}:{i}" for i in range(10_000))
+    on_paused: list[str] = []
+    on_answering: list[str] = []
+    for name in names:
+        node = cluster.node_of(name)
+        if node is paused and len(on_paused) < 8:
+            on_paused.append(name)
+        elif node is answering and len(on_answering) < 2:
+            on_answering.append(name)
+        if len(on_paused) == 8 and len(on_answering) == 2:
+            break
+    lease = 1.5  # renewed every 0.5 s; lost locally 1.35 s after a renewal's send
+    client = LockClient(cluster.redis_cluster(), command_timeout=5.0, lost_signal=False)
+    try:
+        guards = {name: client.lock(name, lease=lease).acquire() for name in on_paused + on_answering}
+        with paused.stopped():
+            time.sleep(2 * lease)
+            for name in on_answering:
+                guard = guards[name]
+                assert not guard.lost.is_set(), f"{name}: {guard.lost_reason}"
+                held = answering.client().execute_command("LOCK.INFO", name)
+                assert held is not None
+        for name in on_answering:
+            assert guards[name].release() is Release.RELEASED
+    finally:
+        client.close()

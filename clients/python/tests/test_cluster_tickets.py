@@ -5,12 +5,15 @@ master, instead of a blocked ``LOCK.ACQUIRE`` on a connection of its own."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
+import traceback
 import uuid
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio.cluster
 import redis.cluster
 
@@ -529,7 +532,8 @@ def test_cluster_ticket_waits_through_repeated_slot_moves_all_end(own_cluster):
 
     specs = [([a], False), ([a], True), ([b], False), ([b], True), ([a, b], False),
              ([a], False), ([b], True), ([a, b], True)]
-    threads = [threading.Thread(target=worker, args=(clients[i % 2], keys, eph), daemon=True)
+    threads = [threading.Thread(target=worker, args=(clients[i % 2], keys, eph), daemon=True,
+                                name=f"w{i}:{'+'.join(keys)}:{'eph' if eph else 'plain'}")
                for i, (keys, eph) in enumerate(specs)]
     for t in threads:
         t.start()
@@ -546,11 +550,38 @@ def test_cluster_ticket_waits_through_repeated_slot_moves_all_end(own_cluster):
     deadline = time.monotonic() + 15.0
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t.name for t in threads if t.is_alive()]
+    stuck = [t for t in threads if t.is_alive()]
+    # Failed once (a -n 4 run under load: three single-key waits never ended, the only errors
+    # TRYAGAIN): what each stuck wait is doing and what every node says of its keys, so the
+    # next failure comes with its cause.
+    report = stuck_report(cluster, stuck, [a, b]) if stuck else ""
     for c in clients:
         c.close()
     assert moves >= 5 and rounds[0] > 0
-    assert stuck == [], f"waits that never ended: {stuck}; errors: {errors}"
+    assert stuck == [], f"waits that never ended: {report}\nerrors: {errors}"
+
+
+def stuck_report(cluster: Cluster, stuck: list[threading.Thread], keys: list[str]) -> str:
+    """Each stuck thread's stack, then each key's LOCK.INFO (or error) on every node."""
+    frames = sys._current_frames()
+    lines = []
+    for t in stuck:
+        frame = frames.get(t.ident or 0)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)"
+        lines.append(f"--- {t.name}\n{stack}")
+    for key in keys:
+        for node in cluster.nodes:
+            try:
+                with node.client() as raw:
+                    answer: Any = raw.execute_command("LOCK.INFO", key)
+            except redis.RedisError as e:
+                answer = f"{type(e).__name__}: {e}"
+            lines.append(f"{key} on {node.port}: {answer}")
+    for node in cluster.nodes:
+        blocked = [node.blocked_clients(command) for command in ("blpop", "lock.acquire")]
+        lines.append(f"blocked on {node.port}: blpop {len(blocked[0])}, "
+                     f"lock.acquire {len(blocked[1])}")
+    return "\n".join(lines)
 
 
 @pytest.mark.scenario("tickets-wait", "cluster-wait", "cluster-ephemeral")

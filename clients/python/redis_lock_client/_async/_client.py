@@ -40,6 +40,7 @@ from ._backend import (
     Watchdog,
     cluster_node,
     cluster_node_at,
+    cluster_node_known,
     cluster_refresh,
     peer,
     sentinel_master,
@@ -101,6 +102,9 @@ class _Route:
 
     async def relocate(self, hold: Hold) -> None:
         await self._client._relocate(self, hold)
+
+    def where(self) -> Optional[str]:
+        return self._client._known_node(self._key)
 
     async def replaced(self, own: OwnConnection) -> bool:
         try:
@@ -303,6 +307,18 @@ class AsyncLockClient:
         except (redis.RedisError, RedisClusterException) as e:
             raise LockConnectionError(f"no node serves {key!r}: {e}") from e
         return self._node_named(name, cls, kwargs)
+
+    def _known_node(self, key: bytes) -> Optional[str]:
+        """The name (``host:port``) of the master serving ``key`` by what the client knows now
+        (the last MOVED for its slot, else the slot map), never asking a server; None
+        standalone, or with no slot map yet."""
+        if self._cluster is None:
+            return None
+        slot = key_slot(key)
+        moved_to = self._moved_to.get(slot)
+        if moved_to is not None:
+            return f"{moved_to[0]}:{moved_to[1]}"
+        return cluster_node_known(self._cluster, slot)
 
     async def _node_at(self, host: str, port: int) -> Optional[_Node]:
         """The cluster master at ``host``:``port`` (an ASK's target), if the slot map knows it."""
