@@ -391,7 +391,10 @@ def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     cluster = own_cluster
     key = unique("moved")
     client = LockClient(cluster.redis_cluster())
-    guard = client.lock(key, lease=0.9).acquire()
+    # A lease of 3 s: renewed every second. At 0.9 s, a test process starved for 0.8 s (four
+    # test processes on two busy cores) lost the hold to its own deadline (UNREACHABLE), and no
+    # renewal reached the new master.
+    guard = client.lock(key, lease=3.0).acquire()
     channel = lost_signal_channel(key)
     assert cluster.node_of(key).client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1
     events = reports_key_events(cluster.nodes[0])
@@ -401,8 +404,8 @@ def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     if events:
         assert heard.get(timeout=2) == f"moved 0 * {len(key)} {key}".encode()
     renews = target.commandstat("lock.renew")
-    deadline = time.monotonic() + 10  # a bound that catches a hang only (about 1 s here)
-    while target.commandstat("lock.renew") < renews + 3:  # renewals at 0.3 s, on the new master
+    deadline = time.monotonic() + 20  # a bound that catches a hang only (about 3 s here)
+    while target.commandstat("lock.renew") < renews + 3:  # renewals every 1 s, on the new master
         assert time.monotonic() < deadline, "no renewal reached the new master"
         time.sleep(0.05)
     assert not guard.lost.is_set()
@@ -429,16 +432,17 @@ def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sen
         rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
         other_rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
         async with AsyncLockClient(rc) as client, AsyncLockClient(other_rc) as other:
-            guard = await client.lock(key, lease=0.9).acquire()
+            # A lease of 3 s, as in the sync test above (0.9 s: lost to a starved process).
+            guard = await client.lock(key, lease=3.0).acquire()
             # Two shared holds of a key in the same slot (one hash tag): the server says one
             # whole-key `moved` for both when the key leaves (Redis >= 7.2, Valkey).
             shared = key + ":shared"
-            readers = [await client.read_lock(shared, lease=0.9).acquire() for _ in range(2)]
+            readers = [await client.read_lock(shared, lease=3.0).acquire() for _ in range(2)]
             warm = await other.lock(unique("warm")).acquire()  # loads its slot map now
             await warm.release()
             source, target = move_slot(cluster, key)
             renews = target.commandstat("lock.renew")
-            for _ in range(200):  # renewals at 0.3 s (a bound of 10 s catches a hang only)
+            for _ in range(400):  # renewals every 1 s (a bound of 20 s catches a hang only)
                 if target.commandstat("lock.renew") >= renews + 3:
                     break
                 await asyncio.sleep(0.05)
@@ -453,7 +457,8 @@ def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sen
                 await asyncio.sleep(0.05)
             target.client().execute_command("LOCK.FORCERELEASE", shared)
             for r in readers:
-                await asyncio.wait_for(r.lost.wait(), 1.0)  # the signal (the lease is 0.9 s)
+                # The signal: the watchdog's next renewal (within 1 s) would say HOLD_GONE.
+                await asyncio.wait_for(r.lost.wait(), 2.0)
                 assert r.lost_reason is LostReason.FORCE_RELEASED
             assert await guard.release() is Release.RELEASED
             assert redirected(source, "lock.release") == 0

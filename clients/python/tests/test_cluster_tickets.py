@@ -554,17 +554,45 @@ def test_cluster_ticket_waits_through_repeated_slot_moves_all_end(own_cluster):
     # Failed once (a -n 4 run under load: three single-key waits never ended, the only errors
     # TRYAGAIN): what each stuck wait is doing and what every node says of its keys, so the
     # next failure comes with its cause.
-    report = stuck_report(cluster, stuck, [a, b]) if stuck else ""
+    report = stuck_report(cluster, stuck, [a, b], clients) if stuck else ""
     for c in clients:
         c.close()
     assert moves >= 5 and rounds[0] > 0
     assert stuck == [], f"waits that never ended: {report}\nerrors: {errors}"
 
 
-def stuck_report(cluster: Cluster, stuck: list[threading.Thread], keys: list[str]) -> str:
-    """Each stuck thread's stack, then each key's LOCK.INFO (or error) on every node."""
+def stuck_report(cluster: Cluster, stuck: list[threading.Thread], keys: list[str],
+                 clients: list[LockClient]) -> str:
+    """Each stuck thread's stack, each key's LOCK.INFO (or error) on every node, the blocked
+    commands on each, and each client's ticket desks: their groups, tickets and where each
+    ticket's list is."""
     frames = sys._current_frames()
     lines = []
+    names: list[bytes] = []
+    for i, client in enumerate(clients):
+        for name, node in client._nodes.items():
+            desk = node.tickets
+            for slot, group in ([] if desk is None else list(desk._slots.items())):
+                waiting = group.waiting
+                lines.append(
+                    f"client {i} desk of {name}: slot {slot} round {group.round} read "
+                    f"{group.read} blocked {group.blocked} ended {group.ended} away "
+                    f"{group.away} waiting on "
+                    f"{None if waiting is None else (waiting.conn.host, waiting.conn.port)}")
+                for ticket in list(group.tickets.values()):
+                    names.append(ticket.name)
+                    lines.append(f"  ticket {ticket.name!r} own {ticket.own} answer "
+                                 f"{ticket.answer!r} lost {ticket.lost} set "
+                                 f"{ticket.event.is_set()}")
+    for name_ in names:
+        for node in cluster.nodes:
+            with node.client(single_connection_client=True) as raw:
+                raw.execute_command("ASKING")
+                try:
+                    found: Any = raw.execute_command("LRANGE", name_, 0, -1)
+                except redis.RedisError as e:
+                    found = f"{type(e).__name__}: {e}"
+            lines.append(f"{name_!r} on {node.port}: {found}")
     for t in stuck:
         frame = frames.get(t.ident or 0)
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(gone)"
@@ -577,10 +605,15 @@ def stuck_report(cluster: Cluster, stuck: list[threading.Thread], keys: list[str
             except redis.RedisError as e:
                 answer = f"{type(e).__name__}: {e}"
             lines.append(f"{key} on {node.port}: {answer}")
+    slot = redis.cluster.key_slot(keys[0].encode())
     for node in cluster.nodes:
         blocked = [node.blocked_clients(command) for command in ("blpop", "lock.acquire")]
-        lines.append(f"blocked on {node.port}: blpop {len(blocked[0])}, "
-                     f"lock.acquire {len(blocked[1])}")
+        with node.client() as raw:
+            stats = raw.info("lock")
+            waiters = {k: stats.get(f"lock_{k}") for k in ("waiters", "tickets", "tickets_taken", "ticket_grants_lapsed", "wait_redirected", "waits_ticketed")}
+            held = raw.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+        lines.append(f"on {node.port}: blocked blpop {len(blocked[0])}, lock.acquire "
+                     f"{len(blocked[1])}; {waiters} waiters; slot {slot}'s keys {held}")
     return "\n".join(lines)
 
 
