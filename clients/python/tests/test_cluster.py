@@ -244,6 +244,41 @@ def test_a_campaign_goes_to_the_keys_master_and_an_observer_follows_it_there(clu
     assert cluster.errorstat("MOVED") == moved
 
 
+def test_an_ask_that_escapes_an_observers_read_is_not_taken_for_a_move(cluster):
+    # An ASK the leader read did not follow itself (its tries used up) reached the observer,
+    # which noted it as a MOVED: the slot's commands then went to the ASK's node (not the
+    # slot's), which answered MOVED back. Now an escaped ASK only loads the slot map again.
+    client = LockClient(cluster.redis_cluster())
+    try:
+        key = unique("ask")
+        slot = redis.cluster.key_slot(key.encode())
+        elsewhere = next(n for n in cluster.nodes if n is not cluster.node_of(key))
+        real_query = client._query
+        asked: list[bool] = []
+
+        def query(route: bytes, args: list, *more: object) -> object:
+            if not asked and args and args[0] == "LOCK.LEADER":
+                asked.append(True)
+                raise Redirected(f"ASK {slot} 127.0.0.1:{elsewhere.port}", asking=True,
+                                 host="127.0.0.1", port=elsewhere.port, slot=slot)
+            return real_query(route, args, *more)
+
+        client._query = query  # type: ignore[method-assign]
+        moved = cluster.errorstat("MOVED")
+        election = client.election(key, "node-a")
+        with election.observe() as observer:
+            leadership = election.campaign()
+            seen = next_within(observer)
+            if seen is None:  # read before the campaign: nobody led
+                seen = next_within(observer)
+            assert asked and seen == Leader(b"node-a", leadership.epoch, None)
+            leadership.resign()
+        assert client._moved_to.get(slot) is None
+        assert cluster.errorstat("MOVED") == moved
+    finally:
+        client.close()
+
+
 @pytest.mark.scenario("election-cluster")
 def test_async_election_in_a_cluster(cluster):
     async def main() -> None:

@@ -268,7 +268,11 @@ class AsyncObserver:
             found = parse_leader(await self._client._query(self._key, leader(self._key)))
         except Redirected as e:
             await sub.close()
-            await self._client._moved(e)
+            # Escaped the read's own following: a MOVED names the slot's node from now on; an
+            # ASK (the slot is moving: its target takes one command after ASKING) only has the
+            # slot map loaded again. Noted as a MOVED, it sent every command of the slot to the
+            # importing node until that node answered MOVED back.
+            await self._client._redirect(e, asked=True)
             raise
         except BaseException:
             await sub.close()
