@@ -22,6 +22,8 @@ from .._commands import (
     TicketExpired,
     explained_by_role,
     is_retry_later,
+    on_functions,
+    refusal,
     says_not_ephemeral,
 )
 from .._common import (
@@ -34,6 +36,7 @@ from .._common import (
     WAIT_MARGIN,
     WAIT_REDIRECTS,
     Arg,
+    Backend,
     Key,
     Kind,
     LockConnectionError,
@@ -63,6 +66,7 @@ from ._backend import (
 from ._connection import OwnConnection, call
 from ._hold import Hold, Unconfirmed
 from ._tickets import NoTickets, TicketDesk
+from ._unlocked import wait_unlocked
 
 if TYPE_CHECKING:
     from ._client import LockClient, _Node
@@ -209,6 +213,7 @@ class _Handle(Generic[_G]):
         ``wait_timeout`` (None: until granted)."""
         with self._gate:
             self._drain()
+            self._check_backend(value)
             until = None if wait_timeout is None else time.monotonic() + wait_timeout
             for _ in range(RETRIES + 1):
                 current = self._current()
@@ -235,6 +240,23 @@ class _Handle(Generic[_G]):
                 if got is not _AGAIN:
                     return cast(Optional[_G], got)
             return None
+
+    def _check_backend(self, value: Optional[bytes]) -> None:
+        """Raises ``NotSupported`` before anything is sent when the keys' server has the
+        ``redislock`` Functions library and this handle asks for what it cannot do (see
+        ``_commands.on_functions``), or the client asked for the lost-hold signal by name. A
+        server that cannot be asked now is asked by the send (``Connector.query``, which
+        refuses the same commands)."""
+        try:
+            node = self.client._node_for(self.keys.route)
+            if node.commands.backend() is not Backend.FUNCTIONS:
+                return
+        except LockConnectionError:
+            return  # found by the send, which is sent again after no answer
+
+        on_functions(self._args(False, None, value))
+        if self.client._lost_signal_asked:
+            raise refusal("the lost-hold signal (lost_signal=True)")
 
     def _wait_left(self, waits: bool, until: Optional[float]) -> tuple[bool, Optional[float]]:
         """Whether the next send waits, and how long (None: as long as it takes)."""
@@ -267,8 +289,14 @@ class _Handle(Generic[_G]):
             asking = False  # this send follows an ASK, after ASKING
             try:
                 if this_waits:
-                    args = self._args(True, wait, value, ephemeral)
                     node, asking = self.client._node_to(self.keys.route, ask)
+                    if node.commands.backend() is Backend.FUNCTIONS:
+                        # No wait in the server: the unlock message and the holder's lease
+                        # have the acquire asked again.
+                        once = self._args(False, None, value, ephemeral)
+                        route = self.keys.route
+                        return wait_unlocked(node.commands, once, route, self.owner, until)
+                    args = self._args(True, wait, value, ephemeral)
                     return self._send_waiting(args, wait, node, asking)
                 args = self._args(False, None, value, ephemeral)
                 if ask is not None:  # one send, whose redirect is followed here
