@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 import redis
 
-from conftest import ROOT, Server, start_server, wait_until
+from conftest import ROOT, Server, start_cluster, start_server, wait_until
 from redis_lock_client import (
     AsyncLockClient,
     Backend,
@@ -322,6 +322,9 @@ def test_what_the_library_cannot_do_is_refused_before_anything_is_sent(server, c
     refused(lambda: client.multi_lock([key, key + ":b"]).acquire(), "multi-key locks")
     refused(lambda: client.lock(key, ephemeral=True).acquire(), "EPHEMERAL holds")
     refused(lambda: client.election(key).campaign(timeout=0), "elections")
+    refused(lambda: client.election(key).leader(), "elections")
+    with client.election(key).observe() as observer:
+        refused(lambda: next(observer), "elections")
     assert fcalls(server) == calls
     with LockClient.from_url(server.url, lost_signal=True) as signalled:
         refused(lambda: signalled.lock(key).acquire(), r"the lost-hold signal \(lost_signal=True\)")
@@ -329,6 +332,54 @@ def test_what_the_library_cannot_do_is_refused_before_anything_is_sent(server, c
     with client.lock(key) as guard:
         refused(lambda: guard.execute("SET", key + ":data", "x"), r"fenced commands \(guard.execute\)")
     assert server.client().exists(key + ":data") == 0
+
+
+# -- a cluster ---------------------------------------------------------------------------------
+
+
+def test_a_cluster_without_the_module_gets_the_library_on_each_master_at_first_use(tmp_path):
+    """Three masters without the module or the library: each gets it loaded (load_functions)
+    when the client first sends it a command; locks, a wait across two clients (the unlock
+    message is published cluster-wide) and releases work on every master."""
+    from redis.cluster import RedisCluster
+
+    cluster = start_cluster(tmp_path, with_module=False)
+    try:
+        keys = {}
+        for i in range(1000):  # a key served by each master
+            k = f"orders:{i}"
+            keys.setdefault(cluster.node_of(k).port, k)
+            if len(keys) == 3:
+                break
+        node_keys = [keys[n.port] for n in cluster.nodes]
+        with LockClient(RedisCluster(host="127.0.0.1", port=cluster.ports[0]),
+                        load_functions=True) as a, LockClient(
+                RedisCluster(host="127.0.0.1", port=cluster.ports[0])) as b:
+            with pytest.raises(ValueError):
+                a.backend()
+            first = a.lock(node_keys[0]).acquire()
+            loaded = [bool(n.client().execute_command("FUNCTION", "LIST")) for n in cluster.nodes]
+            assert loaded == [True, False, False]  # only the master asked so far
+            for k in node_keys:
+                assert a.backend(k) is Backend.FUNCTIONS
+            for n in cluster.nodes:
+                assert n.client().execute_command("FCALL_RO", "lock_version", 0) == FUNCTIONS_VERSION
+            for k in node_keys[1:]:
+                guard = a.lock(k, lease=0.6).acquire()
+                got: list[int] = []
+                waiter = threading.Thread(
+                    target=lambda k=k: got.append(b.lock(k, wait_timeout=10).acquire().token)
+                )
+                waiter.start()
+                time.sleep(1.0)  # renewed meanwhile
+                assert not guard.lost.is_set() and not got
+                guard.release()
+                waiter.join(5)
+                assert got and got[0] > guard.token
+            assert first.release() is Release.RELEASED
+    finally:
+        for n in cluster.nodes:
+            stop(n)
 
 
 # -- a managed service's user ------------------------------------------------------------------
@@ -339,8 +390,9 @@ def test_a_managed_services_user(server, key):
     admin = server.client()
     admin.execute_command("ACL", "SETUSER", "managed", "on", ">pw", "~*", "&*", "+@all", "-@dangerous")
     url = f"redis://managed:pw@127.0.0.1:{server.port}/"
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        redis.Redis.from_url(url).execute_command("MODULE", "LIST")
+    for refused_command in (["MODULE", "LIST"], ["CONFIG", "GET", "maxmemory"], ["DEBUG", "SLEEP", "0"]):
+        verdict = admin.execute_command("ACL", "DRYRUN", "managed", *refused_command)
+        assert b"no permissions" in verdict, (refused_command, verdict)
     with LockClient.from_url(url) as a, LockClient.from_url(url) as b:
         assert a.backend() is Backend.FUNCTIONS
         held = a.lock(key, lease=0.6).acquire()

@@ -160,13 +160,16 @@ class _AsyncHandle(Generic[_G]):
 
     async def try_acquire(self) -> Optional[_G]:
         """Takes the key(s) if free (or re-enters this handle's hold), without waiting; None
-        when another owner holds one or others wait for one."""
+        when another owner holds one or others wait for one. ``NotSupported``, before anything
+        is sent, for what the server's backend cannot do (the ``redislock`` Functions library:
+        shared holds, semaphores, several keys, EPHEMERAL, elections, ``lost_signal=True``)."""
         return await self._acquire(False, self.wait_timeout)
 
     async def acquire(self) -> _G:
         """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (with a
-        ticket, or on a connection of its own: the client's ``wait_with_tickets``); raises
-        ``LockTimeout`` when it passes."""
+        ticket, or on a connection of its own: the client's ``wait_with_tickets``; on the
+        ``redislock`` Functions library, listening to the unlock message and asking again);
+        raises ``LockTimeout`` when it passes, ``NotSupported`` as ``try_acquire``."""
         guard = await self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)

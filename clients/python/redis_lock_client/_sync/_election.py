@@ -18,6 +18,7 @@ from .._common import (
     LockConnectionError,
     LockError,
     LockTimeout,
+    NotSupported,
     Release,
     to_bytes,
 )
@@ -204,7 +205,8 @@ class Observer:
     was published meanwhile is gone, the read tells the current leader). The end of a
     leadership is not announced: the next election is.
 
-    Reading waits for the next leader; closing it (from any thread in the sync library; in
+    Reading waits for the next leader; on a server with the ``redislock`` Functions library
+    (no elections) it raises ``NotSupported``. Closing it (from any thread in the sync library; in
     asyncio, cancel a task waiting in it to stop it at once) ends the iteration; ``with``
     closes it.
     """
@@ -236,6 +238,9 @@ class Observer:
                 try:
                     self._connect()
                     delay = 0.05
+                except NotSupported:  # the server has no elections: never tried again
+                    self._drop()
+                    raise
                 except LockError:
                     sleep(delay)
                     delay = min(delay * 2, 2.0)
