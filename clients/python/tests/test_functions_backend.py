@@ -89,6 +89,12 @@ def fcalls(server: Server) -> int:
     return server.commandstat("fcall")
 
 
+def subscribed(server: Server) -> list[str]:
+    """CLIENT LIST entries of connections subscribed to a channel."""
+    listed = server.client().execute_command("CLIENT", "LIST").decode().splitlines()
+    return [c for c in listed if " sub=0 " not in c]
+
+
 def run(coro):  # one event loop per test, no plugin needed
     return asyncio.run(coro)
 
@@ -238,12 +244,29 @@ def test_there_is_no_queue_a_newcomer_can_take_the_lock_ahead_of_a_waiter(server
         held.release()  # (its hold was released from outside)
 
 
+def test_a_cancelled_async_wait_leaves_no_connection_behind(server, key):
+    """The wait's subscription is closed with it: nothing stays subscribed on the server."""
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            held = await client.lock(key).acquire()
+            waiting = asyncio.create_task(client.lock(key, wait_timeout=10).acquire())
+            await asyncio.sleep(0.3)
+            assert len(subscribed(server)) == 1
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await held.release()
+    run(main())
+    wait_until(lambda: not subscribed(server), "the cancelled wait's subscription closed")
+
+
 def test_a_wait_ends_at_its_deadline(server, client, key):
     held = client.lock(key).acquire()
     start = time.monotonic()
     with pytest.raises(LockTimeout):
         client.lock(key, wait_timeout=0.5).acquire()
     assert 0.5 <= time.monotonic() - start < 1.5
+    wait_until(lambda: not subscribed(server), "the wait's subscription closed")
     held.release()
 
 
