@@ -397,6 +397,7 @@ def library_source() -> str:
     """The ``redislock`` library shipped with this package (``functions/redislock.lua``)."""
     return resources.files(__package__).joinpath("redislock.lua").read_text(encoding="utf-8")
 
+
 #: Each ``LOCK.*`` command the library has a function for: how it is called.
 _FUNCTIONS = {
     "LOCK.ACQUIRE": ("FCALL", "lock_acquire"),
@@ -423,6 +424,7 @@ _NO_OPTION = {"SHARED": "shared (read) holds", "LIMIT": "semaphores", "EPHEMERAL
 
 
 def refusal(what: str) -> NotSupported:
+    """The error for ``what`` (plural: "semaphores") asked of the redislock library."""
     return NotSupported(
         f"{what} need the LOCK.* module: this server has the redislock Functions library only"
     )
@@ -484,9 +486,8 @@ def says_backend_gone(line: str) -> bool:
     """Whether a server's error says the backend a command was built for is not there (any
     more): the module's commands unknown, or the library's function not found (a ``FUNCTION
     FLUSH``, a ``FUNCTION DELETE``, a failover to a server without them)."""
-    return line.startswith("ERR unknown command 'LOCK.") or line.startswith(
-        "ERR unknown command `LOCK."
-    ) or "Function not found" in line
+    unknown = line.startswith(("ERR unknown command 'LOCK.", "ERR unknown command `LOCK."))
+    return unknown or "Function not found" in line
 
 
 def lease_left(reply: object) -> Optional[int]:

@@ -28,7 +28,7 @@ from redis_lock_client import (
     Release,
     Renewal,
 )
-from redis_lock_client._commands import FUNCTIONS_VERSION, library_source
+from redis_lock_client._commands import FUNCTIONS_VERSION, library_source, on_functions
 from redis_lock_client._messages import unlock_channel
 
 LIBRARY = ROOT / "functions" / "redislock.lua"
@@ -105,6 +105,42 @@ def run(coro):  # one event loop per test, no plugin needed
 def test_the_package_ships_the_repositorys_library():
     assert library_source() == LIBRARY.read_text(encoding="utf-8")
     assert f"local VERSION = {FUNCTIONS_VERSION}\n" in library_source()
+
+
+@pytest.mark.parametrize("sent, expected", [
+    (["LOCK.ACQUIRE", b"k", b"o", 500, "ONCE"], ["FCALL", "lock_acquire", 1, b"k", b"o", 500, "ONCE"]),
+    (["LOCK.RENEW", b"k", b"o", 500], ["FCALL", "lock_renew", 1, b"k", b"o", 500]),
+    (["LOCK.RELEASE", b"k", b"o"], ["FCALL", "lock_release", 1, b"k", b"o"]),
+    (["LOCK.RELEASE", b"k", b"o", "TOKEN", 7], ["FCALL", "lock_release", 1, b"k", b"o", "TOKEN", 7]),
+    (["LOCK.FORCERELEASE", b"k"], ["FCALL", "lock_forcerelease", 1, b"k"]),
+    (["LOCK.INFO", b"k"], ["FCALL_RO", "lock_info", 1, b"k"]),
+    (["LOCK.CHECK", b"k", b"o", 7], ["FCALL_RO", "lock_info", 1, b"k"]),
+    (["WAIT", 1, 100], ["WAIT", 1, 100]),
+])
+def test_commands_as_the_library_takes_them(sent, expected):
+    assert on_functions(sent).args == expected
+
+
+@pytest.mark.parametrize("sent, what", [
+    (["LOCK.ACQUIRE", b"k", b"o", 500, "SHARED", "ONCE"], "shared"),
+    (["LOCK.ACQUIRE", b"k", b"o", 500, "LIMIT", 3, "ONCE"], "semaphores"),
+    (["LOCK.ACQUIRE", b"k", b"o", 500, "EPHEMERAL", "ONCE"], "EPHEMERAL"),
+    (["LOCK.ACQUIRE", b"k", b"o", 500, "ONCE", "WAIT", 100], "waits in the server"),
+    (["LOCK.MACQUIRE", 1, b"k", b"o", 500], "multi-key"),
+    (["LOCK.GUARD", b"k", b"o", 7, "SET", "x", "1"], "fenced commands"),
+    (["LOCK.CAMPAIGN", b"k", b"o", 500], "elections"),
+])
+def test_what_the_library_has_no_function_for_is_refused(sent, what):
+    with pytest.raises(NotSupported, match=what):
+        on_functions(sent)
+
+
+def test_the_token_check_reads_the_holder():
+    check = on_functions(["LOCK.CHECK", b"k", b"o", 7])
+    held = [b"owner", b"o", b"holders", [[b"owner", b"o", b"token", 7, b"ttl", 100]]]
+    assert check.answer(held) == 1
+    assert check.answer([b"owner", b"o", b"holders", [[b"owner", b"o", b"token", 8]]]) == 0
+    assert check.answer(None) == 0
 
 
 def test_backend_is_found_per_server(server, client, tmp_path):
