@@ -430,7 +430,8 @@ def refusal(what: str) -> NotSupported:
     )
 
 
-def _same(reply: object) -> object:
+def as_is(reply: object) -> object:
+    """A reply that needs no change."""
     return reply
 
 
@@ -451,7 +452,7 @@ def on_functions(args: Sequence[Arg]) -> Call:
     name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
     name = name.upper()
     if not name.startswith("LOCK."):
-        return Call(list(args), _same)
+        return Call(list(args), as_is)
     if name == "LOCK.CHECK":
         key, owner, token = args[1], args[2], args[3]
 
@@ -472,7 +473,7 @@ def on_functions(args: Sequence[Arg]) -> Call:
                 raise refusal(_NO_OPTION[option.upper()])
             if option.upper() in ("WAIT", "TICKET"):
                 raise refusal("waits in the server")
-    return Call([how[0], how[1], 1, *args[1:]], _same)
+    return Call([how[0], how[1], 1, *args[1:]], as_is)
 
 
 def version_of(reply: object) -> Optional[int]:

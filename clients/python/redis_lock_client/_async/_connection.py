@@ -11,6 +11,7 @@ from redis.exceptions import RedisError, ResponseError
 from .._commands import (
     FUNCTIONS_VERSION,
     Call,
+    as_is,
     library_source,
     on_functions,
     says_backend_gone,
@@ -184,7 +185,7 @@ class Connector:
         """``args`` as the server's backend takes them (``NotSupported`` when it cannot)."""
         if await self.backend() is Backend.FUNCTIONS:
             return on_functions(args)
-        return Call(args, lambda reply: reply)
+        return Call(args, as_is)
 
     async def query(
         self,
