@@ -33,6 +33,56 @@ def test_holds_of_two_clients_overlap_until_release_or_loss_report() -> None:
     assert [(a.process, b.process) for a, b in pairs] == [("c1", "c2")]
 
 
+def test_an_overlapping_pair_survives_only_when_both_holds_left_a_write_in_the_lists() -> None:
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),  # c1 and c2 overlap; both writes kept
+        op("c2", "acquire", 7, 1.5, 2.0),
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c2", "release", 7, 4.0, 4.1),
+        op("c3", "acquire", 9, 3.5, 3.6),  # overlaps c2; c3's write was discarded
+        op("c3", "release", 9, 5.0, 5.1),
+    ]
+    logs = {"{k}": ["c1:5:1", "c2:7:1", "c3:8:1"]}  # c3 wrote under token 8, not its 9
+    counts = check.check_kind(history, logs, [], (0.0, 10.0))
+    assert (counts.overlapping, counts.overlapping_surviving) == (2, 1)
+    assert counts.examples["overlapping_surviving"] == [
+        "{k}: c1 token 5 [1.000, 3.000] and c2 token 7 [2.000, 4.000]"]
+    assert check.check_kind(history, {"{k}": ["c1:5:1"]}, [], (0.0, 10.0)
+                            ).overlapping_surviving == 0
+
+
+def test_a_semaphore_counts_holds_begun_over_its_limit_not_pairs_or_token_order() -> None:
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),
+        op("c2", "acquire", 6, 1.0, 1.5),  # two permits of two: within the limit
+        op("c3", "acquire", 7, 1.8, 2.0),  # a third believed holder: over the limit
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c4", "acquire", 8, 3.2, 3.3),  # c1 has let go: c2, c3, c4 are over it again
+        op("c2", "release", 6, 4.0, 4.1),
+        op("c3", "release", 7, 4.0, 4.1),
+        op("c4", "release", 8, 5.0, 5.1),
+    ]
+    # Tokens interleave in a semaphore's list; c3's write did not survive.
+    logs = {"{k}": ["c1:5:1", "c2:6:1", "c1:5:2", "c4:8:1", "c2:6:2"]}
+    counts = check.check_kind(history, logs, [], (0.0, 10.0), limit=2)
+    assert (counts.over_limit, counts.over_limit_surviving) == (2, 0)
+    assert counts.examples["over_limit"][0] == (
+        "{k}: c3 token 7 from 2.000 while c1 token 5 [1.000, 3.000], c2 token 6 [1.500, 4.000]")
+    assert (counts.out_of_order, counts.overlapping, counts.failed) == (0, 0, [])
+    kept = check.check_kind(history, {"{k}": [*logs["{k}"], "c3:7:1"]}, [], (0.0, 10.0),
+                            limit=2)
+    assert (kept.over_limit, kept.over_limit_surviving) == (2, 2)
+    assert check.check_kind(history, logs, [], (0.0, 10.0), limit=3).over_limit == 0
+    # Only c4 is of this library: its own hold counts, c3's (before c4 held) does not.
+    assert check.check_kind(history, logs, [], (0.0, 10.0), processes={"c4"},
+                            limit=2).over_limit == 1
+    table = check.markdown_table({"lock": check.check_kind(history, logs, [], (0.0, 10.0)),
+                                  "semaphore": counts}).splitlines()
+    assert "| **writes landed out of token order** | **2** | - | must be 0 (checked) |" in table
+    assert ("| holds begun over a semaphore's limit: all / writes kept | - | 2 / 0 | "
+            "reported: more believed holders than permits |") in table
+
+
 def test_one_token_acquired_by_two_clients_is_counted_once() -> None:
     history = [op("c1", "acquire", 5, 0, 1), op("c2", "acquire", 5, 2, 3),
                op("c2", "acquire", 6, 4, 5)]
@@ -132,7 +182,7 @@ def test_lost_writes_are_told_by_the_kind_of_the_fault_they_came_with() -> None:
 
 
 def test_the_matrix_table_has_a_row_per_run_and_kind_of_lock() -> None:
-    lock = {"overlapping": 3, "out_of_order": 0, "refused_landed": 0, "tokens_twice": 1,
+    lock = {"overlapping": 3, "overlapping_surviving": 1, "out_of_order": 0, "refused_landed": 0, "tokens_twice": 1,
             "lost_writes": 2, "unavailability_p50": 1.25, "unavailability_max": 7.0}
     runs: list[dict[str, Any]] = [
         {"min_replicas": 0, "down_after": 1000, "faults_applied": {"isolate-master": 2,
@@ -140,8 +190,12 @@ def test_the_matrix_table_has_a_row_per_run_and_kind_of_lock() -> None:
          "locks": {"plain": lock, "replicas=1": {**lock, "lost_writes": 0}}},
         {"min_replicas": 1, "down_after": 3000, "exit": 2},  # its set-up failed
     ]
+    semaphore = {**lock, "limit": 2, "over_limit": 4, "over_limit_surviving": 1}
+    runs[0]["locks"]["semaphore"] = semaphore
     rows = check.matrix_table(runs).splitlines()
-    assert len(rows) == 2 + 2 + 1
-    assert rows[2] == "| 0 | 1000 | plain | 3 | **0 / 0** | 1 | 2 | 1.2 / 7.0 | 3 (6) | 2 | 0 |"
-    assert rows[3].startswith("| 0 | 1000 | replicas=1 | 3 | **0 / 0** | 1 | 0 |")
-    assert rows[4].startswith("| 1 | 3000 | - | no summary") and rows[4].endswith("| 2 |")
+    assert len(rows) == 2 + 3 + 1
+    assert rows[2] == (
+        "| 0 | 1000 | plain | 3 / 1 | **0 / 0** | 1 | 2 | 1.2 / 7.0 | 3 (6) | 2 | 0 |")
+    assert rows[3].startswith("| 0 | 1000 | replicas=1 | 3 / 1 | **0 / 0** | 1 | 0 |")
+    assert rows[4].startswith("| 0 | 1000 | semaphore | over the limit: 4 / 1 | **- / 0** |")
+    assert rows[5].startswith("| 1 | 3000 | - | no summary") and rows[5].endswith("| 2 |")
