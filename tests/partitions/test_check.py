@@ -83,6 +83,28 @@ def test_a_semaphore_counts_holds_begun_over_its_limit_not_pairs_or_token_order(
             "reported: more believed holders than permits |") in table
 
 
+def test_a_deposed_leaders_heartbeat_after_its_successors_is_out_of_order() -> None:
+    # An election's history as client.py writes it: a campaign is an acquire (the epoch its
+    # token), a heartbeat a write, a resignation a release.
+    history = [
+        op("c1", "acquire", 10, 0.0, 0.5),
+        op("c1", "write", 10, 0.5, 0.6, entry="c1:10:1"),
+        op("c2", "acquire", 12, 1.0, 2.0),  # elected while c1 still believes it leads
+        op("c2", "write", 12, 2.0, 2.1, entry="c2:12:1"),
+        op("c1", "write", 10, 2.5, 2.6, entry="c1:10:2"),  # acknowledged: must not land
+        op("c1", "release", 10, 3.0, 3.1),
+        op("c2", "release", 12, 4.0, 4.1),
+    ]
+    fenced = check.check_kind(history, {"{k}": ["c1:10:1", "c2:12:1"]}, [], (0.0, 10.0))
+    assert (fenced.out_of_order, fenced.overlapping, fenced.overlapping_surviving) == (0, 1, 1)
+    assert fenced.lost_writes == 1 and fenced.failed == []
+    stale = check.check_kind(history, {"{k}": ["c1:10:1", "c2:12:1", "c1:10:2"]}, [],
+                             (0.0, 10.0))
+    assert stale.out_of_order == 1 and stale.examples["out_of_order"] == [
+        "{k} #2 c1:10:2 after token 12"]
+    assert stale.failed == ["fenced writes landed out of token order"]
+
+
 def test_one_token_acquired_by_two_clients_is_counted_once() -> None:
     history = [op("c1", "acquire", 5, 0, 1), op("c2", "acquire", 5, 2, 3),
                op("c2", "acquire", 6, 4, 5)]
