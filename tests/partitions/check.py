@@ -32,6 +32,7 @@ class Counts:
     tokens_twice: int = 0
     overlapping: int = 0
     overlapping_surviving: int = 0  # ... of which both holds left a write in the final lists
+    overlapping_writes: int = 0  # ... of which both made a kept write while both believed
     over_limit: int = 0  # a semaphore's holds begun while its limit of others were believed
     over_limit_surviving: int = 0  # ... counting only holds that left a write in the lists
     lost_writes: int = 0
@@ -127,6 +128,19 @@ def describe_pair(pair: tuple[Hold, Hold]) -> str:
     a, b = pair
     return (f"{a.key}: {a.process} token {a.token} [{a.start:.3f}, {a.end:.3f}] and "
             f"{b.process} token {b.token} [{b.start:.3f}, {b.end:.3f}]")
+
+
+def kept_writes_inside(pair: tuple[Hold, Hold], history: list[dict[str, Any]],
+                       landed: set[str]) -> tuple[list[str], list[str]]:
+    """Each hold's writes (of ``pair``) sent while both believed they held the key, that are in
+    the final lists: two writers the final state kept side by side when both are non-empty."""
+    lo, hi = max(pair[0].start, pair[1].start), min(pair[0].end, pair[1].end)
+
+    def kept(h: Hold) -> list[str]:
+        return [op["entry"] for op in history if op["op"] == "write" and op["key"] == h.key
+                and op["process"] == h.process and op["token"] == h.token
+                and op["entry"] in landed and lo <= op["invoke"] <= hi]
+    return kept(pair[0]), kept(pair[1])
 
 
 def both_survived(pair: tuple[Hold, Hold], survivors: set[tuple[str, str, int]]) -> bool:
@@ -234,6 +248,11 @@ def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
         c.overlapping = len(pairs)
         kept = [pair for pair in pairs if both_survived(pair, survivors)]
         c.overlapping_surviving = len(kept)
+        inside = [(pair, kept_writes_inside(pair, everyone, landed)) for pair in kept]
+        side_by_side = [(pair, w) for pair, w in inside if w[0] and w[1]]
+        c.overlapping_writes = len(side_by_side)
+        c.examples["overlapping_writes"] = [f"{describe_pair(pair)}: {w[0]} and {w[1]}"
+                                            for pair, w in side_by_side[:5]]
         c.examples["overlapping"] = [describe_pair(pair) for pair in pairs[:5]]
         c.examples["overlapping_surviving"] = [describe_pair(pair) for pair in kept[:5]]
     else:
@@ -346,6 +365,9 @@ def markdown_table(by_kind: dict[str, Counts]) -> str:
         row("... of which both holds' writes are in the final lists",
             each(exclusive(lambda c: str(c.overlapping_surviving))),
             "reported: two writers the final state kept"),
+        row("... of which both holders' writes from inside the overlap are kept",
+            each(exclusive(lambda c: str(c.overlapping_writes))),
+            "reported: written side by side"),
         *([row("holds begun over a semaphore's limit: all / writes kept",
                each(lambda c: f"{c.over_limit} / {c.over_limit_surviving}" if c.limit > 1
                     else "-"), "reported: more believed holders than permits")]
@@ -383,7 +405,7 @@ def matrix_table(runs: list[dict[str, Any]]) -> str:
     it was interrupted) is one row saying so."""
     rows = [
         "| min-replicas | down-after (ms) | lock | believed-overlapping holds (pairs): all / "
-        "both writes kept | "
+        "both writes kept / both kept from inside | "
         "**out of order / refused yet landed** | tokens handed twice | acknowledged writes "
         "lost | unavailability p50 / max (s) | faults (cuts) | failovers | exit |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -397,8 +419,8 @@ def matrix_table(runs: list[dict[str, Any]]) -> str:
         applied = sum(run["faults_applied"].values())
         for kind, c in run["locks"].items():
             exclusive = c.get("limit", 1) == 1
-            overlaps = (f"{c['overlapping']} / {c.get('overlapping_surviving', '-')}"
-                        if exclusive else
+            overlaps = (f"{c['overlapping']} / {c.get('overlapping_surviving', '-')} / "
+                        f"{c.get('overlapping_writes', '-')}" if exclusive else
                         f"over the limit: {c['over_limit']} / {c['over_limit_surviving']}")
             rows.append(
                 f"{config} {kind} | {overlaps} | "

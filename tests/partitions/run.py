@@ -227,6 +227,7 @@ def run_summary(args: argparse.Namespace, by_kind: dict[str, check.Counts], faul
             "out_of_order": c.out_of_order, "refused_landed": c.refused_landed,
             "tokens_twice": c.tokens_twice, "overlapping": c.overlapping,
             "overlapping_surviving": c.overlapping_surviving,
+            "overlapping_writes": c.overlapping_writes,
             "limit": c.limit, "over_limit": c.over_limit,
             "over_limit_surviving": c.over_limit_surviving,
             "lost_writes": c.lost_writes,

@@ -51,6 +51,25 @@ def test_an_overlapping_pair_survives_only_when_both_holds_left_a_write_in_the_l
                             ).overlapping_surviving == 0
 
 
+def test_a_kept_pair_counts_as_side_by_side_only_when_both_kept_a_write_from_the_overlap() -> None:
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),
+        op("c1", "write", 5, 1.0, 1.1, entry="c1:5:1"),  # before c2 held: not inside
+        op("c2", "acquire", 7, 1.5, 2.0),  # both believe from 2.0 to 3.0
+        op("c2", "write", 7, 2.1, 2.2, entry="c2:7:1"),
+        op("c1", "write", 5, 2.5, 2.6, entry="c1:5:2"),  # inside, by the older holder
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c2", "release", 7, 4.0, 4.1),
+    ]
+    fenced = check.check_kind(history, {"{k}": ["c1:5:1", "c2:7:1"]}, [], (0.0, 10.0))
+    assert (fenced.overlapping_surviving, fenced.overlapping_writes) == (1, 0)
+    # c1's late write kept before c2's (a list in token order): side by side all the same.
+    both = check.check_kind(history, {"{k}": ["c1:5:1", "c1:5:2", "c2:7:1"]}, [], (0.0, 10.0))
+    assert (both.out_of_order, both.overlapping_surviving, both.overlapping_writes) == (0, 1, 1)
+    assert both.examples["overlapping_writes"] == [
+        "{k}: c1 token 5 [1.000, 3.000] and c2 token 7 [2.000, 4.000]: ['c1:5:2'] and ['c2:7:1']"]
+
+
 def test_a_semaphore_counts_holds_begun_over_its_limit_not_pairs_or_token_order() -> None:
     history = [
         op("c1", "acquire", 5, 0.0, 1.0),
@@ -204,7 +223,8 @@ def test_lost_writes_are_told_by_the_kind_of_the_fault_they_came_with() -> None:
 
 
 def test_the_matrix_table_has_a_row_per_run_and_kind_of_lock() -> None:
-    lock = {"overlapping": 3, "overlapping_surviving": 1, "out_of_order": 0, "refused_landed": 0, "tokens_twice": 1,
+    lock = {"overlapping": 3, "overlapping_surviving": 1, "overlapping_writes": 0,
+            "out_of_order": 0, "refused_landed": 0, "tokens_twice": 1,
             "lost_writes": 2, "unavailability_p50": 1.25, "unavailability_max": 7.0}
     runs: list[dict[str, Any]] = [
         {"min_replicas": 0, "down_after": 1000, "faults_applied": {"isolate-master": 2,
@@ -217,7 +237,7 @@ def test_the_matrix_table_has_a_row_per_run_and_kind_of_lock() -> None:
     rows = check.matrix_table(runs).splitlines()
     assert len(rows) == 2 + 3 + 1
     assert rows[2] == (
-        "| 0 | 1000 | plain | 3 / 1 | **0 / 0** | 1 | 2 | 1.2 / 7.0 | 3 (6) | 2 | 0 |")
-    assert rows[3].startswith("| 0 | 1000 | replicas=1 | 3 / 1 | **0 / 0** | 1 | 0 |")
+        "| 0 | 1000 | plain | 3 / 1 / 0 | **0 / 0** | 1 | 2 | 1.2 / 7.0 | 3 (6) | 2 | 0 |")
+    assert rows[3].startswith("| 0 | 1000 | replicas=1 | 3 / 1 / 0 | **0 / 0** | 1 | 0 |")
     assert rows[4].startswith("| 0 | 1000 | semaphore | over the limit: 4 / 1 | **- / 0** |")
     assert rows[5].startswith("| 1 | 3000 | - | no summary") and rows[5].endswith("| 2 |")
