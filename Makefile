@@ -190,7 +190,9 @@ failover: test-deps
 # and two of the Rust library (its partition_client example, built here) in theirs, and a seeded
 # nemesis cutting the network with iptables DROP rules (the master from its replicas, a client
 # from the master, a replica from everyone, Sentinels from each other; FAULTS=all adds one-way
-# cuts and a flapping master) for SECS seconds; then it checks the clients' history against the
+# cuts, a flapping master and 30 % loss on the master's server port) for SECS seconds, the
+# clients holding locks, a semaphore's permits and an election's leadership, each writing
+# through its fence; then it checks the clients' history against the
 # final state and prints the table of docs/guarantees.md (Partitions). Needs root. Not part of
 # `make test` (SECS + about 30 s). `make partitions SECS=120 SEED=1`, and MIN_REPLICAS=0 (the
 # servers' min-replicas-to-write, default 1) or DOWN_AFTER=1000 (the Sentinels'

@@ -23,6 +23,7 @@ class Hold:
 
 @dataclass
 class Counts:
+    limit: int = 1  # how many may hold a key at once: 1, or a semaphore's permits
     acquires: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     writes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     landed: int = 0
@@ -30,6 +31,10 @@ class Counts:
     refused_landed: int = 0
     tokens_twice: int = 0
     overlapping: int = 0
+    overlapping_surviving: int = 0  # ... of which both holds left a write in the final lists
+    overlapping_writes: int = 0  # ... of which both made a kept write while both believed
+    over_limit: int = 0  # a semaphore's holds begun while its limit of others were believed
+    over_limit_surviving: int = 0  # ... counting only holds that left a write in the lists
     lost_writes: int = 0
     fenced: int = 0
     not_sent: int = 0
@@ -113,6 +118,53 @@ def overlapping_pairs(holds: list[Hold]) -> list[tuple[Hold, Hold]]:
     return pairs
 
 
+def surviving_holders(logs: dict[str, list[str]]) -> set[tuple[str, str, int]]:
+    """(key, process, token) of every hold that left a write in the final lists: a hold whose
+    writes a failover discarded, or that wrote nothing, is not among them."""
+    return {(key, writer_of(e), token_of(e)) for key, log in logs.items() for e in log}
+
+
+def describe_pair(pair: tuple[Hold, Hold]) -> str:
+    a, b = pair
+    return (f"{a.key}: {a.process} token {a.token} [{a.start:.3f}, {a.end:.3f}] and "
+            f"{b.process} token {b.token} [{b.start:.3f}, {b.end:.3f}]")
+
+
+def kept_writes_inside(pair: tuple[Hold, Hold], history: list[dict[str, Any]],
+                       landed: set[str]) -> tuple[list[str], list[str]]:
+    """Each hold's writes (of ``pair``) sent while both believed they held the key, that are in
+    the final lists: two writers the final state kept side by side when both are non-empty."""
+    lo, hi = max(pair[0].start, pair[1].start), min(pair[0].end, pair[1].end)
+
+    def kept(h: Hold) -> list[str]:
+        return [op["entry"] for op in history if op["op"] == "write" and op["key"] == h.key
+                and op["process"] == h.process and op["token"] == h.token
+                and op["entry"] in landed and lo <= op["invoke"] <= hi]
+    return kept(pair[0]), kept(pair[1])
+
+
+def both_survived(pair: tuple[Hold, Hold], survivors: set[tuple[str, str, int]]) -> bool:
+    return all((h.key, h.process, h.token) in survivors for h in pair)
+
+
+def over_limit(holds: list[Hold], limit: int) -> list[tuple[Hold, list[Hold]]]:
+    """Holds of a key begun while ``limit`` or more holds of it by other processes were
+    believed (each with those others): at that real time more than ``limit`` processes believed
+    they held one of its ``limit`` permits. The most holders at once is always reached at some
+    hold's start, so the starts are the times to look at."""
+    found = []
+    by_key: dict[str, list[Hold]] = defaultdict(list)
+    for hold in holds:
+        by_key[hold.key].append(hold)
+    for key_holds in by_key.values():
+        key_holds.sort(key=lambda h: h.start)
+        for i, b in enumerate(key_holds):
+            others = [a for a in key_holds[:i] if a.end > b.start and a.process != b.process]
+            if len(others) >= limit:
+                found.append((b, others))
+    return found
+
+
 def tokens_handed_twice(history: list[dict[str, Any]]) -> list[tuple[str, int, list[str]]]:
     """(key, token) pairs that ok acquires of two or more processes got."""
     owners: dict[tuple[str, int], set[str]] = defaultdict(set)
@@ -132,7 +184,7 @@ def in_any(t: float, intervals: list[tuple[float, float]]) -> bool:
 
 def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
                faults: list[tuple[str, float, float]], window: tuple[float, float],
-               processes: set[str] | None = None) -> Counts:
+               processes: set[str] | None = None, limit: int = 1) -> Counts:
     """Every count for the keys of one kind (``history`` and ``logs`` already narrowed to
     them). ``faults`` are (kind, start, end); ``window`` is when the clients ran.
 
@@ -140,8 +192,11 @@ def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
     everyone's history and lists: their calls, the writes they made (landed, lost, refused yet
     landed, and out of order when theirs is the late entry), their grants, and each pair of
     overlapping holds or token handed twice in which one of them took part (a pair of two
-    libraries counts in both)."""
-    c = Counts()
+    libraries counts in both).
+
+    With ``limit`` above 1 (a semaphore's permits) there is no token order to keep and no
+    pair to count: the holds begun over the limit are counted instead (``over_limit``)."""
+    c = Counts(limit=limit)
     everyone = history
     if processes is not None:
         history = [op for op in history if op["process"] in processes]
@@ -164,9 +219,10 @@ def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
     for key, log in logs.items():
         landed.update(log)
         c.landed += sum(1 for e in log if processes is None or writer_of(e) in processes)
-        count, examples = count_out_of_order(log, processes)
-        c.out_of_order += count
-        c.examples["out_of_order"] += [f"{key} {e}" for e in examples[:5]]
+        if limit == 1:  # a semaphore's holders write side by side, in no token order
+            count, examples = count_out_of_order(log, processes)
+            c.out_of_order += count
+            c.examples["out_of_order"] += [f"{key} {e}" for e in examples[:5]]
 
     for op in history:
         if op["op"] != "write":
@@ -184,12 +240,34 @@ def check_kind(history: list[dict[str, Any]], logs: dict[str, list[str]],
     c.tokens_twice = len(twice)
     c.examples["tokens_twice"] = [f"{k} {t} {p}" for k, t, p in twice[:5]]
 
-    pairs = [(a, b) for a, b in overlapping_pairs(holds_of(everyone, window[1]))
-             if processes is None or a.process in processes or b.process in processes]
-    c.overlapping = len(pairs)
-    c.examples["overlapping"] = [
-        f"{a.key}: {a.process} token {a.token} [{a.start:.3f}, {a.end:.3f}] and "
-        f"{b.process} token {b.token} [{b.start:.3f}, {b.end:.3f}]" for a, b in pairs[:5]]
+    holds = holds_of(everyone, window[1])
+    survivors = surviving_holders(logs)
+    if limit == 1:
+        pairs = [(a, b) for a, b in overlapping_pairs(holds)
+                 if processes is None or a.process in processes or b.process in processes]
+        c.overlapping = len(pairs)
+        kept = [pair for pair in pairs if both_survived(pair, survivors)]
+        c.overlapping_surviving = len(kept)
+        inside = [(pair, kept_writes_inside(pair, everyone, landed)) for pair in kept]
+        side_by_side = [(pair, w) for pair, w in inside if w[0] and w[1]]
+        c.overlapping_writes = len(side_by_side)
+        c.examples["overlapping_writes"] = [f"{describe_pair(pair)}: {w[0]} and {w[1]}"
+                                            for pair, w in side_by_side[:5]]
+        c.examples["overlapping"] = [describe_pair(pair) for pair in pairs[:5]]
+        c.examples["overlapping_surviving"] = [describe_pair(pair) for pair in kept[:5]]
+    else:
+        def counted(found: list[tuple[Hold, list[Hold]]]) -> list[tuple[Hold, list[Hold]]]:
+            return [(b, others) for b, others in found if processes is None
+                    or processes.intersection(h.process for h in [b, *others])]
+        crowded = counted(over_limit(holds, limit))
+        kept_crowded = counted(over_limit(
+            [h for h in holds if (h.key, h.process, h.token) in survivors], limit))
+        c.over_limit, c.over_limit_surviving = len(crowded), len(kept_crowded)
+        for name, found in (("over_limit", crowded), ("over_limit_surviving", kept_crowded)):
+            c.examples[name] = [
+                f"{b.key}: {b.process} token {b.token} from {b.start:.3f} while "
+                + ", ".join(f"{a.process} token {a.token} [{a.start:.3f}, {a.end:.3f}]"
+                            for a in others) for b, others in found[:5]]
 
     grants = sorted(op["complete"] for op in history
                     if op["op"] == "acquire" and op["outcome"] == "ok"
@@ -258,6 +336,12 @@ def markdown_table(by_kind: dict[str, Counts]) -> str:
     def each(fn: Any) -> list[str]:
         return [fn(by_kind[k]) for k in kinds]
 
+    def exclusive(fn: Any) -> Any:
+        """A count only an exclusive kind has: "-" in a semaphore's column."""
+        return lambda c: fn(c) if c.limit == 1 else "-"
+
+    semaphores = any(c.limit > 1 for c in by_kind.values())
+
     rows = [
         header, rule,
         row("acquires ok / fail / info", each(lambda c: f"{c.acquires['ok']:,} / "
@@ -269,14 +353,25 @@ def markdown_table(by_kind: dict[str, Counts]) -> str:
             each(lambda c: f"{c.fenced} / {c.not_sent}"), "the fence at work"),
         row("holds the library reported lost", each(lambda c: str(c.lost_reports)), ""),
         row("writes in the final lists", each(lambda c: f"{c.landed:,}"), ""),
-        row("**writes landed out of token order**", each(lambda c: f"**{c.out_of_order}**"),
+        row("**writes landed out of token order**",
+            each(exclusive(lambda c: f"**{c.out_of_order}**")),
             "must be 0 (checked)"),
         row("**writes answered refused that landed**", each(lambda c: f"**{c.refused_landed}**"),
             "must be 0 (checked)"),
         row("tokens handed out twice for a key", each(lambda c: str(c.tokens_twice)),
             "reported"),
-        row("believed-overlapping holds (pairs)", each(lambda c: str(c.overlapping)),
+        row("believed-overlapping holds (pairs)", each(exclusive(lambda c: str(c.overlapping))),
             "reported: the limit of a lease"),
+        row("... of which both holds' writes are in the final lists",
+            each(exclusive(lambda c: str(c.overlapping_surviving))),
+            "reported: two writers the final state kept"),
+        row("... of which both holders' writes from inside the overlap are kept",
+            each(exclusive(lambda c: str(c.overlapping_writes))),
+            "reported: written side by side"),
+        *([row("holds begun over a semaphore's limit: all / writes kept",
+               each(lambda c: f"{c.over_limit} / {c.over_limit_surviving}" if c.limit > 1
+                    else "-"), "reported: more believed holders than permits")]
+          if semaphores else []),
         row("acknowledged writes lost by a failover", each(lambda c: str(c.lost_writes)),
             "reported"),
         row("acquires/s during faults / healthy", each(
@@ -309,7 +404,8 @@ def matrix_table(runs: list[dict[str, Any]]) -> str:
     with ``exit`` (its exit status) added; a run that wrote no summary (its set-up failed, or
     it was interrupted) is one row saying so."""
     rows = [
-        "| min-replicas | down-after (ms) | lock | believed-overlapping holds (pairs) | "
+        "| min-replicas | down-after (ms) | lock | believed-overlapping holds (pairs): all / "
+        "both writes kept / both kept from inside | "
         "**out of order / refused yet landed** | tokens handed twice | acknowledged writes "
         "lost | unavailability p50 / max (s) | faults (cuts) | failovers | exit |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -322,8 +418,13 @@ def matrix_table(runs: list[dict[str, Any]]) -> str:
             continue
         applied = sum(run["faults_applied"].values())
         for kind, c in run["locks"].items():
+            exclusive = c.get("limit", 1) == 1
+            overlaps = (f"{c['overlapping']} / {c.get('overlapping_surviving', '-')} / "
+                        f"{c.get('overlapping_writes', '-')}" if exclusive else
+                        f"over the limit: {c['over_limit']} / {c['over_limit_surviving']}")
             rows.append(
-                f"{config} {kind} | {c['overlapping']} | **{c['out_of_order']} / "
+                f"{config} {kind} | {overlaps} | "
+                f"**{c['out_of_order'] if exclusive else '-'} / "
                 f"{c['refused_landed']}** | {c['tokens_twice']} | {c['lost_writes']} | "
                 f"{c['unavailability_p50']:.1f} / {c['unavailability_max']:.1f} | "
                 f"{applied} ({run['cuts']}) | {run['failovers']} | {run['exit']} |")

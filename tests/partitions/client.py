@@ -1,8 +1,12 @@
 """One client process of the partition test (run inside its own network namespace, in the
 Python library's venv). It loops until ``--secs`` have passed: pick a key, acquire its lock
 through Sentinel, write to the key's log through the guard (``LOCK.GUARD``: the write runs only
-while the token is current) twice with a pause between, release. Every operation is one JSON
-line of ``--out``, written when it completes::
+while the token is current) twice with a pause between, release. A ``--semaphores`` key is
+held the same way, one permit of ``--limit``; an ``--elections`` key is campaigned for
+(``campaign``, the same wait), and its leader writes heartbeats to the key's log through the
+leadership's fence (the epoch is its token) every HEARTBEAT_SECS, then resigns. Every
+operation is one JSON line of ``--out``, written when it completes (a campaign is an
+``acquire``, a resignation a ``release``, a heartbeat a ``write``)::
 
     {"process": "c1", "lib": "python", "op": "acquire|write|release|lost", "key": "{plain:a}",
      "invoke": <monotonic s>, "complete": <monotonic s>, "outcome": "ok|fail|info",
@@ -24,7 +28,7 @@ import random
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from redis_lock_client import (
     Fenced,
@@ -40,6 +44,53 @@ from redis_lock_client import (
 SHORT_HOLD_SECS = (0.05, 0.4)  # the pause between a hold's two writes, mostly
 LONG_HOLD_SECS = (2.0, 8.0)  # ... and in LONG_HOLD_SHARE of the holds
 LONG_HOLD_SHARE = 0.1
+WAIT_SECS = 1.0  # how long an acquire or a campaign waits in the server
+HEARTBEATS = (2, 6)  # a leader's heartbeats in one term, besides its first write
+HEARTBEAT_SECS = (0.1, 0.3)  # the pause before each
+
+
+class Candidacy:
+    """An election handle seen as a lock handle: ``acquire`` campaigns (``LockTimeout`` when
+    ``wait`` passes) and returns the leadership as a guard."""
+
+    def __init__(self, election: Any, wait: float) -> None:
+        self.election, self.wait = election, wait
+
+    def acquire(self) -> Term:
+        return Term(self.election.campaign(timeout=self.wait))
+
+
+class Term:
+    """A leadership seen as a guard: its epoch is its token, its fenced writes are the
+    leader's heartbeats, resigning is releasing."""
+
+    def __init__(self, leadership: Any) -> None:
+        self.leadership = leadership
+        self.token: int = leadership.epoch
+
+    def execute(self, *command: Any) -> Any:
+        return self.leadership.execute(*command)
+
+    def release(self) -> Any:
+        return self.leadership.resign()
+
+
+def lock_pauses(rng: random.Random) -> list[float]:
+    """A lock's or permit's two writes: at once, then after a short pause, or now and then a
+    long one (a holder that dawdles past its lease: a slow step, a GC pause; with the watchdog
+    renewing it is still the holder, unless a fault cut it off meanwhile, and then its second
+    write must be refused, not land after a newer holder's)."""
+    dawdle = rng.random() < LONG_HOLD_SHARE
+    return [0.0, rng.uniform(*(LONG_HOLD_SECS if dawdle else SHORT_HOLD_SECS))]
+
+
+def heartbeat_pauses(rng: random.Random) -> list[float]:
+    """A leader's heartbeats: one at once, then one every HEARTBEAT_SECS; in LONG_HOLD_SHARE
+    of the terms the last one comes after a long pause, as a lock's dawdling second write."""
+    pauses = [0.0] + [rng.uniform(*HEARTBEAT_SECS) for _ in range(rng.randint(*HEARTBEATS))]
+    if rng.random() < LONG_HOLD_SHARE:
+        pauses[-1] = rng.uniform(*LONG_HOLD_SECS)
+    return pauses
 
 
 class History:
@@ -78,9 +129,9 @@ def connect(sentinels: list[tuple[str, int]], master: str, deadline: float) -> L
             time.sleep(0.5)
 
 
-def hold_and_write(history: History, handle: Any, key: str, rng: random.Random,
+def hold_and_write(history: History, handle: Any, key: str, pauses: list[float],
                    counter: list[int], current_tokens: dict[str, int]) -> None:
-    """One round: acquire, two fenced writes with a pause between, release."""
+    """One round: acquire, a fenced write after each of ``pauses``, release."""
     invoke = time.monotonic()
     try:
         guard = handle.acquire()
@@ -92,11 +143,7 @@ def hold_and_write(history: History, handle: Any, key: str, rng: random.Random,
     current_tokens[key] = token
     history.record(op="acquire", key=key, invoke=invoke, complete=time.monotonic(),
                    outcome="ok", token=token)
-    # Now and then a holder dawdles past its lease (a slow step, a GC pause): with the
-    # watchdog renewing it is still the holder, unless a fault cut it off meanwhile, and then
-    # its second write must be refused, not land after a newer holder's.
-    dawdle = rng.random() < LONG_HOLD_SHARE
-    for pause in (0.0, rng.uniform(*(LONG_HOLD_SECS if dawdle else SHORT_HOLD_SECS))):
+    for pause in pauses:
         time.sleep(pause)
         counter[0] += 1
         entry = f"{history.process}:{token}:{counter[0]}"
@@ -127,6 +174,10 @@ def main() -> None:
     parser.add_argument("--master", default="lockmaster")
     parser.add_argument("--plain", required=True, help="keys locked with replicas=0")
     parser.add_argument("--acked", required=True, help="keys locked with replicas=1")
+    parser.add_argument("--semaphores", default="",
+                        help="semaphore keys, one permit of --limit held at a time")
+    parser.add_argument("--limit", type=int, default=2, help="the semaphores' permits")
+    parser.add_argument("--elections", default="", help="election keys")
     parser.add_argument("--secs", type=float, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lease", type=float, default=4.0)
@@ -141,22 +192,34 @@ def main() -> None:
 
     handles: dict[str, Any] = {}
     current_tokens: dict[str, int] = {}  # the token of each key's last grant, for on_lost
+
+    def on_lost_of(key: str) -> Callable[[Any], None]:
+        def on_lost(reason: Any) -> None:
+            # The library's word that a hold is gone: the end of the application's belief.
+            now = time.monotonic()
+            history.record(op="lost", key=key, invoke=now, complete=now, outcome="info",
+                           token=current_tokens.get(key),
+                           error=str(getattr(reason, "value", reason)))
+        return on_lost
+
     for replicas, keys in ((0, args.plain), (1, args.acked)):
         for key in keys.split(","):
-            def on_lost(reason: Any, key: str = key) -> None:
-                # The library's word that a hold is gone: the end of the application's belief.
-                now = time.monotonic()
-                history.record(op="lost", key=key, invoke=now, complete=now, outcome="info",
-                               token=current_tokens.get(key),
-                               error=str(getattr(reason, "value", reason)))
-            handles[key] = client.lock(key, lease=args.lease, wait_timeout=1.0,
+            handles[key] = client.lock(key, lease=args.lease, wait_timeout=WAIT_SECS,
                                        replicas=replicas, replicas_timeout=0.5,
-                                       on_lost=on_lost)
+                                       on_lost=on_lost_of(key))
+    for key in filter(None, args.semaphores.split(",")):
+        handles[key] = client.semaphore(key, args.limit, lease=args.lease,
+                                        wait_timeout=WAIT_SECS, on_lost=on_lost_of(key))
+    elections = set(filter(None, args.elections.split(",")))
+    for key in elections:
+        handles[key] = Candidacy(client.election(key, args.name, lease=args.lease,
+                                                 on_lost=on_lost_of(key)), WAIT_SECS)
     counter = [0]
     rounds = 0
     while time.monotonic() < end:
         key = rng.choice(sorted(handles))
-        hold_and_write(history, handles[key], key, rng, counter, current_tokens)
+        pauses = heartbeat_pauses(rng) if key in elections else lock_pauses(rng)
+        hold_and_write(history, handles[key], key, pauses, counter, current_tokens)
         rounds += 1
         time.sleep(rng.uniform(0.0, 0.05))
     print(f"{args.name}: {rounds} rounds", file=sys.stderr)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from netns import Net
-from nodes import SENTINEL_PORT, Nodes
+from nodes import SENTINEL_PORT, SERVER_PORT, Nodes
 
 # How often each fault is drawn: the master cut off from its replicas (the split-brain case)
 # most, as it is the one that makes two masters.
@@ -28,7 +28,11 @@ MORE_FAULTS = {
     "master-cannot-send": 2,  # one way: the master's packets to the other nodes dropped
     "client-cannot-receive": 1,  # one way: a client hears nothing from the master's node
     "flapping-master": 2,  # the master cut off and healed again and again within one fault
+    # REPLICATION_LOSS of the packets between the master's server port and the other nodes
+    # dropped at random (no delay: the kernel has no netem, see README.md)
+    "replication-loss": 2,
 }
+REPLICATION_LOSS = 0.3
 WEIGHTS = {**FAULTS, **MORE_FAULTS}
 FAULT_SECS = (3.0, 10.0)
 HEALTHY_SECS = (2.0, 6.0)
@@ -47,6 +51,7 @@ class Fault:
     port: Optional[int] = None  # the one TCP port cut (None: everything)
     direction: str = "both"  # "out": only the target's packets to cut_from; "in": only theirs
     flaps: list[list[float]] = field(default_factory=list)  # [cut, heal] of each flapping cut
+    loss: Optional[float] = None  # the share of the packets dropped (None: every one)
 
 
 class Nemesis:
@@ -92,11 +97,14 @@ class Nemesis:
         elif kind == "client-cannot-receive":
             fault.target, fault.cut_from = self.rng.choice(self.clients), [master]
             fault.direction = "in"
+        elif kind == "replication-loss":
+            fault.port, fault.loss = SERVER_PORT, REPLICATION_LOSS
         # isolate-master and flapping-master: the master from both other nodes, both ways.
         return fault
 
     def cut(self, fault: Fault) -> None:
-        self.net.drop_between(fault.target, fault.cut_from, fault.port, fault.direction)
+        self.net.drop_between(fault.target, fault.cut_from, fault.port, fault.direction,
+                              fault.loss)
 
     def flap(self, fault: Fault, length: float) -> None:
         """Cuts and heals ``fault``'s rules in turn (each for FLAP_SECS) until ``length`` has
@@ -137,9 +145,11 @@ class Nemesis:
                 self.faults.append(fault)
                 self.log.write(json.dumps(asdict(fault)) + "\n")
                 arrow = {"both": "x", "out": "->|", "in": "|<-"}[fault.direction]
-                flaps = f", {len(fault.flaps)} cuts" if fault.flaps else ""
+                detail = f", {len(fault.flaps)} cuts" if fault.flaps else ""
+                if fault.loss is not None:
+                    detail += f", {fault.loss:.0%} of packets on port {fault.port}"
                 print(f"  nemesis: {fault.kind} {fault.target} {arrow} {','.join(fault.cut_from)} "
-                      f"{fault.end - fault.start:.1f} s{flaps}", flush=True)
+                      f"{fault.end - fault.start:.1f} s{detail}", flush=True)
         except BaseException as e:  # noqa: BLE001 - reported by the orchestrator, then healed
             self.error = e
         finally:

@@ -89,14 +89,18 @@ class Net:
         return ["ip", "netns", "exec", self.netns(name), *argv]
 
     def drop_between(self, name: str, others: list[str], port: int | None = None,
-                     direction: str = "both") -> None:
+                     direction: str = "both", loss: float | None = None) -> None:
         """Silently drop, in ``name``'s namespace, packets between it and ``others`` (only TCP
         to or from ``port`` when given): with ``direction`` "both", every packet either way
         (nothing gets through, and the other side sees no reset, only silence); "out", only
         what ``name`` sends to them (they still reach it); "in", only what they send to it (it
         still reaches them). A TCP connection does not last over a one-way cut: what is sent the
         open way may arrive and be read at first, but its acknowledgements are lost, so the
-        sender soon stops sending new data; and no new connection completes."""
+        sender soon stops sending new data; and no new connection completes.
+
+        With ``loss`` (a fraction, 0 to 1) each such packet is dropped only at random with that
+        probability (iptables' ``statistic`` match), as on a lossy link: TCP connections
+        last, and what is lost is sent again after a retransmission timeout."""
         if direction not in ("both", "out", "in"):
             raise ValueError(f"direction {direction!r}: both, out or in")
         netns = self.netns(name)
@@ -104,7 +108,9 @@ class Net:
             addr = self.ip(other)
             ports = [[]] if port is None else [["-p", "tcp", "--dport", str(port)],
                                                 ["-p", "tcp", "--sport", str(port)]]
-            for match in ports:
+            chance = [] if loss is None else ["-m", "statistic", "--mode", "random",
+                                               "--probability", str(loss)]
+            for match in ([*m, *chance] for m in ports):
                 if direction in ("both", "in"):
                     sh("ip", "netns", "exec", netns, "iptables", "-w", "5", "-A", "INPUT",
                        "-s", addr, *match, "-j", "DROP")

@@ -37,7 +37,12 @@ ROOT = HERE.parent.parent
 NODES = ["n1", "n2", "n3"]
 PLAIN_KEYS = ["{plain:a}", "{plain:b}"]
 ACKED_KEYS = ["{acked:a}", "{acked:b}"]  # locked with replicas=1
-KINDS = {"plain": PLAIN_KEYS, "replicas=1": ACKED_KEYS}
+SEMAPHORE_KEYS = ["{sem:a}"]  # a counting semaphore of SEMAPHORE_LIMIT permits
+SEMAPHORE_LIMIT = 2
+ELECTION_KEYS = ["{elect:a}"]  # its leaders write heartbeats to {elect:a}:log
+KINDS = {"plain": PLAIN_KEYS, "replicas=1": ACKED_KEYS, "semaphore": SEMAPHORE_KEYS,
+         "election": ELECTION_KEYS}
+LIMITS = {"semaphore": SEMAPHORE_LIMIT}  # how many may hold a key of the kind at once; else 1
 CLIENT_GRACE_SECS = 45  # past SECS, a client still running is killed (its last op: no answer)
 SETTLE_SECS = 90
 LIBRARIES = ("python", "rust")
@@ -149,7 +154,9 @@ def start_clients(net: Net, clients: dict[str, str], rust_client: str, folder: P
                    else [rust_client])
         argv = [*program, "--name", name,
                 "--sentinels", sentinels, "--plain", ",".join(PLAIN_KEYS),
-                "--acked", ",".join(ACKED_KEYS), "--secs", str(secs), "--seed", str(seed),
+                "--acked", ",".join(ACKED_KEYS), "--semaphores", ",".join(SEMAPHORE_KEYS),
+                "--limit", str(SEMAPHORE_LIMIT), "--elections", ",".join(ELECTION_KEYS),
+                "--secs", str(secs), "--seed", str(seed),
                 "--out", str(folder / f"history-{name}.jsonl")]
         with open(folder / f"{name}.stderr", "wb") as err:
             processes.append(subprocess.Popen(net.exec_argv(name, argv),
@@ -219,6 +226,10 @@ def run_summary(args: argparse.Namespace, by_kind: dict[str, check.Counts], faul
             "acquires_ok": c.acquires["ok"], "writes_ok": c.writes["ok"],
             "out_of_order": c.out_of_order, "refused_landed": c.refused_landed,
             "tokens_twice": c.tokens_twice, "overlapping": c.overlapping,
+            "overlapping_surviving": c.overlapping_surviving,
+            "overlapping_writes": c.overlapping_writes,
+            "limit": c.limit, "over_limit": c.over_limit,
+            "over_limit_surviving": c.over_limit_surviving,
             "lost_writes": c.lost_writes,
             "unavailability_p50": check.median([s for _, s in c.outages]),
             "unavailability_max": max((s for _, s in c.outages), default=0.0),
@@ -273,12 +284,15 @@ def main() -> int:
         for kind, keys in KINDS.items():
             kind_history = [op for op in history if op["key"] in keys]
             kind_logs = {k: logs[k] for k in keys}
-            by_kind[kind] = check.check_kind(kind_history, kind_logs, faults, (start, end))
+            limit = LIMITS.get(kind, 1)
+            by_kind[kind] = check.check_kind(kind_history, kind_logs, faults, (start, end),
+                                             limit=limit)
             for library in LIBRARIES:
                 mine = {name for name, lib in libraries.items() if lib == library}
                 if mine:
                     by_library[f"{kind}, {library}"] = check.check_kind(
-                        kind_history, kind_logs, faults, (start, end), processes=mine)
+                        kind_history, kind_logs, faults, (start, end), processes=mine,
+                        limit=limit)
         failovers = count_failovers(folder)
         table = check.markdown_table(by_kind)
         settled = (f"settled on {master} in {settle_secs:.1f} s" if settle_secs >= 0 else

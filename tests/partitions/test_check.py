@@ -33,6 +33,97 @@ def test_holds_of_two_clients_overlap_until_release_or_loss_report() -> None:
     assert [(a.process, b.process) for a, b in pairs] == [("c1", "c2")]
 
 
+def test_an_overlapping_pair_survives_only_when_both_holds_left_a_write_in_the_lists() -> None:
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),  # c1 and c2 overlap; both writes kept
+        op("c2", "acquire", 7, 1.5, 2.0),
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c2", "release", 7, 4.0, 4.1),
+        op("c3", "acquire", 9, 3.5, 3.6),  # overlaps c2; c3's write was discarded
+        op("c3", "release", 9, 5.0, 5.1),
+    ]
+    logs = {"{k}": ["c1:5:1", "c2:7:1", "c3:8:1"]}  # c3 wrote under token 8, not its 9
+    counts = check.check_kind(history, logs, [], (0.0, 10.0))
+    assert (counts.overlapping, counts.overlapping_surviving) == (2, 1)
+    assert counts.examples["overlapping_surviving"] == [
+        "{k}: c1 token 5 [1.000, 3.000] and c2 token 7 [2.000, 4.000]"]
+    assert check.check_kind(history, {"{k}": ["c1:5:1"]}, [], (0.0, 10.0)
+                            ).overlapping_surviving == 0
+
+
+def test_a_kept_pair_counts_as_side_by_side_only_when_both_kept_a_write_from_the_overlap() -> None:
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),
+        op("c1", "write", 5, 1.0, 1.1, entry="c1:5:1"),  # before c2 held: not inside
+        op("c2", "acquire", 7, 1.5, 2.0),  # both believe from 2.0 to 3.0
+        op("c2", "write", 7, 2.1, 2.2, entry="c2:7:1"),
+        op("c1", "write", 5, 2.5, 2.6, entry="c1:5:2"),  # inside, by the older holder
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c2", "release", 7, 4.0, 4.1),
+    ]
+    fenced = check.check_kind(history, {"{k}": ["c1:5:1", "c2:7:1"]}, [], (0.0, 10.0))
+    assert (fenced.overlapping_surviving, fenced.overlapping_writes) == (1, 0)
+    # c1's late write kept before c2's (a list in token order): side by side all the same.
+    both = check.check_kind(history, {"{k}": ["c1:5:1", "c1:5:2", "c2:7:1"]}, [], (0.0, 10.0))
+    assert (both.out_of_order, both.overlapping_surviving, both.overlapping_writes) == (0, 1, 1)
+    assert both.examples["overlapping_writes"] == [
+        "{k}: c1 token 5 [1.000, 3.000] and c2 token 7 [2.000, 4.000]: ['c1:5:2'] and ['c2:7:1']"]
+
+
+def test_a_semaphore_counts_holds_begun_over_its_limit_not_pairs_or_token_order() -> None:
+    history = [
+        op("c1", "acquire", 5, 0.0, 1.0),
+        op("c2", "acquire", 6, 1.0, 1.5),  # two permits of two: within the limit
+        op("c3", "acquire", 7, 1.8, 2.0),  # a third believed holder: over the limit
+        op("c1", "release", 5, 3.0, 3.1),
+        op("c4", "acquire", 8, 3.2, 3.3),  # c1 has let go: c2, c3, c4 are over it again
+        op("c2", "release", 6, 4.0, 4.1),
+        op("c3", "release", 7, 4.0, 4.1),
+        op("c4", "release", 8, 5.0, 5.1),
+    ]
+    # Tokens interleave in a semaphore's list; c3's write did not survive.
+    logs = {"{k}": ["c1:5:1", "c2:6:1", "c1:5:2", "c4:8:1", "c2:6:2"]}
+    counts = check.check_kind(history, logs, [], (0.0, 10.0), limit=2)
+    assert (counts.over_limit, counts.over_limit_surviving) == (2, 0)
+    assert counts.examples["over_limit"][0] == (
+        "{k}: c3 token 7 from 2.000 while c1 token 5 [1.000, 3.000], c2 token 6 [1.500, 4.000]")
+    assert (counts.out_of_order, counts.overlapping, counts.failed) == (0, 0, [])
+    kept = check.check_kind(history, {"{k}": [*logs["{k}"], "c3:7:1"]}, [], (0.0, 10.0),
+                            limit=2)
+    assert (kept.over_limit, kept.over_limit_surviving) == (2, 2)
+    assert check.check_kind(history, logs, [], (0.0, 10.0), limit=3).over_limit == 0
+    # Only c4 is of this library: its own hold counts, c3's (before c4 held) does not.
+    assert check.check_kind(history, logs, [], (0.0, 10.0), processes={"c4"},
+                            limit=2).over_limit == 1
+    table = check.markdown_table({"lock": check.check_kind(history, logs, [], (0.0, 10.0)),
+                                  "semaphore": counts}).splitlines()
+    assert "| **writes landed out of token order** | **2** | - | must be 0 (checked) |" in table
+    assert ("| holds begun over a semaphore's limit: all / writes kept | - | 2 / 0 | "
+            "reported: more believed holders than permits |") in table
+
+
+def test_a_deposed_leaders_heartbeat_after_its_successors_is_out_of_order() -> None:
+    # An election's history as client.py writes it: a campaign is an acquire (the epoch its
+    # token), a heartbeat a write, a resignation a release.
+    history = [
+        op("c1", "acquire", 10, 0.0, 0.5),
+        op("c1", "write", 10, 0.5, 0.6, entry="c1:10:1"),
+        op("c2", "acquire", 12, 1.0, 2.0),  # elected while c1 still believes it leads
+        op("c2", "write", 12, 2.0, 2.1, entry="c2:12:1"),
+        op("c1", "write", 10, 2.5, 2.6, entry="c1:10:2"),  # acknowledged: must not land
+        op("c1", "release", 10, 3.0, 3.1),
+        op("c2", "release", 12, 4.0, 4.1),
+    ]
+    fenced = check.check_kind(history, {"{k}": ["c1:10:1", "c2:12:1"]}, [], (0.0, 10.0))
+    assert (fenced.out_of_order, fenced.overlapping, fenced.overlapping_surviving) == (0, 1, 1)
+    assert fenced.lost_writes == 1 and fenced.failed == []
+    stale = check.check_kind(history, {"{k}": ["c1:10:1", "c2:12:1", "c1:10:2"]}, [],
+                             (0.0, 10.0))
+    assert stale.out_of_order == 1 and stale.examples["out_of_order"] == [
+        "{k} #2 c1:10:2 after token 12"]
+    assert stale.failed == ["fenced writes landed out of token order"]
+
+
 def test_one_token_acquired_by_two_clients_is_counted_once() -> None:
     history = [op("c1", "acquire", 5, 0, 1), op("c2", "acquire", 5, 2, 3),
                op("c2", "acquire", 6, 4, 5)]
@@ -132,7 +223,8 @@ def test_lost_writes_are_told_by_the_kind_of_the_fault_they_came_with() -> None:
 
 
 def test_the_matrix_table_has_a_row_per_run_and_kind_of_lock() -> None:
-    lock = {"overlapping": 3, "out_of_order": 0, "refused_landed": 0, "tokens_twice": 1,
+    lock = {"overlapping": 3, "overlapping_surviving": 1, "overlapping_writes": 0,
+            "out_of_order": 0, "refused_landed": 0, "tokens_twice": 1,
             "lost_writes": 2, "unavailability_p50": 1.25, "unavailability_max": 7.0}
     runs: list[dict[str, Any]] = [
         {"min_replicas": 0, "down_after": 1000, "faults_applied": {"isolate-master": 2,
@@ -140,8 +232,12 @@ def test_the_matrix_table_has_a_row_per_run_and_kind_of_lock() -> None:
          "locks": {"plain": lock, "replicas=1": {**lock, "lost_writes": 0}}},
         {"min_replicas": 1, "down_after": 3000, "exit": 2},  # its set-up failed
     ]
+    semaphore = {**lock, "limit": 2, "over_limit": 4, "over_limit_surviving": 1}
+    runs[0]["locks"]["semaphore"] = semaphore
     rows = check.matrix_table(runs).splitlines()
-    assert len(rows) == 2 + 2 + 1
-    assert rows[2] == "| 0 | 1000 | plain | 3 | **0 / 0** | 1 | 2 | 1.2 / 7.0 | 3 (6) | 2 | 0 |"
-    assert rows[3].startswith("| 0 | 1000 | replicas=1 | 3 | **0 / 0** | 1 | 0 |")
-    assert rows[4].startswith("| 1 | 3000 | - | no summary") and rows[4].endswith("| 2 |")
+    assert len(rows) == 2 + 3 + 1
+    assert rows[2] == (
+        "| 0 | 1000 | plain | 3 / 1 / 0 | **0 / 0** | 1 | 2 | 1.2 / 7.0 | 3 (6) | 2 | 0 |")
+    assert rows[3].startswith("| 0 | 1000 | replicas=1 | 3 / 1 / 0 | **0 / 0** | 1 | 0 |")
+    assert rows[4].startswith("| 0 | 1000 | semaphore | over the limit: 4 / 1 | **- / 0** |")
+    assert rows[5].startswith("| 1 | 3000 | - | no summary") and rows[5].endswith("| 2 |")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Sequence
+from importlib import resources
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from ._common import (
     Arg,
@@ -11,6 +12,7 @@ from ._common import (
     Kind,
     LockServerError,
     LostReason,
+    NotSupported,
     UnexpectedReply,
     millis,
     to_bytes,
@@ -381,3 +383,118 @@ def ticket_answer(value: bytes, multi: bool) -> object:
     if len(tokens) != 1:
         raise UnexpectedReply(f"a ticket held {value!r}")
     return tokens[0]
+
+
+# -- the redislock Functions library: the same commands as FCALLs ------------------------------
+
+#: The version of the ``redislock`` library (``FCALL_RO lock_version 0``) this library speaks:
+#: a server with an older one, or none, gets the copy shipped with this package loaded when the
+#: client was made with ``load_functions=True``.
+FUNCTIONS_VERSION = 1
+
+
+def library_source() -> str:
+    """The ``redislock`` library shipped with this package (``functions/redislock.lua``)."""
+    return resources.files(__package__).joinpath("redislock.lua").read_text(encoding="utf-8")
+
+
+#: Each ``LOCK.*`` command the library has a function for: how it is called.
+_FUNCTIONS = {
+    "LOCK.ACQUIRE": ("FCALL", "lock_acquire"),
+    "LOCK.RELEASE": ("FCALL", "lock_release"),
+    "LOCK.RENEW": ("FCALL", "lock_renew"),
+    "LOCK.FORCERELEASE": ("FCALL", "lock_forcerelease"),
+    "LOCK.INFO": ("FCALL_RO", "lock_info"),
+}
+
+#: What each ``LOCK.*`` command the library has no function for does, in a refusal's words.
+_NO_FUNCTION = {
+    "LOCK.MACQUIRE": "multi-key locks",
+    "LOCK.MRELEASE": "multi-key locks",
+    "LOCK.MRENEW": "multi-key locks",
+    "LOCK.GUARD": "fenced commands (guard.execute)",
+    "LOCK.CAMPAIGN": "elections",
+    "LOCK.PROCLAIM": "elections",
+    "LOCK.LEADER": "elections",
+    "LOCK.CANCEL": "tickets",
+}
+
+#: The acquire options the library refuses, in a refusal's words.
+_NO_OPTION = {"SHARED": "shared (read) holds", "LIMIT": "semaphores", "EPHEMERAL": "EPHEMERAL holds"}
+
+
+def refusal(what: str) -> NotSupported:
+    """The error for ``what`` (plural: "semaphores") asked of the redislock library."""
+    return NotSupported(
+        f"{what} need the LOCK.* module: this server has the redislock Functions library only"
+    )
+
+
+def as_is(reply: object) -> object:
+    """A reply that needs no change."""
+    return reply
+
+
+class Call(NamedTuple):
+    """A command as sent to a server, and what makes its reply the ``LOCK.*`` command's."""
+
+    args: list[Arg]
+    answer: Callable[[object], object]
+
+
+def on_functions(args: Sequence[Arg]) -> Call:
+    """``args`` for a server with the ``redislock`` library instead of the module: a ``LOCK.*``
+    command as the ``FCALL`` of its function (the same arguments after the key, the same
+    replies), ``LOCK.CHECK key owner token`` as a ``lock_info`` read of the holder (answered 1
+    or 0, as the module's); any other command as it is. Raises ``NotSupported`` for what the
+    library cannot do (a ``LOCK.*`` command without a function, ``SHARED``, ``LIMIT``,
+    ``EPHEMERAL``, ``WAIT``: the library's waits are this library's own)."""
+    name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+    name = name.upper()
+    if not name.startswith("LOCK."):
+        return Call(list(args), as_is)
+    if name == "LOCK.CHECK":
+        key, owner, token = args[1], args[2], args[3]
+
+        def held(reply: object) -> object:
+            named = owner if isinstance(owner, bytes) else str(owner).encode()
+            return int(holder_ttl(reply, named, int(token)) is not None)
+
+        return Call(["FCALL_RO", "lock_info", 1, key], held)
+    if name in _NO_FUNCTION:
+        raise refusal(_NO_FUNCTION[name])
+    how = _FUNCTIONS.get(name)
+    if how is None:
+        raise refusal(name)
+    if name == "LOCK.ACQUIRE":
+        for word in args[4:]:
+            option = word.decode() if isinstance(word, bytes) else str(word)
+            if option.upper() in _NO_OPTION:
+                raise refusal(_NO_OPTION[option.upper()])
+            if option.upper() in ("WAIT", "TICKET"):
+                raise refusal("waits in the server")
+    return Call([how[0], how[1], 1, *args[1:]], as_is)
+
+
+def version_of(reply: object) -> Optional[int]:
+    """``FCALL_RO lock_version 0``'s reply as an integer (None: not one)."""
+    if isinstance(reply, int) and not isinstance(reply, bool):
+        return reply
+    return None
+
+
+def says_backend_gone(line: str) -> bool:
+    """Whether a server's error says the backend a command was built for is not there (any
+    more): the module's commands unknown, or the library's function not found (a ``FUNCTION
+    FLUSH``, a ``FUNCTION DELETE``, a failover to a server without them)."""
+    unknown = line.startswith(("ERR unknown command 'LOCK.", "ERR unknown command `LOCK."))
+    return unknown or "Function not found" in line
+
+
+def lease_left(reply: object) -> Optional[int]:
+    """From a RESP2 ``LOCK.INFO`` reply: the milliseconds left on the lock's lease (-1: none),
+    or None when the lock is free."""
+    if not isinstance(reply, list):
+        return None
+    ttl = dict(zip(reply[::2], reply[1::2])).get(b"ttl")
+    return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else -1

@@ -111,6 +111,23 @@ class Renewal(enum.Enum):
     FIXED = "fixed"
 
 
+class Backend(enum.Enum):
+    """What serves the locks on a server (``await client.backend()``), found once per server
+    (in a cluster: per master) at its first command."""
+
+    #: The ``LOCK.*`` module: everything this library does.
+    MODULE = "module"
+    #: No module, the ``redislock`` Functions library (``FCALL``; a managed Redis): exclusive
+    #: locks only, without EPHEMERAL holds, fenced commands or the lost-hold signal; a wait
+    #: listens to the unlock message and asks again (see the README, *Without the module*).
+    FUNCTIONS = "functions"
+
+    @property
+    def supports_ephemeral(self) -> bool:
+        """Whether a hold can be EPHEMERAL (bound to its connection) here."""
+        return self is Backend.MODULE
+
+
 class Kind(enum.Enum):
     """The kind of hold a handle takes."""
 
@@ -213,6 +230,13 @@ def missing_rule(command: str, line: str) -> str:
     if "channel" in lower:
         return f"the channel (&...) {command} names"
     return f"+{command.lower()}"
+
+
+class NotSupported(LockError):
+    """What was asked cannot be done on this server's backend (the ``redislock`` Functions
+    library: shared holds, semaphores, multi-key locks, EPHEMERAL holds, fenced commands,
+    elections, the lost-hold signal), or the server has neither backend. Raised before anything
+    is sent for the call; the message says what to use instead."""
 
 
 class LockConnectionError(LockError):

@@ -25,6 +25,9 @@ from ._common import Key, LostReason, to_bytes
 
 #: The default of the server's ``lock.lost-channel-prefix``.
 LOST_PREFIX = b"lock.lost"
+#: The default of the server's ``lock.unlock-channel-prefix`` (Redisson's), fixed in the
+#: ``redislock`` Functions library.
+UNLOCK_PREFIX = b"redisson_lock__channel"
 #: The default of the server's ``lock.leader-channel-prefix``.
 LEADER_PREFIX = b"lock.leader"
 
@@ -55,6 +58,13 @@ def lost_signal_channel(key: Key) -> bytes:
     """The channel of ``key``'s lost-hold messages: ``lock.lost:{KEY}``, or ``lock.lost:KEY``
     when KEY already contains ``{`` (Redisson's naming, so it hashes to the key's slot)."""
     return _key_channel(LOST_PREFIX, key)
+
+
+def unlock_channel(key: Key) -> bytes:
+    """The channel a release that frees ``key`` publishes on (the unlock message, Redisson's):
+    ``redisson_lock__channel:{KEY}``, or ``redisson_lock__channel:KEY`` when KEY already
+    contains ``{``."""
+    return _key_channel(UNLOCK_PREFIX, key)
 
 
 def leader_channel(key: Key) -> bytes:

@@ -204,7 +204,9 @@ class Cluster:
         return total
 
 
-def start_cluster(tmp: Path) -> Cluster:
+def start_cluster(tmp: Path, with_module: bool = True) -> Cluster:
+    """A cluster of three masters; ``with_module`` false: without the module (a managed
+    service's cluster, for the Functions library: test_functions_backend.py)."""
     ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
     taken: set[int] = set()
     nodes: list[Server] = []
@@ -214,7 +216,8 @@ def start_cluster(tmp: Path) -> Cluster:
         port = _free_cluster_port(taken)
         taken.add(port)
         nodes.append(_start_on(port, d, "--cluster-enabled", "yes", "--cluster-config-file",
-                               "nodes.conf", "--cluster-node-timeout", "5000"))
+                               "nodes.conf", "--cluster-node-timeout", "5000",
+                               with_module=with_module))
     for epoch, (node, (lo, hi)) in enumerate(zip(nodes, ranges), start=1):
         node.client().execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
         # As redis-cli --cluster create: masters that meet with the same epoch (0) settle their
@@ -293,19 +296,20 @@ def wait_acknowledged(master: Server, replicas: int, bound: float = 60.0) -> Non
             f"{master.port} within {bound} s: {r.info('replication')}")
 
 
-def _start_on(port: int, tmp: Path, *extra: str) -> Server:
-    module = _module()
+def _start_on(port: int, tmp: Path, *extra: str, with_module: bool = True) -> Server:
+    load = ["--loadmodule", _module()] if with_module else []
     proc = subprocess.Popen(
         [os.environ.get("LOCK_SERVER", "redis-server"), "--port", str(port), "--bind",
          "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp),
-         "--loadmodule", module, *extra],
+         *load, *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     if _started(port, proc):
         return Server(port, proc)
     proc.kill()
     proc.wait()
-    pytest.fail(f"redis-server with the module did not start on {port}")
+    pytest.fail(f"redis-server {'with' if with_module else 'without'} the module did not start "
+                f"on {port}")
 
 
 @pytest.fixture(scope="module")

@@ -244,6 +244,41 @@ def test_a_campaign_goes_to_the_keys_master_and_an_observer_follows_it_there(clu
     assert cluster.errorstat("MOVED") == moved
 
 
+def test_an_ask_that_escapes_an_observers_read_is_not_taken_for_a_move(cluster):
+    # An ASK the leader read did not follow itself (its tries used up) reached the observer,
+    # which noted it as a MOVED: the slot's commands then went to the ASK's node (not the
+    # slot's), which answered MOVED back. Now an escaped ASK only loads the slot map again.
+    client = LockClient(cluster.redis_cluster())
+    try:
+        key = unique("ask")
+        slot = redis.cluster.key_slot(key.encode())
+        elsewhere = next(n for n in cluster.nodes if n is not cluster.node_of(key))
+        real_query = client._query
+        asked: list[bool] = []
+
+        def query(route: bytes, args: list, *more: object) -> object:
+            if not asked and args and args[0] == "LOCK.LEADER":
+                asked.append(True)
+                raise Redirected(f"ASK {slot} 127.0.0.1:{elsewhere.port}", asking=True,
+                                 host="127.0.0.1", port=elsewhere.port, slot=slot)
+            return real_query(route, args, *more)
+
+        client._query = query  # type: ignore[method-assign]
+        moved = cluster.errorstat("MOVED")
+        election = client.election(key, "node-a")
+        with election.observe() as observer:
+            leadership = election.campaign()
+            seen = next_within(observer)
+            if seen is None:  # read before the campaign: nobody led
+                seen = next_within(observer)
+            assert asked and seen == Leader(b"node-a", leadership.epoch, None)
+            leadership.resign()
+        assert client._moved_to.get(slot) is None
+        assert cluster.errorstat("MOVED") == moved
+    finally:
+        client.close()
+
+
 @pytest.mark.scenario("election-cluster")
 def test_async_election_in_a_cluster(cluster):
     async def main() -> None:
@@ -391,7 +426,10 @@ def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     cluster = own_cluster
     key = unique("moved")
     client = LockClient(cluster.redis_cluster())
-    guard = client.lock(key, lease=0.9).acquire()
+    # A lease of 3 s: renewed every second. At 0.9 s, a test process starved for 0.8 s (four
+    # test processes on two busy cores) lost the hold to its own deadline (UNREACHABLE), and no
+    # renewal reached the new master.
+    guard = client.lock(key, lease=3.0).acquire()
     channel = lost_signal_channel(key)
     assert cluster.node_of(key).client().execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 1
     events = reports_key_events(cluster.nodes[0])
@@ -401,8 +439,8 @@ def test_a_hold_whose_slot_moves_is_renewed_there_and_heard_there(own_cluster):
     if events:
         assert heard.get(timeout=2) == f"moved 0 * {len(key)} {key}".encode()
     renews = target.commandstat("lock.renew")
-    deadline = time.monotonic() + 10  # a bound that catches a hang only (about 1 s here)
-    while target.commandstat("lock.renew") < renews + 3:  # renewals at 0.3 s, on the new master
+    deadline = time.monotonic() + 20  # a bound that catches a hang only (about 3 s here)
+    while target.commandstat("lock.renew") < renews + 3:  # renewals every 1 s, on the new master
         assert time.monotonic() < deadline, "no renewal reached the new master"
         time.sleep(0.05)
     assert not guard.lost.is_set()
@@ -429,16 +467,17 @@ def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sen
         rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
         other_rc = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
         async with AsyncLockClient(rc) as client, AsyncLockClient(other_rc) as other:
-            guard = await client.lock(key, lease=0.9).acquire()
+            # A lease of 3 s, as in the sync test above (0.9 s: lost to a starved process).
+            guard = await client.lock(key, lease=3.0).acquire()
             # Two shared holds of a key in the same slot (one hash tag): the server says one
             # whole-key `moved` for both when the key leaves (Redis >= 7.2, Valkey).
             shared = key + ":shared"
-            readers = [await client.read_lock(shared, lease=0.9).acquire() for _ in range(2)]
+            readers = [await client.read_lock(shared, lease=3.0).acquire() for _ in range(2)]
             warm = await other.lock(unique("warm")).acquire()  # loads its slot map now
             await warm.release()
             source, target = move_slot(cluster, key)
             renews = target.commandstat("lock.renew")
-            for _ in range(200):  # renewals at 0.3 s (a bound of 10 s catches a hang only)
+            for _ in range(400):  # renewals every 1 s (a bound of 20 s catches a hang only)
                 if target.commandstat("lock.renew") >= renews + 3:
                     break
                 await asyncio.sleep(0.05)
@@ -453,7 +492,8 @@ def test_async_a_moved_hold_is_renewed_on_the_new_master_and_a_moved_acquire_sen
                 await asyncio.sleep(0.05)
             target.client().execute_command("LOCK.FORCERELEASE", shared)
             for r in readers:
-                await asyncio.wait_for(r.lost.wait(), 1.0)  # the signal (the lease is 0.9 s)
+                # The signal: the watchdog's next renewal (within 1 s) would say HOLD_GONE.
+                await asyncio.wait_for(r.lost.wait(), 2.0)
                 assert r.lost_reason is LostReason.FORCE_RELEASED
             assert await guard.release() is Release.RELEASED
             assert redirected(source, "lock.release") == 0
@@ -808,3 +848,39 @@ def test_a_wait_whose_key_moves_again_and_again_follows_it_and_is_granted(own_cl
     got[0].release()  # type: ignore[attr-defined]
     client.close()
     other.close()
+
+
+def test_a_master_that_does_not_answer_holds_back_no_other_masters_renewals(own_cluster):
+    # The sync client's watchdog sends renewals on a few worker threads. They were the
+    # client's: with a master paused, its holds' renewals took every worker (each waiting out
+    # the command timeout) and the other masters' holds queued behind them, past their
+    # deadlines: reported lost while their server held them. Now each master has its own.
+    cluster = own_cluster
+    paused, answering = cluster.nodes[0], cluster.nodes[1]
+    prefix = "paused-" + uuid.uuid4().hex[:8]
+    names = (f"{prefix}:{i}" for i in range(10_000))
+    on_paused: list[str] = []
+    on_answering: list[str] = []
+    for name in names:
+        node = cluster.node_of(name)
+        if node is paused and len(on_paused) < 8:
+            on_paused.append(name)
+        elif node is answering and len(on_answering) < 2:
+            on_answering.append(name)
+        if len(on_paused) == 8 and len(on_answering) == 2:
+            break
+    lease = 1.5  # renewed every 0.5 s; lost locally 1.35 s after a renewal's send
+    client = LockClient(cluster.redis_cluster(), command_timeout=5.0, lost_signal=False)
+    try:
+        guards = {name: client.lock(name, lease=lease).acquire() for name in on_paused + on_answering}
+        with paused.stopped():
+            time.sleep(2 * lease)
+            for name in on_answering:
+                guard = guards[name]
+                assert not guard.lost.is_set(), f"{name}: {guard.lost_reason}"
+                held = answering.client().execute_command("LOCK.INFO", name)
+                assert held is not None
+        for name in on_answering:
+            assert guards[name].release() is Release.RELEASED
+    finally:
+        client.close()

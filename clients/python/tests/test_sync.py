@@ -114,18 +114,21 @@ def test_semaphore_grants_limit_permits(client, key):
 
 @pytest.mark.scenario("watchdog")
 def test_watchdog_renews_across_leases_while_the_main_thread_spins_in_python(server, client, key):
-    guard = client.lock(key, lease=0.6).acquire()
+    # A lease of 1.5 s: at 0.6 s, four test processes on two busy cores starved the process
+    # past the hold's deadline once (UNREACHABLE), the spinning main thread aside.
+    guard = client.lock(key, lease=1.5).acquire()
     before = server.commandstat("lock.renew")
     start = time.monotonic()
     n = 0
-    while time.monotonic() - start < 3.0:  # 5 leases of pure Python holding the GIL
+    while time.monotonic() - start < 4.5:  # 3 leases of pure Python holding the GIL
         n += 1
     renewals = server.commandstat("lock.renew") - before
-    print(f"\nwatchdog under a busy GIL: {renewals} renewals in 3.0 s at lease 0.6 s "
-          f"(interval 0.2 s, so 15 expected); main loop ran {n} iterations")
-    # 14 renewals measured here (debug build, two busy cores): 14 ms late each on average. The
-    # bound allows 100 ms (10 renewals), 7x that; the loss check below is the correctness one.
-    assert renewals >= 10
+    print(f"\nwatchdog under a busy GIL: {renewals} renewals in 4.5 s at lease 1.5 s "
+          f"(interval 0.5 s, so 9 expected); main loop ran {n} iterations")
+    # At 0.6 s: 14 of 15 renewals, 14 ms late each on average (debug build, two busy cores).
+    # The bound allows 250 ms late each (6 renewals), 18x that; the loss check below is the
+    # correctness one.
+    assert renewals >= 6
     assert not guard.lost.is_set()
     assert info(server, key)[b"owner"] == guard.owner
     guard.release()

@@ -357,7 +357,9 @@ def test_a_campaign_waits_with_a_ticket(server, client, key):
 
 @pytest.mark.scenario("tickets-wait", "acquire-long-wait")
 def test_a_ticket_wait_longer_than_the_lease_is_confirmed_and_renewed(server, client, key):
-    lease = 1.0
+    # 2 s: renewed every 0.67 s, lost locally 1.8 s after a renewal's send. At 1 s, a test
+    # process starved for 0.6 s (load average 6-9) lost the hold to its own deadline.
+    lease = 2.0
     release = hold_elsewhere(server, key)
     threading.Timer(1.3 * lease, release).start()
     renews = server.commandstat("lock.renew")

@@ -44,6 +44,7 @@ from redis_lock_client._messages import (
     parse_flush,
     parse_leader_message,
     parse_lost,
+    unlock_channel,
 )
 
 VECTORS = Path(__file__).resolve().parents[2] / "vectors"
@@ -108,6 +109,7 @@ def test_channels(row):
     key = unescape(row[0])
     assert lost_signal_channel(key) == unescape(row[1])
     assert leader_channel(key) == unescape(row[2])
+    assert unlock_channel(key) == unescape(row[3])
 
 
 @pytest.mark.parametrize(

@@ -88,9 +88,10 @@ class StandIn:
     """A hold for the threaded watchdog: looked at every ``period``; renewed at each look when
     ``renews`` (none while one is under way), its renewal waiting for ``answer``."""
 
-    def __init__(self, period: float, renews: bool = False) -> None:
+    def __init__(self, period: float, renews: bool = False, node: Optional[str] = None) -> None:
         self.period = period
         self.renews = renews
+        self.node = node
         self.answer = threading.Event()
         self.stopped = False
         self.looks: list[float] = []
@@ -111,6 +112,9 @@ class StandIn:
     def unwatched(self) -> None:
         self.said.append("unwatched")
         self.unwatched_once.set()
+
+    def where(self) -> Optional[str]:
+        return self.node
 
 
 def test_renewals_stuck_on_a_server_delay_no_other_holds_look_and_take_a_bounded_few_threads() -> None:
@@ -149,6 +153,29 @@ def test_renewals_stuck_on_a_server_delay_no_other_holds_look_and_take_a_bounded
         assert hold.unwatched_once.wait(5.0)
         assert hold.said.count("unwatched") == 1 and hold.said[-1] == "unwatched"
         assert hold.said.count("renewing") == hold.said.count("renewed")
+
+
+def test_renewals_stuck_on_one_node_never_hold_back_another_nodes() -> None:
+    # Each node has its own workers: with every worker of node a waiting on it (and more of its
+    # renewals queued), node b's holds are renewed at each look. With one set of workers for
+    # the client, b's renewals queued behind a's until a answered, and past b's deadline.
+    watchdog = sync_backend.Watchdog()
+    workers = sync_backend.RENEWAL_WORKERS
+    stuck = [StandIn(period=0.01, renews=True, node="a:1") for _ in range(workers + 3)]
+    watches = [watchdog.watch("stuck", hold) for hold in stuck]
+    wait_until(lambda: sum(h.said == ["renewing"] for h in stuck) == workers, "a's workers busy")
+    others = [StandIn(period=0.02, renews=True, node="b:2") for _ in range(3)]
+    for hold in others:
+        hold.answer.set()  # b answers at once
+    other_watches = [watchdog.watch("answering", hold) for hold in others]
+    wait_until(lambda: all(h.said.count("renewed") >= 5 for h in others), "b's holds renewed")
+    assert sum(h.said == ["renewing"] for h in stuck) == workers  # a's still waiting
+    for hold, watch in [*zip(stuck, watches), *zip(others, other_watches)]:
+        hold.stopped = True
+        hold.answer.set()
+        watch.wake()
+    for hold in [*stuck, *others]:
+        assert hold.unwatched_once.wait(5.0)
 
 
 def test_the_asyncio_watch_looks_on_while_its_renewal_waits_on_the_server() -> None:

@@ -7,14 +7,19 @@
 //! cargo run -p redis-lock-client --example partition_client -- --name c5 \
 //!     --sentinels 10.77.1.10:26379,10.77.1.11:26379,10.77.1.12:26379 \
 //!     --plain '{plain:a},{plain:b}' --acked '{acked:a},{acked:b}' --secs 60 --seed 1 \
-//!     --out history-c5.jsonl [--master lockmaster] [--lease 4]
+//!     --out history-c5.jsonl [--master lockmaster] [--lease 4] \
+//!     [--semaphores '{sem:a}' --limit 2] [--elections '{elect:a}']
 //! ```
 //!
 //! It loops until `--secs` have passed: pick a key, acquire its lock through Sentinel (lease
 //! `--lease` s, wait 1 s; `--acked` keys with `replicas(1, 500 ms)`), write to the key's log
 //! through the guard's fence (`guard.fenced`, the server's `LOCK.GUARD`: the write runs only
-//! while the token is current) twice with a pause between, release. Every operation is one JSON
-//! line of `--out`, written when it completes:
+//! while the token is current) twice with a pause between, release. A `--semaphores` key is
+//! held the same way, one permit of `--limit`; an `--elections` key is campaigned for (the same
+//! wait), and its leader writes heartbeats to the key's log through the leadership's fence (the
+//! epoch is its token) every `HEARTBEAT_SECS`, then resigns. Every operation is one JSON line of
+//! `--out`, written when it completes (a campaign is an `acquire`, a resignation a `release`, a
+//! heartbeat a `write`):
 //!
 //! ```text
 //! {"process": "c5", "lib": "rust", "op": "acquire|write|release|lost", "key": "{plain:a}",
@@ -45,7 +50,9 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use redis_lock_client::{Lock, LockClient, LockError, LockGuard, LostReason};
+use redis_lock_client::{
+    Election, Leadership, Lock, LockClient, LockError, LockGuard, LostReason, LostWatch, Release,
+};
 use tokio::sync::oneshot;
 
 /// The pause between a hold's two writes, mostly...
@@ -53,6 +60,10 @@ const SHORT_HOLD_SECS: Range<f64> = 0.05..0.4;
 /// ... and in `LONG_HOLD_SHARE` of the holds.
 const LONG_HOLD_SECS: Range<f64> = 2.0..8.0;
 const LONG_HOLD_SHARE: f64 = 0.1;
+/// A leader's heartbeats in one term, besides its first write...
+const HEARTBEATS: std::ops::RangeInclusive<u32> = 2..=6;
+/// ... and the pause before each.
+const HEARTBEAT_SECS: Range<f64> = 0.1..0.3;
 const WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 const REPLICAS_TIMEOUT: Duration = Duration::from_millis(500);
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
@@ -210,12 +221,15 @@ impl History {
 }
 
 /// client.py's flags, each followed by its value.
-const FLAGS: [&str; 9] = [
+const FLAGS: [&str; 12] = [
     "--name",
     "--sentinels",
     "--master",
     "--plain",
     "--acked",
+    "--semaphores",
+    "--limit",
+    "--elections",
     "--secs",
     "--seed",
     "--lease",
@@ -229,6 +243,9 @@ struct Args {
     master: String,
     plain: Vec<String>,
     acked: Vec<String>,
+    semaphores: Vec<String>,
+    limit: u32,
+    elections: Vec<String>,
     secs: f64,
     seed: u64,
     lease: f64,
@@ -254,6 +271,15 @@ impl Args {
         let list = |flag: &str| -> Result<Vec<String>, String> {
             Ok(required(flag)?.split(',').map(String::from).collect())
         };
+        // client.py's optional lists: empty when left out, empty names skipped.
+        let optional_list = |flag: &str| -> Vec<String> {
+            given.get(flag).map_or(Vec::new(), |v| {
+                v.split(',')
+                    .filter(|k| !k.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+        };
         let number = |flag: &str, default: Option<f64>| match (given.get(flag), default) {
             (Some(v), _) => v.parse::<f64>().map_err(|e| format!("{flag} {v}: {e}")),
             (None, Some(d)) => Ok(d),
@@ -272,6 +298,12 @@ impl Args {
                 .unwrap_or_else(|| "lockmaster".into()),
             plain: list("--plain")?,
             acked: list("--acked")?,
+            semaphores: optional_list("--semaphores"),
+            limit: match given.get("--limit") {
+                Some(v) => v.parse().map_err(|e| format!("--limit {v}: {e}"))?,
+                None => 2,
+            },
+            elections: optional_list("--elections"),
             secs: number("--secs", None)?,
             seed: match given.get("--seed") {
                 Some(v) => v.parse().map_err(|e| format!("--seed {v}: {e}"))?,
@@ -323,10 +355,10 @@ async fn connect(args: &Args, deadline: f64) -> LockClient {
 /// fires. client.py's `on_lost` is a callback of the handle, and writes the token of the key's
 /// last grant; this library reports a loss per guard (`lost()`), so the line has the token of
 /// the very hold that was lost.
-fn watch_for_loss(history: Arc<History>, key: String, guard: &LockGuard) -> oneshot::Sender<()> {
+fn watch_for_loss(history: Arc<History>, key: String, hold: &Held) -> oneshot::Sender<()> {
     let (released, mut on_release) = oneshot::channel::<()>();
-    let watch = guard.watch();
-    let token = guard.token();
+    let watch = hold.watch();
+    let token = hold.token();
     tokio::spawn(async move {
         tokio::select! {
             // A loss reported before (or while) the release was answered is still recorded.
@@ -351,16 +383,104 @@ fn watch_for_loss(history: Arc<History>, key: String, guard: &LockGuard) -> ones
     released
 }
 
-/// One round: acquire, two fenced writes with a pause between, release.
+/// What a round holds: a lock's (or a permit's) guard, or a leadership, whose epoch is its
+/// token, whose fenced writes are the leader's heartbeats and whose resignation is its release
+/// (client.py's `Term`).
+enum Held {
+    Guard(LockGuard),
+    Leader(Leadership),
+}
+
+impl Held {
+    fn token(&self) -> u64 {
+        match self {
+            Held::Guard(guard) => guard.token(),
+            Held::Leader(leadership) => leadership.epoch(),
+        }
+    }
+
+    fn watch(&self) -> LostWatch {
+        match self {
+            Held::Guard(guard) => guard.watch(),
+            Held::Leader(leadership) => leadership.watch(),
+        }
+    }
+
+    async fn fenced(&self, cmd: &redis::Cmd) -> Result<redis::Value, LockError> {
+        match self {
+            Held::Guard(guard) => guard.fenced(cmd).await,
+            Held::Leader(leadership) => leadership.fenced(cmd).await,
+        }
+    }
+
+    async fn release(&mut self) -> Result<Release, LockError> {
+        match self {
+            Held::Guard(guard) => guard.release().await,
+            Held::Leader(leadership) => leadership.resign().await,
+        }
+    }
+}
+
+/// What a round acquires: a lock or semaphore handle, or an election (client.py's
+/// `Candidacy`: acquiring is campaigning).
+enum Handle {
+    Lock(Lock),
+    Election(Election),
+}
+
+impl Handle {
+    async fn acquire(&self) -> Result<Held, LockError> {
+        match self {
+            Handle::Lock(lock) => lock.acquire().await.map(Held::Guard),
+            Handle::Election(election) => election.campaign().await.map(Held::Leader),
+        }
+    }
+
+    /// The pauses before each fenced write of a round (client.py's `lock_pauses` and
+    /// `heartbeat_pauses`): a lock's or permit's two writes, at once and after a short pause,
+    /// or now and then a long one (a holder that dawdles past its lease: a slow step, a GC
+    /// pause; with the watchdog renewing it is still the holder, unless a fault cut it off
+    /// meanwhile, and then its second write must be refused, not land after a newer
+    /// holder's); a leader's heartbeats, one at once then one every `HEARTBEAT_SECS`, the last
+    /// after a long pause in `LONG_HOLD_SHARE` of the terms.
+    fn pauses(&self, rng: &mut StdRng) -> Vec<f64> {
+        match self {
+            Handle::Lock(_) => {
+                let dawdle = rng.gen_bool(LONG_HOLD_SHARE);
+                vec![
+                    0.0,
+                    rng.gen_range(if dawdle {
+                        LONG_HOLD_SECS
+                    } else {
+                        SHORT_HOLD_SECS
+                    }),
+                ]
+            }
+            Handle::Election(_) => {
+                let beats = rng.gen_range(HEARTBEATS);
+                let mut pauses = vec![0.0];
+                pauses.extend((0..beats).map(|_| rng.gen_range(HEARTBEAT_SECS)));
+                if rng.gen_bool(LONG_HOLD_SHARE) {
+                    if let Some(last) = pauses.last_mut() {
+                        *last = rng.gen_range(LONG_HOLD_SECS);
+                    }
+                }
+                pauses
+            }
+        }
+    }
+}
+
+/// One round: acquire, a fenced write after each of `pauses`, release.
 async fn hold_and_write(
     history: &Arc<History>,
-    lock: &Lock,
+    handle: &Handle,
     key: &str,
-    rng: &mut StdRng,
+    pauses: Vec<f64>,
     counter: &mut u64,
 ) {
     let invoke = monotonic_secs();
-    let mut guard = match lock.acquire().await {
+    let mut guard = match handle.acquire().await {
         Ok(guard) => guard,
         Err(e) => {
             history.record(Record {
@@ -388,23 +508,14 @@ async fn hold_and_write(
         error: ErrorField::Omitted,
     });
     let released = watch_for_loss(history.clone(), key.to_string(), &guard);
-    // Now and then a holder dawdles past its lease (a slow step, a GC pause): with the watchdog
-    // renewing it is still the holder, unless a fault cut it off meanwhile, and then its second
-    // write must be refused, not land after a newer holder's.
-    let dawdle = rng.gen_bool(LONG_HOLD_SHARE);
-    let second = rng.gen_range(if dawdle {
-        LONG_HOLD_SECS
-    } else {
-        SHORT_HOLD_SECS
-    });
     let log = format!("{key}:log");
-    for pause in [0.0, second] {
+    for pause in pauses {
         tokio::time::sleep(Duration::from_secs_f64(pause)).await;
         *counter += 1;
         let entry = format!("{}:{token}:{counter}", history.process);
         let invoke = monotonic_secs();
         let written = guard
-            .fenced::<redis::Value>(redis::cmd("RPUSH").arg(&log).arg(&entry))
+            .fenced(redis::cmd("RPUSH").arg(&log).arg(&entry))
             .await;
         let (outcome, error) = match written {
             Ok(_) => (Outcome::Ok, ErrorField::Null),
@@ -471,11 +582,11 @@ async fn main() {
     let client = connect(&args, end).await;
 
     // Sorted by key, as client.py draws from sorted(handles).
-    let mut locks: BTreeMap<String, Lock> = BTreeMap::new();
+    let mut handles: BTreeMap<String, Handle> = BTreeMap::new();
     let lease = Duration::from_secs_f64(args.lease);
     for key in &args.plain {
         let lock = client.lock(key).lease(lease).wait_timeout(WAIT_TIMEOUT);
-        locks.insert(key.clone(), lock);
+        handles.insert(key.clone(), Handle::Lock(lock));
     }
     for key in &args.acked {
         let lock = client
@@ -483,14 +594,27 @@ async fn main() {
             .lease(lease)
             .wait_timeout(WAIT_TIMEOUT)
             .replicas(1, REPLICAS_TIMEOUT);
-        locks.insert(key.clone(), lock);
+        handles.insert(key.clone(), Handle::Lock(lock));
     }
-    let keys: Vec<&String> = locks.keys().collect();
+    for key in &args.semaphores {
+        let permit = client
+            .semaphore(key, args.limit)
+            .lease(lease)
+            .wait_timeout(WAIT_TIMEOUT);
+        handles.insert(key.clone(), Handle::Lock(permit));
+    }
+    for key in &args.elections {
+        let election = client.election(key).lease(lease).wait_timeout(WAIT_TIMEOUT);
+        handles.insert(key.clone(), Handle::Election(election));
+    }
+    let keys: Vec<&String> = handles.keys().collect();
     let mut counter = 0u64;
     let mut rounds = 0u64;
     while monotonic_secs() < end {
         let key = keys[rng.gen_range(0..keys.len())];
-        hold_and_write(&history, &locks[key], key, &mut rng, &mut counter).await;
+        let handle = &handles[key];
+        let pauses = handle.pauses(&mut rng);
+        hold_and_write(&history, handle, key, pauses, &mut counter).await;
         rounds += 1;
         tokio::time::sleep(Duration::from_secs_f64(rng.gen_range(0.0..0.05))).await;
     }

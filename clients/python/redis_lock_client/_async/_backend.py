@@ -49,6 +49,7 @@ __all__ = [
     "close_connection",
     "cluster_node",
     "cluster_node_at",
+    "cluster_node_known",
     "cluster_refresh",
     "current_loop",
     "new_gate",
@@ -428,6 +429,15 @@ async def cluster_node(cluster: RedisCluster, slot: int) -> tuple[str, type[Any]
     await cluster.initialize()  # loads the slot map once; at once afterwards
     node = cluster.nodes_manager.get_node_from_slot(slot)
     return node.name, node.connection_class, node.connection_kwargs
+
+
+def cluster_node_known(cluster: RedisCluster, slot: int) -> Optional[str]:
+    """The name of the master serving ``slot`` in the slot map as loaded, or None (no map yet,
+    the slot not covered): never a request."""
+    try:
+        return str(cluster.nodes_manager.get_node_from_slot(slot).name)
+    except Exception:  # noqa: BLE001 - not known: the caller's default
+        return None
 
 
 async def cluster_node_at(

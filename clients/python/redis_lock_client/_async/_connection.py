@@ -8,7 +8,22 @@ from typing import Any, Optional
 
 from redis.exceptions import RedisError, ResponseError
 
-from .._common import LockConnectionError, LockServerError
+from .._commands import (
+    FUNCTIONS_VERSION,
+    Call,
+    as_is,
+    library_source,
+    on_functions,
+    says_backend_gone,
+    version_of,
+)
+from .._common import (
+    Backend,
+    LockConnectionError,
+    LockServerError,
+    NoPermission,
+    NotSupported,
+)
 from .._connect import name_for, own_kwargs, server_error
 from ._backend import (
     IO_ERRORS,
@@ -77,13 +92,58 @@ async def call(conn: RawConnection, args: list[Any], timeout: Optional[float]) -
         raise
 
 
-class Connector:
-    """Makes the library's connections to one server and runs one command on one."""
+async def detect(conn: RawConnection, timeout: float, load: bool) -> Backend:
+    """What serves locks on ``conn``'s server: the module when ``COMMAND INFO`` knows
+    ``LOCK.ACQUIRE``; else the ``redislock`` library when ``lock_version`` answers
+    ``FUNCTIONS_VERSION`` or more; else, with ``load``, the library shipped here, loaded
+    (``FUNCTION LOAD REPLACE``); else ``NotSupported``, which says what to do. An ACL that
+    refuses ``COMMAND INFO`` leaves the library's answer to tell (none: the module, as the
+    commands' own errors will show)."""
+    try:
+        known = await call(conn, ["COMMAND", "INFO", "LOCK.ACQUIRE"], timeout)
+        if isinstance(known, list) and known and known[0] is not None:
+            return Backend.MODULE
+        refused = False
+    except NoPermission:
+        refused = True
+    try:
+        version = version_of(await call(conn, ["FCALL_RO", "lock_version", 0], timeout))
+    except LockServerError as e:
+        if refused or isinstance(e, NoPermission):
+            return Backend.MODULE
+        if "Function not found" not in str(e):
+            raise
+        version = None
+    if version is not None and version >= FUNCTIONS_VERSION:
+        return Backend.FUNCTIONS
+    if refused:
+        return Backend.MODULE
+    had = "no redislock library" if version is None else f"redislock library version {version}"
+    if not load:
+        raise NotSupported(
+            f"the server has neither the LOCK.* module nor the redislock Functions library "
+            f"version {FUNCTIONS_VERSION} or newer ({had}): load the module, or load "
+            f"functions/redislock.lua (FUNCTION LOAD REPLACE), or make the client with "
+            f"load_functions=True"
+        )
+    await call(conn, ["FUNCTION", "LOAD", "REPLACE", library_source()], timeout)
+    return Backend.FUNCTIONS
 
-    def __init__(self, cls: type[Any], kwargs: dict[str, Any], timeout: float) -> None:
+
+class Connector:
+    """Makes the library's connections to one server and runs one command on one, as the
+    server's backend takes it (the module's ``LOCK.*`` commands, or the ``redislock``
+    library's ``FCALL``s: ``_commands.on_functions``), found at the first command."""
+
+    def __init__(
+        self, cls: type[Any], kwargs: dict[str, Any], timeout: float, load_functions: bool = False
+    ) -> None:
         self.cls = cls
         self.kwargs = own_kwargs(kwargs, timeout)
         self.timeout = timeout
+        self.load_functions = load_functions
+        self._backend: Optional[Backend] = None
+        self._detecting = Mutex()
         self.db = int(self.kwargs.get("db", 0) or 0)
         self.pool = new_pool(cls, self.kwargs)
         self._asked = 0.0
@@ -103,6 +163,30 @@ class Connector:
         except IO_ERRORS as e:
             raise LockConnectionError(f"connect: {e}") from e
 
+    async def backend(self) -> Backend:
+        """The server's backend, found once (``detect``); again after an answer says it is
+        gone (``query``)."""
+        known = self._backend
+        if known is not None:
+            return known
+        async with self._detecting:
+            if self._backend is None:
+                # On a pooled connection, disconnected after: the next command on it connects
+                # again, to the master of its time (under Sentinel, not one a failover left).
+                conn = await self._pooled()
+                try:
+                    self._backend = await detect(conn, self.timeout, self.load_functions)
+                finally:
+                    await close_connection(conn)
+                    await pool_put(self.pool, conn)
+            return self._backend
+
+    async def sent_as(self, args: list[Any]) -> Call:
+        """``args`` as the server's backend takes them (``NotSupported`` when it cannot)."""
+        if await self.backend() is Backend.FUNCTIONS:
+            return on_functions(args)
+        return Call(args, as_is)
+
     async def query(
         self,
         args: list[Any],
@@ -110,23 +194,43 @@ class Connector:
         then: Optional[list[Any]] = None,
         then_timeout: float = 0.0,
     ) -> Any:
-        """One command on a pooled connection; ``asking``: preceded by ASKING (the answer to an
-        ASK redirection, good for that one command). ``then``: a second command sent on the
-        same connection after the first answered (``WAIT`` after a write: it waits for this
-        connection's writes), read with ``then_timeout`` more; the answer is then the pair (a
-        server error of the second is returned in it, not raised)."""
+        """One command on a pooled connection, as the server's backend takes it; ``asking``:
+        preceded by ASKING (the answer to an ASK redirection, good for that one command).
+        ``then``: a second command sent on the same connection after the first answered
+        (``WAIT`` after a write: it waits for this connection's writes), read with
+        ``then_timeout`` more; the answer is then the pair (a server error of the second is
+        returned in it, not raised). An error that says the backend is gone (the module
+        unloaded, the library flushed) has the backend found again and the command sent once
+        more, as the backend found takes it."""
+        try:
+            return await self._query(args, asking, then, then_timeout)
+        except LockServerError as e:
+            if not says_backend_gone(str(e)):
+                raise
+            self._backend = None
+        return await self._query(args, asking, then, then_timeout)
+
+    async def _query(
+        self,
+        args: list[Any],
+        asking: bool,
+        then: Optional[list[Any]],
+        then_timeout: float,
+    ) -> Any:
+        sent_as = await self.sent_as(args)
         conn = await self._pooled()
         sent = time.monotonic()
         try:
             if asking:
                 await call(conn, ["ASKING"], self.timeout)
             try:
-                first = await call(conn, args, self.timeout)
+                first = await call(conn, sent_as.args, self.timeout)
             except LockServerError:
                 # A refusal (FENCED, an error of the hold) may end a hold: believed only from
                 # the master the Sentinels name now, asked afresh (see ``_still_master``).
                 await self._still_master(conn, sent, args, fresh=True)
                 raise
+            first = sent_as.answer(first)
             await self._still_master(conn, sent, args, fresh=says_gone(args, first))
             if then is None:
                 return first
@@ -144,13 +248,14 @@ class Connector:
         A write pause (``CLIENT PAUSE WRITE``, a failover's) holds the whole transaction until
         it ends, as it holds any write; a refused ``MULTI`` or ``DEL`` (an ACL) runs nothing.
         ``asking``: preceded by ASKING (the node imports the fence's slot)."""
+        sent = (await self.sent_as(args)).args
         conn = await self._pooled()
         try:
             if asking:
                 await call(conn, ["ASKING"], self.timeout)
             # MULTI answered first: refused (an ACL), what follows would run on its own.
             await call(conn, ["MULTI"], self.timeout)
-            commands: list[list[Any]] = [["DEL", fence], args, ["EXEC"]]
+            commands: list[list[Any]] = [["DEL", fence], sent, ["EXEC"]]
             for command in commands:
                 await send(conn, command)
             refused: Optional[ResponseError] = None

@@ -16,6 +16,7 @@ from .._common import (
     LockConnectionError,
     LockError,
     LockTimeout,
+    NotSupported,
     Release,
     to_bytes,
 )
@@ -202,7 +203,8 @@ class AsyncObserver:
     was published meanwhile is gone, the read tells the current leader). The end of a
     leadership is not announced: the next election is.
 
-    Reading waits for the next leader; closing it (from any thread in the sync library; in
+    Reading waits for the next leader; on a server with the ``redislock`` Functions library
+    (no elections) it raises ``NotSupported``. Closing it (from any thread in the sync library; in
     asyncio, cancel a task waiting in it to stop it at once) ends the iteration; ``with``
     closes it.
     """
@@ -234,6 +236,9 @@ class AsyncObserver:
                 try:
                     await self._connect()
                     delay = 0.05
+                except NotSupported:  # the server has no elections: never tried again
+                    await self._drop()
+                    raise
                 except LockError:
                     await sleep(delay)
                     delay = min(delay * 2, 2.0)
@@ -268,7 +273,11 @@ class AsyncObserver:
             found = parse_leader(await self._client._query(self._key, leader(self._key)))
         except Redirected as e:
             await sub.close()
-            await self._client._moved(e)
+            # Escaped the read's own following: a MOVED names the slot's node from now on; an
+            # ASK (the slot is moving: its target takes one command after ASKING) only has the
+            # slot map loaded again. Noted as a MOVED, it sent every command of the slot to the
+            # importing node until that node answered MOVED back.
+            await self._client._redirect(e, asked=True)
             raise
         except BaseException:
             await sub.close()

@@ -97,6 +97,12 @@ class Route(Protocol):
         """The keys' slot moved (cluster): listen on the node that serves it now."""
         ...
 
+    def where(self) -> Optional[str]:
+        """The node the keys' commands go to as far as the client knows now, without asking
+        anyone (a cluster: the slot's master, ``host:port``); None: the one server, or not
+        known."""
+        ...
+
 
 #: How soon a hold whose connection closed is read again while the server still holds it
 #: (doubling up to ``CLOSE_RECHECK_MAX``): the server ends it as soon as it reads the close.
@@ -643,6 +649,11 @@ class Hold:
         if self.own is not None:
             wake = min(wake, now + OWN_LOOK)
         return Look(renew=renew, again=wake)
+
+    def where(self) -> Optional[str]:
+        """Where its renewals go (``Route.where``): the threaded watchdog queues the renewals
+        of each node apart, so that a node that does not answer delays only its own holds'."""
+        return self.route.where()
 
     async def renew_once(self) -> None:
         """The renewal a look asked for, and what its answer tells the machine (a renewal

@@ -20,6 +20,8 @@ from .._commands import (
     TicketExpired,
     explained_by_role,
     is_retry_later,
+    on_functions,
+    refusal,
     says_not_ephemeral,
 )
 from .._common import (
@@ -32,6 +34,7 @@ from .._common import (
     WAIT_MARGIN,
     WAIT_REDIRECTS,
     Arg,
+    Backend,
     Key,
     Kind,
     LockConnectionError,
@@ -61,6 +64,7 @@ from ._backend import (
 from ._connection import OwnConnection, call
 from ._hold import Hold, Unconfirmed
 from ._tickets import NoTickets, TicketDesk
+from ._unlocked import wait_unlocked
 
 if TYPE_CHECKING:
     from ._client import AsyncLockClient, _Node
@@ -156,13 +160,16 @@ class _AsyncHandle(Generic[_G]):
 
     async def try_acquire(self) -> Optional[_G]:
         """Takes the key(s) if free (or re-enters this handle's hold), without waiting; None
-        when another owner holds one or others wait for one."""
+        when another owner holds one or others wait for one. ``NotSupported``, before anything
+        is sent, for what the server's backend cannot do (the ``redislock`` Functions library:
+        shared holds, semaphores, several keys, EPHEMERAL, elections, ``lost_signal=True``)."""
         return await self._acquire(False, self.wait_timeout)
 
     async def acquire(self) -> _G:
         """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (with a
-        ticket, or on a connection of its own: the client's ``wait_with_tickets``); raises
-        ``LockTimeout`` when it passes."""
+        ticket, or on a connection of its own: the client's ``wait_with_tickets``; on the
+        ``redislock`` Functions library, listening to the unlock message and asking again);
+        raises ``LockTimeout`` when it passes, ``NotSupported`` as ``try_acquire``."""
         guard = await self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
             raise LockTimeout(self.wait_timeout or 0.0)
@@ -207,6 +214,7 @@ class _AsyncHandle(Generic[_G]):
         ``wait_timeout`` (None: until granted)."""
         async with self._gate:
             await self._drain()
+            await self._check_backend(value)
             until = None if wait_timeout is None else time.monotonic() + wait_timeout
             for _ in range(RETRIES + 1):
                 current = self._current()
@@ -233,6 +241,23 @@ class _AsyncHandle(Generic[_G]):
                 if got is not _AGAIN:
                     return cast(Optional[_G], got)
             return None
+
+    async def _check_backend(self, value: Optional[bytes]) -> None:
+        """Raises ``NotSupported`` before anything is sent when the keys' server has the
+        ``redislock`` Functions library and this handle asks for what it cannot do (see
+        ``_commands.on_functions``), or the client asked for the lost-hold signal by name. A
+        server that cannot be asked now is asked by the send (``Connector.query``, which
+        refuses the same commands)."""
+        try:
+            node = await self.client._node_for(self.keys.route)
+            if await node.commands.backend() is not Backend.FUNCTIONS:
+                return
+        except LockConnectionError:
+            return  # found by the send, which is sent again after no answer
+
+        on_functions(self._args(False, None, value))
+        if self.client._lost_signal_asked:
+            raise refusal("the lost-hold signal (lost_signal=True)")
 
     def _wait_left(self, waits: bool, until: Optional[float]) -> tuple[bool, Optional[float]]:
         """Whether the next send waits, and how long (None: as long as it takes)."""
@@ -265,8 +290,14 @@ class _AsyncHandle(Generic[_G]):
             asking = False  # this send follows an ASK, after ASKING
             try:
                 if this_waits:
-                    args = self._args(True, wait, value, ephemeral)
                     node, asking = await self.client._node_to(self.keys.route, ask)
+                    if await node.commands.backend() is Backend.FUNCTIONS:
+                        # No wait in the server: the unlock message and the holder's lease
+                        # have the acquire asked again.
+                        once = self._args(False, None, value, ephemeral)
+                        route = self.keys.route
+                        return await wait_unlocked(node.commands, once, route, self.owner, until)
+                    args = self._args(True, wait, value, ephemeral)
                     return await self._send_waiting(args, wait, node, asking)
                 args = self._args(False, None, value, ephemeral)
                 if ask is not None:  # one send, whose redirect is followed here

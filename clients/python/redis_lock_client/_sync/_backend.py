@@ -51,6 +51,7 @@ __all__ = [
     "close_connection",
     "cluster_node",
     "cluster_node_at",
+    "cluster_node_known",
     "cluster_refresh",
     "current_loop",
     "new_gate",
@@ -188,9 +189,15 @@ class Watched(Protocol):
         """The watch is over (after the renewal under way, if one was)."""
         ...
 
+    def where(self) -> Optional[str]:
+        """The node its renewals go to as far as its client knows (never a request); None: the
+        one server, or not known."""
+        ...
 
-#: How many threads at most send a client's renewals at once (each a round trip of up to the
-#: command timeout); the others wait their turn.
+
+#: How many threads at most send a client's renewals to one node at once (each a round trip of
+#: up to the command timeout); the others wait their turn. Each node has its own: renewals stuck
+#: on a node that does not answer never hold back another node's.
 RENEWAL_WORKERS = 4
 #: How long the watchdog's thread and its workers wait with nothing to do before they end (the
 #: next hold starts them again).
@@ -219,8 +226,9 @@ class Watchdog:
     be looked at (the soonest first, from a ``Timetable``: a renewal due, its deadline, an
     EPHEMERAL hold's connection every 100 ms) and decides there, never waiting on the network;
     each renewal it decides on, a round trip of up to the command timeout, is sent by one of up
-    to ``RENEWAL_WORKERS`` threads. A server that does not answer delays renewals (the workers
-    wait on it), never a look: every deadline is seen when it comes. The thread and the workers
+    to ``RENEWAL_WORKERS`` threads of the hold's node (``Watched.where``). A server that does not
+    answer delays its own holds' renewals (its workers wait on it), never another node's, never
+    a look: every deadline is seen when it comes. The thread and the workers
     start with the first hold and end once idle for ``IDLE_END``. (The asyncio twin runs a task
     per hold, with the same looks.)"""
 
@@ -232,7 +240,8 @@ class Watchdog:
         self._lock = threading.Condition()
         self._timetable: Timetable[Watch] = Timetable()
         self._looking = False  # the thread runs
-        self._workers = _Workers(RENEWAL_WORKERS, "redis-lock-renewal")
+        #: Each node's renewal workers, by ``Watched.where`` (a cluster's masters seen so far).
+        self._workers: dict[Optional[str], _Workers] = {}
 
     def after_fork(self) -> None:
         """In a forked child: none of the parent's threads are here, and its holds are not
@@ -305,9 +314,22 @@ class Watchdog:
                 self._timetable.plan(watch, look.again)  # (or sooner: woken meanwhile)
             ended = watch.over and not watch.renewing
         if look.renew:
-            self._workers.run(lambda: self._renew(watch))
+            self._workers_of(watch).run(lambda: self._renew(watch))
         if ended:  # closing an EPHEMERAL hold's connection may wait for its command to break
-            self._workers.run(lambda: self._end(watch))
+            self._workers_of(watch).run(lambda: self._end(watch))
+
+    def _workers_of(self, watch: Watch) -> _Workers:
+        """The workers of the node the hold's renewals go to."""
+        try:
+            where = watch.watched.where()
+        except Exception:  # noqa: BLE001 - not known: the shared workers
+            log.exception("where %s is served is not known", watch.name)
+            where = None
+        with self._lock:
+            workers = self._workers.get(where)
+            if workers is None:
+                workers = self._workers[where] = _Workers(RENEWAL_WORKERS, "redis-lock-renewal")
+            return workers
 
     def _renew(self, watch: Watch) -> None:
         """On a worker: the renewal a look asked for; then the hold is looked at again at once
@@ -564,6 +586,15 @@ def cluster_node(cluster: RedisCluster, slot: int) -> tuple[str, type[Any], dict
     node = cluster.nodes_manager.get_node_from_slot(slot)
     pool = node.redis_connection.connection_pool
     return node.name, pool.connection_class, pool.connection_kwargs
+
+
+def cluster_node_known(cluster: RedisCluster, slot: int) -> Optional[str]:
+    """The name of the master serving ``slot`` in the slot map as loaded, or None (no map yet,
+    the slot not covered): never a request."""
+    try:
+        return str(cluster.nodes_manager.get_node_from_slot(slot).name)
+    except Exception:  # noqa: BLE001 - not known: the caller's default
+        return None
 
 
 def cluster_node_at(

@@ -22,6 +22,7 @@ from .._common import (
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
     RETRIES,
+    Backend,
     Key,
     Kind,
     LockConnectionError,
@@ -42,6 +43,7 @@ from ._backend import (
     Watchdog,
     cluster_node,
     cluster_node_at,
+    cluster_node_known,
     cluster_refresh,
     peer,
     sentinel_master,
@@ -93,7 +95,11 @@ class _Route:
         return self._client._query(self._key, args, then, then_timeout)
 
     def watch(self, hold: Hold) -> None:
-        self.hub = (self._client._node_for(self._key)).signals
+        node = self._client._node_for(self._key)
+        # The redislock library publishes no lost-hold signal: nothing to listen to there.
+        if node.commands.backend() is Backend.FUNCTIONS:
+            return
+        self.hub = node.signals
         if self.hub is not None:
             self.hub.watch(hold)
 
@@ -103,6 +109,9 @@ class _Route:
 
     def relocate(self, hold: Hold) -> None:
         self._client._relocate(self, hold)
+
+    def where(self) -> Optional[str]:
+        return self._client._known_node(self._key)
 
     def replaced(self, own: OwnConnection) -> bool:
         try:
@@ -126,9 +135,16 @@ class LockClient:
     retries. Options:
 
     - ``command_timeout`` (seconds, default 2): how long an ordinary command may take.
-    - ``lost_signal`` (default True): one pub/sub connection per server hears the server's
-      lost-hold signal, so that a hold ended from outside (``LOCK.FORCERELEASE``, ``DEL``, an
-      EPHEMERAL connection's close, a flush) is reported at once, not at the next renewal.
+    - ``lost_signal`` (default None: wherever the server has it): one pub/sub connection per
+      server hears the server's lost-hold signal, so that a hold ended from outside
+      (``LOCK.FORCERELEASE``, ``DEL``, an EPHEMERAL connection's close, a flush) is reported at
+      once, not at the next renewal. The ``redislock`` Functions library has none: there a
+      loss is seen by the next renewal, and ``lost_signal=True`` makes each acquire raise
+      ``NotSupported``. False: no listener anywhere.
+    - ``load_functions`` (default False): on a server without the module whose ``redislock``
+      Functions library is missing or older than this package's, load the package's copy
+      (``FUNCTION LOAD REPLACE``, which needs ``+function|load``) instead of raising
+      ``NotSupported`` at the first command.
     - ``wait_with_tickets`` (default True): an acquire that waits waits with a ticket
       (``... WAIT ms TICKET``; an EPHEMERAL one asked on the connection its hold will be bound
       to): every such wait of the client on a server shares one asking and one waiting
@@ -155,9 +171,10 @@ class LockClient:
         redis_client: Optional[Union[Redis, ConnectionPool, RedisCluster]] = None,
         *,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
-        lost_signal: bool = True,
+        lost_signal: Optional[bool] = None,
         failover_timeout: Optional[float] = None,
         wait_with_tickets: bool = True,
+        load_functions: bool = False,
         **connection_kwargs: Any,
     ) -> None:
         if command_timeout <= 0:
@@ -165,7 +182,10 @@ class LockClient:
         if failover_timeout is not None and failover_timeout < 0:
             raise ValueError("failover_timeout must not be negative")
         self.command_timeout = command_timeout
-        self._lost_signal = lost_signal
+        self._lost_signal = lost_signal is not False
+        #: Asked for by name (``lost_signal=True``): refused where the backend has none.
+        self._lost_signal_asked = lost_signal is True
+        self._load_functions = load_functions
         self._tickets = wait_with_tickets
         self._extra = connection_kwargs
         self._cluster: Optional[RedisCluster] = None
@@ -198,7 +218,8 @@ class LockClient:
                 cls = DefaultConnection
                 kwargs = connection_kwargs
                 sentinel = False
-            self._single = _Node(self, Connector(cls, kwargs, command_timeout), sharded=False)
+            connector = Connector(cls, kwargs, command_timeout, load_functions)
+            self._single = _Node(self, connector, sharded=False)
         #: How long an acquire whose connection broke is sent again while no master answers
         #: (a failover under Sentinel); 0: twice, at once, as anywhere else.
         self.failover_timeout = (
@@ -224,16 +245,18 @@ class LockClient:
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> LockClient:
         """A client on ``url`` (``redis://``, ``rediss://``, ``unix://``; the database is the
-        URL's path, ``redis://host:6379/1``); ``command_timeout`` and ``lost_signal`` as for
-        the constructor, any other keyword goes to redis-py's connection pool."""
+        URL's path, ``redis://host:6379/1``); ``command_timeout``, ``lost_signal``,
+        ``wait_with_tickets`` and ``load_functions`` as for the constructor, any other keyword goes to redis-py's connection pool."""
         command_timeout = kwargs.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT)
-        lost_signal = kwargs.pop("lost_signal", True)
+        lost_signal = kwargs.pop("lost_signal", None)
         wait_with_tickets = kwargs.pop("wait_with_tickets", True)
+        load_functions = kwargs.pop("load_functions", False)
         return cls(
             ConnectionPool.from_url(url, **kwargs),
             command_timeout=command_timeout,
             lost_signal=lost_signal,
             wait_with_tickets=wait_with_tickets,
+            load_functions=load_functions,
         )
 
     @classmethod
@@ -244,9 +267,10 @@ class LockClient:
         *,
         sentinel_kwargs: Optional[dict[str, Any]] = None,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT,
-        lost_signal: bool = True,
+        lost_signal: Optional[bool] = None,
         failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT,
         wait_with_tickets: bool = True,
+        load_functions: bool = False,
         **connection_kwargs: Any,
     ) -> LockClient:
         """A client on the master Sentinel names for ``service_name`` (as redis-py's
@@ -275,6 +299,7 @@ class LockClient:
             lost_signal=lost_signal,
             failover_timeout=failover_timeout,
             wait_with_tickets=wait_with_tickets,
+            load_functions=load_functions,
         )
         client._sentinel = (manager, master)  # the pool's proxy refers to them weakly
         return client
@@ -283,7 +308,9 @@ class LockClient:
         with self._nodes_lock:
             known = self._nodes.get(name)
             if known is None:
-                connector = Connector(cls, {**kwargs, **self._extra}, self.command_timeout)
+                connector = Connector(
+                    cls, {**kwargs, **self._extra}, self.command_timeout, self._load_functions
+                )
                 known = self._nodes[name] = _Node(self, connector, sharded=True)
             return known
 
@@ -305,6 +332,18 @@ class LockClient:
         except (redis.RedisError, RedisClusterException) as e:
             raise LockConnectionError(f"no node serves {key!r}: {e}") from e
         return self._node_named(name, cls, kwargs)
+
+    def _known_node(self, key: bytes) -> Optional[str]:
+        """The name (``host:port``) of the master serving ``key`` by what the client knows now
+        (the last MOVED for its slot, else the slot map), never asking a server; None
+        standalone, or with no slot map yet."""
+        if self._cluster is None:
+            return None
+        slot = key_slot(key)
+        moved_to = self._moved_to.get(slot)
+        if moved_to is not None:
+            return f"{moved_to[0]}:{moved_to[1]}"
+        return cluster_node_known(self._cluster, slot)
 
     def _node_at(self, host: str, port: int) -> Optional[_Node]:
         """The cluster master at ``host``:``port`` (an ASK's target), if the slot map knows it."""
@@ -461,6 +500,17 @@ class LockClient:
         with self._next_lock:
             self._next += 1
             return f"{self.id}:{self._next}".encode()
+
+    def backend(self, key: Optional[Key] = None) -> Backend:
+        """What serves the locks (``Backend.MODULE`` or ``Backend.FUNCTIONS``; its
+        ``supports_ephemeral`` says whether holds can be EPHEMERAL), found at the first
+        command to the server, or now (this asks it). In a cluster, of the master that serves
+        ``key`` (required there). Raises ``NotSupported`` when the server has neither (and
+        ``load_functions`` is off), as every command to it would."""
+        if key is None and self._cluster is not None:
+            raise ValueError("in a cluster, name a key: each master is asked on its own")
+        node = self._node_for(b"" if key is None else to_bytes(key))
+        return node.commands.backend()
 
     def _db(self) -> int:
         """The database of the client's holds (0 in a cluster)."""

@@ -117,10 +117,13 @@ HEALTH_PERIOD = 1.0
 SHORT_PERIOD = 0.1
 #: How long the connections stay open with no ticket waiting.
 IDLE = 5.0
-#: Full pops in a row that found nothing on the node a ``MOVED`` named (the slot left the desk's
-#: node) before the group's tickets are taken for void: the answer a queue there owed its
-#: tickets (the redirect written when their key left) moved with the slot, and is popped at
-#: once; with none, the tickets are withdrawn and asked again where the slot is.
+#: Full pops in a row that found nothing after a ``MOVED`` (the slot left the node that issued
+#: tickets, or the desk's node) before those tickets are taken for void: the answer a queue
+#: owed its tickets (the redirect written when their key left) moved with the slot, and is
+#: popped at once; with none, the tickets are withdrawn and asked again where the slot is.
+#: (Under slot moves back and forth, an answer was lost so: the group followed the slot away
+#: and back to the desk's node, where the old rule, "popping away from the desk's node", no
+#: longer held, and its waits hung with no ticket left on any node.)
 MOVED_EMPTY_ROUNDS = 2
 #: A group's loop that has not finished a round for this long plus four command timeouts (a
 #: round is a connection opened, ``ASKING`` and a ``BLPOP`` of at most ``HEALTH_PERIOD``, each
@@ -236,6 +239,13 @@ class _Ticket:
         #: An EPHEMERAL wait's ticket, asked on the hold's own connection (not the desk's
         #: asking connection: its loss does not touch it).
         self.own = False
+        #: The node that issued it (its queue is there), if known.
+        self.issuer: Optional[tuple[str, int]] = None
+        #: A ``MOVED`` of its group named another node than its issuer since it was issued: its
+        #: slot left the issuer, whose queue wrote its answer (a redirect, or a grant) before
+        #: the key left, to move with the slot. Found nowhere after ``MOVED_EMPTY_ROUNDS``
+        #: pops, it is void (withdrawn, asked again).
+        self.moved = False
 
 
 class TicketDesk:
@@ -401,9 +411,11 @@ class TicketDesk:
             name = ticket_of(reply)
             if name is None:
                 return reply
-            return self._register(name, release, own=False)
+            return self._register(name, release, own=False, issuer=peer(self._ask))
 
-    def _register(self, name: bytes, release: list[Any], own: bool) -> _Ticket:
+    def _register(
+        self, name: bytes, release: list[Any], own: bool, issuer: Optional[tuple[str, int]]
+    ) -> _Ticket:
         """A ticket the server issued, given to the ``BLPOP`` of its slot (started if none)."""
         slot = key_slot(name) if self._cluster is not None else None
         with self._books:
@@ -416,6 +428,7 @@ class TicketDesk:
                 group.alive_at = time.monotonic()  # idle until now: no round was due
             ticket = _Ticket(name, release, group)
             ticket.own = own
+            ticket.issuer = issuer
             self.issued += 1
             group.tickets[name] = ticket
             if group.blocked:
@@ -457,7 +470,7 @@ class TicketDesk:
             name = ticket_of(reply)
             if name is None:
                 return reply
-            ticket = self._register(name, release, own=True)
+            ticket = self._register(name, release, own=True, issuer=peer(own.conn))
             limit = None if until is None else until + WAIT_MARGIN
             try:
                 if ticket.unblock is not None:
@@ -628,6 +641,8 @@ class TicketDesk:
                     continue
                 if e.host is not None and e.port is not None:
                     group.away = (e.host, e.port, not e.asking)
+                    if not e.asking:
+                        self._slot_left_issuers(group, (e.host, e.port))
                 self._forget_abandoned(group)
                 continue
             except LockServerError as e:  # TRYAGAIN: a slot move caught between tickets
@@ -649,17 +664,44 @@ class TicketDesk:
             if isinstance(reply, list) and len(reply) == 2:
                 gone_empty = 0
                 self._deliver(group, bytes(reply[0]), bytes(reply[1]))
-            elif moved_away and (gone_empty := gone_empty + 1) >= MOVED_EMPTY_ROUNDS:
-                # The slot left the desk's node: an answer its queue owed moved along (written
-                # when the key left), and is not here. Nothing will answer these tickets.
+            elif (moved_away or self._any_moved(group)) and (
+                gone_empty := gone_empty + 1
+            ) >= MOVED_EMPTY_ROUNDS:
+                # The slot left the desk's node (or a ticket's issuer): an answer its queue owed
+                # moved along (written when the key left), and is not here. Nothing will
+                # answer these tickets.
                 gone_empty = 0
-                self._break_waiting(group)
+                if moved_away:
+                    self._break_waiting(group)
+                else:
+                    self._void_moved(group)
                 continue
             elif time.monotonic() - checked >= HEALTH_PERIOD:
                 checked = time.monotonic()
                 self._check_asking()
             self._forget_abandoned(group)
         self._close_idle()
+
+    def _slot_left_issuers(self, group: _Slot, owner: tuple[str, int]) -> None:
+        """A ``MOVED`` named ``owner``: the group's tickets another node issued are marked."""
+        with self._books:
+            for ticket in group.tickets.values():
+                if ticket.issuer != owner:
+                    ticket.moved = True
+
+    def _any_moved(self, group: _Slot) -> bool:
+        with self._books:
+            return any(t.moved and not t.abandoned for t in group.tickets.values())
+
+    def _void_moved(self, group: _Slot) -> None:
+        """The group's marked tickets (``_Ticket.moved``) found nowhere: each waiter is told, as
+        when its connection breaks (it withdraws its ticket, then asks again); the others wait
+        on."""
+        with self._books:
+            lost = [t for t in group.tickets.values() if t.moved and not t.abandoned]
+            for ticket in lost:
+                del group.tickets[ticket.name]
+        self._tell_lost(lost)
 
     def _moved_away(self, group: _Slot) -> bool:
         """Whether the group pops on another node than the desk's because a ``MOVED`` said so
