@@ -4,7 +4,8 @@ through Sentinel, write to the key's log through the guard (``LOCK.GUARD``: the 
 while the token is current) twice with a pause between, release. A ``--semaphores`` key is
 held the same way, one permit of ``--limit``; an ``--elections`` key is campaigned for
 (``campaign``, the same wait), and its leader writes heartbeats to the key's log through the
-leadership's fence (the epoch is its token) every HEARTBEAT_SECS, then resigns. Every
+leadership's fence (the epoch is its token) every HEARTBEAT_SECS, then resigns (an
+``--acked-elections`` key alike, campaigned for with ``replicas=1``). Every
 operation is one JSON line of ``--out``, written when it completes (a campaign is an
 ``acquire``, a resignation a ``release``, a heartbeat a ``write``)::
 
@@ -178,6 +179,8 @@ def main() -> None:
                         help="semaphore keys, one permit of --limit held at a time")
     parser.add_argument("--limit", type=int, default=2, help="the semaphores' permits")
     parser.add_argument("--elections", default="", help="election keys")
+    parser.add_argument("--acked-elections", default="",
+                        help="election keys campaigned for with replicas=1")
     parser.add_argument("--secs", type=float, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lease", type=float, default=4.0)
@@ -211,9 +214,13 @@ def main() -> None:
         handles[key] = client.semaphore(key, args.limit, lease=args.lease,
                                         wait_timeout=WAIT_SECS, on_lost=on_lost_of(key))
     elections = set(filter(None, args.elections.split(",")))
-    for key in elections:
-        handles[key] = Candidacy(client.election(key, args.name, lease=args.lease,
-                                                 on_lost=on_lost_of(key)), WAIT_SECS)
+    acked_elections = set(filter(None, args.acked_elections.split(",")))
+    for replicas, keys in ((0, elections), (1, acked_elections)):
+        for key in keys:
+            handles[key] = Candidacy(client.election(key, args.name, lease=args.lease,
+                                                     replicas=replicas, replicas_timeout=0.5,
+                                                     on_lost=on_lost_of(key)), WAIT_SECS)
+    elections |= acked_elections
     counter = [0]
     rounds = 0
     while time.monotonic() < end:

@@ -40,8 +40,9 @@ ACKED_KEYS = ["{acked:a}", "{acked:b}"]  # locked with replicas=1
 SEMAPHORE_KEYS = ["{sem:a}"]  # a counting semaphore of SEMAPHORE_LIMIT permits
 SEMAPHORE_LIMIT = 2
 ELECTION_KEYS = ["{elect:a}"]  # its leaders write heartbeats to {elect:a}:log
+ACKED_ELECTION_KEYS = ["{elect:b}"]  # the same, campaigned for with replicas=1
 KINDS = {"plain": PLAIN_KEYS, "replicas=1": ACKED_KEYS, "semaphore": SEMAPHORE_KEYS,
-         "election": ELECTION_KEYS}
+         "election": ELECTION_KEYS, "election, replicas=1": ACKED_ELECTION_KEYS}
 LIMITS = {"semaphore": SEMAPHORE_LIMIT}  # how many may hold a key of the kind at once; else 1
 CLIENT_GRACE_SECS = 45  # past SECS, a client still running is killed (its last op: no answer)
 SETTLE_SECS = 90
@@ -156,6 +157,7 @@ def start_clients(net: Net, clients: dict[str, str], rust_client: str, folder: P
                 "--sentinels", sentinels, "--plain", ",".join(PLAIN_KEYS),
                 "--acked", ",".join(ACKED_KEYS), "--semaphores", ",".join(SEMAPHORE_KEYS),
                 "--limit", str(SEMAPHORE_LIMIT), "--elections", ",".join(ELECTION_KEYS),
+                "--acked-elections", ",".join(ACKED_ELECTION_KEYS),
                 "--secs", str(secs), "--seed", str(seed),
                 "--out", str(folder / f"history-{name}.jsonl")]
         with open(folder / f"{name}.stderr", "wb") as err:

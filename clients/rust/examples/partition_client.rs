@@ -8,7 +8,7 @@
 //!     --sentinels 10.77.1.10:26379,10.77.1.11:26379,10.77.1.12:26379 \
 //!     --plain '{plain:a},{plain:b}' --acked '{acked:a},{acked:b}' --secs 60 --seed 1 \
 //!     --out history-c5.jsonl [--master lockmaster] [--lease 4] \
-//!     [--semaphores '{sem:a}' --limit 2] [--elections '{elect:a}']
+//!     [--semaphores '{sem:a}' --limit 2] [--elections '{elect:a}'] [--acked-elections '{elect:b}']
 //! ```
 //!
 //! It loops until `--secs` have passed: pick a key, acquire its lock through Sentinel (lease
@@ -17,7 +17,8 @@
 //! while the token is current) twice with a pause between, release. A `--semaphores` key is
 //! held the same way, one permit of `--limit`; an `--elections` key is campaigned for (the same
 //! wait), and its leader writes heartbeats to the key's log through the leadership's fence (the
-//! epoch is its token) every `HEARTBEAT_SECS`, then resigns. Every operation is one JSON line of
+//! epoch is its token) every `HEARTBEAT_SECS`, then resigns (an `--acked-elections` key alike,
+//! campaigned for with `replicas(1, 500 ms)`). Every operation is one JSON line of
 //! `--out`, written when it completes (a campaign is an `acquire`, a resignation a `release`, a
 //! heartbeat a `write`):
 //!
@@ -221,7 +222,7 @@ impl History {
 }
 
 /// client.py's flags, each followed by its value.
-const FLAGS: [&str; 12] = [
+const FLAGS: [&str; 13] = [
     "--name",
     "--sentinels",
     "--master",
@@ -230,6 +231,7 @@ const FLAGS: [&str; 12] = [
     "--semaphores",
     "--limit",
     "--elections",
+    "--acked-elections",
     "--secs",
     "--seed",
     "--lease",
@@ -246,6 +248,7 @@ struct Args {
     semaphores: Vec<String>,
     limit: u32,
     elections: Vec<String>,
+    acked_elections: Vec<String>,
     secs: f64,
     seed: u64,
     lease: f64,
@@ -304,6 +307,7 @@ impl Args {
                 None => 2,
             },
             elections: optional_list("--elections"),
+            acked_elections: optional_list("--acked-elections"),
             secs: number("--secs", None)?,
             seed: match given.get("--seed") {
                 Some(v) => v.parse().map_err(|e| format!("--seed {v}: {e}"))?,
@@ -605,6 +609,14 @@ async fn main() {
     }
     for key in &args.elections {
         let election = client.election(key).lease(lease).wait_timeout(WAIT_TIMEOUT);
+        handles.insert(key.clone(), Handle::Election(election));
+    }
+    for key in &args.acked_elections {
+        let election = client
+            .election(key)
+            .lease(lease)
+            .wait_timeout(WAIT_TIMEOUT)
+            .replicas(1, REPLICAS_TIMEOUT);
         handles.insert(key.clone(), Handle::Election(election));
     }
     let keys: Vec<&String> = handles.keys().collect();
