@@ -734,7 +734,13 @@ fn keys_in_slot(con: &mut Connection, slot: u16) -> Vec<String> {
 
 /// The whole of `slot` moved from `from` to `to` as `redis-cli --cluster reshard` moves it:
 /// IMPORTING on the target, MIGRATING on the source, its keys migrated, then NODE everywhere.
+/// It begins once the nodes agree on the config epochs, and ends once every node names the
+/// target (after `BUMPEPOCH` there: gossip sent before cannot take the slot back).
 fn move_slot(cluster: &Cluster, slot: u16, from: &Server, to: &Server) {
+    assert!(
+        eventually(Duration::from_secs(20), || cluster.epochs_agreed()),
+        "the nodes do not agree on the config epochs"
+    );
     let (from_id, to_id) = (Cluster::node_id(from), Cluster::node_id(to));
     let (mut on_from, mut on_to) = (from.connect(), to.connect());
     set_slot(&mut on_to, slot, "IMPORTING", &from_id);
@@ -744,6 +750,15 @@ fn move_slot(cluster: &Cluster, slot: u16, from: &Server, to: &Server) {
         migrate_keys(&mut on_from, to.port, &keys);
     }
     set_slot_everywhere(cluster, slot, &to_id);
+    let _: String = redis::cmd("CLUSTER")
+        .arg("BUMPEPOCH")
+        .query(&mut on_to)
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || cluster
+            .all_name_owner(slot, &to_id)),
+        "not every node names the target as the slot's master"
+    );
 }
 
 /// A ticket holding a grant nobody popped yet moves with its slot: `MIGRATE` deletes it on the

@@ -134,6 +134,64 @@ impl Cluster {
             .query(&mut node.connect())
             .expect("CLUSTER MYID")
     }
+
+    /// Whether every node knows the same config epoch for each master, and no two masters
+    /// share one (`CLUSTER NODES`). Only then does a node that takes a slot (`SETSLOT NODE` to
+    /// itself, `BUMPEPOCH`) get an epoch no other has: one that bumped to an epoch it did not
+    /// know another master had lost the slot to that master's `UPDATE` (the server matrix,
+    /// Valkey 9.1: the target of a move answered `MOVED` to the source).
+    pub fn epochs_agreed(&self) -> bool {
+        let views: Vec<Vec<(String, String)>> = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let text: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut node.connect())
+                    .unwrap_or_default();
+                let mut view: Vec<(String, String)> = text
+                    .lines()
+                    .filter_map(|line| {
+                        let fields: Vec<&str> = line.split_whitespace().collect();
+                        let (id, flags, epoch) = (fields.first()?, fields.get(2)?, fields.get(6)?);
+                        let master = flags.split(',').any(|flag| flag == "master");
+                        master.then(|| (id.to_string(), epoch.to_string()))
+                    })
+                    .collect();
+                view.sort();
+                view
+            })
+            .collect();
+        let Some(first) = views.first() else {
+            return false;
+        };
+        let mut epochs: Vec<&String> = first.iter().map(|(_, epoch)| epoch).collect();
+        epochs.sort();
+        epochs.dedup();
+        !first.is_empty() && epochs.len() == first.len() && views.iter().all(|v| v == first)
+    }
+
+    /// Whether every node names the node `id` as the master of `slot` (`CLUSTER NODES`).
+    pub fn all_name_owner(&self, slot: u16, id: &str) -> bool {
+        self.nodes.iter().all(|node| {
+            let text: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut node.connect())
+                .unwrap_or_default();
+            text.lines().any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.first() == Some(&id)
+                    && fields.iter().skip(8).any(|range| {
+                        let mut ends = range.splitn(2, '-').map(str::parse::<u16>);
+                        match (ends.next(), ends.next()) {
+                            (Some(Ok(low)), Some(Ok(high))) => (low..=high).contains(&slot),
+                            (Some(Ok(one)), None) => one == slot,
+                            _ => false,
+                        }
+                    })
+            })
+        })
+    }
 }
 
 /// A free port whose cluster bus port (port + 10000) is free too. Both are taken below Linux's
