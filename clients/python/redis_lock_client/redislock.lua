@@ -540,14 +540,9 @@ local function parse_key_owner(keys, args, name, with_owner)
   return { key = key, owner = owner }
 end
 
--- lock_acquire key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT ms [TICKET]]:
--- every option of LOCK.ACQUIRE is parsed as the module parses it, so that a mistake gets the
--- module's error; those this library does not serve are then refused (never ignored).
-local function parse_acquire(keys, args)
-  if #args < 2 then
-    return refuse(arity('lock_acquire'))
-  end
-  local request = parse_key_owner(keys, args, 'lock_acquire', true)
+-- The key, owner and lease of lock_acquire and lock_renew (args[2] the lease), or a refusal.
+local function parse_key_owner_lease(keys, args, name)
+  local request = parse_key_owner(keys, args, name, true)
   if is_refusal(request) then
     return request
   end
@@ -556,6 +551,20 @@ local function parse_acquire(keys, args)
     return refuse(why)
   end
   request.lease = lease
+  return request
+end
+
+-- lock_acquire key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT ms [TICKET]]:
+-- every option of LOCK.ACQUIRE is parsed as the module parses it, so that a mistake gets the
+-- module's error; those this library does not serve are then refused (never ignored).
+local function parse_acquire(keys, args)
+  if #args < 2 then
+    return refuse(arity('lock_acquire'))
+  end
+  local request = parse_key_owner_lease(keys, args, 'lock_acquire')
+  if is_refusal(request) then
+    return request
+  end
   local seen = {}
   local i = 3
   while i <= #args do
@@ -954,15 +963,10 @@ local function renew(keys, args)
   if #args ~= 2 then
     return refuse(arity('lock_renew'))
   end
-  local request = parse_key_owner(keys, args, 'lock_renew', true)
+  local request = parse_key_owner_lease(keys, args, 'lock_renew')
   if is_refusal(request) then
     return request
   end
-  local lease, why = parse_lease(args[2])
-  if not lease then
-    return refuse(why)
-  end
-  request.lease = lease
   return run(request, decide_renew)
 end
 
