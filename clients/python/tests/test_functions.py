@@ -701,7 +701,8 @@ def test_in_cluster_mode_the_unlock_message_goes_to_the_shard_too(tmp_path: Path
 
 LOCK_COMMANDS = ["+fcall", "+fcall_ro", "+hlen", "+hgetall", "+hget", "+hexists", "+hset",
                  "+hdel", "+pexpire", "+pttl", "+del", "+get", "+set", "+time", "+publish",
-                 "+spublish"]
+                 "+spublish", "+zrange", "+zrangebyscore", "+zcard", "+zadd", "+zrem", "+hmget",
+                 "+lpush", "+lindex"]
 
 
 def test_an_acl_user_needs_the_commands_keys_and_channel_the_functions_use(
@@ -729,7 +730,7 @@ def test_an_acl_user_needs_the_commands_keys_and_channel_the_functions_use(
             assert fcall(u, "lock_release", key, "w") == 0
             fcall(u, "lock_acquire", key, "w", 30000)
             assert fcall(u, "lock_forcerelease", key) == 1
-            assert u.execute_command("FCALL_RO", "lock_version", 0) == 1
+            assert u.execute_command("FCALL_RO", "lock_version", 0) == 2
     # Without the counters' keys: no grant, nothing written.
     r.acl_setuser("nocounter", enabled=True, passwords=["+pw"], keys=["test:*"],
                   channels=["*"], commands=LOCK_COMMANDS, reset=True)
