@@ -260,6 +260,9 @@ class _Ticket:
         #: asked again (``_ask_again``), and that acquire (without TICKET). None: the module's.
         self.ask_again_at: Optional[float] = None
         self.args: list[Any] = []
+        #: No timer in the server answers it ``timeout`` (a ``redislock`` library's ticket):
+        #: the wait ends at its own deadline, withdrawing the ticket at once.
+        self.untimed = False
 
 
 class TicketDesk:
@@ -318,7 +321,10 @@ class TicketDesk:
             raise
         if not isinstance(ticket, _Ticket):
             return ticket
-        until = None if wait is None else time.monotonic() + wait + WAIT_MARGIN
+        # The module answers ``timeout`` into the ticket when the wait ends: awaited a margin
+        # longer. The library has no timer: the wait ends at its deadline.
+        margin = 0.0 if ticket.untimed else WAIT_MARGIN
+        until = None if wait is None else time.monotonic() + wait + margin
         try:
             if ticket.unblock is not None:
                 self._unblock(ticket)
@@ -370,7 +376,7 @@ class TicketDesk:
         what it got."""
         args = ticket.args
         if until is not None:
-            left = until - WAIT_MARGIN - time.monotonic()
+            left = until - time.monotonic()
             if left < 0.001:
                 ticket.ask_again_at = None
                 return ticket
@@ -490,6 +496,7 @@ class TicketDesk:
                 return reply
             ticket = self._register(name, release, own=False, issuer=peer(self._ask))
             ticket.args, ticket.ask_again_at = args[:-1], at
+            ticket.untimed = at is not None
             return ticket
 
     def _leave(self, ticket: _Ticket) -> None:
@@ -640,6 +647,11 @@ class TicketDesk:
                     raise
                 return None  # a grant it held goes with the asking connection, or expires
             if granted is None:
+                if ticket.untimed and ticket.group.blocked:
+                    # Nothing will end the BLPOP that may have popped it: interrupted, so that
+                    # the wait ends now, not at the BLPOP's own end.
+                    ticket.unblock = ticket.last_round
+                    self._unblock(ticket)
                 wait_event(ticket.event, HEALTH_PERIOD + self._connector.timeout)
                 granted = self._granted(ticket, multi, keep)
         if granted is None or keep:
