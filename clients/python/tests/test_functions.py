@@ -129,10 +129,11 @@ def test_the_library_loads_where_no_module_is(r: redis.Redis) -> None:
         "lock_release": ["allow-oom"],
         "lock_renew": ["allow-oom"],
         "lock_forcerelease": ["allow-oom"],
+        "lock_cancel": ["allow-oom"],
         "lock_info": ["no-writes"],
         "lock_version": ["no-writes"],
     }
-    assert fcall(r, "lock_version", keys=0) == 1
+    assert fcall(r, "lock_version", keys=0) == 2
     # Loading it again needs REPLACE, as for any library.
     with pytest.raises(redis.ResponseError, match="already exists"):
         r.execute_command("FUNCTION", "LOAD", LIBRARY.read_bytes())
@@ -1189,4 +1190,49 @@ def test_the_same_steps_get_the_same_replies_from_both(mixed: Server) -> None:
                     f"mod:{uuid.uuid4().hex}")
     by_library = run(lambda f, *a: fcall(r, f, *a), f"fn:{uuid.uuid4().hex}")
     assert by_library == by_module
+    r.close()
+
+
+def test_the_same_waits_get_the_same_answers_from_both(mixed: Server) -> None:
+    """One script of waits with tickets, as LOCK.* commands on one key and as functions on
+    another: the same grants in the same order, the same values in the tickets (the token, as
+    digits), the same answers to a cancel. The library's ticket reply also says when to ask
+    again; the module's is the name alone."""
+    r = mixed.client()
+
+    def run(call: object, key: str) -> list[object]:
+        do = call  # type: ignore[assignment]
+        out: list[object] = []
+        do("lock_acquire", key, "h", 30000)  # type: ignore[operator]
+        tickets = []
+        for owner in ["a", "b", "c"]:
+            reply = do("lock_acquire", key, owner, 30000, "ONCE", "WAIT", 10000, "TICKET")  # type: ignore[operator]
+            name = reply[0] if isinstance(reply, list) else reply
+            assert isinstance(name, bytes) and name.startswith(b"__lock_fence__ticket{")
+            tickets.append(name)
+        out.append(do("lock_acquire", key, "newcomer", 30000))  # type: ignore[operator]
+        out.append(do("lock_cancel", tickets[0]))  # type: ignore[operator]  # queued: nil
+        out.append(do("lock_release", key, "h"))  # type: ignore[operator]
+        popped = r.blpop([tickets[1]], timeout=5)
+        assert popped is not None
+        out.append(holder(r, key))
+        out.append(r.hget(key, "mode") == b"exclusive:" + popped[1])
+        out.append(do("lock_release", key, "b"))  # type: ignore[operator]
+        granted = r.lindex(tickets[2], 0)
+        out.append(do("lock_cancel", tickets[2]) == int(granted))  # type: ignore[operator]
+        out.append(r.exists(tickets[2]))
+        out.append(holder(r, key))
+        out.append(do("lock_cancel", tickets[2]))  # type: ignore[operator]
+        out.append(do("lock_release", key, "c"))  # type: ignore[operator]
+        out.append(r.exists(key))
+        return out
+
+    def module(f: str, *a: object) -> object:
+        if f == "lock_cancel":
+            return r.execute_command("LOCK.CANCEL", *a)
+        return r.execute_command("LOCK." + f.removeprefix("lock_").upper(), *a)
+
+    by_module = run(module, f"mod:{uuid.uuid4().hex}")
+    by_library = run(lambda f, *a: fcall(r, f, *a), f"fn:{uuid.uuid4().hex}")
+    assert by_library == by_module == [None, None, 0, b"b", True, 0, True, 0, b"c", None, 0, 0]
     r.close()
