@@ -784,6 +784,18 @@ def test_a_waiter_whose_wait_ended_is_passed_over(r: redis.Redis, key: str) -> N
     assert holder(r, key) == b"long" and r.exists(short) == 0
 
 
+def test_a_waiter_passed_over_that_asks_again_joins_the_back(r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    late, _ = ticket_reply(ask(r, key, "late", wait=100))
+    ticket_reply(ask(r, key, "first"))
+    time.sleep(0.2)
+    fcall(r, "lock_release", key, "h")  # passes over "late" (past its wait) to "first"
+    assert holder(r, key) == b"first"
+    rejoined, _ = ticket_reply(ask(r, key, "late"))
+    assert rejoined != late  # a new ticket, at the back of the line
+    assert r.zrange(line_of(key)[0], 0, -1) == [b"late"]
+
+
 def test_a_grant_nobody_pops_ends_with_its_lease(r: redis.Redis, key: str) -> None:
     """The cost of a waiter that died while still in the line: it is handed the key, and the
     next waiter gets it when that grant's lease ends (asking again when told)."""
