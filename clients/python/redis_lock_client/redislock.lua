@@ -927,8 +927,9 @@ local function join_line(request, line, ctx, mine, ask_again, writes)
       return minted
     end
     id = digits_of(minted)
-    table.insert(writes, { 'ZADD', line.order, id, request.owner })
   end
+  -- (Written again when it asks again: its score is its id, so its place stays.)
+  table.insert(writes, { 'ZADD', line.order, id, request.owner })
   local deadline = now + WAITER_LIVE_MS
   if request.wait_ms > 0 then
     deadline = math.min(deadline, now + request.wait_ms)
