@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Contention on one key, the Python library on three kinds of waiting side by side:
 
-- **module tickets**: the LOCK.* module, waits with tickets (the default);
+- **module tickets**: the LOCK.* module, waits with tickets (the default), with its lost-hold
+  signal (the default there: a subscription per hold), and without it (``lost_signal=False``,
+  as on the Functions library, which has none);
 - **Functions tickets**: the redislock Functions library (no module), waits with tickets in the
   key's line (the default there too);
 - **Functions unlock channel**: the same library, ``wait_with_tickets=False``: each wait listens
@@ -36,7 +38,8 @@ SERVER = os.environ.get("LOCK_SERVER", "redis-server")
 SIZES = [int(n) for n in os.environ.get("N", "2 8 32").split()]
 SECS = float(os.environ.get("SECS", "5"))
 REPS = int(os.environ.get("REPS", "3"))
-KINDS = ("module tickets", "Functions tickets", "Functions unlock channel")
+KINDS = ("module tickets", "module tickets, lost_signal=False", "Functions tickets",
+         "Functions unlock channel")
 #: What the clients send besides the lock commands and BLPOP (commands a function runs are
 #: counted by commandstats too, so those are left out by name).
 OTHER = ("client|unblock", "client|id", "client|setname", "subscribe", "unsubscribe", "ping",
@@ -73,10 +76,13 @@ def start_server(module: bool) -> tuple[subprocess.Popen, int]:
     raise RuntimeError(f"{SERVER} did not start")
 
 
-async def run(port: int, n: int, tickets: bool) -> tuple[float, dict[str, float], float]:
+async def run(port: int, n: int, kind: str) -> tuple[float, dict[str, float], float]:
     import redis.asyncio as aredis
     admin = aredis.Redis(port=port)
-    clients = [AsyncLockClient.from_url(f"redis://127.0.0.1:{port}/", wait_with_tickets=tickets)
+    options = {"wait_with_tickets": not kind.endswith("channel")}
+    if kind.endswith("lost_signal=False"):
+        options["lost_signal"] = False
+    clients = [AsyncLockClient.from_url(f"redis://127.0.0.1:{port}/", **options)
                for _ in range(n)]
     for c in clients:
         await c.backend()
@@ -122,7 +128,7 @@ def main() -> int:
             for kind in KINDS if rep % 2 == 0 else reversed(KINDS):
                 proc, port = start_server(module=kind.startswith("module"))
                 try:
-                    got = asyncio.run(run(port, n, tickets=not kind.endswith("channel")))
+                    got = asyncio.run(run(port, n, kind))
                 finally:
                     proc.kill()
                     proc.wait()
