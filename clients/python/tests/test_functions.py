@@ -1034,6 +1034,12 @@ def test_an_acl_user_needs_the_commands_keys_and_channel_the_functions_use(
             assert fcall(u, "lock_release", key, "w") == 0
             fcall(u, "lock_acquire", key, "w", 30000)
             assert fcall(u, "lock_forcerelease", key) == 1
+            # Waiting in line: join, the handover, a cancel that takes the grant.
+            fcall(u, "lock_acquire", key, "w", 30000)
+            ticket, _ = ticket_reply(ask(u, key, "x"))
+            assert fcall(u, "lock_release", key, "w") == 0
+            assert isinstance(fcall(u, "lock_cancel", ticket), int)
+            assert fcall(u, "lock_release", key, "x") == 0
             assert u.execute_command("FCALL_RO", "lock_version", 0) == 2
     # Without the counters' keys: no grant, nothing written.
     r.acl_setuser("nocounter", enabled=True, passwords=["+pw"], keys=["test:*"],
