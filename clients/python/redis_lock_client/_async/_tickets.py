@@ -391,10 +391,11 @@ class TicketDesk:
     ) -> Optional[bool]:
         """Waits for ``ticket``'s answer (or its loss) until ``until`` (None: as long as it
         takes): whether it came; None when its acquire is to be asked again first
-        (``_Ticket.ask_again_at``, a ``redislock`` library's ticket). Looked at every ``HEALTH_PERIOD``: a loop that stalled
-        (``_stalled``) is ended and its waiters told, as when its connection breaks (they
-        withdraw their tickets and ask again), so that no wait outlives the loop that pops for
-        it; ``own`` (an EPHEMERAL wait's connection) closed raises ``LockConnectionError``."""
+        (``_Ticket.ask_again_at``, a ``redislock`` library's ticket). Looked at every
+        ``HEALTH_PERIOD``: a loop that stalled (``_stalled``) is ended and its waiters told, as
+        when its connection breaks (they withdraw their tickets and ask again), so that no wait
+        outlives the loop that pops for it; ``own`` (an EPHEMERAL wait's connection) closed
+        raises ``LockConnectionError``."""
         while not ticket.event.is_set():
             left = None if until is None else until - time.monotonic()
             if left is not None and left <= 0:
