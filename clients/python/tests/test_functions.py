@@ -867,10 +867,13 @@ def test_a_handover_reaches_a_replica_as_effects(server: Server, key: str, tmp_p
         master = server.client()
         fcall(master, "lock_acquire", key, "h", 30000)
         ticket, _ = ticket_reply(ask(master, key, "w"))
+        ticket_reply(ask(master, key, "next"))
         fcall(master, "lock_release", key, "h")
         wait_acknowledged(server, 1)
         copy = replica.client()
         assert copy.hgetall(key) == master.hgetall(key)
+        for part in line_of(key):  # the line is data too: "next" still waits there
+            assert copy.dump(part) == master.dump(part) is not None
         assert copy.lrange(ticket, 0, -1) == master.lrange(ticket, 0, -1)
         assert copy.execute_command("PEXPIRETIME", ticket) == master.execute_command("PEXPIRETIME", ticket)
         copy.close()
