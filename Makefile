@@ -20,7 +20,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover partitions partitions-prep partitions-matrix oracle oracle-rust oracle-python bench bench-quick bench-waits clean
+.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover partitions partitions-prep partitions-matrix oracle oracle-rust oracle-python bench bench-quick bench-waits bench-functions-waits clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -272,6 +272,13 @@ bench-waits: build
 	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
 	ulimit -n $$(( $(WAITERS) * 2 + 1024 )) && WAITERS=$(WAITERS) KEYS=$(KEYS) SECS=$(WAIT_SECS) REPS=$(REPS) \
 		LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/library-waits.py
+
+# Contention on one key at N clients: the module's tickets against the redislock Functions
+# library's (tickets, and the unlock channel) (scripts/functions-waits.py; about 3 minutes).
+bench-functions-waits: build
+	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
+	SECS=$(or $(CONTENTION_SECS),5) REPS=$(REPS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) \
+		$(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/functions-waits.py
 
 clean:
 	$(CARGO) clean

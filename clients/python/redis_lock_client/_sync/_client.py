@@ -151,7 +151,9 @@ class LockClient:
       connection (in a cluster, per master: one asking connection and
       one waiting connection per slot with a wait in progress), instead of a connection each,
       and costs the server under 1 KB instead of about 36 KB. False: each wait blocks on a
-      connection of its own.
+      connection of its own. On the ``redislock`` Functions library too (its FIFO line; the
+      acquire is asked again within the second the library names); False there: each wait
+      listens to the unlock message on a connection of its own and asks again (no line).
 
     Connections, per server (in a cluster: per master, each command going to the master that
     serves its key, following MOVED and ASK): a pool for ordinary commands (acquire without
