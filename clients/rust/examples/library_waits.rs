@@ -132,8 +132,13 @@ async fn queued(con: &mut redis::aio::MultiplexedConnection, keys: usize) -> R<i
 async fn queued_then_drained(a: &Args) -> R<(f64, f64)> {
     let client = new_client(a).await?;
     let holder = new_client(a).await?;
+    // The readings' own connection, with timeouts a loaded machine does not reach (redis's
+    // default response timeout is half a second).
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(30)))
+        .set_response_timeout(Some(Duration::from_secs(30)));
     let mut con = redis::Client::open(a.url.as_str())?
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await?;
     let mut held = Vec::new();
     for k in 0..a.keys {
