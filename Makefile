@@ -261,17 +261,23 @@ bench: build
 bench-quick: build
 	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE)) --quick
 
-# The Python library's waits, ticketed (the default) and blocked in the server, side by side:
-# WAITERS asyncio waiters on KEYS keys for WAIT_SECS a run, REPS runs each: throughput and server memory per waiter
-# (scripts/library-waits.py; about 1.5 minutes at the defaults).
+# Both libraries' waits, ticketed (the default) and blocked in the server, side by side in one run
+# (scripts/library-waits.py, with the Rust library's clients/rust/examples/library_waits.rs):
+# CONTENDERS tasks looping acquire/release on one key, WAITERS tasks on KEYS keys, and WAITERS
+# waits queued on KEYS keys (server memory per waiter, then the queues drained); runs of the two
+# kinds interleaved, REPS of each, WAIT_SECS per loop. About 5 minutes at the defaults.
+CONTENDERS ?= 2,8,32
 WAITERS ?= 2000
 KEYS ?= 5
 REPS ?= 3
-WAIT_SECS ?= 10
+WAIT_SECS ?= 3
 bench-waits: build
+	$(CARGO) build --release -p redis-lock-client --example library_waits
 	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
-	ulimit -n $$(( $(WAITERS) * 2 + 1024 )) && WAITERS=$(WAITERS) KEYS=$(KEYS) SECS=$(WAIT_SECS) REPS=$(REPS) \
-		LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/library-waits.py
+	ulimit -n $$(( $(WAITERS) * 2 + 1024 )) && CONTENDERS=$(CONTENDERS) WAITERS=$(WAITERS) KEYS=$(KEYS) \
+		SECS=$(WAIT_SECS) REPS=$(REPS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) \
+		LIBRARY_WAITS_RUST=$(abspath $(TARGET_DIR))/release/examples/library_waits \
+		$(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/library-waits.py
 
 # Contention on one key at N clients: the module's tickets against the redislock Functions
 # library's (tickets, and the unlock channel) (scripts/functions-waits.py; about 3 minutes).

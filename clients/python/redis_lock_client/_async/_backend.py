@@ -62,6 +62,7 @@ __all__ = [
     "pool_put",
     "read",
     "send",
+    "send_packed",
     "sentinel_master",
     "sleep",
     "spawn",
@@ -281,6 +282,9 @@ class RawConnection(Protocol):
 
     async def connect(self) -> None: ...
     async def send_command(self, *args: Any, check_health: bool = True) -> None: ...
+    async def send_packed_command(
+        self, command: list[bytes], check_health: bool = True
+    ) -> None: ...
     async def read_response(self, disable_decoding: bool = False, timeout: Any = None) -> Any: ...
     async def disconnect(self, nowait: bool = False) -> None: ...
 
@@ -299,6 +303,11 @@ async def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnecti
 
 async def send(conn: RawConnection, args: list[Any]) -> None:
     await conn.send_command(*args, check_health=False)
+
+
+async def send_packed(conn: RawConnection, packed: list[bytes]) -> None:
+    """A command already in RESP (``packed``: its pieces, sent as they are)."""
+    await conn.send_packed_command(packed, check_health=False)
 
 
 async def read(conn: RawConnection, timeout: Optional[float]) -> Any:

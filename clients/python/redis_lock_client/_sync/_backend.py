@@ -64,6 +64,7 @@ __all__ = [
     "pool_put",
     "read",
     "send",
+    "send_packed",
     "sentinel_master",
     "sleep",
     "spawn",
@@ -399,6 +400,9 @@ class RawConnection(Protocol):
 
     def connect(self) -> None: ...
     def send_command(self, *args: Any, check_health: bool = True) -> None: ...
+    def send_packed_command(
+        self, command: list[bytes], check_health: bool = True
+    ) -> None: ...
     def read_response(self, disable_decoding: bool = False, *, timeout: Any = ...) -> Any: ...
     def can_read(self, timeout: float = 0) -> bool: ...
     def disconnect(self, *args: Any) -> None: ...
@@ -418,6 +422,11 @@ def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
 
 def send(conn: RawConnection, args: list[Any]) -> None:
     conn.send_command(*args, check_health=False)
+
+
+def send_packed(conn: RawConnection, packed: list[bytes]) -> None:
+    """A command already in RESP (``packed``: its pieces, sent as they are)."""
+    conn.send_packed_command(packed, check_health=False)
 
 
 def read(conn: RawConnection, timeout: Optional[float]) -> Any:
