@@ -342,7 +342,8 @@ async fn refusals(port: u16) -> Vec<String> {
 /// by the new master and the hold kept across it is renewed there; no server and no Sentinel
 /// logged a refusal (`ACL LOG`: the Sentinel lookups, `SENTINEL MASTER` among them, and the
 /// `+switch-master` subscription all passed). The page's line before lacked `+sentinel|master`,
-/// which every lookup sends: no master was ever found.
+/// which every lookup sends: no master was ever found. Without it the client now fails to
+/// build with `NoPermission` naming `SENTINEL|MASTER`, at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_sentinel_the_documented_users_lock_and_follow_a_failover() {
     let mut set = tokio::task::spawn_blocking(SentinelSet::start)
@@ -350,8 +351,16 @@ async fn through_sentinel_the_documented_users_lock_and_follow_a_failover() {
         .unwrap();
     let sentinel_line = documented("lock-sentinel");
     let app = documented("app");
+    // First without `+sentinel|master`: the client says which rule the Sentinels lack, at
+    // once (measured: a few ms), not "no master" (it did before).
+    let short: Vec<String> = sentinel_line
+        .iter()
+        .filter(|a| *a != "+sentinel|master")
+        .cloned()
+        .collect();
+    assert_eq!(short.len(), sentinel_line.len() - 1);
     for sentinel in &set.sentinels {
-        run(&mut on(sentinel.port).await, &sentinel_line).await;
+        run(&mut on(sentinel.port).await, &short).await;
     }
     for server in &set.servers {
         run(&mut on(server.port).await, &app).await;
@@ -368,14 +377,36 @@ async fn through_sentinel_the_documented_users_lock_and_follow_a_failover() {
             )
         })
         .collect();
-    let client = LockClient::sentinel_builder(urls, set.master_name())
-        .unwrap()
-        .master_settings(
-            redis::RedisConnectionInfo::default()
-                .set_username(&app[2])
-                .set_password(password(&app)),
-        )
-        .build()
+    let build = || async {
+        LockClient::sentinel_builder(urls.clone(), set.master_name())
+            .unwrap()
+            .master_settings(
+                redis::RedisConnectionInfo::default()
+                    .set_username(&app[2])
+                    .set_password(password(&app)),
+            )
+            .build()
+            .await
+    };
+    let started = std::time::Instant::now();
+    match build().await {
+        Err(e @ LockError::NoPermission { .. }) => {
+            assert!(started.elapsed() < Duration::from_secs(1), "{e}");
+            let LockError::NoPermission { command, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!(command, "SENTINEL|MASTER", "{e}");
+            assert_eq!(e.missing_rule().as_deref(), Some("+sentinel|master"));
+        }
+        Err(e) => panic!("not a permission error: {e:?}"),
+        Ok(_) => panic!("built without +sentinel|master"),
+    }
+    for sentinel in &set.sentinels {
+        let mut conn = on(sentinel.port).await;
+        run(&mut conn, &sentinel_line).await;
+        run(&mut conn, &["ACL", "LOG", "RESET"].map(str::to_string)).await;
+    }
+    let client = build()
         .await
         .expect("a client through the Sentinels as the documented users");
 
