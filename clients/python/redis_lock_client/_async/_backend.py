@@ -5,6 +5,8 @@ generated from ``_async/`` by ``unasync.py``."""
 
 from __future__ import annotations
 
+import collections
+
 import asyncio
 import logging
 import math
@@ -396,9 +398,25 @@ class Subscriber:
         self._kicked = False
         #: The server this connection reached (host, port).
         self.address = peer(conn)
+        #: The (un)subscriptions sent, oldest first, until their reply is read.
+        self._sent: collections.deque[tuple[str, bytes]] = collections.deque()
 
     def post(self, op: str, channel: bytes) -> None:
         spawn("redis-lock-subscribe", self._send, op, channel)
+
+    def answered(
+        self, kind: Optional[bytes] = None, channel: Optional[bytes] = None
+    ) -> Optional[tuple[str, bytes]]:
+        """The (un)subscription a reply answers, taken off the ones sent and not yet answered:
+        the oldest for an error reply (``kind`` None), else the oldest if it is ``kind`` of
+        ``channel`` (a ``sunsubscribe`` the server sent by itself answers nothing). Only the
+        reading task (thread) calls it."""
+        if not self._sent:
+            return None
+        op, sent = self._sent[0]
+        if kind is not None and (op.lower().encode() != kind or sent != channel):
+            return None
+        return self._sent.popleft()
 
     async def kick(self) -> None:
         """Breaks the connection from another task: a ``read`` waiting meanwhile raises a
@@ -409,6 +427,8 @@ class Subscriber:
     async def _send(self, op: str, channel: bytes) -> None:
         if self._closed:
             return
+        # Written before this task's first pause: the tasks of ``post`` write in their order.
+        self._sent.append((op, channel))
         try:
             await send(self._conn, [op, channel])
         except IO_ERRORS:

@@ -3,6 +3,7 @@ it makes."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from .._common import (
     LockConnectionError,
     LockError,
     LostCallback,
+    NoPermission,
     Renewal,
     new_client_id,
     to_bytes,
@@ -475,7 +477,11 @@ class AsyncLockClient:
         if route.hub is not None:
             route.hub.unwatch(hold)
         route.hub = hub
-        await hub.watch(hold)
+        try:
+            await hub.watch(hold)
+        except NoPermission as e:
+            # After the guard was handed out, nobody waits for this: the watchdog covers it.
+            logging.getLogger("redis_lock_client").warning("%s", e)
 
     def _all_nodes(self) -> list[_Node]:
         if self._single is not None:

@@ -588,6 +588,15 @@ class _AsyncHandle(Generic[_G]):
             except LockError:
                 log.debug("releasing a cancelled grant of %r failed", hold.keys.keys)
             raise
+        except NoPermission:
+            # The ACL refused a lost-hold channel (the error names it): the grant is released
+            # before the refusal is raised, as one the replicas did not acknowledge.
+            try:
+                await self._end(hold)
+            except LockError:
+                log.debug("releasing a grant of %r whose channel was refused failed",
+                          hold.keys.keys)
+            raise
         return self._guard(hold)
 
     async def _unsafe(self, hold: Hold) -> None:

@@ -5,6 +5,7 @@ it makes."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from .._common import (
     LockConnectionError,
     LockError,
     LostCallback,
+    NoPermission,
     Renewal,
     new_client_id,
     to_bytes,
@@ -477,7 +479,11 @@ class LockClient:
         if route.hub is not None:
             route.hub.unwatch(hold)
         route.hub = hub
-        hub.watch(hold)
+        try:
+            hub.watch(hold)
+        except NoPermission as e:
+            # After the guard was handed out, nobody waits for this: the watchdog covers it.
+            logging.getLogger("redis_lock_client").warning("%s", e)
 
     def _all_nodes(self) -> list[_Node]:
         if self._single is not None:

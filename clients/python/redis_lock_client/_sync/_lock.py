@@ -590,6 +590,15 @@ class _Handle(Generic[_G]):
             except LockError:
                 log.debug("releasing a cancelled grant of %r failed", hold.keys.keys)
             raise
+        except NoPermission:
+            # The ACL refused a lost-hold channel (the error names it): the grant is released
+            # before the refusal is raised, as one the replicas did not acknowledge.
+            try:
+                self._end(hold)
+            except LockError:
+                log.debug("releasing a grant of %r whose channel was refused failed",
+                          hold.keys.keys)
+            raise
         return self._guard(hold)
 
     def _unsafe(self, hold: Hold) -> None:
