@@ -38,10 +38,13 @@ build: deps
 run: build
 	@bash scripts/run.sh "$(PORT)"
 
+# fmt and clippy, the public API list (scripts/check-api-list.sh), and the docs' paragraph length
+# (scripts/check-prose.py: none of the user's docs over 120 words a paragraph, item or cell).
 lint: test-deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	bash scripts/check-api-list.sh
+	python3 scripts/check-prose.py
 
 # Integration tests load the debug build (overflow checks on); it is built fresh first so a
 # stale .so is never tested.
