@@ -783,7 +783,8 @@ def test_a_user_refused_the_fenced_interrupt_still_has_a_new_ticket_popped(
     # sends CLIENT UNBLOCK (alone it could meet a postponed BLPOP); the BLPOP out ends within
     # HEALTH_PERIOD and the next one takes the new ticket in.
     server = fresh_server
-    server.client().execute_command("ACL", "SETUSER", "waiter", "on", ">pw", "~*", "+@all",
+    # `&*`: the lost-hold channels (a refused one fails the acquire at once, test_acl.py).
+    server.client().execute_command("ACL", "SETUSER", "waiter", "on", ">pw", "~*", "&*", "+@all",
                                     refused)
     with LockClient.from_url(f"redis://waiter:pw@127.0.0.1:{server.port}/") as client:
         release = hold_elsewhere(server, key)
