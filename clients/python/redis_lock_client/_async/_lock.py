@@ -302,10 +302,8 @@ class _AsyncHandle(Generic[_G]):
                     args = self._args(True, wait, value, ephemeral)
                     return await self._send_waiting(args, wait, node, asking)
                 args = self._args(False, None, value, ephemeral)
-                if redirects.ask is not None:  # one send, whose redirect is followed here
-                    node, asking = await redirects.node(self.keys.route)
-                    return await node.commands.query(args, asking=asking)
-                return await self.client._query(self.keys.route, args)
+                node, asking = await redirects.node(self.keys.route)
+                return await node.commands.query(args, asking=asking)
             except TicketExpired:
                 # A grant that expired before it was popped: not granted; asked again while
                 # the wait lasts.

@@ -304,10 +304,8 @@ class _Handle(Generic[_G]):
                     args = self._args(True, wait, value, ephemeral)
                     return self._send_waiting(args, wait, node, asking)
                 args = self._args(False, None, value, ephemeral)
-                if redirects.ask is not None:  # one send, whose redirect is followed here
-                    node, asking = redirects.node(self.keys.route)
-                    return node.commands.query(args, asking=asking)
-                return self.client._query(self.keys.route, args)
+                node, asking = redirects.node(self.keys.route)
+                return node.commands.query(args, asking=asking)
             except TicketExpired:
                 # A grant that expired before it was popped: not granted; asked again while
                 # the wait lasts.
