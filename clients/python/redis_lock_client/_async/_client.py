@@ -109,6 +109,9 @@ class Redirects:
             self._in_a_row = 0
         if self._client._cluster is None or self.spent:
             raise e
+        return await self._next(e, asked)
+
+    async def _next(self, e: Redirected, asked: bool) -> Optional[Redirected]:
         self._in_a_row += 1
         self.ask = await self._client._redirect(e, asked)
         return self.ask
@@ -118,14 +121,16 @@ class Redirects:
         ASK's target for one pop (``(host, port, False)``), a MOVED's node (the one that serves
         the key now, noted, the slot map loaded again) until a node says otherwise
         (``(host, port, True)``); None: where it popped. Past the bound (nodes that disagree on
-        the slot) each is followed after a pause: a pop never gives up. Every pop goes after
-        ASKING, so an ASK is followed whatever the pop before it followed; a slot map that
-        cannot be loaded again does not stop the pop going where ``e`` says."""
+        the slot) each is followed after a pause, until a pop is answered: a pop never gives up
+        (as in the Rust library). Every pop goes after ASKING, so an ASK is followed whatever
+        the pop before it followed; a slot map that cannot be loaded again does not stop the
+        pop going where ``e`` says."""
+        if self._client._cluster is None:
+            return None
         if self.spent:
             await sleep(SHORT_PERIOD / 2)  # not a spin
-            self.answered()
         try:
-            ask = await self.follow(e)
+            ask = await self._next(e, False)
         except LockConnectionError:
             ask = e if e.asking else None
         if ask is not None and ask.host is not None and ask.port is not None:
