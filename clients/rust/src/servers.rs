@@ -34,10 +34,15 @@ pub(crate) enum Servers {
     Cluster {
         info: ConnectionInfo,
         conn: ClusterConnection,
-        /// The last `CLUSTER SLOTS` reply, until a redirect says it is stale.
-        slots: Mutex<Option<Arc<Value>>>,
+        /// The last `CLUSTER SLOTS` reply, until a redirect says it is stale (shared with the
+        /// ticket desk, whose pops see redirects too).
+        slots: SlotMap,
     },
 }
+
+/// The client's copy of a cluster's slot map: the last `CLUSTER SLOTS` reply, none until first
+/// needed or after a redirect said it is stale.
+pub(crate) type SlotMap = Arc<Mutex<Option<Arc<Value>>>>;
 
 /// Where a node was found: a lookup in the client's slot map may be stale, a redirect is not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,26 +206,30 @@ pub(crate) struct Hop {
     pub(crate) asking: bool,
 }
 
-/// What a redirect is resolved against: the client's servers (a `MOVED` also drops their slot
-/// map), or only a cluster's seed settings (the ticket desk's pops, which go where the last
-/// redirect said and never read the slot map).
+/// What a redirect is resolved against: the client's servers, or a cluster's seed settings and
+/// slot map (the ticket desk's pops, which go where the last redirect said). Either way a
+/// `MOVED` drops the slot map.
 #[derive(Clone, Copy)]
 pub(crate) enum Map<'a> {
     Servers(&'a Servers),
-    Seed(&'a ConnectionInfo),
+    Cluster {
+        info: &'a ConnectionInfo,
+        slots: &'a SlotMap,
+    },
 }
 
 impl Map<'_> {
     fn node_at(self, address: &str, from: &Node) -> Result<Node, LockError> {
         match self {
             Map::Servers(servers) => servers.node_at(address, from),
-            Map::Seed(info) => node_at(info, address, from),
+            Map::Cluster { info, .. } => node_at(info, address, from),
         }
     }
 
     fn forget(self, node: &Node) {
-        if let Map::Servers(servers) = self {
-            servers.forget(node);
+        match self {
+            Map::Servers(servers) => servers.forget(node),
+            Map::Cluster { slots, .. } => *relock(slots) = None,
         }
     }
 }

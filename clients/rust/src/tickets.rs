@@ -53,7 +53,7 @@ use crate::error::LockError;
 use crate::master::Master;
 use crate::naming::setname;
 use crate::node::Node;
-use crate::servers::{key_slot, Hop, Map, Redirect, Redirects, Route, Servers};
+use crate::servers::{key_slot, Hop, Map, Redirect, Redirects, Route, Servers, SlotMap};
 
 /// How long a waiting connection stays open with no ticket waiting.
 const IDLE: Duration = Duration::from_secs(2);
@@ -314,9 +314,11 @@ enum Place {
     /// to the master (of the current generation, through Sentinel).
     Single(Arc<Master>),
     /// A cluster: `info` is the seed's settings (every node connection reuses them with the
-    /// node's address); the client's connections to each node.
+    /// node's address), `slots` the client's slot map (dropped when a pop is `MOVED`); the
+    /// client's connections to each node.
     Cluster {
         info: ConnectionInfo,
+        slots: SlotMap,
         nodes: Mutex<HashMap<String, Arc<NodeConns>>>,
     },
 }
@@ -474,9 +476,11 @@ impl Tickets {
         }
     }
 
-    /// The tickets of a cluster client (`info`: the seed's settings).
+    /// The tickets of a cluster client (`info`: the seed's settings; `slots`: the client's slot
+    /// map).
     pub(crate) fn cluster(
         info: ConnectionInfo,
+        slots: SlotMap,
         commands: Arc<Commands>,
         name: String,
         timeout: Duration,
@@ -484,6 +488,7 @@ impl Tickets {
         Tickets {
             place: Place::Cluster {
                 info,
+                slots,
                 nodes: Mutex::new(HashMap::new()),
             },
             commands,
@@ -736,8 +741,8 @@ impl Tickets {
                     }
                     let spent = redirects.spent();
                     let hop = match (&self.place, &current.node) {
-                        (Place::Cluster { info, .. }, Some(from)) => redirects
-                            .follow(Map::Seed(info), &redirect, &from.node)
+                        (Place::Cluster { info, slots, .. }, Some(from)) => redirects
+                            .follow(Map::Cluster { info, slots }, &redirect, &from.node)
                             .ok(),
                         _ => None,
                     };
