@@ -22,6 +22,9 @@ WAIT_MARGIN = 2.0
 #: How many times a command is sent again after its connection broke or timed out, or after a
 #: MOVED/ASK. Safe for an acquire because every acquire carries ONCE.
 RETRIES = 2
+#: How many redirections (MOVED, ASK) in a row a command follows before its answer stands
+#: (the ticket desk's pops, which never give up, pause before each one past it).
+REDIRECTS = 3
 #: How many redirections (MOVED, ASK) in a row a wait follows: a reshard sends a blocked waiter
 #: to where its key went, and may move it again before it is granted.
 WAIT_REDIRECTS = 16

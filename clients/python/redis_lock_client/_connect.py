@@ -86,6 +86,12 @@ class Redirected(LockServerError):
         self.port = port
         self.slot = slot
 
+    @property
+    def moved(self) -> bool:
+        """A MOVED: the slot moved for good (not an ASK: still moving), so the node that
+        answered no longer serves it."""
+        return not self.asking
+
 
 def server_error(e: ResponseError, command: Any = None) -> LockServerError:
     """The server's own error line (redis-py strips known codes such as ERR; put it back); a

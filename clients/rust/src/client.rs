@@ -326,9 +326,11 @@ impl LockClientBuilder {
                     .lost_signal
                     .then(|| SignalHub::cluster(seeds, prefix, name.clone()));
                 let commands = Arc::new(Commands::Cluster(conn.clone()));
+                let slots: crate::servers::SlotMap = Arc::default();
                 let tickets = tickets_on.then(|| {
                     Arc::new(Tickets::cluster(
                         seed.clone(),
+                        slots.clone(),
                         commands.clone(),
                         name.clone(),
                         timeout,
@@ -337,7 +339,7 @@ impl LockClientBuilder {
                 let servers = Servers::Cluster {
                     info: seed,
                     conn,
-                    slots: std::sync::Mutex::new(None),
+                    slots,
                 };
                 (servers, commands, signals, 0, tickets)
             }

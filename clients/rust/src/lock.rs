@@ -21,7 +21,7 @@ use crate::machine::{Binding, Event, Form, Identity, Renewal, Terms};
 use crate::master::says_not_master;
 use crate::node::Node;
 use crate::reply;
-use crate::servers::{Redirect, Route};
+use crate::servers::{Hop, Route};
 use crate::tickets::{said, Answer, Asked, Pending, Said, Tickets, Wanted};
 
 /// The default lease: Redisson's 30 s, renewed by the watchdog every 10 s.
@@ -669,7 +669,7 @@ impl Lock {
         wait: Option<Wait>,
         value: Option<&[u8]>,
         ticket: Ticket,
-        to: Option<(&Redirect, &Node)>,
+        to: Option<&Hop>,
     ) -> Result<(Value, Option<Asked>), LockError> {
         let failover = self.ctx.servers.follows_failover();
         let mut resend = Resend::new(wait);
@@ -709,17 +709,14 @@ impl Lock {
     /// future is dropped while the ask is on its way, what the server answers (a ticket, or a
     /// grant made at once) is withdrawn (`LOCK.CANCEL`) or released in the background, counted
     /// as the handle's release, instead of being left queued and granted to nobody.
-    async fn ask_for_ticket(&self, cmd: Cmd, to: Option<(&Redirect, &Node)>) -> Asking {
+    async fn ask_for_ticket(&self, cmd: Cmd, to: Option<&Hop>) -> Asking {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let ctx = self.ctx.clone();
         let key: Arc<[u8]> = Arc::from(self.spec.key());
-        let to = to.map(|(redirect, node)| (redirect.clone(), node.clone()));
+        let to = to.cloned();
         tokio::spawn(async move {
             let reply = match &ctx.tickets {
-                Some(tickets) => {
-                    let to = to.as_ref().map(|(redirect, node)| (redirect, node));
-                    tickets.ask(&ctx.servers, &cmd, &key, to).await
-                }
+                Some(tickets) => tickets.ask(&ctx.servers, &cmd, &key, to).await,
                 None => (Err(LockError::Connection(ask_lost())), None),
             };
             let _ = tx.send(reply);
@@ -757,12 +754,11 @@ impl Lock {
         };
         let mut left = Some(wait);
         let mut failing_since: Option<Instant> = None;
-        let mut to: Option<(Redirect, Node)> = None;
+        let mut to: Option<Hop> = None;
         loop {
             let next = to.take();
-            let next = next.as_ref().map(|(redirect, node)| (redirect, node));
             let (reply, asked) = self
-                .send_with_retries(left, value, Ticket::Yes, next)
+                .send_with_retries(left, value, Ticket::Yes, next.as_ref())
                 .await?;
             let Value::BulkString(ticket) = reply else {
                 return Ok(reply);
@@ -799,10 +795,7 @@ impl Lock {
                             let Some(node) = asked.node() else {
                                 return self.popped(&answer);
                             };
-                            if !redirect.asking {
-                                self.ctx.servers.forget(node);
-                            }
-                            to = Some((redirect, node.clone()));
+                            to = Some(Route::after(&self.ctx.servers, &redirect, node)?);
                         }
                         // A grant not popped before its lease ended: nothing is held.
                         Said::Expired => {}
@@ -997,11 +990,10 @@ impl Lock {
             Wait::Forever => None,
         };
         let mut left = wait;
-        let mut to: Option<(Redirect, Node)> = None;
+        let mut to: Option<Hop> = None;
         loop {
             let cmd = self.acquire_cmd(Some(left), value, Ticket::Yes);
             let start = to.take();
-            let start = start.as_ref().map(|(redirect, node)| (redirect, node));
             let limit = Some(self.ctx.command_timeout);
             // Through Sentinel, the master of this generation or an older one is asked (a
             // failover since voids the ticket).
@@ -1035,10 +1027,10 @@ impl Lock {
                     waiting.done();
                     match said(&answer) {
                         Said::Redirect(redirect) if self.ctx.servers.is_cluster() => {
-                            if !redirect.asking {
-                                self.ctx.servers.forget(node);
+                            match Route::after(&self.ctx.servers, &redirect, node) {
+                                Ok(hop) => to = Some(hop),
+                                Err(e) => return (Err(e), None),
                             }
-                            to = Some((redirect, node.clone()));
                         }
                         Said::Expired => {}
                         // A grant is bound to `own`, the connection that asked.
@@ -1116,7 +1108,7 @@ impl Lock {
         cmd: &Cmd,
         pushes: Pushes,
         limit: Option<Duration>,
-        start: Option<(&Redirect, &Node)>,
+        start: Option<Hop>,
     ) -> (
         Result<Value, LockError>,
         Option<OwnConnection>,

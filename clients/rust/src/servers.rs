@@ -8,7 +8,8 @@
 //! key (a blocked command would hold up everything behind it on a shared connection, and an
 //! `EPHEMERAL` hold lives exactly as long as its connection): [`Servers::node_of`] finds that
 //! node in the client's copy of the slot map (`CLUSTER SLOTS`, read when first needed), and
-//! [`Servers::node_at`] follows a redirect to another. A `MOVED` (or a node that cannot be
+//! [`Redirects::follow`] (the one place a redirect is followed, and counted) turns a redirect
+//! into the next node. A `MOVED` (or a node that cannot be
 //! reached) means the copy is stale: [`Servers::forget`] drops it, and the next lookup reads it
 //! again. Through Sentinel the one server is the master the Sentinels name (`master.rs`),
 //! forgotten the same way when it fails.
@@ -33,10 +34,15 @@ pub(crate) enum Servers {
     Cluster {
         info: ConnectionInfo,
         conn: ClusterConnection,
-        /// The last `CLUSTER SLOTS` reply, until a redirect says it is stale.
-        slots: Mutex<Option<Arc<Value>>>,
+        /// The last `CLUSTER SLOTS` reply, until a redirect says it is stale (shared with the
+        /// ticket desk, whose pops see redirects too).
+        slots: SlotMap,
     },
 }
+
+/// The client's copy of a cluster's slot map: the last `CLUSTER SLOTS` reply, none until first
+/// needed or after a redirect said it is stale.
+pub(crate) type SlotMap = Arc<Mutex<Option<Arc<Value>>>>;
 
 /// Where a node was found: a lookup in the client's slot map may be stale, a redirect is not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +174,12 @@ impl Redirect {
         (words.next().is_none() && !address.is_empty()).then_some(Redirect { address, asking })
     }
 
+    /// A `MOVED`: the slot moved for good (not an `ASK`: still moving), so the node that
+    /// answered no longer serves it.
+    pub(crate) fn moved(&self) -> bool {
+        !self.asking
+    }
+
     /// The redirect a server's error answer is, if it is one.
     pub(crate) fn of(error: &redis::RedisError) -> Option<Redirect> {
         let (address, _slot) = error.redirect_node()?;
@@ -186,10 +198,90 @@ impl Redirect {
     }
 }
 
-/// One command's way to the node that serves its key, for the commands the library sends on
-/// connections of its own (a waiting acquire's, an `EPHEMERAL` hold's, the ticket desk's asks;
-/// the shared cluster connection follows redirects itself): the one place where a redirect is
-/// followed and a stale slot map dropped.
+/// Where the next command about a key goes: a node, and whether `ASKING` goes first (the
+/// redirect that named it was an `ASK`: the slot is being imported there).
+#[derive(Clone)]
+pub(crate) struct Hop {
+    pub(crate) node: Node,
+    pub(crate) asking: bool,
+}
+
+/// What a redirect is resolved against: the client's servers, or a cluster's seed settings and
+/// slot map (the ticket desk's pops, which go where the last redirect said). Either way a
+/// `MOVED` drops the slot map.
+#[derive(Clone, Copy)]
+pub(crate) enum Map<'a> {
+    Servers(&'a Servers),
+    Cluster {
+        info: &'a ConnectionInfo,
+        slots: &'a SlotMap,
+    },
+}
+
+impl Map<'_> {
+    fn node_at(self, address: &str, from: &Node) -> Result<Node, LockError> {
+        match self {
+            Map::Servers(servers) => servers.node_at(address, from),
+            Map::Cluster { info, .. } => node_at(info, address, from),
+        }
+    }
+
+    fn forget(self, node: &Node) {
+        match self {
+            Map::Servers(servers) => servers.forget(node),
+            Map::Cluster { slots, .. } => *relock(slots) = None,
+        }
+    }
+}
+
+/// The one place a `MOVED` or an `ASK` is followed, for every command the library sends on a
+/// connection of its own (a waiting acquire's, an `EPHEMERAL` hold's, the ticket desk's asks
+/// and pops, an acquire asked again where its ticket's answer sent it; the shared cluster
+/// connection follows redirects itself): a redirect becomes the next [`Hop`], and the
+/// redirects followed in a row are counted against one bound, [`REDIRECTS`].
+#[derive(Debug, Default)]
+pub(crate) struct Redirects {
+    in_a_row: u32,
+}
+
+impl Redirects {
+    /// Whether [`REDIRECTS`] redirects were followed in a row: the next one is not followed
+    /// (a command's answer stands), or followed after a pause (the ticket desk's pops, which
+    /// never give up).
+    pub(crate) fn spent(&self) -> bool {
+        self.in_a_row >= REDIRECTS
+    }
+
+    /// A redirect (`redirect`, answered by `from`) turned into the next hop: the node it names
+    /// (no host: `from`'s host), after `ASKING` for an `ASK`. A `MOVED` means the client's slot
+    /// map is stale: it is dropped, to be read again by the next lookup. Counted as one in a
+    /// row.
+    pub(crate) fn follow(
+        &mut self,
+        map: Map<'_>,
+        redirect: &Redirect,
+        from: &Node,
+    ) -> Result<Hop, LockError> {
+        if !redirect.asking {
+            map.forget(from);
+        }
+        let node = map.node_at(&redirect.address, from)?;
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        Ok(Hop {
+            node,
+            asking: redirect.asking,
+        })
+    }
+
+    /// An answer that is no redirect: the count starts again.
+    pub(crate) fn answered(&mut self) {
+        self.in_a_row = 0;
+    }
+}
+
+/// One command's way to the node that serves its key, on connections of the library's own:
+/// where it goes now, a node that cannot be reached, and the redirects it follows
+/// ([`Redirects`]).
 pub(crate) struct Route<'a> {
     servers: &'a Servers,
     key: &'a [u8],
@@ -198,23 +290,19 @@ pub(crate) struct Route<'a> {
     /// Whether `ASKING` goes first (the last redirect was an `ASK`).
     pub(crate) asking: bool,
     found: Found,
-    redirects: u32,
+    redirects: Redirects,
 }
 
 impl<'a> Route<'a> {
-    /// Starts at the node that serves `key`, or where `redirect` said (`from`: the node that
-    /// answered it).
+    /// Starts at the node that serves `key`, or at `start` (where a redirect said:
+    /// [`Route::after`]).
     pub(crate) async fn start(
         servers: &'a Servers,
         key: &'a [u8],
-        redirect: Option<(&Redirect, &Node)>,
+        start: Option<Hop>,
     ) -> Result<Route<'a>, LockError> {
-        let (node, found, asking) = match redirect {
-            Some((redirect, from)) => (
-                servers.node_at(&redirect.address, from)?,
-                Found::Sure,
-                redirect.asking,
-            ),
+        let (node, found, asking) = match start {
+            Some(hop) => (hop.node, Found::Sure, hop.asking),
             None => {
                 let (node, found) = servers.node_of(key).await?;
                 (node, found, false)
@@ -226,8 +314,19 @@ impl<'a> Route<'a> {
             node,
             asking,
             found,
-            redirects: 0,
+            redirects: Redirects::default(),
         })
+    }
+
+    /// Where a redirect answered later by `from` (a ticket's popped answer: the lock left with
+    /// its slot while the ticket waited) sends the command asked again: it starts a new route
+    /// (the wait answered, so nothing was followed in a row before it).
+    pub(crate) fn after(
+        servers: &Servers,
+        redirect: &Redirect,
+        from: &Node,
+    ) -> Result<Hop, LockError> {
+        Redirects::default().follow(Map::Servers(servers), redirect, from)
     }
 
     /// The node could not be reached (nothing was sent to it). One the client's slot map (or
@@ -245,33 +344,28 @@ impl<'a> Route<'a> {
     }
 
     /// The node answered `error`. A redirect (up to [`REDIRECTS`] in a row) moves the route to
-    /// the node it names; a `MOVED` also drops the client's slot map. True: send to
-    /// [`Route::node`] again (after `ASKING` when [`Route::asking`]).
+    /// the node it names ([`Redirects::follow`]). True: send to [`Route::node`] again (after
+    /// `ASKING` when [`Route::asking`]).
     pub(crate) fn redirected(&mut self, error: &redis::RedisError) -> Result<bool, LockError> {
-        if self.redirects >= REDIRECTS {
+        if self.redirects.spent() {
             return Ok(false);
         }
         let Some(redirect) = Redirect::of(error) else {
             return Ok(false);
         };
-        if !redirect.asking {
-            self.servers.forget(&self.node);
-        }
-        self.node = self.servers.node_at(&redirect.address, &self.node)?;
-        self.asking = redirect.asking;
+        let hop = self
+            .redirects
+            .follow(Map::Servers(self.servers), &redirect, &self.node)?;
+        self.node = hop.node;
+        self.asking = hop.asking;
         self.found = Found::Sure;
-        self.redirects += 1;
         Ok(true)
     }
 }
 
 /// The node of a cluster (`info`: the seed's settings) that a `MOVED` or `ASK` redirect names
 /// (`host:port`; no host: the host of `from`, the node that sent it).
-pub(crate) fn node_at(
-    info: &ConnectionInfo,
-    address: &str,
-    from: &Node,
-) -> Result<Node, LockError> {
+fn node_at(info: &ConnectionInfo, address: &str, from: &Node) -> Result<Node, LockError> {
     let (host, port) = address
         .rsplit_once(':')
         .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
@@ -375,6 +469,59 @@ fn crc16(data: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The Rust sources under `dir`, with their paths.
+    fn sources(dir: &std::path::Path, found: &mut Vec<(std::path::PathBuf, String)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("the crate's sources")
+            .map(|e| e.expect("a directory entry").path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("a source file");
+                found.push((path, text));
+            }
+        }
+    }
+
+    #[test]
+    fn redirects_are_followed_in_this_module_only() {
+        // What following a `MOVED` or an `ASK` takes: the node it names, whether `ASKING` goes
+        // first, the bound on redirects in a row. Outside this module, code may recognise a
+        // redirect (parse it, sort an error), never follow it.
+        let following = [
+            "redirect.asking",
+            "redirect.address",
+            "node_at(",
+            "REDIRECTS",
+            "Redirects {",
+            "redirected +=",
+        ];
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        assert!(files.len() > 10, "the sources were found");
+        let mut outside = Vec::new();
+        for (path, text) in &files {
+            if path.ends_with("servers.rs") {
+                continue;
+            }
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or(line);
+                if following.iter().any(|f| code.contains(f)) {
+                    outside.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(
+            outside.is_empty(),
+            "redirects followed outside servers.rs:\n{}",
+            outside.join("\n")
+        );
+    }
 
     #[test]
     fn slots_follow_the_cluster_spec() {

@@ -53,7 +53,7 @@ use crate::error::LockError;
 use crate::master::Master;
 use crate::naming::setname;
 use crate::node::Node;
-use crate::servers::{key_slot, Redirect, Route, Servers, REDIRECTS};
+use crate::servers::{key_slot, Hop, Map, Redirect, Redirects, Route, Servers, SlotMap};
 
 /// How long a waiting connection stays open with no ticket waiting.
 const IDLE: Duration = Duration::from_secs(2);
@@ -314,9 +314,11 @@ enum Place {
     /// to the master (of the current generation, through Sentinel).
     Single(Arc<Master>),
     /// A cluster: `info` is the seed's settings (every node connection reuses them with the
-    /// node's address); the client's connections to each node.
+    /// node's address), `slots` the client's slot map (dropped when a pop is `MOVED`); the
+    /// client's connections to each node.
     Cluster {
         info: ConnectionInfo,
+        slots: SlotMap,
         nodes: Mutex<HashMap<String, Arc<NodeConns>>>,
     },
 }
@@ -474,9 +476,11 @@ impl Tickets {
         }
     }
 
-    /// The tickets of a cluster client (`info`: the seed's settings).
+    /// The tickets of a cluster client (`info`: the seed's settings; `slots`: the client's slot
+    /// map).
     pub(crate) fn cluster(
         info: ConnectionInfo,
+        slots: SlotMap,
         commands: Arc<Commands>,
         name: String,
         timeout: Duration,
@@ -484,6 +488,7 @@ impl Tickets {
         Tickets {
             place: Place::Cluster {
                 info,
+                slots,
                 nodes: Mutex::new(HashMap::new()),
             },
             commands,
@@ -555,7 +560,7 @@ impl Tickets {
         servers: &Servers,
         cmd: &Cmd,
         key: &[u8],
-        to: Option<(&Redirect, &Node)>,
+        to: Option<Hop>,
     ) -> (Result<Value, LockError>, Option<Asked>) {
         if let Place::Single(_) = self.place {
             let (reply, number) = self.commands.query_asking(cmd).await;
@@ -655,7 +660,7 @@ impl Tickets {
         let mut entries: Vec<Entry> = Vec::new();
         let mut waiting: Option<Waiting> = None;
         let mut failures = 0;
-        let mut redirected = 0;
+        let mut redirects = Redirects::default();
         loop {
             while let Ok(entry) = inbox.try_recv() {
                 entries.push(entry);
@@ -716,38 +721,39 @@ impl Tickets {
             match self.pop(&current, asking, &mut entries, &mut inbox).await {
                 Popped::Answer(ticket, answer) => {
                     waiting = Some(current);
-                    redirected = 0;
+                    redirects.answered();
                     self.deliver(&mut entries, &ticket, answer);
                 }
                 Popped::Nothing => {
                     waiting = Some(current);
-                    redirected = 0;
+                    redirects.answered();
                 }
                 // The waiting connection broke, or stayed silent past its BLPOP's timeout, or
                 // is to a master that is no longer the master: a new one (the tickets stand).
                 Popped::Broken => {}
                 // The slot is migrating (ASK: the tickets are not on this node) or moved: the
                 // tickets are popped where the server says. Those asked on this node are void
-                // if it says `MOVED`: it serves the slot no more (see [`Tickets::void_at`]).
+                // if it says `MOVED`: it serves the slot no more (see [`Tickets::void_at`]). Past
+                // the redirects one command follows in a row, each is followed after a pause.
                 Popped::Redirect(redirect) => {
-                    if !redirect.asking {
+                    if redirect.moved() {
                         Tickets::void_at(&current, &mut entries);
                     }
-                    let to = match (&self.place, &current.node) {
-                        (Place::Cluster { info, .. }, Some(from)) => {
-                            crate::servers::node_at(info, &redirect.address, &from.node).ok()
-                        }
+                    let spent = redirects.spent();
+                    let hop = match (&self.place, &current.node) {
+                        (Place::Cluster { info, slots, .. }, Some(from)) => redirects
+                            .follow(Map::Cluster { info, slots }, &redirect, &from.node)
+                            .ok(),
                         _ => None,
                     };
                     leave(current);
-                    if let Some(to) = to {
+                    if let Some(hop) = hop {
                         pop = Some(Pop {
-                            node: self.node_conns(&to),
-                            asking: redirect.asking,
+                            node: self.node_conns(&hop.node),
+                            asking: hop.asking,
                         });
                     }
-                    redirected += 1;
-                    if redirected > REDIRECTS {
+                    if spent {
                         tokio::time::sleep(PAUSE).await;
                     }
                 }

@@ -20,7 +20,7 @@ from .._common import (
     DEFAULT_FAILOVER_TIMEOUT,
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
-    RETRIES,
+    REDIRECTS,
     Backend,
     Key,
     Kind,
@@ -55,7 +55,7 @@ from ._election import AsyncElection
 from ._hold import Hold
 from ._lock import AsyncLock, AsyncMultiLock
 from ._signals import SignalHub, Watcher
-from ._tickets import TicketDesk
+from ._tickets import SHORT_PERIOD, TicketDesk
 
 
 class _Node:
@@ -78,6 +78,81 @@ class _Node:
         if self.tickets is not None:
             await self.tickets.close()
         await self.commands.close()
+
+
+class Redirects:
+    """The one place a MOVED or an ASK is followed: every path that sends a command about a key
+    (the pooled commands of ``_query``, the acquires that wait or are EPHEMERAL on connections
+    of their own, the ticket desk's pops) keeps one per call (the desk: per group), which turns
+    each redirect into where the next send goes (``client._redirect``) and counts the
+    redirects followed in a row against one bound (``REDIRECTS``; a wait: ``WAIT_REDIRECTS``,
+    counted again once it waited)."""
+
+    def __init__(self, client: AsyncLockClient, limit: int = REDIRECTS) -> None:
+        self._client = client
+        self._limit = limit
+        self._in_a_row = 0
+        #: The ASK the next send follows (to the node it names, after ASKING), if any.
+        self.ask: Optional[Redirected] = None
+
+    @property
+    def spent(self) -> bool:
+        """Whether the bound was reached: the next redirect is not followed (raised)."""
+        return self._in_a_row >= self._limit
+
+    async def follow(
+        self, e: Redirected, asked: bool = False, waited: bool = False
+    ) -> Optional[Redirected]:
+        """Follows ``e`` (``asked``: answered to a send after ASKING; ``waited``: answered
+        after the command waited, so no redirect came in a row before it): the ASK the next
+        send follows, or None (it goes to the node serving the key: a MOVED named it). Raises
+        ``e`` outside a cluster, or past the bound."""
+        if waited:
+            self._in_a_row = 0
+        if self._client._cluster is None or self.spent:
+            raise e
+        return await self._next(e, asked)
+
+    async def _next(self, e: Redirected, asked: bool) -> Optional[Redirected]:
+        self._in_a_row += 1
+        self.ask = await self._client._redirect(e, asked)
+        return self.ask
+
+    async def follow_pop(self, e: Redirected) -> Optional[tuple[str, int, bool]]:
+        """Where the ticket desk's group pops after the server redirected a pop (``e``): an
+        ASK's target for one pop (``(host, port, False)``), a MOVED's node (the one that serves
+        the key now, noted, the slot map loaded again) until a node says otherwise
+        (``(host, port, True)``); None: where it popped. Past the bound (nodes that disagree on
+        the slot) each is followed after a pause, until a pop is answered: a pop never gives up
+        (as in the Rust library). Every pop goes after ASKING, so an ASK is followed whatever
+        the pop before it followed; a slot map that cannot be loaded again does not stop the
+        pop going where ``e`` says."""
+        if self._client._cluster is None:
+            return None
+        if self.spent:
+            await sleep(SHORT_PERIOD / 2)  # not a spin
+        try:
+            ask = await self._next(e, False)
+        except LockConnectionError:
+            ask = e if e.asking else None
+        if ask is not None and ask.host is not None and ask.port is not None:
+            return (ask.host, ask.port, False)
+        if not e.asking and e.host is not None and e.port is not None:
+            return (e.host, e.port, True)
+        return None
+
+    async def node(self, key: bytes) -> tuple[_Node, bool]:
+        """Where the next send about ``key`` goes, and whether after ASKING."""
+        return await self._client._node_to(key, self.ask)
+
+    def home(self) -> None:
+        """The next send goes to the node serving the key (no ASK to follow)."""
+        self.ask = None
+
+    def answered(self) -> None:
+        """An answer that is no redirect: the count starts again."""
+        self._in_a_row = 0
+        self.ask = None
 
 
 class _Route:
@@ -385,8 +460,7 @@ class AsyncLockClient:
 
     async def _redirect(self, e: Redirected, asked: bool) -> Optional[Redirected]:
         """What follows a MOVED or an ASK (``e``) answered to a command about a key, for every
-        path that sends one (the pooled commands of ``_query``, the acquires that wait or are
-        EPHEMERAL on connections of their own; each counts its tries itself): the ASK to follow
+        path that sends one (through ``Redirects``, which counts them): the ASK to follow
         (the command goes once to the node it names, after ASKING: ``_node_to``), or None: the
         command goes to the node serving the key. A MOVED names that node from now on (noted,
         and the slot map loaded again). An ASK answered to a command sent after ASKING
@@ -419,25 +493,22 @@ class AsyncLockClient:
     ) -> Any:
         """One command on a pooled connection to the key's server. In a cluster, a MOVED
         sends it again to the node named (and reloads the slot map); an ASK (the slot is being
-        moved) sends it once to the node named, after ASKING (``_redirect``); up to twice, an
-        ASK and its send counting as one. ``then``: a second command on the same connection
-        (see ``Connector.query``)."""
-        attempt = 0
-        ask: Optional[Redirected] = None
+        moved) sends it once to the node named, after ASKING; up to ``REDIRECTS`` redirects in
+        a row (``Redirects``). ``then``: a second command on the same connection (see
+        ``Connector.query``)."""
+        redirects = self._redirects()
         while True:
-            node, asking = await self._node_to(key, ask)
+            node, asking = await redirects.node(key)
             try:
                 return await node.commands.query(
                     args, asking=asking, then=then, then_timeout=then_timeout
                 )
             except Redirected as e:
-                if self._cluster is None:
-                    raise
-                if not asking:  # (the send after an ASK was counted with the ASK)
-                    if attempt >= RETRIES:
-                        raise
-                    attempt += 1
-                ask = await self._redirect(e, asked=asking)
+                await redirects.follow(e, asked=asking)
+
+    def _redirects(self, limit: int = REDIRECTS) -> Redirects:
+        """A call's way through MOVED and ASK (``Redirects``)."""
+        return Redirects(self, limit)
 
     def _route(self, key: bytes) -> _Route:
         return _Route(self, key)

@@ -277,7 +277,7 @@ class AsyncObserver:
             # ASK (the slot is moving: its target takes one command after ASKING) only has the
             # slot map loaded again. Noted as a MOVED, it sent every command of the slot to the
             # importing node until that node answered MOVED back.
-            await self._client._redirect(e, asked=True)
+            await self._client._redirects().follow(e, asked=True)
             raise
         except BaseException:
             await sub.close()

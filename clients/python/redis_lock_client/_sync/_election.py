@@ -279,7 +279,7 @@ class Observer:
             # ASK (the slot is moving: its target takes one command after ASKING) only has the
             # slot map loaded again. Noted as a MOVED, it sent every command of the slot to the
             # importing node until that node answered MOVED back.
-            self._client._redirect(e, asked=True)
+            self._client._redirects().follow(e, asked=True)
             raise
         except BaseException:
             sub.close()

@@ -29,6 +29,7 @@ from .._commands import (
 from .._common import (
     DEFAULT_LEASE,
     DEFAULT_REPLICAS_TIMEOUT,
+    REDIRECTS,
     RETRIES,
     FAILOVER_PAUSE,
     FAILOVER_PAUSE_MAX,
@@ -274,17 +275,18 @@ class _Handle(Generic[_G]):
     ) -> Any:
         """An acquire on a pooled connection, or a wait (with a ticket, or on a connection of
         its own): sent again after a
-        broken connection (ONCE makes that safe) and after MOVED (with the slot map loaded
-        again), up to twice in a row; an ASK is followed, to the node named, after ASKING; a
+        broken connection (ONCE makes that safe), up to twice in a row; after MOVED (with the
+        slot map loaded again) or an ASK (to the node named, after ASKING), up to
+        ``REDIRECTS`` redirects in a row (a wait: ``WAIT_REDIRECTS``; ``Redirects``); a
         TRYAGAIN (a slot move caught between keys) is sent again after growing pauses, up to
         five times. A wait the server redirected after waiting (its key migrated) starts the
-        count again. Under Sentinel (``failover_timeout``) a broken connection is sent again,
+        redirect count again. Under Sentinel (``failover_timeout``) a broken connection is sent again,
         with growing pauses, until a master answers or ``failover_timeout`` passed: a wait
         whose master died is issued again on the new master, for what is left of its
         ``wait_timeout``. ``ephemeral``: the hold is one that was EPHEMERAL and is bound to
         nothing any more (its slot moved): re-entered without EPHEMERAL."""
         attempt = later = 0
-        ask: Optional[Redirected] = None  # an ASK the next send follows (``client._redirect``)
+        redirects = self.client._redirects(WAIT_REDIRECTS if waits else REDIRECTS)
         failover: Optional[float] = None  # under Sentinel: re-sent until then
         pause = FAILOVER_PAUSE
         while True:
@@ -293,7 +295,7 @@ class _Handle(Generic[_G]):
             asking = False  # this send follows an ASK, after ASKING
             try:
                 if this_waits:
-                    node, asking = self.client._node_to(self.keys.route, ask)
+                    node, asking = redirects.node(self.keys.route)
                     functions = node.commands.backend() is Backend.FUNCTIONS
                     if functions and _desk(node) is None:
                         # No ticket (wait_with_tickets=False): the unlock message and the
@@ -304,18 +306,16 @@ class _Handle(Generic[_G]):
                     args = self._args(True, wait, value, ephemeral)
                     return self._send_waiting(args, wait, node, asking)
                 args = self._args(False, None, value, ephemeral)
-                if ask is not None:  # one send, whose redirect is followed here
-                    node, asking = self.client._node_to(self.keys.route, ask)
-                    return node.commands.query(args, asking=asking)
-                return self.client._query(self.keys.route, args)
+                node, asking = redirects.node(self.keys.route)
+                return node.commands.query(args, asking=asking)
             except TicketExpired:
                 # A grant that expired before it was popped: not granted; asked again while
                 # the wait lasts.
-                ask = None
+                redirects.home()
                 if until is not None and time.monotonic() >= until:
                     return None
             except LockConnectionError:
-                ask = None
+                redirects.home()
                 if attempt < RETRIES:
                     attempt += 1
                     continue
@@ -327,16 +327,13 @@ class _Handle(Generic[_G]):
                 sleep(pause)  # a failover: the Sentinels name the new master soon
                 pause = min(pause * 2, FAILOVER_PAUSE_MAX)
             except Redirected as e:
-                if time.monotonic() - sent > self.client.command_timeout:
-                    attempt = 0  # it waited, then its key moved: no failed send
-                if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
-                    raise
-                attempt += 1
-                ask = self.client._redirect(e, asked=asking)
+                # It waited, then its key moved: no redirect came in a row before it.
+                waited = time.monotonic() - sent > self.client.command_timeout
+                redirects.follow(e, asked=asking, waited=waited)
             except LockServerError as e:
                 if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
-                ask = None
+                redirects.home()
                 sleep(TRYAGAIN_PAUSES[later])
                 later += 1
 
@@ -451,10 +448,10 @@ class _Handle(Generic[_G]):
         if this_waits:
             timeout = None if wait is None else wait + WAIT_MARGIN
         args = self._args(this_waits, wait, value)
-        attempt = later = 0
-        ask: Optional[Redirected] = None  # an ASK the next ask follows (``client._redirect``)
+        later = 0
+        redirects = self.client._redirects(WAIT_REDIRECTS if waits else REDIRECTS)
         while True:
-            node, asking = self.client._node_to(self.keys.route, ask)
+            node, asking = redirects.node(self.keys.route)
             connector = node.commands
             own = OwnConnection(connector.new(self.owner), self.client.command_timeout)
             sent = time.monotonic()
@@ -477,26 +474,23 @@ class _Handle(Generic[_G]):
                 # Not granted (the grant lapsed before it was popped): asked again, on a new
                 # connection, while the wait lasts.
                 own.close()
-                ask = None
+                redirects.home()
                 this_waits, wait = self._wait_left(waits, until)
                 if not this_waits:
                     return None, None
                 args = self._args(this_waits, wait, value)
             except Redirected as e:
                 own.close()
-                if time.monotonic() - sent > self.client.command_timeout:
-                    attempt = 0  # it waited, then its key moved: no failed send
-                if attempt >= (WAIT_REDIRECTS if this_waits else RETRIES):
-                    raise
-                attempt += 1
-                ask = self.client._redirect(e, asked=asking)
+                # It waited, then its key moved: no redirect came in a row before it.
+                waited = time.monotonic() - sent > self.client.command_timeout
+                redirects.follow(e, asked=asking, waited=waited)
                 this_waits, wait = self._wait_left(waits, until)
                 args = self._args(this_waits, wait, value)
             except LockServerError as e:
                 own.close()
                 if not is_retry_later(str(e)) or later >= len(TRYAGAIN_PAUSES):
                     raise
-                ask = None
+                redirects.home()
                 sleep(TRYAGAIN_PAUSES[later])
                 later += 1
             except (LockError, Cancelled):

@@ -726,12 +726,14 @@ class TicketDesk:
         its connection put back after a round with nothing to wait for, and the group ended
         after ``IDLE`` with nothing to wait for (or once a waiter found it stalled)."""
         checked = time.monotonic()
-        redirected = 0  # pops redirected in a row
+        # The pops' way through MOVED and ASK (the client's: counted there, as every command's).
+        redirects = None if self._cluster is None else self._cluster._redirects()
+        refused = 0  # pops refused in a row (TRYAGAIN, another error)
         gone_empty = 0  # pops answered nothing on the node a MOVED named, in a row
         while not group.ended:
             group.alive_at = time.monotonic()
-            if redirected > 1:
-                sleep(SHORT_PERIOD / 2)  # nodes that disagree on the slot: not a spin
+            if refused > 1:
+                sleep(SHORT_PERIOD / 2)  # not a spin
             with self._books:
                 names = [t.wire for t in group.tickets.values() if not t.abandoned]
                 if names:
@@ -749,20 +751,21 @@ class TicketDesk:
                 waiting = self._waiting_for(group)
                 reply = self._pop(group, waiting, names, at)
             except Redirected as e:
-                redirected += 1
+                refused = 0
                 self._round_read(group, at)
                 home = group.waiting is not None and group.waiting.home
-                if not e.asking and home and self._demoted():
+                if e.moved and home and self._demoted():
                     self._break_waiting(group)  # its tickets are void: asked again
                     continue
-                if e.host is not None and e.port is not None:
-                    group.away = (e.host, e.port, not e.asking)
-                    if not e.asking:
-                        self._slot_left_issuers(group, (e.host, e.port))
+                away = None if redirects is None else redirects.follow_pop(e)
+                if away is not None:
+                    group.away = away
+                    if away[2]:
+                        self._slot_left_issuers(group, (away[0], away[1]))
                 self._forget_abandoned(group)
                 continue
             except LockServerError as e:  # TRYAGAIN: a slot move caught between tickets
-                redirected += 1
+                refused += 1
                 self._round_read(group, at)
                 if is_retry_later(str(e)):
                     group.one_by_one = True
@@ -774,7 +777,9 @@ class TicketDesk:
             except (LockError, *IO_ERRORS):
                 self._break_waiting(group)
                 continue
-            redirected = 0
+            refused = 0
+            if redirects is not None:
+                redirects.answered()
             self._round_read(group, at)
             moved_away = self._moved_away(group)
             if isinstance(reply, list) and len(reply) == 2:
