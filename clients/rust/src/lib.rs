@@ -130,6 +130,7 @@
 )]
 
 mod acks;
+mod backend;
 mod basics;
 pub mod blocking;
 mod channel;
@@ -155,9 +156,11 @@ mod reply;
 mod servers;
 mod signal;
 mod tickets;
+mod unlocked;
 #[cfg(test)]
 mod vectors;
 
+pub use backend::Backend;
 pub use channel::{
     leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,
     DEFAULT_LEADER_CHANNEL_PREFIX, DEFAULT_LOST_SIGNAL_PREFIX,
