@@ -350,8 +350,8 @@ mod tests {
 
     #[test]
     fn the_crate_ships_the_repositorys_library() {
-        let repository = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../functions/redislock.lua");
+        let repository =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../functions/redislock.lua");
         let source = std::fs::read_to_string(&repository).expect("functions/redislock.lua");
         assert!(
             source == LIBRARY,
@@ -404,7 +404,10 @@ mod tests {
     #[test]
     fn what_the_library_has_no_function_for_is_refused() {
         let cases: [(&[&str], &str); 9] = [
-            (&["LOCK.ACQUIRE", "k", "o", "500", "SHARED", "ONCE"], "shared"),
+            (
+                &["LOCK.ACQUIRE", "k", "o", "500", "SHARED", "ONCE"],
+                "shared",
+            ),
             (
                 &["LOCK.ACQUIRE", "k", "o", "500", "LIMIT", "3", "ONCE"],
                 "semaphores",
@@ -418,7 +421,10 @@ mod tests {
                 "waits in the server",
             ),
             (&["LOCK.MACQUIRE", "1", "k", "o", "500"], "multi-key"),
-            (&["LOCK.GUARD", "k", "o", "7", "SET", "x", "1"], "fenced commands"),
+            (
+                &["LOCK.GUARD", "k", "o", "7", "SET", "x", "1"],
+                "fenced commands",
+            ),
             (&["LOCK.CAMPAIGN", "k", "o", "500"], "elections"),
             (&["LOCK.LEADER", "k"], "elections"),
             (&["LOCK.CANCEL", "t"], "tickets"),

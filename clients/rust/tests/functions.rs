@@ -102,7 +102,11 @@ async fn subscribed(conn: &mut MultiplexedConnection) -> Vec<String> {
 async fn wait_unsubscribed(conn: &mut MultiplexedConnection) {
     let until = Instant::now() + Duration::from_secs(5);
     while !subscribed(conn).await.is_empty() {
-        assert!(Instant::now() < until, "still subscribed: {:?}", subscribed(conn).await);
+        assert!(
+            Instant::now() < until,
+            "still subscribed: {:?}",
+            subscribed(conn).await
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -220,15 +224,13 @@ async fn acquire_reenter_renew_release() {
         // Re-entry: the same hold (ONCE: counted by the handle, not the server).
         let mut inner = lock.acquire().await.expect("re-entry");
         assert_eq!(inner.token(), guard.token());
-        assert_eq!(info_field(&mut conn, "k", "count").await, Some(Value::Int(1)));
+        assert_eq!(
+            info_field(&mut conn, "k", "count").await,
+            Some(Value::Int(1))
+        );
         assert_eq!(inner.release().await.expect("release"), Release::StillHeld);
     }
-    assert!(client
-        .lock("k")
-        .try_acquire()
-        .await
-        .expect("try")
-        .is_none());
+    assert!(client.lock("k").try_acquire().await.expect("try").is_none());
     // The watchdog renews it past its lease (every 0.2 s).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(guard.lost_reason(), None);
@@ -502,12 +504,7 @@ async fn tokens_rise_when_the_module_and_the_library_take_turns_on_one_key() {
             .await
             .expect("lock_acquire");
         tokens.push(u64::try_from(token).expect("a token"));
-        assert!(client
-            .lock("k")
-            .try_acquire()
-            .await
-            .expect("try")
-            .is_none());
+        assert!(client.lock("k").try_acquire().await.expect("try").is_none());
         let _: Value = redis::cmd("FCALL")
             .arg("lock_release")
             .arg(1)
@@ -518,4 +515,78 @@ async fn tokens_rise_when_the_module_and_the_library_take_turns_on_one_key() {
             .expect("lock_release");
     }
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+}
+
+// -- a cluster ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_module_gets_the_library_on_each_master_at_first_use() {
+    // Three masters without the module or the library: each gets it loaded (load_functions)
+    // when the client first sends a lock command there; locks, a wait across two clients (the
+    // unlock message is published cluster-wide) and releases work on every master.
+    let cluster = lock_testkit::Cluster::start_without_module(3);
+    let mut node_keys: Vec<Option<String>> = vec![None; cluster.nodes.len()];
+    for i in 0..1000 {
+        let key = format!("orders:{i}");
+        let port = cluster.node_for_slot(support::key_slot(&key)).port;
+        if let Some(at) = cluster.nodes.iter().position(|n| n.port == port) {
+            node_keys[at].get_or_insert(key);
+        }
+        if node_keys.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let node_keys: Vec<String> = node_keys.into_iter().map(|k| k.expect("a key")).collect();
+    let a = LockClient::cluster_builder(cluster.urls())
+        .expect("builder")
+        .load_functions(true)
+        .build()
+        .await
+        .expect("client");
+    let b = LockClient::cluster(cluster.urls()).await.expect("client");
+    match a.backend().await {
+        Err(LockError::InvalidArgument(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    let mut first = a.lock(&node_keys[0]).acquire().await.expect("acquire");
+    let mut loaded = Vec::new();
+    for node in &cluster.nodes {
+        let listed: Vec<Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query_async(&mut raw(node).await)
+            .await
+            .expect("FUNCTION LIST");
+        loaded.push(!listed.is_empty());
+    }
+    assert_eq!(loaded, [true, false, false], "only the master asked so far");
+    for key in &node_keys {
+        assert_eq!(
+            a.backend_of(key).await.expect("backend"),
+            Backend::Functions
+        );
+    }
+    for node in &cluster.nodes {
+        assert_eq!(version(&mut raw(node).await).await, 1);
+    }
+    for key in &node_keys[1..] {
+        let mut guard = a
+            .lock(key)
+            .lease(Duration::from_millis(600))
+            .acquire()
+            .await
+            .expect("acquire");
+        let lock = b.lock(key).wait_timeout(Duration::from_secs(10));
+        let waiter = tokio::spawn(async move { lock.acquire().await.map(|g| g.token()) });
+        tokio::time::sleep(Duration::from_secs(1)).await; // renewed meanwhile
+        assert_eq!(guard.lost_reason(), None);
+        assert!(!waiter.is_finished());
+        guard.release().await.expect("release");
+        let token = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("in time")
+            .expect("waiter")
+            .expect("granted");
+        assert!(token > guard.token());
+    }
+    assert_eq!(first.release().await.expect("release"), Release::Released);
 }
