@@ -114,10 +114,11 @@ impl Commands {
         if let Some(known) = relock(&backends.known).get(&slot) {
             return Ok(*known);
         }
-        let found = backend::detect(
+        // Boxed: asked once per server, it would otherwise deepen every command's future.
+        let found = Box::pin(backend::detect(
             |cmd: Cmd| async move { self.raw_routed(&cmd, Some(key)).await },
             backends.load,
-        )
+        ))
         .await?;
         relock(&backends.known).insert(slot, found);
         Ok(found)

@@ -687,7 +687,8 @@ impl Lock {
             Wait::Timeout(t) => Some(Instant::now() + t),
             Wait::Forever => None,
         };
-        crate::unlocked::wait_unlocked(
+        // Boxed: the acquire's future would otherwise nest the wait's whole machinery.
+        Box::pin(crate::unlocked::wait_unlocked(
             &self.ctx.servers,
             &self.ctx.commands,
             self.spec.key(),
@@ -698,7 +699,7 @@ impl Lock {
                     .await
                     .map(|(reply, _)| reply)
             },
-        )
+        ))
         .await
     }
 
