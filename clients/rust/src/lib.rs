@@ -17,6 +17,10 @@
 //! - [`LockClient::multi_lock`] makes a [`MultiLock`]: several keys taken together at one
 //!   instant (`LOCK.MACQUIRE`), a [`MultiLockGuard`] with a token per key, one watchdog
 //!   (`LOCK.MRENEW`), one release (`LOCK.MRELEASE`).
+//! - Where no module can load (a managed Redis), exclusive locks run on the `redislock`
+//!   Functions library (`functions/redislock.lua`), found per server at its first lock command
+//!   ([`LockClient::backend`], [`Backend`]; [`LockClientBuilder::load_functions`] loads it);
+//!   what that library cannot do answers [`LockError::NotSupported`] before anything is sent.
 //! - [`LockClient::election`] makes an [`Election`]: [`Election::campaign`] waits until this
 //!   candidate leads and returns a [`Leadership`] (its epoch, `lost`, `proclaim`, `resign`);
 //!   [`Election::leader`] reads the leader; [`Election::observe`] follows every change as a
