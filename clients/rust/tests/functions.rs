@@ -477,6 +477,64 @@ async fn what_the_library_cannot_do_is_refused_before_anything_is_sent() {
     assert_eq!(exists, 0);
 }
 
+// -- a managed service's user ------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_services_user() {
+    // `+@all -@dangerous` (no MODULE, CONFIG, DEBUG, ...), the library loaded by the service.
+    let (server, mut conn) = start(true).await;
+    let _: Value = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "managed",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-@dangerous",
+        ])
+        .query_async(&mut conn)
+        .await
+        .expect("ACL SETUSER");
+    for refused in [
+        &["MODULE", "LIST"][..],
+        &["CONFIG", "GET", "maxmemory"],
+        &["DEBUG", "SLEEP", "0"],
+    ] {
+        let verdict: String = redis::cmd("ACL")
+            .arg("DRYRUN")
+            .arg("managed")
+            .arg(refused)
+            .query_async(&mut conn)
+            .await
+            .expect("ACL DRYRUN");
+        assert!(verdict.contains("no permissions"), "{refused:?}: {verdict}");
+    }
+    let url = format!("redis://managed:pw@127.0.0.1:{}/", server.port);
+    let a = LockClient::open(&url).await.expect("client");
+    let b = LockClient::open(&url).await.expect("client");
+    assert_eq!(a.backend().await.expect("backend"), Backend::Functions);
+    let mut held = a
+        .lock("k")
+        .lease(Duration::from_millis(600))
+        .acquire()
+        .await
+        .expect("acquire");
+    let lock = b.lock("k").wait_timeout(Duration::from_secs(10));
+    let waiter = tokio::spawn(async move { lock.acquire().await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_secs(1)).await; // renewed meanwhile
+    assert_eq!(held.lost_reason(), None);
+    assert!(!waiter.is_finished());
+    held.release().await.expect("release");
+    let token = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("in time")
+        .expect("waiter")
+        .expect("granted");
+    assert!(token > held.token());
+}
+
 // -- both backends on one key ------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
