@@ -20,7 +20,7 @@ endif
 RELEASE_MODULE := $(TARGET_DIR)/release/libredis_lock.so
 DEBUG_MODULE := $(TARGET_DIR)/debug/libredis_lock.so
 
-.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover partitions partitions-prep partitions-matrix oracle oracle-rust oracle-python bench bench-quick bench-waits clean
+.PHONY: deps test-deps build run dist test-dist test test-clients test-valkey test-redis8 test-valkey9 scale soak redis-suite lint faults failover partitions partitions-prep partitions-matrix oracle oracle-rust oracle-python bench bench-quick bench-waits bench-functions-waits clean
 
 # What running needs (redis-server, a C toolchain, libclang); `test-deps` adds what the tests
 # need (python3-venv, Node.js, clippy, rustfmt). Neither stops or starts anything.
@@ -261,17 +261,30 @@ bench: build
 bench-quick: build
 	$(CARGO) run --release -p lock-bench -- --module $(abspath $(RELEASE_MODULE)) --quick
 
-# The Python library's waits, ticketed (the default) and blocked in the server, side by side:
-# WAITERS asyncio waiters on KEYS keys for WAIT_SECS a run, REPS runs each: throughput and server memory per waiter
-# (scripts/library-waits.py; about 1.5 minutes at the defaults).
+# Both libraries' waits, ticketed (the default) and blocked in the server, side by side in one run
+# (scripts/library-waits.py, with the Rust library's clients/rust/examples/library_waits.rs):
+# CONTENDERS tasks looping acquire/release on one key, WAITERS tasks on KEYS keys, and WAITERS
+# waits queued on KEYS keys (server memory per waiter, then the queues drained); runs of the two
+# kinds interleaved, REPS of each, WAIT_SECS per loop. About 5 minutes at the defaults.
+CONTENDERS ?= 2,8,32
 WAITERS ?= 2000
 KEYS ?= 5
 REPS ?= 3
-WAIT_SECS ?= 10
+WAIT_SECS ?= 3
 bench-waits: build
+	$(CARGO) build --release -p redis-lock-client --example library_waits
 	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
-	ulimit -n $$(( $(WAITERS) * 2 + 1024 )) && WAITERS=$(WAITERS) KEYS=$(KEYS) SECS=$(WAIT_SECS) REPS=$(REPS) \
-		LOCK_MODULE=$(abspath $(RELEASE_MODULE)) $(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/library-waits.py
+	ulimit -n $$(( $(WAITERS) * 2 + 1024 )) && CONTENDERS=$(CONTENDERS) WAITERS=$(WAITERS) KEYS=$(KEYS) \
+		SECS=$(WAIT_SECS) REPS=$(REPS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) \
+		LIBRARY_WAITS_RUST=$(abspath $(TARGET_DIR))/release/examples/library_waits \
+		$(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/library-waits.py
+
+# Contention on one key at N clients: the module's tickets against the redislock Functions
+# library's (tickets, and the unlock channel) (scripts/functions-waits.py; about 3 minutes).
+bench-functions-waits: build
+	PYTHON_CLIENT_VENV=$(abspath $(TARGET_DIR))/python-client-venv bash clients/python/venv.sh
+	SECS=$(or $(CONTENTION_SECS),5) REPS=$(REPS) LOCK_MODULE=$(abspath $(RELEASE_MODULE)) \
+		$(abspath $(TARGET_DIR))/python-client-venv/bin/python scripts/functions-waits.py
 
 clean:
 	$(CARGO) clean

@@ -429,15 +429,19 @@ impl Contention {
         out.push_str(&format!(
             "N clients on one key, each looping acquire → critical section ({} µs, busy) → \
              release for {:.1} s per repetition; one connection per client (plus one \
-             subscription connection per Redisson client). The module waits with \
-             `LOCK.ACQUIRE ... WAIT`; Redisson subscribes to the unlock channel and retries \
-             its lock script on every message; polling sleeps {}–{} ms (uniform) between \
-             `SET NX PX` attempts. *Sent* is counted by the clients; *executed* is every \
-             `calls=` of `INFO commandstats` (Lua's inner calls and SUBSCRIBE included). \
-             Wake-ups: module = waiters granted or timed out per release (`INFO lock`), \
-             Redisson = unlock messages delivered per release. Handoff gap = release sent → \
-             the next holder's acquire reply, when that holder was already waiting. RTT = \
-             median PING round trip measured during the run.\n\n",
+             subscription connection per Redisson client).\n\n\
+             - The module waits with `LOCK.ACQUIRE ... WAIT`.\n\
+             - Redisson subscribes to the unlock channel and retries its lock script on every \
+             message.\n\
+             - Polling sleeps {}–{} ms (uniform) between `SET NX PX` attempts.\n\n\
+             The columns:\n\n\
+             - *Sent* is counted by the clients; *executed* is every `calls=` of `INFO \
+             commandstats` (Lua's inner calls and SUBSCRIBE included).\n\
+             - Wake-ups: module = waiters granted or timed out per release (`INFO lock`), \
+             Redisson = unlock messages delivered per release.\n\
+             - Handoff gap = release sent → the next holder's acquire reply, when that holder \
+             was already waiting.\n\
+             - RTT = median PING round trip measured during the run.\n\n",
             CRITICAL_SECTION.as_micros(),
             plan.contention_cell.as_secs_f64(),
             POLL_INTERVAL_MS.0,

@@ -358,10 +358,23 @@ class TicketExpired(Exception):
 
 
 def ticket_of(reply: object) -> Optional[bytes]:
-    """The ticket an acquire ``... WAIT ms TICKET`` replied when it has to wait (a bulk string),
-    or None when it replied what the acquire replies without TICKET (a token, tokens, nil)."""
+    """The ticket an acquire ``... WAIT ms TICKET`` replied when it has to wait (the module: a
+    bulk string; the ``redislock`` library: the name and within how many ms to ask again), or
+    None when it replied what the acquire replies without TICKET (a token, tokens, nil)."""
+    if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], int):
+        reply = reply[0]
     if isinstance(reply, bytes) and reply.startswith(TICKET_PREFIX):
         return reply
+    return None
+
+
+def ask_again_of(reply: object) -> Optional[float]:
+    """Within how many seconds the ``redislock`` library wants a ticketed acquire asked again
+    (no timer runs in a function: asking again keeps the waiter's place in the line, and hands
+    over a key whose lease ended); None for the module's ticket (the server keeps time)."""
+    if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], int):
+        if not isinstance(reply[1], bool) and reply[1] >= 0:
+            return float(reply[1]) / 1000
     return None
 
 
@@ -390,7 +403,7 @@ def ticket_answer(value: bytes, multi: bool) -> object:
 #: The version of the ``redislock`` library (``FCALL_RO lock_version 0``) this library speaks:
 #: a server with an older one, or none, gets the copy shipped with this package loaded when the
 #: client was made with ``load_functions=True``.
-FUNCTIONS_VERSION = 1
+FUNCTIONS_VERSION = 2
 
 
 def library_source() -> str:
@@ -405,6 +418,7 @@ _FUNCTIONS = {
     "LOCK.RENEW": ("FCALL", "lock_renew"),
     "LOCK.FORCERELEASE": ("FCALL", "lock_forcerelease"),
     "LOCK.INFO": ("FCALL_RO", "lock_info"),
+    "LOCK.CANCEL": ("FCALL", "lock_cancel"),
 }
 
 #: What each ``LOCK.*`` command the library has no function for does, in a refusal's words.
@@ -416,7 +430,6 @@ _NO_FUNCTION = {
     "LOCK.CAMPAIGN": "elections",
     "LOCK.PROCLAIM": "elections",
     "LOCK.LEADER": "elections",
-    "LOCK.CANCEL": "tickets",
 }
 
 #: The acquire options the library refuses, in a refusal's words.
@@ -448,7 +461,7 @@ def on_functions(args: Sequence[Arg]) -> Call:
     replies), ``LOCK.CHECK key owner token`` as a ``lock_info`` read of the holder (answered 1
     or 0, as the module's); any other command as it is. Raises ``NotSupported`` for what the
     library cannot do (a ``LOCK.*`` command without a function, ``SHARED``, ``LIMIT``,
-    ``EPHEMERAL``, ``WAIT``: the library's waits are this library's own)."""
+    ``EPHEMERAL``, ``WAIT`` without ``TICKET``: a function cannot block)."""
     name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
     name = name.upper()
     if not name.startswith("LOCK."):
@@ -467,12 +480,15 @@ def on_functions(args: Sequence[Arg]) -> Call:
     if how is None:
         raise refusal(name)
     if name == "LOCK.ACQUIRE":
-        for word in args[4:]:
-            option = word.decode() if isinstance(word, bytes) else str(word)
-            if option.upper() in _NO_OPTION:
-                raise refusal(_NO_OPTION[option.upper()])
-            if option.upper() in ("WAIT", "TICKET"):
-                raise refusal("waits in the server")
+        options = [
+            (w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w)).upper()
+            for w in args[4:]
+        ]
+        for option in options:
+            if option in _NO_OPTION:
+                raise refusal(_NO_OPTION[option])
+        if "WAIT" in options and "TICKET" not in options:
+            raise refusal("waits that block the connection (WAIT without TICKET)")
     return Call([how[0], how[1], 1, *args[1:]], as_is)
 
 

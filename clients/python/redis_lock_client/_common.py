@@ -201,14 +201,20 @@ class NoPermission(LockServerError):
     ``CLIENT|SETNAME``), ``line`` the server's error line, ``rule`` what to add
     (``+lock.check``; a key pattern or a channel when the server refused one). A renewal or a
     check refused so ends the hold on this side (``LostReason.NO_PERMISSION``, released in the
-    background): the guard's calls raise this error then."""
+    background): the guard's calls raise this error then. ``channel``: the channel refused, for
+    a subscription (``SUBSCRIBE``/``SSUBSCRIBE`` of a lost-hold channel: the acquire that needed
+    it raises this error, its grant released); ``rule`` is then ``&<channel>``."""
 
-    def __init__(self, line: str, command: str = "") -> None:
+    def __init__(self, line: str, command: str = "", channel: Optional[bytes] = None) -> None:
         self.line = line
         self.command = refused_command(line) or command.upper()
-        self.rule = missing_rule(self.command, line)
+        self.channel = None if channel is None else channel.decode(errors="backslashreplace")
+        self.rule = (
+            missing_rule(self.command, line) if self.channel is None else f"&{self.channel}"
+        )
+        what = self.command if self.channel is None else f"{self.command} {self.channel}"
         # The server's line first, as every LockServerError's.
-        super().__init__(f"{line} (the ACL refused {self.command}: the user needs {self.rule})")
+        super().__init__(f"{line} (the ACL refused {what}: the user needs {self.rule})")
 
 
 def refused_command(line: str) -> str:

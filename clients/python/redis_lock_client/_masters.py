@@ -20,7 +20,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from redis.exceptions import NoPermissionError
+
 from . import _fork
+from ._connect import server_error
 
 #: A master's (host, port).
 Address = tuple[str, int]
@@ -106,7 +109,8 @@ class FollowedMasters:
         """The master to follow, from ``asked``: each Sentinel with its answer to ``SENTINEL
         MASTER <name>`` or the error it gave (``named_master`` reads each answer). Raises
         ``not_found`` (the flavour's ``MasterNotFoundError``) as redis-py does when no Sentinel
-        names a usable master."""
+        names a usable master; ``NoPermission`` (naming ``SENTINEL|MASTER``) when none did and
+        a Sentinel's ACL refused the lookup."""
         named = []
         for _, answer in asked:
             found = named_master(answer, usable, force_ip)
@@ -126,6 +130,11 @@ class FollowedMasters:
             max(heard, default=0),
         )
         if chosen is None:
+            refused = [a for _, a in asked if isinstance(a, NoPermissionError)]
+            if refused and not named:
+                # Every Sentinel that answered refused (an ACL without +sentinel|master): the
+                # refusal, named, not "no master".
+                raise server_error(refused[0], "SENTINEL")
             errors = [f"{s} - {a!r}" for s, a in asked if isinstance(a, Exception)]
             detail = f" : {', '.join(errors)}" if errors else ""
             raise not_found(f"No master found for {service_name!r}{detail}")

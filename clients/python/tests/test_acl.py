@@ -210,3 +210,190 @@ def test_waits_without_client_id_still_work_and_are_no_connection_error(fresh_se
         assert not errors, errors
         assert got
         got[0].release()  # type: ignore[attr-defined]
+
+
+def documented_cluster_rules() -> list[str]:
+    """The rules docs/operations.md says a cluster adds to the ``app`` line ("In a cluster add
+    `...`")."""
+    _, found, rest = DOCS.read_text().partition("In a cluster add `")
+    assert found, "an `In a cluster add` sentence in docs/operations.md"
+    return rest.partition("`")[0].split()
+
+
+def refusals(server: Server) -> list[str]:
+    """What the server (or Sentinel) logged as refused by its ACL (``ACL LOG``): ``reason
+    object`` per entry. ``CLIENT SETINFO``, which the clients send on connecting and whose
+    refusal they ignore (Redis >= 7.2; Redis 7.0 has no such command), is left out."""
+
+    def text(v: object) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    found = []
+    for entry in server.client().execute_command("ACL", "LOG"):
+        fields = dict(zip(map(text, entry[::2]), map(text, entry[1::2])))
+        found.append(f"{fields.get('reason')} {fields.get('object')}")
+    return [e for e in found if not e.endswith("client|setinfo")]
+
+
+def test_through_sentinel_the_documented_users_lock_and_follow_a_failover(sentinel_set):
+    # docs/operations.md's lock-sentinel line on every Sentinel and its app line on every data
+    # server, read from the page: a lock held past its lease (renewed), released; after a
+    # failover (the master killed) the next acquire is granted by the new master and the hold
+    # kept across it is renewed there; no server and no Sentinel logged a refusal (ACL LOG).
+    # The page's line before lacked +sentinel|master, which every lookup sends: no master was
+    # ever found (MasterNotFoundError, then LockConnectionError).
+    s = sentinel_set
+    sentinel_line = documented("lock-sentinel")
+    app = documented("app")
+    # First without +sentinel|master: the first acquire says which rule the Sentinels lack, at
+    # once (measured: a few ms), not LockConnectionError after the failover timeout (30 s) as
+    # before.
+    short = [a for a in sentinel_line if a != "+sentinel|master"]
+    assert len(short) == len(sentinel_line) - 1
+    for sentinel in s.sentinels:
+        sentinel.client().execute_command(*short)
+    for server in s.servers:
+        server.client().execute_command(*app)
+
+    def secret(line: list[str]) -> str:
+        return next(a[1:] for a in line if a.startswith(">"))
+
+    def make() -> LockClient:
+        return LockClient.from_sentinel(
+            s.addresses, s.NAME,
+            sentinel_kwargs={"username": sentinel_line[2], "password": secret(sentinel_line),
+                             "socket_timeout": 2, "socket_connect_timeout": 2},
+            username=app[2], password=secret(app),
+        )
+
+    with make() as refused_client:
+        started = time.monotonic()
+        with pytest.raises(NoPermission) as refused:
+            refused_client.lock("app:s").acquire()
+        assert time.monotonic() - started < 1.0
+        assert refused.value.command == "SENTINEL|MASTER", refused.value
+        assert refused.value.rule == "+sentinel|master"
+    for sentinel in s.sentinels:
+        sentinel.client().execute_command(*sentinel_line)
+        sentinel.client().execute_command("ACL", "LOG", "RESET")
+    with make() as client:
+        lease = 0.9
+        guard = client.lock("app:s", lease=lease).acquire()
+        time.sleep(lease * 2)
+        assert guard.lost_reason is None
+        guard.release()
+
+        kept = client.lock("app:kept", lease=15).acquire()
+        old = s.master()
+        s.wait_replicated()
+        old.proc.kill()
+        old.proc.wait()
+        new = s.wait_for_failover(old, bound=60)
+        after = client.lock("app:after").acquire()
+        assert checks(new, "app:after", after.owner, after.token) == 1, "granted by the new master"
+        wait_until(lambda: new.commandstat("lock.renew") >= 1,
+                   "the kept hold renewed on the new master", bound=15)
+        assert kept.lost_reason is None
+        after.release()
+        kept.release()
+
+    for server in s.sentinels + s.servers:
+        if server is not old:
+            assert refusals(server) == [], f"ACL LOG of {server.port}"
+
+
+def test_in_a_cluster_the_documented_user_with_the_cluster_rules_locks_on_every_master(cluster):
+    # docs/operations.md's app line with the rules the page says a cluster adds, on every node
+    # of a three-master cluster: a lock on each master held past its lease (renewed), a fenced
+    # write, a wait, the lost-hold signal (SSUBSCRIBE) of a force release, a multi-key hold;
+    # no node logged a refusal (ACL LOG).
+    import redis.cluster
+
+    line = documented("app") + documented_cluster_rules()
+    for node in cluster.nodes:
+        node.client().execute_command(*line)
+    password = next(a[1:] for a in line if a.startswith(">"))
+    keys = []
+    for low in (0, 5461, 10923):
+        keys.append(next(f"app:{{c{i}}}" for i in range(10_000)
+                         if low <= redis.cluster.key_slot(f"app:{{c{i}}}".encode()) < low + 5000))
+    as_app = {"username": "app", "password": password}
+    with LockClient(cluster.redis_cluster(**as_app)) as client, \
+            LockClient(cluster.redis_cluster(**as_app)) as waiter:
+        lease = 0.9
+        for key in keys:
+            guard = client.lock(key, lease=lease).acquire()
+            time.sleep(lease * 2)
+            assert guard.lost_reason is None, key
+            guard.execute("SET", f"{key}:data", "v")
+            got: list[object] = []
+            thread = threading.Thread(
+                target=lambda: got.append(waiter.lock(key, wait_timeout=10).acquire()))
+            thread.start()
+            time.sleep(0.2)
+            guard.release()
+            thread.join(10)
+            assert got, f"{key}: not granted"
+            granted = got[0]
+            node = cluster.node_of(key)
+            assert node.client().execute_command("LOCK.FORCERELEASE", key) == 1
+            assert granted.lost.wait(5), f"{key}: the force release was heard"  # type: ignore[attr-defined]
+            assert granted.lost_reason is LostReason.FORCE_RELEASED  # type: ignore[attr-defined]
+        multi = client.multi_lock(["app:{m}:1", "app:{m}:2"], lease=lease).acquire()
+        time.sleep(lease * 2)
+        assert multi.lost_reason is None
+        multi.release()
+    for node in cluster.nodes:
+        assert refusals(node) == [], f"ACL LOG of {node.port}"
+
+
+@pytest.mark.parametrize("dropped, channel", [
+    ("&lock.lost:{app:*}", "lock.lost:{app:k}"),
+    ("&lock.lost:flush", "lock.lost:flush"),
+])
+def test_a_refused_lost_signal_channel_fails_the_acquire_at_once_naming_the_rule(
+        fresh_server, dropped, channel):
+    # The recipe without one of its lost-hold channels: the acquire that needs the subscription
+    # raises NoPermission naming SUBSCRIBE, the channel and the rule to add, at once (measured:
+    # a few ms), and its grant is released (the key is free). Before, the refusal was skipped:
+    # the acquire waited out the 2 s command timeout for a confirmation that never came, then
+    # handed out a guard nobody would tell of a loss.
+    server = fresh_server
+    line = [a for a in documented("app") if a != dropped]
+    assert len(line) == len(documented("app")) - 1
+    url = create(server, line)
+    with LockClient.from_url(url) as client:
+        assert client.command_timeout == 2.0
+        for attempt in range(2):  # asked again each time: the ACL may have changed
+            started = time.monotonic()
+            with pytest.raises(NoPermission) as refused:
+                client.lock("app:k").acquire()
+            elapsed = time.monotonic() - started
+            assert elapsed < 1.0, f"refused after {elapsed:.3f} s (attempt {attempt})"
+            assert refused.value.command == "SUBSCRIBE"
+            assert refused.value.channel == channel
+            assert refused.value.rule == f"&{channel}"
+            assert f"&{channel}" in str(refused.value)
+            assert server.client().execute_command("LOCK.INFO", "app:k") is None
+        # Without the lost-hold signal, nothing is subscribed: the same user acquires.
+        with LockClient.from_url(url, lost_signal=False) as quiet:
+            quiet.lock("app:k").acquire().release()
+        # With the rule back, the same client acquires.
+        server.client().execute_command("ACL", "SETUSER", "app", dropped)
+        client.lock("app:k").acquire().release()
+
+
+def test_a_refused_lost_signal_channel_fails_the_asyncio_acquire_at_once(fresh_server):
+    server = fresh_server
+    url = create(server, [a for a in documented("app") if a != "&lock.lost:{app:*}"])
+
+    async def main() -> None:
+        async with AsyncLockClient.from_url(url) as client:
+            started = time.monotonic()
+            with pytest.raises(NoPermission) as refused:
+                await client.lock("app:k").acquire()
+            assert time.monotonic() - started < 1.0
+            assert refused.value.rule == "&lock.lost:{app:k}"
+            assert server.client().execute_command("LOCK.INFO", "app:k") is None
+
+    asyncio.run(main())

@@ -141,7 +141,8 @@ def test_async_calls_after_the_ephemeral_connection_closed(server, key, lost_sig
 def test_row_acquire(server, client, key):
     """Row ``acquire()``: a guard; LockTimeout, LockServerError, NotSafelyAcquired,
     LockConnectionError (NoPermission: test_acl.py,
-    test_the_old_documented_line_is_refused_by_name_at_the_first_acquire)."""
+    test_the_old_documented_line_is_refused_by_name_at_the_first_acquire; a lost-hold channel
+    refused: test_acl.py, test_a_refused_lost_signal_channel_fails_the_acquire_at_once_naming_the_rule)."""
     raw = server.client()
     guard = client.lock(key).acquire()
     assert guard.token > 0

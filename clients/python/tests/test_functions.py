@@ -9,6 +9,7 @@ import importlib.util
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -128,10 +129,11 @@ def test_the_library_loads_where_no_module_is(r: redis.Redis) -> None:
         "lock_release": ["allow-oom"],
         "lock_renew": ["allow-oom"],
         "lock_forcerelease": ["allow-oom"],
+        "lock_cancel": ["allow-oom"],
         "lock_info": ["no-writes"],
         "lock_version": ["no-writes"],
     }
-    assert fcall(r, "lock_version", keys=0) == 1
+    assert fcall(r, "lock_version", keys=0) == 2
     # Loading it again needs REPLACE, as for any library.
     with pytest.raises(redis.ResponseError, match="already exists"):
         r.execute_command("FUNCTION", "LOAD", LIBRARY.read_bytes())
@@ -358,6 +360,9 @@ EMPTY_OWNER = "ERR owner must not be empty"
 WRONGTYPE = "WRONGTYPE Operation against a key holding the wrong kind of value"
 NOT_A_LOCK = ("ERR the hash at this key is not a lock; LOCK.* commands leave it as it is (DEL "
               "removes a damaged lock)")
+NO_BLOCK = ("ERR the redislock library cannot block: wait with WAIT timeout-ms TICKET and pop "
+            "the ticket with BLPOP")
+NOT_A_TICKET = "ERR not a ticket: LOCK.CANCEL takes the ticket a LOCK.* ... WAIT ... TICKET replied"
 
 
 def arity(function: str) -> str:
@@ -393,10 +398,8 @@ BAD_INPUT = [
     ("lock_acquire", ["held", "w", 10, "EPHEMERAL"],
      "ERR EPHEMERAL cannot be used from a script or function: it has no connection to bind the hold to"),
     # What the library does not do is refused, never ignored.
-    ("lock_acquire", ["held", "w", 10, "WAIT", 100],
-     "ERR the redislock library does not wait (WAIT, TICKET): acquire without WAIT and retry"),
-    ("lock_acquire", ["held", "w", 10, "WAIT", 0, "TICKET"],
-     "ERR the redislock library does not wait (WAIT, TICKET): acquire without WAIT and retry"),
+    ("lock_acquire", ["held", "w", 10, "WAIT", 100], NO_BLOCK),
+    ("lock_acquire", ["held", "w", 10, "WAIT", 0], NO_BLOCK),
     ("lock_acquire", ["held", "w", 10, "SHARED"],
      "ERR the redislock library takes exclusive locks only (no SHARED or LIMIT)"),
     ("lock_acquire", ["held", "w", 10, "LIMIT", 3],
@@ -421,6 +424,12 @@ BAD_INPUT = [
     ("lock_info", ["__lock_fence__{k}"], RESERVED_KEY),
     ("lock_forcerelease", ["held", "x"], arity("lock_forcerelease")),
     ("lock_forcerelease", ["__lock_fence__{k}"], RESERVED_KEY),
+    ("lock_cancel", ["nope"], NOT_A_TICKET),
+    ("lock_cancel", ["__lock_fence__ticket{k}12"], NOT_A_TICKET),
+    ("lock_cancel", ["__lock_fence__ticket{k}12:"], NOT_A_TICKET),
+    ("lock_cancel", ["__lock_fence__ticket{zz}12:held"], NOT_A_TICKET),
+    ("lock_cancel", ["__lock_fence__ticket{k}x:k"], NOT_A_TICKET),
+    ("lock_cancel", ["__lock_fence__ticket{k}12:k", "x"], arity("lock_cancel")),
 ]
 
 
@@ -609,6 +618,304 @@ def test_a_counter_of_another_type_is_left_alone(r: redis.Redis, key: str) -> No
         r.delete(counter_of(key))
 
 
+# -- waiting in line, with tickets -----------------------------------------------------------------
+
+#: The library's waiting constants (functions/redislock.lua): an entry not asked for again
+#: within WAITER_LIVE_MS is passed over; a waiter is told to ask again within ASK_AGAIN_MAX_MS.
+WAITER_LIVE_MS = 3000
+ASK_AGAIN_MAX_MS = 1000
+
+
+def line_of(key: str) -> tuple[str, str]:
+    """The key's line: its sorted set and its hash (functions/redislock.lua `line_of`)."""
+    tag = TAGS[slot_tags.key_slot(key.encode())]
+    return f"__lock_fence__queue{{{tag}}}{key}", f"__lock_fence__waiters{{{tag}}}{key}"
+
+
+def ask(r: redis.Redis, key: str, owner: str, lease: int = 30000, wait: int = 10000) -> object:
+    return fcall(r, "lock_acquire", key, owner, lease, "ONCE", "WAIT", wait, "TICKET")
+
+
+def ticket_reply(reply: object) -> tuple[bytes, int]:
+    assert isinstance(reply, list) and len(reply) == 2, reply
+    name, again = reply
+    assert isinstance(name, bytes) and isinstance(again, int), reply
+    return name, again
+
+
+def holder(r: redis.Redis, key: str) -> bytes:
+    fields = r.hgetall(key)
+    owners = [f for f in fields if f != b"mode"]
+    assert len(owners) == 1, fields
+    return owners[0]
+
+
+def test_a_wait_with_a_ticket_on_a_free_key_is_granted_at_once(r: redis.Redis, key: str) -> None:
+    token = ask(r, key, "w")
+    assert isinstance(token, int) and holder(r, key) == b"w"
+    assert r.exists(*line_of(key)) == 0
+
+
+def test_a_ticket_names_the_locks_slot_and_when_to_ask_again(r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    name, again = ticket_reply(ask(r, key, "w"))
+    tag = TAGS[slot_tags.key_slot(key.encode())]
+    assert name.startswith(f"__lock_fence__ticket{{{tag}}}".encode())
+    assert name.endswith(f":{key}".encode())
+    assert slot_tags.key_slot(name) == slot_tags.key_slot(key.encode())
+    assert again == ASK_AGAIN_MAX_MS  # the holder's lease is longer
+    assert r.exists(name) == 0  # nothing is written into a ticket while it waits
+    # A holder whose lease ends sooner: ask again at its end.
+    other = f"{key}:short"
+    fcall(r, "lock_acquire", other, "h", 300)
+    _, again = ticket_reply(ask(r, other, "w"))
+    assert 0 < again <= 300
+    # The line's keys expire WAITER_LIVE_MS after the last ask: nothing outlives its waiters.
+    for part in line_of(key):
+        assert 0 < r.pttl(part) <= WAITER_LIVE_MS
+
+
+def test_waiters_are_granted_in_arrival_order_by_the_releases(r: redis.Redis, key: str) -> None:
+    first = fcall(r, "lock_acquire", key, "h", 30000)
+    tickets = [ticket_reply(ask(r, key, f"w{i}", lease=20000 + i))[0] for i in range(5)]
+    assert as_dict(r.execute_command("FCALL_RO", "lock_info", 1, key))[b"waiters"] == 5
+    owner, last = "h", first
+    for i, ticket in enumerate(tickets):
+        assert fcall(r, "lock_release", key, owner) == 0
+        # The head's hold is written and its token pushed into its ticket, which expires with
+        # the hold; the others' tickets hold nothing.
+        assert holder(r, key) == f"w{i}".encode()
+        assert r.llen(ticket) == 1
+        assert 0 < r.pttl(ticket) <= 20000 + i and 0 < r.pttl(key) <= 20000 + i
+        assert all(r.exists(t) == 0 for t in tickets[i + 1:])
+        token = int(r.lpop(ticket))
+        assert token > last
+        assert r.hget(key, "mode") == f"exclusive:{token}".encode()
+        owner, last = f"w{i}", token
+    assert fcall(r, "lock_release", key, owner) == 0
+    assert r.exists(key, *line_of(key)) == 0
+
+
+def test_a_handover_is_not_published_and_a_free_is(server: Server, r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    ticket_reply(ask(r, key, "w"))
+    before = publishes(server)
+    fcall(r, "lock_release", key, "h")
+    assert publishes(server) == before
+    fcall(r, "lock_release", key, "w")
+    assert publishes(server) == before + 1
+
+
+def test_asking_again_keeps_the_place_and_never_counts_twice(r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    a, _ = ticket_reply(ask(r, key, "a"))
+    b, _ = ticket_reply(ask(r, key, "b"))
+    assert ticket_reply(ask(r, key, "a"))[0] == a  # asked again: the same ticket, first still
+    assert ticket_reply(ask(r, key, "b"))[0] == b
+    fcall(r, "lock_release", key, "h")
+    assert holder(r, key) == b"a" and r.exists(b) == 0
+    # The waiter asks again after its grant was pushed (before it popped): its token, ONCE.
+    token = int(r.lindex(a, 0))
+    assert ask(r, key, "a") == token
+    assert r.hget(key, "a") == b"1"
+
+
+def test_a_newcomer_never_barges_past_the_line(r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    ticket, _ = ticket_reply(ask(r, key, "w"))
+    assert fcall(r, "lock_acquire", key, "newcomer", 30000) is None
+    fcall(r, "lock_release", key, "h")
+    assert fcall(r, "lock_acquire", key, "newcomer", 30000) is None
+    assert holder(r, key) == b"w" and r.llen(ticket) == 1
+
+
+def test_a_lease_that_ends_is_handed_over_by_the_next_call_on_the_key(r: redis.Redis, key: str) -> None:
+    """No timer runs in a function: a lease that ends is seen by the next call on the key (here
+    a newcomer's acquire, which still gets nil) or by the waiter asking again when its reply
+    said (the holder's lease left), which is granted at once."""
+    fcall(r, "lock_acquire", key, "h", 200)
+    ticket, again = ticket_reply(ask(r, key, "w"))
+    assert again <= 200
+    time.sleep(0.3)
+    assert r.exists(key) == 0  # expired, and nobody is told
+    assert fcall(r, "lock_acquire", key, "newcomer", 30000) is None
+    assert holder(r, key) == b"w" and r.llen(ticket) == 1
+    fcall(r, "lock_forcerelease", key)  # (hands over to nobody: the line is empty)
+    fcall(r, "lock_acquire", key, "h", 200)
+    ticket_reply(ask(r, key, "w"))
+    time.sleep(0.3)
+    token = ask(r, key, "w")  # the waiter itself asks again: granted at the ask
+    assert isinstance(token, int) and holder(r, key) == b"w"
+    assert r.exists(*line_of(key)) == 0
+
+
+@pytest.mark.parametrize("call", ["lock_release", "lock_renew", "lock_forcerelease"])
+def test_every_call_that_finds_the_lease_ended_hands_over(r: redis.Redis, key: str, call: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 100)
+    ticket, _ = ticket_reply(ask(r, key, "w"))
+    time.sleep(0.2)
+    args = {"lock_release": ["h"], "lock_renew": ["h", 1000], "lock_forcerelease": []}[call]
+    assert fcall(r, call, key, *args) in (None, 0)
+    assert holder(r, key) == b"w" and r.llen(ticket) == 1
+
+
+def test_a_waiter_that_stops_asking_is_passed_over(r: redis.Redis, key: str) -> None:
+    """A waiter whose process died asks no more: once its entry is WAITER_LIVE_MS old, the
+    release passes over it to the next waiter, who kept asking."""
+    fcall(r, "lock_acquire", key, "h", 30000)
+    dead, _ = ticket_reply(ask(r, key, "dead", wait=0))
+    alive, _ = ticket_reply(ask(r, key, "alive", wait=0))
+    end = time.monotonic() + WAITER_LIVE_MS / 1000 + 0.2
+    while time.monotonic() < end:
+        assert ticket_reply(ask(r, key, "alive", wait=0))[0] == alive
+        time.sleep(0.5)
+    fcall(r, "lock_release", key, "h")
+    assert holder(r, key) == b"alive" and r.llen(alive) == 1
+    assert r.exists(dead) == 0
+    assert r.exists(*line_of(key)) == 0  # the dead entry left the line with the grant
+
+
+def test_a_waiter_whose_wait_ended_is_passed_over(r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    short, _ = ticket_reply(ask(r, key, "short", wait=100))
+    ticket_reply(ask(r, key, "long", wait=10000))
+    time.sleep(0.2)
+    fcall(r, "lock_release", key, "h")
+    assert holder(r, key) == b"long" and r.exists(short) == 0
+
+
+def test_a_waiter_passed_over_that_asks_again_joins_the_back(r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    late, _ = ticket_reply(ask(r, key, "late", wait=100))
+    ticket_reply(ask(r, key, "first"))
+    time.sleep(0.2)
+    fcall(r, "lock_release", key, "h")  # passes over "late" (past its wait) to "first"
+    assert holder(r, key) == b"first"
+    rejoined, _ = ticket_reply(ask(r, key, "late"))
+    assert rejoined != late  # a new ticket, at the back of the line
+    assert r.zrange(line_of(key)[0], 0, -1) == [b"late"]
+
+
+def test_a_grant_nobody_pops_ends_with_its_lease(r: redis.Redis, key: str) -> None:
+    """The cost of a waiter that died while still in the line: it is handed the key, and the
+    next waiter gets it when that grant's lease ends (asking again when told)."""
+    fcall(r, "lock_acquire", key, "h", 30000)
+    dead, _ = ticket_reply(ask(r, key, "dead", lease=300))
+    ticket_reply(ask(r, key, "next"))
+    fcall(r, "lock_release", key, "h")
+    assert holder(r, key) == b"dead"
+    _, again = ticket_reply(ask(r, key, "next"))
+    assert 0 < again <= 300
+    time.sleep(again / 1000 + 0.1)
+    assert r.exists(dead) == 0  # the ticket expired with its hold
+    assert isinstance(ask(r, key, "next"), int) and holder(r, key) == b"next"
+
+
+def test_a_line_reads_at_most_sixteen_dead_entries_a_call(r: redis.Redis, key: str) -> None:
+    """Each call's work is bounded: it passes over at most 16 dead entries at the front of
+    the line; a waiter behind more asks again and the next call reads on."""
+    fcall(r, "lock_acquire", key, "h", 30000)
+    for i in range(20):
+        ticket_reply(ask(r, key, f"dead{i}", wait=50))
+    alive, _ = ticket_reply(ask(r, key, "alive"))
+    time.sleep(0.1)
+    fcall(r, "lock_release", key, "h")
+    assert r.exists(key) == 0  # 16 passed over, none due among them: freed, published
+    assert r.zcard(line_of(key)[0]) == 5
+    # It asks again: the 4 dead entries left are passed over, and it is granted at the ask.
+    assert isinstance(ask(r, key, "alive"), int) and holder(r, key) == b"alive"
+    assert r.exists(alive) == 0 and r.exists(*line_of(key)) == 0
+
+
+def test_cancel_withdraws_a_waiting_ticket_and_takes_a_grant_nobody_popped(
+    r: redis.Redis, key: str
+) -> None:
+    fcall(r, "lock_acquire", key, "h", 30000)
+    a, _ = ticket_reply(ask(r, key, "a"))
+    b, _ = ticket_reply(ask(r, key, "b"))
+    c, _ = ticket_reply(ask(r, key, "c"))
+    # Still waiting: it leaves the line, nil.
+    assert fcall(r, "lock_cancel", a) is None
+    assert r.zscore(line_of(key)[0], "a") is None
+    fcall(r, "lock_release", key, "h")
+    assert holder(r, key) == b"b"
+    # Granted and not popped: the canceller takes the grant (the token), the ticket goes.
+    token = int(r.lindex(b, 0))
+    assert fcall(r, "lock_cancel", b) == token
+    assert r.exists(b) == 0 and holder(r, key) == b"b"
+    assert fcall(r, "lock_cancel", b) is None  # delivered once
+    fcall(r, "lock_release", key, "b")
+    assert holder(r, key) == b"c"
+    # A grant whose hold ended (released by its owner's name) is nil, and the ticket goes.
+    fcall(r, "lock_release", key, "c")
+    assert fcall(r, "lock_cancel", c) is None and r.exists(c) == 0
+
+
+def test_a_cancel_of_the_head_on_a_free_key_serves_the_next(r: redis.Redis, key: str) -> None:
+    fcall(r, "lock_acquire", key, "h", 100)
+    a, _ = ticket_reply(ask(r, key, "a"))
+    b, _ = ticket_reply(ask(r, key, "b"))
+    time.sleep(0.2)  # the lease ended, nobody touched the key
+    assert fcall(r, "lock_cancel", a) is None
+    assert holder(r, key) == b"b" and r.llen(b) == 1
+
+
+def test_a_handover_reaches_a_replica_as_effects(server: Server, key: str, tmp_path: Path) -> None:
+    server.client().config_set("repl-diskless-sync-delay", 0)
+    replica = start_server(tmp_path, "--replicaof", "127.0.0.1", str(server.port), with_module=False)
+    try:
+        master = server.client()
+        fcall(master, "lock_acquire", key, "h", 30000)
+        ticket, _ = ticket_reply(ask(master, key, "w"))
+        ticket_reply(ask(master, key, "next"))
+        fcall(master, "lock_release", key, "h")
+        wait_acknowledged(server, 1)
+        copy = replica.client()
+        assert copy.hgetall(key) == master.hgetall(key)
+        for part in line_of(key):  # the line is data too: "next" still waits there
+            assert copy.dump(part) == master.dump(part) is not None
+        assert copy.lrange(ticket, 0, -1) == master.lrange(ticket, 0, -1)
+        assert copy.execute_command("PEXPIRETIME", ticket) == master.execute_command("PEXPIRETIME", ticket)
+        copy.close()
+        master.close()
+    finally:
+        replica.proc.kill()
+        replica.proc.wait()
+
+
+def test_commands_per_acquisition_under_contention(server: Server, key: str) -> None:
+    """N clients take turns on one key: each acquisition costs the client its acquire, its
+    release and one BLPOP when it had to wait, no polling (counted with INFO commandstats)."""
+    n, rounds = 8, 25
+    server.client().config_resetstat()
+    order: list[str] = []
+
+    def worker(i: int) -> None:
+        c = server.client()
+        for _ in range(rounds):
+            reply = ask(c, key, f"w{i}", wait=0)
+            if isinstance(reply, list):
+                name, _ = ticket_reply(reply)
+                popped = c.blpop([name], timeout=30)
+                assert popped is not None
+            order.append(f"w{i}")
+            assert fcall(c, "lock_release", key, f"w{i}") == 0
+        c.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    acquisitions = n * rounds
+    assert len(order) == acquisitions
+    stats = server.client().info("commandstats")
+    fcalls = stats["cmdstat_fcall"]["calls"]
+    pops = stats.get("cmdstat_blpop", {"calls": 0})["calls"]
+    assert fcalls == 2 * acquisitions
+    assert pops <= acquisitions
+
+
 # -- where it runs -------------------------------------------------------------------------------
 
 
@@ -701,7 +1008,8 @@ def test_in_cluster_mode_the_unlock_message_goes_to_the_shard_too(tmp_path: Path
 
 LOCK_COMMANDS = ["+fcall", "+fcall_ro", "+hlen", "+hgetall", "+hget", "+hexists", "+hset",
                  "+hdel", "+pexpire", "+pttl", "+del", "+get", "+set", "+time", "+publish",
-                 "+spublish"]
+                 "+spublish", "+zrange", "+zrangebyscore", "+zcard", "+zadd", "+zrem", "+hmget",
+                 "+lpush", "+lindex"]
 
 
 def test_an_acl_user_needs_the_commands_keys_and_channel_the_functions_use(
@@ -729,7 +1037,13 @@ def test_an_acl_user_needs_the_commands_keys_and_channel_the_functions_use(
             assert fcall(u, "lock_release", key, "w") == 0
             fcall(u, "lock_acquire", key, "w", 30000)
             assert fcall(u, "lock_forcerelease", key) == 1
-            assert u.execute_command("FCALL_RO", "lock_version", 0) == 1
+            # Waiting in line: join, the handover, a cancel that takes the grant.
+            fcall(u, "lock_acquire", key, "w", 30000)
+            ticket, _ = ticket_reply(ask(u, key, "x"))
+            assert fcall(u, "lock_release", key, "w") == 0
+            assert isinstance(fcall(u, "lock_cancel", ticket), int)
+            assert fcall(u, "lock_release", key, "x") == 0
+            assert u.execute_command("FCALL_RO", "lock_version", 0) == 2
     # Without the counters' keys: no grant, nothing written.
     r.acl_setuser("nocounter", enabled=True, passwords=["+pw"], keys=["test:*"],
                   channels=["*"], commands=LOCK_COMMANDS, reset=True)
@@ -897,4 +1211,49 @@ def test_the_same_steps_get_the_same_replies_from_both(mixed: Server) -> None:
                     f"mod:{uuid.uuid4().hex}")
     by_library = run(lambda f, *a: fcall(r, f, *a), f"fn:{uuid.uuid4().hex}")
     assert by_library == by_module
+    r.close()
+
+
+def test_the_same_waits_get_the_same_answers_from_both(mixed: Server) -> None:
+    """One script of waits with tickets, as LOCK.* commands on one key and as functions on
+    another: the same grants in the same order, the same values in the tickets (the token, as
+    digits), the same answers to a cancel. The library's ticket reply also says when to ask
+    again; the module's is the name alone."""
+    r = mixed.client()
+
+    def run(call: object, key: str) -> list[object]:
+        do = call  # type: ignore[assignment]
+        out: list[object] = []
+        do("lock_acquire", key, "h", 30000)  # type: ignore[operator]
+        tickets = []
+        for owner in ["a", "b", "c"]:
+            reply = do("lock_acquire", key, owner, 30000, "ONCE", "WAIT", 10000, "TICKET")  # type: ignore[operator]
+            name = reply[0] if isinstance(reply, list) else reply
+            assert isinstance(name, bytes) and name.startswith(b"__lock_fence__ticket{")
+            tickets.append(name)
+        out.append(do("lock_acquire", key, "newcomer", 30000))  # type: ignore[operator]
+        out.append(do("lock_cancel", tickets[0]))  # type: ignore[operator]  # queued: nil
+        out.append(do("lock_release", key, "h"))  # type: ignore[operator]
+        popped = r.blpop([tickets[1]], timeout=5)
+        assert popped is not None
+        out.append(holder(r, key))
+        out.append(r.hget(key, "mode") == b"exclusive:" + popped[1])
+        out.append(do("lock_release", key, "b"))  # type: ignore[operator]
+        granted = r.lindex(tickets[2], 0)
+        out.append(do("lock_cancel", tickets[2]) == int(granted))  # type: ignore[operator]
+        out.append(r.exists(tickets[2]))
+        out.append(holder(r, key))
+        out.append(do("lock_cancel", tickets[2]))  # type: ignore[operator]
+        out.append(do("lock_release", key, "c"))  # type: ignore[operator]
+        out.append(r.exists(key))
+        return out
+
+    def module(f: str, *a: object) -> object:
+        if f == "lock_cancel":
+            return r.execute_command("LOCK.CANCEL", *a)
+        return r.execute_command("LOCK." + f.removeprefix("lock_").upper(), *a)
+
+    by_module = run(module, f"mod:{uuid.uuid4().hex}")
+    by_library = run(lambda f, *a: fcall(r, f, *a), f"fn:{uuid.uuid4().hex}")
+    assert by_library == by_module == [None, None, 0, b"b", True, 0, True, 0, b"c", None, 0, 0]
     r.close()

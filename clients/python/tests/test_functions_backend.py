@@ -8,6 +8,8 @@ asyncio."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 import redis
 
 from conftest import ROOT, Server, start_cluster, start_server, wait_until
+from test_functions import TAGS, slot_tags
 from redis_lock_client import (
     AsyncLockClient,
     Backend,
@@ -89,6 +92,12 @@ def fcalls(server: Server) -> int:
     return server.commandstat("fcall")
 
 
+def line_of(key: str) -> tuple[str, str]:
+    """The key's waiting line in the library: its sorted set and its hash."""
+    tag = TAGS[slot_tags.key_slot(key.encode())]
+    return f"__lock_fence__queue{{{tag}}}{key}", f"__lock_fence__waiters{{{tag}}}{key}"
+
+
 def subscribed(server: Server) -> list[str]:
     """CLIENT LIST entries of connections subscribed to a channel."""
     listed = server.client().execute_command("CLIENT", "LIST").decode().splitlines()
@@ -115,6 +124,9 @@ def test_the_package_ships_the_repositorys_library():
     (["LOCK.FORCERELEASE", b"k"], ["FCALL", "lock_forcerelease", 1, b"k"]),
     (["LOCK.INFO", b"k"], ["FCALL_RO", "lock_info", 1, b"k"]),
     (["LOCK.CHECK", b"k", b"o", 7], ["FCALL_RO", "lock_info", 1, b"k"]),
+    (["LOCK.ACQUIRE", b"k", b"o", 500, "ONCE", "WAIT", 100, "TICKET"],
+     ["FCALL", "lock_acquire", 1, b"k", b"o", 500, "ONCE", "WAIT", 100, "TICKET"]),
+    (["LOCK.CANCEL", b"t"], ["FCALL", "lock_cancel", 1, b"t"]),
     (["WAIT", 1, 100], ["WAIT", 1, 100]),
 ])
 def test_commands_as_the_library_takes_them(sent, expected):
@@ -125,7 +137,7 @@ def test_commands_as_the_library_takes_them(sent, expected):
     (["LOCK.ACQUIRE", b"k", b"o", 500, "SHARED", "ONCE"], "shared"),
     (["LOCK.ACQUIRE", b"k", b"o", 500, "LIMIT", 3, "ONCE"], "semaphores"),
     (["LOCK.ACQUIRE", b"k", b"o", 500, "EPHEMERAL", "ONCE"], "EPHEMERAL"),
-    (["LOCK.ACQUIRE", b"k", b"o", 500, "ONCE", "WAIT", 100], "waits in the server"),
+    (["LOCK.ACQUIRE", b"k", b"o", 500, "ONCE", "WAIT", 100], r"waits that block the connection"),
     (["LOCK.MACQUIRE", 1, b"k", b"o", 500], "multi-key"),
     (["LOCK.GUARD", b"k", b"o", 7, "SET", "x", "1"], "fenced commands"),
     (["LOCK.CAMPAIGN", b"k", b"o", 500], "elections"),
@@ -228,10 +240,14 @@ def test_tokens_rise_across_releases(server, client, key):
     assert tokens == sorted(set(tokens)), tokens
 
 
-def test_a_waiter_is_granted_promptly_after_the_release(server, key):
-    """Two clients: the waiter listens to the unlock message and asks again when it comes (not
-    by polling: a handful of FCALLs over the whole hold)."""
-    with LockClient.from_url(server.url) as a, LockClient.from_url(server.url) as b:
+@pytest.mark.parametrize("tickets", [True, False])
+def test_a_waiter_is_granted_promptly_after_the_release(server, key, tickets):
+    """Two clients: the waiter waits with a ticket (the release hands it the key), or without
+    tickets listens to the unlock message and asks again when it comes (not by polling: a
+    handful of FCALLs over the whole hold)."""
+    with LockClient.from_url(server.url) as a, LockClient.from_url(
+        server.url, wait_with_tickets=tickets
+    ) as b:
         held = a.lock(key).acquire()
         got: list[tuple[float, int]] = []
 
@@ -255,9 +271,11 @@ def test_a_waiter_is_granted_promptly_after_the_release(server, key):
         assert fcalls(server) - calls <= 8
 
 
-def test_there_is_no_queue_a_newcomer_can_take_the_lock_ahead_of_a_waiter(server, client, key):
-    """The release and a newcomer's acquire in one transaction: the newcomer holds the lock
-    when the waiter asks again; the waiter goes on waiting, and gets it at the next release."""
+def test_without_tickets_a_newcomer_can_take_the_lock_ahead_of_a_waiter(server, key):
+    """Without tickets there is no line. The release and a newcomer's acquire in one
+    transaction: the newcomer holds the lock when the waiter asks again; the waiter goes on
+    waiting, and gets it at the next release."""
+    client = LockClient.from_url(server.url, wait_with_tickets=False)
     held = client.lock(key).acquire()
     got: list[int] = []
     waiter = threading.Thread(
@@ -278,12 +296,14 @@ def test_there_is_no_queue_a_newcomer_can_take_the_lock_ahead_of_a_waiter(server
     assert got and got[0] > newcomer
     with pytest.raises(NotHeld):
         held.release()  # (its hold was released from outside)
+    client.close()
 
 
 def test_a_cancelled_async_wait_leaves_no_connection_behind(server, key):
-    """The wait's subscription is closed with it: nothing stays subscribed on the server."""
+    """Without tickets, the wait's subscription is closed with it: nothing stays subscribed on
+    the server."""
     async def main() -> None:
-        async with AsyncLockClient.from_url(server.url) as client:
+        async with AsyncLockClient.from_url(server.url, wait_with_tickets=False) as client:
             held = await client.lock(key).acquire()
             waiting = asyncio.create_task(client.lock(key, wait_timeout=10).acquire())
             await asyncio.sleep(0.3)
@@ -296,27 +316,35 @@ def test_a_cancelled_async_wait_leaves_no_connection_behind(server, key):
     wait_until(lambda: not subscribed(server), "the cancelled wait's subscription closed")
 
 
-def test_a_wait_ends_at_its_deadline(server, client, key):
+@pytest.mark.parametrize("tickets", [True, False])
+def test_a_wait_ends_at_its_deadline(server, key, tickets):
+    """With a ticket, the wait that ends withdraws it (lock_cancel): the line is empty."""
+    client = LockClient.from_url(server.url, wait_with_tickets=tickets)
     held = client.lock(key).acquire()
     start = time.monotonic()
     with pytest.raises(LockTimeout):
         client.lock(key, wait_timeout=0.5).acquire()
-    assert 0.5 <= time.monotonic() - start < 1.5
+    assert 0.5 <= time.monotonic() - start < 2.5
     wait_until(lambda: not subscribed(server), "the wait's subscription closed")
+    assert server.client().exists(*line_of(key)) == 0
     held.release()
+    client.close()
 
 
-def test_a_waiter_is_granted_when_the_holders_lease_ends(server, client, key):
+@pytest.mark.parametrize("tickets", [True, False])
+def test_a_waiter_is_granted_when_the_holders_lease_ends(server, key, tickets):
     """Nothing is published when a lease ends: the waiter asks again at the holder's lease end,
-    which it read."""
+    which its ticket's reply named (or, without tickets, which it read)."""
+    client = LockClient.from_url(server.url, wait_with_tickets=tickets)
     held = client.lock(key, lease=0.5, renewal=Renewal.FIXED).acquire()
     granted_at = held  # (keeps the guard alive: its lease ends on the server, not by a release)
     start = time.monotonic()
     guard = client.lock(key, wait_timeout=5).acquire()
     waited = time.monotonic() - start
     assert guard.token > granted_at.token
-    assert waited < 1.5, waited  # the lease had under 0.5 s left: asked again right after
+    assert waited < 2.5, waited  # the lease had under 0.5 s left: asked again right after
     guard.release()
+    client.close()
 
 
 def test_the_watchdog_keeps_a_hold_past_its_lease(server, client, key):
@@ -364,6 +392,188 @@ def test_the_unlock_channel_is_the_one_the_library_publishes_on(server, client, 
     message = sub.get_message(timeout=2)
     assert message is not None and message["data"] == b"0"
     sub.close()
+
+
+# -- waiting in line, with tickets -----------------------------------------------------------
+
+#: functions/redislock.lua's WAITER_LIVE_MS: an entry not asked for again for this long is
+#: passed over.
+WAITER_LIVE = 3.0
+
+
+def contend(server: Server, key: str, n: int, rounds: int, tickets: bool,
+            hold: float = 0.0) -> tuple[list[int], int, int, float]:
+    """``n`` clients (threads), each taking the lock ``rounds`` times: the order of the grants
+    (by client), the FCALLs and BLPOPs the server ran meanwhile (INFO commandstats), and how
+    long it took."""
+    clients = [LockClient.from_url(server.url, wait_with_tickets=tickets) for _ in range(n)]
+    for c in clients:
+        c.backend()  # (found before counting)
+    server.client().config_resetstat()
+    order: list[int] = []
+    start = threading.Barrier(n)
+
+    def work(i: int) -> None:
+        lock = clients[i].lock(key, wait_timeout=60)
+        start.wait()
+        for _ in range(rounds):
+            with lock:
+                order.append(i)
+                if hold:
+                    time.sleep(hold)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    began = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    elapsed = time.monotonic() - began
+    stats = server.client().info("commandstats")
+    for c in clients:
+        c.close()
+    calls = {name: stats.get(f"cmdstat_{name}", {"calls": 0})["calls"] for name in ("fcall", "blpop")}
+    return order, calls["fcall"], calls["blpop"], elapsed
+
+
+def jain(counts: list[int]) -> float:
+    return sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts))
+
+
+def test_waiters_are_granted_in_arrival_order(server, key):
+    """Six waits of one client (one asking connection, one BLPOP for all): each is in line when
+    the next starts; the releases grant them in that order."""
+    n = 6
+    with LockClient.from_url(server.url) as a, LockClient.from_url(server.url) as b:
+        held = a.lock(key).acquire()
+        order: list[int] = []
+        threads = []
+        for i in range(n):
+            def wait(i: int = i) -> None:
+                with b.lock(key, wait_timeout=30):
+                    order.append(i)
+            threads.append(threading.Thread(target=wait))
+            threads[-1].start()
+            wait_until(lambda: server.client().zcard(line_of(key)[0]) == i + 1, f"waiter {i} in line")
+        held.release()
+        for t in threads:
+            t.join(30)
+        assert order == list(range(n))
+        assert server.client().exists(key, *line_of(key)) == 0
+
+
+def test_commands_per_acquisition_under_contention(server, key):
+    """Eight clients take turns: each acquisition costs its acquire and its release (two
+    FCALLs) and one BLPOP, no polling (beyond those, a waiter asks again and a desk's BLPOP
+    ends at most once a second); and the line keeps it fair (Jain's index of the grants over
+    the first half of the run)."""
+    n, rounds = 8, 12
+    order, fcall, blpop, elapsed = contend(server, key, n, rounds, tickets=True, hold=0.002)
+    acquisitions = n * rounds
+    assert len(order) == acquisitions
+    seconds = int(elapsed) + 1
+    assert fcall <= 2 * acquisitions + n * seconds, (fcall, elapsed)
+    assert blpop <= acquisitions + n * seconds, (blpop, elapsed)
+    half = order[: acquisitions // 2]
+    assert jain([half.count(i) for i in range(n)]) > 0.95, half
+
+
+def test_with_tickets_a_newcomer_never_takes_the_lock_ahead_of_a_waiter(server, client, key):
+    """The release and a newcomer's acquire in one transaction: the release hands the key to
+    the waiter in line, and the newcomer gets nil."""
+    held = client.lock(key).acquire()
+    got: list[int] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(client.lock(key, wait_timeout=10).acquire().token)
+    )
+    waiter.start()
+    wait_until(lambda: server.client().zcard(line_of(key)[0]) == 1, "the waiter in line")
+    pipe = server.client().pipeline(transaction=True)
+    pipe.execute_command("FCALL", "lock_release", 1, key, held.owner)
+    pipe.execute_command("FCALL", "lock_acquire", 1, key, "newcomer", 10000)
+    released, newcomer = pipe.execute()
+    assert released == 0 and newcomer is None
+    waiter.join(5)
+    assert got and got[0] > held.token
+
+
+def doomed_waiter(server: Server, key: str, lease: float) -> subprocess.Popen[bytes]:
+    """A process that waits for ``key`` with a ticket, in line once this returns; kill it to
+    have a waiter die in line."""
+    script = (
+        "from redis_lock_client import LockClient\n"
+        f"c = LockClient.from_url({server.url!r})\n"
+        f"c.lock({key!r}, lease={lease}, wait_timeout=60).acquire()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    wait_until(lambda: server.client().zcard(line_of(key)[0]) == 1, "the doomed waiter in line")
+    return proc
+
+
+def test_a_waiter_that_died_is_passed_over_once_its_entry_is_due(server, client, key):
+    """A waiter's process is killed in line, ahead of another: it asks again no more, and a
+    release once its entry is past its deadline (WAITER_LIVE) hands the key to the next."""
+    held = client.lock(key).acquire()
+    doomed = doomed_waiter(server, key, lease=30)
+    got: list[tuple[float, int]] = []
+
+    def wait() -> None:
+        guard = client.lock(key, wait_timeout=30).acquire()
+        got.append((time.monotonic(), guard.token))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_until(lambda: server.client().zcard(line_of(key)[0]) == 2, "the waiter in line")
+    doomed.kill()
+    doomed.wait()
+    time.sleep(WAITER_LIVE + 0.5)
+    released = time.monotonic()
+    held.release()
+    waiter.join(10)
+    assert got and got[0][1] > held.token
+    # Measured: a few ms (the token was pushed into its ticket by the release).
+    assert got[0][0] - released < 0.5, got[0][0] - released
+
+
+def test_a_waiter_that_died_and_was_granted_holds_the_key_for_its_lease(server, client, key):
+    """The cost of a waiter that dies while its entry is due: the release hands it the key, and
+    nobody pops its ticket; the next waiter gets the key when that lease ends (it asks again
+    at the lease end its ticket's reply named)."""
+    held = client.lock(key).acquire()
+    doomed = doomed_waiter(server, key, lease=1.0)
+    got: list[tuple[float, int]] = []
+
+    def wait() -> None:
+        guard = client.lock(key, wait_timeout=30).acquire()
+        got.append((time.monotonic(), guard.token))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_until(lambda: server.client().zcard(line_of(key)[0]) == 2, "the waiter in line")
+    doomed.kill()
+    doomed.wait()
+    released = time.monotonic()
+    held.release()
+    waiter.join(15)
+    assert got and got[0][1] > held.token
+    waited = got[0][0] - released
+    assert 0.9 <= waited < 5.0, waited  # the dead waiter's 1 s lease, then the next ask
+
+
+def test_a_cancelled_async_wait_withdraws_its_ticket(server, key):
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            held = await client.lock(key).acquire()
+            waiting = asyncio.create_task(client.lock(key, wait_timeout=10).acquire())
+            await asyncio.sleep(0.3)
+            assert server.client().zcard(line_of(key)[0]) == 1
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert server.client().exists(*line_of(key)) == 0
+            await held.release()
+            assert lock_info(server, key) is None  # nobody was handed it
+    run(main())
 
 
 # -- what is refused ---------------------------------------------------------------------------
@@ -452,6 +662,12 @@ def test_a_managed_services_user(server, key):
     for refused_command in (["MODULE", "LIST"], ["CONFIG", "GET", "maxmemory"], ["DEBUG", "SLEEP", "0"]):
         verdict = admin.execute_command("ACL", "DRYRUN", "managed", *refused_command)
         assert b"no permissions" in verdict, (refused_command, verdict)
+    hold_renew_and_hand_over(url, key)
+
+
+def hold_renew_and_hand_over(url: str, key: str) -> None:
+    """As the user of ``url``: a hold outlives its 0.6 s lease (renewed) while another client
+    waits, and the release hands the key to the waiter with a higher token."""
     with LockClient.from_url(url) as a, LockClient.from_url(url) as b:
         assert a.backend() is Backend.FUNCTIONS
         held = a.lock(key, lease=0.6).acquire()
@@ -482,17 +698,7 @@ def test_the_documented_least_privilege_user(server):
     password = next(a[1:] for a in line if a.startswith(">"))
     url = f"redis://pyapp:{password}@127.0.0.1:{server.port}/"
     key = f"orders:{time.monotonic_ns()}"
-    with LockClient.from_url(url) as a, LockClient.from_url(url) as b:
-        assert a.backend() is Backend.FUNCTIONS
-        held = a.lock(key, lease=0.6).acquire()
-        got: list[int] = []
-        waiter = threading.Thread(target=lambda: got.append(b.lock(key, wait_timeout=10).acquire().token))
-        waiter.start()
-        time.sleep(1.0)  # renewed meanwhile
-        assert not held.lost.is_set() and not got
-        held.release()
-        waiter.join(5)
-        assert got and got[0] > held.token
+    hold_renew_and_hand_over(url, key)
 
 
 # -- asyncio -----------------------------------------------------------------------------------

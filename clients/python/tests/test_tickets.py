@@ -204,6 +204,56 @@ def test_async_many_waits_share_one_waiting_connection(server, key):
     run(main())
 
 
+def test_the_blpop_of_tickets_is_sent_as_redis_py_would_pack_it():
+    from redis.asyncio.connection import Connection
+    from redis_lock_client._async._tickets import _Slot, _Ticket, _blpop as async_blpop
+    from redis_lock_client._sync._tickets import _blpop as sync_blpop
+
+    names = [b"__lock_fence__ticket{k:1}17", b"__lock_fence__ticket{k:2}1801", b"t\r\n"]
+    wires = [_Ticket(n, [], _Slot(None)).wire for n in names]
+    for block in (1.0, 0.1):
+        expected = b"".join(Connection().pack_command("BLPOP", *names, block))
+        assert async_blpop(wires, block) == expected
+        assert sync_blpop(wires, block) == expected
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_the_clients_work_per_grant_does_not_grow_with_the_tickets_queued(server, key, monkeypatch):
+    """Each answer popped is followed by a BLPOP over every outstanding ticket: redis-py encoding
+    every name again for each (2.3 ms a BLPOP over 2,000 tickets) made draining a queue
+    quadratic. Each name is encoded once now: the arguments redis-py packs while 300 queued
+    waits drain stay a few per grant (before: every BLPOP's, over 40,000)."""
+    from redis.asyncio.connection import AbstractConnection
+
+    waits, packed = 300, [0]
+    pack = AbstractConnection.pack_command
+
+    def counting(self: Any, *args: Any) -> Any:
+        packed[0] += len(args)
+        return pack(self, *args)
+
+    async def main() -> None:
+        async with AsyncLockClient.from_url(server.url) as client:
+            release = hold_elsewhere(server, key)
+
+            async def waiter() -> None:
+                guard = await client.lock(key, wait_timeout=60).acquire()
+                await guard.release()
+
+            tasks = [asyncio.create_task(waiter()) for _ in range(waits)]
+            while waiters(server, key) < waits:
+                await asyncio.sleep(0.05)
+            monkeypatch.setattr(AbstractConnection, "pack_command", counting)
+            release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 120)
+            monkeypatch.undo()
+            desk = client._single.tickets  # type: ignore[union-attr]
+            assert desk is not None and desk.answered >= waits
+        assert packed[0] < 40 * waits, f"{packed[0]} arguments packed for {waits} grants"
+
+    run(main())
+
+
 @pytest.mark.scenario("tickets-cancel")
 def test_a_cancelled_ticket_wait_leaves_the_queue_and_holds_nothing(server, key):
     async def main() -> None:

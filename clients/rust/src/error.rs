@@ -53,12 +53,17 @@ pub enum LockError {
     /// `CLIENT|SETNAME`, ...), `message` the server's error line; [`LockError::missing_rule`]
     /// says what to add. A renewal or check refused so ends the hold on this side
     /// ([`LostReason::NoPermission`], released in the background): the library cannot keep it.
+    /// A subscription refused (`SUBSCRIBE`/`SSUBSCRIBE` of a lost-hold channel) names its
+    /// `channel`: the acquire that needed it returns this error, its grant released.
     NoPermission {
-        /// The command refused, upper case (`LOCK.CHECK`, `CLIENT|SETNAME`).
+        /// The command refused, upper case (`LOCK.CHECK`, `CLIENT|SETNAME`, `SUBSCRIBE`).
         command: String,
         /// The server's error line (`NOPERM User app has no permissions to run the 'lock.check'
         /// command`).
         message: String,
+        /// The channel refused, for a subscription (`lock.lost:{app:42}`); the rule to add is
+        /// then `&<channel>`.
+        channel: Option<String>,
     },
     /// The server could not be reached, the connection broke, or a reply did not arrive in time.
     Connection(redis::RedisError),
@@ -102,10 +107,22 @@ impl fmt::Display for LockError {
                 )
             }
             LockError::Server(text) => write!(f, "server error: {text}"),
-            LockError::NoPermission { command, message } => write!(
+            LockError::NoPermission {
+                command,
+                message,
+                channel: None,
+            } => write!(
                 f,
                 "the ACL refused {command} ({message}): the user needs {}",
                 missing_rule(command, message)
+            ),
+            LockError::NoPermission {
+                command,
+                message,
+                channel: Some(channel),
+            } => write!(
+                f,
+                "the ACL refused {command} {channel} ({message}): the user needs &{channel}"
             ),
             LockError::Connection(e) => write!(f, "connection error: {e}"),
             LockError::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
@@ -137,6 +154,7 @@ impl From<redis::RedisError> for LockError {
                 LockError::NoPermission {
                     command: refused_command(&message).unwrap_or_default(),
                     message,
+                    channel: None,
                 }
             }
             Some(code) => match e.detail() {
@@ -150,10 +168,17 @@ impl From<redis::RedisError> for LockError {
 
 impl LockError {
     /// For [`LockError::NoPermission`], the ACL rule the user lacks: `+lock.check` for a
-    /// command, a key pattern (`~...`) or a channel (`&...`) otherwise.
+    /// command, `&<channel>` for a subscription refused, a key pattern (`~...`) or a channel
+    /// (`&...`) otherwise.
     pub fn missing_rule(&self) -> Option<String> {
         match self {
-            LockError::NoPermission { command, message } => Some(missing_rule(command, message)),
+            LockError::NoPermission {
+                channel: Some(channel),
+                ..
+            } => Some(format!("&{channel}")),
+            LockError::NoPermission {
+                command, message, ..
+            } => Some(missing_rule(command, message)),
             _ => None,
         }
     }
@@ -162,12 +187,15 @@ impl LockError {
     /// command (a key or a channel refused); any other error as it is.
     pub(crate) fn sent_as(self, cmd: &redis::Cmd) -> LockError {
         match self {
-            LockError::NoPermission { command, message } if command.is_empty() => {
-                LockError::NoPermission {
-                    command: command_name(cmd),
-                    message,
-                }
-            }
+            LockError::NoPermission {
+                command,
+                message,
+                channel,
+            } if command.is_empty() => LockError::NoPermission {
+                command: command_name(cmd),
+                message,
+                channel,
+            },
             e => e,
         }
     }
@@ -256,6 +284,7 @@ mod tests {
                 LockError::NoPermission {
                     command: c,
                     message,
+                    channel: None,
                 } => {
                     assert_eq!(c, command, "{detail}");
                     assert_eq!(message, &format!("NOPERM {detail}"));

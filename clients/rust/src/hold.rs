@@ -148,7 +148,10 @@ impl Hold {
     /// Keeps the first refusal (`NOPERM`) among `replies`, for [`Hold::not_held`].
     fn note_denied<'a>(&self, replies: impl IntoIterator<Item = &'a Result<Value, LockError>>) {
         for reply in replies {
-            if let Err(LockError::NoPermission { command, message }) = reply {
+            if let Err(LockError::NoPermission {
+                command, message, ..
+            }) = reply
+            {
                 let _ = self.denied.set((command.clone(), message.clone()));
                 return;
             }
@@ -162,6 +165,7 @@ impl Hold {
             (Some(LostReason::NoPermission), Some((command, message))) => LockError::NoPermission {
                 command: command.clone(),
                 message: message.clone(),
+                channel: None,
             },
             _ => LockError::NotHeld { lost },
         }
@@ -354,6 +358,7 @@ impl Hold {
                 Err(LockError::NoPermission {
                     command: crate::error::command_name(cmd),
                     message,
+                    channel: None,
                 })
             }
             Err(e) if e.is_retryable() && self.own_connection().is_some() => {
@@ -587,26 +592,35 @@ impl Hold {
     /// Starts the hold's background work as it is handed out: the connection watcher of an
     /// `EPHEMERAL` hold, and the subscription to its keys' lost-hold channels. Returns once the
     /// server confirmed a new subscription (or after the command timeout), as the Python library
-    /// does: a loss right after the grant is then heard, not left to the next renewal.
-    pub(crate) async fn start(self: &Arc<Self>, pushes: Option<(Pushes, Option<Changes>)>) {
+    /// does: a loss right after the grant is then heard, not left to the next renewal. A
+    /// subscription the ACL refused is returned at once ([`LockError::NoPermission`] naming
+    /// the channel): the caller releases the grant. Any other failure leaves the watchdog alone
+    /// to notice a loss.
+    pub(crate) async fn start(
+        self: &Arc<Self>,
+        pushes: Option<(Pushes, Option<Changes>)>,
+    ) -> Result<(), LockError> {
         let mut tasks = Vec::new();
         if let Some((pushes, changes)) = pushes {
             tasks.extend(self.spawn(watch_connection(Arc::downgrade(self), pushes, changes)));
         }
+        let mut refused = None;
         if let Some(hub) = self.signals.clone() {
             let me: Arc<dyn Subscriber> = self.clone();
             let new = hub.watch(&Arc::downgrade(&me), &self.keys);
             if !new.is_empty() {
-                let (done, subscribed) = tokio::sync::oneshot::channel::<()>();
+                let (done, subscribed) = tokio::sync::oneshot::channel();
                 // Not one of the hold's tasks (other holds of the key count on it too), and
                 // never cut short by this wait's timeout.
                 let spawned = self.spawn(async move {
-                    // A failed subscription leaves the watchdog alone to notice a loss.
-                    let _ = hub.subscribe(&new).await;
-                    let _ = done.send(());
+                    let _ = done.send(hub.subscribe(&new).await);
                 });
                 if spawned.is_some() {
-                    let _ = tokio::time::timeout(self.command_timeout, subscribed).await;
+                    if let Ok(Ok(Err(e @ LockError::NoPermission { .. }))) =
+                        tokio::time::timeout(self.command_timeout, subscribed).await
+                    {
+                        refused = Some(e);
+                    }
                 }
             }
         }
@@ -617,6 +631,10 @@ impl Hold {
             for task in tasks {
                 task.abort();
             }
+        }
+        match refused {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 

@@ -1338,7 +1338,13 @@ impl Lock {
             // No answer: released in the background (again until a master answers).
             Err(e) => return Err(e),
         }
-        hold.start(pushes).await;
+        if let Err(e) = hold.start(pushes).await {
+            // The ACL refused a lost-hold channel (the error names it): the grant is released
+            // before the refusal is returned, as one the replicas did not acknowledge.
+            let mut guard = guard;
+            let _ = guard.release().await;
+            return Err(e);
+        }
         Ok(Settled::Guard(guard))
     }
 }

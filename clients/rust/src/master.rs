@@ -272,6 +272,9 @@ pub(crate) struct SentinelMaster {
     /// When the last lookup started (under `lookups`): one that started after an answer
     /// arrived already says what the Sentinels name now ([`SentinelMaster::ask_afresh`]).
     last_asked: Mutex<Option<Instant>>,
+    /// The last lookup's refusal by a Sentinel's ACL (its `NOPERM` line), when no Sentinel
+    /// named a master: what [`SentinelMaster::node`] answers then, instead of "no master".
+    refused: Mutex<Option<String>>,
 }
 
 impl SentinelMaster {
@@ -296,6 +299,7 @@ impl SentinelMaster {
             followed: Mutex::new(None),
             generation: watch::Sender::new(0),
             last_asked: Mutex::new(None),
+            refused: Mutex::new(None),
         })
     }
 
@@ -329,13 +333,14 @@ impl SentinelMaster {
                 (info.clone(), conn.take(), self.name.clone(), self.timeout);
             asks.spawn(async move {
                 match tokio::time::timeout(timeout, ask_one(info, conn, &name)).await {
-                    Ok((conn, view)) => (index, conn, view),
+                    Ok((conn, view, refused)) => (index, conn, view, refused),
                     // A Sentinel that does not answer in time: connect afresh next time.
-                    Err(_) => (index, None, None),
+                    Err(_) => (index, None, None, None),
                 }
             });
         }
         let mut views = Vec::new();
+        let mut refusal = None;
         let (majority, mut answered) = (self.sentinels.len() / 2 + 1, 0);
         loop {
             // Once a majority answered, the others get a moment more, not the whole timeout:
@@ -349,15 +354,17 @@ impl SentinelMaster {
                 }
             };
             let Some(asked) = next else { break };
-            let Ok((index, conn, view)) = asked else {
+            let Ok((index, conn, view, refused)) = asked else {
                 continue;
             };
+            refusal = refusal.or(refused);
             answered += usize::from(view.is_some());
             if let Some(slot) = conns.get_mut(index) {
                 *slot = conn;
             }
             views.extend(view);
         }
+        *relock(&self.refused) = if views.is_empty() { refusal } else { None };
         views
     }
 
@@ -454,9 +461,20 @@ impl SentinelMaster {
         if let Some(node) = relock(&self.current).clone() {
             return Ok(node);
         }
-        self.look_up(&mut conns)
-            .await
-            .ok_or_else(|| no_master(&self.name))
+        match self.look_up(&mut conns).await {
+            Some(node) => Ok(node),
+            // Every Sentinel that answered refused (an ACL without `+sentinel|master`): the
+            // refusal, named, not "no master".
+            None => Err(match relock(&self.refused).clone() {
+                Some(message) => LockError::NoPermission {
+                    command: crate::error::refused_command(&message)
+                        .unwrap_or_else(|| "SENTINEL".to_string()),
+                    message,
+                    channel: None,
+                },
+                None => no_master(&self.name),
+            }),
+        }
     }
 
     fn forget(&self, node: &Node) {
@@ -468,12 +486,17 @@ impl SentinelMaster {
 }
 
 /// One Sentinel's view of the master (`SENTINEL MASTER <name>`), on `conn` or a new
-/// connection; returns the connection worth keeping, if any.
+/// connection; returns the connection worth keeping, if any, and the Sentinel's `NOPERM` line
+/// if its ACL refused the lookup.
 async fn ask_one(
     info: ConnectionInfo,
     conn: Option<MultiplexedConnection>,
     name: &str,
-) -> (Option<MultiplexedConnection>, Option<SentinelView>) {
+) -> (
+    Option<MultiplexedConnection>,
+    Option<SentinelView>,
+    Option<String>,
+) {
     let mut conn = match conn {
         Some(conn) => conn,
         None => {
@@ -483,7 +506,7 @@ async fn ask_one(
             };
             match opened {
                 Ok(conn) => conn,
-                Err(_) => return (None, None),
+                Err(_) => return (None, None, None),
             }
         }
     };
@@ -506,12 +529,30 @@ async fn ask_one(
                 let (host, port) = current_address(&address)?;
                 Some(SentinelView { host, port, ..view })
             });
-            (Some(conn), view)
+            (Some(conn), view, None)
+        }
+        Err(e) if e.code() == Some("NOPERM") => {
+            // A pipeline's error does not carry the server's line: each command alone says
+            // which one the ACL refused.
+            let mut refused = None;
+            for sub in ["MASTER", "GET-MASTER-ADDR-BY-NAME"] {
+                let alone: redis::RedisResult<Value> = redis::cmd("SENTINEL")
+                    .arg(sub)
+                    .arg(name)
+                    .query_async(&mut conn)
+                    .await;
+                if let Err(LockError::NoPermission { message, .. }) = alone.map_err(LockError::from)
+                {
+                    refused = Some(message);
+                    break;
+                }
+            }
+            (Some(conn), None, refused.or_else(|| Some(e.to_string())))
         }
         // The Sentinel answered, but not with the master (it does not monitor this name):
         // the connection is fine.
-        Err(e) if !e.is_io_error() && !e.is_unrecoverable_error() => (Some(conn), None),
-        Err(_) => (None, None),
+        Err(e) if !e.is_io_error() && !e.is_unrecoverable_error() => (Some(conn), None, None),
+        Err(_) => (None, None, None),
     }
 }
 

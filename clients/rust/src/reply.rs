@@ -190,6 +190,7 @@ mod tests {
                     command: "LOCK.RENEW".into(),
                     message: "NOPERM User app has no permissions to run the 'lock.renew' command"
                         .into(),
+                    channel: None,
                 }),
                 Answer::Refused,
             ),
@@ -269,6 +270,7 @@ mod tests {
         let refused = LockError::NoPermission {
             command: "LOCK.CHECK".into(),
             message: "NOPERM User app has no permissions to run the 'lock.check' command".into(),
+            channel: None,
         };
         assert_eq!(checked(&Err(refused)), Answer::Refused);
     }

@@ -12,6 +12,11 @@
 //!
 //! Pub/sub is at-most-once: a message published while the connection is down is gone. The
 //! watchdog stays the backstop; the signal only makes the common case fast.
+//!
+//! A subscription the ACL refuses (`NOPERM`: the user lacks the channel's `&` rule, the flush
+//! channel's or a key's) is returned at once as [`LockError::NoPermission`] naming the channel,
+//! and the refused channel is forgotten, so that the next acquire asks again (the ACL may have
+//! changed meanwhile).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,6 +101,34 @@ enum PubSub {
 }
 
 impl PubSub {
+    /// Subscribes to `channels`; a refusal of the ACL names the channel refused (one at a time
+    /// when several were asked at once: the server's line names none on Redis 7.0, and it
+    /// refuses the whole command).
+    async fn subscribe_keys(&mut self, channels: &[Vec<u8>]) -> Result<(), LockError> {
+        let command = match self {
+            PubSub::Single(_) => "SUBSCRIBE",
+            PubSub::Cluster(_) => "SSUBSCRIBE",
+        };
+        match self.subscribe_key(channels).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("NOPERM") => {
+                if let [channel] = channels {
+                    return Err(refusal(e, command, channel));
+                }
+                for channel in channels {
+                    if let Err(e) = self.subscribe_key(std::slice::from_ref(channel)).await {
+                        return Err(match e.code() {
+                            Some("NOPERM") => refusal(e, command, channel),
+                            _ => LockError::from(e),
+                        });
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => Err(LockError::from(e)),
+        }
+    }
+
     async fn subscribe_key(&mut self, channels: &[Vec<u8>]) -> redis::RedisResult<()> {
         match self {
             PubSub::Single(c) => c.subscribe(channels).await,
@@ -121,6 +154,18 @@ impl PubSub {
             PubSub::Single(c) => c.subscribe(channel).await,
             PubSub::Cluster(c) => c.subscribe(channel).await,
         }
+    }
+}
+
+/// The refusal of `command` `channel` by the ACL (`NOPERM`), naming the channel.
+fn refusal(e: redis::RedisError, command: &str, channel: &[u8]) -> LockError {
+    match LockError::from(e) {
+        LockError::NoPermission { message, .. } => LockError::NoPermission {
+            command: command.to_string(),
+            message,
+            channel: Some(String::from_utf8_lossy(channel).into_owned()),
+        },
+        other => other,
     }
 }
 
@@ -200,14 +245,23 @@ impl SignalHub {
     }
 
     /// Subscribes to `channels` (those [`SignalHub::watch`] returned); returns once the server
-    /// confirmed.
-    pub(crate) async fn subscribe(
-        self: &Arc<Self>,
-        channels: &[Vec<u8>],
-    ) -> redis::RedisResult<()> {
+    /// confirmed. A refusal of the ACL ([`LockError::NoPermission`] naming the channel, the
+    /// flush channel's on a new connection) is returned at once, and the refused channel
+    /// forgotten: the next [`SignalHub::watch`] of it asks again.
+    pub(crate) async fn subscribe(self: &Arc<Self>, channels: &[Vec<u8>]) -> Result<(), LockError> {
         let mut guard = self.conn.lock().await;
-        let conn = self.connection(&mut guard).await?;
-        conn.subscribe_key(channels).await
+        let subscribed = match self.connection(&mut guard).await {
+            Ok(conn) => conn.subscribe_keys(channels).await,
+            Err(e) => Err(e),
+        };
+        if let Err(LockError::NoPermission {
+            channel: Some(refused),
+            ..
+        }) = &subscribed
+        {
+            relock(&self.watched).remove(refused.as_bytes());
+        }
+        subscribed
     }
 
     /// Stops handing `subscriber` the messages of `keys`. A channel nobody else watches stays
@@ -283,17 +337,17 @@ impl SignalHub {
     /// now publishes it (in a cluster, the `SSUBSCRIBE` goes to the slot's new master; one sent
     /// while the slot was still migrating lands on the old node, which drops it with a
     /// `sunsubscribe` once the slot is gone, and that is answered with a new `SSUBSCRIBE`).
-    pub(crate) async fn resubscribe(self: &Arc<Self>, key: &[u8]) -> redis::RedisResult<()> {
+    pub(crate) async fn resubscribe(self: &Arc<Self>, key: &[u8]) -> Result<(), LockError> {
         self.resubscribe_channel(self.channel(key)).await
     }
 
-    async fn resubscribe_channel(self: &Arc<Self>, channel: Vec<u8>) -> redis::RedisResult<()> {
+    async fn resubscribe_channel(self: &Arc<Self>, channel: Vec<u8>) -> Result<(), LockError> {
         if !self.is_watched(&channel) {
             return Ok(());
         }
         let mut guard = self.conn.lock().await;
         let conn = self.connection(&mut guard).await?;
-        conn.subscribe_key(&[channel]).await
+        conn.subscribe_keys(&[channel]).await
     }
 
     /// Whether someone watches `channel` (not merely lingering).
@@ -304,24 +358,17 @@ impl SignalHub {
     }
 
     /// The pub/sub connection, connecting (subscribed to the flush channel, its reader started)
-    /// if there is none.
+    /// if there is none. The flush channel refused is [`LockError::NoPermission`] naming it.
     async fn connection<'a>(
         self: &Arc<Self>,
         slot: &'a mut Option<PubSub>,
-    ) -> redis::RedisResult<&'a mut PubSub> {
+    ) -> Result<&'a mut PubSub, LockError> {
         if slot.is_none() {
             let (tx, rx) = mpsc::unbounded_channel();
             let mut conn = match &self.servers {
                 HubServers::Single(master) => {
                     let config = AsyncConnectionConfig::new().set_push_sender(tx);
-                    let node = master.node().await.map_err(|e| match e {
-                        LockError::Connection(e) => e,
-                        other => redis::RedisError::from((
-                            redis::ErrorKind::Client,
-                            "no master",
-                            other.to_string(),
-                        )),
-                    })?;
+                    let node = master.node().await?;
                     let mut conn = match node
                         .resp3
                         .get_multiplexed_async_connection_with_config(&config)
@@ -330,7 +377,7 @@ impl SignalHub {
                         Ok(conn) => conn,
                         Err(e) => {
                             master.forget(&node);
-                            return Err(e);
+                            return Err(LockError::from(e));
                         }
                     };
                     if let Some(changes) = master.changes() {
@@ -357,12 +404,21 @@ impl SignalHub {
                         .await?,
                 ),
             };
-            conn.subscribe_flush(&self.flush_channel).await?;
+            conn.subscribe_flush(&self.flush_channel)
+                .await
+                .map_err(|e| match e.code() {
+                    Some("NOPERM") => refusal(e, "SUBSCRIBE", &self.flush_channel),
+                    _ => LockError::from(e),
+                })?;
             tokio::spawn(read_pushes(Arc::downgrade(self), rx));
             *slot = Some(conn);
         }
-        slot.as_mut()
-            .ok_or_else(|| redis::RedisError::from((redis::ErrorKind::Client, "no connection")))
+        slot.as_mut().ok_or_else(|| {
+            LockError::Connection(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "no connection",
+            )))
+        })
     }
 
     /// The live subscribers of `channel` (of every channel, each once, for the flush channel).
@@ -435,10 +491,16 @@ impl SignalHub {
                 if channels.is_empty() {
                     return;
                 }
-                if let Ok(conn) = self.connection(&mut guard).await {
-                    if conn.subscribe_key(&channels).await.is_ok() {
-                        return;
-                    }
+                let subscribed = match self.connection(&mut guard).await {
+                    Ok(conn) => conn.subscribe_keys(&channels).await,
+                    Err(e) => Err(e),
+                };
+                match subscribed {
+                    Ok(()) => return,
+                    // The ACL changed under the holds (nobody waits for this to tell them): the
+                    // watchdog covers them, and the next acquire meets the refusal itself.
+                    Err(LockError::NoPermission { .. }) => return,
+                    Err(_) => {}
                 }
             }
             tokio::time::sleep(delay).await;

@@ -251,6 +251,13 @@ async fn follows_ask_while_the_slot_migrates(tickets: bool) {
 /// does (IMPORTING, MIGRATING, MIGRATE of its keys, then `SETSLOT NODE` on every node), and
 /// waits (bounded) until every node names `to` as its master.
 fn move_slot(cluster: &Cluster, slot: u16, from: &lock_testkit::Server, to: &lock_testkit::Server) {
+    // As the module's tests move slots (tests/cluster.rs): only once every node agrees on the
+    // config epochs, then BUMPEPOCH on the target, so no node bumps to an epoch another master
+    // already has and loses the slot back to it (Valkey 9.1: the target answered MOVED).
+    poll_until(
+        || cluster.epochs_agreed(),
+        "the nodes do not agree on the config epochs",
+    );
     let (from_id, to_id) = (Cluster::node_id(from), Cluster::node_id(to));
     let setslot = |node: &lock_testkit::Server, args: &[&str]| {
         let _: () = redis::cmd("CLUSTER")
@@ -289,13 +296,30 @@ fn move_slot(cluster: &Cluster, slot: u16, from: &lock_testkit::Server, to: &loc
             setslot(node, &["NODE", &to_id]);
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while cluster
-        .nodes
-        .iter()
-        .any(|n| master_port_seen_by(n, slot) != Some(to.port))
-    {
-        assert!(Instant::now() < deadline, "the nodes never agreed");
+    let _: String = redis::cmd("CLUSTER")
+        .arg("BUMPEPOCH")
+        .query(&mut direct(to))
+        .unwrap();
+    poll_until(
+        || cluster.all_name_owner(slot, &to_id),
+        "not every node names the target as the slot's master",
+    );
+    poll_until(
+        || {
+            cluster
+                .nodes
+                .iter()
+                .all(|n| master_port_seen_by(n, slot) == Some(to.port))
+        },
+        "the nodes' CLUSTER SLOTS never agreed",
+    );
+}
+
+/// Polls `done` every 20 ms for up to 20 s, failing with `what` if it never holds.
+fn poll_until(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -130,7 +130,8 @@ async fn force_release(raw: &mut MultiplexedConnection, key: &str) {
 }
 
 // Row "acquire": a guard; Timeout, Server, NotSafelyAcquired, Connection, InvalidArgument
-// (NoPermission: acl.rs, `the_old_documented_line_is_refused_by_name_at_open`).
+// (NoPermission: acl.rs, `the_old_documented_line_is_refused_by_name_at_open`; a lost-hold
+// channel refused: acl.rs, `a_refused_lost_signal_channel_fails_the_acquire_at_once_naming_the_rule`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_acquire() {
     let server = Server::start();

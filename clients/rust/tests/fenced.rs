@@ -454,7 +454,9 @@ async fn a_user_who_may_not_run_the_command_gets_noperm_and_keeps_the_hold() {
     match guard.fenced::<Value>(&set("{n}:v", "1")).await {
         // The fenced command's own refusal, named after it on every server (Redis 7.0's
         // module words it, later servers and Valkey pass theirs on): the hold is not affected.
-        Err(LockError::NoPermission { command, message }) => {
+        Err(LockError::NoPermission {
+            command, message, ..
+        }) => {
             assert_eq!(command, "SET", "{message}");
             assert!(message.starts_with("NOPERM"), "{message}");
         }

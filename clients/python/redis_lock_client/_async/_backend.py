@@ -5,6 +5,8 @@ generated from ``_async/`` by ``unasync.py``."""
 
 from __future__ import annotations
 
+import collections
+
 import asyncio
 import logging
 import math
@@ -62,6 +64,7 @@ __all__ = [
     "pool_put",
     "read",
     "send",
+    "send_packed",
     "sentinel_master",
     "sleep",
     "spawn",
@@ -281,6 +284,9 @@ class RawConnection(Protocol):
 
     async def connect(self) -> None: ...
     async def send_command(self, *args: Any, check_health: bool = True) -> None: ...
+    async def send_packed_command(
+        self, command: list[bytes], check_health: bool = True
+    ) -> None: ...
     async def read_response(self, disable_decoding: bool = False, timeout: Any = None) -> Any: ...
     async def disconnect(self, nowait: bool = False) -> None: ...
 
@@ -299,6 +305,11 @@ async def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnecti
 
 async def send(conn: RawConnection, args: list[Any]) -> None:
     await conn.send_command(*args, check_health=False)
+
+
+async def send_packed(conn: RawConnection, packed: list[bytes]) -> None:
+    """A command already in RESP (``packed``: its pieces, sent as they are)."""
+    await conn.send_packed_command(packed, check_health=False)
 
 
 async def read(conn: RawConnection, timeout: Optional[float]) -> Any:
@@ -387,9 +398,25 @@ class Subscriber:
         self._kicked = False
         #: The server this connection reached (host, port).
         self.address = peer(conn)
+        #: The (un)subscriptions sent, oldest first, until their reply is read.
+        self._sent: collections.deque[tuple[str, bytes]] = collections.deque()
 
     def post(self, op: str, channel: bytes) -> None:
         spawn("redis-lock-subscribe", self._send, op, channel)
+
+    def answered(
+        self, kind: Optional[bytes] = None, channel: Optional[bytes] = None
+    ) -> Optional[tuple[str, bytes]]:
+        """The (un)subscription a reply answers, taken off the ones sent and not yet answered:
+        the oldest for an error reply (``kind`` None), else the oldest if it is ``kind`` of
+        ``channel`` (a ``sunsubscribe`` the server sent by itself answers nothing). Only the
+        reading task (thread) calls it."""
+        if not self._sent:
+            return None
+        op, sent = self._sent[0]
+        if kind is not None and (op.lower().encode() != kind or sent != channel):
+            return None
+        return self._sent.popleft()
 
     async def kick(self) -> None:
         """Breaks the connection from another task: a ``read`` waiting meanwhile raises a
@@ -400,6 +427,8 @@ class Subscriber:
     async def _send(self, op: str, channel: bytes) -> None:
         if self._closed:
             return
+        # Written before this task's first pause: the tasks of ``post`` write in their order.
+        self._sent.append((op, channel))
         try:
             await send(self._conn, [op, channel])
         except IO_ERRORS:

@@ -3,6 +3,7 @@ it makes."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from .._common import (
     LockConnectionError,
     LockError,
     LostCallback,
+    NoPermission,
     Renewal,
     new_client_id,
     to_bytes,
@@ -149,7 +151,9 @@ class AsyncLockClient:
       connection (in a cluster, per master: one asking connection and
       one waiting connection per slot with a wait in progress), instead of a connection each,
       and costs the server under 1 KB instead of about 36 KB. False: each wait blocks on a
-      connection of its own.
+      connection of its own. On the ``redislock`` Functions library too (its FIFO line; the
+      acquire is asked again within the second the library names); False there: each wait
+      listens to the unlock message on a connection of its own and asks again (no line).
 
     Connections, per server (in a cluster: per master, each command going to the master that
     serves its key, following MOVED and ASK): a pool for ordinary commands (acquire without
@@ -473,7 +477,11 @@ class AsyncLockClient:
         if route.hub is not None:
             route.hub.unwatch(hold)
         route.hub = hub
-        await hub.watch(hold)
+        try:
+            await hub.watch(hold)
+        except NoPermission as e:
+            # After the guard was handed out, nobody waits for this: the watchdog covers it.
+            logging.getLogger("redis_lock_client").warning("%s", e)
 
     def _all_nodes(self) -> list[_Node]:
         if self._single is not None:

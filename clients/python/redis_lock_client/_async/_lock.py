@@ -168,7 +168,8 @@ class _AsyncHandle(Generic[_G]):
     async def acquire(self) -> _G:
         """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (with a
         ticket, or on a connection of its own: the client's ``wait_with_tickets``; on the
-        ``redislock`` Functions library, listening to the unlock message and asking again);
+        ``redislock`` Functions library with a ticket too, or without ``wait_with_tickets``
+        listening to the unlock message and asking again);
         raises ``LockTimeout`` when it passes, ``NotSupported`` as ``try_acquire``."""
         guard = await self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
@@ -291,9 +292,10 @@ class _AsyncHandle(Generic[_G]):
             try:
                 if this_waits:
                     node, asking = await self.client._node_to(self.keys.route, ask)
-                    if await node.commands.backend() is Backend.FUNCTIONS:
-                        # No wait in the server: the unlock message and the holder's lease
-                        # have the acquire asked again.
+                    functions = await node.commands.backend() is Backend.FUNCTIONS
+                    if functions and _desk(node) is None:
+                        # No ticket (wait_with_tickets=False): the unlock message and the
+                        # holder's lease have the acquire asked again.
                         once = self._args(False, None, value, ephemeral)
                         route = self.keys.route
                         return await wait_unlocked(node.commands, once, route, self.owner, until)
@@ -585,6 +587,15 @@ class _AsyncHandle(Generic[_G]):
                 await self._end(hold)
             except LockError:
                 log.debug("releasing a cancelled grant of %r failed", hold.keys.keys)
+            raise
+        except NoPermission:
+            # The ACL refused a lost-hold channel (the error names it): the grant is released
+            # before the refusal is raised, as one the replicas did not acknowledge.
+            try:
+                await self._end(hold)
+            except LockError:
+                log.debug("releasing a grant of %r whose channel was refused failed",
+                          hold.keys.keys)
             raise
         return self._guard(hold)
 

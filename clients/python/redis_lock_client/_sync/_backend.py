@@ -64,6 +64,7 @@ __all__ = [
     "pool_put",
     "read",
     "send",
+    "send_packed",
     "sentinel_master",
     "sleep",
     "spawn",
@@ -399,6 +400,9 @@ class RawConnection(Protocol):
 
     def connect(self) -> None: ...
     def send_command(self, *args: Any, check_health: bool = True) -> None: ...
+    def send_packed_command(
+        self, command: list[bytes], check_health: bool = True
+    ) -> None: ...
     def read_response(self, disable_decoding: bool = False, *, timeout: Any = ...) -> Any: ...
     def can_read(self, timeout: float = 0) -> bool: ...
     def disconnect(self, *args: Any) -> None: ...
@@ -418,6 +422,11 @@ def open_connection(cls: type[Any], kwargs: dict[str, Any]) -> RawConnection:
 
 def send(conn: RawConnection, args: list[Any]) -> None:
     conn.send_command(*args, check_health=False)
+
+
+def send_packed(conn: RawConnection, packed: list[bytes]) -> None:
+    """A command already in RESP (``packed``: its pieces, sent as they are)."""
+    conn.send_packed_command(packed, check_health=False)
 
 
 def read(conn: RawConnection, timeout: Optional[float]) -> Any:
@@ -504,6 +513,8 @@ class Subscriber:
         self._kicked = False
         #: The server this connection reached (host, port).
         self.address = peer(conn)
+        #: The (un)subscriptions sent, oldest first, until their reply is read.
+        self._sent: collections.deque[tuple[str, bytes]] = collections.deque()
         self._reading = False
         self._shut_down = False
         self._wake_r, self._wake_w = socket.socketpair()
@@ -512,6 +523,20 @@ class Subscriber:
         with self._lock:
             self._pending.append((op, channel))
         self._wake()
+
+    def answered(
+        self, kind: Optional[bytes] = None, channel: Optional[bytes] = None
+    ) -> Optional[tuple[str, bytes]]:
+        """The (un)subscription a reply answers, taken off the ones sent and not yet answered:
+        the oldest for an error reply (``kind`` None), else the oldest if it is ``kind`` of
+        ``channel`` (a ``sunsubscribe`` the server sent by itself answers nothing). Only the
+        reading task (thread) calls it."""
+        if not self._sent:
+            return None
+        op, sent = self._sent[0]
+        if kind is not None and (op.lower().encode() != kind or sent != channel):
+            return None
+        return self._sent.popleft()
 
     def _wake(self) -> None:
         try:
@@ -542,6 +567,7 @@ class Subscriber:
                         raise RedisConnectionError("left for the new master")
                     ops, self._pending = self._pending, []
                 for op, channel in ops:
+                    self._sent.append((op, channel))
                     send(self._conn, [op, channel])
                 if self._conn.can_read(timeout=0):
                     return self._conn.read_response()

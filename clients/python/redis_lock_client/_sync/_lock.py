@@ -170,7 +170,8 @@ class _Handle(Generic[_G]):
     def acquire(self) -> _G:
         """Takes the key(s), waiting in the server as long as ``wait_timeout`` allows (with a
         ticket, or on a connection of its own: the client's ``wait_with_tickets``; on the
-        ``redislock`` Functions library, listening to the unlock message and asking again);
+        ``redislock`` Functions library with a ticket too, or without ``wait_with_tickets``
+        listening to the unlock message and asking again);
         raises ``LockTimeout`` when it passes, ``NotSupported`` as ``try_acquire``."""
         guard = self._acquire(self.wait_timeout != 0, self.wait_timeout)
         if guard is None:
@@ -293,9 +294,10 @@ class _Handle(Generic[_G]):
             try:
                 if this_waits:
                     node, asking = self.client._node_to(self.keys.route, ask)
-                    if node.commands.backend() is Backend.FUNCTIONS:
-                        # No wait in the server: the unlock message and the holder's lease
-                        # have the acquire asked again.
+                    functions = node.commands.backend() is Backend.FUNCTIONS
+                    if functions and _desk(node) is None:
+                        # No ticket (wait_with_tickets=False): the unlock message and the
+                        # holder's lease have the acquire asked again.
                         once = self._args(False, None, value, ephemeral)
                         route = self.keys.route
                         return wait_unlocked(node.commands, once, route, self.owner, until)
@@ -587,6 +589,15 @@ class _Handle(Generic[_G]):
                 self._end(hold)
             except LockError:
                 log.debug("releasing a cancelled grant of %r failed", hold.keys.keys)
+            raise
+        except NoPermission:
+            # The ACL refused a lost-hold channel (the error names it): the grant is released
+            # before the refusal is raised, as one the replicas did not acknowledge.
+            try:
+                self._end(hold)
+            except LockError:
+                log.debug("releasing a grant of %r whose channel was refused failed",
+                          hold.keys.keys)
             raise
         return self._guard(hold)
 

@@ -11,6 +11,12 @@ a cluster the key channels are shard channels (``SSUBSCRIBE``), as the server se
 drops a shard channel by itself (its slot left the node), the watchers of that channel are
 handed to ``on_slot_left``. Pub/sub is at-most-once: a message sent while the connection is down
 is gone, and the watchdog stays the backstop.
+
+A subscription the ACL refuses (``NOPERM``: the user lacks the channel's ``&`` rule) is told to
+the watchers waiting for it at once, as ``NoPermission`` naming the channel (the server's error
+line names none on Redis 7.0: each reply answers the oldest (un)subscription sent and not yet
+answered, ``Subscriber.answered``). A refused channel is forgotten, so the next watcher asks
+again (the ACL may have changed meanwhile).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from typing import Any, Callable, Optional, Protocol
 from redis.exceptions import ResponseError
 
 from .. import _fork
-from .._common import LockConnectionError
+from .._common import LockConnectionError, NoPermission
+from .._connect import server_error
 from .._messages import LostMessage, flush_channel, parse_flush, parse_lost
 from ._backend import CLOSED, IO_ERRORS, Event, Subscriber, sleep, spawn, wait_event
 from ._connection import FOLLOW_PERIOD, Connector
@@ -33,6 +40,15 @@ from ._connection import FOLLOW_PERIOD, Connector
 #: ``RETRY_MAX``; a new watcher wakes it, but never closer than this to the last try.
 RETRY_FIRST = 0.05
 RETRY_MAX = 2.0
+
+
+class _Confirmation:
+    """One subscription's outcome: ``done`` is set once the server confirmed it, or refused it
+    (``refused``)."""
+
+    def __init__(self) -> None:
+        self.done = Event()
+        self.refused: Optional[NoPermission] = None
 
 
 class Watcher(Protocol):
@@ -62,7 +78,9 @@ class SignalHub:
     def _reset(self) -> None:
         self._lock = threading.Lock()
         self._watched: dict[bytes, list[weakref.ref[Watcher]]] = {}
-        self._confirmed: dict[bytes, Event] = {}
+        self._confirmed: dict[bytes, _Confirmation] = {}
+        #: The flush channel's subscription on the current connection (made afresh on each).
+        self._flush = _Confirmation()
         self._sub: Optional[Subscriber] = None
         #: Set by a new watcher while the listener is not connected: it connects at once
         #: instead of after its growing pause (after a failover the pause reached up to 2 s,
@@ -72,20 +90,27 @@ class SignalHub:
         self._closed = False
 
     def watch(self, watcher: Watcher) -> None:
-        """Subscribes to the watcher's channels; returns once the server confirmed them (or
-        after the command timeout: the watchdog still covers the hold)."""
-        events: list[Event] = []
+        """Subscribes to the watcher's channels; returns once the server confirmed them and the
+        flush channel (or after the command timeout: the watchdog still covers the hold).
+        Raises ``NoPermission`` naming the channel as soon as the ACL refused one of them."""
+        waits: list[_Confirmation] = []
         with self._lock:
             for channel in watcher.channels:
                 entry = self._watched.setdefault(channel, [])
                 entry[:] = [r for r in entry if r() is not None]
                 entry.append(weakref.ref(watcher))
-                event = self._confirmed.get(channel)
-                if event is None:
-                    event = self._confirmed[channel] = Event()
+                confirmation = self._confirmed.get(channel)
+                if confirmation is None:
+                    confirmation = self._confirmed[channel] = _Confirmation()
                     if self._sub is not None:
                         self._sub.post(self._subscribe, channel)
-                events.append(event)
+                waits.append(confirmation)
+            if self._flush.refused is not None:
+                # Refused on this connection: asked again (the ACL may have changed).
+                self._flush = _Confirmation()
+                if self._sub is not None:
+                    self._sub.post("SUBSCRIBE", flush_channel())
+            waits.append(self._flush)
             start = not self._running
             self._running = True
             if self._sub is None:
@@ -93,8 +118,10 @@ class SignalHub:
         if start:
             spawn("redis-lock-signal", self._run)
         until = time.monotonic() + self._connector.timeout
-        for event in events:
-            wait_event(event, max(until - time.monotonic(), 0.0))
+        for confirmation in waits:
+            wait_event(confirmation.done, max(until - time.monotonic(), 0.0))
+            if confirmation.refused is not None:
+                raise confirmation.refused
 
     def unwatch(self, watcher: Watcher) -> None:
         with self._lock:
@@ -153,11 +180,13 @@ class SignalHub:
                 while True:
                     try:
                         reply = sub.read()
-                    except ResponseError:
-                        continue  # e.g. MOVED for a channel whose slot this node left
+                    except ResponseError as e:
+                        # A refusal, or e.g. MOVED for a channel whose slot this node left.
+                        self._refused(sub.answered(), e)
+                        continue
                     if reply is CLOSED:
                         return
-                    self._handle(reply)
+                    self._handle(sub, reply)
             except IO_ERRORS:
                 pass  # connect again, subscribe again
             finally:
@@ -167,7 +196,8 @@ class SignalHub:
                     # reader of a key, a permit) waits for the next connection's confirmation,
                     # not for one that the closed connection got.
                     for channel in self._confirmed:
-                        self._confirmed[channel] = Event()
+                        self._confirmed[channel] = _Confirmation()
+                    self._flush = _Confirmation()
                 sub.close()
 
     def _follow(self, sub: Subscriber) -> None:
@@ -192,16 +222,40 @@ class SignalHub:
         found = {id(w): w for r in refs if (w := r()) is not None}
         return list(found.values())
 
-    def _handle(self, reply: Any) -> None:
+    def _refused(self, sent: Optional[tuple[str, bytes]], e: ResponseError) -> None:
+        """The error reply to ``sent``: a refusal of the ACL is handed to the watchers waiting
+        for that subscription, and the channel forgotten (the next watcher asks again)."""
+        if sent is None:
+            return
+        op, channel = sent
+        refusal = server_error(e, op)
+        if not isinstance(refusal, NoPermission) or op not in ("SUBSCRIBE", "SSUBSCRIBE"):
+            return
+        with self._lock:
+            if channel == flush_channel() and op == "SUBSCRIBE":
+                confirmation: Optional[_Confirmation] = self._flush
+            else:
+                confirmation = self._confirmed.pop(channel, None)
+        if confirmation is not None:
+            confirmation.refused = NoPermission(refusal.line, op, channel)
+            confirmation.done.set()
+
+    def _handle(self, sub: Subscriber, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
             return
         kind, channel, payload = reply[0], reply[1], reply[2]
+        ours = False
+        if kind in (b"subscribe", b"ssubscribe", b"unsubscribe", b"sunsubscribe"):
+            ours = sub.answered(kind, channel) is not None
         if kind in (b"subscribe", b"ssubscribe"):
             with self._lock:
-                event = self._confirmed.get(channel)
-            if event is not None:
-                event.set()
-        elif kind == b"sunsubscribe":
+                if channel == flush_channel() and kind == b"subscribe":
+                    confirmation: Optional[_Confirmation] = self._flush
+                else:
+                    confirmation = self._confirmed.get(channel)
+            if confirmation is not None:
+                confirmation.done.set()
+        elif kind == b"sunsubscribe" and not ours:
             with self._lock:
                 dropped = channel in self._confirmed  # not ours: the slot left this node
             if dropped:

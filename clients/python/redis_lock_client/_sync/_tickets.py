@@ -67,7 +67,14 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from .. import _fork
-from .._commands import EXPIRED, TicketExpired, is_retry_later, ticket_answer, ticket_of
+from .._commands import (
+    EXPIRED,
+    TicketExpired,
+    ask_again_of,
+    is_retry_later,
+    ticket_answer,
+    ticket_of,
+)
 from .._common import (
     WAIT_MARGIN,
     LockConnectionError,
@@ -88,6 +95,7 @@ from ._backend import (
     peer,
     read,
     send,
+    send_packed,
     sleep,
     spawn,
     start,
@@ -129,6 +137,9 @@ MOVED_EMPTY_ROUNDS = 2
 #: round is a connection opened, ``ASKING`` and a ``BLPOP`` of at most ``HEALTH_PERIOD``, each
 #: bounded by the command timeout) has stalled: its waiters stop counting on it.
 STALL_MARGIN = HEALTH_PERIOD + 1.0
+#: How long after the time a ``redislock`` library's ticket reply names (the holder's lease end,
+#: or its bound on how long an entry stays in the line unasked) the acquire is asked again.
+ASK_AGAIN_MARGIN = 0.002
 #: The names the two kinds of connections add to the client's connection name.
 ASKING_NAME = b"tickets-ask"
 WAITING_NAME = b"tickets-wait"
@@ -150,6 +161,20 @@ def _fence(ticket: bytes) -> bytes:
     if start < 0 or end <= start + 1:
         return FENCE_PREFIX  # not a name the module gives; standalone any key does
     return FENCE_PREFIX + ticket[start : end + 1]
+
+
+def _bulk(arg: bytes) -> bytes:
+    """``arg`` as a RESP bulk string."""
+    return b"$%d\r\n%b\r\n" % (len(arg), arg)
+
+
+def _blpop(wires: list[bytes], block: float) -> bytes:
+    """``BLPOP <tickets> <block>`` in RESP, from the tickets' names encoded once each: a
+    ``BLPOP`` is sent for each answer popped, over every outstanding ticket, and redis-py's
+    encoding of each name, every time, made the client's cost of a grant grow with the tickets
+    outstanding (with 2,000 queued, about 2 ms a ``BLPOP``)."""
+    head = b"*%d\r\n$5\r\nBLPOP\r\n" % (len(wires) + 2)
+    return b"".join([head, *wires, _bulk(repr(block).encode())])
 
 
 class NoTickets(Exception):
@@ -220,6 +245,8 @@ class _Ticket:
 
     def __init__(self, name: bytes, release: list[Any], group: _Slot) -> None:
         self.name = name
+        #: The name as a ``BLPOP`` argument in RESP, encoded once (``_blpop``).
+        self.wire = _bulk(name)
         #: What releases a grant nobody takes (the waiter gave up); routed by the ticket's name
         #: (in the lock's slot).
         self.release = release
@@ -246,6 +273,13 @@ class _Ticket:
         #: the key left, to move with the slot. Found nowhere after ``MOVED_EMPTY_ROUNDS``
         #: pops, it is void (withdrawn, asked again).
         self.moved = False
+        #: A ``redislock`` library's ticket (no timer runs in a function): when its acquire is
+        #: asked again (``_ask_again``), and that acquire (without TICKET). None: the module's.
+        self.ask_again_at: Optional[float] = None
+        self.args: list[Any] = []
+        #: No timer in the server answers it ``timeout`` (a ``redislock`` library's ticket):
+        #: the wait ends at its own deadline, withdrawing the ticket at once.
+        self.untimed = False
 
 
 class TicketDesk:
@@ -304,12 +338,30 @@ class TicketDesk:
             raise
         if not isinstance(ticket, _Ticket):
             return ticket
-        until = None if wait is None else time.monotonic() + wait + WAIT_MARGIN
+        # The module answers ``timeout`` into the ticket when the wait ends: awaited a margin
+        # longer. The library has no timer: the wait ends at its deadline.
+        margin = 0.0 if ticket.untimed else WAIT_MARGIN
+        until = None if wait is None else time.monotonic() + wait + margin
         try:
             if ticket.unblock is not None:
                 self._unblock(ticket)
-            answered = self._await_answer(ticket, until)
+            while True:
+                answered = self._await_answer(ticket, until)
+                if answered is not None:
+                    break
+                again = self._ask_again(ticket, until, multi, release, held, route)
+                if not isinstance(again, _Ticket):
+                    return again  # granted at the ask: the old ticket left the line
+                if again is not ticket:
+                    ticket = again  # passed over (it asked too late): in the line again
+                    if ticket.unblock is not None:
+                        self._unblock(ticket)
         except Cancelled:
+            self._give_up(ticket, multi, keep=False)
+            raise
+        except LockConnectionError:
+            answered = True  # the asking connection broke: every ticket of it was told
+        except LockError:
             self._give_up(ticket, multi, keep=False)
             raise
         if not answered:
@@ -324,19 +376,55 @@ class TicketDesk:
             return granted
         raise LockConnectionError("the connection a ticket waited on closed")
 
+    def _ask_again(
+        self,
+        ticket: _Ticket,
+        until: Optional[float],
+        multi: bool,
+        release: list[Any],
+        held: bool,
+        route: bytes,
+    ) -> Any:
+        """A ``redislock`` library's ticket whose time to ask again came: its acquire asked
+        again (what is left of the wait): the same ticket (its place kept, ``ask_again_at``
+        moved on), another (it had been passed over: in the line again, at the back), or the
+        acquire's grant (the old ticket leaves the desk). With no wait left, nothing is asked
+        (the wait ends at ``until``). A cancel meanwhile lets the ask finish, then withdraws
+        what it got."""
+        args = ticket.args
+        if until is not None:
+            left = until - time.monotonic()
+            if left < 0.001:
+                ticket.ask_again_at = None
+                return ticket
+            args = _with_wait(args, left)
+        asked = start(self._ask_for(args + ["TICKET"], release, False, again=ticket))
+        try:
+            return finish(asked)
+        except Cancelled:
+            finish(start(self._withdraw(asked, multi, release, held, route)))
+            raise
+
     def _await_answer(
         self, ticket: _Ticket, until: Optional[float], own: Optional[OwnConnection] = None
-    ) -> bool:
+    ) -> Optional[bool]:
         """Waits for ``ticket``'s answer (or its loss) until ``until`` (None: as long as it
-        takes): whether it came. Looked at every ``HEALTH_PERIOD``: a loop that stalled
-        (``_stalled``) is ended and its waiters told, as when its connection breaks (they
-        withdraw their tickets and ask again), so that no wait outlives the loop that pops for
-        it; ``own`` (an EPHEMERAL wait's connection) closed raises ``LockConnectionError``."""
+        takes): whether it came; None when its acquire is to be asked again first
+        (``_Ticket.ask_again_at``, a ``redislock`` library's ticket). Looked at every
+        ``HEALTH_PERIOD``: a loop that stalled (``_stalled``) is ended and its waiters told, as
+        when its connection breaks (they withdraw their tickets and ask again), so that no wait
+        outlives the loop that pops for it; ``own`` (an EPHEMERAL wait's connection) closed
+        raises ``LockConnectionError``."""
         while not ticket.event.is_set():
             left = None if until is None else until - time.monotonic()
             if left is not None and left <= 0:
                 return False
             step = HEALTH_PERIOD if left is None else min(HEALTH_PERIOD, left)
+            if ticket.ask_again_at is not None:
+                due = ticket.ask_again_at - time.monotonic()
+                if due <= 0:
+                    return None
+                step = min(step, due)
             if wait_event(ticket.event, step):
                 break
             if own is not None and not own.alive():
@@ -383,10 +471,14 @@ class TicketDesk:
             self._release(route, release)
         return True
 
-    def _ask_for(self, args: list[Any], release: list[Any], asking: bool) -> Any:
-        """Sends the acquire on the asking connection: its reply, or the ``_Ticket`` it waits
-        with, registered (under the asking connection's mutex: an idle desk closes that
-        connection only when no ticket waits)."""
+    def _ask_for(
+        self, args: list[Any], release: list[Any], asking: bool, again: Optional[_Ticket] = None
+    ) -> Any:
+        """Sends the acquire on the asking connection (as the server's backend takes it): its
+        reply, or the ``_Ticket`` it waits with, registered (under the asking connection's
+        mutex: an idle desk closes that connection only when no ticket waits). ``again``: the
+        ticket this ask is asked again for (``_ask_again``): returned when the server names it
+        again, else it leaves the desk."""
         connector = self._connector
         with self._ask_mutex:
             self._closed = False  # a client used again after close() opens them again
@@ -398,7 +490,9 @@ class TicketDesk:
             try:
                 if asking:
                     call(self._ask, ["ASKING"], connector.timeout)
-                reply = call(self._ask, args, connector.timeout)
+                sent_as = connector.sent_as(args)
+                sent = time.monotonic()
+                reply = sent_as.answer(call(self._ask, sent_as.args, connector.timeout))
             except LockServerError as e:
                 if "syntax error" in str(e):
                     self.unsupported = True  # a module without TICKET
@@ -409,9 +503,26 @@ class TicketDesk:
                 self._lose_all()
                 raise
             name = ticket_of(reply)
+            ask_again = ask_again_of(reply)
+            at = None if ask_again is None else sent + ask_again + ASK_AGAIN_MARGIN
+            if again is not None:
+                if name == again.name:
+                    again.ask_again_at = at
+                    return again
+                self._leave(again)
             if name is None:
                 return reply
-            return self._register(name, release, own=False, issuer=peer(self._ask))
+            ticket = self._register(name, release, own=False, issuer=peer(self._ask))
+            ticket.args, ticket.ask_again_at = args[:-1], at
+            ticket.untimed = at is not None
+            return ticket
+
+    def _leave(self, ticket: _Ticket) -> None:
+        """A ticket the server no longer answers (its acquire, asked again, was granted or
+        given another): out of its group; an answer popped for it later is dropped."""
+        with self._books:
+            if ticket.group.tickets.get(ticket.name) is ticket:
+                del ticket.group.tickets[ticket.name]
 
     def _register(
         self, name: bytes, release: list[Any], own: bool, issuer: Optional[tuple[str, int]]
@@ -554,6 +665,11 @@ class TicketDesk:
                     raise
                 return None  # a grant it held goes with the asking connection, or expires
             if granted is None:
+                if ticket.untimed and ticket.group.blocked:
+                    # Nothing will end the BLPOP that may have popped it: interrupted, so that
+                    # the wait ends now, not at the BLPOP's own end.
+                    ticket.unblock = ticket.last_round
+                    self._unblock(ticket)
                 wait_event(ticket.event, HEALTH_PERIOD + self._connector.timeout)
                 granted = self._granted(ticket, multi, keep)
         if granted is None or keep:
@@ -617,7 +733,7 @@ class TicketDesk:
             if redirected > 1:
                 sleep(SHORT_PERIOD / 2)  # nodes that disagree on the slot: not a spin
             with self._books:
-                names = [t.name for t in group.tickets.values() if not t.abandoned]
+                names = [t.wire for t in group.tickets.values() if not t.abandoned]
                 if names:
                     group.round += 1
                     group.blocked = True
@@ -731,8 +847,8 @@ class TicketDesk:
     def _pop(
         self, group: _Slot, waiting: _Waiting, names: list[bytes], at: int
     ) -> Any:
-        """One ``BLPOP`` (in a cluster after ``ASKING``): its reply, or the server's error
-        raised (``Redirected``, TRYAGAIN)."""
+        """One ``BLPOP`` over ``names`` (the tickets' ``wire``s; in a cluster after
+        ``ASKING``): its reply, or the server's error raised (``Redirected``, TRYAGAIN)."""
         block = HEALTH_PERIOD
         asked = not waiting.home and group.away is None  # an ASK's target, for one pop
         if group.one_by_one or (asked and len(names) > 1):
@@ -746,13 +862,13 @@ class TicketDesk:
         if self._cluster is not None:
             try:
                 send(conn, ["ASKING"])
-                send(conn, ["BLPOP", *names, block])
+                send_packed(conn, [_blpop(names, block)])
                 read(conn, timeout)
             except ResponseError as e:  # the BLPOP's reply would be read as ASKING's
                 waiting.abort()
                 raise LockConnectionError(f"ASKING: {e}") from e
         else:
-            send(conn, ["BLPOP", *names, block])
+            send_packed(conn, [_blpop(names, block)])
         try:
             return read(conn, block + timeout)
         except ResponseError as e:
