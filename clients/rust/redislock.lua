@@ -8,6 +8,9 @@ that cannot load a module (managed Redis services). Load it with
 and call it with FCALL (docs/functions.md is the reference):
 
     FCALL lock_acquire      1 key owner lease-ms [ONCE]   -> token | nil
+    FCALL lock_acquire      1 key owner lease-ms [ONCE] WAIT ms TICKET
+                                                          -> token | {ticket, ask-again-ms}
+    FCALL lock_cancel       1 ticket                      -> token | nil
     FCALL lock_release      1 key owner [TOKEN token]     -> remaining count | nil
     FCALL lock_renew        1 key owner lease-ms          -> 1 | 0
     FCALL lock_forcerelease 1 key                         -> 1 | 0
@@ -23,11 +26,16 @@ so the module, this library and Redisson's lock scripts all read and write the s
 token comes from the module's per-slot counter `__lock_fence__{<tag>}` by the module's rule:
 above the counter's stored bound and never below the server clock (ms * 1000).
 
+A waiter with a ticket waits in the key's line (FIFO) and pops its ticket with BLPOP: a call
+that frees the key (or finds it free) writes the head's hold and pushes its token into its
+ticket. No timer runs in a function, so a waiter asks again (the same acquire) within the
+ms its reply says: that keeps its place, and on a key whose lease ended hands it over.
+
 Each function is parse -> read -> decide -> carry out: every check is made before the first
 write (a Lua error does not undo the writes before it), and a refused call changes nothing.
 ]]
 
-local VERSION = 1
+local VERSION = 2
 
 -- The module's limits and names (core/src/layout.rs, src/config.rs defaults).
 local MAX_LEASE_MS = 2592000000 -- lock.max-lease-ms's default: 30 days
@@ -45,6 +53,17 @@ local LEGACY_MODE_FIELD = '__mode__' -- a multi-hold key's mode field before it 
 local EXCLUSIVE_PREFIX = 'exclusive:'
 local UNLOCK_CHANNEL_PREFIX = 'redisson_lock__channel'
 local UNLOCK_MESSAGE = '0'
+local TICKET_PREFIX = '__lock_fence__ticket{'
+local TICKET_PATTERN = '__lock_fence__ticket'
+local MAX_WAITERS = 100000 -- lock.max-waiters-per-key's default
+
+-- Waiting (see line_of). No timer runs in a function: a waiter asks again within
+-- ASK_AGAIN_MAX_MS (sooner when the holder's lease ends sooner), and an entry not asked for
+-- again within WAITER_LIVE_MS is passed over. A call passes over at most PRUNE_MAX such
+-- entries at the front of a line.
+local WAITER_LIVE_MS = 3000
+local ASK_AGAIN_MAX_MS = 1000
+local PRUNE_MAX = 16
 
 -- Every refusal, worded as the module words it where the module has the same refusal.
 local E = {
@@ -66,7 +85,10 @@ local E = {
   tokens_beyond_lua = "ERR fencing tokens exhausted for the redislock library: this key's '__lock_fence__{...}' counter is at or above 9007199254740991, the largest token a Lua function returns exactly (the module's tokens go on to 9223372036854775807)",
   integer_beyond_lua = 'ERR this lock holds a count or token above 9007199254740991, which a Lua function cannot return exactly; use the module, or DEL the lock',
   counter_wrongtype = "ERR this key's fencing-token counter '__lock_fence__{...}' holds the wrong kind of value; the redislock library mints no token without it (DEL the counter: it is the lock's own key)",
-  no_wait = 'ERR the redislock library does not wait (WAIT, TICKET): acquire without WAIT and retry',
+  no_block = 'ERR the redislock library cannot block: wait with WAIT timeout-ms TICKET and pop the ticket with BLPOP',
+  too_many_waiters = 'ERR too many waiters on this lock (lock.max-waiters-per-key is ' .. MAX_WAITERS .. ')',
+  not_a_ticket = 'ERR not a ticket: LOCK.CANCEL takes the ticket a LOCK.* ... WAIT ... TICKET replied',
+  line_wrongtype = "ERR this lock's waiting line '__lock_fence__queue{...}' or '__lock_fence__waiters{...}' holds the wrong kind of value (DEL them: they are the lock's own keys)",
   no_family = 'ERR the redislock library takes exclusive locks only (no SHARED or LIMIT)',
   multi_hold = 'ERR the key holds shared holds or semaphore permits, which the redislock library does not serve; use the module',
 }
@@ -225,7 +247,7 @@ local function crc16(text)
 end
 
 -- The key's cluster slot, with {hash tags} as Redis reads them.
-local function key_slot(key)
+local function hashed_slot(key)
   local open = string.find(key, '{', 1, true)
   if open then
     local close = string.find(key, '}', open + 1, true)
@@ -234,6 +256,23 @@ local function key_slot(key)
     end
   end
   return bit.band(crc16(key), 16383)
+end
+
+-- The last two keys hashed and their slots: a call hashes its key for the counter, the line and
+-- the channel, and the CRC costs more than the rest of a grant. A pure function of the key, so
+-- what a call finds here is what it would compute.
+local SLOT_MEMO = { {}, {} }
+
+local function key_slot(key)
+  for _, memo in ipairs(SLOT_MEMO) do
+    if memo.key == key then
+      return memo.slot
+    end
+  end
+  local slot = hashed_slot(key)
+  SLOT_MEMO[2] = SLOT_MEMO[1]
+  SLOT_MEMO[1] = { key = key, slot = slot }
+  return slot
 end
 
 -- BEGIN SLOT TAGS (functions/slot-tags.py writes this block)
@@ -499,11 +538,16 @@ abt.5md.40..3ci.806.1xf.k4k.72c.6kz.bdj.0ew.djg.hi..fqh.4pu.5u5.5z4.i84.301.gh..
 
 -- `__lock_fence__{<tag>}`: the module's token counter of the key's slot (core/src/slot.rs).
 -- The table's lines hold 64 tags of four characters and a newline.
-local function counter_key(key)
+-- The tag of the key's slot: the shortest text that hashes to it, as the module names the
+-- slot's keys (its counter, its tickets).
+local function slot_tag(key)
   local slot = key_slot(key)
   local at = math.floor(slot / 64) * 257 + (slot % 64) * 4
-  local tag = string.gsub(string.sub(SLOT_TAGS, at + 1, at + 4), '%.', '')
-  return RESERVED_KEY_PREFIX .. '{' .. tag .. '}'
+  return (string.gsub(string.sub(SLOT_TAGS, at + 1, at + 4), '%.', ''))
+end
+
+local function counter_key(key)
+  return RESERVED_KEY_PREFIX .. '{' .. slot_tag(key) .. '}'
 end
 
 -- Redisson's channel name: `prefix:{key}`, or `prefix:key` when the key has a '{' already.
@@ -540,14 +584,9 @@ local function parse_key_owner(keys, args, name, with_owner)
   return { key = key, owner = owner }
 end
 
--- lock_acquire key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT ms [TICKET]]:
--- every option of LOCK.ACQUIRE is parsed as the module parses it, so that a mistake gets the
--- module's error; those this library does not serve are then refused (never ignored).
-local function parse_acquire(keys, args)
-  if #args < 2 then
-    return refuse(arity('lock_acquire'))
-  end
-  local request = parse_key_owner(keys, args, 'lock_acquire', true)
+-- The key, owner and lease of lock_acquire and lock_renew (args[2] the lease), or a refusal.
+local function parse_key_owner_lease(keys, args, name)
+  local request = parse_key_owner(keys, args, name, true)
   if is_refusal(request) then
     return request
   end
@@ -556,6 +595,20 @@ local function parse_acquire(keys, args)
     return refuse(why)
   end
   request.lease = lease
+  return request
+end
+
+-- lock_acquire key owner lease-ms [SHARED | LIMIT n] [EPHEMERAL] [ONCE] [WAIT ms [TICKET]]:
+-- every option of LOCK.ACQUIRE is parsed as the module parses it, so that a mistake gets the
+-- module's error; those this library does not serve are then refused (never ignored).
+local function parse_acquire(keys, args)
+  if #args < 2 then
+    return refuse(arity('lock_acquire'))
+  end
+  local request = parse_key_owner_lease(keys, args, 'lock_acquire')
+  if is_refusal(request) then
+    return request
+  end
   local seen = {}
   local i = 3
   while i <= #args do
@@ -581,6 +634,9 @@ local function parse_acquire(keys, args)
       if word == 'WAIT' and (sign == '-' or not digits_le(digits, digits_of(MAX_TIMEOUT_MS))) then
         return refuse(E.timeout)
       end
+      if word == 'WAIT' then
+        request.wait_ms = tonumber(digits)
+      end
       i = i + 1
     else
       return refuse(E.syntax)
@@ -599,8 +655,8 @@ local function parse_acquire(keys, args)
   if seen.SHARED or seen.LIMIT then
     return refuse(E.no_family)
   end
-  if seen.WAIT then
-    return refuse(E.no_wait)
+  if seen.WAIT and not seen.TICKET then
+    return refuse(E.no_block)
   end
   request.once = seen.ONCE == true
   return request
@@ -692,19 +748,43 @@ local function read_lock(key, with_ttl)
   return lock
 end
 
+---------------------------------------------------------------------------------------------
+-- A call's context: the server clock read once, the tokens minted in it
+---------------------------------------------------------------------------------------------
+
+-- Every value a call mints from the slot's counter (a grant's token, a new waiter's ticket id)
+-- rises above the last, and the last is written back as the counter's bound with the call's
+-- writes (`ctx.minted`). The clock is read at most once a call, when it is first needed.
+local function new_ctx(key)
+  return { key = key }
+end
+
+local function now_of(ctx)
+  if not ctx.now then
+    local time = redis.call('TIME')
+    ctx.now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  end
+  return ctx.now
+end
+
 -- The next token of the key's slot, by the module's rule without its memory: above the
--- counter's stored bound and not below the server clock; the new bound (the token itself) is
--- written with the grant. Returns {token (number), counter (key name)} or a refusal.
-local function next_token(key)
-  local counter = counter_key(key)
+-- counter's stored bound (or the call's last minted value) and not below the server clock.
+-- Returns the token (a number) or a refusal.
+local function mint(ctx)
+  if ctx.minted then
+    if ctx.minted + 1 > MAX_EXACT then
+      return refuse(E.tokens_beyond_lua)
+    end
+    ctx.minted = ctx.minted + 1
+    return ctx.minted
+  end
+  local counter = counter_key(ctx.key)
   local stored = redis.pcall('GET', counter)
   local refused = read_refusal(stored, E.counter_wrongtype)
   if refused then
     return refused
   end
-  local time = redis.call('TIME')
-  local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-  local token = math.max(now_ms * TOKENS_PER_MS, 1)
+  local token = math.max(now_of(ctx) * TOKENS_PER_MS, 1)
   -- A counter that holds no positive integer is no counter, as for the module.
   local bound = stored and parse_positive(stored) or nil
   if bound then
@@ -719,11 +799,170 @@ local function next_token(key)
   if token > MAX_EXACT then
     return refuse(E.tokens_beyond_lua)
   end
-  return { token = token, counter = counter }
+  ctx.counter = counter
+  ctx.minted = token
+  return token
 end
 
 ---------------------------------------------------------------------------------------------
--- Decide: an outcome {reply, writes, publish}, computed before anything is written
+-- The waiting line of a key: who waits, in arrival order
+---------------------------------------------------------------------------------------------
+
+-- A key's line is two keys in the module's reserved namespace and the lock's slot:
+--
+--   __lock_fence__queue{<tag>}<key>    sorted set: owner -> its ticket id (arrival order)
+--   __lock_fence__waiters{<tag>}<key>  hash: owner -> "<ticket id> <deadline ms> <lease ms>"
+--
+-- and each waiter's ticket, `__lock_fence__ticket{<tag>}<ticket id>:<key>`, a list that exists
+-- only once it holds the waiter's grant (its token, pushed with LPUSH, expiring with the
+-- hold's lease). Ticket ids are minted from the slot's token counter, so no name is ever used
+-- twice. An entry's deadline is at most WAITER_LIVE_MS ahead: a waiter that stops asking again
+-- (its process died) is passed over once it is due, and both keys expire WAITER_LIVE_MS after
+-- the last ask, so a line nobody asks in goes by itself.
+local function line_of(key)
+  local tag = slot_tag(key)
+  return {
+    key = key,
+    tag = tag,
+    order = RESERVED_KEY_PREFIX .. 'queue{' .. tag .. '}' .. key,
+    entries = RESERVED_KEY_PREFIX .. 'waiters{' .. tag .. '}' .. key,
+  }
+end
+
+local function ticket_name(line, id)
+  return TICKET_PREFIX .. line.tag .. '}' .. id .. ':' .. line.key
+end
+
+local function parse_entry(owner, value)
+  if not value then
+    return nil
+  end
+  local id, deadline, lease = string.match(value, '^(%d+) (%d+) (%d+)$')
+  if not id then
+    return nil
+  end
+  return { owner = owner, id = id, deadline = tonumber(deadline), lease = tonumber(lease) }
+end
+
+-- The front of the line: `line.head`, the first entry still due (not past its deadline; the
+-- asker's own entry counts as due: it is asking), and `line.dead`, the owners before it whose
+-- entry is past its deadline (or unreadable), to be removed. At most PRUNE_MAX entries are
+-- read: when all of them are dead, `line.unsure` says the line may go on (the next call reads
+-- on). `skip` is an owner to pass over (a ticket being cancelled). Returns the line or a
+-- refusal.
+local function read_line(line, ctx, asker, skip)
+  local owners = redis.pcall('ZRANGE', line.order, 0, PRUNE_MAX - 1)
+  local refused = read_refusal(owners, E.line_wrongtype)
+  if refused then
+    return refused
+  end
+  line.dead = {}
+  if #owners == 0 then
+    return line
+  end
+  local values = redis.pcall('HMGET', line.entries, unpack(owners))
+  refused = read_refusal(values, E.line_wrongtype)
+  if refused then
+    return refused
+  end
+  local now = now_of(ctx)
+  for i, owner in ipairs(owners) do
+    local entry = parse_entry(owner, values[i])
+    if owner ~= skip then
+      if entry and (entry.deadline > now or owner == asker) then
+        line.head = entry
+        return line
+      end
+      table.insert(line.dead, owner)
+    end
+  end
+  line.unsure = #owners == PRUNE_MAX
+  return line
+end
+
+-- The asker's own entry (nil when it does not wait), or a refusal.
+local function read_mine(line, owner)
+  local value = redis.pcall('HGET', line.entries, owner)
+  local refused = read_refusal(value, E.line_wrongtype)
+  if refused then
+    return refused
+  end
+  return parse_entry(owner, value)
+end
+
+-- The writes that take `owners` out of the line.
+local function leave_line(line, owners, writes)
+  if #owners > 0 then
+    table.insert(writes, { 'ZREM', line.order, unpack(owners) })
+    table.insert(writes, { 'HDEL', line.entries, unpack(owners) })
+  end
+end
+
+-- Hands the freed key to the line's head (not the asker: see decide_acquire): its hold is
+-- written with a new token and its own lease, and the token is pushed into its ticket, which
+-- expires with the hold. The push is the outcome's first write (`outcome.push`, made with
+-- pcall: a ticket somebody overwrote with another type refuses the call before anything else
+-- is written). Returns the token or a refusal.
+local function hand_over(line, ctx, outcome)
+  local head = line.head
+  local token = mint(ctx)
+  if is_refusal(token) then
+    return token
+  end
+  local digits = digits_of(token)
+  local ticket = ticket_name(line, head.id)
+  local lease = digits_of(head.lease)
+  outcome.push = { 'LPUSH', ticket, digits }
+  table.insert(outcome.writes, { 'PEXPIRE', ticket, lease })
+  table.insert(outcome.writes, { 'HSET', line.key, head.owner, '1', MODE_FIELD, EXCLUSIVE_PREFIX .. digits })
+  table.insert(outcome.writes, { 'PEXPIRE', line.key, lease })
+  table.insert(line.dead, head.owner)
+  outcome.handed = true
+  return token
+end
+
+-- The writes that queue the asker (or keep its place and move its deadline on), and the
+-- reply of a wait with a ticket: the ticket's name, and within how many ms to ask again
+-- (`ask_again`: the holder's lease left, at most ASK_AGAIN_MAX_MS). Returns the reply or a
+-- refusal.
+local function join_line(request, line, ctx, mine, ask_again, writes)
+  local now = now_of(ctx)
+  local id
+  if mine then
+    id = mine.id
+  else
+    local size = redis.pcall('ZCARD', line.order)
+    local refused = read_refusal(size, E.line_wrongtype)
+    if refused then
+      return refused
+    end
+    if size >= MAX_WAITERS then
+      return refuse(E.too_many_waiters)
+    end
+    local minted = mint(ctx)
+    if is_refusal(minted) then
+      return minted
+    end
+    id = digits_of(minted)
+  end
+  -- (Written again when it asks again: its score is its id, so its place stays.)
+  table.insert(writes, { 'ZADD', line.order, id, request.owner })
+  local deadline = now + WAITER_LIVE_MS
+  if request.wait_ms > 0 then
+    deadline = math.min(deadline, now + request.wait_ms)
+  end
+  table.insert(writes, { 'HSET', line.entries, request.owner,
+    id .. ' ' .. digits_of(deadline) .. ' ' .. digits_of(request.lease) })
+  table.insert(writes, { 'PEXPIRE', line.order, digits_of(WAITER_LIVE_MS) })
+  table.insert(writes, { 'PEXPIRE', line.entries, digits_of(WAITER_LIVE_MS) })
+  if ask_again < 1 then
+    ask_again = 1
+  end
+  return { ticket_name(line, id), math.min(ask_again, ASK_AGAIN_MAX_MS) }
+end
+
+---------------------------------------------------------------------------------------------
+-- Decide: an outcome {reply, writes, publish, push}, computed before anything is written
 ---------------------------------------------------------------------------------------------
 
 -- The writes that move an old-layout token into `mode`, as the module's next write does.
@@ -743,26 +982,131 @@ local function integer_reply(digits)
   return number
 end
 
-local function decide_acquire(request, lock)
+-- What a call that finds the key free (or frees it) does for the line: the dead entries at
+-- its front leave it, and its head, if one is due, is handed the key (see hand_over). Adds to
+-- `outcome`; returns a refusal or nil.
+local function serve_line(line, ctx, outcome)
+  local read = read_line(line, ctx, nil, line.skip)
+  if is_refusal(read) then
+    return read
+  end
+  if line.head then
+    local token = hand_over(line, ctx, outcome)
+    if is_refusal(token) then
+      return token
+    end
+  end
+  leave_line(line, line.dead, outcome.writes)
+end
+
+-- An outcome for a call that leaves the key as it finds it (free): the line served.
+local function free_outcome(request, ctx, reply)
+  local outcome = { reply = reply, writes = {} }
+  local refused = serve_line(line_of(request.key), ctx, outcome)
+  if refused then
+    return refused
+  end
+  return outcome
+end
+
+-- The outcome of a call that frees the key: DEL, then the line's head is handed the key, or,
+-- with nobody due, the unlock message is published.
+local function freed_outcome(request, ctx, reply)
+  local outcome = { reply = reply, writes = { { 'DEL', request.key } } }
+  local refused = serve_line(line_of(request.key), ctx, outcome)
+  if refused then
+    return refused
+  end
+  if not outcome.handed then
+    outcome.publish = unlock_channel(request.key)
+  end
+  return outcome
+end
+
+-- A grant to the asker on a free key: the hold written, the token minted.
+local function grant_asker(request, ctx, writes)
+  local token = mint(ctx)
+  if is_refusal(token) then
+    return token
+  end
+  local digits = digits_of(token)
+  table.insert(writes, { 'HSET', request.key, request.owner, '1', MODE_FIELD, EXCLUSIVE_PREFIX .. digits })
+  table.insert(writes, { 'PEXPIRE', request.key, digits_of(request.lease) })
+  return token
+end
+
+local function decide_acquire(request, lock, ctx)
   local key, owner = request.key, request.owner
   local lease = digits_of(request.lease)
   if lock.free then
-    local minted = next_token(key)
-    if is_refusal(minted) then
-      return minted
+    -- The line comes first: its head (if due) is handed the key, and the asker gets it only
+    -- when it is the head or nobody is due (no newcomer barges).
+    local line = read_line(line_of(key), ctx, owner)
+    if is_refusal(line) then
+      return line
     end
-    local token = digits_of(minted.token)
-    return {
-      reply = minted.token,
-      writes = {
-        { 'SET', minted.counter, token },
-        { 'HSET', key, owner, '1', MODE_FIELD, EXCLUSIVE_PREFIX .. token },
-        { 'PEXPIRE', key, lease },
-      },
-    }
+    local outcome = { writes = {} }
+    if line.head and line.head.owner == owner then
+      local token = grant_asker(request, ctx, outcome.writes)
+      if is_refusal(token) then
+        return token
+      end
+      table.insert(line.dead, owner)
+      leave_line(line, line.dead, outcome.writes)
+      outcome.reply = token
+      return outcome
+    end
+    if not line.head and not line.unsure then
+      local token = grant_asker(request, ctx, outcome.writes)
+      if is_refusal(token) then
+        return token
+      end
+      leave_line(line, line.dead, outcome.writes)
+      outcome.reply = token
+      return outcome
+    end
+    local ask_again = 1
+    if line.head then
+      local token = hand_over(line, ctx, outcome)
+      if is_refusal(token) then
+        return token
+      end
+      ask_again = line.head.lease
+    end
+    leave_line(line, line.dead, outcome.writes)
+    outcome.reply = false
+    if request.wait_ms then
+      local mine = read_mine(line, owner)
+      if is_refusal(mine) then
+        return mine
+      end
+      local reply = join_line(request, line, ctx, mine, ask_again, outcome.writes)
+      if is_refusal(reply) then
+        return reply
+      end
+      outcome.reply = reply
+    end
+    return outcome
   end
   if lock.owner ~= owner then
-    return { reply = false, writes = {} }
+    if not request.wait_ms then
+      return { reply = false, writes = {} }
+    end
+    local line = line_of(key)
+    local mine = read_mine(line, owner)
+    if is_refusal(mine) then
+      return mine
+    end
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      ttl = ASK_AGAIN_MAX_MS
+    end
+    local writes = {}
+    local reply = join_line(request, line, ctx, mine, ttl, writes)
+    if is_refusal(reply) then
+      return reply
+    end
+    return { reply = reply, writes = writes }
   end
   -- A re-entry: count + 1 (not with ONCE), the lease reset, the token kept.
   local writes = {}
@@ -777,12 +1121,11 @@ local function decide_acquire(request, lock)
     convert_legacy(key, lock, writes)
   else
     -- A hold Redisson's script took has no token: its first re-entry here gives it one.
-    local minted = next_token(key)
+    local minted = mint(ctx)
     if is_refusal(minted) then
       return minted
     end
-    token = digits_of(minted.token)
-    table.insert(writes, 1, { 'SET', minted.counter, token })
+    token = digits_of(minted)
     table.insert(writes, { 'HSET', key, MODE_FIELD, EXCLUSIVE_PREFIX .. token })
   end
   local reply = integer_reply(token)
@@ -793,19 +1136,18 @@ local function decide_acquire(request, lock)
   return { reply = reply, writes = writes }
 end
 
-local function decide_release(request, lock)
-  if lock.free or lock.owner ~= request.owner then
+local function decide_release(request, lock, ctx)
+  if lock.free then
+    return free_outcome(request, ctx, false)
+  end
+  if lock.owner ~= request.owner then
     return { reply = false, writes = {} }
   end
   if request.token and request.token ~= lock.token then
     return { reply = false, writes = {} }
   end
   if lock.count == '1' then
-    return {
-      reply = 0,
-      writes = { { 'DEL', request.key } },
-      publish = unlock_channel(request.key),
-    }
+    return freed_outcome(request, ctx, 0)
   end
   local remaining = step(lock.count, -1)
   local reply = integer_reply(remaining)
@@ -817,8 +1159,11 @@ local function decide_release(request, lock)
   return { reply = reply, writes = writes }
 end
 
-local function decide_renew(request, lock)
-  if lock.free or lock.owner ~= request.owner then
+local function decide_renew(request, lock, ctx)
+  if lock.free then
+    return free_outcome(request, ctx, 0)
+  end
+  if lock.owner ~= request.owner then
     return { reply = 0, writes = {} }
   end
   local writes = {}
@@ -827,15 +1172,21 @@ local function decide_renew(request, lock)
   return { reply = 1, writes = writes }
 end
 
-local function decide_forcerelease(request, lock)
+local function decide_forcerelease(request, lock, ctx)
   if lock.free then
-    return { reply = 0, writes = {} }
+    return free_outcome(request, ctx, 0)
   end
-  return {
-    reply = 1,
-    writes = { { 'DEL', request.key } },
-    publish = unlock_channel(request.key),
-  }
+  return freed_outcome(request, ctx, 1)
+end
+
+-- The number of entries in the key's line (waiters past their deadline included, until a
+-- call passes over them).
+local function waiters_of(key)
+  local size = redis.pcall('ZCARD', line_of(key).order)
+  if is_refusal(size) then
+    return 0
+  end
+  return size
 end
 
 -- LOCK.INFO's fields: a map under RESP3, name/value pairs under RESP2. A Lua table keeps no
@@ -865,7 +1216,7 @@ local function decide_info(request, lock)
         ttl = ttl,
         token = token,
         ephemeral = false,
-        waiters = 0,
+        waiters = waiters_of(request.key),
         mode = 'exclusive',
         holders = { { map = hold } },
       },
@@ -895,7 +1246,9 @@ local function publish_unlock(key, channel)
   end
 end
 
-local function carry_out(outcome, key)
+-- The counter's new bound goes first among the writes of a call that minted (a later write
+-- refused by an ACL then leaves the counter raised, which is harmless: it only rises).
+local function carry_out(outcome, key, ctx)
   if is_refusal(outcome) then
     return outcome
   end
@@ -904,6 +1257,15 @@ local function carry_out(outcome, key)
     if refused then
       return refused
     end
+  end
+  if outcome.push then
+    local pushed = redis.pcall(unpack(outcome.push))
+    if is_refusal(pushed) then
+      return pushed
+    end
+  end
+  if ctx.minted then
+    redis.call('SET', ctx.counter, digits_of(ctx.minted))
   end
   for _, write in ipairs(outcome.writes) do
     redis.call(unpack(write))
@@ -920,7 +1282,8 @@ local function run(parsed, decide)
   if is_refusal(lock) then
     return lock
   end
-  return carry_out(decide(parsed, lock), parsed.key)
+  local ctx = new_ctx(parsed.key)
+  return carry_out(decide(parsed, lock, ctx), parsed.key, ctx)
 end
 
 local function acquire(keys, args)
@@ -954,15 +1317,10 @@ local function renew(keys, args)
   if #args ~= 2 then
     return refuse(arity('lock_renew'))
   end
-  local request = parse_key_owner(keys, args, 'lock_renew', true)
+  local request = parse_key_owner_lease(keys, args, 'lock_renew')
   if is_refusal(request) then
     return request
   end
-  local lease, why = parse_lease(args[2])
-  if not lease then
-    return refuse(why)
-  end
-  request.lease = lease
   return run(request, decide_renew)
 end
 
@@ -986,6 +1344,87 @@ local function info(keys, args)
   return run(request, decide_info)
 end
 
+-- lock_cancel ticket: the ticket's key is the function's one key. Its name carries the lock
+-- key (`__lock_fence__ticket{<tag>}<id>:<key>`, the tag the lock key's slot's), so the line
+-- it waits in is found without a lookup.
+local function parse_ticket(keys, args)
+  if #keys ~= 1 or #args ~= 0 then
+    return refuse(arity('lock_cancel'))
+  end
+  local name = keys[1]
+  local tag, id, key = string.match(name, '^' .. TICKET_PATTERN .. '{([^}]*)}(%d+):(.+)$')
+  if not tag or string.sub(key, 1, #RESERVED_KEY_PREFIX) == RESERVED_KEY_PREFIX
+    or slot_tag(key) ~= tag then
+    return refuse(E.not_a_ticket)
+  end
+  return { ticket = name, id = id, key = key }
+end
+
+-- nil when the ticket waited (it leaves the line; with the key free, the next due waiter is
+-- handed it) or holds nothing to hand over; its token when it holds a grant whose hold still
+-- lives: the caller holds the lock now. The ticket key is deleted.
+local function decide_cancel(request, ctx)
+  local line = line_of(request.key)
+  local queued = redis.pcall('ZRANGEBYSCORE', line.order, request.id, request.id, 'LIMIT', 0, 1)
+  local refused = read_refusal(queued, E.line_wrongtype)
+  if refused then
+    return refused
+  end
+  local owner = queued[1]
+  if owner then
+    local mine = read_mine(line, owner)
+    if is_refusal(mine) then
+      return mine
+    end
+    if not mine or mine.id ~= request.id then
+      owner = nil
+    end
+  end
+  if owner then
+    local outcome = { reply = false, writes = {} }
+    leave_line(line, { owner }, outcome.writes)
+    local lock = read_lock(request.key, false)
+    if not is_refusal(lock) and lock.free then
+      line.skip = owner
+      refused = serve_line(line, ctx, outcome)
+      if refused then
+        return refused
+      end
+    end
+    return outcome
+  end
+  local value = redis.pcall('LINDEX', request.ticket, 0)
+  if is_refusal(value) then
+    -- Not a list: nothing the library wrote. Deleted, as the module deletes a ticket it
+    -- withdraws.
+    return { reply = false, writes = { { 'DEL', request.ticket } } }
+  end
+  if not value then
+    return { reply = false, writes = {} }
+  end
+  local outcome = { reply = false, writes = { { 'DEL', request.ticket } } }
+  local token = parse_positive(value)
+  if token then
+    local lock = read_lock(request.key, false)
+    if not is_refusal(lock) and not lock.free and lock.token == token and not lock.legacy then
+      local reply = integer_reply(token)
+      if not is_refusal(reply) then
+        outcome.reply = reply
+      end
+    end
+  end
+  return outcome
+end
+
+local function cancel(keys, args)
+  local request = parse_ticket(keys, args)
+  if is_refusal(request) then
+    return request
+  end
+  local ctx = new_ctx(request.key)
+  return carry_out(decide_cancel(request, ctx), request.key, ctx)
+end
+
 local function version(keys, args)
   if #keys ~= 0 or #args ~= 0 then
     return refuse(arity('lock_version'))
@@ -994,11 +1433,13 @@ local function version(keys, args)
 end
 
 -- Acquire takes memory for a new lock, so Redis refuses it over maxmemory (deny-oom, as for
--- any function without allow-oom); release, renew and forcerelease free or keep memory and run
--- over maxmemory, as the module's do. Info and version only read (FCALL_RO, replicas).
+-- any function without allow-oom); release, renew, forcerelease and cancel free or keep
+-- memory and run over maxmemory, as the module's do (a release that hands the key to a waiter
+-- writes its hold and its ticket then too). Info and version only read (FCALL_RO, replicas).
 redis.register_function{ function_name = 'lock_acquire', callback = acquire }
 redis.register_function{ function_name = 'lock_release', callback = release, flags = { 'allow-oom' } }
 redis.register_function{ function_name = 'lock_renew', callback = renew, flags = { 'allow-oom' } }
 redis.register_function{ function_name = 'lock_forcerelease', callback = forcerelease, flags = { 'allow-oom' } }
+redis.register_function{ function_name = 'lock_cancel', callback = cancel, flags = { 'allow-oom' } }
 redis.register_function{ function_name = 'lock_info', callback = info, flags = { 'no-writes' } }
 redis.register_function{ function_name = 'lock_version', callback = version, flags = { 'no-writes' } }

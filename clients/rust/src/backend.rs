@@ -35,7 +35,7 @@ impl Backend {
 /// The version of the `redislock` library (`FCALL_RO lock_version 0`) this crate speaks: a
 /// server with an older one, or none, gets [`LIBRARY`] loaded when the client was built with
 /// [`load_functions(true)`](crate::LockClientBuilder::load_functions).
-pub(crate) const FUNCTIONS_VERSION: i64 = 1;
+pub(crate) const FUNCTIONS_VERSION: i64 = 2;
 
 /// The `redislock` library shipped with this crate: a copy of the repository's
 /// `functions/redislock.lua` inside the crate's directory (so that `cargo package` ships it),
@@ -104,8 +104,9 @@ pub(crate) fn sent_as(backend: Backend, cmd: &Cmd) -> Result<Sent<'_>, LockError
 }
 
 /// Each `LOCK.*` command the library has a function for: how it is called.
-const FUNCTIONS: [(&str, &str, &str); 5] = [
+const FUNCTIONS: [(&str, &str, &str); 6] = [
     ("LOCK.ACQUIRE", "FCALL", "lock_acquire"),
+    ("LOCK.CANCEL", "FCALL", "lock_cancel"),
     ("LOCK.RELEASE", "FCALL", "lock_release"),
     ("LOCK.RENEW", "FCALL", "lock_renew"),
     ("LOCK.FORCERELEASE", "FCALL", "lock_forcerelease"),
@@ -113,7 +114,7 @@ const FUNCTIONS: [(&str, &str, &str); 5] = [
 ];
 
 /// What each `LOCK.*` command the library has no function for does, in a refusal's words.
-const NO_FUNCTION: [(&str, &str); 8] = [
+const NO_FUNCTION: [(&str, &str); 7] = [
     ("LOCK.MACQUIRE", "multi-key locks"),
     ("LOCK.MRELEASE", "multi-key locks"),
     ("LOCK.MRENEW", "multi-key locks"),
@@ -121,10 +122,10 @@ const NO_FUNCTION: [(&str, &str); 8] = [
     ("LOCK.CAMPAIGN", "elections"),
     ("LOCK.PROCLAIM", "elections"),
     ("LOCK.LEADER", "elections"),
-    ("LOCK.CANCEL", "tickets"),
 ];
 
-/// The acquire options the library refuses, in a refusal's words.
+/// The acquire options the library refuses, in a refusal's words (this crate waits on the
+/// library through the unlock channel, not with the library's tickets).
 const NO_OPTION: [(&str, &str); 5] = [
     ("SHARED", "shared (read) holds"),
     ("LIMIT", "semaphores"),
@@ -362,7 +363,7 @@ mod tests {
 
     #[test]
     fn commands_as_the_library_takes_them() {
-        let cases: [(&[&str], &[&str]); 9] = [
+        let cases: [(&[&str], &[&str]); 10] = [
             (
                 &["LOCK.ACQUIRE", "k", "o", "500", "ONCE"],
                 &["FCALL", "lock_acquire", "1", "k", "o", "500", "ONCE"],
@@ -385,6 +386,10 @@ mod tests {
             ),
             (&["LOCK.INFO", "k"], &["FCALL_RO", "lock_info", "1", "k"]),
             (
+                &["LOCK.CANCEL", "k", "t"],
+                &["FCALL", "lock_cancel", "1", "k", "t"],
+            ),
+            (
                 &["LOCK.CHECK", "k", "o", "7"],
                 &["FCALL_RO", "lock_info", "1", "k"],
             ),
@@ -403,7 +408,7 @@ mod tests {
 
     #[test]
     fn what_the_library_has_no_function_for_is_refused() {
-        let cases: [(&[&str], &str); 9] = [
+        let cases: [(&[&str], &str); 8] = [
             (
                 &["LOCK.ACQUIRE", "k", "o", "500", "SHARED", "ONCE"],
                 "shared",
@@ -427,7 +432,6 @@ mod tests {
             ),
             (&["LOCK.CAMPAIGN", "k", "o", "500"], "elections"),
             (&["LOCK.LEADER", "k"], "elections"),
-            (&["LOCK.CANCEL", "t"], "tickets"),
         ];
         for (sent, what) in cases {
             match sent_as(Backend::Functions, &command(sent)) {

@@ -16,6 +16,8 @@ use redis::Value;
 use redis_lock_client::{Backend, LockClient, LockError, LostReason, Release};
 use support::{calls, raw, Server};
 
+/// The version of the library this crate speaks (`local VERSION` of redislock.lua).
+const VERSION: i64 = 2;
 /// The repository's library.
 const LIBRARY: &str = include_str!("../../../functions/redislock.lua");
 /// A library of the same name whose version is older than any this crate speaks.
@@ -167,7 +169,7 @@ async fn load_functions_loads_the_library() {
     let mut guard = client.lock("k").acquire().await.expect("acquire");
     assert_eq!(client.backend().await.expect("backend"), Backend::Functions);
     assert_eq!(guard.release().await.expect("release"), Release::Released);
-    assert_eq!(version(&mut conn).await, 1);
+    assert_eq!(version(&mut conn).await, VERSION);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,7 +187,7 @@ async fn an_older_library_is_refused_or_replaced() {
         .await
         .expect("acquire");
     assert!(guard.token() > 0);
-    assert_eq!(version(&mut conn).await, 1);
+    assert_eq!(version(&mut conn).await, VERSION);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -624,7 +626,7 @@ async fn a_cluster_without_the_module_gets_the_library_on_each_master_at_first_u
         );
     }
     for node in &cluster.nodes {
-        assert_eq!(version(&mut raw(node).await).await, 1);
+        assert_eq!(version(&mut raw(node).await).await, VERSION);
     }
     for key in &node_keys[1..] {
         let mut guard = a
