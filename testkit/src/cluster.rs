@@ -18,8 +18,23 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(masters: usize) -> Cluster {
+        Cluster::start_nodes(masters, &node_options())
+    }
+
+    /// A cluster of plain servers, without the module (as a managed service runs one).
+    pub fn start_without_module(masters: usize) -> Cluster {
+        Cluster::start_nodes(
+            masters,
+            &Options {
+                without_module: true,
+                ..node_options()
+            },
+        )
+    }
+
+    fn start_nodes(masters: usize, options: &Options) -> Cluster {
         let nodes: Vec<Server> = (0..masters)
-            .map(|_| Server::start_on_free(cluster_port(), &node_options()))
+            .map(|_| Server::start_on_free(cluster_port(), options))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()

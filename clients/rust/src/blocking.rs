@@ -132,6 +132,20 @@ impl LockClient {
         self.inner.id()
     }
 
+    /// What serves the locks on the server: see [`crate::LockClient::backend`].
+    pub fn backend(&self) -> Result<crate::Backend, LockError> {
+        let inner = self.inner.clone();
+        self.engine.block_on(async move { inner.backend().await })?
+    }
+
+    /// What serves the locks on `key`'s server: see [`crate::LockClient::backend_of`].
+    pub fn backend_of(&self, key: impl AsRef<[u8]>) -> Result<crate::Backend, LockError> {
+        let inner = self.inner.clone();
+        let key = key.as_ref().to_vec();
+        self.engine
+            .block_on(async move { inner.backend_of(key).await })?
+    }
+
     /// A handle on the exclusive lock of `key`.
     pub fn lock(&self, key: impl AsRef<[u8]>) -> Lock {
         self.wrap(self.inner.lock(key))

@@ -45,6 +45,13 @@ pub fn leader_channel(key: &[u8]) -> Vec<u8> {
     lost_signal_channel_with_prefix(DEFAULT_LEADER_CHANNEL_PREFIX.as_bytes(), key)
 }
 
+/// The channel a release that frees a key publishes on (the unlock message, Redisson's
+/// `redisson_lock__channel:{KEY}`, named as the lost-hold channel): what an acquire waiting on
+/// the `redislock` Functions library listens to.
+pub(crate) fn unlock_channel(key: &[u8]) -> Vec<u8> {
+    lost_signal_channel_with_prefix(b"redisson_lock__channel", key)
+}
+
 /// The channel of the flush message: `<prefix>:flush` (no `{`, so no key's channel is this one).
 pub(crate) fn flush_channel(prefix: &[u8]) -> Vec<u8> {
     [prefix, b":flush"].concat()
@@ -89,6 +96,7 @@ mod tests {
                 "{row:?}"
             );
             assert_eq!(leader_channel(&key), unescape(column(&row, 2)), "{row:?}");
+            assert_eq!(unlock_channel(&key), unescape(column(&row, 3)), "{row:?}");
         }
     }
 }

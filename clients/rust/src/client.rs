@@ -8,7 +8,8 @@ use rand::Rng;
 use redis::cluster::ClusterClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
-use crate::conn::Commands;
+use crate::backend::Backend;
+use crate::conn::{Backends, Commands};
 use crate::context::Context;
 use crate::election::Election;
 use crate::error::LockError;
@@ -77,8 +78,12 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     failover_timeout: Duration,
     lost_signal: bool,
+    /// The lost-hold signal asked for by name ([`LockClientBuilder::listen_for_lost_signal`]):
+    /// an acquire on a server whose backend has none is refused.
+    lost_signal_asked: bool,
     lost_prefix: String,
     tickets: bool,
+    load_functions: bool,
     /// A setting that does not apply to this target: refused by `build`.
     misused: Option<&'static str>,
 }
@@ -108,15 +113,19 @@ impl LockClientBuilder {
     /// hold's own connection. Saves the client's one pub/sub connection and a `SUBSCRIBE` per
     /// held key.
     ///
-    /// By default a client listens (as [`LockClientBuilder::listen_for_lost_signal`] says):
-    /// the same default as the Python library's `lost_signal=True`.
+    /// By default a client listens wherever the server has the signal (the module; the
+    /// `redislock` Functions library has none): the same default as the Python library's
+    /// `lost_signal=None`.
     pub fn without_lost_signal(mut self) -> Self {
         self.lost_signal = false;
+        self.lost_signal_asked = false;
         self
     }
 
-    /// Listens to the server's lost-hold signal (the default: this only undoes
-    /// [`LockClientBuilder::without_lost_signal`]) on one pub/sub connection, so that a hold
+    /// Listens to the server's lost-hold signal (the default, where the server has it; asked
+    /// for by name, as the Python library's `lost_signal=True`, each acquire on a server with
+    /// the `redislock` Functions library, which has no such signal, answers
+    /// [`LockError::NotSupported`]) on one pub/sub connection, so that a hold
     /// ended by `LOCK.FORCERELEASE`, `DEL`, an overwrite, a rename, eviction, an `EPHEMERAL`
     /// connection's close or a lease end is reported at once, with the server's reason
     /// ([`LostReason`](crate::LostReason)).
@@ -137,6 +146,7 @@ impl LockClientBuilder {
     /// [`LockClientBuilder::lost_signal_prefix`].
     pub fn listen_for_lost_signal(mut self) -> Self {
         self.lost_signal = true;
+        self.lost_signal_asked = true;
         self
     }
 
@@ -160,6 +170,7 @@ impl LockClientBuilder {
     /// ```
     pub fn lost_signal_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.lost_signal = true;
+        self.lost_signal_asked = true;
         self.lost_prefix = prefix.into();
         self
     }
@@ -205,6 +216,16 @@ impl LockClientBuilder {
     /// ```
     pub fn wait_with_tickets(mut self, tickets: bool) -> Self {
         self.tickets = tickets;
+        self
+    }
+
+    /// On a server without the module whose `redislock` Functions library is missing or older
+    /// than this crate's (default `false`): `true` loads the crate's copy of
+    /// `functions/redislock.lua` (`FUNCTION LOAD REPLACE`, which needs `+function|load`) at the
+    /// first lock command to that server (in a cluster, to each master), instead of answering
+    /// [`LockError::NotSupported`] there. See [`LockClient::backend`].
+    pub fn load_functions(mut self, load: bool) -> Self {
+        self.load_functions = load;
         self
     }
 
@@ -277,6 +298,7 @@ impl LockClientBuilder {
                     master.clone(),
                     self.command_timeout,
                     name.clone(),
+                    self.load_functions,
                 ));
                 let signals = self
                     .lost_signal
@@ -303,6 +325,7 @@ impl LockClientBuilder {
                     master.clone(),
                     self.command_timeout,
                     name.clone(),
+                    self.load_functions,
                 ));
                 let signals = self
                     .lost_signal
@@ -325,7 +348,10 @@ impl LockClientBuilder {
                 let signals = self
                     .lost_signal
                     .then(|| SignalHub::cluster(seeds, prefix, name.clone()));
-                let commands = Arc::new(Commands::Cluster(conn.clone()));
+                let commands = Arc::new(Commands::Cluster(
+                    conn.clone(),
+                    Backends::new(self.load_functions),
+                ));
                 let slots: crate::servers::SlotMap = Arc::default();
                 let tickets = tickets_on.then(|| {
                     Arc::new(Tickets::cluster(
@@ -356,6 +382,7 @@ impl LockClientBuilder {
                     command_timeout: self.command_timeout,
                     failover_timeout: self.failover_timeout,
                     signals,
+                    lost_signal_asked: self.lost_signal_asked,
                     tickets,
                     keepers: Keepers::new(),
                 }),
@@ -404,6 +431,8 @@ impl LockClient {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
+            lost_signal_asked: false,
+            load_functions: false,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
             tickets: true,
             misused: None,
@@ -439,6 +468,8 @@ impl LockClient {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
+            lost_signal_asked: false,
+            load_functions: false,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
             tickets: true,
             misused: None,
@@ -520,10 +551,34 @@ impl LockClient {
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             failover_timeout: DEFAULT_FAILOVER_TIMEOUT,
             lost_signal: true,
+            lost_signal_asked: false,
+            load_functions: false,
             lost_prefix: crate::DEFAULT_LOST_SIGNAL_PREFIX.to_string(),
             tickets: true,
             misused: None,
         })
+    }
+
+    /// What serves the locks on the server ([`Backend::Module`] or [`Backend::Functions`];
+    /// [`Backend::supports_ephemeral`] says whether holds can be `EPHEMERAL`), found at the
+    /// first lock command to it, or now (this asks it; with
+    /// [`LockClientBuilder::load_functions`], a server without either gets the library loaded).
+    /// [`LockError::NotSupported`] when the server has neither (and `load_functions` is off), as
+    /// every lock command to it answers. In a cluster each master is asked on its own: use
+    /// [`LockClient::backend_of`] ([`LockError::InvalidArgument`] here).
+    pub async fn backend(&self) -> Result<Backend, LockError> {
+        if self.is_cluster() {
+            return Err(LockError::InvalidArgument(
+                "in a cluster, name a key (backend_of): each master is asked on its own",
+            ));
+        }
+        self.inner.ctx.commands.backend(b"").await
+    }
+
+    /// [`LockClient::backend`] of the server that serves `key` (in a cluster, the master of its
+    /// slot).
+    pub async fn backend_of(&self, key: impl AsRef<[u8]>) -> Result<Backend, LockError> {
+        self.inner.ctx.commands.backend(key.as_ref()).await
     }
 
     /// Whether this client talks to a Redis Cluster.

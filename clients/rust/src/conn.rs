@@ -10,6 +10,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, Value};
 use tokio::sync::mpsc;
 
+use crate::backend::{self, says_backend_gone, Backend, Sent};
 use crate::basics::relock;
 use crate::error::{command_name, LockError};
 use crate::master::{says_not_master, Master};
@@ -39,12 +40,40 @@ pub(crate) enum Commands {
         current: std::sync::atomic::AtomicU64,
         /// Held while (re)connecting, so that one task connects and the others wait for it.
         connecting: tokio::sync::Mutex<()>,
+        backends: Backends,
     },
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, Backends),
+}
+
+/// Which backend serves the locks ([`Backend`]): found at the first `LOCK.*` command to a
+/// server (in a cluster, to the master of a slot), and again after an answer says it is gone.
+pub(crate) struct Backends {
+    /// Whether a server without the module whose `redislock` library is missing or older gets
+    /// the crate's copy loaded ([`backend::detect`]).
+    load: bool,
+    /// Per slot in a cluster; under slot 0 for the one server.
+    known: Mutex<std::collections::HashMap<u16, Backend>>,
+    /// Held while one task asks a server, so that the others wait for its answer.
+    detecting: tokio::sync::Mutex<()>,
+}
+
+impl Backends {
+    pub(crate) fn new(load: bool) -> Backends {
+        Backends {
+            load,
+            known: Mutex::new(std::collections::HashMap::new()),
+            detecting: tokio::sync::Mutex::new(()),
+        }
+    }
 }
 
 impl Commands {
-    pub(crate) fn single(master: Arc<Master>, timeout: Duration, name: String) -> Commands {
+    pub(crate) fn single(
+        master: Arc<Master>,
+        timeout: Duration,
+        name: String,
+        load_functions: bool,
+    ) -> Commands {
         Commands::Single {
             master,
             config: AsyncConnectionConfig::new()
@@ -55,7 +84,67 @@ impl Commands {
             made: std::sync::atomic::AtomicU64::new(0),
             current: std::sync::atomic::AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
+            backends: Backends::new(load_functions),
         }
+    }
+
+    fn backends(&self) -> &Backends {
+        match self {
+            Commands::Single { backends, .. } | Commands::Cluster(_, backends) => backends,
+        }
+    }
+
+    /// Where the backend of `key`'s server is remembered: its slot in a cluster, 0 otherwise.
+    fn backend_slot(&self, key: &[u8]) -> u16 {
+        match self {
+            Commands::Single { .. } => 0,
+            Commands::Cluster(..) => crate::servers::key_slot(key),
+        }
+    }
+
+    /// The backend of the server that serves `key` (the one server, or in a cluster the master
+    /// of its slot): found once ([`backend::detect`]), again after [`Commands::forget_backend`].
+    pub(crate) async fn backend(&self, key: &[u8]) -> Result<Backend, LockError> {
+        let slot = self.backend_slot(key);
+        let backends = self.backends();
+        if let Some(known) = relock(&backends.known).get(&slot) {
+            return Ok(*known);
+        }
+        let _detecting = backends.detecting.lock().await;
+        if let Some(known) = relock(&backends.known).get(&slot) {
+            return Ok(*known);
+        }
+        // Boxed: asked once per server, it would otherwise deepen every command's future.
+        let found = Box::pin(backend::detect(
+            |cmd: Cmd| async move { self.raw_routed(&cmd, Some(key)).await },
+            backends.load,
+        ))
+        .await?;
+        relock(&backends.known).insert(slot, found);
+        Ok(found)
+    }
+
+    /// The backend of `key`'s server is asked again at the next command (an answer said it
+    /// is gone: a `FUNCTION FLUSH`, the module unloaded, a failover to a server without it).
+    fn forget_backend(&self, key: &[u8]) {
+        let slot = self.backend_slot(key);
+        relock(&self.backends().known).remove(&slot);
+    }
+
+    /// `cmd` as the backend of `key`'s server takes it ([`backend::sent_as`]); a command that is
+    /// not `LOCK.*` as it is, without asking which backend the server has.
+    async fn sent_as<'a>(&self, cmd: &'a Cmd, key: &[u8]) -> Result<Sent<'a>, LockError> {
+        if !backend::is_lock_command(cmd) {
+            return backend::sent_as(Backend::Module, cmd);
+        }
+        backend::sent_as(self.backend(key).await?, cmd)
+    }
+
+    /// The key whose server `cmd` goes to: `key`, else the command's own.
+    fn route_of(cmd: &Cmd, key: Option<&[u8]>) -> Vec<u8> {
+        key.map(<[u8]>::to_vec)
+            .or_else(|| backend::key_of(cmd))
+            .unwrap_or_default()
     }
 
     /// The number of the single server's current connection (0: none now; always 0 in a
@@ -77,15 +166,25 @@ impl Commands {
                     None => 0,
                 }
             }
-            Commands::Cluster(_) => 0,
+            Commands::Cluster(..) => 0,
         }
     }
 
     /// `cmd` on the single server's connection, with the number of the connection that
-    /// answered ([`Commands::asking`]).
+    /// answered ([`Commands::asking`]), as the server's backend takes it.
     pub(crate) async fn query_asking(&self, cmd: &Cmd) -> (Result<Value, LockError>, u64) {
+        let route = Commands::route_of(cmd, None);
+        let sent = match self.sent_as(cmd, &route).await {
+            Ok(sent) => sent,
+            Err(e) => return (Err(e), 0),
+        };
+        let (reply, number) = self.raw_asking(&sent.cmd).await;
+        (reply.map(|v| sent.answer.apply(v)), number)
+    }
+
+    async fn raw_asking(&self, cmd: &Cmd) -> (Result<Value, LockError>, u64) {
         match self {
-            Commands::Cluster(_) => (self.query(cmd).await, 0),
+            Commands::Cluster(..) => (self.raw_routed(cmd, None).await, 0),
             Commands::Single { .. } => {
                 let (mut conn, node, new, generation, number) = match self.single_connection().await
                 {
@@ -110,14 +209,35 @@ impl Commands {
 
     /// `cmd`, in a cluster sent to the master of `key`'s slot when `key` is given (a command
     /// whose first argument is not its key, such as `LOCK.MACQUIRE numkeys key ...`, would
-    /// otherwise be routed by its first argument and take a `MOVED`).
+    /// otherwise be routed by its first argument and take a `MOVED`). A `LOCK.*` command goes
+    /// as the server's backend takes it ([`backend::sent_as`]: the module's command, or the
+    /// `redislock` library's `FCALL`); an answer that says that backend is gone has it found
+    /// again and the command sent once more, as the backend found takes it.
     pub(crate) async fn query_routed(
         &self,
         cmd: &Cmd,
         key: Option<&[u8]>,
     ) -> Result<Value, LockError> {
+        let route = Commands::route_of(cmd, key);
+        let sent = self.sent_as(cmd, &route).await?;
+        let reply = match self.raw_routed(&sent.cmd, key).await {
+            Err(e) if backend::is_lock_command(cmd) && says_backend_gone(&e) => {
+                self.forget_backend(&route);
+                let sent = self.sent_as(cmd, &route).await?;
+                return self
+                    .raw_routed(&sent.cmd, key)
+                    .await
+                    .map(|v| sent.answer.apply(v));
+            }
+            reply => reply,
+        };
+        reply.map(|v| sent.answer.apply(v))
+    }
+
+    /// `cmd` as it is (see [`Commands::query_routed`]).
+    async fn raw_routed(&self, cmd: &Cmd, key: Option<&[u8]>) -> Result<Value, LockError> {
         match self {
-            Commands::Cluster(conn) => match key {
+            Commands::Cluster(conn, _) => match key {
                 None => cmd.query_async::<Value>(&mut conn.clone()).await,
                 Some(key) => conn
                     .clone()
@@ -144,13 +264,42 @@ impl Commands {
 
     /// The commands of `pipe` in one round trip on the connection (in a cluster, to the master
     /// of `key`'s slot), each command's answer in its place (a server error as an `Err`).
+    /// Its `LOCK.*` commands go as the server's backend takes them.
     pub(crate) async fn query_pipeline(
         &self,
         pipe: &Pipeline,
         key: &[u8],
     ) -> Result<Vec<Result<Value, LockError>>, LockError> {
+        if !pipe.cmd_iter().any(backend::is_lock_command) {
+            return self.raw_pipeline(pipe, key).await;
+        }
+        // (The library's pipelines with `LOCK.*` commands ignore no reply.)
+        let mut sent = redis::pipe();
+        sent.ignore_errors();
+        let mut answers = Vec::new();
+        for cmd in pipe.cmd_iter() {
+            let on = self.sent_as(cmd, key).await?;
+            sent.add_command(on.cmd.into_owned());
+            answers.push(on.answer);
+        }
+        let replies = self.raw_pipeline(&sent, key).await?;
+        Ok(replies
+            .into_iter()
+            .zip(answers.iter().map(Some).chain(std::iter::repeat(None)))
+            .map(|(reply, answer)| match answer {
+                Some(answer) => reply.map(|v| answer.apply(v)),
+                None => reply,
+            })
+            .collect())
+    }
+
+    async fn raw_pipeline(
+        &self,
+        pipe: &Pipeline,
+        key: &[u8],
+    ) -> Result<Vec<Result<Value, LockError>>, LockError> {
         let replies = match self {
-            Commands::Cluster(conn) => conn
+            Commands::Cluster(conn, _) => conn
                 .clone()
                 .route_pipeline(pipe.clone(), 0, pipe.len(), master_of(key))
                 .await
@@ -181,7 +330,7 @@ impl Commands {
     fn name(&self) -> &str {
         match self {
             Commands::Single { name, .. } => name,
-            Commands::Cluster(_) => "",
+            Commands::Cluster(..) => "",
         }
     }
 

@@ -25,6 +25,9 @@ pub(crate) struct Context {
     /// Through Sentinel, how long an acquire is sent again while no master answers.
     pub(crate) failover_timeout: Duration,
     pub(crate) signals: Option<Arc<SignalHub>>,
+    /// The lost-hold signal asked for by name: an acquire where the backend has none is
+    /// refused.
+    pub(crate) lost_signal_asked: bool,
     /// The waiting connection of acquires that wait with tickets (none: they wait on
     /// connections of their own).
     pub(crate) tickets: Option<Arc<Tickets>>,

@@ -143,7 +143,10 @@ impl Election {
     }
 
     /// Follows the key's leaders: a [`Stream`](futures_core::Stream) of [`Leader`] in the order
-    /// they led (see [`Observer`]). Call it inside a tokio runtime.
+    /// they led (see [`Observer`]). Call it inside a tokio runtime. On a server with the
+    /// `redislock` Functions library (no elections: [`Backend`](crate::Backend)) the stream
+    /// ends at once; [`Election::campaign`] and [`Election::leader`] answer
+    /// [`LockError::NotSupported`] there.
     pub fn observe(&self) -> Observer {
         Observer::start(self.lock.context().clone(), self.key().into())
     }

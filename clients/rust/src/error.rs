@@ -72,6 +72,13 @@ pub enum LockError {
     /// The server answered something LOCK.* never answers (a module that is not loaded answers
     /// with [`LockError::Server`] instead).
     UnexpectedReply(String),
+    /// What was asked cannot be done on this server's backend (the `redislock` Functions
+    /// library: shared holds, semaphores, multi-key locks, `EPHEMERAL` holds, fenced commands,
+    /// elections, the lost-hold signal asked for by name), or the server has neither the module
+    /// nor the library (and the client may not load it:
+    /// [`LockClientBuilder::load_functions`](crate::LockClientBuilder::load_functions)). Raised
+    /// before anything is sent for the call; the text says what to use instead.
+    NotSupported(String),
 }
 
 impl fmt::Display for LockError {
@@ -120,6 +127,7 @@ impl fmt::Display for LockError {
             LockError::Connection(e) => write!(f, "connection error: {e}"),
             LockError::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
             LockError::UnexpectedReply(what) => write!(f, "unexpected reply: {what}"),
+            LockError::NotSupported(what) => write!(f, "not supported: {what}"),
         }
     }
 }

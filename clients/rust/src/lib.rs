@@ -17,6 +17,10 @@
 //! - [`LockClient::multi_lock`] makes a [`MultiLock`]: several keys taken together at one
 //!   instant (`LOCK.MACQUIRE`), a [`MultiLockGuard`] with a token per key, one watchdog
 //!   (`LOCK.MRENEW`), one release (`LOCK.MRELEASE`).
+//! - Where no module can load (a managed Redis), exclusive locks run on the `redislock`
+//!   Functions library (`functions/redislock.lua`), found per server at its first lock command
+//!   ([`LockClient::backend`], [`Backend`]; [`LockClientBuilder::load_functions`] loads it);
+//!   what that library cannot do answers [`LockError::NotSupported`] before anything is sent.
 //! - [`LockClient::election`] makes an [`Election`]: [`Election::campaign`] waits until this
 //!   candidate leads and returns a [`Leadership`] (its epoch, `lost`, `proclaim`, `resign`);
 //!   [`Election::leader`] reads the leader; [`Election::observe`] follows every change as a
@@ -130,6 +134,7 @@
 )]
 
 mod acks;
+mod backend;
 mod basics;
 pub mod blocking;
 mod channel;
@@ -155,9 +160,11 @@ mod reply;
 mod servers;
 mod signal;
 mod tickets;
+mod unlocked;
 #[cfg(test)]
 mod vectors;
 
+pub use backend::Backend;
 pub use channel::{
     leader_channel, lost_signal_channel, lost_signal_channel_with_prefix,
     DEFAULT_LEADER_CHANNEL_PREFIX, DEFAULT_LOST_SIGNAL_PREFIX,

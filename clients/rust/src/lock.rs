@@ -9,6 +9,7 @@ use redis::{Cmd, Value};
 use tokio::time::Instant;
 
 use crate::acks::Acknowledgement;
+use crate::backend::{self, refusal, Backend};
 use crate::basics::{millis, FAILOVER_PAUSE, FAILOVER_PAUSE_MAX};
 use crate::conn::{self, HoldConn, OwnConnection};
 use crate::context::Context;
@@ -567,6 +568,7 @@ impl Lock {
             w => w,
         };
         let _gate = self.state.gate.lock().await;
+        let functions = self.check_backend(value).await?;
         let until = match wait {
             Some(Wait::Timeout(t)) => Some(Instant::now() + t),
             _ => None,
@@ -623,6 +625,7 @@ impl Lock {
                 }
             } else {
                 match (wait, &self.ctx.tickets) {
+                    (Some(wait), _) if functions => (self.send_unlocked(wait, value).await?, None),
                     (Some(wait), Some(tickets)) => {
                         (self.send_ticketed(tickets, wait, value).await?, None)
                     }
@@ -652,6 +655,52 @@ impl Lock {
                 Settled::Again => return Ok(None),
             }
         }
+    }
+
+    /// Whether the key's server has the `redislock` Functions library, after refusing
+    /// ([`LockError::NotSupported`]), before anything is sent, what this handle asks of it that
+    /// it cannot do (see [`backend::sent_as`]), or the lost-hold signal asked for by name. A
+    /// server that cannot be asked now is asked by the send (which refuses the same commands).
+    async fn check_backend(&self, value: Option<&[u8]>) -> Result<bool, LockError> {
+        let backend = match self.ctx.commands.backend(self.spec.key()).await {
+            Ok(backend) => backend,
+            Err(e) if e.is_retryable() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if backend != Backend::Functions {
+            return Ok(false);
+        }
+        backend::sent_as(backend, &self.acquire_cmd(None, value, Ticket::No))?;
+        if self.ctx.lost_signal_asked {
+            return Err(refusal(
+                "the lost-hold signal (listen_for_lost_signal, lost_signal_prefix)",
+            ));
+        }
+        Ok(true)
+    }
+
+    /// A waiting acquire on the `redislock` Functions library, which cannot block
+    /// ([`crate::unlocked::wait_unlocked`]): the acquire without `WAIT` asked again at each
+    /// unlock message and at the holder's lease end, until `wait` passes.
+    async fn send_unlocked(&self, wait: Wait, value: Option<&[u8]>) -> Result<Value, LockError> {
+        let until = match wait {
+            Wait::Timeout(t) => Some(Instant::now() + t),
+            Wait::Forever => None,
+        };
+        // Boxed: the acquire's future would otherwise nest the wait's whole machinery.
+        Box::pin(crate::unlocked::wait_unlocked(
+            &self.ctx.servers,
+            &self.ctx.commands,
+            self.spec.key(),
+            self.ctx.command_timeout,
+            until,
+            || async {
+                self.send_with_retries(None, value, Ticket::No, None)
+                    .await
+                    .map(|(reply, _)| reply)
+            },
+        ))
+        .await
     }
 
     /// Sends the acquire on the shared connection (no wait) or on a fresh connection of its own
@@ -1215,6 +1264,12 @@ impl Lock {
             }
             None => (HoldConn::Shared(ctx.commands.clone()), None),
         };
+        // The redislock Functions library publishes no lost-hold signal: nothing to listen to
+        // there (no pub/sub connection for it).
+        let signals = match ctx.commands.backend(self.spec.key()).await {
+            Ok(Backend::Functions) => None,
+            _ => ctx.signals.clone(),
+        };
         let hold = Hold::new(NewHold {
             identity: Identity {
                 db: ctx.db,
@@ -1239,7 +1294,7 @@ impl Lock {
             release: self.spec.release.clone(),
             keeper: ctx.keepers.current(),
             command_timeout: ctx.command_timeout,
-            signals: ctx.signals.clone(),
+            signals,
             abandoned: Arc::new(HandleReleases(Arc::downgrade(state))),
         });
         // The old hold is no longer the handle's from here: a release of it cannot free this

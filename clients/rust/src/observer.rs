@@ -297,6 +297,9 @@ async fn follow(ctx: Arc<Context>, key: Arc<[u8]>, out: mpsc::UnboundedSender<Le
                 }
                 sub
             }
+            // A server with the redislock Functions library has no elections: the stream
+            // ends, never tried again.
+            Err(LockError::NotSupported(_)) => return,
             Err(_) => {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
