@@ -1,6 +1,7 @@
 """Waiting with tickets (the clients' ``wait_with_tickets``, on by default): an acquire that has
 to wait gets a ticket from the server and every wait of a client on a server is popped by one
-``BLPOP`` on one waiting connection (sync and asyncio; a lock, a multi-key lock, a campaign)."""
+``BLPOP`` on one waiting connection per 100 waits (sync and asyncio; a lock, a multi-key lock, a
+campaign)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 //! Waiting with tickets: a waiting acquire asks with `... WAIT ms TICKET` on the client's shared
-//! connection, and the client's one waiting connection pops every ticket's answer (`BLPOP`).
+//! connection, and the client's waiting connection (one per 100 tickets) pops every ticket's
+//! answer (`BLPOP`).
 //! Real servers (the test kit), real connections: what the server sees is read with `CLIENT
 //! LIST`, `INFO lock` and `INFO commandstats`.
 
