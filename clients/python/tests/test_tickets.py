@@ -1,6 +1,7 @@
 """Waiting with tickets (the clients' ``wait_with_tickets``, on by default): an acquire that has
 to wait gets a ticket from the server and every wait of a client on a server is popped by one
-``BLPOP`` on one waiting connection (sync and asyncio; a lock, a multi-key lock, a campaign)."""
+``BLPOP`` on one waiting connection per 100 waits (sync and asyncio; a lock, a multi-key lock, a
+campaign)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import redis
 from conftest import Server, info, wait_until
 from redis_lock_client._async._tickets import TicketDesk as AsyncDesk
 from redis_lock_client._sync._tickets import TicketDesk as SyncDesk
-from redis_lock_client._async._tickets import HEALTH_PERIOD
+from redis_lock_client._async._tickets import HEALTH_PERIOD, TICKETS_PER_CONNECTION
 from conftest import waiting as waiters
 from redis_lock_client import (
     AsyncLockClient,
@@ -160,6 +161,60 @@ def test_many_waits_of_one_client_share_one_waiting_connection(server, client, k
         guard.release()
 
 
+def blpop_key_counts(server: Server) -> list[int]:
+    """The number of keys each ``BLPOP`` in the slow log named (the log keeps 32 arguments,
+    the last saying how many more there were)."""
+    counts = []
+    for entry in server.client().execute_command("SLOWLOG", "GET", "-1"):
+        args = entry[3]
+        if not args or bytes(args[0]).upper() != b"BLPOP":
+            continue
+        argc = len(args)
+        last = bytes(args[-1])
+        if last.startswith(b"... (") and last.endswith(b" more arguments)"):
+            argc = len(args) - 1 + int(last[5:].split(b" ")[0])
+        counts.append(argc - 2)  # BLPOP and its timeout
+    return counts
+
+
+@pytest.mark.scenario("tickets-one-connection")
+def test_250_waits_pop_on_three_connections_of_at_most_100_tickets_in_arrival_order(server, key):
+    assert TICKETS_PER_CONNECTION == 100
+    raw = server.client()
+    raw.config_set("slowlog-log-slower-than", 0)
+    raw.config_set("slowlog-max-len", 1_000_000)
+    raw.slowlog_reset()
+    release = hold_elsewhere(server, key)
+
+    async def main() -> list[int]:
+        order: list[int] = []
+        async with AsyncLockClient.from_url(server.url) as client:
+            async def take(i: int) -> None:
+                guard = await client.lock(key, wait_timeout=120).acquire()
+                order.append(i)
+                await guard.release()
+            tasks = []
+            for i in range(250):
+                tasks.append(asyncio.create_task(take(i)))
+                until = time.monotonic() + 10
+                while waiters(server, key) != i + 1:
+                    assert time.monotonic() < until, f"waiter {i} never queued"
+                    await asyncio.sleep(0.001)
+            until = time.monotonic() + 10
+            while len(in_blpop(server)) != 3:
+                assert time.monotonic() < until, f"{len(in_blpop(server))} BLPOPs"
+                await asyncio.sleep(0.01)
+            assert len(named(server, ":tickets-wait")) == 3
+            release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        return order
+
+    assert run(main()) == list(range(250))
+    counts = blpop_key_counts(server)
+    assert counts and max(counts) <= 100, max(counts)
+    assert max(counts) == 100  # the first connection filled up
+
+
 @pytest.mark.scenario("tickets-one-connection")
 def test_one_wake_up_per_release_eight_tasks_fifty_sections(server, key):
     async def main() -> None:
@@ -210,7 +265,7 @@ def test_the_blpop_of_tickets_is_sent_as_redis_py_would_pack_it():
     from redis_lock_client._sync._tickets import _blpop as sync_blpop
 
     names = [b"__lock_fence__ticket{k:1}17", b"__lock_fence__ticket{k:2}1801", b"t\r\n"]
-    wires = [_Ticket(n, [], _Slot(None)).wire for n in names]
+    wires = [_Ticket(n, [], _Slot(None, 1)).wire for n in names]
     for block in (1.0, 0.1):
         expected = b"".join(Connection().pack_command("BLPOP", *names, block))
         assert async_blpop(wires, block) == expected

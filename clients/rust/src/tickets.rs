@@ -18,10 +18,14 @@
 //! go before it runs any of them: the `CLIENT UNBLOCK` finds the `BLPOP` either blocked as
 //! usual or not blocked at all, never postponed, and each retry waits out the pause.
 //!
-//! On one server (standalone, Sentinel) there is one group: the client's tickets are asked on
-//! its shared connection and popped on one waiting connection to the master. In a cluster a
-//! ticket hashes to its lock's slot and one `BLPOP` may only name keys of one slot, so there is
-//! a group per slot with tickets waiting, popping on the node that serves the slot; tickets are
+//! A group pops at most [`TICKETS_PER_CONNECTION`] tickets: a new ticket joins the first
+//! group of its server (or slot) with room, else starts one, so that every `BLPOP` names at
+//! most that many keys and a new ticket interrupts only its group's.
+//!
+//! On one server (standalone, Sentinel) the client's tickets are asked on its shared
+//! connection and popped on waiting connections to the master. In a cluster a
+//! ticket hashes to its lock's slot and one `BLPOP` may only name keys of one slot, so there are
+//! groups per slot with tickets waiting, popping on the node that serves the slot; tickets are
 //! asked on a connection of the client's own to that node (one per node: [`NodeConns`], so that
 //! the library sees it close), and a group that stops waiting leaves its waiting connection to
 //! the next group on that node (closed when none took it for a while). A `BLPOP` the server
@@ -38,7 +42,7 @@
 //! waiter left ([`Wanted::release`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -54,6 +58,13 @@ use crate::master::Master;
 use crate::naming::setname;
 use crate::node::Node;
 use crate::servers::{key_slot, Hop, Map, Redirect, Redirects, Route, Servers, SlotMap};
+
+/// The most tickets one waiting connection pops (one `BLPOP` names them all): a client's
+/// tickets on a server (of a slot, in a cluster) are split over as many waiting connections as
+/// it takes, each its own group, so that each grant costs the server a `BLPOP` over at most
+/// this many keys (over all of them, with 2,000 waits queued, a grant cost the server 4 times
+/// a blocked waiter's) and a new ticket interrupts only the `BLPOP` it joins.
+pub(crate) const TICKETS_PER_CONNECTION: usize = 100;
 
 /// How long a waiting connection stays open with no ticket waiting.
 const IDLE: Duration = Duration::from_secs(2);
@@ -251,6 +262,32 @@ struct Entry {
     answer: oneshot::Sender<Answer>,
     /// Its waiter gave it up ([`Pending::leave`]) and waits for the group's last word on it.
     left: Arc<AtomicBool>,
+    /// Counts it among its group's tickets while it lives (none: a [`Pending::leave`] poke).
+    counted: Option<Counted>,
+}
+
+/// One ticket counted in its group's [`Group::count`], until dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn new(count: &Arc<AtomicUsize>) -> Counted {
+        count.fetch_add(1, Ordering::SeqCst);
+        Counted(count.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A group's running task, as [`Tickets::wait`] finds it: its inbox and the tickets it holds
+/// (at most [`TICKETS_PER_CONNECTION`] are given to it).
+struct Group {
+    id: u64,
+    inbox: mpsc::UnboundedSender<Entry>,
+    count: Arc<AtomicUsize>,
 }
 
 impl Entry {
@@ -287,6 +324,7 @@ impl Pending {
             wanted,
             answer,
             left: Arc::new(AtomicBool::new(true)),
+            counted: None,
         };
         // The task ended: it dropped the ticket, nothing comes.
         let _ = self.inbox.send(poke);
@@ -331,9 +369,11 @@ pub(crate) struct Tickets {
     /// `CLIENT SETNAME` of the connections it opens.
     name: String,
     timeout: Duration,
-    /// The inbox of each group's running task: one group on one server (`None`), one per slot
-    /// in a cluster.
-    groups: Mutex<HashMap<Option<u16>, mpsc::UnboundedSender<Entry>>>,
+    /// The running groups of each server (`None`) or cluster slot: the first with room takes a
+    /// new ticket (as many as [`TICKETS_PER_CONNECTION`] each), else a new group starts.
+    groups: Mutex<HashMap<Option<u16>, Vec<Group>>>,
+    /// The number of the next group.
+    started: AtomicU64,
     /// Set when the server refused the fenced `CLIENT UNBLOCK` (an ACL without `MULTI` or
     /// `DEL`): from then on `BLPOP`s are short and never interrupted, as without `CLIENT ID`.
     unfenced: AtomicBool,
@@ -472,6 +512,7 @@ impl Tickets {
             name,
             timeout,
             groups: Mutex::new(HashMap::new()),
+            started: AtomicU64::new(0),
             unfenced: AtomicBool::new(false),
         }
     }
@@ -495,6 +536,7 @@ impl Tickets {
             name,
             timeout,
             groups: Mutex::new(HashMap::new()),
+            started: AtomicU64::new(0),
             unfenced: AtomicBool::new(false),
         }
     }
@@ -629,31 +671,45 @@ impl Tickets {
             wanted,
             answer: tx,
             left: left.clone(),
+            counted: None,
         };
         let mut groups = relock(&self.groups);
-        if let Some(inbox) = groups.get(&group) {
-            match inbox.send(entry) {
-                Ok(()) => return pending(inbox, copy),
-                // The task ended (its runtime shut down): a new one.
-                Err(mpsc::error::SendError(back)) => entry = back,
+        let running = groups.entry(group).or_default();
+        for sub in running.iter() {
+            if sub.count.load(Ordering::SeqCst) >= TICKETS_PER_CONNECTION {
+                continue;
+            }
+            entry.counted = Some(Counted::new(&sub.count));
+            match sub.inbox.send(entry) {
+                Ok(()) => return pending(&sub.inbox, copy),
+                // The task ended (its runtime shut down): another, or a new one.
+                Err(mpsc::error::SendError(back)) => {
+                    entry = back;
+                    entry.counted = None;
+                }
             }
         }
+        running.retain(|sub| !sub.inbox.is_closed());
         let (inbox, rx_entries) = mpsc::unbounded_channel();
+        let count = Arc::new(AtomicUsize::new(0));
+        entry.counted = Some(Counted::new(&count));
         // Cannot fail: the receiver is alive.
         let _ = inbox.send(entry);
         let pending = pending(&inbox, copy);
-        groups.insert(group, inbox);
+        let id = self.started.fetch_add(1, Ordering::SeqCst);
+        running.push(Group { id, inbox, count });
         drop(groups);
-        tokio::spawn(self.clone().run(group, pop, rx_entries));
+        tokio::spawn(self.clone().run(group, id, pop, rx_entries));
         pending
     }
 
     /// A group's task: one `BLPOP` at a time over its outstanding tickets, until none has
-    /// waited for [`IDLE`]. `pop`: where a cluster group pops (first, the node its first ticket
-    /// was asked on).
+    /// waited for [`IDLE`]. `group`: its server or slot, `id` its number there; `pop`: where a
+    /// cluster group pops (first, the node its first ticket was asked on).
     async fn run(
         self: Arc<Self>,
         group: Option<u16>,
+        id: u64,
         mut pop: Option<Pop>,
         mut inbox: mpsc::UnboundedReceiver<Entry>,
     ) {
@@ -686,9 +742,12 @@ impl Tickets {
                         match inbox.try_recv() {
                             Ok(entry) => entries.push(entry),
                             Err(_) => {
-                                // The group's inbox is this task's (a new one is made only
-                                // when sending to this one fails).
-                                groups.remove(&group);
+                                if let Some(running) = groups.get_mut(&group) {
+                                    running.retain(|sub| sub.id != id);
+                                    if running.is_empty() {
+                                        groups.remove(&group);
+                                    }
+                                }
                                 return;
                             }
                         }

@@ -1,5 +1,6 @@
 //! Waiting with tickets: a waiting acquire asks with `... WAIT ms TICKET` on the client's shared
-//! connection, and the client's one waiting connection pops every ticket's answer (`BLPOP`).
+//! connection, and the client's waiting connection (one per 100 tickets) pops every ticket's
+//! answer (`BLPOP`).
 //! Real servers (the test kit), real connections: what the server sees is read with `CLIENT
 //! LIST`, `INFO lock` and `INFO commandstats`.
 
@@ -239,6 +240,109 @@ async fn many_waits_of_one_client_share_one_waiting_connection() {
             .unwrap()
             .expect("granted and released");
     }
+}
+
+/// The number of keys each `BLPOP` in the slow log named (the log keeps 32 arguments, the last
+/// saying how many more there were).
+async fn blpop_key_counts(raw: &mut MultiplexedConnection) -> Vec<usize> {
+    let entries: Value = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query_async(raw)
+        .await
+        .unwrap();
+    let Value::Array(entries) = entries else {
+        panic!("SLOWLOG GET answered {entries:?}")
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).to_string(),
+        Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    };
+    let mut counts = Vec::new();
+    for entry in entries {
+        let Value::Array(fields) = entry else {
+            continue;
+        };
+        let Some(Value::Array(args)) = fields.get(3) else {
+            continue;
+        };
+        if args.first().map(text).map(|a| a.to_uppercase()) != Some("BLPOP".into()) {
+            continue;
+        }
+        let mut argc = args.len();
+        let last = args.last().map(text).unwrap_or_default();
+        if let Some(more) = last
+            .strip_prefix("... (")
+            .and_then(|m| m.strip_suffix(" more arguments)"))
+        {
+            argc = args.len() - 1 + more.parse::<usize>().unwrap();
+        }
+        // BLPOP and its timeout.
+        counts.push(argc - 2);
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_250_pop_on_three_connections_of_at_most_100_tickets_in_arrival_order() {
+    let server = Server::start();
+    let mut raw = raw(&server).await;
+    for (name, value) in [
+        ("slowlog-log-slower-than", "0"),
+        ("slowlog-max-len", "1000000"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let client = client_of(&server, None).await;
+    let holder = client_of(&server, Some(false)).await;
+    let mut held = holder.lock("k").acquire().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..250 {
+        let lock = client.lock("k").wait_timeout(Duration::from_secs(120));
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut guard = lock.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        until_waiters(&mut raw, "k", i + 1).await;
+    }
+    assert_eq!(stat(&mut raw, "lock_waits_ticketed").await, 250);
+    // The shared connection and three waiting connections (100, 100 and 50 tickets).
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let conns = connections(&mut raw, &name_of(&client)).await;
+        let popping = conns.iter().filter(|c| c.contains(" cmd=blpop ")).count();
+        if popping == 3 {
+            assert_eq!(conns.len(), 4, "{conns:?}");
+            break;
+        }
+        assert!(Instant::now() < until, "{popping} BLPOPs: {conns:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("every waiter served")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..250).collect::<Vec<i64>>());
+    let counts = blpop_key_counts(&mut raw).await;
+    assert_eq!(counts.iter().max(), Some(&100), "{counts:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

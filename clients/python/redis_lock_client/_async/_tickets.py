@@ -10,10 +10,12 @@ UNBLOCK``, sent on a pooled connection in a transaction behind a write, ``DEL`` 
 never exists: a write pause holds it as it holds the ``BLPOP``, which it postpones) so that the
 next ``BLPOP`` takes it in. An answer popped goes to its waiter.
 
-Standalone and under Sentinel one waiting connection pops every ticket. In a Redis Cluster a
+One ``BLPOP`` pops at most ``TICKETS_PER_CONNECTION`` tickets: a new ticket joins the first
+group with room, else starts one (with a waiting connection of its own), and interrupts only its
+group's ``BLPOP``. In a Redis Cluster a
 ticket lives in its lock's slot and one ``BLPOP`` may only name keys of one slot, so the tickets
-are grouped by slot: one ``BLPOP`` (and one waiting connection) per slot with a wait in progress,
-per node; a connection a slot no longer needs is kept for the next slot that does, and closed
+are grouped by slot too: a ``BLPOP`` (and a waiting connection) per group of a slot with a wait
+in progress, per node; a connection a slot no longer needs is kept for the next slot that does, and closed
 after ``IDLE`` unused. Each ``BLPOP`` there is preceded by ``ASKING`` (a ticket asked on a node
 importing its slot lives there before the slot does; elsewhere ``ASKING`` changes nothing). A
 ``BLPOP`` the server itself redirects (the slot is migrating and the ticket is not on the source,
@@ -123,6 +125,12 @@ HEALTH_PERIOD = 1.0
 SHORT_PERIOD = 0.1
 #: How long the connections stay open with no ticket waiting.
 IDLE = 5.0
+#: The most tickets one waiting connection pops (one ``BLPOP`` names them all): the tickets of a
+#: server (of a slot, in a cluster) are split over as many groups, each with its waiting
+#: connection, as it takes, so that each grant costs the server a ``BLPOP`` over at most this
+#: many keys (over all of them, with 2,000 waits queued, a grant cost the server 4 times a
+#: blocked waiter's) and a new ticket interrupts only the ``BLPOP`` it joins.
+TICKETS_PER_CONNECTION = 100
 #: Full pops in a row that found nothing after a ``MOVED`` (the slot left the node that issued
 #: tickets, or the desk's node) before those tickets are taken for void: the answer a queue
 #: owed its tickets (the redirect written when their key left) moved with the slot, and is
@@ -212,11 +220,13 @@ class _Waiting:
 
 
 class _Slot:
-    """The tickets one ``BLPOP`` pops (standalone: all of a server's; in a cluster: those of
-    one slot), and its waiting connection."""
+    """The tickets one ``BLPOP`` pops (standalone: a server's; in a cluster: of one slot; at
+    most ``TICKETS_PER_CONNECTION``), and its waiting connection."""
 
-    def __init__(self, slot: Optional[int]) -> None:
+    def __init__(self, slot: Optional[int], number: int) -> None:
         self.slot = slot
+        #: Its key in the desk's groups: its slot and its number.
+        self.key = (slot, number)
         self.tickets: dict[bytes, _Ticket] = {}
         self.wake = Event()
         #: Rounds (``BLPOP`` sent) and the last whose answer was read.
@@ -289,7 +299,9 @@ class TicketDesk:
         self._connector = connector
         self._cluster = cluster
         self._books = threading.Lock()
-        self._slots: dict[Optional[int], _Slot] = {}
+        #: The groups, by slot and number (the first of a slot with room takes a new ticket).
+        self._slots: dict[tuple[Optional[int], int], _Slot] = {}
+        self._started = 0
         #: Waiting connections to this node that no slot uses now, the last put back last.
         self._idle: list[_Waiting] = []
         self._ask: Optional[RawConnection] = None
@@ -442,8 +454,8 @@ class TicketDesk:
         waiters told, as when its waiting connection breaks."""
         with self._books:
             group.ended = True
-            if self._slots.get(group.slot) is group:
-                del self._slots[group.slot]
+            if self._slots.get(group.key) is group:
+                del self._slots[group.key]
             lost = list(group.tickets.values())
             group.tickets.clear()
         for waiting in (group.waiting, group.spare):
@@ -529,10 +541,19 @@ class TicketDesk:
         slot = key_slot(name) if self._cluster is not None else None
         with self._books:
             self._closed = False
-            group = self._slots.get(slot)
-            begin = group is None or group.ended
-            if group is None or group.ended:
-                group = self._slots[slot] = _Slot(slot)
+            group = next(
+                (
+                    g
+                    for g in self._slots.values()
+                    if g.slot == slot and not g.ended and len(g.tickets) < TICKETS_PER_CONNECTION
+                ),
+                None,
+            )
+            begin = group is None
+            if group is None:
+                self._started += 1
+                group = _Slot(slot, self._started)
+                self._slots[group.key] = group
             if not group.tickets:
                 group.alive_at = time.monotonic()  # idle until now: no round was due
             ticket = _Ticket(name, release, group)
@@ -961,8 +982,8 @@ class TicketDesk:
         with self._books:
             if group.tickets or (woken and not self._closed):
                 return False
-            if self._slots.get(group.slot) is group:
-                del self._slots[group.slot]
+            if self._slots.get(group.key) is group:
+                del self._slots[group.key]
         return True
 
     def _deliver(self, group: _Slot, name: bytes, value: bytes) -> None:
