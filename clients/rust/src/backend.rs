@@ -37,9 +37,9 @@ impl Backend {
 /// [`load_functions(true)`](crate::LockClientBuilder::load_functions).
 pub(crate) const FUNCTIONS_VERSION: i64 = 2;
 
-/// The `redislock` library shipped with this crate: a copy of the repository's
-/// `functions/redislock.lua` inside the crate's directory (so that `cargo package` ships it),
-/// kept equal to it by a test.
+/// The `redislock` library shipped with this crate: `redislock.lua` in the crate's directory is a
+/// symbolic link to the repository's `functions/redislock.lua`, one source, whose text
+/// `cargo package` ships as a file.
 pub(crate) const LIBRARY: &str = include_str!("../redislock.lua");
 
 /// What makes a reply of the library's function the `LOCK.*` command's.
@@ -356,7 +356,7 @@ mod tests {
         let source = std::fs::read_to_string(&repository).expect("functions/redislock.lua");
         assert!(
             source == LIBRARY,
-            "clients/rust/redislock.lua differs from functions/redislock.lua: copy it over"
+            "clients/rust/redislock.lua differs from functions/redislock.lua: link it again"
         );
         assert!(LIBRARY.contains(&format!("local VERSION = {FUNCTIONS_VERSION}\n")));
     }
